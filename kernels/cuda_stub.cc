@@ -1,0 +1,31 @@
+// The CUDA entry points when kvpool is built without CUDA (KVPOOL_WITH_CUDA=OFF or no nvcc):
+// each returns Unimplemented so callers link and fail cleanly at run time.
+
+#include "kernels/paged_copy.h"
+#include "kernels/quantize.h"
+
+namespace kvpool {
+namespace kernels {
+namespace {
+Status NoCuda(const char* what) {
+  return Status::Unimplemented(std::string(what) + ": kvpool was built without CUDA");
+}
+}  // namespace
+
+Status GatherPagedCuda(const PagedKvCache&, const BlockLayout&, const PagedSpan&, void* const*,
+                       void*) {
+  return NoCuda("GatherPagedCuda");
+}
+Status ScatterPagedCuda(const PagedKvCache&, const BlockLayout&, const PagedSpan&,
+                        const void* const*, void*) {
+  return NoCuda("ScatterPagedCuda");
+}
+Status QuantizeBlocksCuda(const BlockLayout&, const void* const*, void* const*, int, void*) {
+  return NoCuda("QuantizeBlocksCuda");
+}
+Status DequantizeBlocksCuda(const BlockLayout&, const void* const*, void* const*, int, void*) {
+  return NoCuda("DequantizeBlocksCuda");
+}
+
+}  // namespace kernels
+}  // namespace kvpool
