@@ -1,0 +1,13 @@
+#pragma once
+// Block checksums: xxh3-64 over the payload bytes. Written with every block and verified on
+// every read from disk and every transfer between processes or nodes.
+// Thread safety: pure function.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvpool {
+
+uint64_t BlockChecksum(const void* data, size_t length);
+
+}  // namespace kvpool

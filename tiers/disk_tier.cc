@@ -1,0 +1,166 @@
+#include "tiers/disk_tier.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+#include <memory>
+
+#include "common/checksum.h"
+
+namespace kvpool::tiers {
+namespace {
+
+constexpr uint32_t kBodyMagic = 0x4B565042;  // "BPVK"
+constexpr size_t kBodyHeaderBytes = 20;
+constexpr uint8_t kMetaVersion = 1;
+constexpr size_t kMetaBytes = 1 + 8 + 8 + BlockKey::kSize;
+
+void PutLe(uint8_t* p, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint64_t GetLe(const uint8_t* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = v << 8 | p[i];
+  return v;
+}
+
+std::string EncodeMeta(const DiskBlockMeta& m) {
+  std::string s(kMetaBytes, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(s.data());
+  p[0] = kMetaVersion;
+  PutLe(p + 1, m.size, 8);
+  PutLe(p + 9, m.checksum, 8);
+  std::memcpy(p + 17, m.parent.bytes.data(), BlockKey::kSize);
+  return s;
+}
+
+bool DecodeMeta(std::string_view v, DiskBlockMeta* m) {
+  if (v.size() != kMetaBytes || static_cast<uint8_t>(v[0]) != kMetaVersion) return false;
+  auto* p = reinterpret_cast<const uint8_t*>(v.data());
+  m->size = GetLe(p + 1, 8);
+  m->checksum = GetLe(p + 9, 8);
+  std::memcpy(m->parent.bytes.data(), p + 17, BlockKey::kSize);
+  return true;
+}
+
+bool DecodeKey(std::string_view raw, NamespaceId* ns, BlockKey* key) {
+  if (raw.size() != 4 + BlockKey::kSize) return false;
+  auto* p = reinterpret_cast<const uint8_t*>(raw.data());
+  *ns = static_cast<NamespaceId>(p[0]) << 24 | p[1] << 16 | p[2] << 8 | p[3];
+  std::memcpy(key->bytes.data(), p + 4, BlockKey::kSize);
+  return true;
+}
+
+}  // namespace
+
+std::string DiskTier::EncodeKey(NamespaceId ns, const BlockKey& key) {
+  // Big-endian namespace first: one namespace's blocks are contiguous in the LSM.
+  std::string s(4 + BlockKey::kSize, '\0');
+  s[0] = static_cast<char>(ns >> 24);
+  s[1] = static_cast<char>(ns >> 16);
+  s[2] = static_cast<char>(ns >> 8);
+  s[3] = static_cast<char>(ns);
+  std::memcpy(s.data() + 4, key.bytes.data(), BlockKey::kSize);
+  return s;
+}
+
+DiskTier::DiskTier(RocksStore& store) : store_(store) {}
+
+Status DiskTier::Write(std::span<const DiskWrite> blocks, bool sync) {
+  rocksdb::WriteBatch batch;
+  for (const DiskWrite& w : blocks) {
+    const std::string key = EncodeKey(w.ns, w.key);
+    uint8_t header[kBodyHeaderBytes];
+    PutLe(header, kBodyMagic, 4);
+    PutLe(header + 4, w.meta.size, 8);
+    PutLe(header + 12, w.meta.checksum, 8);
+    // The batch copies header and body once into its buffer: no intermediate string.
+    const rocksdb::Slice key_slice(key);
+    const rocksdb::Slice parts[2] = {
+        rocksdb::Slice(reinterpret_cast<const char*>(header), kBodyHeaderBytes),
+        rocksdb::Slice(reinterpret_cast<const char*>(w.data), w.meta.size)};
+    KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(batch.Put(
+        store_.blocks(), rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(parts, 2))));
+    KVPOOL_RETURN_IF_ERROR(
+        KVPOOL_ROCKS_STATUS(batch.Put(store_.block_meta(), key, EncodeMeta(w.meta))));
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = sync;
+  return KVPOOL_ROCKS_STATUS(store_.db()->Write(wo, &batch));
+}
+
+Status DiskTier::Read(NamespaceId ns, const BlockKey& key, const DiskBlockMeta& expected,
+                      uint8_t* dst) const {
+  rocksdb::PinnableSlice value;
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(
+      store_.db()->Get(ro, store_.blocks(), EncodeKey(ns, key), &value)));
+  auto* p = reinterpret_cast<const uint8_t*>(value.data());
+  if (value.size() < kBodyHeaderBytes || GetLe(p, 4) != kBodyMagic) {
+    return Status::Corruption("block " + key.ShortHex() + ": bad body header on disk");
+  }
+  const uint64_t size = GetLe(p + 4, 8);
+  const uint64_t checksum = GetLe(p + 12, 8);
+  if (size != expected.size || value.size() != kBodyHeaderBytes + size ||
+      checksum != expected.checksum) {
+    return Status::Corruption("block " + key.ShortHex() + ": length or checksum on disk (" +
+                              std::to_string(size) + " bytes) differs from the index (" +
+                              std::to_string(expected.size) + " bytes)");
+  }
+  if (BlockChecksum(p + kBodyHeaderBytes, size) != expected.checksum) {
+    return Status::Corruption("block " + key.ShortHex() + ": xxh3 checksum mismatch on disk");
+  }
+  std::memcpy(dst, p + kBodyHeaderBytes, size);
+  return Status::OK();
+}
+
+Status DiskTier::Delete(std::span<const std::pair<NamespaceId, BlockKey>> blocks) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [ns, key] : blocks) {
+    const std::string k = EncodeKey(ns, key);
+    KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(batch.Delete(store_.blocks(), k)));
+    KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(batch.Delete(store_.block_meta(), k)));
+  }
+  return KVPOOL_ROCKS_STATUS(store_.db()->Write(rocksdb::WriteOptions(), &batch));
+}
+
+Status DiskTier::DeleteRaw(std::string_view raw_key) {
+  rocksdb::WriteBatch batch;
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(batch.Delete(store_.blocks(), raw_key)));
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(batch.Delete(store_.block_meta(), raw_key)));
+  return KVPOOL_ROCKS_STATUS(store_.db()->Write(rocksdb::WriteOptions(), &batch));
+}
+
+Status DiskTier::ForEachMeta(
+    const std::function<void(NamespaceId, const BlockKey&, const DiskBlockMeta&)>& visit,
+    const std::function<void(std::string_view raw_key)>& bad) const {
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(store_.db()->NewIterator(ro, store_.block_meta()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    NamespaceId ns;
+    BlockKey key;
+    DiskBlockMeta meta;
+    const rocksdb::Slice k = it->key();
+    const rocksdb::Slice v = it->value();
+    if (!DecodeKey({k.data(), k.size()}, &ns, &key) || !DecodeMeta({v.data(), v.size()}, &meta)) {
+      bad({k.data(), k.size()});
+      continue;
+    }
+    visit(ns, key, meta);
+  }
+  return KVPOOL_ROCKS_STATUS(it->status());
+}
+
+Status DiskTier::CorruptForTest(NamespaceId ns, const BlockKey& key) {
+  const std::string k = EncodeKey(ns, key);
+  std::string value;
+  KVPOOL_RETURN_IF_ERROR(
+      KVPOOL_ROCKS_STATUS(store_.db()->Get(rocksdb::ReadOptions(), store_.blocks(), k, &value)));
+  if (value.size() > kBodyHeaderBytes) value[kBodyHeaderBytes] ^= 0x5a;
+  return KVPOOL_ROCKS_STATUS(store_.db()->Put(rocksdb::WriteOptions(), store_.blocks(), k, value));
+}
+
+}  // namespace kvpool::tiers

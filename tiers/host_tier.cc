@@ -1,0 +1,232 @@
+#include "tiers/host_tier.h"
+
+#include <glog/logging.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+
+#include "common/units.h"
+
+namespace kvpool::tiers {
+namespace {
+
+uint32_t PagesFor(uint64_t length) {
+  return static_cast<uint32_t>((length + HostTier::kPageBytes - 1) / HostTier::kPageBytes);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options) {
+  if (options.segment_bytes < kPageBytes || options.segment_bytes % kPageBytes != 0) {
+    return Status::InvalidArgument("host segment size must be a positive multiple of 4 KiB, got " +
+                                   std::to_string(options.segment_bytes));
+  }
+  uint64_t count = options.capacity_bytes / options.segment_bytes;
+  if (count == 0) {
+    return Status::InvalidArgument("host capacity " + FormatBytes(options.capacity_bytes) +
+                                   " is smaller than one segment (" +
+                                   FormatBytes(options.segment_bytes) + ")");
+  }
+  if (count > UINT32_MAX) return Status::InvalidArgument("too many host segments");
+  const uint64_t bytes = count * options.segment_bytes;
+
+  int fd;
+  KVPOOL_RETURN_IF_ERRNO(fd = memfd_create("kvpool-host-arena", MFD_CLOEXEC), fd < 0,
+                         "memfd_create for the host arena");
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    close(fd);
+    return Status::FromErrno(err, "ftruncate host arena to " + FormatBytes(bytes));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    close(fd);
+    return Status::FromErrno(err, "mmap host arena of " + FormatBytes(bytes));
+  }
+  bool locked = false;
+  if (options.lock_memory) {
+    if (mlock(p, bytes) == 0) {
+      locked = true;
+    } else {
+      int err = errno;
+      rlimit lim{};
+      getrlimit(RLIMIT_MEMLOCK, &lim);
+      LOG(WARNING) << "cannot mlock the " << FormatBytes(bytes) << " host arena ("
+                   << std::strerror(err) << "; RLIMIT_MEMLOCK is "
+                   << (lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
+                                                     : FormatBytes(lim.rlim_cur))
+                   << "): running unlocked, the kernel may swap blocks out. "
+                      "Raise LimitMEMLOCK (the systemd unit sets infinity).";
+    }
+  }
+  // Touch the pages now when unlocked, so the first puts do not pay page faults.
+  if (!locked) madvise(p, bytes, MADV_WILLNEED);
+  return std::unique_ptr<HostTier>(new HostTier(fd, static_cast<uint8_t*>(p),
+                                                options.segment_bytes,
+                                                static_cast<uint32_t>(count), locked));
+}
+
+HostTier::HostTier(int fd, uint8_t* base, uint64_t segment_bytes, uint32_t segment_count,
+                   bool locked)
+    : fd_(fd),
+      base_(base),
+      segment_bytes_(segment_bytes),
+      segment_count_(segment_count),
+      pages_per_segment_(static_cast<uint32_t>(segment_bytes / kPageBytes)),
+      locked_(locked) {
+  absl::MutexLock lock(&mu_);
+  segments_.resize(segment_count);
+  for (auto& s : segments_) s.bitmap.assign((pages_per_segment_ + 63) / 64, 0);
+  free_segments_.reserve(segment_count);
+  for (uint32_t i = segment_count; i > 0; --i) free_segments_.push_back(i - 1);
+}
+
+HostTier::~HostTier() {
+  munmap(base_, capacity_bytes());
+  close(fd_);
+}
+
+int64_t HostTier::FindRun(const Segment& seg, uint32_t pages) const {
+  uint32_t run_start = 0;
+  uint32_t run_len = 0;
+  const uint32_t words = static_cast<uint32_t>(seg.bitmap.size());
+  for (uint32_t w = 0; w < words; ++w) {
+    const uint64_t word = seg.bitmap[w];
+    const uint32_t base = w * 64;
+    if (word == ~0ull) {
+      run_len = 0;
+      continue;
+    }
+    if (word == 0 && base + 64 <= pages_per_segment_) {
+      if (run_len == 0) run_start = base;
+      run_len += 64;
+      if (run_len >= pages) return run_start;
+      continue;
+    }
+    for (uint32_t b = 0; b < 64 && base + b < pages_per_segment_; ++b) {
+      if (word >> b & 1) {
+        run_len = 0;
+      } else {
+        if (run_len == 0) run_start = base + b;
+        if (++run_len >= pages) return run_start;
+      }
+    }
+  }
+  return -1;
+}
+
+uint32_t HostTier::LargestRun(const Segment& seg) const {
+  uint32_t best = 0, run = 0;
+  for (uint32_t p = 0; p < pages_per_segment_; ++p) {
+    if (seg.bitmap[p / 64] >> (p % 64) & 1) {
+      run = 0;
+    } else {
+      best = std::max(best, ++run);
+    }
+  }
+  return best;
+}
+
+void HostTier::MarkRun(Segment& seg, uint32_t first, uint32_t pages, bool used) {
+  for (uint32_t p = first; p < first + pages; ++p) {
+    const uint64_t bit = 1ull << (p % 64);
+    if (used) {
+      seg.bitmap[p / 64] |= bit;
+    } else {
+      seg.bitmap[p / 64] &= ~bit;
+    }
+  }
+}
+
+Result<HostSlot> HostTier::Allocate(NamespaceId ns, uint64_t length) {
+  if (length == 0) return Status::InvalidArgument("cannot allocate an empty block");
+  if (length > segment_bytes_) {
+    return Status::InvalidArgument("block of " + FormatBytes(length) +
+                                   " exceeds the host segment size of " +
+                                   FormatBytes(segment_bytes_));
+  }
+  const uint32_t pages = PagesFor(length);
+  absl::MutexLock lock(&mu_);
+  auto take = [&](uint32_t seg_index, int64_t first) {
+    Segment& seg = segments_[seg_index];
+    MarkRun(seg, static_cast<uint32_t>(first), pages, true);
+    seg.used_pages += pages;
+    allocated_bytes_ += pages * kPageBytes;
+    payload_bytes_ += length;
+    ++blocks_;
+    HostSlot slot;
+    slot.offset = seg_index * segment_bytes_ + static_cast<uint64_t>(first) * kPageBytes;
+    slot.length = length;
+    return slot;
+  };
+  for (uint32_t i = 0; i < segment_count_; ++i) {
+    Segment& seg = segments_[i];
+    if (seg.owner != ns || pages_per_segment_ - seg.used_pages < pages) continue;
+    int64_t first = FindRun(seg, pages);
+    if (first >= 0) return take(i, first);
+  }
+  if (free_segments_.empty()) {
+    return Status::ResourceExhausted("host arena full");
+  }
+  const uint32_t fresh = free_segments_.back();
+  free_segments_.pop_back();
+  segments_[fresh].owner = ns;
+  return take(fresh, 0);
+}
+
+void HostTier::Free(const HostSlot& slot) {
+  const uint32_t seg_index = static_cast<uint32_t>(slot.offset / segment_bytes_);
+  const uint32_t first = static_cast<uint32_t>(slot.offset % segment_bytes_ / kPageBytes);
+  const uint32_t pages = PagesFor(slot.length);
+  absl::MutexLock lock(&mu_);
+  CHECK_LT(seg_index, segment_count_) << "host slot outside the arena";
+  Segment& seg = segments_[seg_index];
+  CHECK_GE(seg.used_pages, pages) << "host slot freed twice";
+  MarkRun(seg, first, pages, false);
+  seg.used_pages -= pages;
+  allocated_bytes_ -= pages * kPageBytes;
+  payload_bytes_ -= slot.length;
+  --blocks_;
+  if (seg.used_pages == 0) {
+    seg.owner = kNoNamespace;
+    free_segments_.push_back(seg_index);
+  }
+}
+
+NamespaceId HostTier::OwnerOf(uint64_t offset) const {
+  absl::MutexLock lock(&mu_);
+  return segments_[offset / segment_bytes_].owner;
+}
+
+uint64_t HostTier::allocated_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return allocated_bytes_;
+}
+
+HostTierStats HostTier::GetStats() const {
+  absl::MutexLock lock(&mu_);
+  HostTierStats s;
+  s.capacity_bytes = capacity_bytes();
+  s.allocated_bytes = allocated_bytes_;
+  s.payload_bytes = payload_bytes_;
+  s.blocks = blocks_;
+  s.segments = segment_count_;
+  s.free_segments = free_segments_.size();
+  s.locked = locked_;
+  uint64_t largest_pages = free_segments_.empty() ? 0 : pages_per_segment_;
+  for (const Segment& seg : segments_) {
+    if (seg.owner == kNoNamespace || seg.used_pages == pages_per_segment_) continue;
+    largest_pages = std::max<uint64_t>(largest_pages, LargestRun(seg));
+  }
+  s.largest_free_run = largest_pages * kPageBytes;
+  const uint64_t free_bytes = s.capacity_bytes - s.allocated_bytes;
+  s.fragmentation =
+      free_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(s.largest_free_run) / free_bytes;
+  return s;
+}
+
+}  // namespace kvpool::tiers

@@ -1,0 +1,118 @@
+#pragma once
+// HostTier: the host-memory tier, one arena of `capacity` bytes allocated once.
+//
+// The arena is a memfd mapping (shared memory, so a later data path can hand clients a
+// read-only mapping of it), mlocked when the limit allows. It is cut into fixed-size
+// segments; each segment belongs to at most one namespace at a time, and a block lives
+// entirely inside one segment of its own namespace. Inside a segment space is handed out in
+// pages (4 KiB) from a bitmap: no per-block malloc, fixed metadata (one bit per page), and a
+// block's bytes are page-aligned so a page-granular mapping can expose exactly its slots.
+// A segment whose last page is freed returns to the shared pool.
+//
+// The tier knows nothing of keys: the block index records each block's HostSlot.
+//
+// Thread safety: every method may be called from any thread (one internal mutex). Data()
+// returns a stable pointer for the life of the tier; the caller's lease protocol (see
+// tiers/tier_manager.h) decides who may touch a slot's bytes.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/namespace_id.h"
+#include "common/status.h"
+
+namespace kvpool::tiers {
+
+
+// Where a block's bytes sit in the arena.
+struct HostSlot {
+  uint64_t offset = 0;  // from the arena start, page aligned
+  uint64_t length = 0;  // the block's bytes (the allocation is rounded up to pages)
+  bool valid() const { return length > 0; }
+};
+
+struct HostTierOptions {
+  // Arena size; rounded down to whole segments (at least one). Default: 1 GiB.
+  uint64_t capacity_bytes = 1ull << 30;
+  // Segment size: the unit handed to one namespace, and the largest block. Default: 64 MiB.
+  uint64_t segment_bytes = 64ull << 20;
+  // Try to mlock the arena; on failure log one warning and run unlocked. Default: true.
+  bool lock_memory = true;
+};
+
+struct HostTierStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t allocated_bytes = 0;    // pages handed out
+  uint64_t payload_bytes = 0;      // bytes of the blocks in them
+  uint64_t blocks = 0;
+  uint64_t free_segments = 0;
+  uint64_t segments = 0;
+  uint64_t largest_free_run = 0;   // bytes, in any single segment (free segments included)
+  double fragmentation = 0;        // 1 - largest_free_run / free bytes (0 when nothing free)
+  bool locked = false;
+};
+
+class HostTier {
+ public:
+  static constexpr uint64_t kPageBytes = 4096;
+
+  // Creates and maps the arena. ResourceExhausted when the memory cannot be had.
+  static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& options);
+  ~HostTier();
+  HostTier(const HostTier&) = delete;
+  HostTier& operator=(const HostTier&) = delete;
+
+  // Allocates `length` bytes for a block of namespace `ns` in one of its segments, taking a free
+  // segment when none has room. InvalidArgument for 0 or more than a segment;
+  // ResourceExhausted when nothing fits (the caller evicts and retries).
+  Result<HostSlot> Allocate(NamespaceId ns, uint64_t length);
+  // Returns a slot's pages. The slot must come from Allocate and not be freed twice.
+  void Free(const HostSlot& slot);
+
+  uint8_t* Data(const HostSlot& slot) const { return base_ + slot.offset; }
+  uint64_t capacity_bytes() const { return segment_bytes_ * segment_count_; }
+  uint64_t segment_bytes() const { return segment_bytes_; }
+  uint64_t max_block_bytes() const { return segment_bytes_; }
+  // The memfd behind the arena (for sharing with clients).
+  int fd() const { return fd_; }
+  // Namespace owning the segment that holds `offset`, kNoNamespace if free.
+  NamespaceId OwnerOf(uint64_t offset) const;
+
+  // Cheap: pages handed out, in bytes.
+  uint64_t allocated_bytes() const;
+  // Walks every segment's bitmap for the fragmentation figures: not for hot paths.
+  HostTierStats GetStats() const;
+
+ private:
+  struct Segment {
+    NamespaceId owner = kNoNamespace;
+    uint32_t used_pages = 0;
+    std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
+  };
+
+  HostTier(int fd, uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool locked);
+  // First run of `pages` free pages in `seg`, or -1.
+  int64_t FindRun(const Segment& seg, uint32_t pages) const;
+  void MarkRun(Segment& seg, uint32_t first, uint32_t pages, bool used);
+  uint32_t LargestRun(const Segment& seg) const;
+
+  const int fd_;
+  uint8_t* const base_;
+  const uint64_t segment_bytes_;
+  const uint32_t segment_count_;
+  const uint32_t pages_per_segment_;
+  const bool locked_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_segments_ ABSL_GUARDED_BY(mu_);
+  uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t blocks_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvpool::tiers

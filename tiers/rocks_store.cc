@@ -1,0 +1,102 @@
+#include "tiers/rocks_store.h"
+
+#include <glog/logging.h>
+#include <rocksdb/db.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+
+#include <filesystem>
+#include <vector>
+
+namespace kvpool::tiers {
+
+Status FromRocks(const rocksdb::Status& s, const char* file, int line) {
+  if (s.ok()) return Status::OK();
+  std::string msg = SourceLocation(file, line) + "rocksdb: " + s.ToString();
+  if (s.IsNotFound()) return Status::NotFound(msg);
+  if (s.IsCorruption()) return Status::Corruption(msg);
+  if (s.IsInvalidArgument()) return Status::InvalidArgument(msg);
+  if (s.IsNoSpace()) return Status::ResourceExhausted(msg);
+  if (s.IsBusy() || s.IsTimedOut()) return Status::Unavailable(msg);
+  return Status::IoError(msg);
+}
+
+Result<std::unique_ptr<RocksStore>> RocksStore::Open(const RocksStoreOptions& options) {
+  std::error_code ec;
+  std::filesystem::create_directories(options.path, ec);
+  if (ec) {
+    return Status::IoError("cannot create " + options.path + ": " + ec.message());
+  }
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.IncreaseParallelism(options.background_threads);
+  db_options.max_background_jobs = options.background_threads;
+  db_options.keep_log_file_num = 5;
+
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+
+  rocksdb::ColumnFamilyOptions small;
+  small.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  small.OptimizeForPointLookup(8);
+
+  rocksdb::ColumnFamilyOptions blobs = small;
+  blobs.enable_blob_files = true;
+  blobs.min_blob_size = options.min_blob_size;
+  blobs.blob_file_size = 256ull << 20;
+  blobs.enable_blob_garbage_collection = true;
+  blobs.blob_garbage_collection_age_cutoff = 0.25;
+  blobs.write_buffer_size = 64ull << 20;
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+      {rocksdb::kDefaultColumnFamilyName, small},
+      {"blocks", blobs},
+      {"block_meta", small},
+      {"sessions", small},
+  };
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
+  if (!s.ok()) {
+    return KVPOOL_ROCKS_STATUS(s).WithContext("opening RocksDB at " + options.path);
+  }
+  std::unique_ptr<RocksStore> store(new RocksStore());
+  store->db_.reset(raw);
+  store->default_cf_ = handles[0];
+  store->blocks_cf_ = handles[1];
+  store->meta_cf_ = handles[2];
+  store->sessions_cf_ = handles[3];
+  return store;
+}
+
+RocksStore::~RocksStore() {
+  if (!db_) return;
+  Status st = Flush();
+  if (!st.ok()) LOG(WARNING) << "flush at close: " << st.ToString();
+  for (auto* h : {blocks_cf_, meta_cf_, sessions_cf_}) {
+    if (h) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  }
+  db_->Close().PermitUncheckedError();
+}
+
+Status RocksStore::Flush() {
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  return KVPOOL_ROCKS_STATUS(
+      db_->Flush(fo, {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}));
+}
+
+uint64_t RocksStore::ApproximateDiskBytes() const {
+  uint64_t total = 0;
+  for (auto* h : {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kTotalSstFilesSize, &v)) total += v;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kTotalBlobFileSize, &v)) total += v;
+  }
+  return total;
+}
+
+}  // namespace kvpool::tiers

@@ -1,0 +1,68 @@
+#pragma once
+// RocksStore: the daemon's one RocksDB database under --data-dir, with the column families
+// kvpool uses:
+//   default     daemon identity and the namespace registry (small records)
+//   blocks      disk-tier block bodies, BlobDB on: values live in blob files, the LSM only
+//               holds keys and blob references
+//   block_meta  one small record per disk block (size, checksum, parent); the index is
+//               rebuilt from this family at start without reading any block body
+//   sessions    persisted sessions
+// A block's body and its meta record are always written and deleted in one WriteBatch.
+//
+// Thread safety: RocksDB is thread-safe; so is this wrapper.
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace rocksdb {
+class ColumnFamilyHandle;
+class DB;
+class Status;
+}  // namespace rocksdb
+
+namespace kvpool::tiers {
+
+// Converts a RocksDB status at the boundary, with file and line.
+Status FromRocks(const rocksdb::Status& s, const char* file, int line);
+#define KVPOOL_ROCKS_STATUS(expr) ::kvpool::tiers::FromRocks((expr), __FILE__, __LINE__)
+
+struct RocksStoreOptions {
+  std::string path;  // the database directory, e.g. <data-dir>/rocksdb
+  // Values at least this large go to blob files. Default: 4 KiB.
+  uint64_t min_blob_size = 4096;
+  // Block cache for the LSM (keys, metadata). Default: 64 MiB.
+  uint64_t block_cache_bytes = 64ull << 20;
+  // Background compaction and flush threads. Default: 2.
+  int background_threads = 2;
+};
+
+class RocksStore {
+ public:
+  // Opens or creates the database. IoError with RocksDB's reason when it cannot (another
+  // kvpoold holds the lock, a bad directory, a corrupt manifest).
+  static Result<std::unique_ptr<RocksStore>> Open(const RocksStoreOptions& options);
+  ~RocksStore();  // flushes the memtables and closes
+
+  rocksdb::DB* db() const { return db_.get(); }
+  rocksdb::ColumnFamilyHandle* defaults() const { return default_cf_; }
+  rocksdb::ColumnFamilyHandle* blocks() const { return blocks_cf_; }
+  rocksdb::ColumnFamilyHandle* block_meta() const { return meta_cf_; }
+  rocksdb::ColumnFamilyHandle* sessions() const { return sessions_cf_; }
+
+  // Flushes memtables to SST files (used at shutdown).
+  Status Flush();
+  // Approximate bytes on disk: SST files plus live blob files.
+  uint64_t ApproximateDiskBytes() const;
+
+ private:
+  RocksStore() = default;
+  std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* blocks_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* meta_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* sessions_cf_ = nullptr;
+};
+
+}  // namespace kvpool::tiers

@@ -1,0 +1,975 @@
+#include "tiers/tier_manager.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "common/checksum.h"
+#include "common/threads.h"
+#include "common/units.h"
+
+namespace kvpool::tiers {
+
+using daemon::Entry;
+using daemon::kBusyDemoting;
+using daemon::kBusyPromoting;
+using daemon::kBusyReading;
+using daemon::kFlagPrefetched;
+
+namespace {
+
+// Coarse allocation size of a block in the host arena (whole pages).
+uint64_t PagesBytes(uint64_t size) {
+  return (size + HostTier::kPageBytes - 1) / HostTier::kPageBytes * HostTier::kPageBytes;
+}
+
+}  // namespace
+
+TierManager::TierManager(const TierManagerOptions& options, HostTier& host, DiskTier& disk,
+                         RocksStore& store)
+    : options_(options),
+      host_(host),
+      disk_(disk),
+      store_(store),
+      start_(std::chrono::steady_clock::now()),
+      default_policy_(DefaultNamespacePolicy()) {}
+
+TierManager::~TierManager() { Shutdown(); }
+
+uint32_t TierManager::NowSeconds() const {
+  return static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start_)
+          .count());
+}
+
+void TierManager::SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy) {
+  absl::MutexLock lock(&mu_);
+  policies_[ns] = std::move(policy);
+}
+
+const NamespacePolicy& TierManager::PolicyLocked(NamespaceId ns) const {
+  auto it = policies_.find(ns);
+  return it == policies_.end() ? default_policy_ : it->second;
+}
+
+EntryId TierManager::FindCachedLocked(NamespaceId ns, const BlockKey& key) const {
+  EntryId id = index_.Find(ns, key);
+  if (id == kNoEntry || index_.at(id).tiers == 0) return kNoEntry;
+  return id;
+}
+
+void TierManager::MaybeEraseLocked(EntryId id) {
+  while (id != kNoEntry && index_.CanErase(id)) {
+    const EntryId parent = index_.at(id).parent;
+    index_.Erase(id);
+    id = parent;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recovery and lifecycle
+
+Status TierManager::Recover() {
+  struct Loaded {
+    NamespaceId ns;
+    BlockKey key;
+    DiskBlockMeta meta;
+  };
+  std::vector<Loaded> loaded;
+  std::vector<std::string> bad;
+  KVPOOL_RETURN_IF_ERROR(disk_.ForEachMeta(
+      [&](NamespaceId ns, const BlockKey& key, const DiskBlockMeta& meta) {
+        loaded.push_back({ns, key, meta});
+      },
+      [&](std::string_view raw) { bad.emplace_back(raw); }));
+  for (const std::string& raw : bad) {
+    LOG(ERROR) << "dropping an undecodable block record on disk (" << raw.size() << "-byte key)";
+    disk_.DeleteRaw(raw).IgnoreError();
+  }
+  absl::MutexLock lock(&mu_);
+  std::vector<EntryId> ids;
+  ids.reserve(loaded.size());
+  std::vector<std::pair<NamespaceId, BlockKey>> invalid;
+  for (const Loaded& l : loaded) {
+    if (l.meta.size == 0 || l.meta.size > max_block_bytes()) {
+      invalid.emplace_back(l.ns, l.key);
+      ids.push_back(kNoEntry);
+      continue;
+    }
+    const EntryId id = index_.Insert(l.ns, l.key);
+    Entry& e = index_.at(id);
+    e.size = static_cast<uint32_t>(l.meta.size);
+    e.checksum = l.meta.checksum;
+    ids.push_back(id);
+  }
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    if (ids[i] == kNoEntry || loaded[i].meta.parent.IsZero()) continue;
+    const EntryId parent = index_.Find(loaded[i].ns, loaded[i].meta.parent);
+    if (parent != kNoEntry && parent != ids[i]) index_.SetParent(ids[i], parent);
+  }
+  for (EntryId id : ids) {
+    if (id == kNoEntry) continue;
+    index_.AddCopy(id, TierId::kDisk);
+    disk_used_ += index_.at(id).size;
+    ++disk_blocks_;
+  }
+  if (!invalid.empty()) {
+    LOG(ERROR) << "dropping " << invalid.size() << " disk blocks with an impossible size";
+    disk_.Delete(invalid).IgnoreError();
+  }
+  LOG(INFO) << "recovered " << disk_blocks_ << " disk blocks (" << FormatBytes(disk_used_)
+            << ") from RocksDB meta records without reading their bodies";
+  return Status::OK();
+}
+
+void TierManager::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    // Capacity may have shrunk since the last run; sessions are pinned by now.
+    if (disk_used_ > options_.disk_capacity_bytes) {
+      Status st = ReserveDiskLocked(0);
+      if (!st.ok()) LOG(WARNING) << "disk tier over capacity after recovery: " << st.ToString();
+    }
+  }
+  started_ = true;
+  threads_.push_back(StartThread(ThreadRole::kTierFlusher, 0, [this] { FlusherLoop(); }));
+  for (int i = 0; i < std::max(1, options_.promotion_threads); ++i) {
+    threads_.push_back(StartThread(ThreadRole::kPrefetcher, i, [this] { PrefetcherLoop(); }));
+  }
+}
+
+void TierManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    changed_.SignalAll();
+    work_.SignalAll();
+  }
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  absl::MutexLock lock(&mu_);
+  // Promotions nobody will run: wake their waiters with an error.
+  for (EntryId id : promotion_queue_) {
+    index_.at(id).busy &= static_cast<uint8_t>(~kBusyPromoting);
+    auto it = promotions_.find(id);
+    if (it != promotions_.end()) {
+      it->second->status = Status::Aborted("daemon shutting down");
+      it->second->done = true;
+      promotions_.erase(it);
+    }
+  }
+  promotion_queue_.clear();
+  std::vector<uint64_t> open;
+  for (const auto& [rid, r] : reservations_) open.push_back(rid);
+  for (uint64_t rid : open) FreeReservationLocked(rid);
+  changed_.SignalAll();
+  if (!options_.flush_on_shutdown || !started_) return;
+  // Write down every host-only block so a restart serves it again.
+  std::vector<EntryId> batch;
+  uint64_t batch_bytes = 0;
+  uint64_t written = 0;
+  std::vector<EntryId> host_only;
+  index_.ForEach(kNoNamespace, [&](EntryId id) {
+    const Entry& e = index_.at(id);
+    if (e.In(TierId::kHost) && !e.In(TierId::kDisk) && e.busy == 0) host_only.push_back(id);
+  });
+  for (size_t i = 0; i < host_only.size(); ++i) {
+    Entry& e = index_.at(host_only[i]);
+    e.busy |= kBusyDemoting;
+    batch.push_back(host_only[i]);
+    batch_bytes += e.size;
+    if (batch_bytes >= options_.demotion_batch_bytes || i + 1 == host_only.size()) {
+      Status st = WriteDownLocked(batch, /*drop_host=*/false, /*sync=*/false);
+      if (!st.ok()) {
+        LOG(ERROR) << "flush at shutdown: " << st.ToString();
+        // Unmark what remains and stop: the disk refuses.
+        for (size_t j = i + 1; j < host_only.size(); ++j) {
+          index_.at(host_only[j]).busy &= static_cast<uint8_t>(~kBusyDemoting);
+        }
+        break;
+      }
+      written += batch.size();
+      batch.clear();
+      batch_bytes = 0;
+    }
+  }
+  LOG(INFO) << "flushed " << written << " host-only blocks to disk at shutdown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host and disk space
+
+bool TierManager::HostAboveHighWatermarkLocked() const {
+  return static_cast<double>(host_.allocated_bytes()) >
+         options_.host_high_watermark * static_cast<double>(host_.capacity_bytes());
+}
+
+void TierManager::DropHostCopyLocked(EntryId id) {
+  Entry& e = index_.at(id);
+  const HostSlot slot{e.host_offset, e.size};
+  index_.RemoveCopy(id, TierId::kHost);
+  host_.Free(slot);
+  --host_blocks_;
+  MaybeEraseLocked(id);
+}
+
+void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
+  if (ids.empty()) return;
+  std::vector<std::pair<NamespaceId, BlockKey>> keys;
+  keys.reserve(ids.size());
+  for (EntryId id : ids) keys.emplace_back(index_.at(id).ns, index_.at(id).key);
+  Status st = disk_.Delete(keys);
+  if (!st.ok()) {
+    // The index forgets them either way; a record left behind is valid data and is served
+    // again (verified) after a restart.
+    LOG(ERROR) << "deleting " << ids.size() << " blocks from disk: " << st.ToString();
+  }
+  for (EntryId id : ids) {
+    Entry& e = index_.at(id);
+    index_.RemoveCopy(id, TierId::kDisk);
+    disk_used_ -= e.size;
+    --disk_blocks_;
+    MaybeEraseLocked(id);
+  }
+}
+
+Status TierManager::ReserveDiskLocked(uint64_t bytes) {
+  if (bytes > options_.disk_capacity_bytes) {
+    return Status::ResourceExhausted(FormatBytes(bytes) + " exceeds the disk tier capacity of " +
+                                     FormatBytes(options_.disk_capacity_bytes));
+  }
+  while (disk_used_ + bytes > options_.disk_capacity_bytes) {
+    const uint64_t need = disk_used_ + bytes - options_.disk_capacity_bytes;
+    std::vector<EntryId> victims;
+    uint64_t freed = 0;
+    for (EntryId id = index_.Coldest(TierId::kDisk); id != kNoEntry && freed < need;
+         id = index_.Hotter(TierId::kDisk, id)) {
+      const Entry& e = index_.at(id);
+      if (e.busy != 0) continue;
+      victims.push_back(id);
+      freed += e.size;
+    }
+    if (victims.empty()) {
+      return Status::ResourceExhausted(
+          "disk tier full (" + FormatBytes(disk_used_) + " of " +
+          FormatBytes(options_.disk_capacity_bytes) +
+          "): the rest is pinned by sessions, has cached descendants or is in use");
+    }
+    disk_counters_.evictions += victims.size();
+    DropDiskCopiesLocked(victims);
+  }
+  disk_used_ += bytes;
+  return Status::OK();
+}
+
+Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync) {
+  uint64_t total = 0;
+  for (EntryId id : ids) total += index_.at(id).size;
+  Status st = ReserveDiskLocked(total);
+  if (st.ok()) {
+    std::vector<DiskWrite> writes;
+    writes.reserve(ids.size());
+    for (EntryId id : ids) {
+      const Entry& e = index_.at(id);
+      DiskWrite w;
+      w.ns = e.ns;
+      w.key = e.key;
+      w.meta.size = e.size;
+      w.meta.checksum = e.checksum;
+      if (e.parent != kNoEntry) w.meta.parent = index_.at(e.parent).key;
+      w.data = host_.Data(HostSlot{e.host_offset, e.size});
+      writes.push_back(w);
+    }
+    ++io_in_flight_;
+    mu_.Unlock();
+    // The entries are kBusyDemoting: nobody frees their host copies meanwhile.
+    st = disk_.Write(writes, sync);
+    mu_.Lock();
+    --io_in_flight_;
+    if (!st.ok()) {
+      disk_used_ -= total;
+      ++disk_write_errors_;
+      LOG(ERROR) << "writing " << ids.size() << " blocks (" << FormatBytes(total)
+                 << ") to disk: " << st.ToString();
+    }
+  }
+  for (EntryId id : ids) {
+    Entry& e = index_.at(id);
+    e.busy &= static_cast<uint8_t>(~kBusyDemoting);
+    if (st.ok()) {
+      index_.AddCopy(id, TierId::kDisk);
+      ++disk_blocks_;
+    }
+    if (drop_host && e.leases == 0 && e.In(TierId::kHost)) {
+      if (st.ok()) {
+        ++host_counters_.demotions;
+      } else {
+        ++host_counters_.evictions;
+        ++blocks_lost_;
+      }
+      DropHostCopyLocked(id);
+    }
+  }
+  changed_.SignalAll();
+  return st;
+}
+
+uint64_t TierManager::EvictHostLocked(uint64_t budget) {
+  uint64_t released = 0;
+  uint64_t demote_bytes = 0;
+  std::vector<EntryId> to_demote;
+  EntryId id = index_.Coldest(TierId::kHost);
+  while (id != kNoEntry && released + demote_bytes < budget &&
+         demote_bytes < options_.demotion_batch_bytes) {
+    const EntryId next = index_.Hotter(TierId::kHost, id);
+    Entry& e = index_.at(id);
+    if (e.leases == 0 && e.busy == 0) {
+      if (e.In(TierId::kDisk)) {
+        released += PagesBytes(e.size);
+        ++host_counters_.evictions;
+        DropHostCopyLocked(id);
+      } else {
+        e.busy |= kBusyDemoting;
+        to_demote.push_back(id);
+        demote_bytes += PagesBytes(e.size);
+      }
+    }
+    id = next;
+  }
+  if (!to_demote.empty()) {
+    WriteDownLocked(to_demote, /*drop_host=*/true, /*sync=*/false).IgnoreError();
+  }
+  return released + demote_bytes;
+}
+
+Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes) {
+  for (;;) {
+    Result<HostSlot> slot = host_.Allocate(ns, bytes);
+    if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    // Other namespaces' free pages do not help this one: free at least a segment's worth.
+    const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());
+    if (EvictHostLocked(budget) == 0) {
+      return Status::ResourceExhausted(
+          "host tier full (" + FormatBytes(host_.capacity_bytes()) +
+          "): every block is leased, being written, or has a leased descendant");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Promotion
+
+std::shared_ptr<TierManager::Promotion> TierManager::StartPromotionLocked(EntryId id,
+                                                                          bool prefetch) {
+  auto it = promotions_.find(id);
+  if (it != promotions_.end()) return it->second;
+  Entry& e = index_.at(id);
+  e.busy |= kBusyPromoting;
+  if (prefetch) {
+    e.flags |= kFlagPrefetched;
+    ++prefetches_issued_;
+  }
+  auto p = std::make_shared<Promotion>();
+  promotions_.emplace(id, p);
+  promotion_queue_.push_back(id);
+  work_.Signal();
+  return p;
+}
+
+void TierManager::HandleCorruptLocked(EntryId id, const Status& why) {
+  ++checksum_failures_;
+  Entry& e = index_.at(id);
+  LOG(ERROR) << "dropping block " << e.key.ShortHex() << " of namespace " << e.ns
+             << " from disk: " << why.ToString();
+  if (e.In(TierId::kDisk) && e.busy == 0) {
+    ++disk_counters_.evictions;
+    DropDiskCopiesLocked({id});
+  }
+}
+
+void TierManager::PromoteOne(EntryId id) {
+  Status st;
+  {
+    Entry& e = index_.at(id);
+    if (!e.In(TierId::kHost) && e.In(TierId::kDisk)) {
+      const NamespaceId ns = e.ns;
+      const BlockKey key = e.key;
+      const DiskBlockMeta meta{e.size, e.checksum, {}};
+      Result<HostSlot> slot = AllocateHostLocked(ns, meta.size);
+      if (!slot.ok()) {
+        st = slot.status();
+      } else {
+        ++io_in_flight_;
+        mu_.Unlock();
+        st = disk_.Read(ns, key, meta, host_.Data(*slot));
+        mu_.Lock();
+        --io_in_flight_;
+        Entry& e2 = index_.at(id);
+        if (st.ok()) {
+          e2.host_offset = slot->offset;
+          index_.AddCopy(id, TierId::kHost);
+          ++host_blocks_;
+          ++host_counters_.promotions;
+        } else {
+          host_.Free(*slot);
+        }
+      }
+    }
+  }
+  index_.at(id).busy &= static_cast<uint8_t>(~kBusyPromoting);
+  if (st.code() == StatusCode::kCorruption || st.code() == StatusCode::kNotFound) {
+    HandleCorruptLocked(id, st);
+  } else if (!st.ok()) {
+    LOG(WARNING) << "promotion of " << index_.at(id).key.ShortHex() << ": " << st.ToString();
+  }
+  auto it = promotions_.find(id);
+  if (it != promotions_.end()) {
+    it->second->status = st;
+    it->second->done = true;
+    promotions_.erase(it);
+  }
+  MaybeEraseLocked(id);
+  changed_.SignalAll();
+}
+
+void TierManager::PrefetcherLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    if (promotion_queue_.empty()) {
+      work_.Wait(&mu_);
+      continue;
+    }
+    const EntryId id = promotion_queue_.front();
+    promotion_queue_.pop_front();
+    PromoteOne(id);
+  }
+}
+
+void TierManager::FlusherLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    flusher_.WaitWithTimeout(&mu_, absl::Milliseconds(200));
+    if (stopping_) break;
+    ExpireReservationsLocked();
+    // Write-after-hits policy: copy hot host-only blocks down without dropping them.
+    if (!write_queue_.empty()) {
+      std::vector<EntryId> batch;
+      for (const KeyRef& k : write_queue_) {
+        const EntryId id = FindCachedLocked(k.ns, k.key);
+        if (id == kNoEntry) continue;
+        Entry& e = index_.at(id);
+        if (e.In(TierId::kDisk) || !e.In(TierId::kHost) || e.busy != 0) continue;
+        e.busy |= kBusyDemoting;
+        batch.push_back(id);
+      }
+      write_queue_.clear();
+      if (!batch.empty()) WriteDownLocked(batch, /*drop_host=*/false, false).IgnoreError();
+    }
+    while (!stopping_ && HostAboveHighWatermarkLocked()) {
+      const double low = options_.host_low_watermark * static_cast<double>(host_.capacity_bytes());
+      const double allocated = static_cast<double>(host_.allocated_bytes());
+      if (allocated <= low) break;
+      if (EvictHostLocked(static_cast<uint64_t>(allocated - low)) == 0) break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch) {
+  LookupResult result;
+  absl::MutexLock lock(&mu_);
+  const uint32_t now = NowSeconds();
+  for (const BlockKey& key : chain) {
+    const EntryId id = FindCachedLocked(ns, key);
+    if (id == kNoEntry) break;
+    Entry& e = index_.at(id);
+    const bool in_host = e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0;
+    result.tiers.push_back(in_host ? ServedFrom::kHost : ServedFrom::kDisk);
+    index_.Touch(id, now);
+    if (prefetch && !e.In(TierId::kHost) && promotions_.find(id) == promotions_.end() &&
+        (e.busy & kBusyReading) == 0) {
+      StartPromotionLocked(id, /*prefetch=*/true);
+      ++result.promotions_started;
+    }
+  }
+  result.hit_blocks = static_cast<uint32_t>(result.tiers.size());
+  return result;
+}
+
+uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
+  absl::MutexLock lock(&mu_);
+  uint32_t started = 0;
+  for (const BlockKey& key : keys) {
+    const EntryId id = FindCachedLocked(ns, key);
+    if (id == kNoEntry) continue;
+    Entry& e = index_.at(id);
+    if (e.In(TierId::kHost) || promotions_.contains(id) || (e.busy & kBusyReading)) continue;
+    StartPromotionLocked(id, /*prefetch=*/true);
+    ++started;
+  }
+  return started;
+}
+
+std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys) {
+  std::vector<BlockRead> out(keys.size());
+  absl::MutexLock lock(&mu_);
+  const uint32_t now = NowSeconds();
+
+  auto lease = [&](size_t i, EntryId id, ServedFrom from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Entry& e = index_.at(id);
+    ++e.leases;
+    ++leases_;
+    if (e.hits < UINT32_MAX) ++e.hits;
+    index_.Touch(id, now);
+    BlockRead& r = out[i];
+    r.from = from;
+    r.lease = id;
+    r.data = host_.Data(HostSlot{e.host_offset, e.size});
+    r.size = e.size;
+    r.checksum = e.checksum;
+    if (e.flags & kFlagPrefetched) {
+      e.flags &= static_cast<uint8_t>(~kFlagPrefetched);
+      ++prefetches_useful_;
+    }
+    if (from == ServedFrom::kHost) {
+      ++host_counters_.hits;
+    } else {
+      ++disk_counters_.hits;
+    }
+    if (!e.In(TierId::kDisk) && PolicyLocked(ns).write->WriteAfterHits(e.hits)) {
+      write_queue_.push_back(KeyRef{ns, e.key});
+      flusher_.Signal();
+    }
+  };
+
+  std::vector<std::pair<size_t, std::shared_ptr<Promotion>>> waits;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const EntryId id = FindCachedLocked(ns, keys[i]);
+    if (id == kNoEntry) {
+      out[i].status = Status::NotFound("not cached");
+      continue;
+    }
+    const Entry& e = index_.at(id);
+    if (e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0) {
+      lease(i, id, ServedFrom::kHost);
+    } else if (e.busy & kBusyReading) {
+      // Another get reads it straight from disk; promote after it. Rare: wait for it below.
+      waits.emplace_back(i, nullptr);
+    } else {
+      waits.emplace_back(i, StartPromotionLocked(id, /*prefetch=*/false));
+    }
+  }
+  if (waits.empty()) return out;
+
+  // Wait for the promotions (and direct reads) in flight, then lease or read what they left.
+  auto pending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& [i, p] : waits) {
+      if (p && !p->done) return true;
+      if (!p) {
+        const EntryId id = FindCachedLocked(ns, keys[i]);
+        if (id != kNoEntry && (index_.at(id).busy & kBusyReading)) return true;
+      }
+    }
+    return false;
+  };
+  while (pending() && !stopping_) changed_.Wait(&mu_);
+
+  for (auto& [i, p] : waits) {
+    const EntryId id = FindCachedLocked(ns, keys[i]);
+    if (id == kNoEntry) {
+      out[i].status = (p && p->done && !p->status.ok() && !p->status.IsNotFound() &&
+                       p->status.code() != StatusCode::kCorruption)
+                          ? p->status
+                          : Status::NotFound("not cached");
+      continue;
+    }
+    Entry& e = index_.at(id);
+    if (e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0) {
+      lease(i, id, ServedFrom::kDisk);
+      continue;
+    }
+    if (!e.In(TierId::kDisk) || (e.busy & (kBusyPromoting | kBusyReading))) {
+      out[i].status = Status::Unavailable("block busy; retry");
+      continue;
+    }
+    // The promotion could not place it in host (host full of leased blocks): read it directly.
+    const NamespaceId ens = e.ns;
+    const BlockKey key = e.key;
+    const DiskBlockMeta meta{e.size, e.checksum, {}};
+    e.busy |= kBusyReading;
+    auto buf = std::unique_ptr<uint8_t[]>(new uint8_t[meta.size]);
+    ++io_in_flight_;
+    mu_.Unlock();
+    Status st = disk_.Read(ens, key, meta, buf.get());
+    mu_.Lock();
+    --io_in_flight_;
+    index_.at(id).busy &= static_cast<uint8_t>(~kBusyReading);
+    changed_.SignalAll();
+    if (!st.ok()) {
+      if (st.code() == StatusCode::kCorruption || st.IsNotFound()) {
+        HandleCorruptLocked(id, st);
+        out[i].status = Status::NotFound("failed verification; dropped");
+      } else {
+        out[i].status = st;
+      }
+      MaybeEraseLocked(id);
+      continue;
+    }
+    ++disk_counters_.hits;
+    BlockRead& r = out[i];
+    r.from = ServedFrom::kDisk;
+    r.size = meta.size;
+    r.checksum = meta.checksum;
+    r.owned = std::move(buf);
+    r.data = r.owned.get();
+  }
+  return out;
+}
+
+void TierManager::Release(BlockRead& read) {
+  if (read.lease == kNoEntry) return;
+  absl::MutexLock lock(&mu_);
+  Entry& e = index_.at(read.lease);
+  CHECK_GT(e.leases, 0u);
+  --e.leases;
+  --leases_;
+  read.lease = kNoEntry;
+  read.data = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes
+
+std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
+                                                 std::span<const PutRequestItem> items) {
+  std::vector<ReserveOutcome> out(items.size());
+  absl::MutexLock lock(&mu_);
+  const uint32_t now = NowSeconds();
+  const uint64_t max_block = max_block_bytes();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PutRequestItem& item = items[i];
+    ReserveOutcome& o = out[i];
+    if (item.size == 0) {
+      o.status = Status::InvalidArgument("block " + item.key.ShortHex() + " is empty");
+      continue;
+    }
+    if (item.size > max_block) {
+      o.status = Status::InvalidArgument("block " + item.key.ShortHex() + " of " +
+                                         FormatBytes(item.size) + " exceeds the " +
+                                         FormatBytes(max_block) + " block size limit");
+      continue;
+    }
+    auto classify = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const EntryId id = FindCachedLocked(ns, item.key);
+      if (id != kNoEntry) {
+        index_.Touch(id, now);
+        o.state = ReserveState::kPresent;
+        return true;
+      }
+      if (reserved_keys_.contains(KeyRef{ns, item.key})) {
+        o.state = ReserveState::kInProgress;
+        return true;
+      }
+      return false;
+    };
+    if (classify()) continue;
+    Result<HostSlot> slot = AllocateHostLocked(ns, item.size);
+    if (!slot.ok()) {
+      o.status = slot.status();
+      continue;
+    }
+    if (classify()) {  // the lock was released while making room
+      host_.Free(*slot);
+      continue;
+    }
+    const uint64_t rid = next_reservation_id_++;
+    Reservation r;
+    r.owner = owner;
+    r.ns = ns;
+    r.item = item;
+    r.slot = *slot;
+    r.deadline = std::chrono::steady_clock::now() + options_.reservation_timeout;
+    reservations_.emplace(rid, r);
+    reserved_keys_.emplace(KeyRef{ns, item.key}, rid);
+    o.state = ReserveState::kReserved;
+    o.reservation_id = rid;
+  }
+  return out;
+}
+
+Result<ReservationTarget> TierManager::TargetOf(uint64_t owner, uint64_t reservation_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end() || it->second.owner != owner) {
+    return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                            " is unknown or expired");
+  }
+  const Reservation& r = it->second;
+  return ReservationTarget{host_.Data(r.slot), r.item.size, r.slot.offset};
+}
+
+void TierManager::FreeReservationLocked(uint64_t rid) {
+  auto it = reservations_.find(rid);
+  if (it == reservations_.end()) return;
+  host_.Free(it->second.slot);
+  reserved_keys_.erase(KeyRef{it->second.ns, it->second.item.key});
+  reservations_.erase(it);
+}
+
+void TierManager::ExpireReservationsLocked() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<uint64_t> expired;
+  for (const auto& [rid, r] : reservations_) {
+    if (r.deadline < now) expired.push_back(rid);
+  }
+  for (uint64_t rid : expired) {
+    LOG(WARNING) << "reservation " << rid << " expired uncommitted; reclaiming its slot";
+    FreeReservationLocked(rid);
+  }
+}
+
+Status TierManager::Commit(uint64_t owner, uint64_t reservation_id) {
+  Reservation r;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = reservations_.find(reservation_id);
+    if (it == reservations_.end() || it->second.owner != owner) {
+      return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                              " is unknown or expired");
+    }
+    it->second.deadline = std::chrono::steady_clock::time_point::max();  // committing
+    r = it->second;
+  }
+  // The slot is still reserved: nobody else reads or frees it while we hash.
+  const uint64_t actual = BlockChecksum(host_.Data(r.slot), r.item.size);
+
+  absl::MutexLock lock(&mu_);
+  reserved_keys_.erase(KeyRef{r.ns, r.item.key});
+  reservations_.erase(reservation_id);
+  if (actual != r.item.checksum) {
+    host_.Free(r.slot);
+    ++checksum_failures_;
+    return Status::Corruption("block " + r.item.key.ShortHex() +
+                              ": payload does not match its checksum (damaged in transfer)");
+  }
+  EntryId id = index_.Find(r.ns, r.item.key);
+  if (id != kNoEntry && index_.at(id).tiers != 0) {
+    host_.Free(r.slot);  // cannot happen while reserved; harmless if it does
+    return Status::OK();
+  }
+  if (id == kNoEntry) {
+    id = index_.Insert(r.ns, r.item.key);
+    if (!r.item.parent.IsZero()) {
+      const EntryId parent = index_.Find(r.ns, r.item.parent);
+      if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
+    }
+  }
+  Entry& e = index_.at(id);
+  e.size = static_cast<uint32_t>(r.item.size);
+  e.checksum = r.item.checksum;
+  e.host_offset = r.slot.offset;
+  index_.AddCopy(id, TierId::kHost);
+  index_.Touch(id, NowSeconds());
+  ++host_blocks_;
+  if (PolicyLocked(r.ns).write->WriteOnCommit()) {
+    e.busy |= kBusyDemoting;
+    Status st = WriteDownLocked({id}, /*drop_host=*/false, /*sync=*/false);
+    if (!st.ok()) return st.WithContext("write-through of block " + r.item.key.ShortHex());
+  }
+  if (HostAboveHighWatermarkLocked()) flusher_.Signal();
+  return Status::OK();
+}
+
+void TierManager::Abort(uint64_t owner, uint64_t reservation_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end() || it->second.owner != owner) return;
+  FreeReservationLocked(reservation_id);
+}
+
+void TierManager::AbortOwner(uint64_t owner) {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> mine;
+  for (const auto& [rid, r] : reservations_) {
+    if (r.owner == owner) mine.push_back(rid);
+  }
+  for (uint64_t rid : mine) FreeReservationLocked(rid);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+Result<uint64_t> TierManager::PinChain(NamespaceId ns, std::span<const BlockKey> chain) {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    std::vector<EntryId> ids;
+    std::vector<EntryId> to_write;
+    bool busy = false;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const EntryId id = FindCachedLocked(ns, chain[i]);
+      if (id == kNoEntry) {
+        return Status::FailedPrecondition("block " + std::to_string(i) + " of the chain (" +
+                                          chain[i].ShortHex() +
+                                          ") is not cached; put it before saving the session");
+      }
+      const Entry& e = index_.at(id);
+      if (e.busy != 0) busy = true;
+      if (!e.In(TierId::kDisk)) to_write.push_back(id);
+      ids.push_back(id);
+    }
+    if (busy) {
+      changed_.Wait(&mu_);
+      if (stopping_) return Status::Aborted("daemon shutting down");
+      continue;
+    }
+    if (!to_write.empty()) {
+      for (EntryId id : to_write) index_.at(id).busy |= kBusyDemoting;
+      Status st = WriteDownLocked(to_write, /*drop_host=*/false, /*sync=*/true);
+      if (!st.ok()) return st.WithContext("writing the session's blocks to disk");
+      continue;  // re-check: the lock was released
+    }
+    uint64_t bytes = 0;
+    for (EntryId id : ids) {
+      index_.Pin(id);
+      bytes += index_.at(id).size;
+    }
+    return bytes;
+  }
+}
+
+void TierManager::PinExisting(NamespaceId ns, std::span<const BlockKey> chain) {
+  absl::MutexLock lock(&mu_);
+  for (const BlockKey& key : chain) {
+    const EntryId id = FindCachedLocked(ns, key);
+    if (id != kNoEntry && index_.at(id).In(TierId::kDisk)) index_.Pin(id);
+  }
+}
+
+void TierManager::UnpinChain(NamespaceId ns, std::span<const BlockKey> chain) {
+  absl::MutexLock lock(&mu_);
+  for (const BlockKey& key : chain) {
+    const EntryId id = index_.Find(ns, key);
+    if (id == kNoEntry || index_.at(id).pins == 0) continue;
+    index_.Unpin(id);
+    MaybeEraseLocked(id);
+  }
+}
+
+uint32_t TierManager::CountCached(NamespaceId ns, std::span<const BlockKey> chain) {
+  absl::MutexLock lock(&mu_);
+  uint32_t n = 0;
+  for (const BlockKey& key : chain) {
+    if (FindCachedLocked(ns, key) != kNoEntry) ++n;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admin
+
+EvictOutcome TierManager::Evict(NamespaceId ns, TierId tier, std::span<const BlockKey> keys) {
+  absl::MutexLock lock(&mu_);
+  std::vector<EntryId> targets;
+  if (keys.empty()) {
+    index_.ForEach(ns, [&](EntryId id) {
+      if (index_.at(id).tiers != 0) targets.push_back(id);
+    });
+  } else {
+    for (const BlockKey& key : keys) {
+      const EntryId id = FindCachedLocked(ns, key);
+      if (id != kNoEntry) targets.push_back(id);
+    }
+  }
+  // Deepest first, so each block's cached descendants among the targets go before it.
+  absl::flat_hash_map<EntryId, uint32_t> depth;
+  auto depth_of = [&](EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<EntryId> path;
+    uint32_t d = 0;
+    for (EntryId cur = id; cur != kNoEntry; cur = index_.at(cur).parent) {
+      auto it = depth.find(cur);
+      if (it != depth.end()) {
+        d = it->second;
+        break;
+      }
+      path.push_back(cur);
+    }
+    for (auto it = path.rbegin(); it != path.rend(); ++it) depth[*it] = ++d;
+    return depth[id];
+  };
+  std::vector<std::pair<uint32_t, BlockKey>> order;
+  for (EntryId id : targets) order.emplace_back(depth_of(id), index_.at(id).key);
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+
+  EvictOutcome outcome;
+  for (const auto& [d, key] : order) {
+    const EntryId id = FindCachedLocked(ns, key);
+    if (id == kNoEntry) continue;
+    Entry& e = index_.at(id);
+    if (e.leases > 0 || e.busy != 0) {
+      ++outcome.skipped;
+      continue;
+    }
+    bool done = false;
+    if (e.In(TierId::kHost) && e.children[static_cast<int>(TierId::kHost)] == 0) {
+      if (e.In(TierId::kDisk) || tier == TierId::kDisk) {
+        ++host_counters_.evictions;
+        DropHostCopyLocked(id);
+        done = true;
+      } else {
+        e.busy |= kBusyDemoting;
+        done = WriteDownLocked({id}, /*drop_host=*/true, /*sync=*/false).ok();
+      }
+    }
+    if (tier == TierId::kDisk) {
+      const EntryId again = FindCachedLocked(ns, key);
+      if (again != kNoEntry) {
+        Entry& e2 = index_.at(again);
+        done = false;
+        if (!e2.In(TierId::kHost) && e2.In(TierId::kDisk) && e2.pins == 0 &&
+            e2.cached_children() == 0 && e2.busy == 0) {
+          ++disk_counters_.evictions;
+          DropDiskCopiesLocked({again});
+          done = true;
+        }
+      }
+    }
+    done ? ++outcome.evicted : ++outcome.skipped;
+  }
+  return outcome;
+}
+
+TierManagerStats TierManager::GetStats() const {
+  TierManagerStats s;
+  s.host = host_.GetStats();
+  s.disk_bytes_on_device = store_.ApproximateDiskBytes();
+  absl::MutexLock lock(&mu_);
+  s.host_blocks = host_blocks_;
+  s.disk_capacity_bytes = options_.disk_capacity_bytes;
+  s.disk_used_bytes = disk_used_;
+  s.disk_blocks = disk_blocks_;
+  s.host_counters = host_counters_;
+  s.disk_counters = disk_counters_;
+  s.index_entries = index_.size();
+  s.index_bytes = index_.MemoryBytes();
+  s.leases_active = leases_;
+  s.reservations_active = reservations_.size();
+  s.prefetches_issued = prefetches_issued_;
+  s.prefetches_useful = prefetches_useful_;
+  s.checksum_failures = checksum_failures_;
+  s.disk_write_errors = disk_write_errors_;
+  s.blocks_lost = blocks_lost_;
+  return s;
+}
+
+void TierManager::WaitIdleForTest() {
+  absl::MutexLock lock(&mu_);
+  while (!promotion_queue_.empty() || !promotions_.empty() || io_in_flight_ > 0) {
+    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(10));
+  }
+}
+
+}  // namespace kvpool::tiers

@@ -1,0 +1,289 @@
+#pragma once
+// TierManager: placement, promotion, demotion and eviction of blocks across the host and disk
+// tiers, over the block index it owns.
+//
+// Life of a block: Reserve (a host slot, not yet visible) -> the transport fills the slot ->
+// Commit (checksum verified, the block becomes visible in host) -> demoted to disk by the
+// flusher when host runs past its high watermark (or at commit for write-through namespaces,
+// or when a session pins it) -> promoted back to host on a disk hit -> dropped from disk, tail
+// first, when disk is full, unless a session pins it.
+//
+// Readers hold leases: a leased host copy is never freed or moved. A get that finds a block
+// mid-promotion waits for that promotion; it never reads the block twice. Every read from disk
+// is verified; a block that fails is dropped, logged and reported as a miss.
+//
+// Threads: one flusher (ThreadRole::kTierFlusher) and `promotion_threads` prefetchers
+// (ThreadRole::kPrefetcher), started by Start() and joined by Shutdown().
+// Thread safety: every public method may be called from any thread; one mutex guards the index
+// and all bookkeeping, and no disk I/O or block copy runs under it, except RocksDB deletes of
+// dropped blocks (small WAL appends).
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <kvpool/block_key.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status.h"
+#include "daemon/block_index.h"
+#include "tiers/disk_tier.h"
+#include "tiers/host_tier.h"
+#include "tiers/policy.h"
+
+namespace kvpool::tiers {
+
+using daemon::EntryId;
+using daemon::kNoEntry;
+using daemon::TierId;
+
+enum class ServedFrom : uint8_t { kNone = 0, kHost, kDisk };
+
+struct TierManagerOptions {
+  // Disk tier budget for block payloads. Default: 64 GiB.
+  uint64_t disk_capacity_bytes = 64ull << 30;
+  // The flusher starts demoting when host allocation passes this share... Default: 0.90.
+  double host_high_watermark = 0.90;
+  // ...and stops when it is back under this share. Default: 0.80.
+  double host_low_watermark = 0.80;
+  // Threads reading disk blocks into host. Default: 2.
+  int promotion_threads = 2;
+  // A reservation not committed within this time is reclaimed. Default: 30 s.
+  std::chrono::milliseconds reservation_timeout{30000};
+  // Bytes the flusher writes in one RocksDB batch. Default: 64 MiB.
+  uint64_t demotion_batch_bytes = 64ull << 20;
+  // Write host-only blocks to disk at Shutdown (so a restart finds them). Default: true.
+  bool flush_on_shutdown = true;
+};
+
+// One key's answer to a lookup.
+struct LookupResult {
+  uint32_t hit_blocks = 0;             // longest cached prefix
+  std::vector<ServedFrom> tiers;       // fastest tier of each hit block
+  uint32_t promotions_started = 0;
+};
+
+// A block handed to a reader. Either a lease on the host copy (data points into the arena and
+// stays valid until Release) or bytes read straight from disk (owned).
+struct BlockRead {
+  Status status;  // OK, NotFound for a miss, or an error for this block only
+  ServedFrom from = ServedFrom::kNone;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  EntryId lease = kNoEntry;
+  std::unique_ptr<uint8_t[]> owned;
+};
+
+struct PutRequestItem {
+  BlockKey key;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  BlockKey parent;  // zero: first block of a chain
+};
+
+enum class ReserveState : uint8_t { kReserved, kPresent, kInProgress, kRefused };
+
+struct ReserveOutcome {
+  ReserveState state = ReserveState::kRefused;
+  uint64_t reservation_id = 0;
+  Status status;  // why, when refused
+};
+
+// Where a reservation's bytes go: the transport writes exactly `size` bytes at `data`.
+struct ReservationTarget {
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+  uint64_t offset = 0;  // in the host arena
+};
+
+struct TierCounters {
+  uint64_t hits = 0;
+  uint64_t promotions = 0;
+  uint64_t demotions = 0;
+  uint64_t evictions = 0;
+};
+
+struct TierManagerStats {
+  HostTierStats host;
+  uint64_t host_blocks = 0;
+  uint64_t disk_capacity_bytes = 0;
+  uint64_t disk_used_bytes = 0;
+  uint64_t disk_blocks = 0;
+  uint64_t disk_bytes_on_device = 0;  // RocksDB's SST and blob files
+  TierCounters host_counters;
+  TierCounters disk_counters;
+  uint64_t index_entries = 0;
+  uint64_t index_bytes = 0;
+  uint64_t leases_active = 0;
+  uint64_t reservations_active = 0;
+  uint64_t prefetches_issued = 0;
+  uint64_t prefetches_useful = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t disk_write_errors = 0;
+  uint64_t blocks_lost = 0;  // host-only blocks dropped because disk could not take them
+};
+
+struct EvictOutcome {
+  uint64_t evicted = 0;
+  uint64_t skipped = 0;
+};
+
+class TierManager {
+ public:
+  TierManager(const TierManagerOptions& options, HostTier& host, DiskTier& disk,
+              RocksStore& store);
+  ~TierManager();  // calls Shutdown()
+
+  // Rebuilds the index from the disk tier's meta records (no block body is read) and trims
+  // disk to its capacity. Call once, before Start.
+  Status Recover();
+  void Start();
+  // Stops the threads; with flush_on_shutdown writes host-only blocks to disk first.
+  void Shutdown();
+
+  void SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy);
+
+  // Longest cached prefix of `chain`; with `prefetch`, starts promoting its disk hits.
+  LookupResult Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch);
+  // Leases or reads each block. Waits for promotions in flight. Release every OK result.
+  std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys);
+  void Release(BlockRead& read);
+  // Starts promoting disk-only blocks of `keys` toward host; returns how many were started.
+  uint32_t Prefetch(NamespaceId ns, std::span<const BlockKey> keys);
+
+  // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
+  // connection) until committed, aborted or expired.
+  std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
+                                      std::span<const PutRequestItem> items);
+  // The bytes of a reservation, for the transport to fill. NotFound if unknown, expired or
+  // owned by someone else.
+  Result<ReservationTarget> TargetOf(uint64_t owner, uint64_t reservation_id);
+  // Phase two: verifies the slot's checksum and publishes the block. Corruption when the
+  // bytes do not match the checksum given at reserve time (the slot is reclaimed).
+  Status Commit(uint64_t owner, uint64_t reservation_id);
+  void Abort(uint64_t owner, uint64_t reservation_id);
+  // Aborts every reservation of `owner` (its connection closed).
+  void AbortOwner(uint64_t owner);
+
+  // Writes each block of `chain` to disk if it is not there yet and pins it (sessions).
+  // FailedPrecondition naming the first block that is not cached. Returns the chain's bytes.
+  Result<uint64_t> PinChain(NamespaceId ns, std::span<const BlockKey> chain);
+  // Pins what is on disk without writing (used when reloading sessions at start).
+  void PinExisting(NamespaceId ns, std::span<const BlockKey> chain);
+  void UnpinChain(NamespaceId ns, std::span<const BlockKey> chain);
+  // Number of blocks of `chain` that are cached now.
+  uint32_t CountCached(NamespaceId ns, std::span<const BlockKey> chain);
+
+  // Admin eviction of a namespace's blocks (all when `keys` is empty) from host (demoting
+  // what disk does not have) or from the whole cache (tier == kDisk). Tail first: a block with
+  // cached descendants that are not also evicted is skipped.
+  EvictOutcome Evict(NamespaceId ns, TierId tier, std::span<const BlockKey> keys);
+
+  TierManagerStats GetStats() const;
+  uint64_t max_block_bytes() const { return host_.max_block_bytes(); }
+
+  // Test hook: waits until no promotion or demotion is in flight.
+  void WaitIdleForTest();
+
+ private:
+  struct Reservation {
+    uint64_t owner = 0;
+    NamespaceId ns = 0;
+    PutRequestItem item;
+    HostSlot slot;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  struct Promotion {
+    bool done = false;
+    Status status;
+  };
+  struct KeyRef {
+    NamespaceId ns;
+    BlockKey key;
+    bool operator==(const KeyRef& o) const { return ns == o.ns && key == o.key; }
+    template <typename H>
+    friend H AbslHashValue(H h, const KeyRef& k) {
+      return H::combine(std::move(h), k.ns, BlockKeyHash()(k.key));
+    }
+  };
+
+  uint32_t NowSeconds() const;
+  const NamespacePolicy& PolicyLocked(NamespaceId ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A live entry with at least one copy, or kNoEntry.
+  EntryId FindCachedLocked(NamespaceId ns, const BlockKey& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases `id` and then its copy-less ancestors while nothing holds them.
+  void MaybeEraseLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropHostCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes the disk copy (RocksDB) of each id and updates the index.
+  void DropDiskCopiesLocked(const std::vector<EntryId>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes disk room for `bytes` more by dropping cold candidates, and accounts them as used.
+  Status ReserveDiskLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the host copies of `ids` (marked kBusyDemoting by the caller) to disk, releasing
+  // the mutex for the write. On success each gains a disk copy; when `drop_host`, unleased
+  // host copies are then freed. On failure the host copies are kept (or dropped when
+  // `drop_host`: the block is lost, counted). Clears kBusyDemoting.
+  Status WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees host space until `bytes` can be allocated for `ns` or nothing more can be evicted.
+  Result<HostSlot> AllocateHostLocked(NamespaceId ns, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Picks up to `budget` bytes of coldest host candidates; drops those with a disk copy, and
+  // demotes the rest. Returns bytes released or scheduled.
+  uint64_t EvictHostLocked(uint64_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<Promotion> StartPromotionLocked(EntryId id, bool prefetch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PromoteOne(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleCorruptLocked(EntryId id, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeReservationLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlusherLoop();
+  void PrefetcherLoop();
+  bool HostAboveHighWatermarkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const TierManagerOptions options_;
+  HostTier& host_;
+  DiskTier& disk_;
+  RocksStore& store_;
+  const std::chrono::steady_clock::time_point start_;
+
+  mutable absl::Mutex mu_;
+  daemon::BlockIndex index_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<NamespaceId, NamespacePolicy> policies_ ABSL_GUARDED_BY(mu_);
+  NamespacePolicy default_policy_;
+  absl::flat_hash_map<uint64_t, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<KeyRef, uint64_t> reserved_keys_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_reservation_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<EntryId, std::shared_ptr<Promotion>> promotions_ ABSL_GUARDED_BY(mu_);
+  std::deque<EntryId> promotion_queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<KeyRef> write_queue_ ABSL_GUARDED_BY(mu_);  // write-after-hits candidates
+  absl::CondVar changed_;  // an I/O finished or a busy flag cleared
+  absl::CondVar work_;     // promotion_queue_ gained an item
+  absl::CondVar flusher_;  // host passed its high watermark, or write_queue_ grew
+  uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;   // payload bytes on disk + in flight
+  uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t leases_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  TierCounters host_counters_ ABSL_GUARDED_BY(mu_);
+  TierCounters disk_counters_ ABSL_GUARDED_BY(mu_);
+  uint64_t prefetches_issued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prefetches_useful_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checksum_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t disk_write_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t blocks_lost_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ = false;
+
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kvpool::tiers
