@@ -1,6 +1,9 @@
 // The CUDA entry points when kvpool is built without CUDA (KVPOOL_WITH_CUDA=OFF or no nvcc):
 // each returns Unimplemented so callers link and fail cleanly at run time.
 
+#include <string>
+
+#include "kernels/compress.h"
 #include "kernels/paged_copy.h"
 #include "kernels/quantize.h"
 
@@ -25,6 +28,18 @@ Status QuantizeBlocksCuda(const BlockLayout&, const void* const*, void* const*, 
 }
 Status DequantizeBlocksCuda(const BlockLayout&, const void* const*, void* const*, int, void*) {
   return NoCuda("DequantizeBlocksCuda");
+}
+
+Status ComputeScoresCuda(const CompressParams&, const AttentionShape&, const void*, const void*,
+                         float*, void*) {
+  return NoCuda("ComputeScoresCuda");
+}
+Status SelectTokensCuda(const CompressParams&, const AttentionShape&, const float*, int32_t*,
+                        void*) {
+  return NoCuda("SelectTokensCuda");
+}
+Status CompactKvCuda(const AttentionShape&, const int*, const int32_t*, const void*, void*, void*) {
+  return NoCuda("CompactKvCuda");
 }
 
 }  // namespace kernels
