@@ -20,7 +20,12 @@ Result<uint64_t> ParseBytes(std::string_view text) {
     ++num_end;
   }
   if (num_end == 0) return Status::InvalidArgument("size '" + s + "' does not start with a number");
-  const double value = std::strtod(s.substr(0, num_end).c_str(), nullptr);
+  const std::string number = s.substr(0, num_end);
+  char* parsed_end = nullptr;
+  const double value = std::strtod(number.c_str(), &parsed_end);
+  if (parsed_end != number.c_str() + number.size()) {
+    return Status::InvalidArgument("size '" + s + "' has a malformed number '" + number + "'");
+  }
   std::string unit = s.substr(num_end);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
