@@ -223,9 +223,12 @@ HostTierStats HostTier::GetStats() const {
     largest_pages = std::max<uint64_t>(largest_pages, LargestRun(seg));
   }
   s.largest_free_run = largest_pages * kPageBytes;
+  // No block is larger than a segment, so free space is unfragmented when a segment-sized run
+  // (or all of it, when less is free) is one run: an empty arena reports 0, not 1 - 1/segments.
   const uint64_t free_bytes = s.capacity_bytes - s.allocated_bytes;
+  const uint64_t usable_run = std::min(free_bytes, segment_bytes_);
   s.fragmentation =
-      free_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(s.largest_free_run) / free_bytes;
+      usable_run == 0 ? 0.0 : 1.0 - static_cast<double>(s.largest_free_run) / usable_run;
   return s;
 }
 

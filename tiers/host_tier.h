@@ -52,7 +52,9 @@ struct HostTierStats {
   uint64_t free_segments = 0;
   uint64_t segments = 0;
   uint64_t largest_free_run = 0;   // bytes, in any single segment (free segments included)
-  double fragmentation = 0;        // 1 - largest_free_run / free bytes (0 when nothing free)
+  // 1 - largest_free_run / min(free bytes, segment size): 0 when the largest possible block (or
+  // everything free) fits in one run, near 1 when free space is scattered pages; 0 when full.
+  double fragmentation = 0;
   bool locked = false;
 };
 

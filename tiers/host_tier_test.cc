@@ -1,1 +1,354 @@
+// HostTier: the memfd arena, its per-namespace segments and its page allocator.
+
+#include "tiers/host_tier.h"
+
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace kvpool::tiers {
+namespace {
+
+constexpr uint64_t kSegment = 1ull << 20;
+constexpr uint64_t kCapacity = 8 * kSegment;
+constexpr uint64_t kPage = HostTier::kPageBytes;
+
+std::unique_ptr<HostTier> MakeTier(uint64_t capacity = kCapacity, uint64_t segment = kSegment) {
+  HostTierOptions o;
+  o.capacity_bytes = capacity;
+  o.segment_bytes = segment;
+  o.lock_memory = false;
+  Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+HostSlot MustAllocate(HostTier& tier, NamespaceId ns, uint64_t length) {
+  Result<HostSlot> s = tier.Allocate(ns, length);
+  EXPECT_TRUE(s.ok()) << "allocating " << length << " for ns " << ns << ": "
+                      << s.status().ToString();
+  return s.ok() ? *s : HostSlot{};
+}
+
+uint64_t PagesOf(uint64_t length) { return (length + kPage - 1) / kPage * kPage; }
+
+void Fill(HostTier& tier, const HostSlot& slot, uint8_t seed) {
+  uint8_t* p = tier.Data(slot);
+  for (uint64_t i = 0; i < slot.length; ++i) p[i] = static_cast<uint8_t>(seed + i * 31 + (i >> 9));
+}
+
+bool Holds(HostTier& tier, const HostSlot& slot, uint8_t seed) {
+  const uint8_t* p = tier.Data(slot);
+  for (uint64_t i = 0; i < slot.length; ++i) {
+    if (p[i] != static_cast<uint8_t>(seed + i * 31 + (i >> 9))) return false;
+  }
+  return true;
+}
+
+TEST(HostTierTest, CreateRoundsCapacityToWholeSegments) {
+  auto tier = MakeTier(kCapacity + kSegment / 2);
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->capacity_bytes(), kCapacity);
+  EXPECT_EQ(tier->segment_bytes(), kSegment);
+  EXPECT_EQ(tier->max_block_bytes(), kSegment);
+  EXPECT_GE(tier->fd(), 0);
+  const HostTierStats s = tier->GetStats();
+  EXPECT_EQ(s.segments, 8u);
+  EXPECT_EQ(s.free_segments, 8u);
+  EXPECT_EQ(s.allocated_bytes, 0u);
+  EXPECT_EQ(s.blocks, 0u);
+}
+
+TEST(HostTierTest, CreateRejectsBadOptions) {
+  HostTierOptions o;
+  o.lock_memory = false;
+  o.capacity_bytes = kCapacity;
+  for (uint64_t seg : std::vector<uint64_t>{0, 1000, kPage + 1, kSegment + 100}) {
+    o.segment_bytes = seg;
+    Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
+    ASSERT_FALSE(t.ok()) << seg;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << seg;
+  }
+  o.segment_bytes = kSegment;
+  o.capacity_bytes = kSegment - kPage;  // smaller than one segment
+  Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(HostTierTest, LockMemoryFallsBackWhenNotAllowed) {
+  HostTierOptions o;
+  o.capacity_bytes = 2 * kSegment;
+  o.segment_bytes = kSegment;
+  o.lock_memory = true;  // may fail under a small RLIMIT_MEMLOCK: must still work, unlocked
+  Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  HostSlot s = MustAllocate(**t, 1, 10000);
+  Fill(**t, s, 3);
+  EXPECT_TRUE(Holds(**t, s, 3));
+}
+
+TEST(HostTierTest, AllocatesPageAlignedSlotsInsideTheArena) {
+  auto tier = MakeTier();
+  std::vector<HostSlot> slots;
+  uint64_t payload = 0;
+  uint64_t allocated = 0;
+  for (uint64_t len : std::vector<uint64_t>{1, 4095, 4096, 4097, 12345, 65536, 100000, kSegment,
+                                         3, kSegment - 1}) {
+    HostSlot s = MustAllocate(*tier, 1, len);
+    slots.push_back(s);
+    payload += len;
+    allocated += PagesOf(len);
+  }
+  for (const HostSlot& s : slots) {
+    EXPECT_TRUE(s.valid());
+    EXPECT_EQ(s.offset % kPage, 0u) << s.offset;
+    EXPECT_LE(s.offset + s.length, tier->capacity_bytes());
+    // A block lives entirely inside one segment.
+    EXPECT_EQ(s.offset / kSegment, (s.offset + s.length - 1) / kSegment) << s.offset;
+  }
+  // No two slots' pages overlap.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const HostSlot& s : slots) ranges.emplace_back(s.offset, s.offset + PagesOf(s.length));
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
+
+  EXPECT_EQ(tier->allocated_bytes(), allocated);
+  const HostTierStats st = tier->GetStats();
+  EXPECT_EQ(st.allocated_bytes, allocated);
+  EXPECT_EQ(st.payload_bytes, payload);
+  EXPECT_EQ(st.blocks, slots.size());
+  for (const HostSlot& s : slots) tier->Free(s);
+  EXPECT_EQ(tier->allocated_bytes(), 0u);
+  EXPECT_EQ(tier->GetStats().payload_bytes, 0u);
+  EXPECT_EQ(tier->GetStats().blocks, 0u);
+}
+
+TEST(HostTierTest, RefusesZeroAndTooLargeBlocks) {
+  auto tier = MakeTier();
+  Result<HostSlot> zero = tier->Allocate(1, 0);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+  for (uint64_t len : std::vector<uint64_t>{kSegment + 1, 2 * kSegment, kCapacity, UINT64_MAX}) {
+    Result<HostSlot> big = tier->Allocate(1, len);
+    ASSERT_FALSE(big.ok()) << len;
+    EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument) << len;
+  }
+  EXPECT_EQ(tier->allocated_bytes(), 0u);
+  EXPECT_EQ(tier->GetStats().free_segments, 8u);
+  // Exactly one segment is the largest block.
+  HostSlot s = MustAllocate(*tier, 1, kSegment);
+  EXPECT_EQ(s.offset % kSegment, 0u);
+}
+
+TEST(HostTierTest, NamespacesNeverShareASegment) {
+  auto tier = MakeTier();
+  std::mt19937_64 rng(11);
+  std::map<NamespaceId, std::set<uint64_t>> segments_of;
+  std::vector<std::pair<NamespaceId, HostSlot>> slots;
+  // Interleave three namespaces with small blocks until the arena is full.
+  for (int i = 0;; ++i) {
+    const NamespaceId ns = static_cast<NamespaceId>(1 + rng() % 3);
+    const uint64_t len = 1 + rng() % (64 * 1024);
+    Result<HostSlot> s = tier->Allocate(ns, len);
+    if (!s.ok()) {
+      EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted);
+      break;
+    }
+    ASSERT_LT(i, 100000);
+    EXPECT_EQ(tier->OwnerOf(s->offset), ns);
+    EXPECT_EQ(tier->OwnerOf(s->offset + s->length - 1), ns);
+    segments_of[ns].insert(s->offset / kSegment);
+    slots.emplace_back(ns, *s);
+  }
+  ASSERT_EQ(segments_of.size(), 3u);
+  std::set<uint64_t> all;
+  size_t total = 0;
+  for (const auto& [ns, segs] : segments_of) {
+    total += segs.size();
+    all.insert(segs.begin(), segs.end());
+  }
+  EXPECT_EQ(all.size(), total) << "a segment was handed to two namespaces";
+  // Owners still right after everything was handed out.
+  for (const auto& [ns, slot] : slots) EXPECT_EQ(tier->OwnerOf(slot.offset), ns);
+}
+
+TEST(HostTierTest, ReturnsEmptySegmentToPool) {
+  auto tier = MakeTier();
+  HostSlot a = MustAllocate(*tier, 1, 5000);
+  HostSlot b = MustAllocate(*tier, 1, 7000);
+  ASSERT_EQ(a.offset / kSegment, b.offset / kSegment);  // same namespace packs one segment
+  EXPECT_EQ(tier->GetStats().free_segments, 7u);
+  const uint64_t seg_start = a.offset / kSegment * kSegment;
+  EXPECT_EQ(tier->OwnerOf(seg_start), 1u);
+
+  tier->Free(a);
+  EXPECT_EQ(tier->GetStats().free_segments, 7u);  // b still lives there
+  EXPECT_EQ(tier->OwnerOf(seg_start), 1u);
+  tier->Free(b);
+  EXPECT_EQ(tier->GetStats().free_segments, 8u);
+  EXPECT_EQ(tier->OwnerOf(seg_start), kNoNamespace);
+
+  // Another namespace can now take every segment, that one included.
+  std::set<uint64_t> taken;
+  for (int i = 0; i < 8; ++i) {
+    HostSlot s = MustAllocate(*tier, 2, kSegment);
+    EXPECT_EQ(tier->OwnerOf(s.offset), 2u);
+    taken.insert(s.offset / kSegment);
+  }
+  EXPECT_EQ(taken.size(), 8u);
+  EXPECT_TRUE(taken.count(seg_start / kSegment));
+}
+
+TEST(HostTierTest, FullArenaGivesResourceExhausted) {
+  auto tier = MakeTier();
+  std::vector<HostSlot> slots;
+  for (int i = 0; i < 8; ++i) slots.push_back(MustAllocate(*tier, 1, kSegment));
+  Result<HostSlot> more = tier->Allocate(1, 1);
+  ASSERT_FALSE(more.ok());
+  EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted);
+  Result<HostSlot> other = tier->Allocate(2, 1);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kResourceExhausted);
+  // Freeing one block makes room again.
+  tier->Free(slots[3]);
+  HostSlot again = MustAllocate(*tier, 2, 100);
+  EXPECT_EQ(again.offset / kSegment, slots[3].offset / kSegment);
+}
+
+TEST(HostTierTest, FreePagesOfOtherNamespacesDoNotHelp) {
+  auto tier = MakeTier();
+  // Eight namespaces each take a segment with one small block: lots of free pages, but none
+  // in a segment a ninth namespace may use.
+  for (NamespaceId ns = 1; ns <= 8; ++ns) MustAllocate(*tier, ns, 4096);
+  Result<HostSlot> s = tier->Allocate(9, 4096);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted);
+  // The owners still have room in their own segments.
+  for (NamespaceId ns = 1; ns <= 8; ++ns) MustAllocate(*tier, ns, kSegment - 4096);
+  EXPECT_EQ(tier->allocated_bytes(), kCapacity);
+}
+
+TEST(HostTierTest, FindsRunsAcrossBitmapWordsAndFillsHoles) {
+  // 64 pages per bitmap word: a run spanning a word boundary must be found, and a freed hole
+  // must be reused before the namespace takes another segment.
+  auto tier = MakeTier(2 * kSegment);
+  std::vector<HostSlot> pages;
+  for (int i = 0; i < 256; ++i) pages.push_back(MustAllocate(*tier, 1, kPage));
+  EXPECT_EQ(tier->GetStats().free_segments, 1u);
+  // Free pages 60..67 (across the first word boundary).
+  for (int i = 60; i < 68; ++i) tier->Free(pages[i]);
+  HostSlot run = MustAllocate(*tier, 1, 8 * kPage);
+  EXPECT_EQ(run.offset, pages[60].offset);
+  EXPECT_EQ(tier->GetStats().free_segments, 1u);
+  // No 2-page hole left in the first segment: a second segment is taken.
+  tier->Free(pages[100]);
+  HostSlot two = MustAllocate(*tier, 1, 2 * kPage);
+  EXPECT_NE(two.offset / kSegment, pages[0].offset / kSegment);
+  HostSlot one = MustAllocate(*tier, 1, kPage);
+  EXPECT_EQ(one.offset, pages[100].offset);
+}
+
+TEST(HostTierTest, FragmentationIsSensibleAfterACheckerboardOfFrees) {
+  auto tier = MakeTier();
+  HostTierStats s = tier->GetStats();
+  EXPECT_EQ(s.largest_free_run, kSegment);
+  EXPECT_DOUBLE_EQ(s.fragmentation, 0.0) << "an empty arena is not fragmented";
+
+  // Fill every page with 4 KiB blocks.
+  std::vector<HostSlot> slots;
+  for (uint64_t i = 0; i < kCapacity / kPage; ++i) slots.push_back(MustAllocate(*tier, 1, kPage));
+  s = tier->GetStats();
+  EXPECT_EQ(s.allocated_bytes, kCapacity);
+  EXPECT_EQ(s.largest_free_run, 0u);
+  EXPECT_EQ(s.free_segments, 0u);
+  EXPECT_DOUBLE_EQ(s.fragmentation, 0.0);
+
+  // Free every other page: half the arena is free, in 4 KiB holes only.
+  for (size_t i = 0; i < slots.size(); i += 2) tier->Free(slots[i]);
+  s = tier->GetStats();
+  EXPECT_EQ(s.allocated_bytes, kCapacity / 2);
+  EXPECT_EQ(s.largest_free_run, kPage);
+  EXPECT_GT(s.fragmentation, 0.99);
+  EXPECT_LE(s.fragmentation, 1.0);
+  // Free bytes are plenty, yet a two-page block does not fit anywhere.
+  Result<HostSlot> two = tier->Allocate(1, 2 * kPage);
+  ASSERT_FALSE(two.ok());
+  EXPECT_EQ(two.status().code(), StatusCode::kResourceExhausted);
+
+  // Free the rest of the first segment: one whole segment is free again.
+  for (size_t i = 1; i < kSegment / kPage; i += 2) tier->Free(slots[i]);
+  s = tier->GetStats();
+  EXPECT_EQ(s.free_segments, 1u);
+  EXPECT_EQ(s.largest_free_run, kSegment);
+  EXPECT_DOUBLE_EQ(s.fragmentation, 0.0);
+
+  // And everything.
+  for (size_t i = kSegment / kPage + 1; i < slots.size(); i += 2) tier->Free(slots[i]);
+  s = tier->GetStats();
+  EXPECT_EQ(s.allocated_bytes, 0u);
+  EXPECT_EQ(s.free_segments, 8u);
+  EXPECT_DOUBLE_EQ(s.fragmentation, 0.0);
+}
+
+TEST(HostTierTest, FragmentationOfAPartlyUsedSegment) {
+  auto tier = MakeTier(kSegment);  // one segment
+  const uint64_t pages = kSegment / kPage;
+  std::vector<HostSlot> slots;
+  for (uint64_t i = 0; i < pages; ++i) slots.push_back(MustAllocate(*tier, 1, kPage));
+  // Free a 16-page run and 16 single pages elsewhere: 32 pages free, largest run 16.
+  for (int i = 0; i < 16; ++i) tier->Free(slots[i]);
+  for (int i = 0; i < 16; ++i) tier->Free(slots[100 + 2 * i]);
+  const HostTierStats s = tier->GetStats();
+  EXPECT_EQ(s.largest_free_run, 16 * kPage);
+  EXPECT_NEAR(s.fragmentation, 0.5, 1e-9);
+}
+
+TEST(HostTierTest, BytesWrittenToOneSlotDoNotDisturbOthers) {
+  auto tier = MakeTier();
+  std::mt19937_64 rng(3);
+  struct Live {
+    HostSlot slot;
+    uint8_t seed;
+  };
+  std::vector<Live> live;
+  uint8_t next_seed = 1;
+  for (int round = 0; round < 400; ++round) {
+    if (!live.empty() && rng() % 3 == 0) {
+      const size_t victim = rng() % live.size();
+      ASSERT_TRUE(Holds(*tier, live[victim].slot, live[victim].seed));
+      tier->Free(live[victim].slot);
+      live.erase(live.begin() + static_cast<long>(victim));
+      continue;
+    }
+    const NamespaceId ns = static_cast<NamespaceId>(1 + rng() % 2);
+    const uint64_t len = 1 + rng() % (3 * kPage + 123);
+    Result<HostSlot> s = tier->Allocate(ns, len);
+    if (!s.ok()) continue;
+    Fill(*tier, *s, next_seed);
+    live.push_back({*s, next_seed});
+    ++next_seed;
+  }
+  ASSERT_GT(live.size(), 50u);
+  for (const Live& l : live) EXPECT_TRUE(Holds(*tier, l.slot, l.seed)) << l.slot.offset;
+}
+
+TEST(HostTierTest, ArenaIsSharedThroughItsFd) {
+  auto tier = MakeTier(2 * kSegment);
+  HostSlot s = MustAllocate(*tier, 1, 3 * kPage + 5);
+  Fill(*tier, s, 42);
+  // A second (read-only) mapping of the memfd, as a client would make, sees the same bytes.
+  void* view = mmap(nullptr, tier->capacity_bytes(), PROT_READ, MAP_SHARED, tier->fd(), 0);
+  ASSERT_NE(view, MAP_FAILED);
+  EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(view) + s.offset, tier->Data(s), s.length), 0);
+  munmap(view, tier->capacity_bytes());
+}
+
+}  // namespace
+}  // namespace kvpool::tiers
