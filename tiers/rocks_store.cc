@@ -76,7 +76,9 @@ RocksStore::~RocksStore() {
   if (!db_) return;
   Status st = Flush();
   if (!st.ok()) LOG(WARNING) << "flush at close: " << st.ToString();
-  for (auto* h : {blocks_cf_, meta_cf_, sessions_cf_}) {
+  // Every handle DB::Open returned, the default family's included, must be destroyed before
+  // the DB is deleted (RocksDB asserts it in ~ColumnFamilySet).
+  for (auto* h : {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}) {
     if (h) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
   }
   db_->Close().PermitUncheckedError();
