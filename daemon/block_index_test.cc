@@ -1,1 +1,488 @@
+// BlockIndex: lookups per namespace, child counts, the per-tier eviction-candidate lists (tail
+// first by construction) and erasure rules, checked directly and against a brute-force model.
+
+#include "daemon/block_index.h"
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <list>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace kvpool::daemon {
+namespace {
+
+constexpr TierId kHost = TierId::kHost;
+constexpr TierId kDisk = TierId::kDisk;
+
+BlockKey KeyOf(uint64_t n) {
+  BlockKey k;
+  std::mt19937_64 rng(n + 12345);
+  for (auto& b : k.bytes) b = static_cast<uint8_t>(rng());
+  return k;
+}
+
+// The candidate list of `tier`, coldest first, checking its links on the way.
+std::vector<EntryId> Candidates(const BlockIndex& index, TierId tier) {
+  std::vector<EntryId> out;
+  std::set<EntryId> seen;
+  for (EntryId id = index.Coldest(tier); id != kNoEntry; id = index.Hotter(tier, id)) {
+    if (!seen.insert(id).second) {
+      ADD_FAILURE() << "candidate list has a cycle";
+      break;
+    }
+    EXPECT_TRUE(index.at(id).live);
+    out.push_back(id);
+  }
+  EXPECT_EQ(out.size(), index.CandidateCount(tier));
+  return out;
+}
+
+// Inserts a chain of `n` blocks in `ns` (parent links set), each with a copy in `tiers`.
+std::vector<EntryId> MakeChain(BlockIndex& index, NamespaceId ns, uint64_t first_key, int n,
+                               std::initializer_list<TierId> tiers) {
+  std::vector<EntryId> ids;
+  for (int i = 0; i < n; ++i) {
+    const EntryId id = index.Insert(ns, KeyOf(first_key + i));
+    if (!ids.empty()) index.SetParent(id, ids.back());
+    for (TierId t : tiers) index.AddCopy(id, t);
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+TEST(BlockIndexTest, InsertFindErasePerNamespace) {
+  BlockIndex index;
+  EXPECT_EQ(index.size(), 0u);
+  EXPECT_EQ(index.Find(1, KeyOf(1)), kNoEntry);
+  const EntryId a1 = index.Insert(1, KeyOf(1));
+  const EntryId a2 = index.Insert(2, KeyOf(1));  // same key, other namespace
+  const EntryId b1 = index.Insert(1, KeyOf(2));
+  EXPECT_NE(a1, a2);
+  EXPECT_EQ(index.size(), 3u);
+  EXPECT_EQ(index.Find(1, KeyOf(1)), a1);
+  EXPECT_EQ(index.Find(2, KeyOf(1)), a2);
+  EXPECT_EQ(index.Find(1, KeyOf(2)), b1);
+  EXPECT_EQ(index.Find(2, KeyOf(2)), kNoEntry);
+  EXPECT_EQ(index.Find(3, KeyOf(1)), kNoEntry);
+  EXPECT_EQ(index.at(a1).key, KeyOf(1));
+  EXPECT_EQ(index.at(a2).ns, 2u);
+  EXPECT_TRUE(index.at(a1).live);
+  EXPECT_EQ(index.at(a1).tiers, 0);
+
+  // Per-namespace iteration.
+  std::set<EntryId> ns1;
+  index.ForEach(1, [&](EntryId id) { ns1.insert(id); });
+  EXPECT_EQ(ns1, (std::set<EntryId>{a1, b1}));
+  std::set<EntryId> all;
+  index.ForEach(kNoNamespace, [&](EntryId id) { all.insert(id); });
+  EXPECT_EQ(all.size(), 3u);
+
+  ASSERT_TRUE(index.CanErase(a1));
+  index.Erase(a1);
+  EXPECT_EQ(index.Find(1, KeyOf(1)), kNoEntry);
+  EXPECT_EQ(index.Find(2, KeyOf(1)), a2);  // the other namespace's entry is untouched
+  EXPECT_EQ(index.size(), 2u);
+  EXPECT_FALSE(index.CanErase(a1));  // no longer live
+
+  // The slot is reused and the new entry starts clean.
+  const EntryId c = index.Insert(1, KeyOf(3));
+  EXPECT_EQ(index.Find(1, KeyOf(3)), c);
+  EXPECT_EQ(index.at(c).tiers, 0);
+  EXPECT_EQ(index.at(c).parent, kNoEntry);
+  EXPECT_EQ(index.at(c).child_links, 0u);
+  EXPECT_EQ(index.at(c).cached_children(), 0u);
+}
+
+TEST(BlockIndexTest, ManyEntriesAcrossChunksStayFindable) {
+  BlockIndex index;
+  constexpr int kN = 70000;  // more than one chunk of entries
+  std::vector<EntryId> ids;
+  for (int i = 0; i < kN; ++i) ids.push_back(index.Insert(static_cast<NamespaceId>(i % 3), KeyOf(i)));
+  EXPECT_EQ(index.size(), static_cast<size_t>(kN));
+  for (int i = 0; i < kN; i += 7) {
+    ASSERT_EQ(index.Find(static_cast<NamespaceId>(i % 3), KeyOf(i)), ids[i]);
+    ASSERT_EQ(index.Find(static_cast<NamespaceId>((i + 1) % 3), KeyOf(i)), kNoEntry);
+  }
+  for (int i = 0; i < kN; i += 2) index.Erase(ids[i]);
+  EXPECT_EQ(index.size(), static_cast<size_t>(kN / 2));
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_EQ(index.Find(static_cast<NamespaceId>(i % 3), KeyOf(i)), i % 2 ? ids[i] : kNoEntry);
+  }
+}
+
+TEST(BlockIndexTest, MemoryBytesIsSane) {
+  BlockIndex index;
+  const size_t empty = index.MemoryBytes();
+  EXPECT_LT(empty, 4096u);
+  constexpr size_t kN = 10000;
+  for (size_t i = 0; i < kN; ++i) index.Insert(1, KeyOf(i));
+  const size_t full = index.MemoryBytes();
+  // At least the entries and a 4-byte id per hash slot; at most one chunk of entries plus a
+  // generous hash table.
+  EXPECT_GE(full, kN * (sizeof(Entry) + sizeof(EntryId)));
+  EXPECT_LE(full, (size_t{1} << 16) * sizeof(Entry) + kN * 64);
+  EXPECT_LE(sizeof(Entry), 160u) << "an index entry grew: check docs/BENCHMARKS.md";
+}
+
+TEST(BlockIndexTest, LruOrderFollowsTouch) {
+  BlockIndex index;
+  std::vector<EntryId> ids;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back(index.Insert(1, KeyOf(i)));
+    index.AddCopy(ids.back(), kHost);
+  }
+  // Added in order 0..3: 0 is coldest.
+  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{ids[0], ids[1], ids[2], ids[3]}));
+  index.Touch(ids[0], 5);
+  EXPECT_EQ(index.at(ids[0]).last_use_s, 5u);
+  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{ids[1], ids[2], ids[3], ids[0]}));
+  index.Touch(ids[2], 6);
+  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{ids[1], ids[3], ids[0], ids[2]}));
+  // Touching the hottest keeps the order.
+  index.Touch(ids[2], 7);
+  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{ids[1], ids[3], ids[0], ids[2]}));
+  // A touch on a copy-less entry changes no list.
+  const EntryId lone = index.Insert(1, KeyOf(99));
+  index.Touch(lone, 8);
+  EXPECT_EQ(index.CandidateCount(kHost), 4u);
+  EXPECT_EQ(index.CandidateCount(kDisk), 0u);
+}
+
+TEST(BlockIndexTest, EvictsTailFirstAlongAChain) {
+  BlockIndex index;
+  const auto c = MakeChain(index, 1, 0, 3, {kHost});  // A -> B -> C
+  const EntryId a = c[0], b = c[1], cc = c[2];
+  EXPECT_EQ(index.at(a).children[0], 1u);
+  EXPECT_EQ(index.at(b).children[0], 1u);
+  EXPECT_EQ(index.at(cc).children[0], 0u);
+  EXPECT_EQ(index.at(a).child_links, 1u);
+  // Only the tail is a host candidate.
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{cc});
+
+  // Touching the head does not make it evictable.
+  index.Touch(a, 1);
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{cc});
+
+  index.RemoveCopy(cc, kHost);
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{b});
+  index.RemoveCopy(b, kHost);
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{a});
+  index.RemoveCopy(a, kHost);
+  EXPECT_TRUE(Candidates(index, kHost).empty());
+}
+
+TEST(BlockIndexTest, EvictsTailFirstParentBecomesColdestCandidate) {
+  BlockIndex index;
+  // An unrelated block, added first (cold), then the chain A -> B -> C, then another block.
+  const EntryId x = index.Insert(1, KeyOf(100));
+  index.AddCopy(x, kHost);
+  const auto c = MakeChain(index, 1, 0, 3, {kHost});
+  const EntryId y = index.Insert(1, KeyOf(101));
+  index.AddCopy(y, kHost);
+  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{x, c[2], y}));
+
+  // Evicting C exposes B, which goes to the cold end: used with C, it is next.
+  index.RemoveCopy(c[2], kHost);
+  EXPECT_EQ(index.Coldest(kHost), c[1]);
+  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{c[1], x, y}));
+  // The entry itself stays as a copy-less leaf; it can be erased.
+  EXPECT_TRUE(index.CanErase(c[2]));
+  index.Erase(c[2]);
+  EXPECT_EQ(index.at(c[1]).child_links, 0u);
+}
+
+TEST(BlockIndexTest, BranchingChainsKeepTheSharedPrefixUntilAllBranchesGo) {
+  BlockIndex index;
+  // P -> {L1, L2}
+  const EntryId p = index.Insert(1, KeyOf(0));
+  const EntryId l1 = index.Insert(1, KeyOf(1));
+  const EntryId l2 = index.Insert(1, KeyOf(2));
+  index.SetParent(l1, p);
+  index.SetParent(l2, p);
+  for (EntryId id : {p, l1, l2}) index.AddCopy(id, kHost);
+  EXPECT_EQ(index.at(p).children[0], 2u);
+  EXPECT_EQ(index.at(p).child_links, 2u);
+  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{l1, l2}));
+  index.RemoveCopy(l1, kHost);
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{l2});
+  index.RemoveCopy(l2, kHost);
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{p});
+}
+
+TEST(BlockIndexTest, HostCandidatesIgnoreChildrenOnlyOnDisk) {
+  BlockIndex index;
+  const auto c = MakeChain(index, 1, 0, 2, {kHost});
+  // Demote the child: it leaves host for disk.
+  index.AddCopy(c[1], kDisk);
+  index.RemoveCopy(c[1], kHost);
+  // The parent may now leave host (its child is not in host) ...
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{c[0]});
+  // ... but the parent has no disk copy, so the child is the only disk candidate.
+  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[1]});
+}
+
+TEST(BlockIndexTest, DiskCandidatesExcludePinnedEntriesAndEntriesWithCachedChildren) {
+  BlockIndex index;
+  const auto c = MakeChain(index, 1, 0, 3, {kDisk});  // A -> B -> C on disk only
+  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[2]});
+  EXPECT_TRUE(Candidates(index, kHost).empty());
+
+  // A pinned tail is not a candidate; nothing else is either (it has a cached child).
+  index.Pin(c[2]);
+  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  index.Pin(c[2]);  // two sessions
+  index.Unpin(c[2]);
+  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  index.Unpin(c[2]);
+  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[2]});
+
+  // A disk-only block whose child is cached in host only is not a disk candidate either:
+  // dropping it would lose the middle of the chain.
+  index.AddCopy(c[2], kHost);
+  index.RemoveCopy(c[2], kDisk);
+  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{c[2]});
+  EXPECT_EQ(index.at(c[1]).children[0], 1u);
+  EXPECT_EQ(index.at(c[1]).children[1], 0u);
+
+  // Once the child is gone from every tier, B is the disk candidate.
+  index.RemoveCopy(c[2], kHost);
+  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[1]});
+  index.Pin(c[1]);
+  EXPECT_TRUE(Candidates(index, kDisk).empty());
+}
+
+TEST(BlockIndexTest, DiskCopyOfABlockAlsoInHostMayGoWhileChildrenAreOnlyInHost) {
+  BlockIndex index;
+  const auto c = MakeChain(index, 1, 0, 2, {kHost, kDisk});
+  // Both on both tiers: only the tail is a candidate anywhere.
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{c[1]});
+  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[1]});
+  // The child loses its disk copy: the parent's disk copy may go (the block stays in host).
+  index.RemoveCopy(c[1], kDisk);
+  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[0]});
+  // But not while a session pins it.
+  index.Pin(c[0]);
+  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  index.Unpin(c[0]);
+  // Losing its host copy makes the parent disk-only with a child cached in host: it stays.
+  index.RemoveCopy(c[0], kHost);
+  EXPECT_TRUE(Candidates(index, kDisk).empty());
+}
+
+TEST(BlockIndexTest, CanEraseRules) {
+  BlockIndex index;
+  const auto c = MakeChain(index, 1, 0, 2, {kHost});
+  const EntryId a = c[0], b = c[1];
+  // Entries with copies cannot be erased.
+  EXPECT_FALSE(index.CanErase(a));
+  EXPECT_FALSE(index.CanErase(b));
+
+  // A loses its copy but B is cached: A is a ghost and stays.
+  index.RemoveCopy(a, kHost);
+  EXPECT_EQ(index.at(a).tiers, 0);
+  EXPECT_FALSE(index.CanErase(a));
+  EXPECT_EQ(index.Find(1, KeyOf(0)), a);
+
+  // B loses its copy: A has no cached child now, but B still links to it.
+  index.RemoveCopy(b, kHost);
+  EXPECT_EQ(index.at(a).cached_children(), 0u);
+  EXPECT_EQ(index.at(a).child_links, 1u);
+  EXPECT_FALSE(index.CanErase(a));
+  EXPECT_TRUE(index.CanErase(b));
+
+  // Leases, pins and I/O in flight each keep an entry.
+  index.at(b).leases = 1;
+  EXPECT_FALSE(index.CanErase(b));
+  index.at(b).leases = 0;
+  index.at(b).busy = kBusyPromoting;
+  EXPECT_FALSE(index.CanErase(b));
+  index.at(b).busy = 0;
+  index.Pin(b);
+  EXPECT_FALSE(index.CanErase(b));
+  index.Unpin(b);
+  ASSERT_TRUE(index.CanErase(b));
+
+  index.Erase(b);
+  EXPECT_EQ(index.at(a).child_links, 0u);
+  EXPECT_TRUE(index.CanErase(a));
+  index.Erase(a);
+  EXPECT_EQ(index.size(), 0u);
+}
+
+TEST(BlockIndexTest, GhostParentRegainingACopyIsNotACandidateWhileItsChildIsCached) {
+  BlockIndex index;
+  const auto c = MakeChain(index, 1, 0, 2, {kHost});
+  index.RemoveCopy(c[0], kHost);  // ghost A, cached child B
+  index.AddCopy(c[0], kDisk);     // A comes back, on disk
+  EXPECT_EQ(index.at(c[0]).children[0], 1u);
+  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{c[1]});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Randomized model test.
+
+// The order the lists should have, kept by the documented rules: a new candidate goes to the
+// hot end, except a parent exposed by its child's removal, which goes to the cold end; Touch
+// moves a candidate to the hot end.
+class OrderModel {
+ public:
+  void Sync(const BlockIndex&, const std::set<EntryId>& want, TierId tier, bool cold) {
+    auto& l = lists_[static_cast<int>(tier)];
+    for (auto it = l.begin(); it != l.end();) {
+      it = want.count(*it) ? std::next(it) : l.erase(it);
+    }
+    for (EntryId id : want) {
+      if (std::find(l.begin(), l.end(), id) != l.end()) continue;
+      cold ? l.push_front(id) : l.push_back(id);
+    }
+  }
+  void Touch(EntryId id) {
+    for (auto& l : lists_) {
+      auto it = std::find(l.begin(), l.end(), id);
+      if (it != l.end()) {
+        l.erase(it);
+        l.push_back(id);
+      }
+    }
+  }
+  std::vector<EntryId> Order(TierId tier) const {
+    const auto& l = lists_[static_cast<int>(tier)];
+    return {l.begin(), l.end()};  // coldest first
+  }
+
+ private:
+  std::array<std::list<EntryId>, kNumTiers> lists_;
+};
+
+// Candidates recomputed from scratch from the live entries, with child counts recomputed too.
+std::set<EntryId> BruteForceCandidates(const BlockIndex& index, const std::set<EntryId>& live,
+                                       TierId tier) {
+  std::map<EntryId, std::array<uint32_t, kNumTiers>> children;
+  for (EntryId id : live) {
+    const Entry& e = index.at(id);
+    if (e.parent == kNoEntry) continue;
+    for (int t = 0; t < kNumTiers; ++t) {
+      if (e.In(static_cast<TierId>(t))) ++children[e.parent][t];
+    }
+  }
+  std::set<EntryId> out;
+  for (EntryId id : live) {
+    const Entry& e = index.at(id);
+    if (!e.In(tier)) continue;
+    const auto ch = children[id];
+    bool candidate;
+    if (tier == kHost) {
+      candidate = ch[0] == 0;
+    } else if (e.pins > 0) {
+      candidate = false;
+    } else if (e.In(kHost)) {
+      candidate = ch[1] == 0;  // the block stays cached in host
+    } else {
+      candidate = ch[0] == 0 && ch[1] == 0;  // dropping it removes it from the cache
+    }
+    if (candidate) out.insert(id);
+  }
+  return out;
+}
+
+TEST(BlockIndexTest, RandomOperationsMatchABruteForceModel) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    BlockIndex index;
+    OrderModel model;
+    std::set<EntryId> live;
+    std::vector<EntryId> live_vec;
+    uint64_t next_key = 0;
+    auto pick = [&]() { return live_vec[rng() % live_vec.size()]; };
+    auto refresh_live_vec = [&]() { live_vec.assign(live.begin(), live.end()); };
+
+    for (int step = 0; step < 600; ++step) {
+      const int op = static_cast<int>(rng() % 100);
+      bool cold = false;
+      EntryId touched = kNoEntry;
+      if (op < 20 || live.empty()) {
+        const NamespaceId ns = static_cast<NamespaceId>(rng() % 2);
+        const EntryId id = index.Insert(ns, KeyOf(next_key++));
+        if (!live.empty() && rng() % 4 != 0) {
+          const EntryId parent = pick();
+          if (index.at(parent).ns == ns) index.SetParent(id, parent);
+        }
+        live.insert(id);
+        refresh_live_vec();
+      } else if (op < 50) {
+        const EntryId id = pick();
+        const TierId t = static_cast<TierId>(rng() % 2);
+        if (!index.at(id).In(t)) index.AddCopy(id, t);
+      } else if (op < 75) {
+        const EntryId id = pick();
+        const TierId t = static_cast<TierId>(rng() % 2);
+        if (index.at(id).In(t)) {
+          index.RemoveCopy(id, t);
+          cold = true;
+        }
+      } else if (op < 82) {
+        const EntryId id = pick();
+        if (index.at(id).pins > 0 && rng() % 2) {
+          index.Unpin(id);
+        } else {
+          index.Pin(id);
+        }
+      } else if (op < 92) {
+        touched = pick();
+        index.Touch(touched, static_cast<uint32_t>(step));
+      } else {
+        const EntryId id = pick();
+        if (index.CanErase(id)) {
+          index.Erase(id);
+          live.erase(id);
+          refresh_live_vec();
+        }
+      }
+
+      // Check every invariant against the model.
+      ASSERT_EQ(index.size(), live.size());
+      for (EntryId id : live) {
+        const Entry& e = index.at(id);
+        ASSERT_TRUE(e.live);
+        ASSERT_EQ(index.Find(e.ns, e.key), id);
+        uint32_t links = 0;
+        std::array<uint32_t, kNumTiers> ch{};
+        for (EntryId other : live) {
+          const Entry& o = index.at(other);
+          if (o.parent != id) continue;
+          ++links;
+          for (int t = 0; t < kNumTiers; ++t) ch[t] += o.In(static_cast<TierId>(t));
+        }
+        ASSERT_EQ(e.child_links, links) << "step " << step;
+        ASSERT_EQ(e.children, ch) << "step " << step;
+        // Erasable exactly when nothing holds the entry.
+        const bool erasable = e.tiers == 0 && e.pins == 0 && links == 0 && e.leases == 0 &&
+                              e.busy == 0;
+        ASSERT_EQ(index.CanErase(id), erasable) << "step " << step;
+      }
+      // Candidate sets against the brute-force recomputation, order against the model. At most
+      // one entry per tier newly qualifies per operation (the entry itself, or after a
+      // RemoveCopy its parent), so the model's insertion order is unambiguous.
+      if (touched != kNoEntry) model.Touch(touched);
+      for (int t = 0; t < kNumTiers; ++t) {
+        const TierId tier = static_cast<TierId>(t);
+        const std::set<EntryId> want = BruteForceCandidates(index, live, tier);
+        const std::vector<EntryId> got = Candidates(index, tier);
+        ASSERT_EQ(std::set<EntryId>(got.begin(), got.end()), want)
+            << "tier " << t << " step " << step;
+        model.Sync(index, want, tier, cold);
+        ASSERT_EQ(got, model.Order(tier)) << "tier " << t << " step " << step;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvpool::daemon

@@ -47,6 +47,11 @@ void TierManager::SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy) {
   policies_[ns] = std::move(policy);
 }
 
+void TierManager::SetDefaultPolicy(NamespacePolicy policy) {
+  absl::MutexLock lock(&mu_);
+  default_policy_ = std::move(policy);
+}
+
 const NamespacePolicy& TierManager::PolicyLocked(NamespaceId ns) const {
   auto it = policies_.find(ns);
   return it == policies_.end() ? default_policy_ : it->second;

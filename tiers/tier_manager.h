@@ -150,6 +150,8 @@ class TierManager {
   void Shutdown();
 
   void SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy);
+  // The composition for namespaces without their own. Default: DefaultNamespacePolicy().
+  void SetDefaultPolicy(NamespacePolicy policy);
 
   // Longest cached prefix of `chain`; with `prefetch`, starts promoting its disk hits.
   LookupResult Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch);
@@ -258,7 +260,7 @@ class TierManager {
   mutable absl::Mutex mu_;
   daemon::BlockIndex index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NamespaceId, NamespacePolicy> policies_ ABSL_GUARDED_BY(mu_);
-  NamespacePolicy default_policy_;
+  NamespacePolicy default_policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<KeyRef, uint64_t> reserved_keys_ ABSL_GUARDED_BY(mu_);
   uint64_t next_reservation_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -1,0 +1,201 @@
+#include "transport/control_channel.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "transport/address.h"
+
+namespace kvpool::transport {
+namespace {
+
+int RemainingMs(Deadline deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const std::string& address,
+                                                                std::chrono::milliseconds timeout) {
+  const Deadline deadline = std::chrono::steady_clock::now() + timeout;
+  int fd = -1;
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  const bool tcp = address.rfind("tcp://", 0) == 0;
+  if (tcp) {
+    std::string host;
+    uint16_t port = 0;
+    KVPOOL_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+    if (rc != 0 || res == nullptr) {
+      return Status::InvalidArgument("cannot resolve '" + host + "': " + gai_strerror(rc));
+    }
+    std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+    len = res->ai_addrlen;
+    const int family = res->ai_family;
+    freeaddrinfo(res);
+    fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  } else {
+    std::string path = address.rfind("unix://", 0) == 0 ? address.substr(7) : address;
+    sockaddr_un un{};
+    un.sun_family = AF_UNIX;
+    if (path.empty() || path.size() >= sizeof(un.sun_path)) {
+      return Status::InvalidArgument("unix socket path '" + path + "' is empty or too long");
+    }
+    std::memcpy(un.sun_path, path.c_str(), path.size() + 1);
+    std::memcpy(&ss, &un, sizeof(un));
+    len = sizeof(un);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  }
+  if (fd < 0) return Status::FromErrno(errno, "socket");
+  if (tcp) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  std::unique_ptr<ControlChannel> ch(new ControlChannel(fd, address));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+    if (errno != EINPROGRESS && errno != EAGAIN) {
+      const int err = errno;
+      return ch->Fail(Status::Unavailable("cannot connect to kvpoold at " + address + ": " +
+                                          std::strerror(err)));
+    }
+    KVPOOL_RETURN_IF_ERROR(ch->Wait(/*for_write=*/true, deadline));
+    int err = 0;
+    socklen_t elen = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err != 0) {
+      return ch->Fail(Status::Unavailable("cannot connect to kvpoold at " + address + ": " +
+                                          std::strerror(err)));
+    }
+  }
+  return ch;
+}
+
+ControlChannel::~ControlChannel() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status ControlChannel::Fail(Status st) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  return st;
+}
+
+Status ControlChannel::Wait(bool for_write, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd_, static_cast<short>(for_write ? POLLOUT : POLLIN), 0};
+    const int ms = RemainingMs(deadline);
+    const int rc = ::poll(&p, 1, ms);
+    if (rc > 0) return Status::OK();
+    if (rc == 0) {
+      return Fail(Status::DeadlineExceeded("kvpoold at " + address_ +
+                                           " did not answer in time"));
+    }
+    if (errno != EINTR) return Fail(Status::FromErrno(errno, "poll"));
+  }
+}
+
+Status ControlChannel::Send(const FrameHeader& header, std::string_view body,
+                            std::span<const iovec> payload, Deadline deadline) {
+  if (broken()) return Status::Unavailable("connection to " + address_ + " is closed");
+  uint8_t hdr[kFrameHeaderBytes];
+  EncodeFrameHeader(header, hdr);
+  std::vector<iovec> iov;
+  iov.reserve(2 + payload.size());
+  iov.push_back({hdr, sizeof(hdr)});
+  if (!body.empty()) iov.push_back({const_cast<char*>(body.data()), body.size()});
+  for (const iovec& v : payload) {
+    if (v.iov_len > 0) iov.push_back(v);
+  }
+  size_t idx = 0;
+  while (idx < iov.size()) {
+    msghdr msg{};
+    msg.msg_iov = iov.data() + idx;
+    msg.msg_iovlen = std::min<size_t>(iov.size() - idx, IOV_MAX);
+    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        KVPOOL_RETURN_IF_ERROR(Wait(/*for_write=*/true, deadline));
+        continue;
+      }
+      const int err = errno;
+      return Fail(Status::Unavailable("send to kvpoold at " + address_ + ": " +
+                                      std::strerror(err)));
+    }
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && idx < iov.size()) {
+      if (left >= iov[idx].iov_len) {
+        left -= iov[idx].iov_len;
+        ++idx;
+      } else {
+        iov[idx].iov_base = static_cast<uint8_t*>(iov[idx].iov_base) + left;
+        iov[idx].iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status ControlChannel::ReceiveInto(void* dst, size_t n, Deadline deadline) {
+  if (broken()) return Status::Unavailable("connection to " + address_ + " is closed");
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::recv(fd_, p, n, 0);
+    if (got > 0) {
+      p += got;
+      n -= static_cast<size_t>(got);
+      continue;
+    }
+    if (got == 0) {
+      return Fail(Status::Unavailable("kvpoold at " + address_ + " closed the connection"));
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      KVPOOL_RETURN_IF_ERROR(Wait(/*for_write=*/false, deadline));
+      continue;
+    }
+    const int err = errno;
+    return Fail(Status::Unavailable("receive from kvpoold at " + address_ + ": " +
+                                    std::strerror(err)));
+  }
+  return Status::OK();
+}
+
+Status ControlChannel::Discard(size_t n, Deadline deadline) {
+  uint8_t scratch[64 * 1024];
+  while (n > 0) {
+    const size_t chunk = std::min(n, sizeof(scratch));
+    KVPOOL_RETURN_IF_ERROR(ReceiveInto(scratch, chunk, deadline));
+    n -= chunk;
+  }
+  return Status::OK();
+}
+
+Result<FrameHeader> ControlChannel::ReceiveHeader(const FrameLimits& limits, Deadline deadline) {
+  uint8_t hdr[kFrameHeaderBytes];
+  KVPOOL_RETURN_IF_ERROR(ReceiveInto(hdr, sizeof(hdr), deadline));
+  Result<FrameHeader> h = DecodeFrameHeader(hdr, limits);
+  if (!h.ok()) return Fail(h.status().WithContext("bad response from kvpoold"));
+  if (!h->is_response()) return Fail(Status::Internal("kvpoold sent a request frame"));
+  return h;
+}
+
+}  // namespace kvpool::transport

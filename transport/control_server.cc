@@ -1,0 +1,462 @@
+#include "transport/control_server.h"
+
+// Boost 1.74's Asio needs <utility> before it under C++20 (std::exchange).
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <glog/logging.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <mutex>
+#include <map>
+#include <thread>
+
+#include "common/threads.h"
+#include "transport/address.h"
+
+namespace kvpool::transport {
+namespace asio = boost::asio;
+using boost::system::error_code;
+
+namespace {
+
+class ServerImpl;
+
+// One client connection over a stream socket (Unix or TCP).
+template <typename Protocol>
+class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
+ public:
+  using Socket = typename Protocol::socket;
+
+  Connection(ServerImpl& server, Socket socket, ConnectionInfo info);
+  void Start();
+  void Close(const std::string& reason);
+
+ private:
+  void ReadHeader();
+  void ReadBody();
+  void ReadPayload(size_t sink_index, uint64_t done);
+  void Dispatch();
+  void Write(Response response);
+  void ArmTimer();
+  void Finish();  // once: OnDisconnect
+
+  ServerImpl& server_;
+  Socket socket_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  asio::steady_timer timer_;
+  ConnectionInfo info_;
+  std::unique_ptr<ConnectionState> state_;
+  uint8_t header_bytes_[kFrameHeaderBytes];
+  FrameHeader header_;
+  std::string body_;
+  std::vector<PayloadSink> sinks_;
+  std::vector<uint8_t> scratch_;
+  uint8_t out_header_[kFrameHeaderBytes];
+  bool closed_ = false;
+  std::atomic<bool> finished_{false};
+};
+
+class ServerImpl final : public ControlServer {
+ public:
+  ServerImpl(const ControlServerOptions& options, RequestHandler& handler)
+      : options_(options),
+        handler_(handler),
+        io_(options.io_threads),
+        work_guard_(asio::make_work_guard(io_)),
+        workers_(std::max(1, options.worker_threads)),
+        workers_guard_(asio::make_work_guard(workers_)),
+        unix_acceptor_(io_),
+        tcp_acceptor_(io_) {}
+
+  ~ServerImpl() override { Stop(); }
+
+  Status Listen();
+  void Run();
+
+  void Stop() override;
+  std::string unix_path() const override { return options_.unix_path; }
+  std::string tcp_address() const override { return tcp_address_; }
+  uint64_t connections() const override { return live_.load(std::memory_order_relaxed); }
+
+  const ControlServerOptions& options() const { return options_; }
+  RequestHandler& handler() { return handler_; }
+  asio::io_context& io() { return io_; }
+  asio::io_context& workers() { return workers_; }
+
+  void Register(const std::shared_ptr<void>& conn, std::function<void()> closer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    closers_[conn.get()] = std::move(closer);
+  }
+  void Unregister(void* conn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    closers_.erase(conn);
+    live_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+ private:
+  void AcceptUnix();
+  void AcceptTcp();
+  template <typename Protocol>
+  void Adopt(typename Protocol::socket socket, std::string peer);
+
+  const ControlServerOptions options_;
+  RequestHandler& handler_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_guard_;
+  asio::io_context workers_;  // request handling, run by kRequestWorker threads
+  asio::executor_work_guard<asio::io_context::executor_type> workers_guard_;
+  asio::local::stream_protocol::acceptor unix_acceptor_;
+  asio::ip::tcp::acceptor tcp_acceptor_;
+  std::string tcp_address_;
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> next_id_{1};
+  // Relaxed: a gauge for stats and the connection limit, not used to order memory.
+  std::atomic<uint64_t> live_{0};
+  std::mutex mu_;
+  std::map<void*, std::function<void()>> closers_;  // guarded by mu_
+  bool stopped_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+template <typename Protocol>
+Connection<Protocol>::Connection(ServerImpl& server, Socket socket, ConnectionInfo info)
+    : server_(server),
+      socket_(std::move(socket)),
+      strand_(asio::make_strand(server.io())),
+      timer_(server.io()),
+      info_(std::move(info)) {}
+
+template <typename Protocol>
+void Connection<Protocol>::Start() {
+  state_ = server_.handler().OnConnect(info_);
+  auto self = this->shared_from_this();
+  server_.Register(self, [self] {
+    asio::post(self->strand_, [self] { self->Close("server stopping"); });
+  });
+  asio::post(strand_, [self] { self->ReadHeader(); });
+}
+
+template <typename Protocol>
+void Connection<Protocol>::Close(const std::string& reason) {
+  if (closed_) return;
+  closed_ = true;
+  if (!reason.empty()) LOG(INFO) << "closing connection " << info_.id << " (" << info_.peer
+                                 << "): " << reason;
+  error_code ec;
+  timer_.cancel();
+  socket_.shutdown(Socket::shutdown_both, ec);
+  socket_.close(ec);
+  Finish();
+}
+
+template <typename Protocol>
+void Connection<Protocol>::Finish() {
+  if (finished_.exchange(true)) return;
+  auto self = this->shared_from_this();
+  // The handler may block (it frees reservations): run it on a worker, not the I/O thread.
+  asio::post(server_.workers(), [self] {
+    self->server_.handler().OnDisconnect(*self->state_);
+    self->server_.Unregister(self.get());
+  });
+}
+
+template <typename Protocol>
+void Connection<Protocol>::ArmTimer() {
+  timer_.expires_after(server_.options().frame_timeout);
+  auto self = this->shared_from_this();
+  timer_.async_wait(asio::bind_executor(strand_, [self](error_code ec) {
+    if (!ec) self->Close("frame not completed within the frame timeout");
+  }));
+}
+
+template <typename Protocol>
+void Connection<Protocol>::ReadHeader() {
+  if (closed_) return;
+  auto self = this->shared_from_this();
+  asio::async_read(socket_, asio::buffer(header_bytes_),
+                   asio::bind_executor(strand_, [self](error_code ec, size_t) {
+                     if (ec) {
+                       self->Close(ec == asio::error::eof ? "" : "read: " + ec.message());
+                       return;
+                     }
+                     Result<FrameHeader> h =
+                         DecodeFrameHeader(self->header_bytes_, self->server_.options().limits);
+                     if (!h.ok()) {
+                       self->Close("protocol error: " + h.status().message());
+                       return;
+                     }
+                     if (h->is_response()) {
+                       self->Close("protocol error: a client sent a response frame");
+                       return;
+                     }
+                     self->header_ = *h;
+                     self->ArmTimer();
+                     self->ReadBody();
+                   }));
+}
+
+template <typename Protocol>
+void Connection<Protocol>::ReadBody() {
+  body_.resize(header_.body_bytes);
+  auto self = this->shared_from_this();
+  asio::async_read(socket_, asio::buffer(body_),
+                   asio::bind_executor(strand_, [self](error_code ec, size_t) {
+                     if (ec) {
+                       self->Close("truncated frame body: " + ec.message());
+                       return;
+                     }
+                     if (self->header_.payload_bytes == 0) {
+                       self->timer_.cancel();
+                       self->Dispatch();
+                       return;
+                     }
+                     // Ask the handler where the payload goes (it may take a lock: worker).
+                     asio::post(self->server_.workers(), [self] {
+                       self->sinks_.clear();
+                       Status st = self->server_.handler().PayloadSinks(
+                           *self->state_, self->header_, self->body_, &self->sinks_);
+                       uint64_t total = 0;
+                       for (const PayloadSink& s : self->sinks_) total += s.size;
+                       if (st.ok() && total != self->header_.payload_bytes) {
+                         st = Status::InvalidArgument(
+                             "payload of " + std::to_string(self->header_.payload_bytes) +
+                             " bytes does not match the " + std::to_string(total) +
+                             " bytes the request describes");
+                       }
+                       asio::post(self->strand_, [self, st] {
+                         if (!st.ok()) {
+                           self->Close("protocol error: " + st.message());
+                           return;
+                         }
+                         self->ReadPayload(0, 0);
+                       });
+                     });
+                   }));
+}
+
+template <typename Protocol>
+void Connection<Protocol>::ReadPayload(size_t sink_index, uint64_t done) {
+  if (closed_) return;
+  while (sink_index < sinks_.size() && done == sinks_[sink_index].size) {
+    ++sink_index;
+    done = 0;
+  }
+  if (sink_index == sinks_.size()) {
+    timer_.cancel();
+    Dispatch();
+    return;
+  }
+  const PayloadSink& sink = sinks_[sink_index];
+  asio::mutable_buffer buf;
+  if (sink.data != nullptr) {
+    buf = asio::buffer(sink.data + done, sink.size - done);
+  } else {
+    scratch_.resize(1u << 20);
+    buf = asio::buffer(scratch_.data(), std::min<uint64_t>(scratch_.size(), sink.size - done));
+  }
+  auto self = this->shared_from_this();
+  socket_.async_read_some(
+      buf, asio::bind_executor(strand_, [self, sink_index, done](error_code ec, size_t n) {
+        if (ec) {
+          self->Close("truncated payload: " + ec.message());
+          return;
+        }
+        self->ReadPayload(sink_index, done + n);
+      }));
+}
+
+template <typename Protocol>
+void Connection<Protocol>::Dispatch() {
+  auto self = this->shared_from_this();
+  asio::post(server_.workers(), [self] {
+    Response r = self->server_.handler().Handle(*self->state_, self->header_, self->body_);
+    asio::post(self->strand_, [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
+  });
+}
+
+template <typename Protocol>
+void Connection<Protocol>::Write(Response response) {
+  if (closed_) {
+    if (response.release) response.release();
+    return;
+  }
+  FrameHeader h;
+  h.flags = kFlagResponse;
+  h.type = response.type;
+  h.request_id = header_.request_id;
+  h.body_bytes = static_cast<uint32_t>(response.body.size());
+  uint64_t payload = 0;
+  for (const auto& [p, n] : response.payload) payload += n;
+  h.payload_bytes = static_cast<uint32_t>(payload);
+  EncodeFrameHeader(h, out_header_);
+  std::vector<asio::const_buffer> bufs;
+  bufs.reserve(2 + response.payload.size());
+  bufs.emplace_back(out_header_, kFrameHeaderBytes);
+  bufs.emplace_back(response.body.data(), response.body.size());
+  for (const auto& [p, n] : response.payload) bufs.emplace_back(p, n);
+  auto self = this->shared_from_this();
+  auto held = std::make_shared<Response>(std::move(response));
+  asio::async_write(socket_, bufs,
+                    asio::bind_executor(strand_, [self, held](error_code ec, size_t) {
+                      if (held->release) held->release();
+                      if (ec) {
+                        self->Close("write: " + ec.message());
+                        return;
+                      }
+                      if (held->close_after) {
+                        self->Close("closed after the response, as the handler asked");
+                        return;
+                      }
+                      self->ReadHeader();
+                    }));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Status ServerImpl::Listen() {
+  // Unix socket.
+  const std::filesystem::path path(options_.unix_path);
+  std::error_code fs_ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), fs_ec);
+  if (std::filesystem::exists(path, fs_ec)) {
+    asio::local::stream_protocol::socket probe(io_);
+    error_code ec;
+    probe.connect(asio::local::stream_protocol::endpoint(options_.unix_path), ec);
+    if (!ec) {
+      return Status::FailedPrecondition("another daemon is listening on " + options_.unix_path);
+    }
+    ::unlink(options_.unix_path.c_str());
+  }
+  error_code ec;
+  unix_acceptor_.open(asio::local::stream_protocol(), ec);
+  if (!ec) unix_acceptor_.bind(asio::local::stream_protocol::endpoint(options_.unix_path), ec);
+  if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::IoError("cannot listen on unix socket " + options_.unix_path + ": " +
+                           ec.message());
+  }
+  ::chmod(options_.unix_path.c_str(), 0660);
+
+  if (!options_.tcp_listen.empty()) {
+    std::string host;
+    uint16_t port = 0;
+    KVPOOL_RETURN_IF_ERROR(ParseHostPort(options_.tcp_listen, &host, &port));
+    const auto addr = asio::ip::make_address(host, ec);
+    if (ec) return Status::InvalidArgument("bad TCP listen host '" + host + "': " + ec.message());
+    const asio::ip::tcp::endpoint ep(addr, port);
+    tcp_acceptor_.open(ep.protocol(), ec);
+    if (!ec) tcp_acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) tcp_acceptor_.bind(ep, ec);
+    if (!ec) tcp_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return Status::IoError("cannot listen on tcp " + options_.tcp_listen + ": " + ec.message());
+    }
+    const auto bound = tcp_acceptor_.local_endpoint(ec);
+    tcp_address_ = (addr.is_v6() ? "[" + bound.address().to_string() + "]"
+                                 : bound.address().to_string()) +
+                   ":" + std::to_string(bound.port());
+  }
+  return Status::OK();
+}
+
+template <typename Protocol>
+void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer) {
+  if (live_.load(std::memory_order_relaxed) >= options_.max_connections) {
+    LOG(WARNING) << "refusing connection from " << peer << ": " << options_.max_connections
+                 << " connections open (the limit)";
+    error_code ec;
+    socket.close(ec);
+    return;
+  }
+  live_.fetch_add(1, std::memory_order_relaxed);
+  ConnectionInfo info{next_id_.fetch_add(1, std::memory_order_relaxed), std::move(peer)};
+  std::make_shared<Connection<Protocol>>(*this, std::move(socket), std::move(info))->Start();
+}
+
+void ServerImpl::AcceptUnix() {
+  unix_acceptor_.async_accept([this](error_code ec, asio::local::stream_protocol::socket s) {
+    if (ec == asio::error::operation_aborted || !unix_acceptor_.is_open()) return;
+    if (!ec) {
+      Adopt<asio::local::stream_protocol>(std::move(s), "unix");
+    } else {
+      LOG(WARNING) << "accept on unix socket: " << ec.message();
+    }
+    AcceptUnix();
+  });
+}
+
+void ServerImpl::AcceptTcp() {
+  tcp_acceptor_.async_accept([this](error_code ec, asio::ip::tcp::socket s) {
+    if (ec == asio::error::operation_aborted || !tcp_acceptor_.is_open()) return;
+    if (!ec) {
+      error_code ignored;
+      s.set_option(asio::ip::tcp::no_delay(true), ignored);
+      std::string peer = "tcp";
+      const auto ep = s.remote_endpoint(ignored);
+      if (!ignored) peer += ":" + ep.address().to_string() + ":" + std::to_string(ep.port());
+      Adopt<asio::ip::tcp>(std::move(s), std::move(peer));
+    } else {
+      LOG(WARNING) << "accept on tcp: " << ec.message();
+    }
+    AcceptTcp();
+  });
+}
+
+void ServerImpl::Run() {
+  AcceptUnix();
+  if (tcp_acceptor_.is_open()) AcceptTcp();
+  for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
+    threads_.push_back(StartThread(ThreadRole::kControlIo, i, [this] { io_.run(); }));
+  }
+  for (int i = 0; i < std::max(1, options_.worker_threads); ++i) {
+    threads_.push_back(StartThread(ThreadRole::kRequestWorker, i, [this] { workers_.run(); }));
+  }
+}
+
+void ServerImpl::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  asio::post(io_, [this] {
+    error_code ec;
+    unix_acceptor_.close(ec);
+    tcp_acceptor_.close(ec);
+  });
+  std::vector<std::function<void()>> closers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [p, c] : closers_) closers.push_back(c);
+  }
+  for (auto& c : closers) c();
+  // Let the closes and disconnect callbacks run, then stop.
+  for (int i = 0; i < 500 && live_.load(std::memory_order_relaxed) > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  work_guard_.reset();
+  workers_guard_.reset();
+  io_.stop();
+  workers_.stop();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  ::unlink(options_.unix_path.c_str());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ControlServer>> ControlServer::Start(const ControlServerOptions& options,
+                                                            RequestHandler& handler) {
+  if (options.unix_path.empty()) return Status::InvalidArgument("no unix socket path given");
+  auto server = std::make_unique<ServerImpl>(options, handler);
+  KVPOOL_RETURN_IF_ERROR(server->Listen());
+  server->Run();
+  return std::unique_ptr<ControlServer>(std::move(server));
+}
+
+}  // namespace kvpool::transport

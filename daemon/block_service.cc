@@ -1,0 +1,616 @@
+#include "daemon/block_service.h"
+
+#include <glog/logging.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "common/units.h"
+#include "control.pb.h"
+
+namespace kvpool::daemon {
+
+using transport::FrameHeader;
+using transport::PayloadSink;
+using transport::Response;
+
+namespace {
+
+// Relaxed: only a source of unique ids.
+std::atomic<uint64_t> g_next_owner{1};
+
+void SetStatus(wire::Status* out, const Status& st) {
+  out->set_code(static_cast<int32_t>(st.code()));
+  out->set_message(st.message());
+}
+
+template <typename Message>
+Response Reply(uint16_t type, Message& msg, const Status& st) {
+  SetStatus(msg.mutable_status(), st);
+  Response r;
+  r.type = type;
+  msg.SerializeToString(&r.body);
+  return r;
+}
+
+template <typename Message>
+Status Parse(std::string_view body, Message* msg, const char* what) {
+  if (!msg->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return Status::InvalidArgument(std::string("malformed ") + what + " request body");
+  }
+  return Status::OK();
+}
+
+Status DecodeKeys(const google::protobuf::RepeatedPtrField<std::string>& in, uint32_t max,
+                  std::vector<BlockKey>* out) {
+  if (in.size() > static_cast<int>(max)) {
+    return Status::InvalidArgument("request has " + std::to_string(in.size()) +
+                                   " keys; the limit is " + std::to_string(max));
+  }
+  out->reserve(in.size());
+  for (int i = 0; i < in.size(); ++i) {
+    Result<BlockKey> k = BlockKey::FromBytes(in[i]);
+    if (!k.ok()) return k.status().WithContext("key " + std::to_string(i));
+    out->push_back(*k);
+  }
+  return Status::OK();
+}
+
+wire::Tier ToWire(tiers::ServedFrom from) {
+  switch (from) {
+    case tiers::ServedFrom::kHost: return wire::TIER_HOST;
+    case tiers::ServedFrom::kDisk: return wire::TIER_DISK;
+    case tiers::ServedFrom::kNone: break;
+  }
+  return wire::TIER_NONE;
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct BlockService::Conn : transport::ConnectionState {
+  transport::ConnectionInfo info;
+  bool hello = false;
+  NamespaceId ns = kNoNamespace;
+  std::string ns_name;
+  uint64_t owner = 0;  // reservation owner id
+  // Set by PayloadSinks for the PUT_COMMIT being received: which reservations got a real slot.
+  std::vector<uint64_t> commit_ids;
+  std::vector<Status> commit_status;
+};
+
+BlockService::BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
+                           NamespaceRegistry& namespaces, SessionStore& sessions,
+                           Metrics& metrics)
+    : options_(options),
+      tiers_(tiers),
+      namespaces_(namespaces),
+      sessions_(sessions),
+      metrics_(metrics),
+      started_(std::chrono::steady_clock::now()) {}
+
+Status BlockService::LoadSessions() {
+  uint64_t n = 0;
+  KVPOOL_RETURN_IF_ERROR(sessions_.ForEach([&](NamespaceId ns, const wire::SessionRecord& r) {
+    std::vector<BlockKey> keys;
+    if (!DecodeKeys(r.keys(), UINT32_MAX, &keys).ok()) {
+      LOG(ERROR) << "session '" << r.session_id() << "' has a malformed key; not pinned";
+      return;
+    }
+    tiers_.PinExisting(ns, keys);
+    ++n;
+  }));
+  LOG(INFO) << "pinned the chains of " << n << " persisted sessions";
+  return Status::OK();
+}
+
+std::unique_ptr<transport::ConnectionState> BlockService::OnConnect(
+    const transport::ConnectionInfo& info) {
+  auto c = std::make_unique<Conn>();
+  c->info = info;
+  c->owner = g_next_owner.fetch_add(1, std::memory_order_relaxed);
+  metrics_.Add(metrics_.connections_total);
+  return c;
+}
+
+void BlockService::OnDisconnect(transport::ConnectionState& state) {
+  auto& c = static_cast<Conn&>(state);
+  tiers_.AbortOwner(c.owner);
+}
+
+Status BlockService::PayloadSinks(transport::ConnectionState& state, const FrameHeader& header,
+                                  std::string_view body, std::vector<PayloadSink>* sinks) {
+  auto& c = static_cast<Conn&>(state);
+  if (header.type != wire::PUT_COMMIT) {
+    return Status::InvalidArgument("only PUT_COMMIT carries a payload");
+  }
+  wire::PutCommitRequest req;
+  KVPOOL_RETURN_IF_ERROR(Parse(body, &req, "PUT_COMMIT"));
+  if (req.reservation_ids_size() != req.sizes_size()) {
+    return Status::InvalidArgument("PUT_COMMIT lists " + std::to_string(req.reservation_ids_size()) +
+                                   " reservations but " + std::to_string(req.sizes_size()) +
+                                   " sizes");
+  }
+  c.commit_ids.assign(req.reservation_ids().begin(), req.reservation_ids().end());
+  c.commit_status.assign(c.commit_ids.size(), Status::OK());
+  sinks->clear();
+  for (int i = 0; i < req.reservation_ids_size(); ++i) {
+    const uint64_t size = req.sizes(i);
+    PayloadSink sink{nullptr, size};
+    if (!c.hello) {
+      c.commit_status[i] = Status::FailedPrecondition("say hello first");
+    } else {
+      Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, req.reservation_ids(i));
+      if (!t.ok()) {
+        c.commit_status[i] = t.status();
+      } else if (t->size != size) {
+        c.commit_status[i] = Status::InvalidArgument(
+            "reservation " + std::to_string(req.reservation_ids(i)) + " is for " +
+            std::to_string(t->size) + " bytes, not " + std::to_string(size));
+      } else {
+        sink.data = t->data;
+      }
+    }
+    sinks->push_back(sink);
+  }
+  return Status::OK();
+}
+
+Response BlockService::Handle(transport::ConnectionState& state, const FrameHeader& header,
+                              std::string_view body) {
+  auto& c = static_cast<Conn&>(state);
+  const auto start = std::chrono::steady_clock::now();
+  Op op = Op::kOther;
+  Response r;
+  if (header.type != wire::HELLO && !c.hello) {
+    wire::GetResponse any;  // every response's field 1 is its Status
+    r = Reply(header.type, any, Status::FailedPrecondition("say hello first"));
+  } else {
+    switch (header.type) {
+      case wire::HELLO: r = Hello(c, body); break;
+      case wire::LOOKUP: op = Op::kLookup; r = Lookup(c, body); break;
+      case wire::GET: op = Op::kGet; r = Get(c, body); break;
+      case wire::PUT_RESERVE: op = Op::kPutReserve; r = PutReserve(c, body); break;
+      case wire::PUT_COMMIT: op = Op::kPutCommit; r = PutCommit(c, body); break;
+      case wire::PUT_ABORT: r = PutAbort(c, body); break;
+      case wire::PREFETCH: op = Op::kPrefetch; r = Prefetch(c, body); break;
+      case wire::SESSION_SAVE: op = Op::kSession; r = SessionSave(c, body); break;
+      case wire::SESSION_LOAD: op = Op::kSession; r = SessionLoad(c, body); break;
+      case wire::SESSION_DELETE: op = Op::kSession; r = SessionDelete(c, body); break;
+      case wire::SESSION_LIST: op = Op::kSession; r = SessionList(c, body); break;
+      case wire::STATS: r = Stats(c, body); break;
+      case wire::EVICT: r = Evict(c, body); break;
+      default: {
+        wire::GetResponse any;
+        r = Reply(header.type, any, Status::InvalidArgument("unsupported request type"));
+      }
+    }
+  }
+  const double us = std::chrono::duration<double, std::micro>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+  metrics_.latency[static_cast<size_t>(op)].Observe(us);
+  return r;
+}
+
+Response BlockService::Hello(Conn& c, std::string_view body) {
+  wire::HelloRequest req;
+  wire::HelloResponse resp;
+  resp.set_protocol_version(transport::kProtocolVersion);
+  resp.set_daemon_version(options_.version);
+  resp.set_node_id(options_.node_id);
+  resp.set_max_block_bytes(tiers_.max_block_bytes());
+  resp.set_max_payload_bytes(options_.limits.max_payload_bytes);
+  resp.set_max_body_bytes(options_.limits.max_body_bytes);
+  resp.set_max_batch_keys(options_.max_batch_keys);
+  Status st = Parse(body, &req, "HELLO");
+  if (st.ok() && req.protocol_version() != transport::kProtocolVersion) {
+    st = Status::FailedPrecondition("client speaks protocol " +
+                                    std::to_string(req.protocol_version()) + ", daemon speaks " +
+                                    std::to_string(transport::kProtocolVersion));
+  }
+  if (st.ok() && c.hello && req.namespace_name() != c.ns_name) {
+    st = Status::PermissionDenied("a connection cannot change its namespace");
+  }
+  if (st.ok()) {
+    Result<NamespaceId> ns = namespaces_.Resolve(req.namespace_name());
+    if (ns.ok()) {
+      c.hello = true;
+      c.ns = *ns;
+      c.ns_name = req.namespace_name();
+    } else {
+      st = ns.status();
+    }
+  }
+  Response r = Reply(wire::HELLO, resp, st);
+  if (!st.ok()) {
+    metrics_.Add(metrics_.requests_failed);
+    LOG(INFO) << "hello refused on connection " << c.info.id << ": " << st.ToString();
+    r.close_after = true;
+  }
+  return r;
+}
+
+Response BlockService::Lookup(Conn& c, std::string_view body) {
+  wire::LookupRequest req;
+  wire::LookupResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "LOOKUP");
+  if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
+  if (st.ok()) {
+    tiers::LookupResult lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
+    resp.set_hit_blocks(lr.hit_blocks);
+    for (tiers::ServedFrom t : lr.tiers) resp.add_tiers(ToWire(t));
+    metrics_.Add(metrics_.lookups);
+    metrics_.Add(metrics_.lookup_blocks, keys.size());
+    metrics_.Add(metrics_.lookup_hit_blocks, lr.hit_blocks);
+  } else {
+    metrics_.Add(metrics_.requests_failed);
+  }
+  return Reply(wire::LOOKUP, resp, st);
+}
+
+Response BlockService::Get(Conn& c, std::string_view body) {
+  wire::GetRequest req;
+  wire::GetResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "GET");
+  if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
+  if (!st.ok()) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::GET, resp, st);
+  }
+  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(tiers_.Acquire(c.ns, keys));
+  Response r;
+  uint64_t payload = 0;
+  uint64_t served = 0;
+  uint64_t misses = 0;
+  for (tiers::BlockRead& read : *reads) {
+    wire::BlockInfo* info = resp.add_blocks();
+    if (!read.status.ok()) {
+      info->set_code(static_cast<int32_t>(read.status.code()));
+      if (read.status.IsNotFound()) ++misses;
+      continue;
+    }
+    if (payload + read.size > options_.limits.max_payload_bytes) {
+      // Past what one frame may carry: the client asks again for these.
+      info->set_code(static_cast<int32_t>(StatusCode::kResourceExhausted));
+      tiers_.Release(read);
+      read.owned.reset();
+      continue;
+    }
+    info->set_code(0);
+    info->set_size(read.size);
+    info->set_checksum(read.checksum);
+    info->set_tier(ToWire(read.from));
+    r.payload.emplace_back(read.data, read.size);
+    payload += read.size;
+    ++served;
+  }
+  metrics_.Add(metrics_.gets);
+  metrics_.Add(metrics_.get_blocks_served, served);
+  metrics_.Add(metrics_.get_misses, misses);
+  metrics_.Add(metrics_.bytes_out, payload);
+  SetStatus(resp.mutable_status(), Status::OK());
+  r.type = wire::GET;
+  resp.SerializeToString(&r.body);
+  tiers::TierManager* tiers = &tiers_;
+  r.release = [tiers, reads] {
+    for (tiers::BlockRead& read : *reads) tiers->Release(read);
+  };
+  return r;
+}
+
+Response BlockService::PutReserve(Conn& c, std::string_view body) {
+  wire::PutReserveRequest req;
+  wire::PutReserveResponse resp;
+  Status st = Parse(body, &req, "PUT_RESERVE");
+  if (st.ok() && req.items_size() > static_cast<int>(options_.max_batch_keys)) {
+    st = Status::InvalidArgument("request has " + std::to_string(req.items_size()) +
+                                 " blocks; the limit is " +
+                                 std::to_string(options_.max_batch_keys));
+  }
+  std::vector<tiers::PutRequestItem> items;
+  if (st.ok()) {
+    items.reserve(req.items_size());
+    for (int i = 0; i < req.items_size() && st.ok(); ++i) {
+      const wire::PutItem& in = req.items(i);
+      tiers::PutRequestItem item;
+      Result<BlockKey> key = BlockKey::FromBytes(in.key());
+      if (!key.ok()) {
+        st = key.status().WithContext("item " + std::to_string(i));
+        break;
+      }
+      item.key = *key;
+      if (!in.parent().empty()) {
+        Result<BlockKey> parent = BlockKey::FromBytes(in.parent());
+        if (!parent.ok()) {
+          st = parent.status().WithContext("parent of item " + std::to_string(i));
+          break;
+        }
+        item.parent = *parent;
+      }
+      item.size = in.size();
+      item.checksum = in.checksum();
+      items.push_back(item);
+    }
+  }
+  if (!st.ok()) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::PUT_RESERVE, resp, st);
+  }
+  std::vector<tiers::ReserveOutcome> outcomes = tiers_.Reserve(c.ns, c.owner, items);
+  uint64_t dedup = 0;
+  for (const tiers::ReserveOutcome& o : outcomes) {
+    wire::Reservation* out = resp.add_reservations();
+    switch (o.state) {
+      case tiers::ReserveState::kReserved:
+        out->set_state(wire::RESERVED);
+        out->set_reservation_id(o.reservation_id);
+        break;
+      case tiers::ReserveState::kPresent:
+        out->set_state(wire::PRESENT);
+        ++dedup;
+        break;
+      case tiers::ReserveState::kInProgress:
+        out->set_state(wire::IN_PROGRESS);
+        ++dedup;
+        break;
+      case tiers::ReserveState::kRefused:
+        out->set_state(wire::REFUSED);
+        out->set_code(static_cast<int32_t>(o.status.code()));
+        out->set_message(o.status.message());
+        break;
+    }
+  }
+  metrics_.Add(metrics_.puts_offered, items.size());
+  metrics_.Add(metrics_.puts_deduplicated, dedup);
+  return Reply(wire::PUT_RESERVE, resp, Status::OK());
+}
+
+Response BlockService::PutCommit(Conn& c, std::string_view body) {
+  wire::PutCommitResponse resp;
+  // PayloadSinks parsed the body and received the bytes; a commit without payload bytes (all
+  // sizes zero is impossible: blocks are never empty) only arrives when the frame had none.
+  if (c.commit_ids.empty()) {
+    wire::PutCommitRequest req;
+    Status st = Parse(body, &req, "PUT_COMMIT");
+    if (st.ok() && req.reservation_ids_size() > 0) {
+      st = Status::InvalidArgument("PUT_COMMIT without the payload of its reservations");
+    }
+    return Reply(wire::PUT_COMMIT, resp, st);
+  }
+  uint64_t committed = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < c.commit_ids.size(); ++i) {
+    Status st = c.commit_status[i];
+    if (st.ok()) {
+      Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, c.commit_ids[i]);
+      const uint64_t size = t.ok() ? t->size : 0;
+      st = tiers_.Commit(c.owner, c.commit_ids[i]);
+      if (st.ok()) {
+        ++committed;
+        bytes += size;
+      }
+    } else {
+      tiers_.Abort(c.owner, c.commit_ids[i]);
+    }
+    SetStatus(resp.add_results(), st);
+  }
+  c.commit_ids.clear();
+  c.commit_status.clear();
+  metrics_.Add(metrics_.puts_committed, committed);
+  metrics_.Add(metrics_.bytes_in, bytes);
+  return Reply(wire::PUT_COMMIT, resp, Status::OK());
+}
+
+Response BlockService::PutAbort(Conn& c, std::string_view body) {
+  wire::PutAbortRequest req;
+  wire::PutAbortResponse resp;
+  Status st = Parse(body, &req, "PUT_ABORT");
+  if (st.ok()) {
+    for (uint64_t id : req.reservation_ids()) tiers_.Abort(c.owner, id);
+  }
+  return Reply(wire::PUT_ABORT, resp, st);
+}
+
+Response BlockService::Prefetch(Conn& c, std::string_view body) {
+  wire::PrefetchRequest req;
+  wire::PrefetchResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "PREFETCH");
+  if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
+  if (st.ok()) resp.set_scheduled(tiers_.Prefetch(c.ns, keys));
+  return Reply(wire::PREFETCH, resp, st);
+}
+
+Response BlockService::SessionSave(Conn& c, std::string_view body) {
+  wire::SessionSaveRequest req;
+  wire::SessionSaveResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "SESSION_SAVE");
+  wire::SessionRecord& record = *req.mutable_record();
+  if (st.ok()) st = SessionStore::ValidateId(record.session_id());
+  if (st.ok()) st = DecodeKeys(record.keys(), UINT32_MAX, &keys);
+  if (!st.ok()) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::SESSION_SAVE, resp, st);
+  }
+  absl::MutexLock lock(&session_mu_);
+  Result<wire::SessionRecord> old = sessions_.Get(c.ns, record.session_id());
+  if (!old.ok() && !old.status().IsNotFound()) return Reply(wire::SESSION_SAVE, resp, old.status());
+  Result<uint64_t> bytes = tiers_.PinChain(c.ns, keys);
+  if (!bytes.ok()) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::SESSION_SAVE, resp, bytes.status());
+  }
+  const int64_t now = NowUnixMs();
+  record.set_created_unix_ms(old.ok() ? old->created_unix_ms() : now);
+  record.set_updated_unix_ms(now);
+  record.set_total_bytes(*bytes);
+  st = sessions_.Put(c.ns, record);
+  if (!st.ok()) {
+    tiers_.UnpinChain(c.ns, keys);
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::SESSION_SAVE, resp, st);
+  }
+  if (old.ok()) {
+    std::vector<BlockKey> old_keys;
+    if (DecodeKeys(old->keys(), UINT32_MAX, &old_keys).ok()) tiers_.UnpinChain(c.ns, old_keys);
+  }
+  return Reply(wire::SESSION_SAVE, resp, Status::OK());
+}
+
+Response BlockService::SessionLoad(Conn& c, std::string_view body) {
+  wire::SessionLoadRequest req;
+  wire::SessionLoadResponse resp;
+  Status st = Parse(body, &req, "SESSION_LOAD");
+  if (st.ok()) {
+    Result<wire::SessionRecord> record = sessions_.Get(c.ns, req.session_id());
+    if (record.ok()) {
+      std::vector<BlockKey> keys;
+      st = DecodeKeys(record->keys(), UINT32_MAX, &keys);
+      if (st.ok()) {
+        resp.set_cached_blocks(tiers_.CountCached(c.ns, keys));
+        if (!req.no_prefetch()) tiers_.Prefetch(c.ns, keys);
+        *resp.mutable_record() = std::move(*record);
+      }
+    } else {
+      st = record.status();
+    }
+  }
+  return Reply(wire::SESSION_LOAD, resp, st);
+}
+
+Response BlockService::SessionDelete(Conn& c, std::string_view body) {
+  wire::SessionDeleteRequest req;
+  wire::SessionDeleteResponse resp;
+  Status st = Parse(body, &req, "SESSION_DELETE");
+  if (st.ok()) {
+    absl::MutexLock lock(&session_mu_);
+    Result<wire::SessionRecord> old = sessions_.Get(c.ns, req.session_id());
+    st = old.status();
+    if (st.ok()) st = sessions_.Delete(c.ns, req.session_id());
+    if (st.ok()) {
+      std::vector<BlockKey> keys;
+      if (DecodeKeys(old->keys(), UINT32_MAX, &keys).ok()) tiers_.UnpinChain(c.ns, keys);
+    }
+  }
+  return Reply(wire::SESSION_DELETE, resp, st);
+}
+
+Response BlockService::SessionList(Conn& c, std::string_view body) {
+  wire::SessionListRequest req;
+  wire::SessionListResponse resp;
+  Status st = Parse(body, &req, "SESSION_LIST");
+  if (st.ok()) {
+    bool truncated = false;
+    const uint32_t limit = req.limit() == 0 ? 1000 : std::min<uint32_t>(req.limit(), 100000);
+    Result<std::vector<wire::SessionRecord>> list =
+        sessions_.List(c.ns, req.prefix(), limit, &truncated);
+    if (list.ok()) {
+      for (const wire::SessionRecord& r : *list) {
+        wire::SessionSummary* s = resp.add_sessions();
+        s->set_session_id(r.session_id());
+        s->set_blocks(static_cast<uint32_t>(r.keys_size()));
+        s->set_token_count(r.token_count());
+        s->set_updated_unix_ms(r.updated_unix_ms());
+        s->set_total_bytes(r.total_bytes());
+      }
+      resp.set_truncated(truncated);
+    } else {
+      st = list.status();
+    }
+  }
+  return Reply(wire::SESSION_LIST, resp, st);
+}
+
+Response BlockService::Stats(Conn& c, std::string_view body) {
+  wire::StatsResponse resp;
+  const tiers::TierManagerStats t = tiers_.GetStats();
+  resp.set_node_id(options_.node_id);
+  resp.set_version(options_.version);
+  resp.set_uptime_s(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
+                                                       started_)
+          .count()));
+  wire::TierStats* host = resp.add_tiers();
+  host->set_name("host");
+  host->set_capacity_bytes(t.host.capacity_bytes);
+  host->set_used_bytes(t.host.payload_bytes);
+  host->set_blocks(t.host_blocks);
+  host->set_allocated_bytes(t.host.allocated_bytes);
+  host->set_fragmentation(t.host.fragmentation);
+  host->set_hits(t.host_counters.hits);
+  host->set_promotions(t.host_counters.promotions);
+  host->set_demotions(t.host_counters.demotions);
+  host->set_evictions(t.host_counters.evictions);
+  wire::TierStats* disk = resp.add_tiers();
+  disk->set_name("disk");
+  disk->set_capacity_bytes(t.disk_capacity_bytes);
+  disk->set_used_bytes(t.disk_used_bytes);
+  disk->set_blocks(t.disk_blocks);
+  disk->set_allocated_bytes(t.disk_bytes_on_device);
+  disk->set_hits(t.disk_counters.hits);
+  disk->set_promotions(t.disk_counters.promotions);
+  disk->set_demotions(t.disk_counters.demotions);
+  disk->set_evictions(t.disk_counters.evictions);
+  resp.set_index_entries(t.index_entries);
+  resp.set_index_bytes(t.index_bytes);
+  resp.set_sessions(sessions_.Count());
+  resp.set_connections(connections_ ? connections_() : 0);
+  resp.set_lookups(Metrics::Get(metrics_.lookups));
+  resp.set_lookup_blocks(Metrics::Get(metrics_.lookup_blocks));
+  resp.set_lookup_hit_blocks(Metrics::Get(metrics_.lookup_hit_blocks));
+  resp.set_gets(Metrics::Get(metrics_.gets));
+  resp.set_get_blocks_served(Metrics::Get(metrics_.get_blocks_served));
+  resp.set_get_misses(Metrics::Get(metrics_.get_misses));
+  resp.set_puts_offered(Metrics::Get(metrics_.puts_offered));
+  resp.set_puts_deduplicated(Metrics::Get(metrics_.puts_deduplicated));
+  resp.set_puts_committed(Metrics::Get(metrics_.puts_committed));
+  resp.set_bytes_in(Metrics::Get(metrics_.bytes_in));
+  resp.set_bytes_out(Metrics::Get(metrics_.bytes_out));
+  resp.set_prefetches_issued(t.prefetches_issued);
+  resp.set_prefetches_useful(t.prefetches_useful);
+  resp.set_checksum_failures(t.checksum_failures);
+  resp.set_leases_active(t.leases_active);
+  resp.set_reservations_active(t.reservations_active);
+  resp.set_dedup_ratio(static_cast<double>(resp.puts_offered()) /
+                       static_cast<double>(std::max<uint64_t>(1, resp.puts_committed())));
+  return Reply(wire::STATS, resp, Status::OK());
+}
+
+Response BlockService::Evict(Conn& c, std::string_view body) {
+  wire::EvictRequest req;
+  wire::EvictResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "EVICT");
+  if (st.ok()) st = DecodeKeys(req.keys(), UINT32_MAX, &keys);
+  if (st.ok()) {
+    const daemon::TierId tier = req.tier() == wire::TIER_HOST ? daemon::TierId::kHost
+                                                               : daemon::TierId::kDisk;
+    tiers::EvictOutcome o = tiers_.Evict(c.ns, tier, keys);
+    resp.set_evicted(o.evicted);
+    resp.set_skipped(o.skipped);
+    LOG(INFO) << "admin evict in namespace " << c.ns_name << " (" << (keys.empty() ? "all" : "some")
+              << " blocks, tier " << wire::Tier_Name(req.tier()) << "): " << o.evicted
+              << " evicted, " << o.skipped << " skipped";
+  }
+  return Reply(wire::EVICT, resp, st);
+}
+
+std::string BlockService::RenderMetrics() const {
+  const uint64_t uptime = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
+                                                       started_)
+          .count());
+  return metrics_.RenderPrometheus(tiers_.GetStats(), sessions_.Count(),
+                                   connections_ ? connections_() : 0, uptime);
+}
+
+}  // namespace kvpool::daemon

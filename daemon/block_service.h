@@ -1,0 +1,91 @@
+#pragma once
+// BlockService: the daemon's request handling, behind the control server.
+//
+// It decodes each request body (transport/control.proto), checks it (hello first, the
+// namespace, key lengths, batch and block sizes), runs it against the tier manager, the session
+// store and the namespace registry, and encodes the answer. A malformed body is answered with
+// InvalidArgument and the connection stays usable; framing errors never reach here (the server
+// closes the connection).
+//
+// The bulk-data path is the transport's business: this class hands out the host slots that a
+// put's bytes go into (PayloadSinks) and the leased slots a get's bytes come from (Response
+// payload), so replacing in-frame payloads by shared memory or UCX changes the transport, not
+// the request handling.
+//
+// Thread safety: called concurrently for different connections (see ControlServer).
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "daemon/metrics.h"
+#include "daemon/namespace_registry.h"
+#include "daemon/session_store.h"
+#include "tiers/tier_manager.h"
+#include "transport/control_server.h"
+
+namespace kvpool::daemon {
+
+struct BlockServiceOptions {
+  std::string node_id;
+  std::string version = "0.1.0";
+  // Keys in one request. Default: 4096.
+  uint32_t max_batch_keys = 4096;
+  // Limits the server enforces, advertised at hello so clients split batches to fit.
+  transport::FrameLimits limits;
+};
+
+class BlockService final : public transport::RequestHandler {
+ public:
+  BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
+               NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics);
+
+  // Pins the chains of every persisted session (at start, after TierManager::Recover).
+  Status LoadSessions();
+  // Where /metrics and stats get the open-connection count from.
+  void SetConnectionGauge(std::function<uint64_t()> gauge) { connections_ = std::move(gauge); }
+  std::string RenderMetrics() const;
+
+  // transport::RequestHandler
+  std::unique_ptr<transport::ConnectionState> OnConnect(
+      const transport::ConnectionInfo& info) override;
+  Status PayloadSinks(transport::ConnectionState& state, const transport::FrameHeader& header,
+                      std::string_view body, std::vector<transport::PayloadSink>* sinks) override;
+  transport::Response Handle(transport::ConnectionState& state,
+                             const transport::FrameHeader& header,
+                             std::string_view body) override;
+  void OnDisconnect(transport::ConnectionState& state) override;
+
+ private:
+  struct Conn;
+
+  transport::Response Hello(Conn& c, std::string_view body);
+  transport::Response Lookup(Conn& c, std::string_view body);
+  transport::Response Get(Conn& c, std::string_view body);
+  transport::Response PutReserve(Conn& c, std::string_view body);
+  transport::Response PutCommit(Conn& c, std::string_view body);
+  transport::Response PutAbort(Conn& c, std::string_view body);
+  transport::Response Prefetch(Conn& c, std::string_view body);
+  transport::Response SessionSave(Conn& c, std::string_view body);
+  transport::Response SessionLoad(Conn& c, std::string_view body);
+  transport::Response SessionDelete(Conn& c, std::string_view body);
+  transport::Response SessionList(Conn& c, std::string_view body);
+  transport::Response Stats(Conn& c, std::string_view body);
+  transport::Response Evict(Conn& c, std::string_view body);
+
+  const BlockServiceOptions options_;
+  tiers::TierManager& tiers_;
+  NamespaceRegistry& namespaces_;
+  SessionStore& sessions_;
+  Metrics& metrics_;
+  std::function<uint64_t()> connections_;
+  const std::chrono::steady_clock::time_point started_;
+  // Serializes session saves and deletes: a save pins the new chain, writes the record and
+  // unpins the old chain as one step.
+  absl::Mutex session_mu_;
+};
+
+}  // namespace kvpool::daemon

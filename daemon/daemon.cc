@@ -1,0 +1,194 @@
+#include "daemon/daemon.h"
+
+#include <glog/logging.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "common/units.h"
+#include "daemon/block_service.h"
+#include "daemon/metrics_http.h"
+#include "daemon/namespace_registry.h"
+#include "daemon/session_store.h"
+#include "tiers/disk_tier.h"
+#include "tiers/host_tier.h"
+#include "tiers/rocks_store.h"
+#include "transport/address.h"
+#include "transport/control_server.h"
+
+namespace kvpool::daemon {
+namespace {
+
+uint64_t DefaultHostCapacity() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 8ull << 30;
+  return std::min<uint64_t>(ram / 8, 16ull << 30);
+}
+
+uint64_t DefaultDiskCapacity(const std::string& dir) {
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0) return 64ull << 30;
+  const uint64_t avail = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  return std::min<uint64_t>(64ull << 30, avail / 10 * 8);
+}
+
+class DaemonImpl final : public Daemon {
+ public:
+  ~DaemonImpl() override { Stop(); }
+
+  Status Init(DaemonOptions o) {
+    options_ = std::move(o);
+    if (options_.socket_path.empty()) options_.socket_path = transport::DefaultSocketPath();
+    std::error_code ec;
+    std::filesystem::create_directories(options_.data_dir, ec);
+    if (ec) return Status::IoError("cannot create data dir " + options_.data_dir + ": " + ec.message());
+    if (options_.host_capacity_bytes == 0) options_.host_capacity_bytes = DefaultHostCapacity();
+    if (options_.disk_capacity_bytes == 0) {
+      options_.disk_capacity_bytes = DefaultDiskCapacity(options_.data_dir);
+    }
+    if (options_.host_segment_bytes < (1ull << 20) || options_.host_segment_bytes > (1ull << 30)) {
+      return Status::InvalidArgument("--host-segment-size must be between 1 MiB and 1 GiB");
+    }
+
+    tiers::RocksStoreOptions ro;
+    ro.path = (std::filesystem::path(options_.data_dir) / "rocksdb").string();
+    KVPOOL_ASSIGN_OR_RETURN(store_, tiers::RocksStore::Open(ro));
+    KVPOOL_ASSIGN_OR_RETURN(namespaces_,
+                            NamespaceRegistry::Load(*store_, options_.max_namespaces));
+    KVPOOL_ASSIGN_OR_RETURN(node_id_, LoadOrCreateNodeId(*store_, options_.node_id));
+
+    tiers::HostTierOptions ho;
+    ho.capacity_bytes = options_.host_capacity_bytes;
+    ho.segment_bytes = std::min<uint64_t>(options_.host_segment_bytes, options_.host_capacity_bytes);
+    ho.segment_bytes -= ho.segment_bytes % tiers::HostTier::kPageBytes;
+    ho.lock_memory = options_.lock_memory;
+    KVPOOL_ASSIGN_OR_RETURN(host_, tiers::HostTier::Create(ho));
+    disk_ = std::make_unique<tiers::DiskTier>(*store_);
+
+    tiers::TierManagerOptions to = options_.tiers;
+    to.disk_capacity_bytes = options_.disk_capacity_bytes;
+    to.promotion_threads = options_.promotion_threads;
+    tiers_ = std::make_unique<tiers::TierManager>(to, *host_, *disk_, *store_);
+    KVPOOL_RETURN_IF_ERROR(ConfigurePolicies());
+    KVPOOL_RETURN_IF_ERROR(tiers_->Recover());
+
+    sessions_ = std::make_unique<SessionStore>(*store_);
+    BlockServiceOptions bo;
+    bo.node_id = node_id_;
+    bo.max_batch_keys = options_.max_batch_keys;
+    bo.limits = options_.limits;
+    service_ = std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_);
+    KVPOOL_RETURN_IF_ERROR(service_->LoadSessions());
+    tiers_->Start();
+
+    transport::ControlServerOptions so;
+    so.unix_path = options_.socket_path;
+    so.tcp_listen = options_.tcp_listen;
+    so.io_threads = options_.io_threads;
+    so.worker_threads = options_.worker_threads;
+    so.limits = options_.limits;
+    so.frame_timeout = options_.frame_timeout;
+    KVPOOL_ASSIGN_OR_RETURN(server_, transport::ControlServer::Start(so, *service_));
+    transport::ControlServer* server = server_.get();
+    service_->SetConnectionGauge([server] { return server->connections(); });
+
+    if (!options_.metrics_listen.empty()) {
+      BlockService* service = service_.get();
+      KVPOOL_ASSIGN_OR_RETURN(metrics_http_,
+                              MetricsHttpServer::Start(options_.metrics_listen,
+                                                       [service] { return service->RenderMetrics(); }));
+    }
+    return Status::OK();
+  }
+
+  void Stop() override {
+    if (stopped_) return;
+    stopped_ = true;
+    if (metrics_http_) metrics_http_->Stop();
+    if (server_) server_->Stop();  // no request runs after this
+    if (tiers_) tiers_->Shutdown();
+    service_.reset();
+    tiers_.reset();
+    sessions_.reset();
+    disk_.reset();
+    host_.reset();
+    namespaces_.reset();
+    store_.reset();  // flushes memtables and closes RocksDB
+    LOG(INFO) << "kvpoold stopped cleanly";
+  }
+
+  std::string socket_path() const override { return options_.socket_path; }
+  std::string tcp_address() const override { return server_ ? server_->tcp_address() : ""; }
+  std::string metrics_address() const override {
+    return metrics_http_ ? metrics_http_->address() : "";
+  }
+  std::string node_id() const override { return node_id_; }
+
+  std::string Describe() const override {
+    std::ostringstream s;
+    const tiers::HostTierStats h = host_->GetStats();
+    s << "kvpoold " << node_id_ << " listening on unix:" << options_.socket_path;
+    if (!tcp_address().empty()) s << " and tcp://" << tcp_address();
+    s << "\n  host tier: " << FormatBytes(h.capacity_bytes) << " in " << h.segments
+      << " segments" << (h.locked ? " (mlocked)" : " (not mlocked)");
+    s << "\n  disk tier: " << FormatBytes(options_.disk_capacity_bytes) << " under "
+      << options_.data_dir << "/rocksdb";
+    if (!metrics_address().empty()) s << "\n  metrics: http://" << metrics_address() << "/metrics";
+    return s.str();
+  }
+
+ private:
+  Status ConfigurePolicies() {
+    KVPOOL_ASSIGN_OR_RETURN(auto default_write, tiers::CreateWritePolicy(options_.write_policy));
+    std::string_view rest = options_.namespace_policies;
+    // The default applies to namespaces not listed; listed ones are resolved (created) now.
+    default_write_ = default_write;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      const size_t eq = item.find('=');
+      if (eq == std::string_view::npos) {
+        return Status::InvalidArgument("--namespace-policy item '" + std::string(item) +
+                                       "' is not NS=POLICY");
+      }
+      KVPOOL_ASSIGN_OR_RETURN(NamespaceId ns, namespaces_->Resolve(item.substr(0, eq)));
+      KVPOOL_ASSIGN_OR_RETURN(auto write, tiers::CreateWritePolicy(item.substr(eq + 1)));
+      tiers_->SetNamespacePolicy(ns, tiers::NamespacePolicy{write});
+    }
+    tiers_->SetDefaultPolicy(tiers::NamespacePolicy{default_write_});
+    return Status::OK();
+  }
+
+  DaemonOptions options_;
+  std::string node_id_;
+  std::shared_ptr<const tiers::WritePolicy> default_write_;
+  Metrics metrics_;
+  std::unique_ptr<tiers::RocksStore> store_;
+  std::unique_ptr<NamespaceRegistry> namespaces_;
+  std::unique_ptr<tiers::HostTier> host_;
+  std::unique_ptr<tiers::DiskTier> disk_;
+  std::unique_ptr<tiers::TierManager> tiers_;
+  std::unique_ptr<SessionStore> sessions_;
+  std::unique_ptr<BlockService> service_;
+  std::unique_ptr<transport::ControlServer> server_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  auto d = std::make_unique<DaemonImpl>();
+  Status st = d->Init(std::move(options));
+  if (!st.ok()) {
+    d->Stop();
+    return st;
+  }
+  return std::unique_ptr<Daemon>(std::move(d));
+}
+
+}  // namespace kvpool::daemon

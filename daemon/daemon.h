@@ -1,0 +1,65 @@
+#pragma once
+// Daemon: kvpoold assembled from its parts, in start order: RocksDB store, namespace registry and
+// node identity, host and disk tiers, the tier manager (index rebuilt from disk), sessions
+// re-pinned, request handling, the control server, and the optional /metrics endpoint.
+// Stop() reverses it: stop accepting, flush what must be flushed, close RocksDB.
+//
+// Thread safety: Start and Stop from one thread.
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "tiers/policy.h"
+#include "tiers/tier_manager.h"
+#include "transport/frame.h"
+
+namespace kvpool::daemon {
+
+struct DaemonOptions {
+  // Where RocksDB and the daemon's identity live. Default: ./kvpool-data
+  std::string data_dir = "kvpool-data";
+  // Unix socket of the control plane. Default: transport::DefaultSocketPath().
+  std::string socket_path;
+  // Optional TCP control listener, "tcp://HOST:PORT". Default: none.
+  std::string tcp_listen;
+  // Optional Prometheus endpoint "HOST:PORT". Default: none.
+  std::string metrics_listen;
+  // Host tier arena size. Default (0): an eighth of RAM, at most 16 GiB.
+  uint64_t host_capacity_bytes = 0;
+  // Segment size of the host arena; also the largest block. Default: 64 MiB.
+  uint64_t host_segment_bytes = 64ull << 20;
+  // Disk tier budget. Default (0): 64 GiB or 80% of the free space under data_dir, the smaller.
+  uint64_t disk_capacity_bytes = 0;
+  // mlock the host arena. Default: true.
+  bool lock_memory = true;
+  // Node id; empty: the stored one, or a generated one on first start.
+  std::string node_id;
+  // Default write policy name for every namespace (tiers/policy.h). Default: write-back.
+  std::string write_policy = "write-back";
+  // Per-namespace write policies, "NS=POLICY[,NS=POLICY...]". Default: none.
+  std::string namespace_policies;
+  int io_threads = 2;
+  int worker_threads = 8;
+  int promotion_threads = 2;
+  uint32_t max_batch_keys = 4096;
+  uint32_t max_namespaces = 1024;
+  transport::FrameLimits limits;
+  std::chrono::milliseconds frame_timeout{30000};
+  tiers::TierManagerOptions tiers;
+};
+
+class Daemon {
+ public:
+  static Result<std::unique_ptr<Daemon>> Start(DaemonOptions options);
+  virtual ~Daemon() = default;
+  virtual void Stop() = 0;
+  virtual std::string socket_path() const = 0;
+  virtual std::string tcp_address() const = 0;
+  virtual std::string metrics_address() const = 0;
+  virtual std::string node_id() const = 0;
+  // One line per listener and tier, for the startup banner.
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,160 @@
+#include "daemon/metrics.h"
+
+#include <cstdio>
+
+namespace kvpool::daemon {
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kLookup: return "lookup";
+    case Op::kGet: return "get";
+    case Op::kPutReserve: return "put_reserve";
+    case Op::kPutCommit: return "put_commit";
+    case Op::kPrefetch: return "prefetch";
+    case Op::kSession: return "session";
+    case Op::kOther: return "other";
+    case Op::kCount: break;
+  }
+  return "unknown";
+}
+
+void LatencyHistogram::Observe(double micros) {
+  size_t i = 0;
+  while (i < kBoundsUs.size() && micros > kBoundsUs[i]) ++i;
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<uint64_t>(micros * 1000), std::memory_order_relaxed);
+}
+
+void LatencyHistogram::Render(const std::string& name, const std::string& op,
+                              std::string* out) const {
+  uint64_t cumulative = 0;
+  char line[256];
+  for (size_t i = 0; i < kBoundsUs.size(); ++i) {
+    cumulative += buckets_[i].load(std::memory_order_relaxed);
+    std::snprintf(line, sizeof(line), "%s_bucket{op=\"%s\",le=\"%g\"} %llu\n", name.c_str(),
+                  op.c_str(), kBoundsUs[i] / 1e6, static_cast<unsigned long long>(cumulative));
+    *out += line;
+  }
+  cumulative += buckets_[kBoundsUs.size()].load(std::memory_order_relaxed);
+  std::snprintf(line, sizeof(line), "%s_bucket{op=\"%s\",le=\"+Inf\"} %llu\n", name.c_str(),
+                op.c_str(), static_cast<unsigned long long>(cumulative));
+  *out += line;
+  std::snprintf(line, sizeof(line), "%s_sum{op=\"%s\"} %.9f\n%s_count{op=\"%s\"} %llu\n",
+                name.c_str(), op.c_str(), sum_ns_.load(std::memory_order_relaxed) / 1e9,
+                name.c_str(), op.c_str(),
+                static_cast<unsigned long long>(count_.load(std::memory_order_relaxed)));
+  *out += line;
+}
+
+namespace {
+
+void Metric(std::string* out, const char* name, const char* type, const char* help) {
+  *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void Value(std::string* out, const std::string& name_and_labels, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), " %.17g\n", v);
+  *out += name_and_labels + buf;
+}
+
+}  // namespace
+
+std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t sessions,
+                                      uint64_t connections, uint64_t uptime_s) const {
+  std::string o;
+  o.reserve(8192);
+  Metric(&o, "kvpool_uptime_seconds", "gauge", "Seconds since the daemon started.");
+  Value(&o, "kvpool_uptime_seconds", static_cast<double>(uptime_s));
+
+  Metric(&o, "kvpool_tier_capacity_bytes", "gauge", "Capacity of each tier.");
+  Value(&o, "kvpool_tier_capacity_bytes{tier=\"host\"}", static_cast<double>(t.host.capacity_bytes));
+  Value(&o, "kvpool_tier_capacity_bytes{tier=\"disk\"}", static_cast<double>(t.disk_capacity_bytes));
+  Metric(&o, "kvpool_tier_used_bytes", "gauge", "Block payload bytes held in each tier.");
+  Value(&o, "kvpool_tier_used_bytes{tier=\"host\"}", static_cast<double>(t.host.payload_bytes));
+  Value(&o, "kvpool_tier_used_bytes{tier=\"disk\"}", static_cast<double>(t.disk_used_bytes));
+  Metric(&o, "kvpool_tier_blocks", "gauge", "Blocks with a copy in each tier.");
+  Value(&o, "kvpool_tier_blocks{tier=\"host\"}", static_cast<double>(t.host_blocks));
+  Value(&o, "kvpool_tier_blocks{tier=\"disk\"}", static_cast<double>(t.disk_blocks));
+  Metric(&o, "kvpool_host_allocated_bytes", "gauge", "Host arena bytes handed out (page rounded).");
+  Value(&o, "kvpool_host_allocated_bytes", static_cast<double>(t.host.allocated_bytes));
+  Metric(&o, "kvpool_host_fragmentation_ratio", "gauge",
+         "1 - largest free run / free bytes in the host arena.");
+  Value(&o, "kvpool_host_fragmentation_ratio", t.host.fragmentation);
+  Metric(&o, "kvpool_disk_device_bytes", "gauge", "RocksDB SST and blob file bytes.");
+  Value(&o, "kvpool_disk_device_bytes", static_cast<double>(t.disk_bytes_on_device));
+
+  const std::pair<const char*, const tiers::TierCounters*> tiers[] = {
+      {"host", &t.host_counters}, {"disk", &t.disk_counters}};
+  Metric(&o, "kvpool_hits_total", "counter", "Blocks served, by the tier they were found in.");
+  for (auto [n, c] : tiers) Value(&o, std::string("kvpool_hits_total{tier=\"") + n + "\"}", c->hits);
+  Metric(&o, "kvpool_misses_total", "counter", "Blocks asked for by get and not cached.");
+  Value(&o, "kvpool_misses_total", static_cast<double>(Get(get_misses)));
+  Metric(&o, "kvpool_promotions_total", "counter", "Copies moved up into a tier.");
+  for (auto [n, c] : tiers) {
+    Value(&o, std::string("kvpool_promotions_total{tier=\"") + n + "\"}", c->promotions);
+  }
+  Metric(&o, "kvpool_demotions_total", "counter", "Copies moved down out of a tier.");
+  for (auto [n, c] : tiers) {
+    Value(&o, std::string("kvpool_demotions_total{tier=\"") + n + "\"}", c->demotions);
+  }
+  Metric(&o, "kvpool_evictions_total", "counter", "Copies dropped from a tier.");
+  for (auto [n, c] : tiers) {
+    Value(&o, std::string("kvpool_evictions_total{tier=\"") + n + "\"}", c->evictions);
+  }
+  Metric(&o, "kvpool_prefetches_total", "counter", "Promotions started ahead of a get.");
+  Value(&o, "kvpool_prefetches_total", static_cast<double>(t.prefetches_issued));
+  Metric(&o, "kvpool_prefetches_useful_total", "counter", "Prefetched blocks a get then used.");
+  Value(&o, "kvpool_prefetches_useful_total", static_cast<double>(t.prefetches_useful));
+  Metric(&o, "kvpool_checksum_failures_total", "counter",
+         "Blocks that failed checksum verification (dropped, never served).");
+  Value(&o, "kvpool_checksum_failures_total", static_cast<double>(t.checksum_failures));
+  Metric(&o, "kvpool_disk_write_errors_total", "counter", "Failed RocksDB block writes.");
+  Value(&o, "kvpool_disk_write_errors_total", static_cast<double>(t.disk_write_errors));
+  Metric(&o, "kvpool_blocks_lost_total", "counter",
+         "Host-only blocks dropped because the disk tier could not take them.");
+  Value(&o, "kvpool_blocks_lost_total", static_cast<double>(t.blocks_lost));
+
+  Metric(&o, "kvpool_lookup_blocks_total", "counter", "Keys asked for by lookups.");
+  Value(&o, "kvpool_lookup_blocks_total", static_cast<double>(Get(lookup_blocks)));
+  Metric(&o, "kvpool_lookup_hit_blocks_total", "counter", "Keys in the cached prefix of lookups.");
+  Value(&o, "kvpool_lookup_hit_blocks_total", static_cast<double>(Get(lookup_hit_blocks)));
+  Metric(&o, "kvpool_put_blocks_offered_total", "counter", "Blocks offered to put.");
+  Value(&o, "kvpool_put_blocks_offered_total", static_cast<double>(Get(puts_offered)));
+  Metric(&o, "kvpool_put_blocks_deduplicated_total", "counter",
+         "Blocks offered to put that were already cached (no payload moved).");
+  Value(&o, "kvpool_put_blocks_deduplicated_total", static_cast<double>(Get(puts_deduplicated)));
+  Metric(&o, "kvpool_put_blocks_committed_total", "counter", "Blocks stored by put.");
+  Value(&o, "kvpool_put_blocks_committed_total", static_cast<double>(Get(puts_committed)));
+  Metric(&o, "kvpool_dedup_ratio", "gauge", "Blocks offered / blocks stored.");
+  Value(&o, "kvpool_dedup_ratio",
+        static_cast<double>(Get(puts_offered)) /
+            static_cast<double>(std::max<uint64_t>(1, Get(puts_committed))));
+  Metric(&o, "kvpool_bytes_total", "counter", "Payload bytes moved through the control plane.");
+  Value(&o, "kvpool_bytes_total{direction=\"in\"}", static_cast<double>(Get(bytes_in)));
+  Value(&o, "kvpool_bytes_total{direction=\"out\"}", static_cast<double>(Get(bytes_out)));
+  Metric(&o, "kvpool_requests_failed_total", "counter", "Requests answered with an error.");
+  Value(&o, "kvpool_requests_failed_total", static_cast<double>(Get(requests_failed)));
+
+  Metric(&o, "kvpool_index_entries", "gauge", "Entries in the block index.");
+  Value(&o, "kvpool_index_entries", static_cast<double>(t.index_entries));
+  Metric(&o, "kvpool_index_bytes", "gauge", "Memory held by the block index.");
+  Value(&o, "kvpool_index_bytes", static_cast<double>(t.index_bytes));
+  Metric(&o, "kvpool_leases_active", "gauge", "Host copies leased by readers now.");
+  Value(&o, "kvpool_leases_active", static_cast<double>(t.leases_active));
+  Metric(&o, "kvpool_reservations_active", "gauge", "Put reservations not yet committed.");
+  Value(&o, "kvpool_reservations_active", static_cast<double>(t.reservations_active));
+  Metric(&o, "kvpool_sessions", "gauge", "Persisted sessions (estimate).");
+  Value(&o, "kvpool_sessions", static_cast<double>(sessions));
+  Metric(&o, "kvpool_connections", "gauge", "Open client connections.");
+  Value(&o, "kvpool_connections", static_cast<double>(connections));
+
+  Metric(&o, "kvpool_request_duration_seconds", "histogram", "Request handling time.");
+  for (size_t i = 0; i < latency.size(); ++i) {
+    latency[i].Render("kvpool_request_duration_seconds", OpName(static_cast<Op>(i)), &o);
+  }
+  return o;
+}
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,117 @@
+#include "daemon/session_store.h"
+
+#include <glog/logging.h>
+#include <rocksdb/db.h>
+
+#include <memory>
+
+namespace kvpool::daemon {
+namespace {
+
+std::string NsPrefix(NamespaceId ns) {
+  std::string s(4, '\0');
+  s[0] = static_cast<char>(ns >> 24);
+  s[1] = static_cast<char>(ns >> 16);
+  s[2] = static_cast<char>(ns >> 8);
+  s[3] = static_cast<char>(ns);
+  return s;
+}
+
+}  // namespace
+
+std::string SessionStore::Key(NamespaceId ns, std::string_view session_id) {
+  return NsPrefix(ns) + std::string(session_id);
+}
+
+Status SessionStore::ValidateId(std::string_view session_id) {
+  if (session_id.empty() || session_id.size() > 256) {
+    return Status::InvalidArgument("session id must be 1-256 bytes");
+  }
+  if (session_id.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument("session id may not contain NUL");
+  }
+  return Status::OK();
+}
+
+Status SessionStore::Put(NamespaceId ns, const wire::SessionRecord& record) {
+  KVPOOL_RETURN_IF_ERROR(ValidateId(record.session_id()));
+  std::string value;
+  if (!record.SerializeToString(&value)) return Status::Internal("cannot serialize session");
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return KVPOOL_ROCKS_STATUS(
+      store_.db()->Put(wo, store_.sessions(), Key(ns, record.session_id()), value));
+}
+
+Result<wire::SessionRecord> SessionStore::Get(NamespaceId ns, std::string_view session_id) const {
+  KVPOOL_RETURN_IF_ERROR(ValidateId(session_id));
+  std::string value;
+  rocksdb::Status s =
+      store_.db()->Get(rocksdb::ReadOptions(), store_.sessions(), Key(ns, session_id), &value);
+  if (s.IsNotFound()) return Status::NotFound("no session '" + std::string(session_id) + "'");
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(s));
+  wire::SessionRecord record;
+  if (!record.ParseFromString(value)) {
+    return Status::Corruption("session '" + std::string(session_id) + "' is damaged on disk");
+  }
+  return record;
+}
+
+Status SessionStore::Delete(NamespaceId ns, std::string_view session_id) {
+  KVPOOL_RETURN_IF_ERROR(Get(ns, session_id).status());
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return KVPOOL_ROCKS_STATUS(store_.db()->Delete(wo, store_.sessions(), Key(ns, session_id)));
+}
+
+Result<std::vector<wire::SessionRecord>> SessionStore::List(NamespaceId ns,
+                                                            std::string_view prefix,
+                                                            uint32_t limit,
+                                                            bool* truncated) const {
+  std::vector<wire::SessionRecord> out;
+  *truncated = false;
+  const std::string start = Key(ns, prefix);
+  std::unique_ptr<rocksdb::Iterator> it(
+      store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
+  for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) {
+    if (out.size() >= limit) {
+      *truncated = true;
+      break;
+    }
+    wire::SessionRecord record;
+    if (!record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      LOG(ERROR) << "skipping a damaged session record";
+      continue;
+    }
+    out.push_back(std::move(record));
+  }
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(it->status()));
+  return out;
+}
+
+Status SessionStore::ForEach(
+    const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit) const {
+  std::unique_ptr<rocksdb::Iterator> it(
+      store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const rocksdb::Slice k = it->key();
+    wire::SessionRecord record;
+    if (k.size() < 5 ||
+        !record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      LOG(ERROR) << "skipping a damaged session record at start";
+      continue;
+    }
+    const auto* p = reinterpret_cast<const uint8_t*>(k.data());
+    const NamespaceId ns = static_cast<NamespaceId>(p[0]) << 24 | p[1] << 16 | p[2] << 8 | p[3];
+    visit(ns, record);
+  }
+  return KVPOOL_ROCKS_STATUS(it->status());
+}
+
+uint64_t SessionStore::Count() const {
+  uint64_t n = 0;
+  if (store_.db()->GetIntProperty(store_.sessions(), "rocksdb.estimate-num-keys", &n)) return n;
+  return 0;
+}
+
+}  // namespace kvpool::daemon

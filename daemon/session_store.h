@@ -1,0 +1,48 @@
+#pragma once
+// SessionStore: named chains persisted in RocksDB's `sessions` column family, keyed by
+// (namespace, session id). A record is the wire schema's SessionRecord (protobuf, so fields can
+// be added compatibly). Writes are synced: a saved session survives a kill -9 or a power cut.
+//
+// The store only persists records; pinning the chain's blocks is the caller's job (see
+// daemon/block_service.cc), and at start the caller re-pins every record's chain.
+//
+// Thread safety: all methods may be called concurrently.
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/namespace_id.h"
+#include "common/status.h"
+#include "control.pb.h"
+#include "tiers/rocks_store.h"
+
+namespace kvpool::daemon {
+
+class SessionStore {
+ public:
+  explicit SessionStore(tiers::RocksStore& store) : store_(store) {}
+
+  // A session id is 1-256 bytes without NUL.
+  static Status ValidateId(std::string_view session_id);
+
+  Status Put(NamespaceId ns, const wire::SessionRecord& record);
+  // NotFound when absent.
+  Result<wire::SessionRecord> Get(NamespaceId ns, std::string_view session_id) const;
+  // NotFound when absent.
+  Status Delete(NamespaceId ns, std::string_view session_id);
+  // Records of `ns` whose id starts with `prefix`, in id order, at most `limit`.
+  Result<std::vector<wire::SessionRecord>> List(NamespaceId ns, std::string_view prefix,
+                                                uint32_t limit, bool* truncated) const;
+  // Every record of every namespace. Corruption for an undecodable record is logged and
+  // skipped (it is reported through `bad` with its raw key).
+  Status ForEach(const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit) const;
+  uint64_t Count() const;
+
+ private:
+  static std::string Key(NamespaceId ns, std::string_view session_id);
+  tiers::RocksStore& store_;
+};
+
+}  // namespace kvpool::daemon

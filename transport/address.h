@@ -1,0 +1,22 @@
+#pragma once
+// Control-plane addresses: "tcp://HOST:PORT" (or "HOST:PORT") and Unix socket paths, and the
+// default socket path that kvpoold and every client agree on.
+// Thread safety: pure functions.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace kvpool::transport {
+
+// Splits "tcp://HOST:PORT", "HOST:PORT" or "[V6]:PORT" into host and port. InvalidArgument
+// otherwise.
+Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port);
+
+// $KVPOOL_SOCKET when set; else /run/kvpool/kvpool.sock for root (the systemd unit's
+// RuntimeDirectory) and /tmp/kvpool-<uid>/kvpool.sock for anyone else.
+std::string DefaultSocketPath();
+
+}  // namespace kvpool::transport

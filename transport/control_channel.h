@@ -1,0 +1,53 @@
+#pragma once
+// ControlChannel: the client side of one control connection, blocking, with a deadline on
+// every operation (poll on a non-blocking socket). A Unix socket path or "tcp://HOST:PORT".
+//
+// A call is Send (header, body, optional payload gathered from the caller's buffers with no
+// copy), then ReceiveHeader and ReceiveBody, then, for a response with a payload, ReceiveInto /
+// Discard for each piece in order. Any error or timeout leaves the channel broken(): the
+// caller drops it and reconnects, since the stream position is unknown.
+//
+// Thread safety: one thread at a time.
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+#include "transport/frame.h"
+
+namespace kvpool::transport {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+class ControlChannel {
+ public:
+  // Connects within `timeout`. Unavailable when nothing listens, DeadlineExceeded on timeout.
+  static Result<std::unique_ptr<ControlChannel>> Connect(const std::string& address,
+                                                         std::chrono::milliseconds timeout);
+  ~ControlChannel();
+
+  Status Send(const FrameHeader& header, std::string_view body, std::span<const iovec> payload,
+              Deadline deadline);
+  Result<FrameHeader> ReceiveHeader(const FrameLimits& limits, Deadline deadline);
+  Status ReceiveInto(void* dst, size_t n, Deadline deadline);
+  Status Discard(size_t n, Deadline deadline);
+
+  bool broken() const { return fd_ < 0; }
+  const std::string& address() const { return address_; }
+
+ private:
+  ControlChannel(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
+  // Waits until the socket is readable (or writable); DeadlineExceeded/Unavailable.
+  Status Wait(bool for_write, Deadline deadline);
+  Status Fail(Status st);  // closes, returns st
+
+  int fd_;
+  std::string address_;
+};
+
+}  // namespace kvpool::transport

@@ -1,0 +1,107 @@
+#pragma once
+// ControlServer: the daemon's control plane on Boost.Asio.
+//
+// Listens on a Unix socket (always) and a TCP address (when configured), reads frames
+// (transport/frame.h), and hands each request to a RequestHandler on a worker pool, so a request
+// that waits on disk never stalls the I/O threads. A connection runs one request at a time: it
+// reads the next frame only after the response is written (clients are synchronous; use more
+// connections for parallelism).
+//
+// A frame that fails validation, a body or payload that arrives slower than
+// `frame_timeout`, or a payload that does not match what the handler expects closes that
+// connection with a logged reason; nothing else is affected.
+//
+// Payloads travel without intermediate copies: for a request with a payload the handler first
+// names where each byte goes (PayloadSinks), and the connection reads straight into those
+// places; a response's payload is written from the handler's buffers (e.g. leased arena
+// slots), and `release` runs once the bytes are on the wire or the connection died.
+//
+// Threads: `io_threads` (ThreadRole::kControlIo) and `worker_threads`
+// (ThreadRole::kRequestWorker). Thread safety: Start/Stop from one thread; the handler is called
+// concurrently for different connections, never concurrently for one connection.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/frame.h"
+
+namespace kvpool::transport {
+
+// Per-connection state owned by the handler (e.g. its namespace after hello).
+class ConnectionState {
+ public:
+  virtual ~ConnectionState() = default;
+};
+
+struct ConnectionInfo {
+  uint64_t id = 0;     // unique for the life of the server
+  std::string peer;    // "unix" or "tcp:1.2.3.4:5678"
+};
+
+// Where payload bytes go. `data == nullptr` discards `size` bytes (e.g. for a reservation that
+// expired), so the stream stays in sync and the handler can answer with an error.
+struct PayloadSink {
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+};
+
+struct Response {
+  uint16_t type = 0;
+  std::string body;  // serialized protobuf
+  std::vector<std::pair<const uint8_t*, size_t>> payload;
+  std::function<void()> release;  // runs after the payload is written or dropped
+  bool close_after = false;       // close the connection after sending (e.g. failed hello)
+};
+
+class RequestHandler {
+ public:
+  virtual ~RequestHandler() = default;
+  virtual std::unique_ptr<ConnectionState> OnConnect(const ConnectionInfo& info) = 0;
+  // For a request frame with a payload: where its bytes go. The sinks' sizes must add up to
+  // header.payload_bytes; a non-OK status is a protocol error and closes the connection.
+  virtual Status PayloadSinks(ConnectionState& state, const FrameHeader& header,
+                              std::string_view body, std::vector<PayloadSink>* sinks) = 0;
+  virtual Response Handle(ConnectionState& state, const FrameHeader& header,
+                          std::string_view body) = 0;
+  // The connection closed (orderly or not); no Handle call for it is running or will run.
+  virtual void OnDisconnect(ConnectionState& state) = 0;
+};
+
+struct ControlServerOptions {
+  // Unix socket path; its directory is created. A stale socket file is replaced; a live one
+  // (another daemon answers) is an error.
+  std::string unix_path;
+  // Optional TCP listener "HOST:PORT" (port 0: any free port). Default: none.
+  std::string tcp_listen;
+  // Default: 2.
+  int io_threads = 2;
+  // Default: 8.
+  int worker_threads = 8;
+  FrameLimits limits;
+  // Once a frame's header arrived, the rest must arrive within this. Default: 30 s.
+  std::chrono::milliseconds frame_timeout{30000};
+  // Connections beyond this are closed at once. Default: 4096.
+  uint32_t max_connections = 4096;
+};
+
+class ControlServer {
+ public:
+  // Binds and starts serving. IoError/InvalidArgument with the address when it cannot.
+  static Result<std::unique_ptr<ControlServer>> Start(const ControlServerOptions& options,
+                                                      RequestHandler& handler);
+  virtual ~ControlServer() = default;
+  // Stops accepting, closes every connection and joins the threads. Idempotent.
+  virtual void Stop() = 0;
+  virtual std::string unix_path() const = 0;
+  // "host:port" actually bound, empty without TCP.
+  virtual std::string tcp_address() const = 0;
+  virtual uint64_t connections() const = 0;
+};
+
+}  // namespace kvpool::transport
