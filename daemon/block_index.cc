@@ -117,7 +117,7 @@ void BlockIndex::RemoveCopy(EntryId id, TierId tier) {
     CHECK_GT(p.children[static_cast<int>(tier)], 0u);
     --p.children[static_cast<int>(tier)];
     // The parent was used with its child: it becomes the next candidate, at the cold end.
-    for (int t = 0; t < kNumTiers; ++t) Refresh(e.parent, static_cast<TierId>(t), false);
+    for (int t = 0; t < kNumTiers; ++t) Refresh(e.parent, static_cast<TierId>(t), /*cold=*/true);
   }
 }
 
