@@ -1,0 +1,279 @@
+// CUDA block quantization, the same f32 arithmetic as the CPU twin (quantize.cc); built with
+// --fmad=false so no multiply-add is fused and codes match the twin bit for bit.
+//
+// Budget: memory bound; the target is >= 0.7x the device-to-device copy bandwidth of the bytes
+// read plus written (measured by kvpool-kernel-check). Mapping:
+//   int8   one warp per (layer, kv, token, head) row: amax by shuffles, then quantize (2nd read
+//          hits L1).
+//   fp8    one CTA per (block, layer, kv, head): amax over the block's tokens, then quantize.
+//   int4   one thread per group of G elements.
+//   dequantize: one thread per element pair (per row scale / group parameters looked up).
+// One launch covers up to 128 blocks (pointer arrays travel as kernel parameters).
+
+#include <cstdint>
+
+#include "kernels/cuda_check.h"
+#include "kernels/cuda_dtype.cuh"
+#include "kernels/quantize.h"
+
+namespace kvpool {
+namespace kernels {
+namespace {
+
+using cuda::CeilDiv;
+
+constexpr int kBlocksPerLaunch = 128;
+constexpr float kHalfMaxF = 65504.0f;
+
+struct QuantArgs {
+  const void* in[kBlocksPerLaunch];
+  void* out[kBlocksPerLaunch];
+  int num_blocks;
+  int head_dim;
+  int heads;
+  int tokens;
+  int planes;            // layers * 2
+  int group;             // int4 group size
+  int64_t elems;         // per block
+  int64_t scale_offset;  // bytes, in the encoded block
+};
+
+// ---- int8 ----
+
+template <DType D>
+__global__ void QuantInt8Kernel(const QuantArgs a) {
+  const int64_t rows_per_block = a.elems / a.head_dim;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= rows_per_block * a.num_blocks) return;
+  const int b = static_cast<int>(warp / rows_per_block);
+  const int64_t r = warp % rows_per_block;
+  const uint16_t* src = static_cast<const uint16_t*>(a.in[b]) + r * a.head_dim;
+  uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
+  float amax = 0.0f;
+  for (int d = lane; d < a.head_dim; d += 32) amax = fmaxf(amax, fabsf(cuda::LoadF<D>(src, d)));
+  amax = cuda::WarpMax(amax);
+  const float scale = amax / 127.0f;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  int8_t* q = reinterpret_cast<int8_t*>(enc) + r * a.head_dim;
+  for (int d = lane; d < a.head_dim; d += 32) {
+    const float v = fminf(fmaxf(__fmul_rn(cuda::LoadF<D>(src, d), inv), -127.0f), 127.0f);
+    q[d] = static_cast<int8_t>(rintf(v));
+  }
+  if (lane == 0) reinterpret_cast<float*>(enc + a.scale_offset)[r] = scale;
+}
+
+// ---- fp8 e4m3, one scale per (layer, kv, head) ----
+
+template <DType D>
+__global__ void QuantFp8Kernel(const QuantArgs a) {
+  // blockIdx.x = (b * planes + plane) * heads + h
+  const int h = blockIdx.x % a.heads;
+  const int plane = (blockIdx.x / a.heads) % a.planes;
+  const int b = blockIdx.x / (a.heads * a.planes);
+  const int64_t plane_elems = static_cast<int64_t>(a.tokens) * a.heads * a.head_dim;
+  const uint16_t* src = static_cast<const uint16_t*>(a.in[b]) + plane * plane_elems;
+  uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
+  uint8_t* dst = enc + plane * plane_elems;
+  const int per_head = a.tokens * a.head_dim;
+  float amax = 0.0f;
+  for (int i = threadIdx.x; i < per_head; i += blockDim.x) {
+    const int t = i / a.head_dim, d = i % a.head_dim;
+    amax = fmaxf(
+        amax, fabsf(cuda::LoadF<D>(src, (static_cast<int64_t>(t) * a.heads + h) * a.head_dim + d)));
+  }
+  __shared__ float warp_max[32];
+  amax = cuda::WarpMax(amax);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float m = threadIdx.x < blockDim.x / 32 ? warp_max[threadIdx.x] : 0.0f;
+    m = cuda::WarpMax(m);
+    if (threadIdx.x == 0) warp_max[0] = m;
+  }
+  __syncthreads();
+  const float scale = warp_max[0] / kFp8E4M3Max;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  for (int i = threadIdx.x; i < per_head; i += blockDim.x) {
+    const int t = i / a.head_dim, d = i % a.head_dim;
+    const int64_t off = (static_cast<int64_t>(t) * a.heads + h) * a.head_dim + d;
+    dst[off] = cuda::FloatToE4M3(__fmul_rn(cuda::LoadF<D>(src, off), inv));
+  }
+  if (threadIdx.x == 0) {
+    reinterpret_cast<float*>(enc + a.scale_offset)[plane * a.heads + h] = scale;
+  }
+}
+
+// ---- int4, one thread per group ----
+
+template <DType D>
+__global__ void QuantInt4Kernel(const QuantArgs a) {
+  const int64_t groups = a.elems / a.group;
+  const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (gid >= groups * a.num_blocks) return;
+  const int b = static_cast<int>(gid / groups);
+  const int64_t g = gid % groups;
+  const uint16_t* src = static_cast<const uint16_t*>(a.in[b]) + g * a.group;
+  uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
+  float mn = INFINITY, mx = -INFINITY;
+  for (int d = 0; d < a.group; ++d) {
+    const float x = cuda::LoadF<D>(src, d);
+    mn = fminf(mn, x);
+    mx = fmaxf(mx, x);
+  }
+  const uint16_t s_bits =
+      cuda::FloatToHalfBits(fminf(__fdiv_rn(__fsub_rn(mx, mn), 15.0f), kHalfMaxF));
+  const uint16_t z_bits = cuda::FloatToHalfBits(fminf(fmaxf(mn, -kHalfMaxF), kHalfMaxF));
+  const float s = cuda::HalfBitsToFloat(s_bits);
+  const float z = cuda::HalfBitsToFloat(z_bits);
+  const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+  uint8_t* dst = enc + g * (a.group / 2);
+  for (int d = 0; d < a.group; d += 2) {
+    const float v0 =
+        fminf(fmaxf(__fmul_rn(__fsub_rn(cuda::LoadF<D>(src, d), z), inv), 0.0f), 15.0f);
+    const float v1 =
+        fminf(fmaxf(__fmul_rn(__fsub_rn(cuda::LoadF<D>(src, d + 1), z), inv), 0.0f), 15.0f);
+    dst[d / 2] =
+        static_cast<uint8_t>(static_cast<int>(rintf(v0)) | (static_cast<int>(rintf(v1)) << 4));
+  }
+  uint16_t* params = reinterpret_cast<uint16_t*>(enc + a.scale_offset);
+  params[2 * g] = s_bits;
+  params[2 * g + 1] = z_bits;
+}
+
+// ---- dequantize: one thread per element pair ----
+
+template <DType D, Encoding E>
+__global__ void DequantKernel(const QuantArgs a) {
+  const int64_t pairs = a.elems / 2;  // elems is even: 2 * layers * ...
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tid >= pairs * a.num_blocks) return;
+  const int b = static_cast<int>(tid / pairs);
+  const int64_t e = (tid % pairs) * 2;
+  const uint8_t* enc = static_cast<const uint8_t*>(a.in[b]);
+  uint16_t* out = static_cast<uint16_t*>(a.out[b]);
+  float x0, x1;
+  if constexpr (E == Encoding::kInt8) {
+    const float* scales = reinterpret_cast<const float*>(enc + a.scale_offset);
+    const int8_t* q = reinterpret_cast<const int8_t*>(enc);
+    x0 = __fmul_rn(static_cast<float>(q[e]), scales[e / a.head_dim]);
+    x1 = __fmul_rn(static_cast<float>(q[e + 1]), scales[(e + 1) / a.head_dim]);
+  } else if constexpr (E == Encoding::kFp8E4M3) {
+    const float* scales = reinterpret_cast<const float*>(enc + a.scale_offset);
+    const int64_t plane_elems = static_cast<int64_t>(a.tokens) * a.heads * a.head_dim;
+    const int64_t s0 = (e / plane_elems) * a.heads + (e / a.head_dim) % a.heads;
+    const int64_t s1 = ((e + 1) / plane_elems) * a.heads + ((e + 1) / a.head_dim) % a.heads;
+    x0 = __fmul_rn(cuda::E4M3ToFloat(enc[e]), scales[s0]);
+    x1 = __fmul_rn(cuda::E4M3ToFloat(enc[e + 1]), scales[s1]);
+  } else {
+    const uint16_t* params = reinterpret_cast<const uint16_t*>(enc + a.scale_offset);
+    const int64_t g = e / a.group;  // e even and group even: both elements share the group
+    const float s = cuda::HalfBitsToFloat(params[2 * g]);
+    const float z = cuda::HalfBitsToFloat(params[2 * g + 1]);
+    const uint8_t byte = enc[e / 2];
+    x0 = __fadd_rn(__fmul_rn(static_cast<float>(byte & 0xf), s), z);
+    x1 = __fadd_rn(__fmul_rn(static_cast<float>(byte >> 4), s), z);
+  }
+  const uint32_t packed = static_cast<uint32_t>(cuda::StoreF<D>(x0)) |
+                          (static_cast<uint32_t>(cuda::StoreF<D>(x1)) << 16);
+  if ((reinterpret_cast<uintptr_t>(out) & 3) == 0) {
+    reinterpret_cast<uint32_t*>(out)[e / 2] = packed;
+  } else {
+    out[e] = static_cast<uint16_t>(packed);
+    out[e + 1] = static_cast<uint16_t>(packed >> 16);
+  }
+}
+
+template <DType D>
+Status LaunchQuant(const BlockLayout& l, const QuantArgs& a, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  switch (l.encoding) {
+    case Encoding::kInt8: {
+      const int64_t rows = a.elems / a.head_dim * a.num_blocks;
+      QuantInt8Kernel<D><<<CeilDiv(rows * 32, kThreads), kThreads, 0, stream>>>(a);
+      break;
+    }
+    case Encoding::kFp8E4M3:
+      QuantFp8Kernel<D><<<a.num_blocks * a.planes * a.heads, kThreads, 0, stream>>>(a);
+      break;
+    case Encoding::kInt4G32:
+    case Encoding::kInt4G64: {
+      const int64_t groups = a.elems / a.group * a.num_blocks;
+      QuantInt4Kernel<D><<<CeilDiv(groups, kThreads), kThreads, 0, stream>>>(a);
+      break;
+    }
+    default:
+      return Status::InvalidArgument("quantize needs a non-raw encoding");
+  }
+  KVPOOL_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
+template <DType D>
+Status LaunchDequant(const BlockLayout& l, const QuantArgs& a, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const unsigned grid = CeilDiv(a.elems / 2 * a.num_blocks, kThreads);
+  switch (l.encoding) {
+    case Encoding::kInt8:
+      DequantKernel<D, Encoding::kInt8><<<grid, kThreads, 0, stream>>>(a);
+      break;
+    case Encoding::kFp8E4M3:
+      DequantKernel<D, Encoding::kFp8E4M3><<<grid, kThreads, 0, stream>>>(a);
+      break;
+    case Encoding::kInt4G32:
+    case Encoding::kInt4G64:
+      DequantKernel<D, Encoding::kInt4G32><<<grid, kThreads, 0, stream>>>(a);
+      break;
+    default:
+      return Status::InvalidArgument("dequantize needs a non-raw encoding");
+  }
+  KVPOOL_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
+template <bool kQuantize>
+Status Run(const BlockLayout& l, const void* const* in, void* const* out, int num_blocks,
+           cudaStream_t stream) {
+  for (int b0 = 0; b0 < num_blocks; b0 += kBlocksPerLaunch) {
+    QuantArgs a{};
+    a.num_blocks = std::min(kBlocksPerLaunch, num_blocks - b0);
+    for (int i = 0; i < a.num_blocks; ++i) {
+      a.in[i] = in[b0 + i];
+      a.out[i] = out[b0 + i];
+    }
+    a.head_dim = l.head_dim;
+    a.heads = l.num_kv_heads;
+    a.tokens = l.tokens;
+    a.planes = l.num_layers * 2;
+    a.group = Int4GroupSize(l.encoding);
+    a.elems = static_cast<int64_t>(BlockElements(l));
+    a.scale_offset = static_cast<int64_t>(EncodedScaleOffset(l));
+    Status st;
+    if (kQuantize) {
+      st = l.dtype == DType::kFloat16 ? LaunchQuant<DType::kFloat16>(l, a, stream)
+                                      : LaunchQuant<DType::kBFloat16>(l, a, stream);
+    } else {
+      st = l.dtype == DType::kFloat16 ? LaunchDequant<DType::kFloat16>(l, a, stream)
+                                      : LaunchDequant<DType::kBFloat16>(l, a, stream);
+    }
+    KVPOOL_RETURN_IF_ERROR(st);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status QuantizeBlocksCuda(const BlockLayout& layout, const void* const* raw, void* const* encoded,
+                          int num_blocks, void* stream) {
+  KVPOOL_RETURN_IF_ERROR(ValidateQuantize(layout, raw, encoded, num_blocks));
+  return Run<true>(layout, raw, encoded, num_blocks, static_cast<cudaStream_t>(stream));
+}
+
+Status DequantizeBlocksCuda(const BlockLayout& layout, const void* const* encoded, void* const* raw,
+                            int num_blocks, void* stream) {
+  KVPOOL_RETURN_IF_ERROR(ValidateQuantize(layout, encoded, raw, num_blocks));
+  return Run<false>(layout, encoded, raw, num_blocks, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace kernels
+}  // namespace kvpool
