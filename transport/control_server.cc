@@ -294,13 +294,15 @@ void Connection<Protocol>::Write(Response response) {
   for (const auto& [p, n] : response.payload) payload += n;
   h.payload_bytes = static_cast<uint32_t>(payload);
   EncodeFrameHeader(h, out_header_);
-  std::vector<asio::const_buffer> bufs;
-  bufs.reserve(2 + response.payload.size());
-  bufs.emplace_back(out_header_, kFrameHeaderBytes);
-  bufs.emplace_back(response.body.data(), response.body.size());
-  for (const auto& [p, n] : response.payload) bufs.emplace_back(p, n);
-  auto self = this->shared_from_this();
+  // Buffers point into `held`, which lives until the write completes (a short body lives
+  // inside the string object itself, so take its address only after the move).
   auto held = std::make_shared<Response>(std::move(response));
+  std::vector<asio::const_buffer> bufs;
+  bufs.reserve(2 + held->payload.size());
+  bufs.emplace_back(out_header_, kFrameHeaderBytes);
+  bufs.emplace_back(held->body.data(), held->body.size());
+  for (const auto& [p, n] : held->payload) bufs.emplace_back(p, n);
+  auto self = this->shared_from_this();
   asio::async_write(socket_, bufs,
                     asio::bind_executor(strand_, [self, held](error_code ec, size_t) {
                       if (held->release) held->release();

@@ -1,0 +1,255 @@
+// The C API (include/kvpool/kvpool.h) over the C++ client. No exception crosses it: every
+// entry point catches at the boundary and returns KVPOOL_INTERNAL with the reason.
+
+#include <kvpool/client.h>
+#include <kvpool/kvpool.h>
+
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "client/stats_json.h"
+
+struct kvpool_client {
+  std::unique_ptr<kvpool::Client> client;
+  std::string last_error;
+};
+
+namespace {
+
+thread_local std::string g_connect_error;
+
+int Code(const kvpool::Status& st) { return static_cast<int>(st.code()); }
+
+int Fail(kvpool_client* c, const kvpool::Status& st) {
+  if (c != nullptr) c->last_error = st.ToString();
+  return Code(st);
+}
+
+int Ok(kvpool_client* c) {
+  if (c != nullptr) c->last_error.clear();
+  return KVPOOL_OK;
+}
+
+std::vector<kvpool::BlockKey> Keys(const kvpool_key* keys, size_t n) {
+  std::vector<kvpool::BlockKey> out(n);
+  for (size_t i = 0; i < n; ++i) std::memcpy(out[i].bytes.data(), keys[i].bytes, 32);
+  return out;
+}
+
+template <typename F>
+int Guard(kvpool_client* c, F f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return Fail(c, kvpool::Status::Internal(std::string("unexpected exception: ") + e.what()));
+  } catch (...) {
+    return Fail(c, kvpool::Status::Internal("unexpected exception"));
+  }
+}
+
+#define KVPOOL_C_REQUIRE(cond, client, what)                                     \
+  do {                                                                           \
+    if (!(cond)) return Fail(client, kvpool::Status::InvalidArgument(what));     \
+  } while (0)
+
+}  // namespace
+
+extern "C" {
+
+const char* kvpool_code_name(int code) {
+  return kvpool::StatusCodeName(static_cast<kvpool::StatusCode>(code));
+}
+
+const char* kvpool_last_error(const kvpool_client* client) {
+  return client == nullptr ? g_connect_error.c_str() : client->last_error.c_str();
+}
+
+int kvpool_hash_chain(const int32_t* tokens, size_t n_tokens, uint32_t tokens_per_block,
+                      const char* namespace_secret, size_t secret_len, const char* layout,
+                      const kvpool_key* parent, kvpool_key* keys, size_t keys_capacity,
+                      size_t* n_keys) {
+  if (tokens_per_block == 0 || (n_tokens > 0 && tokens == nullptr) || layout == nullptr ||
+      (secret_len > 0 && namespace_secret == nullptr) || n_keys == nullptr) {
+    return KVPOOL_INVALID_ARGUMENT;
+  }
+  return Guard(nullptr, [&] {
+    kvpool::ChainHasher hasher(std::string_view(namespace_secret ? namespace_secret : "", secret_len),
+                               layout, tokens_per_block);
+    kvpool::BlockKey p;
+    if (parent != nullptr) std::memcpy(p.bytes.data(), parent->bytes, 32);
+    const std::vector<kvpool::BlockKey> out = hasher.Hash({tokens, n_tokens}, p);
+    *n_keys = out.size();
+    if (out.size() > keys_capacity) return static_cast<int>(KVPOOL_INVALID_ARGUMENT);
+    for (size_t i = 0; i < out.size(); ++i) std::memcpy(keys[i].bytes, out[i].bytes.data(), 32);
+    return static_cast<int>(KVPOOL_OK);
+  });
+}
+
+int kvpool_connect(const char* address, const char* namespace_name, int timeout_ms,
+                   kvpool_client** out) {
+  if (out == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  *out = nullptr;
+  try {
+    kvpool::ClientOptions o;
+    if (address != nullptr) o.address = address;
+    if (namespace_name != nullptr) o.namespace_name = namespace_name;
+    if (timeout_ms > 0) o.timeout = std::chrono::milliseconds(timeout_ms);
+    auto c = kvpool::Client::Connect(o);
+    if (!c.ok()) {
+      g_connect_error = c.status().ToString();
+      return Code(c.status());
+    }
+    *out = new kvpool_client{std::move(*c), ""};
+    g_connect_error.clear();
+    return KVPOOL_OK;
+  } catch (const std::exception& e) {
+    g_connect_error = e.what();
+    return KVPOOL_INTERNAL;
+  }
+}
+
+void kvpool_close(kvpool_client* client) { delete client; }
+
+int kvpool_lookup(kvpool_client* c, const kvpool_key* keys, size_t n, int prefetch,
+                  uint32_t* hit_blocks, uint8_t* tiers) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(hit_blocks != nullptr && (n == 0 || keys != nullptr), c,
+                   "kvpool_lookup: keys and hit_blocks are required");
+  return Guard(c, [&] {
+    auto r = c->client->Lookup(Keys(keys, n), prefetch != 0);
+    if (!r.ok()) return Fail(c, r.status());
+    *hit_blocks = r->hit_blocks;
+    if (tiers != nullptr) {
+      for (size_t i = 0; i < r->tiers.size(); ++i) tiers[i] = static_cast<uint8_t>(r->tiers[i]);
+    }
+    return Ok(c);
+  });
+}
+
+int kvpool_get(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buffers,
+               const size_t* capacities, size_t* sizes, int* codes) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(n == 0 || (keys && buffers && capacities && sizes && codes), c,
+                   "kvpool_get: every array argument is required");
+  return Guard(c, [&] {
+    std::vector<kvpool::MutableBuffer> bufs(n);
+    for (size_t i = 0; i < n; ++i) bufs[i] = {buffers[i], capacities[i]};
+    auto r = c->client->Get(Keys(keys, n), bufs);
+    if (!r.ok()) return Fail(c, r.status());
+    for (size_t i = 0; i < n; ++i) {
+      sizes[i] = (*r)[i].size;
+      codes[i] = Code((*r)[i].status);
+    }
+    return Ok(c);
+  });
+}
+
+int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const void* const* data,
+                     const size_t* sizes, const kvpool_key* parent, uint32_t* stored,
+                     uint32_t* present) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(n == 0 || (keys && data && sizes), c,
+                   "kvpool_put_chain: keys, data and sizes are required");
+  return Guard(c, [&] {
+    std::vector<kvpool::PutBlock> blocks(n);
+    const std::vector<kvpool::BlockKey> k = Keys(keys, n);
+    kvpool::BlockKey p;
+    if (parent != nullptr) std::memcpy(p.bytes.data(), parent->bytes, 32);
+    for (size_t i = 0; i < n; ++i) {
+      blocks[i] = {k[i], data[i], sizes[i], i == 0 ? p : k[i - 1]};
+    }
+    auto r = c->client->Put(blocks);
+    if (!r.ok()) return Fail(c, r.status());
+    if (stored) *stored = r->stored;
+    if (present) *present = r->already_present;
+    for (const kvpool::Status& st : r->errors) {
+      if (!st.ok()) return Fail(c, st);
+    }
+    return Ok(c);
+  });
+}
+
+int kvpool_prefetch(kvpool_client* c, const kvpool_key* keys, size_t n, uint32_t* started) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(n == 0 || keys != nullptr, c, "kvpool_prefetch: keys are required");
+  return Guard(c, [&] {
+    auto r = c->client->Prefetch(Keys(keys, n));
+    if (!r.ok()) return Fail(c, r.status());
+    if (started) *started = *r;
+    return Ok(c);
+  });
+}
+
+int kvpool_session_save(kvpool_client* c, const char* session_id, const kvpool_key* keys,
+                        size_t n_keys, uint64_t token_count, const char* const* meta_keys,
+                        const char* const* meta_values, size_t n_meta) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(session_id != nullptr && (n_keys == 0 || keys != nullptr) &&
+                       (n_meta == 0 || (meta_keys && meta_values)),
+                   c, "kvpool_session_save: missing argument");
+  return Guard(c, [&] {
+    kvpool::Session s;
+    s.session_id = session_id;
+    s.keys = Keys(keys, n_keys);
+    s.token_count = token_count;
+    for (size_t i = 0; i < n_meta; ++i) {
+      if (meta_keys[i] == nullptr || meta_values[i] == nullptr) {
+        return Fail(c, kvpool::Status::InvalidArgument("NULL metadata entry"));
+      }
+      s.metadata[meta_keys[i]] = meta_values[i];
+    }
+    kvpool::Status st = c->client->SaveSession(s);
+    return st.ok() ? Ok(c) : Fail(c, st);
+  });
+}
+
+int kvpool_session_load(kvpool_client* c, const char* session_id, int prefetch, kvpool_key* keys,
+                        size_t keys_capacity, size_t* n_keys, uint64_t* token_count,
+                        uint32_t* cached_blocks) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(session_id != nullptr && n_keys != nullptr &&
+                       (keys_capacity == 0 || keys != nullptr),
+                   c, "kvpool_session_load: missing argument");
+  return Guard(c, [&] {
+    auto r = c->client->LoadSession(session_id, prefetch != 0);
+    if (!r.ok()) return Fail(c, r.status());
+    *n_keys = r->session.keys.size();
+    if (token_count) *token_count = r->session.token_count;
+    if (cached_blocks) *cached_blocks = r->cached_blocks;
+    const size_t n = std::min(keys_capacity, r->session.keys.size());
+    for (size_t i = 0; i < n; ++i) std::memcpy(keys[i].bytes, r->session.keys[i].bytes.data(), 32);
+    return Ok(c);
+  });
+}
+
+int kvpool_session_delete(kvpool_client* c, const char* session_id) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(session_id != nullptr, c, "kvpool_session_delete: session_id is required");
+  return Guard(c, [&] {
+    kvpool::Status st = c->client->DeleteSession(session_id);
+    return st.ok() ? Ok(c) : Fail(c, st);
+  });
+}
+
+int kvpool_stats_json(kvpool_client* c, char* buffer, size_t capacity, size_t* needed) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  return Guard(c, [&] {
+    auto r = c->client->Stats();
+    if (!r.ok()) return Fail(c, r.status());
+    const std::string json = kvpool::client::StatsToJson(*r);
+    if (needed) *needed = json.size() + 1;
+    if (buffer != nullptr && capacity > 0) {
+      const size_t n = std::min(capacity - 1, json.size());
+      std::memcpy(buffer, json.data(), n);
+      buffer[n] = '\0';
+    }
+    if (capacity < json.size() + 1) {
+      return Fail(c, kvpool::Status::ResourceExhausted("stats buffer too small"));
+    }
+    return Ok(c);
+  });
+}
+
+}  // extern "C"

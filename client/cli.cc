@@ -1,0 +1,370 @@
+// kvpool: the command line for a running kvpoold.
+//
+//   kvpool status
+//   kvpool stats [--json] [--watch=SECONDS]
+//   kvpool sessions ls [--prefix=P] | show ID | rm ID
+//   kvpool lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N] [--json]
+//   kvpool evict [--tier=host|disk]
+//
+// Every command takes --socket (a Unix socket path or tcp://HOST:PORT) and --namespace.
+// Exit status: 0 on success, 1 when the daemon answered with an error or cannot be reached,
+// 2 on a usage error.
+
+#include <gflags/gflags.h>
+#include <kvpool/client.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "client/stats_json.h"
+#include "common/units.h"
+#include "transport/address.h"
+
+DEFINE_string(socket, "",
+              "kvpoold address: a Unix socket path or tcp://HOST:PORT. Default: $KVPOOL_SOCKET, "
+              "else the daemon's default socket.");
+DEFINE_string(namespace_name, "default", "Namespace (tenant) to act for.");
+DEFINE_int32(timeout_ms, 5000, "Deadline of each request.");
+DEFINE_bool(json, false, "Print JSON.");
+DEFINE_int32(watch, 0, "stats: print again every N seconds until interrupted.");
+DEFINE_string(prefix, "", "sessions ls: only ids starting with this.");
+DEFINE_string(tokens_file, "", "lookup: file of token ids (integers separated by spaces, commas "
+                               "or newlines; a JSON array works too).");
+DEFINE_string(secret, "", "lookup: namespace secret the keys are salted with. Default: the "
+                          "namespace name.");
+DEFINE_string(layout, "", "lookup: canonical layout string, e.g. model=llama-3-8b;dtype=bf16;...");
+DEFINE_uint32(tokens_per_block, 16, "lookup: tokens per block.");
+DEFINE_string(tier, "host", "evict: host (demote to disk) or disk (drop from the cache).");
+
+namespace {
+
+constexpr const char* kUsage =
+    "kvpool <command> [flags]\n"
+    "  status                         one-screen summary of the daemon\n"
+    "  stats [--json] [--watch=N]     counters, occupancy, hit rates\n"
+    "  sessions ls [--prefix=P]       persisted sessions of the namespace\n"
+    "  sessions show ID               one session's chain and metadata\n"
+    "  sessions rm ID                 delete a session (unpins its blocks)\n"
+    "  lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N]\n"
+    "                                 longest cached prefix of a token sequence\n"
+    "  evict [--tier=host|disk]       admin: evict the namespace's blocks\n"
+    "common flags: --socket=PATH|tcp://HOST:PORT --namespace=NS --timeout_ms=MS";
+
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "kvpool: %s\n\n%s\n", why.c_str(), kUsage);
+  return 2;
+}
+
+int Error(const kvpool::Status& st) {
+  std::fprintf(stderr, "kvpool: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+kvpool::Result<std::unique_ptr<kvpool::Client>> Connect() {
+  kvpool::ClientOptions o;
+  o.address = FLAGS_socket;
+  o.namespace_name = FLAGS_namespace_name;
+  o.client_name = "kvpool-cli";
+  o.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  auto c = kvpool::Client::Connect(o);
+  if (!c.ok()) {
+    const std::string where = o.address.empty() ? kvpool::transport::DefaultSocketPath() : o.address;
+    return c.status().WithContext("cannot reach kvpoold at " + where);
+  }
+  return c;
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", whole == 0 ? 0.0 : 100.0 * part / whole);
+  return buf;
+}
+
+std::string Time(int64_t unix_ms) {
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  char buf[64];
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+int Status() {
+  auto c = Connect();
+  if (!c.ok()) return Error(c.status());
+  auto s = (*c)->Stats();
+  if (!s.ok()) return Error(s.status());
+  if (FLAGS_json) {
+    std::cout << kvpool::client::StatsToJson(*s, 2) << "\n";
+    return 0;
+  }
+  std::cout << "kvpoold " << s->node_id << " (version " << s->version << "), up " << s->uptime_s
+            << " s, " << s->connections << " connections, " << s->sessions << " sessions\n";
+  for (const kvpool::TierStats& t : s->tiers) {
+    std::cout << "  " << t.name << ": " << kvpool::FormatBytes(t.used_bytes) << " of "
+              << kvpool::FormatBytes(t.capacity_bytes) << " ("
+              << Percent(t.used_bytes, t.capacity_bytes) << "), " << t.blocks << " blocks\n";
+  }
+  std::cout << "  lookups: " << s->lookups << ", prefix hit rate "
+            << Percent(s->lookup_hit_blocks, s->lookup_blocks) << "; dedup ratio "
+            << s->dedup_ratio << "\n";
+  return 0;
+}
+
+void PrintStats(const kvpool::DaemonStats& s) {
+  std::cout << "node " << s.node_id << "  version " << s.version << "  uptime " << s.uptime_s
+            << " s\n";
+  std::printf("%-6s %12s %12s %10s %10s %10s %10s %10s %8s\n", "tier", "used", "capacity",
+              "blocks", "hits", "promoted", "demoted", "evicted", "frag");
+  for (const kvpool::TierStats& t : s.tiers) {
+    std::printf("%-6s %12s %12s %10llu %10llu %10llu %10llu %10llu %7.1f%%\n", t.name.c_str(),
+                kvpool::FormatBytes(t.used_bytes).c_str(),
+                kvpool::FormatBytes(t.capacity_bytes).c_str(),
+                static_cast<unsigned long long>(t.blocks), static_cast<unsigned long long>(t.hits),
+                static_cast<unsigned long long>(t.promotions),
+                static_cast<unsigned long long>(t.demotions),
+                static_cast<unsigned long long>(t.evictions), 100 * t.fragmentation);
+  }
+  std::printf("lookups %llu (blocks asked %llu, in cached prefix %llu = %s)\n",
+              static_cast<unsigned long long>(s.lookups),
+              static_cast<unsigned long long>(s.lookup_blocks),
+              static_cast<unsigned long long>(s.lookup_hit_blocks),
+              Percent(s.lookup_hit_blocks, s.lookup_blocks).c_str());
+  std::printf("gets %llu (blocks served %llu, misses %llu)\n",
+              static_cast<unsigned long long>(s.gets),
+              static_cast<unsigned long long>(s.get_blocks_served),
+              static_cast<unsigned long long>(s.get_misses));
+  std::printf("puts: blocks offered %llu, already cached %llu, stored %llu (dedup ratio %.2f)\n",
+              static_cast<unsigned long long>(s.puts_offered),
+              static_cast<unsigned long long>(s.puts_deduplicated),
+              static_cast<unsigned long long>(s.puts_committed), s.dedup_ratio);
+  std::printf("bytes in %s, out %s; prefetches %llu (useful %llu); checksum failures %llu\n",
+              kvpool::FormatBytes(s.bytes_in).c_str(), kvpool::FormatBytes(s.bytes_out).c_str(),
+              static_cast<unsigned long long>(s.prefetches_issued),
+              static_cast<unsigned long long>(s.prefetches_useful),
+              static_cast<unsigned long long>(s.checksum_failures));
+  std::printf("index %llu entries (%s); leases %llu; reservations %llu; sessions %llu; "
+              "connections %llu\n",
+              static_cast<unsigned long long>(s.index_entries),
+              kvpool::FormatBytes(s.index_bytes).c_str(),
+              static_cast<unsigned long long>(s.leases_active),
+              static_cast<unsigned long long>(s.reservations_active),
+              static_cast<unsigned long long>(s.sessions),
+              static_cast<unsigned long long>(s.connections));
+}
+
+int Stats() {
+  auto c = Connect();
+  if (!c.ok()) return Error(c.status());
+  for (;;) {
+    auto s = (*c)->Stats();
+    if (!s.ok()) return Error(s.status());
+    if (FLAGS_json) {
+      std::cout << kvpool::client::StatsToJson(*s, FLAGS_watch > 0 ? -1 : 2) << std::endl;
+    } else {
+      PrintStats(*s);
+    }
+    if (FLAGS_watch <= 0) return 0;
+    std::this_thread::sleep_for(std::chrono::seconds(FLAGS_watch));
+    if (!FLAGS_json) std::cout << "\n";
+  }
+}
+
+int Sessions(int argc, char** argv) {
+  if (argc < 3) return Usage("sessions needs ls, show ID or rm ID");
+  const std::string sub = argv[2];
+  auto c = Connect();
+  if (!c.ok()) return Error(c.status());
+  if (sub == "ls") {
+    auto list = (*c)->ListSessions(FLAGS_prefix);
+    if (!list.ok()) return Error(list.status());
+    if (FLAGS_json) {
+      nlohmann::json j = nlohmann::json::array();
+      for (const auto& s : *list) {
+        j.push_back({{"session_id", s.session_id}, {"blocks", s.blocks},
+                     {"token_count", s.token_count}, {"total_bytes", s.total_bytes},
+                     {"updated_unix_ms", s.updated_unix_ms}});
+      }
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    std::printf("%-40s %8s %10s %12s  %s\n", "session", "blocks", "tokens", "bytes", "updated");
+    for (const auto& s : *list) {
+      std::printf("%-40s %8u %10llu %12s  %s\n", s.session_id.c_str(), s.blocks,
+                  static_cast<unsigned long long>(s.token_count),
+                  kvpool::FormatBytes(s.total_bytes).c_str(), Time(s.updated_unix_ms).c_str());
+    }
+    return 0;
+  }
+  if (argc < 4) return Usage("sessions " + sub + " needs a session id");
+  const std::string id = argv[3];
+  if (sub == "show") {
+    auto s = (*c)->LoadSession(id, /*prefetch=*/false);
+    if (!s.ok()) return Error(s.status());
+    if (FLAGS_json) {
+      nlohmann::json keys = nlohmann::json::array();
+      for (const auto& k : s->session.keys) keys.push_back(k.ToHex());
+      nlohmann::json j = {{"session_id", s->session.session_id},
+                          {"token_count", s->session.token_count},
+                          {"metadata", s->session.metadata},
+                          {"keys", keys},
+                          {"cached_blocks", s->cached_blocks},
+                          {"total_bytes", s->session.total_bytes},
+                          {"created_unix_ms", s->session.created_unix_ms},
+                          {"updated_unix_ms", s->session.updated_unix_ms}};
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    std::cout << "session " << s->session.session_id << "\n  tokens " << s->session.token_count
+              << ", blocks " << s->session.keys.size() << " (" << s->cached_blocks
+              << " cached now), " << kvpool::FormatBytes(s->session.total_bytes)
+              << "\n  created " << Time(s->session.created_unix_ms) << ", updated "
+              << Time(s->session.updated_unix_ms) << "\n";
+    for (const auto& [k, v] : s->session.metadata) std::cout << "  " << k << " = " << v << "\n";
+    for (size_t i = 0; i < s->session.keys.size(); ++i) {
+      std::cout << "  [" << i << "] " << s->session.keys[i].ToHex() << "\n";
+    }
+    return 0;
+  }
+  if (sub == "rm") {
+    kvpool::Status st = (*c)->DeleteSession(id);
+    if (!st.ok()) return Error(st);
+    std::cout << "deleted session " << id << "\n";
+    return 0;
+  }
+  return Usage("unknown sessions command '" + sub + "'");
+}
+
+kvpool::Result<std::vector<int32_t>> ReadTokens(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return kvpool::Status::NotFound("cannot open tokens file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  std::vector<int32_t> tokens;
+  size_t i = 0;
+  while (i < text.size()) {
+    const char ch = text[i];
+    if (ch == '-' || (ch >= '0' && ch <= '9')) {
+      size_t end = i + 1;
+      while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+      const std::string num = text.substr(i, end - i);
+      if (num == "-") return kvpool::Status::InvalidArgument("stray '-' in " + path);
+      const long long v = std::stoll(num);
+      if (v < INT32_MIN || v > INT32_MAX) {
+        return kvpool::Status::InvalidArgument("token " + num + " is not a 32-bit integer");
+      }
+      tokens.push_back(static_cast<int32_t>(v));
+      i = end;
+    } else if (ch == ' ' || ch == ',' || ch == '\n' || ch == '\r' || ch == '\t' || ch == '[' ||
+               ch == ']') {
+      ++i;
+    } else {
+      return kvpool::Status::InvalidArgument(std::string("unexpected character '") + ch +
+                                             "' in tokens file " + path);
+    }
+  }
+  return tokens;
+}
+
+int Lookup() {
+  if (FLAGS_tokens_file.empty()) return Usage("lookup needs --tokens-file");
+  if (FLAGS_layout.empty()) {
+    return Usage("lookup needs --layout (the canonical layout string the keys were made with)");
+  }
+  if (FLAGS_tokens_per_block == 0) return Usage("--tokens-per-block must be positive");
+  auto tokens = ReadTokens(FLAGS_tokens_file);
+  if (!tokens.ok()) return Error(tokens.status());
+  const std::string secret = FLAGS_secret.empty() ? FLAGS_namespace_name : FLAGS_secret;
+  kvpool::ChainHasher hasher(secret, FLAGS_layout, FLAGS_tokens_per_block);
+  const std::vector<kvpool::BlockKey> keys = hasher.Hash(*tokens);
+  auto c = Connect();
+  if (!c.ok()) return Error(c.status());
+  auto r = (*c)->Lookup(keys, /*prefetch=*/false);
+  if (!r.ok()) return Error(r.status());
+  const uint64_t hit_tokens = static_cast<uint64_t>(r->hit_blocks) * FLAGS_tokens_per_block;
+  if (FLAGS_json) {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (size_t i = 0; i < r->tiers.size(); ++i) {
+      blocks.push_back({{"index", i}, {"key", keys[i].ToHex()},
+                        {"tier", kvpool::TierName(r->tiers[i])}});
+    }
+    nlohmann::json j = {{"tokens", tokens->size()},       {"blocks", keys.size()},
+                        {"hit_blocks", r->hit_blocks},    {"hit_tokens", hit_tokens},
+                        {"cached", blocks}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "cached prefix: " << r->hit_blocks << " of " << keys.size() << " blocks, "
+            << hit_tokens << " of " << tokens->size() << " tokens";
+  if (tokens->size() % FLAGS_tokens_per_block != 0) {
+    std::cout << " (the last " << tokens->size() % FLAGS_tokens_per_block
+              << " tokens fill no block and are never cached)";
+  }
+  std::cout << "\n";
+  for (size_t i = 0; i < r->tiers.size(); ++i) {
+    std::printf("  block %-6zu %s  %s\n", i, keys[i].ShortHex().c_str(),
+                kvpool::TierName(r->tiers[i]));
+  }
+  return 0;
+}
+
+int Evict() {
+  kvpool::Tier tier;
+  if (FLAGS_tier == "host") {
+    tier = kvpool::Tier::kHost;
+  } else if (FLAGS_tier == "disk") {
+    tier = kvpool::Tier::kDisk;
+  } else {
+    return Usage("--tier must be host or disk");
+  }
+  auto c = Connect();
+  if (!c.ok()) return Error(c.status());
+  auto r = (*c)->Evict(tier);
+  if (!r.ok()) return Error(r.status());
+  std::cout << "evicted " << r->evicted << " blocks, skipped " << r->skipped
+            << " (leased, pinned by a session, or with cached descendants)\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // `namespace` is a C++ keyword, so the flag is namespace_name; accept the documented
+  // --namespace spelling too.
+  std::vector<std::string> renamed;
+  renamed.reserve(static_cast<size_t>(argc));  // argv keeps pointers into it
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--namespace" || a.rfind("--namespace=", 0) == 0) {
+      renamed.push_back("--namespace_name" + a.substr(std::string("--namespace").size()));
+      argv[i] = renamed.back().data();
+    }
+  }
+  gflags::SetUsageMessage(kUsage);
+  gflags::SetVersionString("0.1.0");
+  gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
+  if (argc < 2) return Usage("no command given");
+  const std::string cmd = argv[1];
+  if (cmd == "status") return Status();
+  if (cmd == "stats") return Stats();
+  if (cmd == "sessions") return Sessions(argc, argv);
+  if (cmd == "lookup") return Lookup();
+  if (cmd == "evict") return Evict();
+  if (cmd == "bench") {
+    std::fprintf(stderr, "kvpool: the benchmark is its own tool: run kvpool-bench --help\n");
+    return 2;
+  }
+  if (cmd == "help") {
+    std::printf("%s\n", kUsage);
+    return 0;
+  }
+  return Usage("unknown command '" + cmd + "'");
+}

@@ -1,0 +1,520 @@
+#include <kvpool/client.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/checksum.h"
+#include "control.pb.h"
+#include "transport/address.h"
+#include "transport/control_channel.h"
+#include "transport/frame.h"
+
+namespace kvpool {
+
+using transport::ControlChannel;
+using transport::Deadline;
+using transport::FrameHeader;
+
+const char* TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kNone: return "none";
+    case Tier::kGpu: return "gpu";
+    case Tier::kHost: return "host";
+    case Tier::kDisk: return "disk";
+    case Tier::kRemote: return "remote";
+  }
+  return "unknown";
+}
+
+bool PutResult::all_ok() const {
+  return std::all_of(errors.begin(), errors.end(), [](const Status& s) { return s.ok(); });
+}
+
+namespace {
+
+Status FromWire(const wire::Status& s) {
+  if (s.code() == 0) return Status::OK();
+  return Status(static_cast<StatusCode>(s.code()), s.message());
+}
+
+Tier FromWire(int t) {
+  switch (t) {
+    case wire::TIER_GPU: return Tier::kGpu;
+    case wire::TIER_HOST: return Tier::kHost;
+    case wire::TIER_DISK: return Tier::kDisk;
+    case wire::TIER_REMOTE: return Tier::kRemote;
+    default: return Tier::kNone;
+  }
+}
+
+std::string KeyBytes(const BlockKey& k) { return std::string(k.AsStringView()); }
+
+}  // namespace
+
+class Client::Impl {
+ public:
+  explicit Impl(ClientOptions options) : options_(std::move(options)) {
+    if (options_.address.empty()) options_.address = transport::DefaultSocketPath();
+    // Responses are bounded by what we ask for; accept any frame the protocol can express.
+    recv_limits_.max_body_bytes = 1u << 30;
+    recv_limits_.max_payload_bytes = UINT32_MAX;
+  }
+
+  Deadline NewDeadline() const { return std::chrono::steady_clock::now() + options_.timeout; }
+
+  Status Connect() {
+    channel_.reset();
+    KVPOOL_ASSIGN_OR_RETURN(channel_, ControlChannel::Connect(options_.address, options_.timeout));
+    wire::HelloRequest req;
+    req.set_protocol_version(transport::kProtocolVersion);
+    req.set_namespace_name(options_.namespace_name);
+    req.set_client_name(options_.client_name);
+    wire::HelloResponse resp;
+    Status st = ExchangeOnce(wire::HELLO, req, {}, &resp, NewDeadline());
+    if (!st.ok()) {
+      channel_.reset();
+      return st;
+    }
+    st = FromWire(resp.status());
+    if (!st.ok()) {
+      channel_.reset();
+      return st.WithContext("kvpoold refused the connection");
+    }
+    server_.node_id = resp.node_id();
+    server_.daemon_version = resp.daemon_version();
+    server_.max_block_bytes = resp.max_block_bytes();
+    server_.max_payload_bytes = resp.max_payload_bytes();
+    server_.max_batch_keys = std::max<uint32_t>(1, resp.max_batch_keys());
+    fresh_ = true;
+    return Status::OK();
+  }
+
+  // Runs `call` on a live connection. A connection that was already open before this call
+  // may have died idle (a daemon restart): on Unavailable, reconnect once and retry. Every
+  // kvpool request is idempotent (puts are put-if-absent), so the retry is safe.
+  template <typename F>
+  auto Run(F call) -> decltype(call()) {
+    if (channel_ == nullptr || channel_->broken()) {
+      if (!options_.auto_reconnect && channel_ != nullptr) {
+        return Status::Unavailable("connection to kvpoold is closed; call Reconnect()");
+      }
+      KVPOOL_RETURN_IF_ERROR(Connect());
+    }
+    const bool reused = !fresh_;
+    fresh_ = false;
+    auto result = call();
+    if (!result.ok() && result.status().code() == StatusCode::kUnavailable && reused &&
+        options_.auto_reconnect && (channel_ == nullptr || channel_->broken())) {
+      KVPOOL_RETURN_IF_ERROR(Connect());
+      fresh_ = false;
+      result = call();
+    }
+    return result;
+  }
+
+  // Sends one request and receives the response header and body. For a response with a
+  // payload, returns its header so the caller reads the payload; `payload_left` is set.
+  template <typename Req, typename Resp>
+  Status ExchangeOnce(uint16_t type, const Req& req, std::span<const iovec> payload, Resp* resp,
+                      Deadline deadline, FrameHeader* out_header = nullptr) {
+    std::string body;
+    if (!req.SerializeToString(&body)) return Status::Internal("cannot serialize request");
+    FrameHeader h;
+    h.type = type;
+    h.request_id = next_request_id_++;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    uint64_t payload_bytes = 0;
+    for (const iovec& v : payload) payload_bytes += v.iov_len;
+    if (payload_bytes > UINT32_MAX) return Status::InvalidArgument("payload too large for a frame");
+    h.payload_bytes = static_cast<uint32_t>(payload_bytes);
+    KVPOOL_RETURN_IF_ERROR(channel_->Send(h, body, payload, deadline));
+    KVPOOL_ASSIGN_OR_RETURN(FrameHeader rh, channel_->ReceiveHeader(recv_limits_, deadline));
+    if (rh.type != type || rh.request_id != h.request_id) {
+      channel_.reset();
+      return Status::Internal("kvpoold answered another request (type " +
+                              std::to_string(rh.type) + ", id " + std::to_string(rh.request_id) +
+                              ")");
+    }
+    std::string rbody(rh.body_bytes, '\0');
+    KVPOOL_RETURN_IF_ERROR(channel_->ReceiveInto(rbody.data(), rbody.size(), deadline));
+    if (!resp->ParseFromString(rbody)) {
+      channel_.reset();
+      return Status::Internal("malformed response body from kvpoold");
+    }
+    if (out_header != nullptr) {
+      *out_header = rh;
+    } else if (rh.payload_bytes > 0) {
+      KVPOOL_RETURN_IF_ERROR(channel_->Discard(rh.payload_bytes, deadline));
+    }
+    return Status::OK();
+  }
+
+  // A request without payloads whose response's status decides the result.
+  template <typename Req, typename Resp>
+  Status Simple(uint16_t type, const Req& req, Resp* resp) {
+    KVPOOL_RETURN_IF_ERROR(ExchangeOnce(type, req, {}, resp, NewDeadline()));
+    return FromWire(resp->status());
+  }
+
+  Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
+                                     std::span<const MutableBuffer> buffers) {
+    std::vector<GetResult> out(keys.size());
+    std::vector<size_t> todo(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
+    while (!todo.empty()) {
+      std::vector<size_t> deferred;
+      for (size_t start = 0; start < todo.size(); start += server_.max_batch_keys) {
+        const size_t end = std::min(todo.size(), start + server_.max_batch_keys);
+        wire::GetRequest req;
+        for (size_t j = start; j < end; ++j) req.add_keys(KeyBytes(keys[todo[j]]));
+        wire::GetResponse resp;
+        FrameHeader rh;
+        const Deadline deadline = NewDeadline();
+        KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::GET, req, {}, &resp, deadline, &rh));
+        Status st = FromWire(resp.status());
+        if (!st.ok()) {
+          KVPOOL_RETURN_IF_ERROR(channel_->Discard(rh.payload_bytes, deadline));
+          return st;
+        }
+        if (resp.blocks_size() != static_cast<int>(end - start)) {
+          channel_.reset();
+          return Status::Internal("kvpoold answered a GET with the wrong number of blocks");
+        }
+        uint64_t consumed = 0;
+        for (size_t j = start; j < end; ++j) {
+          const size_t i = todo[j];
+          const wire::BlockInfo& info = resp.blocks(static_cast<int>(j - start));
+          GetResult& r = out[i];
+          if (info.code() == static_cast<int>(StatusCode::kResourceExhausted) &&
+              info.size() == 0) {
+            deferred.push_back(i);  // did not fit in this response frame
+            continue;
+          }
+          if (info.code() != 0) {
+            r.status = info.code() == static_cast<int>(StatusCode::kNotFound)
+                           ? Status::NotFound("not cached")
+                           : Status(static_cast<StatusCode>(info.code()), "daemon error");
+            continue;
+          }
+          const uint64_t size = info.size();
+          consumed += size;
+          if (consumed > rh.payload_bytes) {
+            channel_.reset();
+            return Status::Internal("GET response payload shorter than its block list");
+          }
+          const MutableBuffer& buf = buffers[i];
+          if (buf.data == nullptr || buf.capacity < size) {
+            KVPOOL_RETURN_IF_ERROR(channel_->Discard(size, deadline));
+            r.status = Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
+                                               " bytes is too small for the " +
+                                               std::to_string(size) + "-byte block");
+            r.size = size;
+            continue;
+          }
+          KVPOOL_RETURN_IF_ERROR(channel_->ReceiveInto(buf.data, size, deadline));
+          if (BlockChecksum(buf.data, size) != info.checksum()) {
+            r.status = Status::Corruption("block " + keys[i].ShortHex() +
+                                          " failed its checksum in transfer");
+            continue;
+          }
+          r.status = Status::OK();
+          r.size = size;
+          r.tier = FromWire(info.tier());
+        }
+        if (consumed != rh.payload_bytes) {
+          channel_.reset();
+          return Status::Internal("GET response payload longer than its block list");
+        }
+      }
+      if (deferred.size() == todo.size()) {
+        return Status::Internal("kvpoold deferred every block of a GET");
+      }
+      todo = std::move(deferred);
+    }
+    return out;
+  }
+
+  Result<PutResult> Put(std::span<const PutBlock> blocks) {
+    PutResult result;
+    result.errors.assign(blocks.size(), Status::OK());
+    std::vector<uint64_t> checksums(blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i].size == 0 || blocks[i].data == nullptr) {
+        result.errors[i] = Status::InvalidArgument("block " + std::to_string(i) + " is empty");
+      } else if (blocks[i].size > server_.max_block_bytes) {
+        result.errors[i] = Status::InvalidArgument(
+            "block " + std::to_string(i) + " of " + std::to_string(blocks[i].size) +
+            " bytes exceeds the daemon's limit of " + std::to_string(server_.max_block_bytes));
+      } else {
+        checksums[i] = BlockChecksum(blocks[i].data, blocks[i].size);
+      }
+    }
+    for (size_t start = 0; start < blocks.size(); start += server_.max_batch_keys) {
+      const size_t end = std::min(blocks.size(), start + server_.max_batch_keys);
+      wire::PutReserveRequest req;
+      std::vector<size_t> asked;
+      for (size_t i = start; i < end; ++i) {
+        if (!result.errors[i].ok()) continue;
+        wire::PutItem* item = req.add_items();
+        item->set_key(KeyBytes(blocks[i].key));
+        item->set_size(blocks[i].size);
+        item->set_checksum(checksums[i]);
+        if (!blocks[i].parent.IsZero()) item->set_parent(KeyBytes(blocks[i].parent));
+        asked.push_back(i);
+      }
+      if (asked.empty()) continue;
+      wire::PutReserveResponse resp;
+      KVPOOL_RETURN_IF_ERROR(Simple(wire::PUT_RESERVE, req, &resp));
+      if (resp.reservations_size() != static_cast<int>(asked.size())) {
+        return Status::Internal("kvpoold answered a PUT_RESERVE with the wrong count");
+      }
+      std::vector<std::pair<size_t, uint64_t>> reserved;  // block index, reservation id
+      for (size_t j = 0; j < asked.size(); ++j) {
+        const wire::Reservation& r = resp.reservations(static_cast<int>(j));
+        switch (r.state()) {
+          case wire::RESERVED: reserved.emplace_back(asked[j], r.reservation_id()); break;
+          case wire::PRESENT:
+          case wire::IN_PROGRESS: ++result.already_present; break;
+          default:
+            result.errors[asked[j]] = Status(static_cast<StatusCode>(r.code()), r.message());
+        }
+      }
+      // Commit in frames that fit the daemon's payload limit, straight from caller memory.
+      size_t k = 0;
+      while (k < reserved.size()) {
+        wire::PutCommitRequest commit;
+        std::vector<iovec> iov;
+        std::vector<size_t> in_frame;
+        uint64_t bytes = 0;
+        while (k < reserved.size()) {
+          const PutBlock& b = blocks[reserved[k].first];
+          if (!in_frame.empty() && bytes + b.size > server_.max_payload_bytes) break;
+          commit.add_reservation_ids(reserved[k].second);
+          commit.add_sizes(b.size);
+          iov.push_back({const_cast<void*>(b.data), b.size});
+          in_frame.push_back(reserved[k].first);
+          bytes += b.size;
+          ++k;
+        }
+        wire::PutCommitResponse cresp;
+        KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::PUT_COMMIT, commit, iov, &cresp, NewDeadline()));
+        KVPOOL_RETURN_IF_ERROR(FromWire(cresp.status()));
+        if (cresp.results_size() != static_cast<int>(in_frame.size())) {
+          return Status::Internal("kvpoold answered a PUT_COMMIT with the wrong count");
+        }
+        for (size_t j = 0; j < in_frame.size(); ++j) {
+          Status st = FromWire(cresp.results(static_cast<int>(j)));
+          if (st.ok()) {
+            ++result.stored;
+          } else {
+            result.errors[in_frame[j]] = st;
+          }
+        }
+      }
+    }
+    return result;
+  }
+
+  ClientOptions options_;
+  ServerInfo server_;
+  std::unique_ptr<ControlChannel> channel_;
+  transport::FrameLimits recv_limits_;
+  uint64_t next_request_id_ = 1;
+  bool fresh_ = false;  // connected by the current call
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  KVPOOL_RETURN_IF_ERROR(impl->Connect());
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Status Client::Reconnect() { return impl_->Connect(); }
+const ServerInfo& Client::server() const { return impl_->server_; }
+const ClientOptions& Client::options() const { return impl_->options_; }
+
+Result<LookupResult> Client::Lookup(std::span<const BlockKey> chain, bool prefetch) {
+  return impl_->Run([&]() -> Result<LookupResult> {
+    LookupResult out;
+    // A chain longer than one request is looked up piecewise; the prefix stops at the first miss.
+    for (size_t start = 0; start < chain.size(); start += impl_->server_.max_batch_keys) {
+      const size_t end = std::min(chain.size(), start + impl_->server_.max_batch_keys);
+      wire::LookupRequest req;
+      for (size_t i = start; i < end; ++i) req.add_keys(KeyBytes(chain[i]));
+      req.set_no_prefetch(!prefetch);
+      wire::LookupResponse resp;
+      KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::LOOKUP, req, &resp));
+      out.hit_blocks += resp.hit_blocks();
+      for (int t : resp.tiers()) out.tiers.push_back(FromWire(t));
+      if (resp.hit_blocks() < end - start) break;
+    }
+    return out;
+  });
+}
+
+Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
+                                           std::span<const MutableBuffer> buffers) {
+  if (buffers.size() != keys.size()) {
+    return Status::InvalidArgument("Get needs one buffer per key");
+  }
+  return impl_->Run([&] { return impl_->Get(keys, buffers); });
+}
+
+Result<PutResult> Client::Put(std::span<const PutBlock> blocks) {
+  return impl_->Run([&] { return impl_->Put(blocks); });
+}
+
+Result<PutResult> Client::PutChain(std::span<const BlockKey> keys,
+                                   std::span<const std::span<const uint8_t>> blocks,
+                                   const BlockKey& parent) {
+  if (keys.size() != blocks.size()) {
+    return Status::InvalidArgument("PutChain needs one block per key");
+  }
+  std::vector<PutBlock> puts(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    puts[i].key = keys[i];
+    puts[i].data = blocks[i].data();
+    puts[i].size = blocks[i].size();
+    puts[i].parent = i == 0 ? parent : keys[i - 1];
+  }
+  return Put(puts);
+}
+
+Result<uint32_t> Client::Prefetch(std::span<const BlockKey> keys) {
+  return impl_->Run([&]() -> Result<uint32_t> {
+    uint32_t scheduled = 0;
+    for (size_t start = 0; start < keys.size(); start += impl_->server_.max_batch_keys) {
+      const size_t end = std::min(keys.size(), start + impl_->server_.max_batch_keys);
+      wire::PrefetchRequest req;
+      for (size_t i = start; i < end; ++i) req.add_keys(KeyBytes(keys[i]));
+      wire::PrefetchResponse resp;
+      KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::PREFETCH, req, &resp));
+      scheduled += resp.scheduled();
+    }
+    return scheduled;
+  });
+}
+
+Status Client::SaveSession(const Session& session) {
+  return impl_
+      ->Run([&]() -> Result<bool> {
+        wire::SessionSaveRequest req;
+        wire::SessionRecord* r = req.mutable_record();
+        r->set_session_id(session.session_id);
+        for (const BlockKey& k : session.keys) r->add_keys(KeyBytes(k));
+        r->set_token_count(session.token_count);
+        for (const auto& [k, v] : session.metadata) (*r->mutable_metadata())[k] = v;
+        wire::SessionSaveResponse resp;
+        KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_SAVE, req, &resp));
+        return true;
+      })
+      .status();
+}
+
+Result<LoadedSession> Client::LoadSession(const std::string& session_id, bool prefetch) {
+  return impl_->Run([&]() -> Result<LoadedSession> {
+    wire::SessionLoadRequest req;
+    req.set_session_id(session_id);
+    req.set_no_prefetch(!prefetch);
+    wire::SessionLoadResponse resp;
+    KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_LOAD, req, &resp));
+    LoadedSession out;
+    const wire::SessionRecord& r = resp.record();
+    out.session.session_id = r.session_id();
+    for (const std::string& k : r.keys()) {
+      KVPOOL_ASSIGN_OR_RETURN(BlockKey key, BlockKey::FromBytes(k));
+      out.session.keys.push_back(key);
+    }
+    out.session.token_count = r.token_count();
+    for (const auto& [k, v] : r.metadata()) out.session.metadata[k] = v;
+    out.session.created_unix_ms = r.created_unix_ms();
+    out.session.updated_unix_ms = r.updated_unix_ms();
+    out.session.total_bytes = r.total_bytes();
+    out.cached_blocks = resp.cached_blocks();
+    return out;
+  });
+}
+
+Status Client::DeleteSession(const std::string& session_id) {
+  return impl_
+      ->Run([&]() -> Result<bool> {
+        wire::SessionDeleteRequest req;
+        req.set_session_id(session_id);
+        wire::SessionDeleteResponse resp;
+        KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_DELETE, req, &resp));
+        return true;
+      })
+      .status();
+}
+
+Result<std::vector<SessionSummary>> Client::ListSessions(const std::string& prefix,
+                                                         uint32_t limit) {
+  return impl_->Run([&]() -> Result<std::vector<SessionSummary>> {
+    wire::SessionListRequest req;
+    req.set_prefix(prefix);
+    req.set_limit(limit);
+    wire::SessionListResponse resp;
+    KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_LIST, req, &resp));
+    std::vector<SessionSummary> out;
+    for (const wire::SessionSummary& s : resp.sessions()) {
+      out.push_back({s.session_id(), s.blocks(), s.token_count(), s.updated_unix_ms(),
+                     s.total_bytes()});
+    }
+    return out;
+  });
+}
+
+Result<DaemonStats> Client::Stats() {
+  return impl_->Run([&]() -> Result<DaemonStats> {
+    wire::StatsRequest req;
+    wire::StatsResponse r;
+    KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::STATS, req, &r));
+    DaemonStats s;
+    s.node_id = r.node_id();
+    s.version = r.version();
+    s.uptime_s = r.uptime_s();
+    for (const wire::TierStats& t : r.tiers()) {
+      s.tiers.push_back({t.name(), t.capacity_bytes(), t.used_bytes(), t.blocks(),
+                         t.allocated_bytes(), t.fragmentation(), t.hits(), t.promotions(),
+                         t.demotions(), t.evictions()});
+    }
+    s.index_entries = r.index_entries();
+    s.index_bytes = r.index_bytes();
+    s.sessions = r.sessions();
+    s.connections = r.connections();
+    s.lookups = r.lookups();
+    s.lookup_blocks = r.lookup_blocks();
+    s.lookup_hit_blocks = r.lookup_hit_blocks();
+    s.gets = r.gets();
+    s.get_blocks_served = r.get_blocks_served();
+    s.get_misses = r.get_misses();
+    s.puts_offered = r.puts_offered();
+    s.puts_deduplicated = r.puts_deduplicated();
+    s.puts_committed = r.puts_committed();
+    s.bytes_in = r.bytes_in();
+    s.bytes_out = r.bytes_out();
+    s.prefetches_issued = r.prefetches_issued();
+    s.prefetches_useful = r.prefetches_useful();
+    s.checksum_failures = r.checksum_failures();
+    s.leases_active = r.leases_active();
+    s.reservations_active = r.reservations_active();
+    s.dedup_ratio = r.dedup_ratio();
+    return s;
+  });
+}
+
+Result<EvictResult> Client::Evict(Tier tier, std::span<const BlockKey> keys) {
+  return impl_->Run([&]() -> Result<EvictResult> {
+    wire::EvictRequest req;
+    req.set_tier(tier == Tier::kHost ? wire::TIER_HOST : wire::TIER_DISK);
+    for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
+    wire::EvictResponse resp;
+    KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::EVICT, req, &resp));
+    return EvictResult{resp.evicted(), resp.skipped()};
+  });
+}
+
+}  // namespace kvpool

@@ -1,0 +1,214 @@
+#pragma once
+// kvpool C++ client: talks to the kvpoold on this node (Unix socket) or another (tcp://).
+//
+// A Client is one connection acting for one namespace. Every call has a deadline
+// (ClientOptions::timeout); a dead or restarted daemon gives Unavailable or DeadlineExceeded,
+// never a hang, and the next call reconnects by itself (auto_reconnect). Batches are the normal
+// case: a call may carry thousands of keys; the client splits it to fit the daemon's limits.
+//
+// Typical use (see README.md):
+//   kvpool::ChainHasher hasher(secret, layout, 16);
+//   auto keys = hasher.Hash(tokens);
+//   auto client = kvpool::Client::Connect({.namespace_name = "tenant-a"});
+//   auto hit = (*client)->Lookup(keys);            // longest cached prefix
+//   (*client)->Get(first hit->hit_blocks keys, buffers);
+//   (*client)->Put(the missing blocks);
+//   (*client)->SaveSession({.session_id = "chat-42", .keys = keys, ...});
+//
+// Thread safety: a Client is not thread-safe; use one per thread (connections are cheap).
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <kvpool/block_key.h>
+#include <kvpool/status.h>
+
+namespace kvpool {
+
+struct ClientOptions {
+  // Unix socket path, "unix://PATH" or "tcp://HOST:PORT". Default (empty): $KVPOOL_SOCKET, else
+  // /run/kvpool/kvpool.sock for root, /tmp/kvpool-<uid>/kvpool.sock otherwise.
+  std::string address;
+  // The tenant this client acts for. Default: "default".
+  std::string namespace_name = "default";
+  // Shown in the daemon's logs. Default: empty.
+  std::string client_name;
+  // Deadline of every call, connecting included. Default: 10 s.
+  std::chrono::milliseconds timeout{10000};
+  // Reconnect on the next call after the connection broke. Default: true.
+  bool auto_reconnect = true;
+};
+
+enum class Tier : uint8_t { kNone = 0, kGpu = 1, kHost = 2, kDisk = 3, kRemote = 4 };
+const char* TierName(Tier tier);
+
+struct ServerInfo {
+  std::string node_id;
+  std::string daemon_version;
+  uint64_t max_block_bytes = 0;
+  uint64_t max_payload_bytes = 0;
+  uint32_t max_batch_keys = 0;
+};
+
+struct LookupResult {
+  uint32_t hit_blocks = 0;  // length of the longest cached prefix
+  std::vector<Tier> tiers;  // fastest tier of each hit block
+};
+
+// Caller memory a block is read into.
+struct MutableBuffer {
+  void* data = nullptr;
+  size_t capacity = 0;
+};
+
+struct GetResult {
+  Status status;     // OK; NotFound for a miss; InvalidArgument if the buffer was too small
+  size_t size = 0;   // bytes written into the buffer
+  Tier tier = Tier::kNone;
+};
+
+struct PutBlock {
+  BlockKey key;
+  const void* data = nullptr;
+  size_t size = 0;
+  BlockKey parent;  // previous key of the chain; zero for the first block
+};
+
+struct PutResult {
+  uint32_t stored = 0;           // blocks whose bytes were sent and committed
+  uint32_t already_present = 0;  // cached already or being written by another client
+  std::vector<Status> errors;    // one per block: OK, or why that block was not stored
+  bool all_ok() const;
+};
+
+struct Session {
+  std::string session_id;
+  std::vector<BlockKey> keys;
+  uint64_t token_count = 0;
+  std::map<std::string, std::string> metadata;
+  int64_t created_unix_ms = 0;  // set by the daemon
+  int64_t updated_unix_ms = 0;  // set by the daemon
+  uint64_t total_bytes = 0;     // set by the daemon
+};
+
+struct LoadedSession {
+  Session session;
+  uint32_t cached_blocks = 0;  // chain blocks cached now
+};
+
+struct SessionSummary {
+  std::string session_id;
+  uint32_t blocks = 0;
+  uint64_t token_count = 0;
+  int64_t updated_unix_ms = 0;
+  uint64_t total_bytes = 0;
+};
+
+struct TierStats {
+  std::string name;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t blocks = 0;
+  uint64_t allocated_bytes = 0;
+  double fragmentation = 0;
+  uint64_t hits = 0;
+  uint64_t promotions = 0;
+  uint64_t demotions = 0;
+  uint64_t evictions = 0;
+};
+
+struct DaemonStats {
+  std::string node_id;
+  std::string version;
+  uint64_t uptime_s = 0;
+  std::vector<TierStats> tiers;
+  uint64_t index_entries = 0;
+  uint64_t index_bytes = 0;
+  uint64_t sessions = 0;
+  uint64_t connections = 0;
+  uint64_t lookups = 0;
+  uint64_t lookup_blocks = 0;
+  uint64_t lookup_hit_blocks = 0;
+  uint64_t gets = 0;
+  uint64_t get_blocks_served = 0;
+  uint64_t get_misses = 0;
+  uint64_t puts_offered = 0;
+  uint64_t puts_deduplicated = 0;
+  uint64_t puts_committed = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t prefetches_issued = 0;
+  uint64_t prefetches_useful = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t leases_active = 0;
+  uint64_t reservations_active = 0;
+  double dedup_ratio = 0;
+};
+
+struct EvictResult {
+  uint64_t evicted = 0;
+  uint64_t skipped = 0;
+};
+
+class Client {
+ public:
+  // Connects and says hello. Unavailable when no daemon listens, PermissionDenied or
+  // InvalidArgument when the namespace is refused.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Longest cached prefix of `chain`. With `prefetch`, the daemon starts promoting the hits that
+  // sit on disk toward host at once.
+  Result<LookupResult> Lookup(std::span<const BlockKey> chain, bool prefetch = true);
+
+  // Reads blocks into the caller's buffers (one per key). The call fails only when the daemon
+  // cannot be reached; per-block misses and errors are in the results. Every block's checksum is
+  // verified on receipt; a block that fails is reported as Corruption, never returned.
+  Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
+                                     std::span<const MutableBuffer> buffers);
+
+  // Stores blocks, put-if-absent: a block already cached costs no payload transfer.
+  Result<PutResult> Put(std::span<const PutBlock> blocks);
+  // Convenience for a chain: keys[i]'s bytes are blocks[i]; parents follow the chain order
+  // (the first block's parent is `parent`).
+  Result<PutResult> PutChain(std::span<const BlockKey> keys,
+                             std::span<const std::span<const uint8_t>> blocks,
+                             const BlockKey& parent = {});
+
+  // Hint: promote these toward host. Returns how many promotions started.
+  Result<uint32_t> Prefetch(std::span<const BlockKey> keys);
+
+  // Persists a session and pins its chain on disk. FailedPrecondition when a chain block is not
+  // cached (put it first).
+  Status SaveSession(const Session& session);
+  // NotFound when there is no such session. With `prefetch`, its chain is promoted.
+  Result<LoadedSession> LoadSession(const std::string& session_id, bool prefetch = true);
+  Status DeleteSession(const std::string& session_id);
+  Result<std::vector<SessionSummary>> ListSessions(const std::string& prefix = "",
+                                                   uint32_t limit = 0);
+
+  Result<DaemonStats> Stats();
+  // Admin: evict this namespace's blocks (all when `keys` is empty) from host (kHost: demote to
+  // disk) or from the cache (kDisk).
+  Result<EvictResult> Evict(Tier tier, std::span<const BlockKey> keys = {});
+
+  // Drops the connection and connects again (also done by itself with auto_reconnect).
+  Status Reconnect();
+  const ServerInfo& server() const;
+  const ClientOptions& options() const;
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvpool

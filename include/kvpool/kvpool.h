@@ -1,0 +1,107 @@
+/* kvpool C API: a stable, C-callable face of the client library, for Python (ctypes/cffi),
+ * Rust and the inference engines' connectors.
+ *
+ * Every function returns a kvpool_code (0 = KVPOOL_OK). On failure the client keeps a readable
+ * message: kvpool_last_error(client); a failed kvpool_connect leaves it in
+ * kvpool_last_error(NULL) (per thread).
+ *
+ * Thread safety: a kvpool_client is used by one thread at a time; open one per thread.
+ * Ownership: the caller owns every buffer it passes; the library keeps no pointer after a
+ * call returns. */
+#ifndef KVPOOL_KVPOOL_H_
+#define KVPOOL_KVPOOL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same values as kvpool::StatusCode. */
+typedef enum {
+  KVPOOL_OK = 0,
+  KVPOOL_NOT_FOUND = 1,
+  KVPOOL_INVALID_ARGUMENT = 2,
+  KVPOOL_ALREADY_EXISTS = 3,
+  KVPOOL_RESOURCE_EXHAUSTED = 4,
+  KVPOOL_PERMISSION_DENIED = 5,
+  KVPOOL_UNAVAILABLE = 6,
+  KVPOOL_DEADLINE_EXCEEDED = 7,
+  KVPOOL_CORRUPTION = 8,
+  KVPOOL_IO_ERROR = 9,
+  KVPOOL_ABORTED = 10,
+  KVPOOL_INTERNAL = 11,
+  KVPOOL_UNIMPLEMENTED = 12,
+  KVPOOL_FAILED_PRECONDITION = 13
+} kvpool_code;
+
+/* Tiers, as reported by lookup and get. */
+enum { KVPOOL_TIER_NONE = 0, KVPOOL_TIER_GPU = 1, KVPOOL_TIER_HOST = 2, KVPOOL_TIER_DISK = 3,
+       KVPOOL_TIER_REMOTE = 4 };
+
+typedef struct kvpool_key {
+  uint8_t bytes[32];
+} kvpool_key;
+
+typedef struct kvpool_client kvpool_client;
+
+/* "NotFound", "Unavailable", ... */
+const char* kvpool_code_name(int code);
+/* The last error message of `client` (or of this thread's last failed kvpool_connect when
+ * client is NULL). Valid until the next call on the same client. */
+const char* kvpool_last_error(const kvpool_client* client);
+
+/* Chain hashing, exactly spec/block-keys.md. Writes min(n_tokens / tokens_per_block,
+ * keys_capacity) keys and sets *n_keys to the number of full blocks. `parent` may be NULL
+ * (a new chain). INVALID_ARGUMENT when tokens_per_block is 0 or keys_capacity is too small. */
+int kvpool_hash_chain(const int32_t* tokens, size_t n_tokens, uint32_t tokens_per_block,
+                      const char* namespace_secret, size_t secret_len, const char* layout,
+                      const kvpool_key* parent, kvpool_key* keys, size_t keys_capacity,
+                      size_t* n_keys);
+
+/* address: a Unix socket path, "tcp://HOST:PORT", or NULL/"" for the default socket.
+ * timeout_ms: deadline of every call (0: 10 s). */
+int kvpool_connect(const char* address, const char* namespace_name, int timeout_ms,
+                   kvpool_client** out);
+void kvpool_close(kvpool_client* client);
+
+/* Longest cached prefix. `tiers` (optional, n entries) receives the tier of each hit block. */
+int kvpool_lookup(kvpool_client* client, const kvpool_key* keys, size_t n, int prefetch,
+                  uint32_t* hit_blocks, uint8_t* tiers);
+
+/* Reads block i into buffers[i] (capacity capacities[i]). Per block: sizes[i] (bytes written)
+ * and codes[i] (KVPOOL_OK, KVPOOL_NOT_FOUND for a miss, ...). Returns non-OK only when the
+ * daemon could not be asked. */
+int kvpool_get(kvpool_client* client, const kvpool_key* keys, size_t n, void* const* buffers,
+               const size_t* capacities, size_t* sizes, int* codes);
+
+/* Stores a chain of blocks, put-if-absent; block i's parent is keys[i-1] (block 0's is
+ * `parent`, may be NULL). `stored` and `present` (optional) count blocks sent and skipped.
+ * Returns the first per-block error, if any. */
+int kvpool_put_chain(kvpool_client* client, const kvpool_key* keys, size_t n,
+                     const void* const* data, const size_t* sizes, const kvpool_key* parent,
+                     uint32_t* stored, uint32_t* present);
+
+int kvpool_prefetch(kvpool_client* client, const kvpool_key* keys, size_t n, uint32_t* started);
+
+/* Sessions. Metadata is n_meta key/value pairs (may be 0). */
+int kvpool_session_save(kvpool_client* client, const char* session_id, const kvpool_key* keys,
+                        size_t n_keys, uint64_t token_count, const char* const* meta_keys,
+                        const char* const* meta_values, size_t n_meta);
+/* Writes up to keys_capacity keys; *n_keys is the chain's length (call again with a larger
+ * buffer when it exceeds keys_capacity). `cached_blocks` (optional): how many are cached now. */
+int kvpool_session_load(kvpool_client* client, const char* session_id, int prefetch,
+                        kvpool_key* keys, size_t keys_capacity, size_t* n_keys,
+                        uint64_t* token_count, uint32_t* cached_blocks);
+int kvpool_session_delete(kvpool_client* client, const char* session_id);
+
+/* The daemon's statistics as a JSON object (as `kvpool stats --json` prints). Writes at most
+ * capacity bytes including the NUL; *needed is the full length + 1. */
+int kvpool_stats_json(kvpool_client* client, char* buffer, size_t capacity, size_t* needed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPOOL_KVPOOL_H_ */
