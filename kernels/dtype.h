@@ -36,42 +36,43 @@ inline float BitsToFloat(uint32_t u) {
   return f;
 }
 
+// c ? a : b without a branch (a mask), so loops stay vectorizable.
+inline uint32_t SelectBits(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  return (a & m) | (b & ~m);
+}
+
 // binary16 -> float, exact (subnormals, inf and NaN included).
 inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t nonsign = h & 0x7fffu;
-  // Re-biasing by multiplying with 2^112 handles normals and subnormals alike.
-  float mag = BitsToFloat(nonsign << 13) * 0x1.0p112f;
-  if (nonsign >= 0x7c00u) mag = BitsToFloat(0x7f800000u | (nonsign << 13));  // inf, NaN
-  return BitsToFloat(FloatBits(mag) | sign);
+  // Re-biasing by multiplying with 2^112 handles normals and subnormals alike; selects are on
+  // integers so loops over this vectorize.
+  uint32_t mag = FloatBits(BitsToFloat(nonsign << 13) * 0x1.0p112f);
+  mag = SelectBits(nonsign >= 0x7c00u, 0x7f800000u | (nonsign << 13), mag);  // inf, NaN
+  return BitsToFloat(mag | sign);
 }
 
 // float -> binary16, round to nearest even; overflow gives inf, NaN stays NaN.
+// Branch-free: adding 2^(e + 13) (e = the value's exponent, clamped to half's range) makes the
+// f32 addition round at exactly half's precision; the rounded value then converts exactly.
 inline uint16_t FloatToHalf(float f) {
   const uint32_t x = FloatBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t a = x & 0x7fffffffu;
-  uint32_t h;
-  if (a > 0x7f800000u) {
-    h = 0x7e00u;  // NaN
-  } else if (a >= 0x477ff000u) {
-    h = 0x7c00u;                  // >= 65520 rounds to inf
-  } else if (a >= 0x38800000u) {  // normal half: >= 2^-14
-    const uint32_t base = a - 0x38000000u;
-    const uint32_t q = base >> 13;
-    const uint32_t rem = base & 0x1fffu;
-    h = q + ((rem > 0x1000u) | ((rem == 0x1000u) & q));
-  } else if (a > 0x33000000u) {  // subnormal half: (2^-25, 2^-14)
-    const uint32_t e = a >> 23;
-    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126u - e;  // 14..24
-    const uint32_t q = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1u);
-    h = q + ((rem > half) | ((rem == half) & q));
-  } else {
-    h = 0;  // <= 2^-25 rounds to zero (the tie at 2^-25 goes to even zero)
-  }
+  uint32_t e = a & 0x7f800000u;
+  e = SelectBits(e < 0x38800000u, 0x38800000u, e);  // >= 2^-14: subnormals share its step
+  e = SelectBits(e > 0x47000000u, 0x47000000u, e);  // <= 2^15: larger rounds to inf below
+  const float magic = BitsToFloat(e + (13u << 23));
+  const float r = (BitsToFloat(a) + magic) - magic;  // a rounded to half precision (or inf)
+  const uint32_t rb = FloatBits(r);
+  const uint32_t normal = (rb - 0x38000000u) >> 13;
+  // r * 2^24 is exact; r is zeroed first where unused so the conversion never overflows.
+  const float rs = BitsToFloat(SelectBits(rb < 0x38800000u, rb, 0u));
+  const uint32_t subnormal = static_cast<uint32_t>(static_cast<int32_t>(rs * 16777216.0f));
+  uint32_t h = SelectBits(rb >= 0x38800000u, normal, subnormal);
+  h = SelectBits(h > 0x7c00u, 0x7c00u, h);      // overflow (and inf) -> inf
+  h = SelectBits(a > 0x7f800000u, 0x7e00u, h);  // NaN
   return static_cast<uint16_t>(sign | h);
 }
 
@@ -80,8 +81,9 @@ inline float Bf16ToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(
 // float -> bfloat16, round to nearest even; NaN stays a quiet NaN.
 inline uint16_t FloatToBf16(float f) {
   const uint32_t x = FloatBits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = (x >> 16) | 0x0040u;
+  return static_cast<uint16_t>(SelectBits((x & 0x7fffffffu) > 0x7f800000u, nan, rounded));
 }
 
 inline float LoadElement(const uint16_t* p, size_t i, DType dtype) {
@@ -96,41 +98,36 @@ inline uint16_t FromFloat(float f, DType dtype) {
 constexpr float kFp8E4M3Max = 448.0f;
 
 // float -> e4m3 with round to nearest even and saturation to +-448 (satfinite); NaN -> 0x7f|sign.
+// Branch-free, same f32 rounding trick as FloatToHalf with 3 mantissa bits.
 inline uint8_t FloatToFp8E4M3(float f) {
   const uint32_t x = FloatBits(f);
-  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t sign = (x >> 24) & 0x80u;
   const uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
-  uint32_t code;
-  if (a >= 0x43e00000u) {  // >= 448 (and inf): saturate
-    code = 0x7eu;
-  } else if (a >= 0x3c800000u) {          // normal e4m3: >= 2^-6
-    const uint32_t e = (a >> 23) - 120u;  // rebias 127 -> 7
-    const uint32_t mant = a & 0x7fffffu;
-    const uint32_t q = (e << 3) | (mant >> 20);
-    const uint32_t rem = mant & 0xfffffu;
-    code = q + ((rem > 0x80000u) | ((rem == 0x80000u) & q));
-    if (code > 0x7eu) code = 0x7eu;
-  } else {  // subnormal: multiples of 2^-9, round to nearest even
-    const float scaled = BitsToFloat(a) * 512.0f;  // exact
-    code = static_cast<uint32_t>((scaled + 8388608.0f) - 8388608.0f);
-  }
+  uint32_t e = a & 0x7f800000u;
+  e = SelectBits(e < 0x3c800000u, 0x3c800000u, e);  // >= 2^-6: subnormals share its step 2^-9
+  e = SelectBits(e > 0x43800000u, 0x43800000u, e);  // <= 2^8
+  const float magic = BitsToFloat(e + (20u << 23));
+  const float r0 = (BitsToFloat(a) + magic) - magic;  // a rounded to e4m3 precision
+  uint32_t rb = FloatBits(r0);
+  rb = SelectBits(rb > 0x43e00000u, 0x43e00000u, rb);  // satfinite: > 448 (inf too) -> 448
+  const uint32_t normal = (rb - (120u << 23)) >> 20;
+  // r * 2^9 is exact for subnormal codes; r is zeroed where unused so it stays small.
+  const float rs = BitsToFloat(SelectBits(rb < 0x3c800000u, rb, 0u));
+  const uint32_t subnormal = static_cast<uint32_t>(static_cast<int32_t>(rs * 512.0f));
+  uint32_t code = SelectBits(rb >= 0x3c800000u, normal, subnormal);
+  code = SelectBits(a > 0x7f800000u, 0x7fu, code);  // NaN
   return static_cast<uint8_t>(sign | code);
 }
 
-// e4m3 -> float, exact.
+// e4m3 -> float, exact. Branch-free.
 inline float Fp8E4M3ToFloat(uint8_t c) {
-  const uint32_t exp = (c >> 3) & 0xfu;
-  const uint32_t man = c & 0x7u;
-  float mag;
-  if (exp == 0xfu && man == 0x7u) {
-    mag = BitsToFloat(0x7fc00000u);
-  } else if (exp == 0) {
-    mag = static_cast<float>(man) * 0x1.0p-9f;
-  } else {
-    mag = BitsToFloat(((exp + 120u) << 23) | (man << 20));
-  }
-  return (c & 0x80u) ? -mag : mag;
+  const uint32_t mag = c & 0x7fu;
+  const uint32_t normal = (mag << 20) + (120u << 23);
+  const uint32_t subnormal =
+      FloatBits(static_cast<float>(static_cast<int32_t>(mag & 0x7u)) * 0x1.0p-9f);
+  uint32_t v = SelectBits((mag & 0x78u) != 0, normal, subnormal);
+  v = SelectBits(mag == 0x7fu, 0x7fc00000u, v);
+  return BitsToFloat(v | (static_cast<uint32_t>(c & 0x80u) << 24));
 }
 
 // Rounds to the nearest integer, ties to even, for |x| < 2^22 (the range every caller clamps to).

@@ -121,8 +121,10 @@ TEST(KernelsApiTest, ErrorsCarryCodesAndMessages) {
   EXPECT_EQ(keep.status().code(), kvpool::StatusCode::kInvalidArgument);
   EXPECT_EQ(kvpool_kernel_compress_sizes(nullptr, &shape, nullptr, nullptr, nullptr, nullptr),
             KVPOOL_KERNEL_INVALID_ARGUMENT);
-  // CUDA: Unimplemented without a CUDA build; with one, a bad layout is still InvalidArgument.
+  // CUDA: Unimplemented without a CUDA build; with one, the layout is checked before any launch
+  // (host buffers are never handed to a kernel here).
   const kvpool_exec gpu{KVPOOL_DEVICE_CUDA, nullptr};
+  bad.num_layers = 0;
   const int rc = kvpool_kernel_quantize(&gpu, &bad, &in, &out, 1);
   EXPECT_TRUE(rc == KVPOOL_KERNEL_UNIMPLEMENTED || rc == KVPOOL_KERNEL_INVALID_ARGUMENT) << rc;
   kvpool_block_layout ok_layout{1, 1, 64, 1, KVPOOL_DTYPE_FLOAT16, KVPOOL_ENCODING_INT8};

@@ -17,6 +17,14 @@ namespace kvpool {
 namespace kernels {
 namespace {
 
+// Hot loops get an AVX2 clone beside the baseline one (picked at load time by ifunc), so the
+// same binary runs everywhere and uses 8-wide vectors where present.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define KVPOOL_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KVPOOL_VECTOR_CLONES
+#endif
+
 template <DType D>
 inline float Load(const uint16_t* p, size_t i) {
   return D == DType::kFloat16 ? HalfToFloat(p[i]) : Bf16ToFloat(p[i]);
@@ -26,51 +34,59 @@ inline uint16_t Store(float f) {
   return D == DType::kFloat16 ? FloatToHalf(f) : FloatToBf16(f);
 }
 
-// e4m3 -> float for all 256 codes.
-struct Fp8Table {
-  float v[256];
-  Fp8Table() {
-    for (int c = 0; c < 256; ++c) v[c] = Fp8E4M3ToFloat(static_cast<uint8_t>(c));
+// Largest |x| of n 16-bit floats, as an integer max over the magnitude bits (monotonic for
+// non-NaN values, and it vectorizes where a float max reduction would not).
+inline uint16_t AbsMaxBits(const uint16_t* p, int n) {
+  uint16_t m = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint16_t a = p[i] & 0x7fffu;
+    m = a > m ? a : m;
   }
-};
-const Fp8Table& Fp8Lut() {
-  static const Fp8Table table;
-  return table;
+  return m;
+}
+
+// Order-preserving 16-bit key of a fp16/bf16 value (-0 treated as +0), and back.
+inline uint16_t OrderKey16(uint16_t b) {
+  b = b == 0x8000u ? 0 : b;
+  return (b & 0x8000u) ? static_cast<uint16_t>(~b) : static_cast<uint16_t>(b | 0x8000u);
+}
+inline uint16_t FromOrderKey16(uint16_t k) {
+  return (k & 0x8000u) ? static_cast<uint16_t>(k & 0x7fffu) : static_cast<uint16_t>(~k);
 }
 
 constexpr float kHalfMax = 65504.0f;
 
 template <DType D>
-void QuantizeInt8(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
-  const int dim = l.head_dim;
-  const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
-  auto* q = reinterpret_cast<int8_t*>(out);
-  auto* scales = reinterpret_cast<float*>(out + EncodedScaleOffset(l));
-  std::vector<float> x(dim);
+KVPOOL_VECTOR_CLONES void QuantizeInt8Rows(const uint16_t* in, int8_t* q, float* scales,
+                                           size_t rows, int dim) {
   for (size_t r = 0; r < rows; ++r) {
     const uint16_t* src = in + r * dim;
-    float amax = 0.0f;
-    for (int d = 0; d < dim; ++d) {
-      x[d] = Load<D>(src, d);
-      amax = std::max(amax, std::fabs(x[d]));
-    }
-    const float scale = amax / 127.0f;
+    const uint16_t mbits = AbsMaxBits(src, dim);
+    const float scale = Load<D>(&mbits, 0) / 127.0f;
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
     int8_t* dst = q + r * dim;
     for (int d = 0; d < dim; ++d) {
-      const float v = std::min(std::max(x[d] * inv, -127.0f), 127.0f);
-      dst[d] = static_cast<int8_t>(RoundHalfEven(v));
+      // Rounding before clamping equals the GPU's clamp-then-round for every finite value
+      // (the bounds are integers) and keeps the loop free of float selects.
+      int v = static_cast<int>(RoundHalfEven(Load<D>(src, d) * inv));
+      v = v < -127 ? -127 : v;
+      v = v > 127 ? 127 : v;
+      dst[d] = static_cast<int8_t>(v);
     }
     scales[r] = scale;
   }
 }
 
 template <DType D>
-void DequantizeInt8(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
-  const int dim = l.head_dim;
+void QuantizeInt8(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
   const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
-  const auto* q = reinterpret_cast<const int8_t*>(in);
-  const auto* scales = reinterpret_cast<const float*>(in + EncodedScaleOffset(l));
+  QuantizeInt8Rows<D>(in, reinterpret_cast<int8_t*>(out),
+                      reinterpret_cast<float*>(out + EncodedScaleOffset(l)), rows, l.head_dim);
+}
+
+template <DType D>
+KVPOOL_VECTOR_CLONES void DequantizeInt8Rows(const int8_t* q, const float* scales, uint16_t* out,
+                                             size_t rows, int dim) {
   for (size_t r = 0; r < rows; ++r) {
     const float scale = scales[r];
     const int8_t* src = q + r * dim;
@@ -80,105 +96,136 @@ void DequantizeInt8(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
 }
 
 template <DType D>
+void DequantizeInt8(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
+  const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
+  DequantizeInt8Rows<D>(reinterpret_cast<const int8_t*>(in),
+                        reinterpret_cast<const float*>(in + EncodedScaleOffset(l)), out, rows,
+                        l.head_dim);
+}
+
+// One (layer, kv) plane: per-head amax over the block's tokens, then the codes.
+template <DType D>
+KVPOOL_VECTOR_CLONES void QuantizeFp8Plane(const uint16_t* src, uint8_t* dst, float* scales,
+                                           int tokens, int heads, int dim, uint16_t* amax,
+                                           float* inv) {
+  for (int h = 0; h < heads; ++h) amax[h] = 0;
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      const uint16_t m = AbsMaxBits(src + (static_cast<size_t>(t) * heads + h) * dim, dim);
+      amax[h] = m > amax[h] ? m : amax[h];
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    const float scale = Load<D>(&amax[h], 0) / kFp8E4M3Max;
+    scales[h] = scale;
+    inv[h] = scale > 0.0f ? 1.0f / scale : 0.0f;
+  }
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      const size_t off = (static_cast<size_t>(t) * heads + h) * dim;
+      const float s = inv[h];
+      for (int d = 0; d < dim; ++d) dst[off + d] = FloatToFp8E4M3(Load<D>(src + off, d) * s);
+    }
+  }
+}
+
+template <DType D>
 void QuantizeFp8(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
-  const int dim = l.head_dim;
-  const int heads = l.num_kv_heads;
   const size_t planes = static_cast<size_t>(l.num_layers) * 2;
   const size_t plane_elems = PlaneElements(l);
   auto* scales = reinterpret_cast<float*>(out + EncodedScaleOffset(l));
-  std::vector<float> amax(heads), inv(heads);
+  std::vector<uint16_t> amax(l.num_kv_heads);
+  std::vector<float> inv(l.num_kv_heads);
   for (size_t p = 0; p < planes; ++p) {
-    const uint16_t* src = in + p * plane_elems;
-    uint8_t* dst = out + p * plane_elems;
-    std::fill(amax.begin(), amax.end(), 0.0f);
-    for (int t = 0; t < l.tokens; ++t) {
-      for (int h = 0; h < heads; ++h) {
-        const uint16_t* row = src + (static_cast<size_t>(t) * heads + h) * dim;
-        float m = amax[h];
-        for (int d = 0; d < dim; ++d) m = std::max(m, std::fabs(Load<D>(row, d)));
-        amax[h] = m;
-      }
-    }
-    for (int h = 0; h < heads; ++h) {
-      const float scale = amax[h] / kFp8E4M3Max;
-      scales[p * heads + h] = scale;
-      inv[h] = scale > 0.0f ? 1.0f / scale : 0.0f;
-    }
-    for (int t = 0; t < l.tokens; ++t) {
-      for (int h = 0; h < heads; ++h) {
-        const size_t off = (static_cast<size_t>(t) * heads + h) * dim;
-        const float s = inv[h];
-        for (int d = 0; d < dim; ++d) dst[off + d] = FloatToFp8E4M3(Load<D>(src + off, d) * s);
-      }
-    }
+    QuantizeFp8Plane<D>(in + p * plane_elems, out + p * plane_elems, scales + p * l.num_kv_heads,
+                        l.tokens, l.num_kv_heads, l.head_dim, amax.data(), inv.data());
+  }
+}
+
+template <DType D>
+KVPOOL_VECTOR_CLONES void DequantizeFp8Rows(const uint8_t* in, const float* scales, uint16_t* out,
+                                            size_t rows, int heads, int dim, int tokens) {
+  for (size_t r = 0; r < rows; ++r) {
+    // Row r is (plane, token, head): its scale is (plane, head).
+    const size_t plane = r / (static_cast<size_t>(tokens) * heads);
+    const float s = scales[plane * heads + r % heads];
+    const uint8_t* src = in + r * dim;
+    uint16_t* dst = out + r * dim;
+    for (int d = 0; d < dim; ++d) dst[d] = Store<D>(Fp8E4M3ToFloat(src[d]) * s);
   }
 }
 
 template <DType D>
 void DequantizeFp8(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
-  const int dim = l.head_dim;
-  const int heads = l.num_kv_heads;
-  const size_t planes = static_cast<size_t>(l.num_layers) * 2;
-  const size_t plane_elems = PlaneElements(l);
-  const auto* scales = reinterpret_cast<const float*>(in + EncodedScaleOffset(l));
-  const float* lut = Fp8Lut().v;
-  for (size_t p = 0; p < planes; ++p) {
-    for (int t = 0; t < l.tokens; ++t) {
-      for (int h = 0; h < heads; ++h) {
-        const size_t off = p * plane_elems + (static_cast<size_t>(t) * heads + h) * dim;
-        const float s = scales[p * heads + h];
-        for (int d = 0; d < dim; ++d) out[off + d] = Store<D>(lut[in[off + d]] * s);
-      }
-    }
-  }
+  const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
+  DequantizeFp8Rows<D>(in, reinterpret_cast<const float*>(in + EncodedScaleOffset(l)), out, rows,
+                       l.num_kv_heads, l.head_dim, l.tokens);
 }
 
-template <DType D>
-void QuantizeInt4(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
-  const int g = Int4GroupSize(l.encoding);
-  const size_t groups = BlockElements(l) / g;
-  auto* params = reinterpret_cast<uint16_t*>(out + EncodedScaleOffset(l));
-  float x[64];
-  uint8_t q[64];
+template <DType D, int G>
+KVPOOL_VECTOR_CLONES void QuantizeInt4Groups(const uint16_t* in, uint8_t* out, uint16_t* params,
+                                             size_t groups) {
   for (size_t gi = 0; gi < groups; ++gi) {
-    const uint16_t* src = in + gi * g;
-    float mn = INFINITY, mx = -INFINITY;
-    for (int d = 0; d < g; ++d) {
-      x[d] = Load<D>(src, d);
-      mn = std::min(mn, x[d]);
-      mx = std::max(mx, x[d]);
+    const uint16_t* src = in + gi * G;
+    uint16_t kmin = 0xffffu, kmax = 0;
+    for (int d = 0; d < G; ++d) {
+      const uint16_t k = OrderKey16(src[d]);
+      kmin = k < kmin ? k : kmin;
+      kmax = k > kmax ? k : kmax;
     }
+    const uint16_t mn_bits = FromOrderKey16(kmin), mx_bits = FromOrderKey16(kmax);
+    const float mn = Load<D>(&mn_bits, 0), mx = Load<D>(&mx_bits, 0);
     const uint16_t s_bits = FloatToHalf(std::min((mx - mn) / 15.0f, kHalfMax));
     const uint16_t z_bits = FloatToHalf(std::min(std::max(mn, -kHalfMax), kHalfMax));
     const float s = HalfToFloat(s_bits);
     const float z = HalfToFloat(z_bits);
     const float inv = s > 0.0f ? 1.0f / s : 0.0f;
-    for (int d = 0; d < g; ++d) {
-      const float v = std::min(std::max((x[d] - z) * inv, 0.0f), 15.0f);
-      q[d] = static_cast<uint8_t>(RoundHalfEven(v));
+    uint8_t* dst = out + gi * (G / 2);
+    for (int d = 0; d < G / 2; ++d) {
+      int q0 = static_cast<int>(RoundHalfEven((Load<D>(src, 2 * d) - z) * inv));
+      int q1 = static_cast<int>(RoundHalfEven((Load<D>(src, 2 * d + 1) - z) * inv));
+      q0 = q0 < 0 ? 0 : (q0 > 15 ? 15 : q0);
+      q1 = q1 < 0 ? 0 : (q1 > 15 ? 15 : q1);
+      dst[d] = static_cast<uint8_t>(q0 | (q1 << 4));
     }
-    uint8_t* dst = out + gi * (g / 2);
-    for (int d = 0; d < g / 2; ++d) dst[d] = static_cast<uint8_t>(q[2 * d] | (q[2 * d + 1] << 4));
     params[2 * gi] = s_bits;
     params[2 * gi + 1] = z_bits;
   }
 }
 
 template <DType D>
-void DequantizeInt4(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
-  const int g = Int4GroupSize(l.encoding);
-  const size_t groups = BlockElements(l) / g;
-  const auto* params = reinterpret_cast<const uint16_t*>(in + EncodedScaleOffset(l));
+void QuantizeInt4(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
+  auto* params = reinterpret_cast<uint16_t*>(out + EncodedScaleOffset(l));
+  if (Int4GroupSize(l.encoding) == 32) {
+    QuantizeInt4Groups<D, 32>(in, out, params, BlockElements(l) / 32);
+  } else {
+    QuantizeInt4Groups<D, 64>(in, out, params, BlockElements(l) / 64);
+  }
+}
+
+template <DType D, int G>
+KVPOOL_VECTOR_CLONES void DequantizeInt4Groups(const uint8_t* in, const uint16_t* params,
+                                               uint16_t* out, size_t groups) {
   for (size_t gi = 0; gi < groups; ++gi) {
     const float s = HalfToFloat(params[2 * gi]);
     const float z = HalfToFloat(params[2 * gi + 1]);
-    const uint8_t* src = in + gi * (g / 2);
-    uint16_t* dst = out + gi * g;
-    for (int d = 0; d < g / 2; ++d) {
+    const uint8_t* src = in + gi * (G / 2);
+    uint16_t* dst = out + gi * G;
+    for (int d = 0; d < G / 2; ++d) {
       const uint8_t b = src[d];
-      dst[2 * d] = Store<D>(static_cast<float>(b & 0xf) * s + z);
-      dst[2 * d + 1] = Store<D>(static_cast<float>(b >> 4) * s + z);
+      dst[2 * d] = Store<D>(static_cast<float>(static_cast<int>(b & 0xf)) * s + z);
+      dst[2 * d + 1] = Store<D>(static_cast<float>(static_cast<int>(b >> 4)) * s + z);
     }
+  }
+}
+
+template <DType D>
+void DequantizeInt4(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
+  const auto* params = reinterpret_cast<const uint16_t*>(in + EncodedScaleOffset(l));
+  if (Int4GroupSize(l.encoding) == 32) {
+    DequantizeInt4Groups<D, 32>(in, params, out, BlockElements(l) / 32);
+  } else {
+    DequantizeInt4Groups<D, 64>(in, params, out, BlockElements(l) / 64);
   }
 }
 
