@@ -249,8 +249,17 @@ class Client::Impl {
         checksums[i] = BlockChecksum(blocks[i].data, blocks[i].size);
       }
     }
-    for (size_t start = 0; start < blocks.size(); start += server_.max_batch_keys) {
-      const size_t end = std::min(blocks.size(), start + server_.max_batch_keys);
+    // Rounds of at most max_batch_keys blocks and max_payload_bytes bytes: what one round
+    // reserves in the daemon's host tier is bounded, and fits one commit frame.
+    size_t end = 0;
+    for (size_t start = 0; start < blocks.size(); start = end) {
+      uint64_t round_bytes = 0;
+      end = start;
+      while (end < blocks.size() && end - start < server_.max_batch_keys &&
+             (end == start || round_bytes + blocks[end].size <= server_.max_payload_bytes)) {
+        if (result.errors[end].ok()) round_bytes += blocks[end].size;
+        ++end;
+      }
       wire::PutReserveRequest req;
       std::vector<size_t> asked;
       for (size_t i = start; i < end; ++i) {

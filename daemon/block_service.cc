@@ -43,7 +43,7 @@ Status Parse(std::string_view body, Message* msg, const char* what) {
 
 Status DecodeKeys(const google::protobuf::RepeatedPtrField<std::string>& in, uint32_t max,
                   std::vector<BlockKey>* out) {
-  if (in.size() > static_cast<int>(max)) {
+  if (static_cast<uint64_t>(in.size()) > max) {
     return Status::InvalidArgument("request has " + std::to_string(in.size()) +
                                    " keys; the limit is " + std::to_string(max));
   }
@@ -205,7 +205,11 @@ Response BlockService::Hello(Conn& c, std::string_view body) {
   resp.set_daemon_version(options_.version);
   resp.set_node_id(options_.node_id);
   resp.set_max_block_bytes(tiers_.max_block_bytes());
-  resp.set_max_payload_bytes(options_.limits.max_payload_bytes);
+  // One frame's payload is also what a client reserves in the host tier at once: keep it to a
+  // quarter of the tier so reservations in flight never crowd out committed blocks.
+  resp.set_max_payload_bytes(std::max<uint64_t>(
+      tiers_.max_block_bytes(),
+      std::min<uint64_t>(options_.limits.max_payload_bytes, tiers_.host_capacity_bytes() / 4)));
   resp.set_max_body_bytes(options_.limits.max_body_bytes);
   resp.set_max_batch_keys(options_.max_batch_keys);
   Status st = Parse(body, &req, "HELLO");

@@ -150,6 +150,7 @@ void TierManager::Shutdown() {
     stopping_ = true;
     changed_.SignalAll();
     work_.SignalAll();
+    flusher_.SignalAll();  // else the flusher notices only at the end of its 200 ms nap
   }
   for (auto& t : threads_) t.join();
   threads_.clear();
@@ -355,6 +356,12 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes)
     // Other namespaces' free pages do not help this one: free at least a segment's worth.
     const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());
     if (EvictHostLocked(budget) == 0) {
+      // Nothing to evict now; if a write-down or read is in flight, its end frees or unblocks
+      // a block (e.g. the chain tail the flusher is demoting): wait for it and try again.
+      if (io_in_flight_ > 0 && !stopping_) {
+        changed_.Wait(&mu_);
+        continue;
+      }
       return Status::ResourceExhausted(
           "host tier full (" + FormatBytes(host_.capacity_bytes()) +
           "): every block is leased, being written, or has a leased descendant");
@@ -748,12 +755,19 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id) {
     it->second.deadline = std::chrono::steady_clock::time_point::max();  // committing
     r = it->second;
   }
-  // The slot is still reserved: nobody else reads or frees it while we hash.
+  // Expiry skips a committing reservation, but Abort, AbortOwner (the connection closed) and
+  // Shutdown may still free it while we hash: the result is then discarded below.
   const uint64_t actual = BlockChecksum(host_.Data(r.slot), r.item.size);
 
   absl::MutexLock lock(&mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end()) {
+    // Its slot was freed (and may be reused): publishing it would serve or free foreign bytes.
+    return Status::Aborted("reservation " + std::to_string(reservation_id) +
+                           " was aborted while committing");
+  }
   reserved_keys_.erase(KeyRef{r.ns, r.item.key});
-  reservations_.erase(reservation_id);
+  reservations_.erase(it);
   if (actual != r.item.checksum) {
     host_.Free(r.slot);
     ++checksum_failures_;

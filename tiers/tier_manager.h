@@ -191,6 +191,7 @@ class TierManager {
 
   TierManagerStats GetStats() const;
   uint64_t max_block_bytes() const { return host_.max_block_bytes(); }
+  uint64_t host_capacity_bytes() const { return host_.capacity_bytes(); }
 
   // Test hook: waits until no promotion or demotion is in flight.
   void WaitIdleForTest();

@@ -1,0 +1,432 @@
+// Cross-process tests: a real kvpoold on a temp dir and socket, driven through the C++ client.
+// Every byte read back is compared with an independent copy kept by the test.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "tests/daemon_process.h"
+
+namespace kvpool::testing {
+namespace {
+
+constexpr uint32_t kTokensPerBlock = 16;
+
+struct Chain {
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<uint8_t>> blocks;
+};
+
+// A chain of `n_blocks` blocks of `size` bytes hashed from tokens; the bytes derive from the key.
+Chain MakeChain(const std::vector<int32_t>& tokens, size_t size, const std::string& secret = "s") {
+  ChainHasher hasher(secret, kTestLayout, kTokensPerBlock);
+  Chain c;
+  c.keys = hasher.Hash(tokens);
+  for (const BlockKey& k : c.keys) {
+    uint64_t seed;
+    std::memcpy(&seed, k.bytes.data(), sizeof(seed));
+    c.blocks.push_back(BlockBytes(seed, size));
+  }
+  return c;
+}
+
+PutResult PutAll(Client& client, const Chain& c) {
+  std::vector<std::span<const uint8_t>> spans(c.blocks.begin(), c.blocks.end());
+  auto r = client.PutChain(c.keys, spans);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return {};
+  for (const Status& st : r->errors) EXPECT_TRUE(st.ok()) << st.ToString();
+  return *r;
+}
+
+// Gets every block of `c` and compares with the reference bytes; returns the tiers served from.
+std::vector<Tier> ExpectIdentical(Client& client, const Chain& c) {
+  std::vector<std::vector<uint8_t>> out(c.blocks.size());
+  std::vector<MutableBuffer> bufs(c.blocks.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].assign(c.blocks[i].size() + 64, 0xEE);
+    bufs[i] = {out[i].data(), out[i].size()};
+  }
+  auto r = client.Get(c.keys, bufs);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<Tier> tiers;
+  if (!r.ok()) return tiers;
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_TRUE((*r)[i].status.ok()) << "block " << i << ": " << (*r)[i].status.ToString();
+    EXPECT_EQ((*r)[i].size, c.blocks[i].size()) << "block " << i;
+    EXPECT_TRUE(std::equal(c.blocks[i].begin(), c.blocks[i].end(), out[i].begin()))
+        << "block " << i << " differs from what was put";
+    tiers.push_back((*r)[i].tier);
+  }
+  return tiers;
+}
+
+TEST(DaemonTest, PutLookupGetRoundTripIsByteIdentical) {
+  DaemonProcess d;
+  d.Start();
+  auto client = d.Connect();
+  // Sizes that are not multiples of any page: 1 byte blocks up to ~700 KiB.
+  for (size_t size : {size_t{1}, size_t{4095}, size_t{4097}, size_t{65536}, size_t{700001}}) {
+    Chain c = MakeChain(Tokens(size, 10 * kTokensPerBlock + 3), size);
+    ASSERT_EQ(c.keys.size(), 10u);
+    auto miss = client->Lookup(c.keys);
+    ASSERT_TRUE(miss.ok());
+    EXPECT_EQ(miss->hit_blocks, 0u);
+    PutResult p = PutAll(*client, c);
+    EXPECT_EQ(p.stored, 10u);
+    auto hit = client->Lookup(c.keys);
+    ASSERT_TRUE(hit.ok());
+    EXPECT_EQ(hit->hit_blocks, 10u);
+    for (Tier t : hit->tiers) EXPECT_EQ(t, Tier::kHost);
+    ExpectIdentical(*client, c);
+  }
+}
+
+TEST(DaemonTest, LookupReturnsLongestCachedPrefix) {
+  DaemonProcess d;
+  d.Start();
+  auto client = d.Connect();
+  Chain c = MakeChain(Tokens(7, 8 * kTokensPerBlock), 1000);
+  Chain first_five;
+  first_five.keys.assign(c.keys.begin(), c.keys.begin() + 5);
+  first_five.blocks.assign(c.blocks.begin(), c.blocks.begin() + 5);
+  PutAll(*client, first_five);
+  auto r = client->Lookup(c.keys);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->hit_blocks, 5u);
+  // A get of the whole chain serves the prefix and reports misses for the rest.
+  std::vector<std::vector<uint8_t>> out(8, std::vector<uint8_t>(1000));
+  std::vector<MutableBuffer> bufs;
+  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  auto g = client->Get(c.keys, bufs);
+  ASSERT_TRUE(g.ok());
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ((*g)[i].status.ok(), i < 5) << i;
+    if (i >= 5) {
+      EXPECT_TRUE((*g)[i].status.IsNotFound());
+    }
+  }
+}
+
+TEST(DaemonTest, SharedSystemPromptIsStoredOnce) {
+  DaemonProcess d;
+  d.Start();
+  auto client = d.Connect();
+  const std::vector<int32_t> system_prompt = Tokens(1, 4 * kTokensPerBlock);
+  for (int i = 0; i < 100; ++i) {
+    std::vector<int32_t> tokens = system_prompt;
+    const std::vector<int32_t> user = Tokens(1000 + i, 2 * kTokensPerBlock);
+    tokens.insert(tokens.end(), user.begin(), user.end());
+    Chain c = MakeChain(tokens, 4096);
+    PutResult p = PutAll(*client, c);
+    EXPECT_EQ(p.stored + p.already_present, 6u);
+    if (i > 0) {
+      EXPECT_EQ(p.already_present, 4u) << "the shared prefix was sent again";
+    }
+  }
+  auto s = client->Stats();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->puts_offered, 600u);
+  EXPECT_EQ(s->puts_committed, 4u + 200u);
+  EXPECT_EQ(s->puts_deduplicated, 99u * 4u);
+  EXPECT_NEAR(s->dedup_ratio, 600.0 / 204.0, 1e-9);
+  EXPECT_EQ(s->tiers[0].blocks, 204u);
+}
+
+TEST(DaemonTest, HostOverflowDemotesToDiskAndServesItBack) {
+  // 8 MiB host, 1 MiB segments; 40 x 512 KiB = 20 MiB of blocks.
+  DaemonProcess d({"--host_capacity=8MiB"});
+  d.Start();
+  auto client = d.Connect();
+  Chain c = MakeChain(Tokens(3, 40 * kTokensPerBlock), 512 * 1024);
+  PutResult p = PutAll(*client, c);
+  EXPECT_EQ(p.stored, 40u);
+  auto s = client->Stats();
+  ASSERT_TRUE(s.ok());
+  EXPECT_GT(s->tiers[1].blocks, 0u) << "nothing was demoted to disk";
+  EXPECT_LE(s->tiers[0].used_bytes, 8u << 20);
+  // Tail first: the chain's first block is still in host while later ones went to disk.
+  auto l = client->Lookup(c.keys, /*prefetch=*/false);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->hit_blocks, 40u);
+  // Every block comes back byte-identical, promoted from disk where needed.
+  std::vector<Tier> tiers;
+  for (size_t start = 0; start < 40; start += 8) {
+    Chain part;
+    part.keys.assign(c.keys.begin() + start, c.keys.begin() + start + 8);
+    part.blocks.assign(c.blocks.begin() + start, c.blocks.begin() + start + 8);
+    auto t = ExpectIdentical(*client, part);
+    tiers.insert(tiers.end(), t.begin(), t.end());
+  }
+  EXPECT_TRUE(std::count(tiers.begin(), tiers.end(), Tier::kDisk) > 0)
+      << "no block was served from disk";
+  auto s2 = client->Stats();
+  ASSERT_TRUE(s2.ok());
+  EXPECT_GT(s2->tiers[0].promotions, 0u);
+  EXPECT_EQ(s2->checksum_failures, 0u);
+}
+
+TEST(DaemonTest, SessionSurvivesGracefulRestart) {
+  DaemonProcess d;
+  d.Start();
+  Chain c = MakeChain(Tokens(11, 12 * kTokensPerBlock), 100000);
+  {
+    auto client = d.Connect();
+    PutAll(*client, c);
+    Session s;
+    s.session_id = "chat-42";
+    s.keys = c.keys;
+    s.token_count = 12 * kTokensPerBlock + 5;
+    s.metadata = {{"model", "test"}, {"user", "alice"}};
+    ASSERT_TRUE(client->SaveSession(s).ok());
+  }
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+  d.Start();
+  auto client = d.Connect();
+  auto loaded = client->LoadSession("chat-42");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->session.keys, c.keys);
+  EXPECT_EQ(loaded->session.token_count, 12u * kTokensPerBlock + 5);
+  EXPECT_EQ(loaded->session.metadata.at("user"), "alice");
+  EXPECT_EQ(loaded->cached_blocks, 12u);
+  ExpectIdentical(*client, c);
+  auto list = client->ListSessions();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].session_id, "chat-42");
+}
+
+TEST(DaemonTest, SavedSessionSurvivesKill9) {
+  DaemonProcess d;
+  d.Start();
+  Chain saved = MakeChain(Tokens(21, 6 * kTokensPerBlock), 30000);
+  Chain unsaved = MakeChain(Tokens(22, 6 * kTokensPerBlock), 30000);
+  {
+    auto client = d.Connect();
+    PutAll(*client, saved);
+    PutAll(*client, unsaved);
+    Session s;
+    s.session_id = "resume-me";
+    s.keys = saved.keys;
+    s.token_count = 96;
+    ASSERT_TRUE(client->SaveSession(s).ok());
+  }
+  d.Kill();
+  d.Start();
+  auto client = d.Connect();
+  auto loaded = client->LoadSession("resume-me");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->session.keys, saved.keys);
+  auto tiers = ExpectIdentical(*client, saved);
+  // Host-only blocks that no session pinned may be gone after kill -9; never wrong bytes.
+  std::vector<std::vector<uint8_t>> out(unsaved.keys.size(), std::vector<uint8_t>(30000));
+  std::vector<MutableBuffer> bufs;
+  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  auto g = client->Get(unsaved.keys, bufs);
+  ASSERT_TRUE(g.ok());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if ((*g)[i].status.ok()) {
+      EXPECT_EQ(out[i], unsaved.blocks[i]);
+    }
+  }
+}
+
+TEST(DaemonTest, NamespacesCannotSeeEachOther) {
+  DaemonProcess d;
+  d.Start();
+  auto a = d.Connect("tenant-a");
+  auto b = d.Connect("tenant-b");
+  // Same keys in both namespaces (a client bug or an attack: the daemon must still separate).
+  Chain c = MakeChain(Tokens(5, 4 * kTokensPerBlock), 2048);
+  PutAll(*a, c);
+  auto lb = b->Lookup(c.keys);
+  ASSERT_TRUE(lb.ok());
+  EXPECT_EQ(lb->hit_blocks, 0u);
+  std::vector<uint8_t> buf(2048);
+  std::vector<MutableBuffer> bufs(1, {buf.data(), buf.size()});
+  auto g = b->Get(std::span(c.keys).first(1), bufs);
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE((*g)[0].status.IsNotFound());
+  Session s;
+  s.session_id = "private";
+  s.keys = c.keys;
+  ASSERT_TRUE(a->SaveSession(s).ok());
+  EXPECT_TRUE(b->LoadSession("private").status().IsNotFound());
+  EXPECT_TRUE(b->DeleteSession("private").IsNotFound());
+  auto lb_sessions = b->ListSessions();
+  ASSERT_TRUE(lb_sessions.ok());
+  EXPECT_TRUE(lb_sessions->empty());
+  // b stores its own different bytes under the same keys; a still reads its own.
+  Chain other = c;
+  for (auto& blk : other.blocks) blk.assign(blk.size(), 0x42);
+  PutAll(*b, other);
+  ExpectIdentical(*a, c);
+  ExpectIdentical(*b, other);
+}
+
+TEST(DaemonTest, ConcurrentClientsNeverSeeWrongBytes) {
+  DaemonProcess d({"--host_capacity=16MiB"});
+  d.Start();
+  // 64 shared chains of 4 blocks; 8 clients put, get and look up at random.
+  std::vector<Chain> chains;
+  for (int i = 0; i < 64; ++i) {
+    chains.push_back(MakeChain(Tokens(500 + i, 4 * kTokensPerBlock), 16384 + 4096 * (i % 7)));
+  }
+  std::atomic<uint64_t> mismatches{0}, gets_ok{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto client = d.Connect();
+      if (!client) {
+        errors++;
+        return;
+      }
+      std::mt19937 rng(t);
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+      std::vector<uint8_t> buf(64 * 1024);
+      while (std::chrono::steady_clock::now() < end) {
+        const Chain& c = chains[rng() % chains.size()];
+        switch (rng() % 3) {
+          case 0: {
+            std::vector<std::span<const uint8_t>> spans(c.blocks.begin(), c.blocks.end());
+            auto r = client->PutChain(c.keys, spans);
+            if (!r.ok()) errors++;
+            break;
+          }
+          case 1: {
+            const size_t i = rng() % c.keys.size();
+            std::vector<MutableBuffer> bufs(1, {buf.data(), buf.size()});
+            auto r = client->Get(std::span(c.keys).subspan(i, 1), bufs);
+            if (!r.ok()) {
+              errors++;
+            } else if ((*r)[0].status.ok()) {
+              gets_ok++;
+              if ((*r)[0].size != c.blocks[i].size() ||
+                  !std::equal(c.blocks[i].begin(), c.blocks[i].end(), buf.begin())) {
+                mismatches++;
+              }
+            }
+            break;
+          }
+          default: {
+            auto r = client->Lookup(c.keys);
+            if (!r.ok()) errors++;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0u);
+  EXPECT_EQ(errors.load(), 0u);
+  EXPECT_GT(gets_ok.load(), 100u);
+  auto s = d.Connect()->Stats();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->leases_active, 0u);
+  EXPECT_EQ(s->reservations_active, 0u);
+}
+
+TEST(DaemonTest, ClientSeesErrorNotHangWhenDaemonDiesAndReconnectsAfterRestart) {
+  DaemonProcess d;
+  d.Start();
+  ClientOptions o = d.Options();
+  o.timeout = std::chrono::milliseconds(2000);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  Chain chain = MakeChain(Tokens(9, 2 * kTokensPerBlock), 1000);
+  PutAll(**c, chain);
+  d.Kill();
+  const auto start = std::chrono::steady_clock::now();
+  auto r = (*c)->Lookup(chain.keys);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  d.Start();
+  auto again = (*c)->Lookup(chain.keys);  // reconnects by itself
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
+TEST(DaemonTest, OversizedBlockIsRefusedWithAClearError) {
+  DaemonProcess d;  // 1 MiB segments: the largest block is 1 MiB
+  d.Start();
+  auto client = d.Connect();
+  EXPECT_EQ(client->server().max_block_bytes, 1u << 20);
+  std::vector<uint8_t> big((1u << 20) + 1, 7);
+  PutBlock b;
+  b.key = MakeChain(Tokens(1, 16), 1).keys[0];
+  b.data = big.data();
+  b.size = big.size();
+  auto r = client->Put(std::span(&b, 1));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stored, 0u);
+  EXPECT_EQ(r->errors[0].code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r->errors[0].message().find("exceeds"), std::string::npos) << r->errors[0].message();
+}
+
+TEST(DaemonTest, SessionSaveRequiresCachedBlocks) {
+  DaemonProcess d;
+  d.Start();
+  auto client = d.Connect();
+  Chain c = MakeChain(Tokens(77, 3 * kTokensPerBlock), 100);
+  Session s;
+  s.session_id = "early";
+  s.keys = c.keys;
+  Status st = client->SaveSession(s);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_TRUE(client->LoadSession("early").status().IsNotFound());
+}
+
+TEST(DaemonTest, SessionDeleteUnpinsAndDiskFullDropsOnlyUnpinned) {
+  // Disk 4 MiB, host 2 MiB: pinned session blocks must survive pressure; others may go.
+  DaemonProcess d({"--host_capacity=2MiB", "--disk_capacity=4MiB"});
+  d.Start();
+  auto client = d.Connect();
+  Chain pinned = MakeChain(Tokens(31, 4 * kTokensPerBlock), 256 * 1024);  // 1 MiB
+  PutAll(*client, pinned);
+  Session s;
+  s.session_id = "keep";
+  s.keys = pinned.keys;
+  ASSERT_TRUE(client->SaveSession(s).ok());
+  for (int i = 0; i < 6; ++i) {
+    Chain filler = MakeChain(Tokens(100 + i, 4 * kTokensPerBlock), 256 * 1024);
+    auto r = client->PutChain(filler.keys, std::vector<std::span<const uint8_t>>(
+                                               filler.blocks.begin(), filler.blocks.end()));
+    ASSERT_TRUE(r.ok());
+  }
+  ExpectIdentical(*client, pinned);
+  auto st = client->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_LE(st->tiers[1].used_bytes, 4u << 20);
+  EXPECT_GT(st->tiers[1].evictions, 0u) << "disk never filled: the test proves nothing";
+  ASSERT_TRUE(client->DeleteSession("keep").ok());
+  EXPECT_TRUE(client->LoadSession("keep").status().IsNotFound());
+}
+
+TEST(DaemonTest, StatsAndEvictWork) {
+  DaemonProcess d;
+  d.Start();
+  auto client = d.Connect();
+  Chain c = MakeChain(Tokens(41, 5 * kTokensPerBlock), 5000);
+  PutAll(*client, c);
+  auto e = client->Evict(Tier::kHost);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->evicted, 5u);
+  auto l = client->Lookup(c.keys, /*prefetch=*/false);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->hit_blocks, 5u);
+  for (Tier t : l->tiers) EXPECT_EQ(t, Tier::kDisk);
+  ExpectIdentical(*client, c);
+  auto drop = client->Evict(Tier::kDisk);
+  ASSERT_TRUE(drop.ok());
+  EXPECT_EQ(drop->evicted, 5u);
+  auto gone = client->Lookup(c.keys);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(gone->hit_blocks, 0u);
+}
+
+}  // namespace
+}  // namespace kvpool::testing

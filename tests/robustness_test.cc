@@ -1,0 +1,387 @@
+// Hostile and broken clients against a real kvpoold: garbage bytes, malformed, oversized and
+// truncated frames, clients that die mid-request. The daemon must close only the offending
+// connection, leak nothing (leases, reservations, host memory) and keep serving everyone else.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <random>
+#include <thread>
+
+#include "common/checksum.h"
+#include "control.pb.h"
+#include "tests/daemon_process.h"
+#include "transport/frame.h"
+
+namespace kvpool::testing {
+namespace {
+
+using transport::FrameHeader;
+
+int RawConnect(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  std::strncpy(un.sun_path, path.c_str(), sizeof(un.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&un), sizeof(un)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+bool SendAll(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+std::string Frame(uint16_t type, const google::protobuf::MessageLite& body, uint32_t payload = 0,
+                  uint64_t request_id = 1) {
+  std::string b;
+  body.SerializeToString(&b);
+  FrameHeader h;
+  h.type = type;
+  h.request_id = request_id;
+  h.body_bytes = static_cast<uint32_t>(b.size());
+  h.payload_bytes = payload;
+  uint8_t hdr[transport::kFrameHeaderBytes];
+  transport::EncodeFrameHeader(h, hdr);
+  return std::string(reinterpret_cast<char*>(hdr), sizeof(hdr)) + b;
+}
+
+std::string Hello(const std::string& ns) {
+  wire::HelloRequest h;
+  h.set_protocol_version(transport::kProtocolVersion);
+  h.set_namespace_name(ns);
+  return Frame(wire::HELLO, h);
+}
+
+// Reads one response frame; returns its header, or a header with type 0 when the daemon
+// closed the connection.
+FrameHeader ReadResponse(int fd, std::string* body) {
+  uint8_t hdr[transport::kFrameHeaderBytes];
+  size_t got = 0;
+  while (got < sizeof(hdr)) {
+    const ssize_t r = recv(fd, hdr + got, sizeof(hdr) - got, 0);
+    if (r <= 0) return FrameHeader{};
+    got += static_cast<size_t>(r);
+  }
+  transport::FrameLimits limits;
+  limits.max_payload_bytes = UINT32_MAX;
+  auto h = transport::DecodeFrameHeader(hdr, limits);
+  if (!h.ok()) return FrameHeader{};
+  body->resize(h->body_bytes + h->payload_bytes);
+  got = 0;
+  while (got < body->size()) {
+    const ssize_t r = recv(fd, body->data() + got, body->size() - got, 0);
+    if (r <= 0) return FrameHeader{};
+    got += static_cast<size_t>(r);
+  }
+  body->resize(h->body_bytes);
+  return *h;
+}
+
+// True when the daemon closed `fd` (read returns 0 or an error) within 5 s.
+bool ClosedByDaemon(int fd) {
+  char c;
+  const ssize_t r = recv(fd, &c, 1, 0);
+  return r == 0 || (r < 0 && errno != EAGAIN);
+}
+
+void ExpectHealthy(const DaemonProcess& d) {
+  auto c = d.Connect();
+  ASSERT_NE(c, nullptr) << d.log();
+  auto s = c->Stats();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+}
+
+TEST(RobustnessTest, GarbageBytesCloseOnlyThatConnection) {
+  DaemonProcess d;
+  d.Start();
+  auto good = d.Connect();
+  std::mt19937 rng(1);
+  for (int i = 0; i < 50; ++i) {
+    const int fd = RawConnect(d.socket_path());
+    ASSERT_GE(fd, 0);
+    std::string junk(1 + rng() % 4096, '\0');
+    for (char& ch : junk) ch = static_cast<char>(rng());
+    SendAll(fd, junk.data(), junk.size());
+    EXPECT_TRUE(ClosedByDaemon(fd)) << "daemon kept a connection that sent garbage";
+    close(fd);
+  }
+  // The well-behaved client on its own connection never noticed.
+  auto s = good->Stats();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_NE(d.log().find("protocol error"), std::string::npos) << "reason not logged";
+}
+
+TEST(RobustnessTest, MalformedFramesAreRejected) {
+  DaemonProcess d;
+  d.Start();
+  struct Case {
+    const char* what;
+    std::string bytes;
+  };
+  std::vector<Case> cases;
+  {
+    // Oversized body and payload claims.
+    FrameHeader h;
+    h.type = wire::LOOKUP;
+    h.body_bytes = 1u << 30;
+    uint8_t hdr[transport::kFrameHeaderBytes];
+    transport::EncodeFrameHeader(h, hdr);
+    cases.push_back({"oversized body", std::string(reinterpret_cast<char*>(hdr), sizeof(hdr))});
+    h.body_bytes = 0;
+    h.type = wire::PUT_COMMIT;
+    h.payload_bytes = UINT32_MAX;
+    transport::EncodeFrameHeader(h, hdr);
+    cases.push_back({"oversized payload", std::string(reinterpret_cast<char*>(hdr), sizeof(hdr))});
+    h.type = 999;
+    h.payload_bytes = 0;
+    transport::EncodeFrameHeader(h, hdr);
+    cases.push_back({"unknown type", std::string(reinterpret_cast<char*>(hdr), sizeof(hdr))});
+    h.type = wire::LOOKUP;
+    h.payload_bytes = 10;
+    transport::EncodeFrameHeader(h, hdr);
+    cases.push_back({"payload on lookup", std::string(reinterpret_cast<char*>(hdr), sizeof(hdr))});
+    h.payload_bytes = 0;
+    h.flags = transport::kFlagResponse;
+    transport::EncodeFrameHeader(h, hdr);
+    cases.push_back({"response frame", std::string(reinterpret_cast<char*>(hdr), sizeof(hdr))});
+  }
+  for (const Case& c : cases) {
+    const int fd = RawConnect(d.socket_path());
+    ASSERT_GE(fd, 0);
+    SendAll(fd, c.bytes.data(), c.bytes.size());
+    EXPECT_TRUE(ClosedByDaemon(fd)) << c.what;
+    close(fd);
+  }
+  ExpectHealthy(d);
+}
+
+TEST(RobustnessTest, MalformedBodyGetsAnErrorAndTheConnectionStaysUsable) {
+  DaemonProcess d;
+  d.Start();
+  const int fd = RawConnect(d.socket_path());
+  ASSERT_GE(fd, 0);
+  std::string hello = Hello("ns1");
+  ASSERT_TRUE(SendAll(fd, hello.data(), hello.size()));
+  std::string body;
+  ASSERT_EQ(ReadResponse(fd, &body).type, wire::HELLO);
+  // A LOOKUP whose body is not a protobuf message.
+  FrameHeader h;
+  h.type = wire::LOOKUP;
+  h.request_id = 2;
+  h.body_bytes = 5;
+  uint8_t hdr[transport::kFrameHeaderBytes];
+  transport::EncodeFrameHeader(h, hdr);
+  ASSERT_TRUE(SendAll(fd, hdr, sizeof(hdr)));
+  ASSERT_TRUE(SendAll(fd, "\xff\xff\xff\xff\xff", 5));
+  FrameHeader r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::LOOKUP);
+  EXPECT_EQ(r.request_id, 2u);
+  wire::LookupResponse lr;
+  ASSERT_TRUE(lr.ParseFromString(body));
+  EXPECT_EQ(lr.status().code(), static_cast<int>(StatusCode::kInvalidArgument));
+  // A key of the wrong length.
+  wire::LookupRequest bad;
+  bad.add_keys("short");
+  std::string f = Frame(wire::LOOKUP, bad, 0, 3);
+  ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+  r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::LOOKUP);
+  ASSERT_TRUE(lr.ParseFromString(body));
+  EXPECT_EQ(lr.status().code(), static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_NE(lr.status().message().find("32 bytes"), std::string::npos);
+  close(fd);
+  ExpectHealthy(d);
+}
+
+TEST(RobustnessTest, RequestsBeforeHelloAndBadNamespacesAreRefused) {
+  DaemonProcess d;
+  d.Start();
+  const int fd = RawConnect(d.socket_path());
+  wire::StatsRequest stats;
+  std::string f = Frame(wire::STATS, stats);
+  ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+  std::string body;
+  ASSERT_EQ(ReadResponse(fd, &body).type, wire::STATS);
+  wire::StatsResponse sr;
+  ASSERT_TRUE(sr.ParseFromString(body));
+  EXPECT_EQ(sr.status().code(), static_cast<int>(StatusCode::kFailedPrecondition));
+  close(fd);
+  ClientOptions o = d.Options("bad/namespace");
+  auto c = Client::Connect(o);
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().ToString();
+  ExpectHealthy(d);
+}
+
+// Stats of the daemon, from a fresh connection.
+DaemonStats StatsOf(const DaemonProcess& d) {
+  auto c = d.Connect();
+  auto s = c->Stats();
+  EXPECT_TRUE(s.ok());
+  return s.ok() ? *s : DaemonStats{};
+}
+
+TEST(RobustnessTest, ClientKilledMidPutLeaksNothing) {
+  DaemonProcess d;
+  d.Start();
+  const DaemonStats before = StatsOf(d);
+  // A child reserves 8 blocks, starts committing, sends half the payload and dies.
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = RawConnect(d.socket_path());
+    std::string hello = Hello("test");
+    SendAll(fd, hello.data(), hello.size());
+    std::string body;
+    ReadResponse(fd, &body);
+    wire::PutReserveRequest req;
+    const std::vector<uint8_t> bytes = BlockBytes(1, 100000);
+    for (int i = 0; i < 8; ++i) {
+      wire::PutItem* it = req.add_items();
+      BlockKey k;
+      k.bytes[0] = static_cast<uint8_t>(i + 1);
+      it->set_key(std::string(k.AsStringView()));
+      it->set_size(bytes.size());
+      it->set_checksum(BlockChecksum(bytes.data(), bytes.size()));
+    }
+    std::string f = Frame(wire::PUT_RESERVE, req, 0, 2);
+    SendAll(fd, f.data(), f.size());
+    ReadResponse(fd, &body);
+    wire::PutReserveResponse resp;
+    resp.ParseFromString(body);
+    wire::PutCommitRequest commit;
+    for (const auto& r : resp.reservations()) {
+      commit.add_reservation_ids(r.reservation_id());
+      commit.add_sizes(bytes.size());
+    }
+    f = Frame(wire::PUT_COMMIT, commit, static_cast<uint32_t>(8 * bytes.size()), 3);
+    SendAll(fd, f.data(), f.size());
+    for (int i = 0; i < 4; ++i) SendAll(fd, bytes.data(), bytes.size());
+    _exit(0);  // dies holding 8 reservations, mid-payload
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  // The daemon notices the closed connection and frees every reservation.
+  DaemonStats after;
+  for (int i = 0; i < 100; ++i) {
+    after = StatsOf(d);
+    if (after.reservations_active == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(after.reservations_active, 0u);
+  EXPECT_EQ(after.tiers[0].allocated_bytes, before.tiers[0].allocated_bytes)
+      << "host memory leaked by a dead client";
+  EXPECT_EQ(after.tiers[0].blocks, before.tiers[0].blocks) << "half-sent blocks became visible";
+}
+
+TEST(RobustnessTest, ClientKilledMidGetLeaksNoLease) {
+  DaemonProcess d;
+  d.Start();
+  auto c = d.Connect();
+  ChainHasher hasher("s", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(5, 32 * 16));
+  const std::vector<uint8_t> bytes = BlockBytes(5, 1 << 20);
+  std::vector<std::span<const uint8_t>> spans(keys.size(), std::span<const uint8_t>(bytes));
+  ASSERT_TRUE(c->PutChain(keys, spans).ok());
+  for (int round = 0; round < 5; ++round) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const int fd = RawConnect(d.socket_path());
+      std::string hello = Hello("test");
+      SendAll(fd, hello.data(), hello.size());
+      std::string body;
+      ReadResponse(fd, &body);
+      wire::GetRequest get;
+      for (const BlockKey& k : keys) get.add_keys(std::string(k.AsStringView()));
+      std::string f = Frame(wire::GET, get, 0, 2);
+      SendAll(fd, f.data(), f.size());
+      char buf[1000];
+      recv(fd, buf, sizeof(buf), 0);  // read a little of the 32 MiB answer, then die
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+  }
+  DaemonStats s;
+  for (int i = 0; i < 100; ++i) {
+    s = StatsOf(d);
+    if (s.leases_active == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(s.leases_active, 0u) << "a dead reader kept its leases";
+}
+
+TEST(RobustnessTest, StalledFrameIsClosedAfterTheFrameTimeout) {
+  DaemonProcess d({"--frame_timeout_ms=300"});
+  d.Start();
+  const int fd = RawConnect(d.socket_path());
+  std::string hello = Hello("test");
+  // Send only the header and half the body, then stall.
+  ASSERT_TRUE(SendAll(fd, hello.data(), transport::kFrameHeaderBytes + 2));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(ClosedByDaemon(fd));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  close(fd);
+  ExpectHealthy(d);
+}
+
+TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
+  DaemonProcess d;
+  d.Start();
+  const int fd = RawConnect(d.socket_path());
+  std::string hello = Hello("test");
+  SendAll(fd, hello.data(), hello.size());
+  std::string body;
+  ReadResponse(fd, &body);
+  const std::vector<uint8_t> bytes = BlockBytes(9, 5000);
+  BlockKey key;
+  key.bytes[5] = 9;
+  wire::PutReserveRequest req;
+  wire::PutItem* it = req.add_items();
+  it->set_key(std::string(key.AsStringView()));
+  it->set_size(bytes.size());
+  it->set_checksum(BlockChecksum(bytes.data(), bytes.size()));
+  std::string f = Frame(wire::PUT_RESERVE, req, 0, 2);
+  SendAll(fd, f.data(), f.size());
+  ReadResponse(fd, &body);
+  wire::PutReserveResponse rr;
+  ASSERT_TRUE(rr.ParseFromString(body));
+  ASSERT_EQ(rr.reservations(0).state(), wire::RESERVED);
+  wire::PutCommitRequest commit;
+  commit.add_reservation_ids(rr.reservations(0).reservation_id());
+  commit.add_sizes(bytes.size());
+  f = Frame(wire::PUT_COMMIT, commit, static_cast<uint32_t>(bytes.size()), 3);
+  std::vector<uint8_t> damaged = bytes;
+  damaged[100] ^= 1;
+  SendAll(fd, f.data(), f.size());
+  SendAll(fd, damaged.data(), damaged.size());
+  ReadResponse(fd, &body);
+  wire::PutCommitResponse cr;
+  ASSERT_TRUE(cr.ParseFromString(body));
+  ASSERT_EQ(cr.results_size(), 1);
+  EXPECT_EQ(cr.results(0).code(), static_cast<int>(StatusCode::kCorruption));
+  close(fd);
+  auto c = d.Connect();
+  auto l = c->Lookup(std::span(&key, 1));
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->hit_blocks, 0u) << "a damaged block became visible";
+}
+
+}  // namespace
+}  // namespace kvpool::testing
