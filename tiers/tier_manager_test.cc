@@ -1,1 +1,927 @@
+// TierManager over a small real host arena (8 MiB, 1 MiB segments) and a RocksStore in a fresh
+// temporary directory: put-if-absent, leases, demotion and promotion tail first, verification
+// of every disk read, session pins, recovery, admin eviction and concurrent clients. Every block
+// read back is compared with an independent copy of the bytes that were put.
+
+#include "tiers/tier_manager.h"
+
 #include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/checksum.h"
+
+namespace kvpool::tiers {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kKiB = 1ull << 10;
+constexpr NamespaceId kNs = 1;
+using Keys = std::vector<BlockKey>;
+
+BlockKey KeyOf(uint64_t n) {
+  BlockKey k;
+  std::mt19937_64 rng(n * 0x9E3779B97F4A7C15ull + 17);
+  for (auto& b : k.bytes) b = static_cast<uint8_t>(rng());
+  return k;
+}
+
+// The bytes of a block, derived from its key alone (so any thread can check any read).
+std::vector<uint8_t> BytesFor(const BlockKey& key, uint64_t size) {
+  uint64_t seed;
+  std::memcpy(&seed, key.bytes.data(), sizeof(seed));
+  std::mt19937_64 rng(seed ^ size);
+  std::vector<uint8_t> out(size);
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  for (; i < size; ++i) out[i] = static_cast<uint8_t>(rng());
+  return out;
+}
+
+std::vector<BlockKey> ChainKeys(uint64_t first, int n) {
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(KeyOf(first + i));
+  return keys;
+}
+
+PutRequestItem ItemFor(const BlockKey& key, const std::vector<uint8_t>& bytes,
+                       const BlockKey& parent = {}) {
+  PutRequestItem item;
+  item.key = key;
+  item.size = bytes.size();
+  item.checksum = BlockChecksum(bytes.data(), bytes.size());
+  item.parent = parent;
+  return item;
+}
+
+class TierManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvpool_tier_manager_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    options_.disk_capacity_bytes = 256 * kMiB;
+    options_.promotion_threads = 2;
+  }
+  void TearDown() override {
+    Close();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Opens the store, the tiers and a manager (recovering from the store), and starts it.
+  void Open() {
+    RocksStoreOptions ro;
+    ro.path = dir_ + "/rocksdb";
+    ro.block_cache_bytes = 8 * kMiB;
+    Result<std::unique_ptr<RocksStore>> store = RocksStore::Open(ro);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(store).value();
+    disk_ = std::make_unique<DiskTier>(*store_);
+    HostTierOptions ho;
+    ho.capacity_bytes = 8 * kMiB;
+    ho.segment_bytes = 1 * kMiB;
+    ho.lock_memory = false;
+    Result<std::unique_ptr<HostTier>> host = HostTier::Create(ho);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    host_ = std::move(host).value();
+    manager_ = std::make_unique<TierManager>(options_, *host_, *disk_, *store_);
+    Status st = manager_->Recover();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    manager_->Start();
+  }
+
+  // Destroys the manager (Shutdown: flushes when configured), then the tiers and the store.
+  void Close() {
+    manager_.reset();
+    disk_.reset();
+    host_.reset();
+    store_.reset();
+  }
+
+  void Reopen() {
+    Close();
+    Open();
+  }
+
+  // Puts one block through reserve -> fill -> commit; remembers its bytes.
+  Status Put(const BlockKey& key, uint64_t size, const BlockKey& parent = {},
+             NamespaceId ns = kNs, uint64_t owner = 1) {
+    std::vector<uint8_t> bytes = BytesFor(key, size);
+    const PutRequestItem item = ItemFor(key, bytes, parent);
+    std::vector<ReserveOutcome> r = manager_->Reserve(ns, owner, {&item, 1});
+    if (r[0].state != ReserveState::kReserved) {
+      return r[0].status.ok() ? Status::AlreadyExists("not reserved") : r[0].status;
+    }
+    Result<ReservationTarget> t = manager_->TargetOf(owner, r[0].reservation_id);
+    if (!t.ok()) return t.status();
+    EXPECT_EQ(t->size, size);
+    std::memcpy(t->data, bytes.data(), size);
+    KVPOOL_RETURN_IF_ERROR(manager_->Commit(owner, r[0].reservation_id));
+    expected_[{ns, key}] = std::move(bytes);
+    return Status::OK();
+  }
+
+  // Puts a chain of `sizes.size()` blocks, each the child of the previous one.
+  std::vector<BlockKey> PutChain(uint64_t first, const std::vector<uint64_t>& sizes,
+                                 NamespaceId ns = kNs) {
+    std::vector<BlockKey> keys = ChainKeys(first, static_cast<int>(sizes.size()));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Status st = Put(keys[i], sizes[i], i ? keys[i - 1] : BlockKey{}, ns);
+      EXPECT_TRUE(st.ok()) << "block " << i << ": " << st.ToString();
+    }
+    return keys;
+  }
+
+  // Acquires `key` and expects exactly the bytes that were put for it.
+  void ExpectServed(const BlockKey& key, NamespaceId ns = kNs) {
+    const auto it = expected_.find({ns, key});
+    ASSERT_NE(it, expected_.end()) << "test bug: no bytes recorded for " << key.ShortHex();
+    const std::vector<uint8_t>& want = it->second;
+    std::vector<BlockRead> reads = manager_->Acquire(ns, {&key, 1});
+    ASSERT_EQ(reads.size(), 1u);
+    BlockRead& r = reads[0];
+    ASSERT_TRUE(r.status.ok()) << key.ShortHex() << ": " << r.status.ToString();
+    ASSERT_NE(r.data, nullptr);
+    EXPECT_NE(r.from, ServedFrom::kNone);
+    EXPECT_EQ(r.size, want.size());
+    EXPECT_EQ(r.checksum, BlockChecksum(want.data(), want.size()));
+    EXPECT_TRUE(r.size == want.size() && std::memcmp(r.data, want.data(), want.size()) == 0)
+        << "wrong bytes served for " << key.ShortHex();
+    manager_->Release(r);
+    EXPECT_EQ(r.lease, kNoEntry);
+  }
+
+  void ExpectMiss(const BlockKey& key, NamespaceId ns = kNs) {
+    std::vector<BlockRead> reads = manager_->Acquire(ns, {&key, 1});
+    ASSERT_EQ(reads.size(), 1u);
+    EXPECT_TRUE(reads[0].status.IsNotFound()) << reads[0].status.ToString();
+    EXPECT_EQ(reads[0].data, nullptr);
+    manager_->Release(reads[0]);
+  }
+
+  // Moves blocks out of host: each ends up on disk only.
+  void DemoteAll(const std::vector<BlockKey>& keys, NamespaceId ns = kNs) {
+    EvictOutcome o = manager_->Evict(ns, TierId::kHost, keys);
+    EXPECT_EQ(o.evicted, keys.size());
+    EXPECT_EQ(o.skipped, 0u);
+    manager_->WaitIdleForTest();
+  }
+
+  std::vector<ServedFrom> TiersOf(const std::vector<BlockKey>& keys, NamespaceId ns = kNs) {
+    return manager_->Lookup(ns, keys, /*prefetch=*/false).tiers;
+  }
+
+  // Host bookkeeping agrees with the arena: every arena block is a cached block or a
+  // reservation.
+  void ExpectHostAccountingConsistent() {
+    const TierManagerStats s = manager_->GetStats();
+    EXPECT_EQ(s.host.blocks, s.host_blocks + s.reservations_active);
+  }
+
+  std::string dir_;
+  TierManagerOptions options_;
+  std::unique_ptr<RocksStore> store_;
+  std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<TierManager> manager_;
+  std::map<std::pair<NamespaceId, BlockKey>, std::vector<uint8_t>> expected_;
+};
+
+TEST_F(TierManagerTest, ReserveCommitAcquireIsByteIdentical) {
+  Open();
+  const std::vector<uint64_t> sizes = {1, 100, 4095, 4096, 4097, 100000, 300 * kKiB + 7, kMiB};
+  std::vector<BlockKey> keys;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    keys.push_back(KeyOf(i));
+    ASSERT_TRUE(Put(keys.back(), sizes[i]).ok());
+  }
+  for (const BlockKey& k : keys) ExpectServed(k);
+
+  // A batch with a missing key: that one is a miss, the others are served.
+  std::vector<BlockKey> batch = {keys[0], KeyOf(999), keys[5]};
+  std::vector<BlockRead> reads = manager_->Acquire(kNs, batch);
+  ASSERT_EQ(reads.size(), 3u);
+  EXPECT_TRUE(reads[0].status.ok());
+  EXPECT_TRUE(reads[1].status.IsNotFound());
+  EXPECT_TRUE(reads[2].status.ok());
+  EXPECT_EQ(reads[0].from, ServedFrom::kHost);
+  EXPECT_EQ(std::memcmp(reads[2].data, expected_[{kNs, keys[5]}].data(), sizes[5]), 0);
+  EXPECT_EQ(manager_->GetStats().leases_active, 2u);
+  for (BlockRead& r : reads) manager_->Release(r);
+  EXPECT_EQ(manager_->GetStats().leases_active, 0u);
+
+  // Namespaces are separate: the same key is a miss elsewhere.
+  ExpectMiss(keys[0], /*ns=*/2);
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.host_blocks, sizes.size());
+  EXPECT_GE(s.host_counters.hits, sizes.size());
+  ExpectHostAccountingConsistent();
+}
+
+TEST_F(TierManagerTest, PutIfAbsent) {
+  Open();
+  const BlockKey key = KeyOf(1);
+  const std::vector<uint8_t> bytes = BytesFor(key, 5000);
+  const PutRequestItem item = ItemFor(key, bytes);
+
+  auto r1 = manager_->Reserve(kNs, /*owner=*/1, {&item, 1});
+  ASSERT_EQ(r1[0].state, ReserveState::kReserved);
+  // While it is being written, nobody else gets to write it (nor the same owner twice).
+  EXPECT_EQ(manager_->Reserve(kNs, 2, {&item, 1})[0].state, ReserveState::kInProgress);
+  EXPECT_EQ(manager_->Reserve(kNs, 1, {&item, 1})[0].state, ReserveState::kInProgress);
+  // Another namespace writes its own copy.
+  auto other = manager_->Reserve(2, 3, {&item, 1});
+  EXPECT_EQ(other[0].state, ReserveState::kReserved);
+  manager_->Abort(3, other[0].reservation_id);
+  // Not visible before commit.
+  ExpectMiss(key);
+
+  Result<ReservationTarget> t = manager_->TargetOf(1, r1[0].reservation_id);
+  ASSERT_TRUE(t.ok());
+  std::memcpy(t->data, bytes.data(), bytes.size());
+  ASSERT_TRUE(manager_->Commit(1, r1[0].reservation_id).ok());
+  expected_[{kNs, key}] = bytes;
+
+  EXPECT_EQ(manager_->Reserve(kNs, 2, {&item, 1})[0].state, ReserveState::kPresent);
+  EXPECT_EQ(manager_->Reserve(kNs, 1, {&item, 1})[0].state, ReserveState::kPresent);
+  // The reservation is spent.
+  EXPECT_EQ(manager_->Commit(1, r1[0].reservation_id).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(manager_->TargetOf(1, r1[0].reservation_id).ok());
+  ExpectServed(key);
+  EXPECT_EQ(manager_->GetStats().reservations_active, 0u);
+  ExpectHostAccountingConsistent();
+}
+
+TEST_F(TierManagerTest, ReserveOfABatchAnswersEachItem) {
+  Open();
+  ASSERT_TRUE(Put(KeyOf(1), 1000).ok());
+  std::vector<uint8_t> b2 = BytesFor(KeyOf(2), 2000);
+  std::vector<uint8_t> b1 = BytesFor(KeyOf(1), 1000);
+  std::vector<PutRequestItem> items = {ItemFor(KeyOf(1), b1), ItemFor(KeyOf(2), b2),
+                                       ItemFor(KeyOf(3), b2)};
+  items[2].size = 0;
+  auto r = manager_->Reserve(kNs, 1, items);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].state, ReserveState::kPresent);
+  EXPECT_EQ(r[1].state, ReserveState::kReserved);
+  EXPECT_EQ(r[2].state, ReserveState::kRefused);
+  EXPECT_EQ(r[2].status.code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(TierManagerTest, RefusesEmptyAndOversizedBlocks) {
+  Open();
+  const uint64_t baseline = host_->allocated_bytes();
+  PutRequestItem item;
+  item.key = KeyOf(1);
+  for (uint64_t size : {uint64_t{0}, manager_->max_block_bytes() + 1, uint64_t{1} << 40}) {
+    item.size = size;
+    auto r = manager_->Reserve(kNs, 1, {&item, 1});
+    EXPECT_EQ(r[0].state, ReserveState::kRefused) << size;
+    EXPECT_EQ(r[0].status.code(), StatusCode::kInvalidArgument) << size;
+  }
+  EXPECT_EQ(host_->allocated_bytes(), baseline);
+  EXPECT_EQ(manager_->GetStats().reservations_active, 0u);
+}
+
+TEST_F(TierManagerTest, ReservationsBelongToTheirOwner) {
+  Open();
+  const BlockKey key = KeyOf(1);
+  const std::vector<uint8_t> bytes = BytesFor(key, 7000);
+  const PutRequestItem item = ItemFor(key, bytes);
+  auto r = manager_->Reserve(kNs, /*owner=*/10, {&item, 1});
+  ASSERT_EQ(r[0].state, ReserveState::kReserved);
+  const uint64_t rid = r[0].reservation_id;
+  EXPECT_EQ(manager_->TargetOf(11, rid).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Commit(11, rid).code(), StatusCode::kNotFound);
+  manager_->Abort(11, rid);  // not the owner's: ignored
+  manager_->AbortOwner(11);
+  EXPECT_EQ(manager_->GetStats().reservations_active, 1u);
+  Result<ReservationTarget> t = manager_->TargetOf(10, rid);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->size, bytes.size());
+  EXPECT_EQ(t->offset % HostTier::kPageBytes, 0u);
+  std::memcpy(t->data, bytes.data(), bytes.size());
+  ASSERT_TRUE(manager_->Commit(10, rid).ok());
+  expected_[{kNs, key}] = bytes;
+  ExpectServed(key);
+}
+
+TEST_F(TierManagerTest, WrongChecksumAtCommitIsCorruptionAndReclaimsTheSlot) {
+  Open();
+  const uint64_t baseline = host_->allocated_bytes();
+  const BlockKey key = KeyOf(1);
+  std::vector<uint8_t> bytes = BytesFor(key, 64 * kKiB + 3);
+  const PutRequestItem item = ItemFor(key, bytes);
+  auto r = manager_->Reserve(kNs, 1, {&item, 1});
+  ASSERT_EQ(r[0].state, ReserveState::kReserved);
+  Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
+  ASSERT_TRUE(t.ok());
+  EXPECT_GT(host_->allocated_bytes(), baseline);
+  bytes[12345] ^= 0x01;  // one bit damaged in transfer
+  std::memcpy(t->data, bytes.data(), bytes.size());
+  Status st = manager_->Commit(1, r[0].reservation_id);
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+
+  EXPECT_EQ(host_->allocated_bytes(), baseline);
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.reservations_active, 0u);
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.host_blocks, 0u);
+  ExpectMiss(key);
+  EXPECT_EQ(manager_->Lookup(kNs, {&key, 1}, false).hit_blocks, 0u);
+  // The key is free to be put again, and then served right.
+  ASSERT_TRUE(Put(key, 64 * kKiB + 3).ok());
+  ExpectServed(key);
+}
+
+TEST_F(TierManagerTest, AbortOwnerReclaimsEverySlot) {
+  Open();
+  const uint64_t baseline = host_->allocated_bytes();
+  std::vector<PutRequestItem> items;
+  std::vector<std::vector<uint8_t>> bytes;
+  for (int i = 0; i < 6; ++i) {
+    bytes.push_back(BytesFor(KeyOf(i), 100 * kKiB + i));
+    items.push_back(ItemFor(KeyOf(i), bytes.back()));
+  }
+  auto r = manager_->Reserve(kNs, /*owner=*/7, items);
+  for (const auto& o : r) ASSERT_EQ(o.state, ReserveState::kReserved);
+  // Another owner's reservation is not touched.
+  const std::vector<uint8_t> keep = BytesFor(KeyOf(100), 5000);
+  const PutRequestItem keep_item = ItemFor(KeyOf(100), keep);
+  auto kr = manager_->Reserve(kNs, /*owner=*/8, {&keep_item, 1});
+  ASSERT_EQ(kr[0].state, ReserveState::kReserved);
+  const uint64_t with_keep_only = baseline + 8192;  // 5000 bytes: two pages
+  EXPECT_GT(host_->allocated_bytes(), with_keep_only);
+
+  manager_->AbortOwner(7);
+  EXPECT_EQ(host_->allocated_bytes(), with_keep_only);
+  EXPECT_EQ(manager_->GetStats().reservations_active, 1u);
+  for (const auto& o : r) {
+    EXPECT_EQ(manager_->Commit(7, o.reservation_id).code(), StatusCode::kNotFound);
+  }
+  // The keys can be reserved again.
+  auto again = manager_->Reserve(kNs, 9, items);
+  for (const auto& o : again) EXPECT_EQ(o.state, ReserveState::kReserved);
+  manager_->AbortOwner(9);
+  manager_->Abort(8, kr[0].reservation_id);
+  EXPECT_EQ(host_->allocated_bytes(), baseline);
+  EXPECT_EQ(manager_->GetStats().reservations_active, 0u);
+}
+
+TEST_F(TierManagerTest, ExpiredReservationIsReclaimed) {
+  options_.reservation_timeout = std::chrono::milliseconds(1);
+  Open();
+  const uint64_t baseline = host_->allocated_bytes();
+  const std::vector<uint8_t> bytes = BytesFor(KeyOf(1), 10000);
+  const PutRequestItem item = ItemFor(KeyOf(1), bytes);
+  auto r = manager_->Reserve(kNs, 1, {&item, 1});
+  ASSERT_EQ(r[0].state, ReserveState::kReserved);
+  // The flusher reclaims it on one of its rounds; wait for that (bounded, generously).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (manager_->GetStats().reservations_active != 0 &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(manager_->GetStats().reservations_active, 0u);
+  EXPECT_EQ(manager_->Commit(1, r[0].reservation_id).code(), StatusCode::kNotFound);
+  EXPECT_EQ(host_->allocated_bytes(), baseline);
+  ExpectMiss(KeyOf(1));
+}
+
+TEST_F(TierManagerTest, HostOverflowDemotesTailFirstAndServesIdenticalBytes) {
+  Open();
+  // A 6 MiB chain fits the 8 MiB host (below its high watermark) ...
+  const std::vector<BlockKey> chain = PutChain(0, std::vector<uint64_t>(24, 256 * kKiB - 100));
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(24, ServedFrom::kHost));
+  // ... then 4 MiB of unrelated blocks push part of it out.
+  std::vector<BlockKey> others;
+  for (int i = 0; i < 16; ++i) {
+    others.push_back(KeyOf(1000 + i));
+    ASSERT_TRUE(Put(others.back(), 256 * kKiB).ok());
+  }
+  manager_->WaitIdleForTest();
+
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_GT(s.host_counters.demotions, 0u);
+  EXPECT_GT(s.disk_blocks, 0u);
+  EXPECT_EQ(s.blocks_lost, 0u);
+  EXPECT_LE(s.host.allocated_bytes, host_->capacity_bytes());
+
+  // Every block is still cached; the host holds a prefix of the chain and the disk the rest:
+  // the chain's last blocks went down first.
+  const std::vector<ServedFrom> tiers = TiersOf(chain);
+  ASSERT_EQ(tiers.size(), chain.size());
+  std::string picture;
+  for (ServedFrom f : tiers) picture += f == ServedFrom::kHost ? 'H' : 'D';
+  SCOPED_TRACE("tiers along the chain: " + picture);
+  const auto first_disk = std::find(tiers.begin(), tiers.end(), ServedFrom::kDisk);
+  ASSERT_NE(first_disk, tiers.end()) << "nothing of the chain was demoted";
+  EXPECT_NE(first_disk, tiers.begin()) << "the chain's head left host before its tail";
+  EXPECT_TRUE(std::all_of(first_disk, tiers.end(), [](ServedFrom f) {
+    return f == ServedFrom::kDisk;
+  })) << "a block in the middle of the chain left host before its descendants";
+  EXPECT_EQ(manager_->CountCached(kNs, others), others.size());
+
+  // Everything reads back byte-identical, promoted from disk where needed.
+  for (const BlockKey& k : chain) ExpectServed(k);
+  for (const BlockKey& k : others) ExpectServed(k);
+  manager_->WaitIdleForTest();
+  EXPECT_GT(manager_->GetStats().host_counters.promotions, 0u);
+  ExpectHostAccountingConsistent();
+}
+
+TEST_F(TierManagerTest, ALongChainThroughASmallHostStaysWhole) {
+  Open();
+  // A 12 MiB chain put through the 8 MiB host: blocks are demoted while it is being written.
+  const std::vector<BlockKey> chain = PutChain(0, std::vector<uint64_t>(48, 256 * kKiB - 100));
+  manager_->WaitIdleForTest();
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_GT(s.disk_blocks, 0u);
+  EXPECT_EQ(s.blocks_lost, 0u);
+  // No block went missing, and the head is still in host.
+  const LookupResult l = manager_->Lookup(kNs, chain, /*prefetch=*/false);
+  EXPECT_EQ(l.hit_blocks, chain.size());
+  ASSERT_FALSE(l.tiers.empty());
+  EXPECT_EQ(l.tiers[0], ServedFrom::kHost);
+  // Read front to back and back to front (the promotions reshuffle the tiers in between).
+  for (const BlockKey& k : chain) ExpectServed(k);
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) ExpectServed(*it);
+  ExpectHostAccountingConsistent();
+}
+
+TEST_F(TierManagerTest, LeasedBlocksStayPutWhileTheHostChurns) {
+  Open();
+  const BlockKey leased_key = KeyOf(1000);
+  ASSERT_TRUE(Put(leased_key, 300 * kKiB).ok());
+  std::vector<BlockRead> held = manager_->Acquire(kNs, {&leased_key, 1});
+  ASSERT_TRUE(held[0].status.ok());
+  const uint8_t* data = held[0].data;
+  // Put 3x the host's capacity of other blocks.
+  for (int i = 0; i < 96; ++i) ASSERT_TRUE(Put(KeyOf(i), 256 * kKiB).ok()) << i;
+  manager_->WaitIdleForTest();
+  // The leased copy never moved nor changed.
+  EXPECT_EQ(held[0].data, data);
+  const std::vector<uint8_t>& want = expected_[{kNs, leased_key}];
+  EXPECT_EQ(std::memcmp(held[0].data, want.data(), want.size()), 0);
+  EXPECT_EQ(TiersOf({leased_key})[0], ServedFrom::kHost);
+  manager_->Release(held[0]);
+  for (int i = 0; i < 96; i += 7) ExpectServed(KeyOf(i));
+}
+
+TEST_F(TierManagerTest, LookupReportsTiersAndStartsPromotions) {
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, std::vector<uint64_t>(6, 200 * kKiB));
+  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(6, ServedFrom::kHost));
+  DemoteAll(chain);
+
+  LookupResult l = manager_->Lookup(kNs, chain, /*prefetch=*/false);
+  EXPECT_EQ(l.hit_blocks, 6u);
+  EXPECT_EQ(l.tiers, std::vector<ServedFrom>(6, ServedFrom::kDisk));
+  EXPECT_EQ(l.promotions_started, 0u);
+
+  l = manager_->Lookup(kNs, chain, /*prefetch=*/true);
+  EXPECT_EQ(l.hit_blocks, 6u);
+  EXPECT_EQ(l.promotions_started, 6u);
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(6, ServedFrom::kHost));
+  TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.prefetches_issued, 6u);
+  EXPECT_EQ(s.host_counters.promotions, 6u);
+  for (const BlockKey& k : chain) ExpectServed(k);
+  EXPECT_EQ(manager_->GetStats().prefetches_useful, 6u);
+
+  // The longest cached prefix stops at the first gap.
+  std::vector<BlockKey> gapped = chain;
+  gapped[3] = KeyOf(777);
+  EXPECT_EQ(manager_->Lookup(kNs, gapped, true).hit_blocks, 3u);
+  EXPECT_EQ(manager_->Lookup(2, chain, true).hit_blocks, 0u);
+  EXPECT_EQ(manager_->CountCached(kNs, gapped), 5u);
+
+  // Prefetch promotes disk-only blocks the same way.
+  DemoteAll(chain);
+  EXPECT_EQ(manager_->Prefetch(kNs, chain), 6u);
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(6, ServedFrom::kHost));
+  EXPECT_EQ(manager_->Prefetch(kNs, chain), 0u);  // nothing left to promote
+}
+
+TEST_F(TierManagerTest, AcquireOfDiskBlocksPromotesAndServesThem) {
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, {5000, 70000, 1, kMiB});
+  DemoteAll(chain);
+  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(4, ServedFrom::kDisk));
+  std::vector<BlockRead> reads = manager_->Acquire(kNs, chain);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    ASSERT_TRUE(reads[i].status.ok()) << i << ": " << reads[i].status.ToString();
+    EXPECT_EQ(reads[i].from, ServedFrom::kDisk);  // a disk hit, promoted on the way
+    const std::vector<uint8_t>& want = expected_[{kNs, chain[i]}];
+    ASSERT_EQ(reads[i].size, want.size());
+    EXPECT_EQ(std::memcmp(reads[i].data, want.data(), want.size()), 0) << i;
+    manager_->Release(reads[i]);
+  }
+  EXPECT_EQ(manager_->GetStats().disk_counters.hits, 4u);
+  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(4, ServedFrom::kHost));
+}
+
+TEST_F(TierManagerTest, CorruptDiskBlockIsAMissNeverWrongBytes) {
+  Open();
+  const std::vector<BlockKey> keys = {KeyOf(1), KeyOf(2), KeyOf(3)};
+  for (const BlockKey& k : keys) ASSERT_TRUE(Put(k, 100 * kKiB + 1).ok());
+  DemoteAll(keys);
+  ASSERT_TRUE(disk_->CorruptForTest(kNs, keys[0]).ok());
+  ASSERT_TRUE(disk_->CorruptForTest(kNs, keys[2]).ok());
+
+  // Through Acquire: a miss, and the good block is served.
+  std::vector<BlockRead> reads = manager_->Acquire(kNs, Keys{keys[0], keys[1]});
+  EXPECT_TRUE(reads[0].status.IsNotFound()) << reads[0].status.ToString();
+  EXPECT_EQ(reads[0].data, nullptr);
+  ASSERT_TRUE(reads[1].status.ok());
+  EXPECT_EQ(std::memcmp(reads[1].data, expected_[{kNs, keys[1]}].data(), 100 * kKiB + 1), 0);
+  for (BlockRead& r : reads) manager_->Release(r);
+  EXPECT_EQ(manager_->GetStats().checksum_failures, 1u);
+  ExpectMiss(keys[0]);
+  EXPECT_EQ(manager_->CountCached(kNs, Keys{keys[0]}), 0u);
+
+  // Through a prefetching lookup: the promotion fails verification and the block is dropped.
+  EXPECT_EQ(manager_->Lookup(kNs, Keys{keys[2]}, true).promotions_started, 1u);
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(manager_->GetStats().checksum_failures, 2u);
+  EXPECT_EQ(manager_->Lookup(kNs, Keys{keys[2]}, false).hit_blocks, 0u);
+  ExpectMiss(keys[2]);
+  // Dropped from disk too: a restart does not bring it back.
+  Reopen();
+  ExpectMiss(keys[0]);
+  ExpectMiss(keys[2]);
+  ExpectServed(keys[1]);
+}
+
+TEST_F(TierManagerTest, WriteThroughNamespaceWritesAtCommit) {
+  options_.flush_on_shutdown = false;
+  Open();
+  Result<std::shared_ptr<const WritePolicy>> wt = CreateWritePolicy("write-through");
+  ASSERT_TRUE(wt.ok()) << wt.status().ToString();
+  manager_->SetNamespacePolicy(2, NamespacePolicy{*wt});
+  ASSERT_TRUE(Put(KeyOf(1), 5000, {}, /*ns=*/2).ok());
+  ASSERT_TRUE(Put(KeyOf(2), 5000, {}, /*ns=*/kNs).ok());
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.disk_blocks, 1u);  // only the write-through namespace's block
+  EXPECT_EQ(s.host_blocks, 2u);
+  // Served from host, and a restart without a shutdown flush still has it.
+  ExpectServed(KeyOf(1), 2);
+  Reopen();
+  ExpectServed(KeyOf(1), 2);
+  ExpectMiss(KeyOf(2), kNs);
+}
+
+TEST_F(TierManagerTest, PinChainWritesToDiskAndPinnedBlocksSurviveAFullDisk) {
+  options_.disk_capacity_bytes = 2 * kMiB;  // eight 256 KiB blocks
+  Open();
+  const uint64_t block = 256 * kKiB;
+  const std::vector<BlockKey> session = PutChain(0, std::vector<uint64_t>(4, block));
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 0u);
+
+  Result<uint64_t> pinned = manager_->PinChain(kNs, session);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  EXPECT_EQ(*pinned, 4 * block);
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 4u);  // written down at once
+
+  // A chain with a block that is not cached cannot be pinned.
+  std::vector<BlockKey> broken = session;
+  broken.push_back(KeyOf(9999));
+  Result<uint64_t> refused = manager_->PinChain(kNs, broken);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+
+  DemoteAll(session);  // already on disk: host copies dropped
+  // Push 12 unpinned blocks through a disk with room for 4 more.
+  std::vector<BlockKey> others;
+  for (int i = 0; i < 12; ++i) {
+    others.push_back(KeyOf(100 + i));
+    ASSERT_TRUE(Put(others.back(), block).ok());
+    DemoteAll({others.back()});
+  }
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_LE(s.disk_used_bytes, options_.disk_capacity_bytes);
+  EXPECT_EQ(s.disk_counters.evictions, 8u);
+  EXPECT_EQ(s.blocks_lost, 0u);
+  // The session survives whole; of the others the four most recent are still cached.
+  EXPECT_EQ(manager_->CountCached(kNs, session), 4u);
+  for (const BlockKey& k : session) ExpectServed(k);
+  EXPECT_EQ(manager_->CountCached(kNs, others), 4u);
+  for (int i = 8; i < 12; ++i) EXPECT_EQ(manager_->CountCached(kNs, Keys{others[i]}), 1u) << i;
+
+  // Unpinned, the session's blocks may go like any other (tail first).
+  DemoteAll(session);
+  manager_->UnpinChain(kNs, session);
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(Put(KeyOf(200 + i), block).ok());
+    DemoteAll({KeyOf(200 + i)});
+    // Whatever is left of the session is always a prefix. (CountCached, unlike Lookup, does
+    // not touch the blocks, so observing does not change the LRU order.)
+    const uint32_t left = manager_->CountCached(kNs, session);
+    EXPECT_EQ(manager_->CountCached(kNs, std::span(session).first(left)), left);
+  }
+  EXPECT_EQ(manager_->CountCached(kNs, session), 0u);
+}
+
+TEST_F(TierManagerTest, DiskFullOfPinnedBlocksRefusesOthersButKeepsThePinned) {
+  options_.disk_capacity_bytes = 1 * kMiB;
+  Open();
+  const uint64_t block = 256 * kKiB;
+  const std::vector<BlockKey> session = PutChain(0, std::vector<uint64_t>(4, block));
+  ASSERT_TRUE(manager_->PinChain(kNs, session).ok());
+  DemoteAll(session);
+  // Disk is full of pinned blocks: an unpinned block cannot go down.
+  ASSERT_TRUE(Put(KeyOf(50), block).ok());
+  manager_->Evict(kNs, TierId::kHost, Keys{KeyOf(50)});
+  manager_->WaitIdleForTest();
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_LE(s.disk_used_bytes, options_.disk_capacity_bytes);
+  EXPECT_EQ(s.disk_blocks, 4u);
+  for (const BlockKey& k : session) ExpectServed(k);
+}
+
+TEST_F(TierManagerTest, RecoverFindsEveryDiskBlockWithItsSizeAndServesIt) {
+  options_.flush_on_shutdown = false;
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, {4096, 100000, 1, 700 * kKiB, 4097});
+  const std::vector<BlockKey> other = PutChain(100, {3000, 5000}, /*ns=*/2);
+  std::vector<BlockKey> singles;
+  for (int i = 0; i < 3; ++i) {
+    singles.push_back(KeyOf(200 + i));
+    ASSERT_TRUE(Put(singles.back(), 10000 + 999 * i).ok());
+  }
+  DemoteAll(chain);
+  DemoteAll(other, 2);
+  DemoteAll(singles);
+  const uint64_t used = manager_->GetStats().disk_used_bytes;
+  uint64_t total = 0;
+  for (const auto& [k, v] : expected_) total += v.size();
+  EXPECT_EQ(used, total);
+
+  Reopen();
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.disk_blocks, 10u);
+  EXPECT_EQ(s.disk_used_bytes, total);
+  EXPECT_EQ(s.host_blocks, 0u);
+  LookupResult l = manager_->Lookup(kNs, chain, false);
+  EXPECT_EQ(l.hit_blocks, chain.size());
+  EXPECT_EQ(l.tiers, std::vector<ServedFrom>(chain.size(), ServedFrom::kDisk));
+  EXPECT_EQ(manager_->Lookup(2, other, false).hit_blocks, 2u);
+  EXPECT_EQ(manager_->Lookup(2, chain, false).hit_blocks, 0u);
+  for (const auto& [nk, bytes] : expected_) ExpectServed(nk.second, nk.first);
+
+  // The chain's links came back too: its head cannot be evicted before its tail.
+  EvictOutcome o = manager_->Evict(kNs, TierId::kDisk, Keys{chain[0]});
+  EXPECT_EQ(o.evicted, 0u);
+  EXPECT_EQ(manager_->CountCached(kNs, chain), chain.size());
+}
+
+TEST_F(TierManagerTest, RecoverIntoASmallerDiskKeepsChainPrefixes) {
+  options_.flush_on_shutdown = false;
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, std::vector<uint64_t>(8, 256 * kKiB));
+  DemoteAll(chain);
+  options_.disk_capacity_bytes = 1 * kMiB;
+  Reopen();
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_LE(s.disk_used_bytes, 1 * kMiB);
+  EXPECT_EQ(manager_->Lookup(kNs, chain, false).hit_blocks, 4u);
+  EXPECT_EQ(manager_->CountCached(kNs, chain), 4u);
+  for (int i = 0; i < 4; ++i) ExpectServed(chain[i]);
+}
+
+TEST_F(TierManagerTest, ShutdownFlushesHostOnlyBlocksForTheNextStart) {
+  options_.flush_on_shutdown = true;
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, {5000, 300 * kKiB, 1});
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 0u);
+  Reopen();
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 3u);
+  EXPECT_EQ(manager_->Lookup(kNs, chain, false).hit_blocks, 3u);
+  for (const BlockKey& k : chain) ExpectServed(k);
+}
+
+TEST_F(TierManagerTest, ShutdownWithoutFlushLosesOnlyHostOnlyBlocks) {
+  options_.flush_on_shutdown = false;
+  Open();
+  ASSERT_TRUE(Put(KeyOf(1), 5000).ok());
+  ASSERT_TRUE(Put(KeyOf(2), 5000).ok());
+  DemoteAll({KeyOf(2)});
+  Reopen();
+  ExpectMiss(KeyOf(1));
+  ExpectServed(KeyOf(2));
+}
+
+TEST_F(TierManagerTest, EvictRespectsTailFirst) {
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, {5000, 6000, 7000});  // A -> B -> C
+  // A has cached descendants: not evicted alone.
+  EvictOutcome o = manager_->Evict(kNs, TierId::kHost, Keys{chain[0]});
+  EXPECT_EQ(o.evicted, 0u);
+  EXPECT_EQ(o.skipped, 1u);
+  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(3, ServedFrom::kHost));
+  // A leased tail is not evicted, and so neither is the rest.
+  std::vector<BlockRead> held = manager_->Acquire(kNs, {&chain[2], 1});
+  ASSERT_TRUE(held[0].status.ok());
+  o = manager_->Evict(kNs, TierId::kHost, chain);
+  EXPECT_EQ(o.evicted, 0u);
+  EXPECT_EQ(o.skipped, 3u);
+  manager_->Release(held[0]);
+  // All three together: deepest first, so all go (to disk: host-only blocks are demoted).
+  o = manager_->Evict(kNs, TierId::kHost, chain);
+  EXPECT_EQ(o.evicted, 3u);
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(3, ServedFrom::kDisk));
+  // From the whole cache: the head stays while its descendants are cached...
+  o = manager_->Evict(kNs, TierId::kDisk, Keys{chain[0], chain[1]});
+  EXPECT_EQ(o.evicted, 0u);
+  EXPECT_EQ(manager_->CountCached(kNs, chain), 3u);
+  // ...and the tail goes first.
+  o = manager_->Evict(kNs, TierId::kDisk, Keys{chain[2]});
+  EXPECT_EQ(o.evicted, 1u);
+  EXPECT_EQ(manager_->Lookup(kNs, chain, false).hit_blocks, 2u);
+  // Everything of the namespace (empty key list), other namespaces untouched.
+  ASSERT_TRUE(Put(KeyOf(50), 1000, {}, /*ns=*/2).ok());
+  o = manager_->Evict(kNs, TierId::kDisk, Keys{});
+  EXPECT_EQ(o.evicted, 2u);
+  EXPECT_EQ(manager_->CountCached(kNs, chain), 0u);
+  ExpectServed(KeyOf(50), 2);
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.disk_blocks, 0u);
+  EXPECT_EQ(s.disk_used_bytes, 0u);
+  EXPECT_EQ(s.index_entries, 1u) << "evicted blocks left index entries behind";
+}
+
+TEST_F(TierManagerTest, CommitRacingAbortOwnerNeverPublishesAFreedSlot) {
+  Open();
+  const uint64_t size = kMiB;  // hashing a whole segment leaves a window to race in
+  int committed = 0;
+  int aborted = 0;
+  int mid_commit = 0;
+  std::mt19937_64 rng(42);
+  for (int iter = 0; iter < 150; ++iter) {
+    const uint64_t owner = 1000 + iter;
+    const BlockKey key = KeyOf(5000 + iter);
+    const std::vector<uint8_t> bytes = BytesFor(key, size);
+    const PutRequestItem item = ItemFor(key, bytes);
+    auto r = manager_->Reserve(kNs, owner, {&item, 1});
+    ASSERT_EQ(r[0].state, ReserveState::kReserved);
+    Result<ReservationTarget> t = manager_->TargetOf(owner, r[0].reservation_id);
+    ASSERT_TRUE(t.ok());
+    std::memcpy(t->data, bytes.data(), size);
+
+    std::atomic<bool> go{false};
+    const int spin = static_cast<int>(rng() % 40000);
+    std::thread aborter([&] {
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      // A random delay, so the abort lands anywhere in Commit's run.
+      std::atomic<int> sink{0};
+      for (int i = 0; i < spin; ++i) sink.fetch_add(1, std::memory_order_relaxed);
+      manager_->AbortOwner(owner);
+    });
+    go.store(true, std::memory_order_release);
+    Status st = manager_->Commit(owner, r[0].reservation_id);
+    aborter.join();
+
+    ASSERT_EQ(manager_->GetStats().reservations_active, 0u);
+    ExpectHostAccountingConsistent();
+    if (st.ok()) {
+      ++committed;
+      expected_[{kNs, key}] = bytes;
+      ExpectServed(key);
+      // Drop it from host again so the next rounds have room without disk writes.
+      EXPECT_EQ(manager_->Evict(kNs, TierId::kDisk, Keys{key}).evicted, 1u);
+    } else {
+      ++aborted;
+      if (st.code() == StatusCode::kAborted) ++mid_commit;
+      EXPECT_TRUE(st.code() == StatusCode::kNotFound || st.code() == StatusCode::kAborted)
+          << st.ToString();
+      ExpectMiss(key);
+    }
+    ASSERT_EQ(host_->allocated_bytes(), 0u) << "iteration " << iter;
+  }
+  EXPECT_EQ(committed + aborted, 150);
+  RecordProperty("aborted_mid_commit", mid_commit);  // how often the race window was hit
+}
+
+TEST_F(TierManagerTest, ConcurrentClientsNeverSeeWrongBytes) {
+  Open();
+  constexpr int kThreads = 6;
+  constexpr int kChains = 6;
+  constexpr int kChainLength = 8;
+  constexpr int kOps = 400;
+  // 48 keys of 4 KiB .. ~400 KiB: about 10 MiB in all, more than the 8 MiB host.
+  auto size_of = [](int k) -> uint64_t { return 4096ull * (1 + (k * 37) % 100) + (k * 131) % 4096; };
+  std::vector<BlockKey> keys;
+  for (int k = 0; k < kChains * kChainLength; ++k) keys.push_back(KeyOf(10000 + k));
+  auto parent_of = [&](int k) { return k % kChainLength ? keys[k - 1] : BlockKey{}; };
+
+  std::atomic<uint64_t> mismatches{0};
+  std::atomic<uint64_t> served{0};
+  std::atomic<uint64_t> commits{0};
+  std::atomic<uint64_t> unexpected{0};
+  std::vector<std::atomic<bool>> committed(keys.size());
+  for (auto& c : committed) c = false;
+
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(t + 1);
+    const uint64_t owner = 100 + t;
+    for (int op = 0; op < kOps; ++op) {
+      const int k = static_cast<int>(rng() % keys.size());
+      const int what = static_cast<int>(rng() % 100);
+      if (what < 35) {
+        const std::vector<uint8_t> bytes = BytesFor(keys[k], size_of(k));
+        const PutRequestItem item = ItemFor(keys[k], bytes, parent_of(k));
+        auto r = manager_->Reserve(kNs, owner, {&item, 1});
+        if (r[0].state != ReserveState::kReserved) {
+          if (r[0].state == ReserveState::kRefused &&
+              r[0].status.code() != StatusCode::kResourceExhausted) {
+            ++unexpected;
+          }
+          continue;
+        }
+        Result<ReservationTarget> target = manager_->TargetOf(owner, r[0].reservation_id);
+        if (!target.ok() || target->size != bytes.size()) {
+          ++unexpected;
+          continue;
+        }
+        std::memcpy(target->data, bytes.data(), bytes.size());
+        Status st = manager_->Commit(owner, r[0].reservation_id);
+        if (st.ok()) {
+          ++commits;
+          committed[k] = true;
+        } else {
+          ++unexpected;
+        }
+      } else if (what < 85) {
+        // Acquire a short run of one chain.
+        const int n = 1 + static_cast<int>(rng() % 3);
+        const int start = std::min<int>(k, static_cast<int>(keys.size()) - n);
+        std::vector<BlockKey> batch(keys.begin() + start, keys.begin() + start + n);
+        std::vector<BlockRead> reads = manager_->Acquire(kNs, batch);
+        for (int i = 0; i < n; ++i) {
+          BlockRead& r = reads[i];
+          if (r.status.ok()) {
+            const std::vector<uint8_t> want = BytesFor(batch[i], size_of(start + i));
+            if (r.size != want.size() || std::memcmp(r.data, want.data(), want.size()) != 0 ||
+                r.checksum != BlockChecksum(want.data(), want.size())) {
+              ++mismatches;
+            }
+            ++served;
+          } else if (!r.status.IsNotFound() && r.status.code() != StatusCode::kUnavailable &&
+                     r.status.code() != StatusCode::kResourceExhausted) {
+            ++unexpected;
+          }
+          manager_->Release(r);
+        }
+      } else if (what < 95) {
+        const int start = k - k % kChainLength;
+        std::vector<BlockKey> chain(keys.begin() + start, keys.begin() + start + kChainLength);
+        manager_->Lookup(kNs, chain, /*prefetch=*/true);
+      } else {
+        manager_->Evict(kNs, TierId::kHost, {&keys[k], 1});
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  manager_->WaitIdleForTest();
+
+  EXPECT_EQ(mismatches.load(), 0u);
+  EXPECT_EQ(unexpected.load(), 0u);
+  EXPECT_GT(served.load(), 100u);
+  EXPECT_GT(commits.load(), 0u);
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.leases_active, 0u);
+  EXPECT_EQ(s.reservations_active, 0u);
+  EXPECT_EQ(s.blocks_lost, 0u);
+  EXPECT_EQ(s.checksum_failures, 0u);
+  ExpectHostAccountingConsistent();
+  // The disk is large: nothing committed was lost, and all of it reads back right.
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (!committed[k]) continue;
+    expected_[{kNs, keys[k]}] = BytesFor(keys[k], size_of(static_cast<int>(k)));
+    ExpectServed(keys[k]);
+  }
+}
+
+}  // namespace
+}  // namespace kvpool::tiers
