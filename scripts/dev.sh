@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# kvpool developer entry point: installs the dependencies (Debian 12 packages), builds, and
+#   ./scripts/dev.sh run    starts kvpoold in the foreground with the embedded defaults
+#   ./scripts/dev.sh test   runs the whole test suite with ctest
+#   ./scripts/dev.sh build  only installs and builds
+# Environment: BUILD_DIR (default build), CTEST_ARGS (extra ctest arguments, e.g. "-L unit"),
+# KVPOOL_SKIP_INSTALL=1 to skip apt-get (dependencies already present).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=$(nproc)
+
+# Debian 12 packages kvpool builds and tests with (see ../shared/BUILD-NOTES.md).
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libboost-dev libboost-system-dev libgflags-dev libgoogle-glog-dev librocksdb-dev
+  libprotobuf-dev protobuf-compiler libssl-dev libxxhash-dev libabsl-dev nlohmann-json3-dev
+  libsystemd-dev libgtest-dev libbenchmark-dev
+  libucx-dev ucx-utils libhiredis-dev redis-server etcd-server
+  python3 python3-matplotlib
+)
+
+install_deps() {
+  if [[ "${KVPOOL_SKIP_INSTALL:-0}" == 1 ]]; then return; fi
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "dev.sh: all ${#PACKAGES[@]} packages present"
+    return
+  fi
+  echo "dev.sh: installing ${missing[*]}"
+  local sudo=()
+  if [[ $(id -u) != 0 ]]; then sudo=(sudo); fi
+  "${sudo[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+case "${1:-}" in
+  run)
+    install_deps
+    build
+    shift
+    mkdir -p kvpool-data
+    echo "dev.sh: starting kvpoold (Ctrl-C stops it; try '$BUILD_DIR/client/kvpool status' in another shell)"
+    exec "$BUILD_DIR/daemon/kvpoold" --data_dir=kvpool-data "$@"
+    ;;
+  test)
+    install_deps
+    build
+    # Integration tests start their own daemons on temp dirs: safe to run two at a time.
+    # shellcheck disable=SC2086
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 ${CTEST_ARGS:-}
+    ;;
+  build)
+    install_deps
+    build
+    ;;
+  *)
+    echo "usage: $0 run [kvpoold flags] | test | build" >&2
+    exit 2
+    ;;
+esac
