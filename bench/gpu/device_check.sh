@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# bench/gpu/device_check.sh: the GPU side of kvpool's kernels, in one run (target < 8 minutes).
+#
+# 1. Builds kernels/ with CUDA (-DKVPOOL_KERNELS_ONLY=ON: needs only CMake, nvcc and a C++20
+#    compiler; no RocksDB, UCX, Boost or GoogleTest) for the card's own architecture.
+# 2. Runs kvpool-kernel-check: every CUDA kernel against its CPU twin on fresh random inputs of
+#    several shapes (copies byte exact; quantize/dequantize within 1e-6 relative, expected bit
+#    exact; scores within 1e-4 relative; selection identical to the twin's on the same scores;
+#    outputs poisoned twice so an unwritten byte shows; no NaN), then times each kernel with CUDA
+#    events (median after warm-up) beside a device-to-device copy of the same bytes.
+# 3. Prints one short table last: paste it into docs/BENCHMARKS.md with the date and the card.
+#
+# Usage: bench/gpu/device_check.sh [--quick] [kvpool-kernel-check flags]
+# Env:   KVPOOL_GPU_BUILD_DIR (default /tmp/kvpool-gpu-check), CUDA_ARCH (default: the card's),
+#        OUT (if set, the log and table are copied there).
+# Exit:  0 all checks pass, 1 a check failed, 2 build or device problem.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="${KVPOOL_GPU_BUILD_DIR:-/tmp/kvpool-gpu-check}"
+START=$SECONDS
+LIMIT=480  # seconds for the whole run
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "device_check: no NVIDIA GPU visible (nvidia-smi failed)" >&2
+  exit 2
+fi
+CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+ARCH="${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')}"
+NVCC="$(command -v nvcc || true)"
+[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+if [ -z "$NVCC" ]; then
+  echo "device_check: nvcc not found (PATH or /usr/local/cuda/bin)" >&2
+  exit 2
+fi
+echo "device_check: $(date -u +%Y-%m-%dT%H:%MZ) card: $CARD (sm_$ARCH), nvcc: $("$NVCC" --version | tail -1)"
+
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+if ! cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DKVPOOL_KERNELS_ONLY=ON -DKVPOOL_WITH_CUDA=ON \
+    -DKVPOOL_BUILD_TESTS=OFF -DKVPOOL_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$BUILD.cmake.log" 2>&1; then
+  cat "$BUILD.cmake.log" >&2
+  echo "device_check: cmake configure failed" >&2
+  exit 2
+fi
+if ! cmake --build "$BUILD" -j"$(nproc)" --target kvpool-kernel-check >"$BUILD.build.log" 2>&1; then
+  tail -50 "$BUILD.build.log" >&2
+  echo "device_check: build failed" >&2
+  exit 2
+fi
+echo "device_check: built in $((SECONDS - START)) s"
+
+LOG="$BUILD/kernel_check.log"
+REMAINING=$((LIMIT - (SECONDS - START)))
+[ "$REMAINING" -lt 60 ] && REMAINING=60
+timeout "$REMAINING" "$BUILD/kernels/kvpool-kernel-check" "$@" 2>&1 | tee "$LOG"
+RC=${PIPESTATUS[0]}
+if [ "$RC" -eq 124 ]; then
+  echo "device_check: kvpool-kernel-check timed out after ${REMAINING} s" >&2
+fi
+
+TABLE="$BUILD/kernel_check_table.md"
+{
+  echo
+  echo "GPU kernels, $(date -u +%Y-%m-%d), $CARD, sm_$ARCH (bench/gpu/device_check.sh; ratio = kernel / D2D copy bandwidth, both counting bytes read + written)"
+  echo
+  grep '^|' "$LOG"
+  grep '^RESULT' "$LOG" || echo "RESULT: INCOMPLETE (exit $RC)"
+} >"$TABLE"
+if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
+  cp "$LOG" "$TABLE" "$BUILD.build.log" "$OUT"/ 2>/dev/null || true
+fi
+echo "device_check: finished in $((SECONDS - START)) s, exit $RC"
+cat "$TABLE"
+exit "$RC"
