@@ -845,8 +845,21 @@ Result<uint64_t> TierManager::PinChain(NamespaceId ns, std::span<const BlockKey>
       continue;
     }
     if (!to_write.empty()) {
+      // Each block once, however often the chain names it (a second disk copy is a bug).
+      std::sort(to_write.begin(), to_write.end());
+      to_write.erase(std::unique(to_write.begin(), to_write.end()), to_write.end());
+      // Hold the chain's blocks already on disk while making room for the rest: were they the
+      // room, the next round would write them back and drop these, forever.
+      std::vector<EntryId> held;
+      for (EntryId id : ids) {
+        if (index_.at(id).In(TierId::kDisk)) {
+          index_.Pin(id);
+          held.push_back(id);
+        }
+      }
       for (EntryId id : to_write) index_.at(id).busy |= kBusyDemoting;
       Status st = WriteDownLocked(to_write, /*drop_host=*/false, /*sync=*/true);
+      for (EntryId id : held) index_.Unpin(id);
       if (!st.ok()) return st.WithContext("writing the session's blocks to disk");
       continue;  // re-check: the lock was released
     }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <random>
 #include <set>
@@ -654,6 +655,52 @@ TEST_F(TierManagerTest, DiskFullOfPinnedBlocksRefusesOthersButKeepsThePinned) {
   EXPECT_LE(s.disk_used_bytes, options_.disk_capacity_bytes);
   EXPECT_EQ(s.disk_blocks, 4u);
   for (const BlockKey& k : session) ExpectServed(k);
+}
+
+TEST_F(TierManagerTest, PinChainLargerThanTheFreeDiskFailsInsteadOfLooping) {
+  options_.disk_capacity_bytes = 256 * kKiB;  // room for one block
+  Open();
+  // The head in host and on disk, the tail in host only: writing the tail needs the room the
+  // head's disk copy takes, and the head's copy must not be what makes that room.
+  const std::vector<BlockKey> chain = ChainKeys(0, 2);
+  ASSERT_TRUE(Put(chain[0], 256 * kKiB).ok());
+  DemoteAll({chain[0]});
+  ExpectServed(chain[0]);  // promoted back: host and disk
+  ASSERT_TRUE(Put(chain[1], 256 * kKiB, chain[0]).ok());
+  ASSERT_EQ(TiersOf(chain), std::vector<ServedFrom>(2, ServedFrom::kHost));
+  auto pinned = std::async(std::launch::async, [&] { return manager_->PinChain(kNs, chain); });
+  if (pinned.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "PinChain never returned";
+    std::_Exit(1);  // the manager is wedged: no clean teardown is possible
+  }
+  Result<uint64_t> r = pinned.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+  // Nothing was lost on the way, and nothing stays pinned: the head can still leave disk.
+  EXPECT_EQ(manager_->CountCached(kNs, chain), 2u);
+  for (const BlockKey& k : chain) ExpectServed(k);
+  EXPECT_EQ(manager_->Evict(kNs, TierId::kDisk, chain).evicted, 2u);
+}
+
+TEST_F(TierManagerTest, PinChainNamingABlockTwiceWritesItOnce) {
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, {5000, 6000});
+  const Keys twice = {chain[0], chain[0], chain[1], chain[1]};
+  Result<uint64_t> pinned = manager_->PinChain(kNs, twice);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  EXPECT_EQ(*pinned, 2 * 5000u + 2 * 6000u);
+  TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.disk_blocks, 2u);
+  EXPECT_EQ(s.disk_used_bytes, 11000u);
+  for (const BlockKey& k : chain) ExpectServed(k);
+  // Pinned: not dropped from disk.
+  EXPECT_EQ(manager_->Evict(kNs, TierId::kDisk, chain).evicted, 0u);
+  // Unpinning the same list releases every pin.
+  manager_->UnpinChain(kNs, twice);
+  EXPECT_EQ(manager_->Evict(kNs, TierId::kDisk, chain).evicted, 2u);
+  s = manager_->GetStats();
+  EXPECT_EQ(s.disk_blocks, 0u);
+  EXPECT_EQ(s.disk_used_bytes, 0u);
 }
 
 TEST_F(TierManagerTest, RecoverFindsEveryDiskBlockWithItsSizeAndServesIt) {
