@@ -1,0 +1,582 @@
+// kvpool-bench: put, get and lookup through kvpoold, each figure beside the machine's own limit
+// (single-thread memcpy of the same block size) measured in the same run. See docs/BENCHMARKS.md
+// for what the figures mean and the recorded results, and `kvpool-bench --help` for the flags.
+//
+// A run: start a kvpoold on a temp dir (or use --socket), put a 1,000-block chain for the lookups,
+// then for each block size measure memcpy, and for each concurrency a put phase (fresh keys) and
+// a get phase (of what was put, a sample checked byte for byte), then drop those blocks; then the
+// lookups, the mixed-size fragmentation probe, and stop the daemon. Any wrong byte, miss or error
+// ends the run with exit status 1.
+
+#include <gflags/gflags.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bench/bench_target.h"
+#include "bench/block_data.h"
+#include "bench/daemon_process.h"
+#include "bench/kvpool_socket_target.h"
+#include "bench/pinning.h"
+#include "bench/runner.h"
+#include "bench/workers.h"
+#include "common/units.h"
+
+DEFINE_bool(json, false, "Print one JSON object per result line (and nothing else) on stdout.");
+DEFINE_string(block_sizes, "64KiB,256KiB,1MiB,4MiB", "Block sizes to measure, comma separated.");
+DEFINE_string(concurrency, "1,4", "Bench threads (each with its own connection), comma separated.");
+DEFINE_double(seconds, 2.0,
+              "Length of each timed phase (put, get, lookup; memcpy runs min(this, 1 s)). A put "
+              "phase also ends when its working set is stored. 0: no time limit (use --ops).");
+DEFINE_uint64(ops, 0,
+              "Calls per phase over all threads; 0: no limit. With --ops and no --seconds, phases "
+              "run until the count.");
+DEFINE_uint32(batch, 16, "Blocks per put or get call; the latency figures are per call.");
+DEFINE_string(working_set, "1GiB",
+              "Bytes of fresh blocks one put phase may store (split over the threads); the get "
+              "phase reads them back.");
+DEFINE_string(socket, "",
+              "Use the kvpoold at this address (Unix socket path or tcp://HOST:PORT) instead of "
+              "starting one. Its host tier must hold the working set.");
+DEFINE_string(kvpoold, "", "kvpoold to start. Default: <dir of kvpool-bench>/../daemon/kvpoold, "
+                           "then <dir of kvpool-bench>/kvpoold.");
+DEFINE_string(host_capacity, "",
+              "Host tier of the started kvpoold. Default: 1.5 x (largest case's working set + "
+              "lookup chain), in whole 64 MiB segments.");
+DEFINE_string(namespace_name, "kvpool-bench", "Namespace (tenant) the bench acts for.");
+DEFINE_bool(pin, false,
+            "Pin the started daemon to --daemon_cpus and each bench thread to one of "
+            "--bench_cpus. Every figure reports the pinning used.");
+DEFINE_string(daemon_cpus, "", "With --pin: CPUs of the daemon. Default: first half of the "
+                               "allowed CPUs.");
+DEFINE_string(bench_cpus, "", "With --pin: CPUs of the bench threads. Default: the other half.");
+DEFINE_uint32(chain_blocks, 1000, "Blocks in the chain each lookup call asks for.");
+DEFINE_string(lookup_block_bytes, "64KiB",
+              "Block size of the lookup chain (a lookup moves no block bytes; this only sizes "
+              "what must be cached).");
+DEFINE_uint32(verify_every, 16, "Check every Nth get call byte for byte (and always the first).");
+DEFINE_bool(mixed, true,
+            "After the cases, the fragmentation probe: fill the host tier with mixed block sizes, "
+            "free a random half, refill (timed), and report the arena's fragmentation.");
+DEFINE_double(mixed_fill, 0.85,
+              "Fraction of host capacity the probe fills (stay below kvpoold's "
+              "--host_high_watermark, 0.90 by default, so nothing is demoted).");
+
+namespace kvpool::bench {
+namespace {
+
+struct Config {
+  std::vector<uint64_t> block_sizes;
+  std::vector<int> concurrency;
+  PhaseLimits limits;
+  PhaseLimits memcpy_limits;
+  size_t batch = 16;
+  uint64_t working_set = 0;
+  uint64_t lookup_block_bytes = 0;
+  std::string run_secret;
+  PinPlan pin;
+};
+
+void Progress(const std::string& line) {
+  std::fprintf(stderr, "[kvpool-bench] %s\n", line.c_str());
+}
+
+std::string SizeName(uint64_t bytes) {
+  if (bytes % (1ull << 20) == 0) return std::to_string(bytes >> 20) + "MiB";
+  if (bytes % (1ull << 10) == 0) return std::to_string(bytes >> 10) + "KiB";
+  return std::to_string(bytes) + "B";
+}
+
+Result<Config> ParseConfig() {
+  Config c;
+  size_t pos = 0;
+  const std::string& bs = FLAGS_block_sizes;
+  while (pos <= bs.size()) {
+    size_t comma = bs.find(',', pos);
+    if (comma == std::string::npos) comma = bs.size();
+    KVPOOL_ASSIGN_OR_RETURN(uint64_t b, ParseBytes(bs.substr(pos, comma - pos)));
+    if (b < 4096 || b > (64ull << 20)) {
+      return Status::InvalidArgument("--block_sizes: " + std::to_string(b) +
+                                     " is outside 4KiB..64MiB");
+    }
+    c.block_sizes.push_back(b);
+    pos = comma + 1;
+  }
+  KVPOOL_ASSIGN_OR_RETURN(std::vector<int> conc, ParseCpuList(FLAGS_concurrency));  // "1,4"
+  for (int n : conc) {
+    if (n < 1 || n > 256) return Status::InvalidArgument("--concurrency must be 1..256");
+    c.concurrency.push_back(n);
+  }
+  if (FLAGS_batch < 1 || FLAGS_batch > 4096) {
+    return Status::InvalidArgument("--batch must be 1..4096");
+  }
+  c.batch = FLAGS_batch;
+  if (FLAGS_seconds < 0) return Status::InvalidArgument("--seconds must be >= 0");
+  const bool seconds_default = gflags::GetCommandLineFlagInfoOrDie("seconds").is_default;
+  c.limits.seconds = FLAGS_ops > 0 && seconds_default ? 0 : FLAGS_seconds;
+  c.limits.max_ops = FLAGS_ops;
+  if (c.limits.seconds == 0 && c.limits.max_ops == 0) {
+    return Status::InvalidArgument("--seconds=0 needs --ops");
+  }
+  c.memcpy_limits = c.limits;
+  if (c.memcpy_limits.seconds > 1) c.memcpy_limits.seconds = 1;
+  KVPOOL_ASSIGN_OR_RETURN(c.working_set, ParseBytes(FLAGS_working_set));
+  KVPOOL_ASSIGN_OR_RETURN(c.lookup_block_bytes, ParseBytes(FLAGS_lookup_block_bytes));
+  if (c.lookup_block_bytes < 4096 || c.lookup_block_bytes > (64ull << 20)) {
+    return Status::InvalidArgument("--lookup_block_bytes must be 4KiB..64MiB");
+  }
+  if (FLAGS_chain_blocks < 1) return Status::InvalidArgument("--chain_blocks must be >= 1");
+  if (FLAGS_mixed_fill <= 0 || FLAGS_mixed_fill >= 1) {
+    return Status::InvalidArgument("--mixed_fill must be in (0, 1)");
+  }
+  c.run_secret = RandomSecret();
+  return c;
+}
+
+// Fresh blocks one thread of a put phase may store: its share of the working set, in whole
+// batches, at least one batch.
+size_t BlocksPerThread(const Config& c, uint64_t block_bytes, int threads) {
+  const uint64_t blocks = c.working_set / block_bytes / static_cast<uint64_t>(threads);
+  return std::max<size_t>(c.batch, blocks / c.batch * c.batch);
+}
+
+uint64_t NeededHostBytes(const Config& c) {
+  uint64_t largest = 0;
+  for (uint64_t b : c.block_sizes) {
+    for (int n : c.concurrency) {
+      largest = std::max<uint64_t>(largest, BlocksPerThread(c, b, n) * b * n);
+    }
+  }
+  return largest + static_cast<uint64_t>(FLAGS_chain_blocks) * c.lookup_block_bytes;
+}
+
+std::string FindKvpoold() {
+  if (!FLAGS_kvpoold.empty()) return FLAGS_kvpoold;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "kvpoold";
+  const std::filesystem::path dir = self.parent_path();
+  for (const std::filesystem::path& p : {dir / ".." / "daemon" / "kvpoold", dir / "kvpoold"}) {
+    if (std::filesystem::exists(p, ec)) return std::filesystem::weakly_canonical(p, ec).string();
+  }
+  return (dir / ".." / "daemon" / "kvpoold").string();
+}
+
+class Bench {
+ public:
+  Bench(Config config, BenchSystem& system) : c_(std::move(config)), system_(system) {}
+
+  Status RunAll();
+  const std::vector<Figure>& figures() const { return figures_; }
+
+ private:
+  Status PutChain();
+  Status RunMemcpy(uint64_t block_bytes, const AlignedBuffer& ring);
+  Status RunCase(uint64_t block_bytes, int threads, const PatternSet& pattern, int case_index);
+  Status RunLookups(int threads);
+  Status RunMixed();
+  // Adds the arena's state now to `f` (and returns it, for deltas).
+  Result<ArenaStats> AddArena(Figure& f);
+  Figure NewFigure(const std::string& op, uint64_t block_bytes, int threads) const;
+  void Emit(Figure f);
+
+  const Config c_;
+  BenchSystem& system_;
+  std::vector<BlockKey> chain_;
+  std::vector<StoredBlock> chain_blocks_;
+  std::vector<Figure> figures_;
+};
+
+Figure Bench::NewFigure(const std::string& op, uint64_t block_bytes, int threads) const {
+  Figure f;
+  f.system = system_.system();
+  f.path = system_.path();
+  f.op = op;
+  f.block_bytes = block_bytes;
+  f.concurrency = threads;
+  f.extra["batch"] = c_.batch;
+  f.extra["latency"] = "per call";
+  f.extra["pin"] = c_.pin.description;
+  f.extra["run"] = c_.run_secret.substr(0, 8);
+  return f;
+}
+
+void Bench::Emit(Figure f) {
+  char line[256];
+  std::snprintf(line, sizeof(line), "%s %s %s %s x%d: %.3f GB/s, %.1f ops/s, p50 %.1f us, p99 %.1f us",
+                f.system.c_str(), f.path.c_str(), f.op.c_str(),
+                f.block_bytes == 0 ? "mixed" : SizeName(f.block_bytes).c_str(), f.concurrency,
+                f.gbps, f.ops_per_s, f.p50_us, f.p99_us);
+  Progress(line);
+  if (FLAGS_json) {
+    std::cout << f.ToJson().dump() << std::endl;
+  }
+  figures_.push_back(std::move(f));
+}
+
+Result<ArenaStats> Bench::AddArena(Figure& f) {
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats a, system_.Arena());
+  if (a.known) {
+    f.extra["host_fragmentation"] = a.fragmentation;
+    f.extra["host_capacity_bytes"] = a.capacity_bytes;
+    f.extra["host_allocated_bytes"] = a.allocated_bytes;
+    f.extra["host_blocks"] = a.blocks;
+  }
+  return a;
+}
+
+Status Bench::PutChain() {
+  chain_ = MakeKeys(c_.run_secret, "lookup-chain", FLAGS_chain_blocks);
+  PatternSet pattern(c_.lookup_block_bytes, c_.batch, 0xc4a1);
+  KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<BenchTarget> t, system_.NewTarget(0));
+  const size_t b = c_.lookup_block_bytes;
+  AlignedBuffer buffers(c_.batch * b);
+  std::vector<BenchBlock> blocks;
+  for (size_t start = 0; start < chain_.size(); start += c_.batch) {
+    blocks.clear();
+    for (size_t j = 0; j < c_.batch && start + j < chain_.size(); ++j) {
+      uint8_t* buf = buffers.data() + j * b;
+      std::memcpy(buf, pattern.slot(j), b);
+      StampBlock(chain_[start + j], buf, b);
+      blocks.push_back({chain_[start + j], buf, b, start + j == 0 ? BlockKey{} : chain_[start + j - 1]});
+      chain_blocks_.push_back({chain_[start + j], static_cast<uint32_t>(j), static_cast<uint32_t>(b)});
+    }
+    KVPOOL_RETURN_IF_ERROR(t->Put(blocks).WithContext("putting the lookup chain"));
+  }
+  KVPOOL_RETURN_IF_ERROR(VerifyStored(*t, pattern, c_.batch, chain_blocks_));
+  KVPOOL_ASSIGN_OR_RETURN(uint32_t hits, t->Lookup(chain_));
+  if (hits != chain_.size()) {
+    return Status::Internal("the lookup chain was stored but a lookup finds " +
+                            std::to_string(hits) + " of its " + std::to_string(chain_.size()) +
+                            " blocks");
+  }
+  return Status::OK();
+}
+
+Status Bench::RunMemcpy(uint64_t block_bytes, const AlignedBuffer& ring) {
+  std::vector<std::unique_ptr<PhaseWorker>> w;
+  w.push_back(std::make_unique<MemcpyWorker>(ring, block_bytes, c_.batch));
+  std::vector<int> cpus;
+  if (c_.pin.enabled) cpus = {c_.pin.bench_cpus[0]};
+  KVPOOL_ASSIGN_OR_RETURN(PhaseStats s, RunPhase(w, cpus, c_.memcpy_limits));
+  Figure f = NewFigure("copy", block_bytes, 1);
+  f.system = "memcpy";
+  f.path = "memory";
+  f.SetFrom(s);
+  f.extra["source"] = "ring of " + SizeName(ring.size()) + " (colder than the caches)";
+  Emit(std::move(f));
+  return Status::OK();
+}
+
+Status Bench::RunCase(uint64_t block_bytes, int threads, const PatternSet& pattern,
+                      int case_index) {
+  const std::string tag = SizeName(block_bytes) + " x" + std::to_string(threads);
+  double memcpy_gbps = 0;
+  for (const Figure& f : figures_) {
+    if (f.system == "memcpy" && f.block_bytes == block_bytes) memcpy_gbps = f.gbps;
+  }
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats before, system_.Arena());
+
+  // Put: fresh keys only.
+  std::vector<std::unique_ptr<PhaseWorker>> workers;
+  std::vector<PutWorker*> puts;
+  const size_t per_thread = BlocksPerThread(c_, block_bytes, threads);
+  for (int i = 0; i < threads; ++i) {
+    auto w = std::make_unique<PutWorker>(
+        system_, i, pattern, c_.batch, c_.run_secret,
+        "case-" + std::to_string(case_index) + "-thread-" + std::to_string(i), per_thread);
+    puts.push_back(w.get());
+    workers.push_back(std::move(w));
+  }
+  Result<PhaseStats> put_stats = RunPhase(workers, c_.pin.bench_cpus, c_.limits);
+  std::vector<StoredBlock> stored;
+  std::vector<size_t> starts;
+  for (PutWorker* p : puts) {
+    starts.push_back(stored.size());
+    std::vector<StoredBlock> s = p->Stored();
+    stored.insert(stored.end(), s.begin(), s.end());
+  }
+  std::vector<BlockKey> keys;
+  for (const StoredBlock& b : stored) keys.push_back(b.key);
+  if (!put_stats.ok()) {
+    (void)system_.Drop(keys);
+    return put_stats.status().WithContext("put " + tag);
+  }
+  Figure put = NewFigure("put", block_bytes, threads);
+  put.SetFrom(*put_stats);
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats after_put, AddArena(put));
+  const bool spilled = after_put.demotions != before.demotions ||
+                       after_put.evictions != before.evictions;
+  put.extra["spilled_to_disk"] = spilled;
+  if (spilled) Progress("warning: put " + tag + " demoted or evicted host blocks; size the host tier up");
+  if (memcpy_gbps > 0) {
+    put.extra["memcpy_gbps"] = memcpy_gbps;
+    put.extra["ratio_to_memcpy"] = put.gbps / memcpy_gbps;
+  }
+  Emit(std::move(put));
+
+  // Get: what this case stored, each thread from its own part of it.
+  workers.clear();
+  std::vector<GetWorker*> gets;
+  for (int i = 0; i < threads; ++i) {
+    auto w = std::make_unique<GetWorker>(system_, i, pattern, c_.batch, stored, starts[i],
+                                         FLAGS_verify_every);
+    gets.push_back(w.get());
+    workers.push_back(std::move(w));
+  }
+  Result<PhaseStats> get_stats = RunPhase(workers, c_.pin.bench_cpus, c_.limits);
+  if (!get_stats.ok()) {
+    (void)system_.Drop(keys);
+    return get_stats.status().WithContext("get " + tag);
+  }
+  Figure get = NewFigure("get", block_bytes, threads);
+  get.SetFrom(*get_stats);
+  uint64_t verified_calls = 0;
+  uint64_t verified_blocks = 0;
+  uint64_t slow = 0;
+  for (GetWorker* g : gets) {
+    verified_calls += g->verified_calls();
+    verified_blocks += g->verified_blocks();
+    slow += g->slow_tier_hits();
+  }
+  get.extra["verified_calls"] = verified_calls;
+  get.extra["verified_blocks"] = verified_blocks;
+  get.extra["distinct_blocks"] = stored.size();
+  get.extra["slow_tier_hits"] = slow;
+  if (slow > 0) Progress("warning: get " + tag + " was served partly from disk");
+  KVPOOL_RETURN_IF_ERROR(AddArena(get).status());
+  if (memcpy_gbps > 0) {
+    get.extra["memcpy_gbps"] = memcpy_gbps;
+    get.extra["ratio_to_memcpy"] = get.gbps / memcpy_gbps;
+  }
+  Emit(std::move(get));
+  return system_.Drop(keys).WithContext("dropping the blocks of " + tag);
+}
+
+Status Bench::RunLookups(int threads) {
+  std::vector<std::unique_ptr<PhaseWorker>> workers;
+  for (int i = 0; i < threads; ++i) {
+    workers.push_back(std::make_unique<LookupWorker>(system_, i, chain_));
+  }
+  KVPOOL_ASSIGN_OR_RETURN(PhaseStats s, RunPhase(workers, c_.pin.bench_cpus, c_.limits));
+  Figure f = NewFigure("lookup", c_.lookup_block_bytes, threads);
+  f.SetFrom(s);
+  f.gbps = 0;  // a lookup moves keys, not block bytes
+  f.extra["chain_blocks"] = chain_.size();
+  f.extra["keys_per_s"] = f.ops_per_s * static_cast<double>(chain_.size());
+  f.extra["target_p99_us"] = 200;
+  KVPOOL_RETURN_IF_ERROR(AddArena(f).status());
+  Emit(std::move(f));
+  return Status::OK();
+}
+
+Status Bench::RunMixed() {
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats a0, system_.Arena());
+  if (!a0.known) {
+    Progress("mixed-size probe skipped: the system reports no arena statistics");
+    return Status::OK();
+  }
+  const uint64_t target = static_cast<uint64_t>(FLAGS_mixed_fill * static_cast<double>(a0.capacity_bytes));
+  if (a0.allocated_bytes >= target) {
+    Progress("mixed-size probe skipped: the host tier is already " +
+             std::to_string(a0.allocated_bytes) + " bytes full");
+    return Status::OK();
+  }
+  // Sizes: each block size and its 8-bit and 4-bit encodings' sizes (1/2, 1/4), at least 4 KiB.
+  std::set<size_t> size_set;
+  for (uint64_t b : c_.block_sizes) {
+    for (uint64_t d : {1, 2, 4}) {
+      if (b / d >= 4096) size_set.insert(b / d);
+    }
+  }
+  const std::vector<size_t> sizes(size_set.begin(), size_set.end());
+  PatternSet pattern(sizes.back(), c_.batch, 0x3173d);
+  const PhaseLimits fill_limits{/*seconds=*/300, /*max_ops=*/0};
+  const uint64_t seed = std::hash<std::string>()(c_.run_secret);
+
+  // 1. Fill.
+  std::vector<std::unique_ptr<PhaseWorker>> w;
+  w.push_back(std::make_unique<MixedPutWorker>(system_, pattern, c_.batch, sizes,
+                                               target - a0.allocated_bytes, c_.run_secret,
+                                               "mixed-fill", seed));
+  std::vector<int> cpus;
+  if (c_.pin.enabled) cpus = {c_.pin.bench_cpus[0]};
+  KVPOOL_RETURN_IF_ERROR(RunPhase(w, cpus, fill_limits).status().WithContext("mixed fill"));
+  std::vector<StoredBlock> live = static_cast<MixedPutWorker&>(*w[0]).stored();
+
+  // 2. Free a random half.
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  std::shuffle(live.begin(), live.end(), rng);
+  const size_t keep = live.size() / 2;
+  std::vector<BlockKey> drop;
+  for (size_t i = keep; i < live.size(); ++i) drop.push_back(live[i].key);
+  live.resize(keep);
+  KVPOOL_RETURN_IF_ERROR(system_.Drop(drop).WithContext("freeing half of the mixed blocks"));
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats a1, system_.Arena());
+
+  // 3. Refill to the same level, timed.
+  w.clear();
+  w.push_back(std::make_unique<MixedPutWorker>(
+      system_, pattern, c_.batch, sizes,
+      target > a1.allocated_bytes ? target - a1.allocated_bytes : 0, c_.run_secret,
+      "mixed-refill", seed + 1));
+  KVPOOL_ASSIGN_OR_RETURN(PhaseStats s, RunPhase(w, cpus, fill_limits));
+  const std::vector<StoredBlock>& refill = static_cast<MixedPutWorker&>(*w[0]).stored();
+  live.insert(live.end(), refill.begin(), refill.end());
+
+  Figure f = NewFigure("put", 0, 1);
+  f.SetFrom(s);
+  std::vector<uint64_t> size_list(sizes.begin(), sizes.end());
+  f.extra["workload"] = "mixed";
+  f.extra["block_sizes"] = size_list;
+  f.extra["fill_target_bytes"] = target;
+  f.extra["host_fragmentation_after_frees"] = a1.fragmentation;
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats a2, AddArena(f));
+  // Compared with a1, not a0: freeing half counted as evictions.
+  f.extra["spilled_to_disk"] = a2.demotions != a1.demotions || a2.evictions != a1.evictions;
+
+  // 4. Everything left must read back exactly (a sample of 256 blocks).
+  std::shuffle(live.begin(), live.end(), rng);
+  std::vector<StoredBlock> sample(live.begin(), live.begin() + std::min<size_t>(256, live.size()));
+  KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<BenchTarget> t, system_.NewTarget(0));
+  KVPOOL_RETURN_IF_ERROR(
+      VerifyStored(*t, pattern, c_.batch, sample).WithContext("reading back the mixed blocks"));
+  f.extra["verified_blocks"] = sample.size();
+  Emit(std::move(f));
+
+  std::vector<BlockKey> all;
+  for (const StoredBlock& b : live) all.push_back(b.key);
+  return system_.Drop(all).WithContext("dropping the mixed blocks");
+}
+
+Status Bench::RunAll() {
+  Progress("putting the " + std::to_string(FLAGS_chain_blocks) + "-block lookup chain");
+  KVPOOL_RETURN_IF_ERROR(PutChain());
+  uint64_t largest = *std::max_element(c_.block_sizes.begin(), c_.block_sizes.end());
+  // The memcpy source: larger than any cache, and than one batch twice over.
+  AlignedBuffer ring(std::max<uint64_t>(256ull << 20, 2 * c_.batch * largest));
+  {
+    PatternSet fill(ring.size() / 64, 1, 0x9a11);  // any non-zero bytes will do
+    for (size_t i = 0; i < 64; ++i) {
+      std::memcpy(ring.data() + i * fill.block_bytes(), fill.slot(0), fill.block_bytes());
+    }
+  }
+  int case_index = 0;
+  for (uint64_t b : c_.block_sizes) {
+    KVPOOL_RETURN_IF_ERROR(RunMemcpy(b, ring));
+    PatternSet pattern(b, c_.batch, 0xb10c + b);
+    for (int n : c_.concurrency) {
+      KVPOOL_RETURN_IF_ERROR(RunCase(b, n, pattern, case_index++));
+    }
+  }
+  for (int n : c_.concurrency) KVPOOL_RETURN_IF_ERROR(RunLookups(n).WithContext("lookup"));
+  if (FLAGS_mixed) KVPOOL_RETURN_IF_ERROR(RunMixed());
+  return system_.Drop(chain_).WithContext("dropping the lookup chain");
+}
+
+std::string Now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S %Z", std::localtime(&t));
+  return buf;
+}
+
+int Main(const std::string& command) {
+  Result<Config> config = ParseConfig();
+  if (!config.ok()) {
+    std::fprintf(stderr, "kvpool-bench: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  const bool own_daemon = FLAGS_socket.empty();
+  Result<PinPlan> pin = MakePinPlan(FLAGS_pin, FLAGS_daemon_cpus, FLAGS_bench_cpus, own_daemon);
+  if (!pin.ok()) {
+    std::fprintf(stderr, "kvpool-bench: %s\n", pin.status().ToString().c_str());
+    return 2;
+  }
+  config->pin = *pin;
+
+  std::unique_ptr<DaemonProcess> daemon;
+  std::string address = FLAGS_socket;
+  std::string banner;
+  if (own_daemon) {
+    DaemonProcessOptions o;
+    o.binary = FindKvpoold();
+    if (!FLAGS_host_capacity.empty()) {
+      Result<uint64_t> cap = ParseBytes(FLAGS_host_capacity);
+      if (!cap.ok()) {
+        std::fprintf(stderr, "kvpool-bench: --host_capacity: %s\n", cap.status().ToString().c_str());
+        return 2;
+      }
+      o.host_capacity_bytes = *cap;
+    } else {
+      o.host_capacity_bytes = NeededHostBytes(*config) * 3 / 2;
+    }
+    o.cpus = config->pin.daemon_cpus;
+    Progress("starting " + o.binary + " with a " + FormatBytes(o.host_capacity_bytes) +
+             " host tier");
+    Result<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(o);
+    if (!d.ok()) {
+      std::fprintf(stderr, "kvpool-bench: %s\n", d.status().ToString().c_str());
+      return 1;
+    }
+    daemon = std::move(*d);
+    address = daemon->socket_path();
+    banner = daemon->Banner();
+  }
+  if (config->pin.enabled) (void)PinThisThread(config->pin.bench_cpus);
+
+  if (!FLAGS_json) {
+    std::printf("kvpool-bench  %s\n  command: %s\n  pinning: %s\n", Now().c_str(),
+                command.c_str(), config->pin.description.c_str());
+    std::printf("  batch: %zu blocks per call; latency per call; GB/s = 1e9 B/s of wall time\n",
+                config->batch);
+    std::printf("  daemon: %s", own_daemon ? banner.c_str() : ("external at " + address + "\n").c_str());
+    std::fflush(stdout);
+  }
+
+  KvpoolSocketSystem system(address, FLAGS_namespace_name);
+  Bench bench(*config, system);
+  Status st = bench.RunAll();
+  if (daemon != nullptr) {
+    Status stop = daemon->Stop();
+    if (!stop.ok()) Progress("warning: " + stop.ToString());
+  }
+  if (!FLAGS_json) {
+    std::printf("\n%s", FormatTable(bench.figures()).c_str());
+    std::printf("\nratio = kvpool GB/s / single-thread memcpy GB/s of the same block size; "
+                "frag = host arena fragmentation after the phase.\n");
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvpool-bench: FAILED: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvpool::bench
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "kvpool-bench [flags]: put, get and lookup through kvpoold beside memcpy of the same "
+      "bytes. See docs/BENCHMARKS.md.");
+  gflags::SetVersionString("0.1.0");
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    std::fprintf(stderr, "kvpool-bench: unexpected argument '%s'\n", argv[1]);
+    return 2;
+  }
+  return kvpool::bench::Main(command);
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""bench_smoke: runs kvpool-bench briefly with --json and checks what it printed.
+
+Usage: check_bench_json.py KVPOOL_BENCH [bench flags...]
+
+Passes when the bench exits 0 and every stdout line is a JSON object with the documented keys
+and sane values, with at least one put, get and lookup line for kvpool and one memcpy copy line
+per kvpool block size. Never asserts a timing: CI machines are too noisy for that.
+"""
+import json
+import subprocess
+import sys
+
+REQUIRED = {
+    "system": str, "path": str, "op": str, "block_bytes": int, "concurrency": int,
+    "gbps": (int, float), "ops_per_s": (int, float), "p50_us": (int, float),
+    "p99_us": (int, float),
+}
+OPS = {"kvpool": {"put", "get", "lookup"}, "memcpy": {"copy"}}
+PATHS = {"kvpool": {"socket"}, "memcpy": {"memory"}}
+
+
+def fail(msg, out=""):
+    sys.stderr.write("bench_smoke: FAIL: %s\n" % msg)
+    if out:
+        sys.stderr.write(out[-4000:] + "\n")
+    sys.exit(1)
+
+
+def main():
+    if len(sys.argv) < 2:
+        fail("usage: check_bench_json.py KVPOOL_BENCH [flags...]")
+    cmd = [sys.argv[1], "--json"] + sys.argv[2:]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=110)
+    if proc.returncode != 0:
+        fail("%s exited with %d" % (" ".join(cmd), proc.returncode), proc.stderr)
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    if not lines:
+        fail("no output", proc.stderr)
+    seen = set()
+    for n, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail("line %d is not JSON (%s): %r" % (n, e, line))
+        if not isinstance(rec, dict):
+            fail("line %d is not a JSON object: %r" % (n, line))
+        for key, kind in REQUIRED.items():
+            if key not in rec:
+                fail("line %d lacks %r: %r" % (n, key, line))
+            if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
+                fail("line %d: %r has the wrong type: %r" % (n, key, line))
+        system, op = rec["system"], rec["op"]
+        if system not in OPS or op not in OPS[system] or rec["path"] not in PATHS[system]:
+            fail("line %d: unknown system/path/op: %r" % (n, line))
+        if rec["concurrency"] < 1 or rec["ops_per_s"] <= 0 or rec["p50_us"] <= 0:
+            fail("line %d: a phase that did nothing: %r" % (n, line))
+        if rec["p99_us"] < rec["p50_us"]:
+            fail("line %d: p99 below p50: %r" % (n, line))
+        if op in ("put", "get", "copy") and rec["gbps"] <= 0:
+            fail("line %d: no bytes moved: %r" % (n, line))
+        if op == "get" and rec.get("verified_blocks", 0) <= 0:
+            fail("line %d: no get was verified: %r" % (n, line))
+        seen.add((system, op, rec["block_bytes"]))
+    kvpool_sizes = {b for (s, o, b) in seen if s == "kvpool" and o in ("put", "get") and b > 0}
+    for op in ("put", "get", "lookup"):
+        if not any(s == "kvpool" and o == op for (s, o, _) in seen):
+            fail("no kvpool %s line" % op, proc.stdout)
+    for b in kvpool_sizes:
+        if ("memcpy", "copy", b) not in seen:
+            fail("no memcpy line beside kvpool block size %d" % b, proc.stdout)
+    print("bench_smoke: %d result lines OK" % len(lines))
+
+
+if __name__ == "__main__":
+    main()

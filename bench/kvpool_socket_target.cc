@@ -1,0 +1,122 @@
+#include "bench/kvpool_socket_target.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvpool::bench {
+namespace {
+
+ClientOptions Options(const std::string& address, const std::string& ns, int thread_index) {
+  ClientOptions o;
+  o.address = address;
+  o.namespace_name = ns;
+  o.client_name = "kvpool-bench-" + std::to_string(thread_index);
+  // A 64 MiB batch through a loaded 2-core machine can take seconds; a hang must still end.
+  o.timeout = std::chrono::milliseconds(60000);
+  return o;
+}
+
+class KvpoolSocketTarget : public BenchTarget {
+ public:
+  explicit KvpoolSocketTarget(std::unique_ptr<Client> client) : client_(std::move(client)) {}
+
+  // BenchTarget
+  Status Put(std::span<const BenchBlock> blocks) override {
+    puts_.resize(blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      puts_[i].key = blocks[i].key;
+      puts_[i].data = blocks[i].data;
+      puts_[i].size = blocks[i].size;
+      puts_[i].parent = blocks[i].parent;
+    }
+    KVPOOL_ASSIGN_OR_RETURN(PutResult r, client_->Put(puts_));
+    for (size_t i = 0; i < r.errors.size(); ++i) {
+      if (!r.errors[i].ok()) {
+        return r.errors[i].WithContext("put of block " + blocks[i].key.ShortHex());
+      }
+    }
+    if (r.already_present != 0 || r.stored != blocks.size()) {
+      return Status::Internal("put of " + std::to_string(blocks.size()) + " fresh blocks stored " +
+                              std::to_string(r.stored) + " and found " +
+                              std::to_string(r.already_present) + " already present");
+    }
+    return Status::OK();
+  }
+
+  Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> buffers,
+             std::span<size_t> sizes) override {
+    KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> r, client_->Get(keys, buffers));
+    if (r.size() != keys.size()) return Status::Internal("Get answered the wrong number of blocks");
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (!r[i].status.ok()) return r[i].status.WithContext("get of " + keys[i].ShortHex());
+      sizes[i] = r[i].size;
+      if (r[i].tier != Tier::kHost) ++slow_hits_;
+    }
+    return Status::OK();
+  }
+
+  Result<uint32_t> Lookup(std::span<const BlockKey> chain) override {
+    KVPOOL_ASSIGN_OR_RETURN(LookupResult r, client_->Lookup(chain));
+    return r.hit_blocks;
+  }
+
+  uint64_t slow_tier_hits() const override { return slow_hits_; }
+
+ private:
+  std::unique_ptr<Client> client_;
+  std::vector<PutBlock> puts_;  // reused so a put allocates nothing per call
+  uint64_t slow_hits_ = 0;
+};
+
+}  // namespace
+
+KvpoolSocketSystem::KvpoolSocketSystem(std::string address, std::string namespace_name)
+    : address_(std::move(address)), namespace_name_(std::move(namespace_name)) {}
+
+Result<std::unique_ptr<BenchTarget>> KvpoolSocketSystem::NewTarget(int thread_index) {
+  KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Client> c,
+                          Client::Connect(Options(address_, namespace_name_, thread_index)));
+  return std::unique_ptr<BenchTarget>(new KvpoolSocketTarget(std::move(c)));
+}
+
+Status KvpoolSocketSystem::EnsureAdmin() {
+  if (admin_ != nullptr) return Status::OK();
+  KVPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(Options(address_, namespace_name_, -1)));
+  return Status::OK();
+}
+
+Status KvpoolSocketSystem::Drop(std::span<const BlockKey> keys) {
+  KVPOOL_RETURN_IF_ERROR(EnsureAdmin());
+  // The daemon takes at most max_batch_keys keys per request.
+  const size_t step = std::max<uint32_t>(1, admin_->server().max_batch_keys);
+  for (size_t start = 0; start < keys.size(); start += step) {
+    const size_t n = std::min(step, keys.size() - start);
+    KVPOOL_ASSIGN_OR_RETURN(EvictResult r, admin_->Evict(Tier::kDisk, keys.subspan(start, n)));
+    if (r.skipped != 0) {
+      return Status::Internal("the daemon skipped " + std::to_string(r.skipped) +
+                              " blocks of the bench's eviction (leased or with cached children)");
+    }
+  }
+  return Status::OK();
+}
+
+Result<ArenaStats> KvpoolSocketSystem::Arena() {
+  KVPOOL_RETURN_IF_ERROR(EnsureAdmin());
+  KVPOOL_ASSIGN_OR_RETURN(DaemonStats s, admin_->Stats());
+  ArenaStats a;
+  for (const TierStats& t : s.tiers) {
+    if (t.name != "host") continue;
+    a.known = true;
+    a.capacity_bytes = t.capacity_bytes;
+    a.used_bytes = t.used_bytes;
+    a.allocated_bytes = t.allocated_bytes;
+    a.blocks = t.blocks;
+    a.fragmentation = t.fragmentation;
+    a.demotions = t.demotions;
+    a.evictions = t.evictions;
+  }
+  return a;
+}
+
+}  // namespace kvpool::bench
