@@ -719,7 +719,11 @@ Result<ReservationTarget> TierManager::TargetOf(uint64_t owner, uint64_t reserva
     return Status::NotFound("reservation " + std::to_string(reservation_id) +
                             " is unknown or expired");
   }
-  const Reservation& r = it->second;
+  Reservation& r = it->second;
+  // The caller now writes through a raw pointer, maybe for a while (a slow client's payload):
+  // expiry must not free the slot under it, where another block (of any namespace) could be
+  // placed and then overwritten. From here only Commit, Abort or AbortOwner release it.
+  r.deadline = std::chrono::steady_clock::time_point::max();
   return ReservationTarget{host_.Data(r.slot), r.item.size, r.slot.offset};
 }
 

@@ -166,7 +166,8 @@ class TierManager {
   std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
                                       std::span<const PutRequestItem> items);
   // The bytes of a reservation, for the transport to fill. NotFound if unknown, expired or
-  // owned by someone else.
+  // owned by someone else. From the first call on the reservation no longer expires: only
+  // Commit, Abort or AbortOwner (which the owner must not call while it still writes) free it.
   Result<ReservationTarget> TargetOf(uint64_t owner, uint64_t reservation_id);
   // Phase two: verifies the slot's checksum and publishes the block. Corruption when the
   // bytes do not match the checksum given at reserve time (the slot is reclaimed).

@@ -403,6 +403,29 @@ TEST_F(TierManagerTest, ExpiredReservationIsReclaimed) {
   ExpectMiss(KeyOf(1));
 }
 
+TEST_F(TierManagerTest, ReservationBeingFilledDoesNotExpire) {
+  // A slow client's payload may still be streaming into the slot: freeing it on expiry would
+  // let another block take those pages and be overwritten.
+  options_.reservation_timeout = std::chrono::milliseconds(1);
+  Open();
+  const BlockKey key = KeyOf(1);
+  const std::vector<uint8_t> bytes = BytesFor(key, 10000);
+  const PutRequestItem item = ItemFor(key, bytes);
+  auto r = manager_->Reserve(kNs, 1, {&item, 1});
+  ASSERT_EQ(r[0].state, ReserveState::kReserved);
+  Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
+  ASSERT_TRUE(t.ok());
+  std::memcpy(t->data, bytes.data(), bytes.size() / 2);
+  // Several flusher rounds (each expires what is due) pass while the "client" stalls.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_EQ(manager_->GetStats().reservations_active, 1u);
+  std::memcpy(t->data + bytes.size() / 2, bytes.data() + bytes.size() / 2,
+              bytes.size() - bytes.size() / 2);
+  ASSERT_TRUE(manager_->Commit(1, r[0].reservation_id).ok());
+  expected_[{kNs, key}] = bytes;
+  ExpectServed(key);
+}
+
 TEST_F(TierManagerTest, HostOverflowDemotesTailFirstAndServesIdenticalBytes) {
   Open();
   // A 6 MiB chain fits the 8 MiB host (below its high watermark) ...
