@@ -38,14 +38,13 @@ int Main(int argc, char** argv) {
       std::stringstream ss(argv[++i]);
       for (std::string tok; std::getline(ss, tok, ',');) lengths.push_back(std::atoi(tok.c_str()));
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--budget F] [--lengths N,N,...] [--depths N] [--layers N]\n",
+      std::fprintf(stderr, "usage: %s [--budget F] [--lengths N,N,...] [--depths N] [--layers N]\n",
                    argv[0]);
       return 2;
     }
   }
-  std::printf("{\"budget\": %g, \"window_size\": %d, \"layers\": %d, \"lengths\": [", budget, window,
-              layers);
+  std::printf("{\"budget\": %g, \"window_size\": %d, \"layers\": %d, \"lengths\": [", budget,
+              window, layers);
   for (size_t i = 0; i < lengths.size(); ++i) std::printf("%s%d", i ? ", " : "", lengths[i]);
   std::printf("], \"depths\": [");
   for (int d = 0; d < depths; ++d) std::printf("%s%g", d ? ", " : "", 100.0 * d / (depths - 1));
