@@ -211,7 +211,18 @@ Figure Bench::NewFigure(const std::string& op, uint64_t block_bytes, int threads
   return f;
 }
 
+// The 1-minute load average: on a shared machine, the context every figure needs.
+double LoadAverage() {
+  double l = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
+}
+
 void Bench::Emit(Figure f) {
+  f.extra["loadavg_1m"] = LoadAverage();
   char line[256];
   std::snprintf(line, sizeof(line), "%s %s %s %s x%d: %.3f GB/s, %.1f ops/s, p50 %.1f us, p99 %.1f us",
                 f.system.c_str(), f.path.c_str(), f.op.c_str(),
@@ -536,8 +547,8 @@ int Main(const std::string& command) {
   if (config->pin.enabled) (void)PinThisThread(config->pin.bench_cpus);
 
   if (!FLAGS_json) {
-    std::printf("kvpool-bench  %s\n  command: %s\n  pinning: %s\n", Now().c_str(),
-                command.c_str(), config->pin.description.c_str());
+    std::printf("kvpool-bench  %s\n  command: %s\n  pinning: %s\n  load average (1 min): %.2f\n",
+                Now().c_str(), command.c_str(), config->pin.description.c_str(), LoadAverage());
     std::printf("  batch: %zu blocks per call; latency per call; GB/s = 1e9 B/s of wall time\n",
                 config->batch);
     std::printf("  daemon: %s", own_daemon ? banner.c_str() : ("external at " + address + "\n").c_str());
