@@ -430,3 +430,60 @@ TEST(DaemonTest, StatsAndEvictWork) {
 
 }  // namespace
 }  // namespace kvpool::testing
+
+namespace kvpool::testing {
+namespace {
+
+// The "tcp://HOST:PORT" or "http://HOST:PORT" the daemon printed at start.
+std::string Printed(const DaemonProcess& d, const std::string& scheme) {
+  const std::string log = d.log();
+  const size_t at = log.find(scheme);
+  if (at == std::string::npos) return "";
+  size_t end = at + scheme.size();
+  while (end < log.size() && log[end] != ' ' && log[end] != '\n' && log[end] != '/') ++end;
+  return log.substr(at, end - at);
+}
+
+TEST(DaemonTest, ServesOverTcpWhenAsked) {
+  DaemonProcess d({"--listen=tcp://127.0.0.1:0"});
+  d.Start();
+  const std::string address = Printed(d, "tcp://");
+  ASSERT_FALSE(address.empty()) << d.log();
+  ClientOptions o = d.Options();
+  o.address = address;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Chain chain = MakeChain(Tokens(61, 3 * kTokensPerBlock), 300000);
+  PutAll(**c, chain);
+  ExpectIdentical(**c, chain);
+}
+
+TEST(DaemonTest, ExposesPrometheusMetrics) {
+  DaemonProcess d({"--metrics_listen=127.0.0.1:0"});
+  d.Start();
+  auto client = d.Connect();
+  Chain chain = MakeChain(Tokens(62, 2 * kTokensPerBlock), 1000);
+  PutAll(*client, chain);
+  ExpectIdentical(*client, chain);
+  const std::string url = Printed(d, "http://");
+  ASSERT_FALSE(url.empty()) << d.log();
+  const std::string hostport = url.substr(7);
+  const std::string cmd = "python3 -c \"import urllib.request,sys; "
+                          "sys.stdout.write(urllib.request.urlopen('http://" +
+                          hostport + "/metrics', timeout=5).read().decode())\"";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string body;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) body.append(buf, n);
+  pclose(p);
+  EXPECT_NE(body.find("# TYPE kvpool_hits_total counter"), std::string::npos) << body;
+  EXPECT_NE(body.find("kvpool_hits_total{tier=\"host\"} 2"), std::string::npos) << body;
+  EXPECT_NE(body.find("kvpool_put_blocks_committed_total 2"), std::string::npos) << body;
+  EXPECT_NE(body.find("kvpool_request_duration_seconds_bucket{op=\"get\",le=\"+Inf\"}"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvpool::testing
