@@ -68,9 +68,11 @@ DEFINE_uint32(verify_every, 16, "Check every Nth get call byte for byte (and alw
 DEFINE_bool(mixed, true,
             "After the cases, the fragmentation probe: fill the host tier with mixed block sizes, "
             "free a random half, refill (timed), and report the arena's fragmentation.");
-DEFINE_double(mixed_fill, 0.85,
-              "Fraction of host capacity the probe fills (stay below kvpoold's "
-              "--host_high_watermark, 0.90 by default, so nothing is demoted).");
+DEFINE_double(mixed_fill, 0,
+              "Fraction of host capacity the fragmentation probe fills. 0 (default): with the "
+              "bench's own kvpoold, all but half a segment (so no segment stays free and free "
+              "space is only the holes); with --socket, 0.85 (below kvpoold's default "
+              "--host_high_watermark of 0.90).");
 
 namespace kvpool::bench {
 namespace {
@@ -85,7 +87,11 @@ struct Config {
   uint64_t lookup_block_bytes = 0;
   std::string run_secret;
   PinPlan pin;
+  bool own_daemon = true;
 };
+
+// The segment size the bench gives its own kvpoold (also kvpoold's default).
+constexpr uint64_t kSegmentBytes = 64ull << 20;
 
 void Progress(const std::string& line) {
   std::fprintf(stderr, "[kvpool-bench] %s\n", line.c_str());
@@ -136,8 +142,8 @@ Result<Config> ParseConfig() {
     return Status::InvalidArgument("--lookup_block_bytes must be 4KiB..64MiB");
   }
   if (FLAGS_chain_blocks < 1) return Status::InvalidArgument("--chain_blocks must be >= 1");
-  if (FLAGS_mixed_fill <= 0 || FLAGS_mixed_fill >= 1) {
-    return Status::InvalidArgument("--mixed_fill must be in (0, 1)");
+  if (FLAGS_mixed_fill < 0 || FLAGS_mixed_fill >= 1) {
+    return Status::InvalidArgument("--mixed_fill must be in [0, 1)");
   }
   c.run_secret = RandomSecret();
   return c;
@@ -397,7 +403,12 @@ Status Bench::RunMixed() {
     Progress("mixed-size probe skipped: the system reports no arena statistics");
     return Status::OK();
   }
-  const uint64_t target = static_cast<uint64_t>(FLAGS_mixed_fill * static_cast<double>(a0.capacity_bytes));
+  // Fill so that no segment is left free: only then is free space the holes between blocks.
+  uint64_t target = static_cast<uint64_t>(
+      (FLAGS_mixed_fill > 0 ? FLAGS_mixed_fill : 0.85) * static_cast<double>(a0.capacity_bytes));
+  if (FLAGS_mixed_fill == 0 && c_.own_daemon && a0.capacity_bytes > kSegmentBytes) {
+    target = a0.capacity_bytes - kSegmentBytes / 2;
+  }
   if (a0.allocated_bytes >= target) {
     Progress("mixed-size probe skipped: the host tier is already " +
              std::to_string(a0.allocated_bytes) + " bytes full");
@@ -509,6 +520,7 @@ int Main(const std::string& command) {
     return 2;
   }
   const bool own_daemon = FLAGS_socket.empty();
+  config->own_daemon = own_daemon;
   Result<PinPlan> pin = MakePinPlan(FLAGS_pin, FLAGS_daemon_cpus, FLAGS_bench_cpus, own_daemon);
   if (!pin.ok()) {
     std::fprintf(stderr, "kvpool-bench: %s\n", pin.status().ToString().c_str());
@@ -533,6 +545,9 @@ int Main(const std::string& command) {
       o.host_capacity_bytes = NeededHostBytes(*config) * 3 / 2;
     }
     o.cpus = config->pin.daemon_cpus;
+    // Demote only past 99.5%: no case comes near (the tier is 1.5x the largest working set), and
+    // the fragmentation probe may fill every segment without the flusher moving blocks away.
+    o.extra_flags = {"--host_high_watermark=0.995", "--host_low_watermark=0.99"};
     Progress("starting " + o.binary + " with a " + FormatBytes(o.host_capacity_bytes) +
              " host tier");
     Result<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(o);
@@ -566,6 +581,16 @@ int Main(const std::string& command) {
     std::printf("\n%s", FormatTable(bench.figures()).c_str());
     std::printf("\nratio = kvpool GB/s / single-thread memcpy GB/s of the same block size; "
                 "frag = host arena fragmentation after the phase.\n");
+    for (const Figure& f : bench.figures()) {
+      if (!f.extra.contains("workload") || !f.extra.contains("host_fragmentation")) continue;
+      std::printf("host arena after the mixed-size probe (%s of %s allocated, %llu blocks): "
+                  "fragmentation %.3f after freeing a random half, %.3f after refilling\n",
+                  FormatBytes(f.extra["host_allocated_bytes"].get<uint64_t>()).c_str(),
+                  FormatBytes(f.extra["host_capacity_bytes"].get<uint64_t>()).c_str(),
+                  static_cast<unsigned long long>(f.extra["host_blocks"].get<uint64_t>()),
+                  f.extra["host_fragmentation_after_frees"].get<double>(),
+                  f.extra["host_fragmentation"].get<double>());
+    }
   }
   if (!st.ok()) {
     std::fprintf(stderr, "kvpool-bench: FAILED: %s\n", st.ToString().c_str());
