@@ -1,12 +1,14 @@
 #include "tiers/host_tier.h"
 
 #include <glog/logging.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 
 #include "common/units.h"
 
@@ -33,24 +35,20 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   if (count > UINT32_MAX) return Status::InvalidArgument("too many host segments");
   const uint64_t bytes = count * options.segment_bytes;
 
-  int fd;
-  KVPOOL_RETURN_IF_ERRNO(fd = memfd_create("kvpool-host-arena", MFD_CLOEXEC), fd < 0,
-                         "memfd_create for the host arena");
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int err = errno;
-    close(fd);
-    return Status::FromErrno(err, "ftruncate host arena to " + FormatBytes(bytes));
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // One contiguous address range; each segment's memfd is mapped over its part of it.
+  void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    int err = errno;
-    close(fd);
-    return Status::FromErrno(err, "mmap host arena of " + FormatBytes(bytes));
+    return Status::FromErrno(errno, "reserving " + FormatBytes(bytes) + " for the host arena");
   }
-  bool locked = false;
+  std::unique_ptr<HostTier> tier(new HostTier(static_cast<uint8_t*>(p), options.segment_bytes,
+                                              static_cast<uint32_t>(count), options.lock_memory));
+  absl::MutexLock lock(&tier->mu_);
+  for (uint32_t i = 0; i < count; ++i) {
+    KVPOOL_RETURN_IF_ERROR(tier->MapSegmentLocked(i));
+  }
   if (options.lock_memory) {
     if (mlock(p, bytes) == 0) {
-      locked = true;
+      tier->locked_ = true;
     } else {
       int err = errno;
       rlimit lim{};
@@ -63,22 +61,16 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
                       "Raise LimitMEMLOCK (the systemd unit sets infinity).";
     }
   }
-  // Touch the pages now when unlocked, so the first puts do not pay page faults.
-  if (!locked) madvise(p, bytes, MADV_WILLNEED);
-  return std::unique_ptr<HostTier>(new HostTier(fd, static_cast<uint8_t*>(p),
-                                                options.segment_bytes,
-                                                static_cast<uint32_t>(count), locked));
+  return tier;
 }
 
-HostTier::HostTier(int fd, uint8_t* base, uint64_t segment_bytes, uint32_t segment_count,
-                   bool locked)
-    : fd_(fd),
-      base_(base),
+HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock)
+    : base_(base),
       segment_bytes_(segment_bytes),
       segment_count_(segment_count),
       pages_per_segment_(static_cast<uint32_t>(segment_bytes / kPageBytes)),
-      locked_(locked) {
-  absl::MutexLock lock(&mu_);
+      lock_(lock) {
+  absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
   for (auto& s : segments_) s.bitmap.assign((pages_per_segment_ + 63) / 64, 0);
   free_segments_.reserve(segment_count);
@@ -87,7 +79,89 @@ HostTier::HostTier(int fd, uint8_t* base, uint64_t segment_bytes, uint32_t segme
 
 HostTier::~HostTier() {
   munmap(base_, capacity_bytes());
-  close(fd_);
+  absl::MutexLock lock(&mu_);
+  for (Segment& s : segments_) {
+    if (s.fd >= 0) close(s.fd);
+  }
+}
+
+Status HostTier::MapSegmentLocked(uint32_t index) {
+  const std::string name = "kvpool-segment-" + std::to_string(index);
+  int fd;
+  KVPOOL_RETURN_IF_ERRNO(fd = memfd_create(name.c_str(), MFD_CLOEXEC), fd < 0,
+                         "memfd_create for host segment " + std::to_string(index));
+  if (ftruncate(fd, static_cast<off_t>(segment_bytes_)) != 0) {
+    const int err = errno;
+    close(fd);
+    return Status::FromErrno(err, "sizing host segment " + std::to_string(index));
+  }
+  uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
+  void* p = mmap(at, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return Status::FromErrno(err, "mapping host segment " + std::to_string(index));
+  }
+  if (locked_) {
+    mlock(at, segment_bytes_);
+  } else if (!lock_) {
+    madvise(at, segment_bytes_, MADV_WILLNEED);
+  }
+  Segment& seg = segments_[index];
+  const int old = seg.fd;
+  seg.fd = fd;
+  ++seg.generation;
+  if (old >= 0) {
+    // Clients that still map the old memfd keep (their own namespace's) old bytes at worst;
+    // release its pages now so that costs no memory, then drop our reference.
+    fallocate(old, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+              static_cast<off_t>(segment_bytes_));
+    close(old);
+  }
+  return Status::OK();
+}
+
+void HostTier::RecycleSegmentLocked(uint32_t index) {
+  Status st = MapSegmentLocked(index);
+  if (!st.ok()) {
+    // The old memfd was never remapped or closed: the segment may not go to another namespace.
+    ++quarantined_;
+    LOG(ERROR) << "host segment " << index << " could not get a fresh memfd (" << st.ToString()
+               << "); it stays out of use";
+    return;
+  }
+  segments_[index].owner = kNoNamespace;
+  free_segments_.push_back(index);
+}
+
+SegmentLocation HostTier::Locate(uint64_t offset) const {
+  const uint32_t index = static_cast<uint32_t>(offset / segment_bytes_);
+  absl::MutexLock lock(&mu_);
+  return SegmentLocation{index, segments_[index].generation, offset % segment_bytes_};
+}
+
+Result<int> HostTier::ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
+                                    bool writable) {
+  absl::MutexLock lock(&mu_);
+  if (index >= segment_count_) return Status::InvalidArgument("no host segment " + std::to_string(index));
+  const Segment& seg = segments_[index];
+  if (seg.generation != generation) {
+    return Status::NotFound("host segment " + std::to_string(index) + " was recycled");
+  }
+  if (seg.owner != ns || seg.owner == kNoNamespace) {
+    return Status::PermissionDenied("host segment " + std::to_string(index) +
+                                    " does not belong to this namespace");
+  }
+  int fd;
+  if (writable) {
+    KVPOOL_RETURN_IF_ERRNO(fd = fcntl(seg.fd, F_DUPFD_CLOEXEC, 0), fd < 0, "dup segment fd");
+  } else {
+    // A read-only open file description: the client cannot map it writable.
+    const std::string path = "/proc/self/fd/" + std::to_string(seg.fd);
+    KVPOOL_RETURN_IF_ERRNO(fd = open(path.c_str(), O_RDONLY | O_CLOEXEC), fd < 0,
+                           "reopen segment fd read-only");
+  }
+  return fd;
 }
 
 int64_t HostTier::FindRun(const Segment& seg, uint32_t pages) const {
@@ -191,10 +265,7 @@ void HostTier::Free(const HostSlot& slot) {
   allocated_bytes_ -= pages * kPageBytes;
   payload_bytes_ -= slot.length;
   --blocks_;
-  if (seg.used_pages == 0) {
-    seg.owner = kNoNamespace;
-    free_segments_.push_back(seg_index);
-  }
+  if (seg.used_pages == 0) RecycleSegmentLocked(seg_index);
 }
 
 NamespaceId HostTier::OwnerOf(uint64_t offset) const {

@@ -1,13 +1,20 @@
 #pragma once
 // HostTier: the host-memory tier, one arena of `capacity` bytes allocated once.
 //
-// The arena is a memfd mapping (shared memory, so a later data path can hand clients a
-// read-only mapping of it), mlocked when the limit allows. It is cut into fixed-size
-// segments; each segment belongs to at most one namespace at a time, and a block lives
-// entirely inside one segment of its own namespace. Inside a segment space is handed out in
-// pages (4 KiB) from a bitmap: no per-block malloc, fixed metadata (one bit per page), and a
-// block's bytes are page-aligned so a page-granular mapping can expose exactly its slots.
-// A segment whose last page is freed returns to the shared pool.
+// The arena is cut into fixed-size segments. Each segment is its own memfd (shared memory),
+// mapped into one contiguous range of the daemon's address space and mlocked when the limit
+// allows. A segment belongs to at most one namespace at a time, and a block lives entirely
+// inside one segment of its own namespace. Inside a segment space is handed out in pages
+// (4 KiB) from a bitmap: no per-block malloc, fixed metadata (one bit per page), and every block
+// is page aligned.
+//
+// Sharing with clients (the same-node data path): ExportSegment hands out a file descriptor of
+// one segment, read-only or writable, only to the namespace that owns it. Since a descriptor
+// can map only its own memfd, a client can never reach another namespace's segment. When a
+// segment's last page is freed, the segment gets a fresh memfd before it can be given to
+// another namespace (its generation changes) and the old one's pages are released: a client
+// that kept a mapping of the old one sees its own namespace's old bytes or zeros, never
+// another namespace's blocks.
 //
 // The tier knows nothing of keys: the block index records each block's HostSlot.
 //
@@ -33,6 +40,14 @@ struct HostSlot {
   uint64_t offset = 0;  // from the arena start, page aligned
   uint64_t length = 0;  // the block's bytes (the allocation is rounded up to pages)
   bool valid() const { return length > 0; }
+};
+
+// Where a slot sits, as a client maps it: segment, its current memfd generation, and the offset
+// inside the segment.
+struct SegmentLocation {
+  uint32_t segment = 0;
+  uint32_t generation = 0;
+  uint64_t offset = 0;
 };
 
 struct HostTierOptions {
@@ -79,10 +94,14 @@ class HostTier {
   uint64_t capacity_bytes() const { return segment_bytes_ * segment_count_; }
   uint64_t segment_bytes() const { return segment_bytes_; }
   uint64_t max_block_bytes() const { return segment_bytes_; }
-  // The memfd behind the arena (for sharing with clients).
-  int fd() const { return fd_; }
   // Namespace owning the segment that holds `offset`, kNoNamespace if free.
   NamespaceId OwnerOf(uint64_t offset) const;
+  // The segment, generation and in-segment offset of an arena offset.
+  SegmentLocation Locate(uint64_t offset) const;
+  // A new file descriptor for segment `index` (the caller closes it): read-only unless
+  // `writable`. PermissionDenied unless `ns` owns the segment; NotFound when the segment's
+  // generation is no longer `generation` (it was recycled: ask again).
+  Result<int> ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns, bool writable);
 
   // Cheap: pages handed out, in bytes.
   uint64_t allocated_bytes() const;
@@ -94,20 +113,27 @@ class HostTier {
     NamespaceId owner = kNoNamespace;
     uint32_t used_pages = 0;
     std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
+    int fd = -1;                   // this segment's memfd
+    uint32_t generation = 0;       // bumped each time the segment gets a fresh memfd
   };
 
-  HostTier(int fd, uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool locked);
+  HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock);
+  // Creates a memfd for segment `index` and maps it over its range. IoError/ResourceExhausted.
+  Status MapSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives an emptied segment a fresh memfd and releases the old one's pages; on failure the
+  // segment is kept out of the pool (logged) rather than risk handing its old memfd on.
+  void RecycleSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // First run of `pages` free pages in `seg`, or -1.
   int64_t FindRun(const Segment& seg, uint32_t pages) const;
   void MarkRun(Segment& seg, uint32_t first, uint32_t pages, bool used);
   uint32_t LargestRun(const Segment& seg) const;
 
-  const int fd_;
   uint8_t* const base_;
   const uint64_t segment_bytes_;
   const uint32_t segment_count_;
   const uint32_t pages_per_segment_;
-  const bool locked_;
+  const bool lock_;
+  bool locked_ ABSL_GUARDED_BY(mu_) = false;
 
   mutable absl::Mutex mu_;
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
@@ -115,6 +141,7 @@ class HostTier {
   uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;  // segments that could not be recycled
 };
 
 }  // namespace kvpool::tiers

@@ -57,7 +57,6 @@ TEST(HostTierTest, CreateRoundsCapacityToWholeSegments) {
   EXPECT_EQ(tier->capacity_bytes(), kCapacity);
   EXPECT_EQ(tier->segment_bytes(), kSegment);
   EXPECT_EQ(tier->max_block_bytes(), kSegment);
-  EXPECT_GE(tier->fd(), 0);
   const HostTierStats s = tier->GetStats();
   EXPECT_EQ(s.segments, 8u);
   EXPECT_EQ(s.free_segments, 8u);
@@ -339,15 +338,71 @@ TEST(HostTierTest, BytesWrittenToOneSlotDoNotDisturbOthers) {
   for (const Live& l : live) EXPECT_TRUE(Holds(*tier, l.slot, l.seed)) << l.slot.offset;
 }
 
-TEST(HostTierTest, ArenaIsSharedThroughItsFd) {
+TEST(HostTierTest, ExportedSegmentIsSharedReadOnly) {
   auto tier = MakeTier(2 * kSegment);
   HostSlot s = MustAllocate(*tier, 1, 3 * kPage + 5);
   Fill(*tier, s, 42);
-  // A second (read-only) mapping of the memfd, as a client would make, sees the same bytes.
-  void* view = mmap(nullptr, tier->capacity_bytes(), PROT_READ, MAP_SHARED, tier->fd(), 0);
+  const SegmentLocation loc = tier->Locate(s.offset);
+  Result<int> fd = tier->ExportSegment(loc.segment, loc.generation, 1, /*writable=*/false);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  // A client's mapping of the segment sees the same bytes...
+  void* view = mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *fd, 0);
   ASSERT_NE(view, MAP_FAILED);
-  EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(view) + s.offset, tier->Data(s), s.length), 0);
-  munmap(view, tier->capacity_bytes());
+  EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(view) + loc.offset, tier->Data(s), s.length),
+            0);
+  // ...and cannot be made writable through a read-only descriptor.
+  EXPECT_EQ(mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0), MAP_FAILED);
+  EXPECT_EQ(errno, EACCES);
+  munmap(view, kSegment);
+  close(*fd);
+}
+
+TEST(HostTierTest, ExportRefusesOtherNamespacesAndStaleGenerations) {
+  auto tier = MakeTier(2 * kSegment);
+  HostSlot s = MustAllocate(*tier, 1, kPage);
+  const SegmentLocation loc = tier->Locate(s.offset);
+  EXPECT_EQ(tier->ExportSegment(loc.segment, loc.generation, 2, false).status().code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(tier->ExportSegment(loc.segment, loc.generation, 2, true).status().code(),
+            StatusCode::kPermissionDenied);
+  // A free segment belongs to nobody.
+  const uint32_t other = 1 - loc.segment;
+  EXPECT_EQ(tier->ExportSegment(other, tier->Locate(other * kSegment).generation, 1, false)
+                .status()
+                .code(),
+            StatusCode::kPermissionDenied);
+  tier->Free(s);
+  EXPECT_TRUE(tier->ExportSegment(loc.segment, loc.generation, 1, false).status().IsNotFound());
+  EXPECT_NE(tier->Locate(s.offset).generation, loc.generation);
+}
+
+TEST(HostTierTest, RecycledSegmentNeverRevealsAnotherNamespace) {
+  auto tier = MakeTier(kSegment);  // one segment: namespace 2 must get the one 1 used
+  HostSlot a = MustAllocate(*tier, 1, 2 * kPage);
+  Fill(*tier, a, 7);
+  const SegmentLocation loc = tier->Locate(a.offset);
+  Result<int> ro = tier->ExportSegment(loc.segment, loc.generation, 1, false);
+  Result<int> rw = tier->ExportSegment(loc.segment, loc.generation, 1, true);
+  ASSERT_TRUE(ro.ok() && rw.ok());
+  auto* old_view =
+      static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *ro, 0));
+  auto* old_write = static_cast<uint8_t*>(
+      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, *rw, 0));
+  ASSERT_NE(old_view, MAP_FAILED);
+  ASSERT_NE(old_write, MAP_FAILED);
+  close(*ro);
+  close(*rw);
+  tier->Free(a);
+  // Namespace 2 now owns the segment and writes a secret where namespace 1's block was.
+  HostSlot b = MustAllocate(*tier, 2, 2 * kPage);
+  ASSERT_EQ(b.offset, a.offset);
+  std::memset(tier->Data(b), 0x5E, b.length);
+  // Namespace 1's old mappings neither see the secret nor can they change it.
+  for (uint64_t i = 0; i < b.length; ++i) ASSERT_NE(old_view[loc.offset + i], 0x5E) << i;
+  std::memset(old_write + loc.offset, 0x11, b.length);
+  for (uint64_t i = 0; i < b.length; ++i) ASSERT_EQ(tier->Data(b)[i], 0x5E) << i;
+  munmap(old_view, kSegment);
+  munmap(old_write, kSegment);
 }
 
 }  // namespace
