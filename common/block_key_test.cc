@@ -43,8 +43,7 @@ TEST(BlockKeyTest, ReproducesEveryKnownAnswerVector) {
     const uint32_t tpb = c.at("tokens_per_block");
 
     EXPECT_EQ(NamespaceSalt(secret).ToHex(), c.at("namespace_salt_hex").get<std::string>());
-    EXPECT_EQ(LayoutFingerprint(layout).ToHex(),
-              c.at("layout_fingerprint_hex").get<std::string>());
+    EXPECT_EQ(LayoutFingerprint(layout).ToHex(), c.at("layout_fingerprint_hex").get<std::string>());
 
     const ChainHasher hasher(secret, layout, tpb);
     EXPECT_EQ(hasher.tokens_per_block(), tpb);

@@ -100,7 +100,7 @@ TEST(UnitsTest, RejectsMalformedNumbers) {
 TEST(UnitsTest, RejectsOverflow) {
   ExpectRejected("20000000000000000000");  // > 2^64
   ExpectRejected("99999999TiB");
-  ExpectRejected("16777216TiB");  // exactly 2^64
+  ExpectRejected("16777216TiB");                // exactly 2^64
   ExpectRejected("1" + std::string(400, '0'));  // not even a finite double
   ExpectRejected("1" + std::string(400, '0') + "GiB");
   // Large but representable values still parse.
@@ -128,10 +128,9 @@ TEST(UnitsTest, FormatsWithTheLargestFittingBinaryUnit) {
     const char* unit;
   };
   const std::vector<Case> cases = {
-      {1024, 1.0, "KiB"},          {64ull << 10, 64.0, "KiB"},
-      {1536ull << 10, 1.5, "MiB"}, {512ull << 20, 512.0, "MiB"},
-      {3ull << 29, 1.5, "GiB"},    {4ull << 30, 4.0, "GiB"},
-      {2ull << 40, 2.0, "TiB"},    {3ull << 50, 3.0, "PiB"},
+      {1024, 1.0, "KiB"},           {64ull << 10, 64.0, "KiB"}, {1536ull << 10, 1.5, "MiB"},
+      {512ull << 20, 512.0, "MiB"}, {3ull << 29, 1.5, "GiB"},   {4ull << 30, 4.0, "GiB"},
+      {2ull << 40, 2.0, "TiB"},     {3ull << 50, 3.0, "PiB"},
   };
   for (const Case& c : cases) {
     const std::string s = FormatBytes(c.bytes);
@@ -150,8 +149,8 @@ TEST(UnitsTest, FormatsWithTheLargestFittingBinaryUnit) {
 }
 
 TEST(UnitsTest, FormattedValuesParseBackClosely) {
-  for (uint64_t bytes : {1ull, 999ull, 4096ull, 65537ull, 123456789ull, 5ull << 30,
-                         (7ull << 40) + 12345}) {
+  for (uint64_t bytes :
+       {1ull, 999ull, 4096ull, 65537ull, 123456789ull, 5ull << 30, (7ull << 40) + 12345}) {
     const std::string s = FormatBytes(bytes);
     Result<uint64_t> back = ParseBytes(s);
     ASSERT_TRUE(back.ok()) << s << ": " << back.status().ToString();

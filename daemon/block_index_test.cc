@@ -101,7 +101,8 @@ TEST(BlockIndexTest, ManyEntriesAcrossChunksStayFindable) {
   BlockIndex index;
   constexpr int kN = 70000;  // more than one chunk of entries
   std::vector<EntryId> ids;
-  for (int i = 0; i < kN; ++i) ids.push_back(index.Insert(static_cast<NamespaceId>(i % 3), KeyOf(i)));
+  for (int i = 0; i < kN; ++i)
+    ids.push_back(index.Insert(static_cast<NamespaceId>(i % 3), KeyOf(i)));
   EXPECT_EQ(index.size(), static_cast<size_t>(kN));
   for (int i = 0; i < kN; i += 7) {
     ASSERT_EQ(index.Find(static_cast<NamespaceId>(i % 3), KeyOf(i)), ids[i]);
@@ -463,8 +464,8 @@ TEST(BlockIndexTest, RandomOperationsMatchABruteForceModel) {
         ASSERT_EQ(e.child_links, links) << "step " << step;
         ASSERT_EQ(e.children, ch) << "step " << step;
         // Erasable exactly when nothing holds the entry.
-        const bool erasable = e.tiers == 0 && e.pins == 0 && links == 0 && e.leases == 0 &&
-                              e.busy == 0;
+        const bool erasable =
+            e.tiers == 0 && e.pins == 0 && links == 0 && e.leases == 0 && e.busy == 0;
         ASSERT_EQ(index.CanErase(id), erasable) << "step " << step;
       }
       // Candidate sets against the brute-force recomputation, order against the model. At most

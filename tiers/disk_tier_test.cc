@@ -25,7 +25,9 @@ struct Block {
   BlockKey parent;
   std::vector<uint8_t> bytes;
 
-  DiskBlockMeta meta() const { return {bytes.size(), BlockChecksum(bytes.data(), bytes.size()), parent}; }
+  DiskBlockMeta meta() const {
+    return {bytes.size(), BlockChecksum(bytes.data(), bytes.size()), parent};
+  }
   DiskWrite write() const { return {ns, key, meta(), bytes.data()}; }
 };
 
@@ -122,10 +124,9 @@ class DiskTierTest : public ::testing::Test {
 };
 
 const std::vector<size_t>& Sizes() {
-  static const std::vector<size_t> kSizes = {1,         2,           19,          20,
-                                             21,        4075,        4076,        4095,
-                                             4096,      4097,        12289,       65535,
-                                             65537,     (1 << 20) + 3, (2 << 20) - 5, (3 << 20) + 7};
+  static const std::vector<size_t> kSizes = {
+      1,    2,    19,    20,    21,    4075,          4076,          4095,
+      4096, 4097, 12289, 65535, 65537, (1 << 20) + 3, (2 << 20) - 5, (3 << 20) + 7};
   return kSizes;
 }
 
@@ -283,8 +284,9 @@ TEST_F(DiskTierTest, ForEachMetaReportsUndecodableRecords) {
   const Block b = MakeBlock(1, 2, 10);
   Write({&b});
   const std::string bkey = DiskTier::EncodeKey(b.ns, b.key);
-  ASSERT_TRUE(
-      store_->db()->Put(rocksdb::WriteOptions(), store_->block_meta(), bkey, std::string(49, '\x7')).ok());
+  ASSERT_TRUE(store_->db()
+                  ->Put(rocksdb::WriteOptions(), store_->block_meta(), bkey, std::string(49, '\x7'))
+                  .ok());
 
   std::vector<std::string> bad;
   std::vector<BlockKey> good;
@@ -313,9 +315,9 @@ TEST_F(DiskTierTest, DataSurvivesReopen) {
     parent = blocks.back().key;
   }
   for (const Block& b : blocks) Write({&b});
-  ASSERT_TRUE(disk_->Delete(std::vector<std::pair<NamespaceId, BlockKey>>{
-                                {blocks[3].ns, blocks[3].key}})
-                  .ok());
+  ASSERT_TRUE(
+      disk_->Delete(std::vector<std::pair<NamespaceId, BlockKey>>{{blocks[3].ns, blocks[3].key}})
+          .ok());
   Close();
   Open();
   const auto meta = AllMeta();

@@ -98,8 +98,8 @@ TEST(HostTierTest, AllocatesPageAlignedSlotsInsideTheArena) {
   std::vector<HostSlot> slots;
   uint64_t payload = 0;
   uint64_t allocated = 0;
-  for (uint64_t len : std::vector<uint64_t>{1, 4095, 4096, 4097, 12345, 65536, 100000, kSegment,
-                                         3, kSegment - 1}) {
+  for (uint64_t len : std::vector<uint64_t>{1, 4095, 4096, 4097, 12345, 65536, 100000, kSegment, 3,
+                                            kSegment - 1}) {
     HostSlot s = MustAllocate(*tier, 1, len);
     slots.push_back(s);
     payload += len;
@@ -384,10 +384,9 @@ TEST(HostTierTest, RecycledSegmentNeverRevealsAnotherNamespace) {
   Result<int> ro = tier->ExportSegment(loc.segment, loc.generation, 1, false);
   Result<int> rw = tier->ExportSegment(loc.segment, loc.generation, 1, true);
   ASSERT_TRUE(ro.ok() && rw.ok());
-  auto* old_view =
-      static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *ro, 0));
-  auto* old_write = static_cast<uint8_t*>(
-      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, *rw, 0));
+  auto* old_view = static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *ro, 0));
+  auto* old_write =
+      static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, *rw, 0));
   ASSERT_NE(old_view, MAP_FAILED);
   ASSERT_NE(old_write, MAP_FAILED);
   close(*ro);

@@ -54,9 +54,11 @@ TEST(FrameTest, EncodesTheDocumentedLittleEndianLayout) {
   h.body_bytes = 0xAABBCCDD;
   h.payload_bytes = 0x01020304;
   const Bytes b = Encode(h);
-  const Bytes want = {'K',  'V',  'P',  '1',  kProtocolVersion, kFlagResponse, 0x03, 0x02,
-                      0x88, 0x77, 0x66, 0x55, 0x44,             0x33,          0x22, 0x11,
-                      0xDD, 0xCC, 0xBB, 0xAA, 0x04,             0x03,          0x02, 0x01};
+  const Bytes want = {'K',           'V',  'P',  '1',  kProtocolVersion,
+                      kFlagResponse, 0x03, 0x02, 0x88, 0x77,
+                      0x66,          0x55, 0x44, 0x33, 0x22,
+                      0x11,          0xDD, 0xCC, 0xBB, 0xAA,
+                      0x04,          0x03, 0x02, 0x01};
   EXPECT_EQ(b, want);
 }
 
@@ -69,7 +71,8 @@ TEST(FrameTest, RoundTripsEveryKnownTypeInBothDirections) {
       h.flags = response ? kFlagResponse : 0;
       h.request_id = rng();
       h.body_bytes = static_cast<uint32_t>(rng() % (16u << 20));
-      const bool payload = (response && type == wire::GET) || (!response && type == wire::PUT_COMMIT);
+      const bool payload =
+          (response && type == wire::GET) || (!response && type == wire::PUT_COMMIT);
       h.payload_bytes = payload ? static_cast<uint32_t>(rng() % (256u << 20)) + 1 : 0;
       const Bytes b = Encode(h);
       Result<FrameHeader> r = DecodeFrameHeader(b.data(), FrameLimits());
