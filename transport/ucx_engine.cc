@@ -1,0 +1,793 @@
+// UcxEngine: see ucx_engine.h.
+//
+// UCX operation choice (measured; full commands, figures and conditions in docs/UCX.md):
+//   PERF_SUMMARY_PLACEHOLDER
+#include "transport/ucx_engine.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/threads.h"
+#include "glog/logging.h"
+
+namespace kvpool::transport {
+
+Status UcsStatusToStatus(int ucs_status, std::string_view context) {
+  auto st = static_cast<ucs_status_t>(ucs_status);
+  if (st == UCS_OK || st == UCS_INPROGRESS) return Status::OK();
+  std::string msg = std::string(context) + ": " + ucs_status_string(st);
+  switch (st) {
+    case UCS_ERR_CANCELED:
+      return Status::Aborted(std::move(msg));
+    case UCS_ERR_TIMED_OUT:
+      return Status::DeadlineExceeded(std::move(msg));
+    case UCS_ERR_MESSAGE_TRUNCATED:
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_EXCEEDS_LIMIT:
+    case UCS_ERR_OUT_OF_RANGE:
+      return Status::ResourceExhausted(std::move(msg));
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return Status::InvalidArgument(std::move(msg));
+    case UCS_ERR_UNSUPPORTED:
+      return Status::Unimplemented(std::move(msg));
+    case UCS_ERR_IO_ERROR:
+      return Status::IoError(std::move(msg));
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_BUSY:
+    case UCS_ERR_SHMEM_SEGMENT:
+      return Status::Unavailable(std::move(msg));
+    default:
+      return Status::Internal(std::move(msg));
+  }
+}
+
+const char* BulkOpName(UcxEngine::BulkOp op) {
+  switch (op) {
+    case UcxEngine::BulkOp::kTagged: return "tagged";
+    case UcxEngine::BulkOp::kActiveMessage: return "active-message";
+    case UcxEngine::BulkOp::kRmaGet: return "rma-get";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr uint64_t kFullTagMask = ~uint64_t{0};
+
+// Runs `print(stream)` into a string (ucp_*_print_info write to a FILE*).
+template <typename Fn>
+std::string PrintToString(Fn print) {
+  char* buf = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&buf, &size);
+  if (f == nullptr) return "";
+  print(f);
+  fclose(f);
+  std::string out(buf, size);
+  free(buf);
+  return out;
+}
+
+// "tcp/lo" tokens from ucp_*_print_info: its resource lines read
+// "#   ... lane[0]:  2:tcp/lo.0 md[1] ..." (endpoints) or "#  ... tcp/lo ..." (workers); we
+// keep every distinct "<tl>/<device>" token whose tl is a known UCT transport.
+std::string ExtractTransports(const std::string& info) {
+  static const char* kTls[] = {"tcp",     "posix",  "sysv",    "cma",    "knem",  "xpmem",
+                               "self",    "rc_verbs", "rc_mlx5", "dc_mlx5", "ud_verbs",
+                               "ud_mlx5", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy"};
+  std::vector<std::string> found;
+  std::istringstream in(info);
+  std::string word;
+  while (in >> word) {
+    size_t colon = word.find(':');
+    if (colon != std::string::npos) word = word.substr(colon + 1);
+    size_t slash = word.find('/');
+    if (slash == std::string::npos || slash == 0) continue;
+    std::string tl = word.substr(0, slash);
+    bool known = false;
+    for (const char* t : kTls) known = known || tl == t;
+    if (!known) continue;
+    std::string dev = word.substr(slash + 1);
+    while (!dev.empty() && (dev.back() == ',' || dev.back() == ')')) dev.pop_back();
+    // Lanes print "tcp/lo.0" style suffixes on some versions; drop a trailing ".<digits>".
+    size_t dot = dev.rfind('.');
+    if (dot != std::string::npos && dot + 1 < dev.size() &&
+        dev.find_first_not_of("0123456789", dot + 1) == std::string::npos) {
+      dev.resize(dot);
+    }
+    std::string token = tl + "/" + dev;
+    bool dup = false;
+    for (const auto& f : found) dup = dup || f == token;
+    if (!dup) found.push_back(token);
+  }
+  std::string out;
+  for (const auto& f : found) out += (out.empty() ? "" : " ") + f;
+  return out;
+}
+
+}  // namespace
+
+class UcxEngine::Impl {
+ public:
+  explicit Impl(const UcxOptions& options) : options_(options) {}
+  ~Impl();
+
+  Status Init();
+  void Start();
+  void Stop();
+
+  // A unit of work for the progress thread; `abort` runs instead when the engine stops first.
+  struct Command {
+    std::function<void()> run;
+    std::function<void()> abort;
+  };
+  void Post(Command cmd);
+  bool OnProgressThread() const { return std::this_thread::get_id() == thread_id_.load(); }
+
+  // Progress-thread-only operations (called from commands).
+  Result<UcxEndpointId> DoConnect(const std::string& address);
+  void DoDisconnect(UcxEndpointId id);
+  void DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
+              std::function<void(Status)> done);
+  void DoReceive(UcxOpId id, uint64_t tag, void* data, size_t capacity,
+                 std::function<void(Status, size_t)> done);
+  void DoCancel(UcxOpId id);
+  // After ucp_*_nbx returned `req` for op `id`: records the request, or completes the op.
+  void Posted(UcxOpId id, void* req, const char* what);
+  Result<std::string> DoEndpointTransports(UcxEndpointId id);
+
+  UcxOpId NextOpId() { return next_op_id_.fetch_add(1, std::memory_order_relaxed); }
+
+  const UcxOptions options_;
+  std::string address_;
+  std::string transports_;
+
+ private:
+  struct Op {
+    Impl* impl = nullptr;
+    UcxOpId id = 0;
+    UcxEndpointId ep = 0;  // 0 for receives (UCX matches them worker-wide)
+    bool is_send = false;
+    bool orphaned = false;  // Shutdown gave up on it; it reports after the worker is destroyed
+    void* request = nullptr;
+    std::function<void(Status)> send_done;
+    std::function<void(Status, size_t)> recv_done;
+  };
+  struct Endpoint {
+    Impl* impl = nullptr;
+    UcxEndpointId id = 0;
+    ucp_ep_h ep = nullptr;
+    Status failed;  // non-OK once UCX reported an error or we force-closed it
+  };
+
+  static void SendCallback(void* request, ucs_status_t status, void* user_data);
+  static void ReceiveCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                              void* user_data);
+  static void ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  void Complete(Op* op, Status st, size_t len);
+  void ForceClose(Endpoint& e, Status why);
+  void ProgressLoop();
+  void Shutdown();
+  bool RunQueued();  // true if anything ran
+  void ReapCloses();
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int ucp_efd_ = -1;
+  int wake_fd_ = -1;
+  int epoll_fd_ = -1;
+  std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};  // written once before any command runs
+  std::atomic<UcxOpId> next_op_id_{1};        // relaxed: only uniqueness matters
+  UcxEndpointId next_ep_id_ = 1;              // progress thread only
+
+  absl::Mutex mu_;
+  std::deque<Command> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Progress thread only.
+  std::unordered_map<UcxOpId, Op*> ops_;
+  std::unordered_map<UcxEndpointId, std::unique_ptr<Endpoint>> eps_;
+  std::vector<void*> closing_;  // ucp_ep_close_nbx requests still in flight
+  std::vector<UcxEndpointId> failed_eps_;  // reported by ErrorCallback, to be force-closed
+};
+
+Status UcxEngine::Impl::Init() {
+  ucp_config_t* config = nullptr;
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_UCS_STATUS(ucp_config_read(nullptr, nullptr, &config),
+                                           "ucp_config_read"));
+  auto modify = [&](const char* name, const std::string& value) -> Status {
+    if (value.empty()) return Status::OK();
+    return KVPOOL_UCS_STATUS(ucp_config_modify(config, name, value.c_str()),
+                             std::string("ucp_config_modify ") + name + "=" + value);
+  };
+  Status st = modify("TLS", options_.transports);
+  if (st.ok()) st = modify("NET_DEVICES", options_.net_devices);
+  if (st.ok() && options_.keepalive_interval.count() > 0) {
+    st = modify("KEEPALIVE_INTERVAL", std::to_string(options_.keepalive_interval.count()) + "ms");
+  }
+  if (st.ok()) {
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 0;
+    st = KVPOOL_UCS_STATUS(ucp_init(&params, config, &context_), "ucp_init");
+  }
+  ucp_config_release(config);
+  KVPOOL_RETURN_IF_ERROR(st);
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
+  st = KVPOOL_UCS_STATUS(ucp_worker_create(context_, &wparams, &worker_), "ucp_worker_create");
+  if (!st.ok()) return Status::Unavailable(st.message());
+
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  KVPOOL_RETURN_IF_ERROR(
+      KVPOOL_UCS_STATUS(ucp_worker_get_address(worker_, &addr, &addr_len), "ucp_worker_get_address"));
+  address_.assign(reinterpret_cast<const char*>(addr), addr_len);
+  ucp_worker_release_address(worker_, addr);
+
+  transports_ = ExtractTransports(PrintToString([&](FILE* f) { ucp_context_print_info(context_, f); }));
+
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_UCS_STATUS(ucp_worker_get_efd(worker_, &ucp_efd_),
+                                           "ucp_worker_get_efd"));
+  KVPOOL_RETURN_IF_ERRNO(wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), wake_fd_ < 0,
+                         "eventfd");
+  KVPOOL_RETURN_IF_ERRNO(epoll_fd_ = epoll_create1(EPOLL_CLOEXEC), epoll_fd_ < 0, "epoll_create1");
+  for (int fd : {ucp_efd_, wake_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    int rc;
+    KVPOOL_RETURN_IF_ERRNO(rc = epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev), rc < 0, "epoll_ctl");
+  }
+  return Status::OK();
+}
+
+void UcxEngine::Impl::Start() {
+  thread_ = StartThread(ThreadRole::kUcxProgress, options_.thread_index, [this] {
+    thread_id_.store(std::this_thread::get_id());
+    ProgressLoop();
+  });
+  // Make OnProgressThread() exact from the first public call on.
+  while (thread_id_.load() == std::thread::id()) std::this_thread::yield();
+}
+
+void UcxEngine::Impl::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  thread_.join();
+}
+
+UcxEngine::Impl::~Impl() {
+  Stop();
+  // Only reached without a thread if Init failed part-way.
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void UcxEngine::Impl::Post(Command cmd) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      queue_.push_back(std::move(cmd));
+      cmd.abort = nullptr;
+    }
+  }
+  if (cmd.abort) {  // the engine is stopping: nothing will run it
+    cmd.abort();
+    return;
+  }
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+bool UcxEngine::Impl::RunQueued() {
+  std::deque<Command> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    batch.swap(queue_);
+  }
+  for (auto& cmd : batch) cmd.run();
+  return !batch.empty();
+}
+
+void UcxEngine::Impl::ProgressLoop() {
+  using Clock = std::chrono::steady_clock;
+  auto last_work = Clock::now();
+  epoll_event events[2];
+  while (true) {
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stopping_;
+    }
+    if (stopping) break;
+    bool worked = RunQueued();
+    while (ucp_worker_progress(worker_) != 0) worked = true;
+    ReapCloses();
+    auto now = Clock::now();
+    if (worked) {
+      last_work = now;
+      continue;
+    }
+    if (now - last_work < options_.spin_before_sleep) continue;
+    ucs_status_t st = ucp_worker_arm(worker_);
+    if (st == UCS_ERR_BUSY) continue;  // events pending: progress again
+    // A 100 ms cap keeps the loop alive should a transport miss a wake-up.
+    int n = epoll_wait(epoll_fd_, events, 2, 100);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == wake_fd_) {
+        uint64_t v;
+        (void)!read(wake_fd_, &v, sizeof(v));
+      }
+    }
+    last_work = Clock::now();  // spin a little after every wake-up
+  }
+  Shutdown();
+}
+
+void UcxEngine::Impl::Shutdown() {
+  // Commands that never ran: report them aborted.
+  std::deque<Command> left;
+  {
+    absl::MutexLock lock(&mu_);
+    left.swap(queue_);
+  }
+  for (auto& cmd : left) cmd.abort();
+
+  // Cancel receives; force-close endpoints, which completes their sends with CANCELED.
+  std::vector<UcxOpId> ids;
+  for (auto& [id, op] : ops_) ids.push_back(id);
+  for (UcxOpId id : ids) {
+    auto it = ops_.find(id);
+    if (it != ops_.end() && !it->second->is_send) ucp_request_cancel(worker_, it->second->request);
+  }
+  for (auto& [id, e] : eps_) ForceClose(*e, Status::Aborted("UCX engine shut down"));
+
+  auto give_up = std::chrono::steady_clock::now() + options_.shutdown_grace;
+  while ((!ops_.empty() || !closing_.empty()) && std::chrono::steady_clock::now() < give_up) {
+    ucp_worker_progress(worker_);
+    ReapCloses();
+  }
+  if (!ops_.empty() || !closing_.empty()) {
+    LOG(WARNING) << "UCX engine: " << ops_.size() << " operations and " << closing_.size()
+                 << " endpoint closes did not finish within " << options_.shutdown_grace.count()
+                 << " ms of shutdown; destroying the worker under them";
+  }
+  for (void* req : closing_) ucp_request_free(req);
+  closing_.clear();
+  // Operations that UCX did not complete: destroy the worker first (nothing writes into their
+  // buffers after that), then report them.
+  std::vector<Op*> stuck;
+  for (auto& [id, op] : ops_) stuck.push_back(op);
+  ops_.clear();
+  for (Op* op : stuck) {
+    op->orphaned = true;
+    ucp_request_free(op->request);
+    op->request = nullptr;
+  }
+  ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+  ucp_cleanup(context_);
+  context_ = nullptr;
+  for (Op* op : stuck) {
+    Status st = Status::Aborted("UCX engine shut down");
+    if (op->is_send) op->send_done(st);
+    else op->recv_done(st, 0);
+    delete op;
+  }
+  eps_.clear();
+}
+
+void UcxEngine::Impl::ReapCloses() {
+  std::vector<UcxEndpointId> failed;
+  failed.swap(failed_eps_);
+  for (UcxEndpointId id : failed) {
+    auto it = eps_.find(id);
+    if (it != eps_.end()) ForceClose(*it->second, it->second->failed);
+  }
+  for (size_t i = 0; i < closing_.size();) {
+    if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
+      ucp_request_free(closing_[i]);
+      closing_[i] = closing_.back();
+      closing_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void UcxEngine::Impl::ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* e = static_cast<Endpoint*>(arg);
+  Status why = KVPOOL_UCS_STATUS(status, "UCX endpoint " + std::to_string(e->id) + " failed");
+  if (why.code() != StatusCode::kUnavailable && why.code() != StatusCode::kAborted) {
+    why = Status::Unavailable(why.message());
+  }
+  LOG(WARNING) << why.ToString();
+  // UCX fails the endpoint's outstanding requests; the endpoint must still be closed (force) to
+  // be released, which the progress loop does outside this callback.
+  if (e->failed.ok()) e->failed = std::move(why);
+  e->impl->failed_eps_.push_back(e->id);
+}
+
+void UcxEngine::Impl::ForceClose(Endpoint& e, Status why) {
+  if (e.ep == nullptr) return;
+  if (e.failed.ok()) e.failed = std::move(why);
+  ucp_ep_h ep = e.ep;
+  e.ep = nullptr;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* req = ucp_ep_close_nbx(ep, &param);
+  if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+}
+
+Result<UcxEndpointId> UcxEngine::Impl::DoConnect(const std::string& address) {
+  auto e = std::make_unique<Endpoint>();
+  e->impl = this;
+  e->id = next_ep_id_++;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &ErrorCallback;
+  params.err_handler.arg = e.get();
+  ucp_ep_h ep = nullptr;
+  Status st = KVPOOL_UCS_STATUS(ucp_ep_create(worker_, &params, &ep), "ucp_ep_create");
+  if (!st.ok()) {
+    if (st.code() == StatusCode::kInternal) return Status::InvalidArgument(st.message());
+    return st;
+  }
+  e->ep = ep;
+  UcxEndpointId id = e->id;
+  eps_.emplace(id, std::move(e));
+  return id;
+}
+
+void UcxEngine::Impl::DoDisconnect(UcxEndpointId id) {
+  auto it = eps_.find(id);
+  if (it == eps_.end()) return;
+  Endpoint& e = *it->second;
+  if (e.ep != nullptr) {
+    ucp_request_param_t param{};
+    if (!e.failed.ok()) {
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    }
+    void* req = ucp_ep_close_nbx(e.ep, &param);
+    if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+    e.ep = nullptr;
+  }
+  // The error callback's arg is this Endpoint; UCX does not call it after close, so it may go.
+  eps_.erase(it);
+}
+
+void UcxEngine::Impl::SendCallback(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  ucp_request_free(request);
+  op->request = nullptr;
+  op->impl->Complete(op, KVPOOL_UCS_STATUS(status, "UCX tagged send"), 0);
+}
+
+void UcxEngine::Impl::ReceiveCallback(void* request, ucs_status_t status,
+                                      const ucp_tag_recv_info_t* info, void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  size_t len = (status == UCS_OK && info != nullptr) ? info->length : 0;
+  ucp_request_free(request);
+  op->request = nullptr;
+  Status st = KVPOOL_UCS_STATUS(status, "UCX tagged receive");
+  if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+    st = Status::ResourceExhausted(st.message() + " (message longer than the buffer)");
+  }
+  op->impl->Complete(op, std::move(st), len);
+}
+
+void UcxEngine::Impl::Complete(Op* op, Status st, size_t len) {
+  if (!op->orphaned) ops_.erase(op->id);
+  if (!st.ok() && st.code() != StatusCode::kAborted) {
+    // A send whose endpoint failed: report the endpoint's reason (peer gone) as Unavailable.
+    if (op->is_send) {
+      auto it = eps_.find(op->ep);
+      if (it != eps_.end() && !it->second->failed.ok()) {
+        st = Status::Unavailable(st.message() + " (" + it->second->failed.message() + ")");
+      }
+    }
+    if (st.code() == StatusCode::kInternal) st = Status::Unavailable(st.message());
+  }
+  if (op->orphaned) return;  // reported by Shutdown after the worker is gone
+  if (op->is_send) {
+    op->send_done(std::move(st));
+  } else {
+    size_t received = st.ok() ? len : 0;
+    op->recv_done(std::move(st), received);
+  }
+  delete op;
+}
+
+void UcxEngine::Impl::DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const void* data,
+                             size_t len, std::function<void(Status)> done) {
+  auto it = eps_.find(ep);
+  if (it == eps_.end()) {
+    done(Status::NotFound("UCX endpoint " + std::to_string(ep) + " is not connected"));
+    return;
+  }
+  Endpoint& e = *it->second;
+  if (e.ep == nullptr) {
+    done(Status::Unavailable("UCX endpoint " + std::to_string(ep) + " failed: " +
+                             e.failed.message()));
+    return;
+  }
+  auto* op = new Op;
+  op->impl = this;
+  op->id = id;
+  op->ep = ep;
+  op->is_send = true;
+  op->send_done = std::move(done);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &SendCallback;
+  param.user_data = op;
+  // Registered before posting: UCX may complete the request inside the call.
+  ops_.emplace(id, op);
+  void* req = ucp_tag_send_nbx(e.ep, data, len, tag, &param);
+  Posted(id, req, "ucp_tag_send_nbx");
+}
+
+void UcxEngine::Impl::Posted(UcxOpId id, void* req, const char* what) {
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return;  // its callback already ran
+  Op* op = it->second;
+  if (UCS_PTR_IS_PTR(req)) {
+    op->request = req;
+    return;
+  }
+  // Completed at once (NULL: e.g. an eager send) or refused.
+  Status st = req == nullptr ? Status::OK() : KVPOOL_UCS_STATUS(UCS_PTR_STATUS(req), what);
+  Complete(op, std::move(st), 0);
+}
+
+void UcxEngine::Impl::DoReceive(UcxOpId id, uint64_t tag, void* data, size_t capacity,
+                                std::function<void(Status, size_t)> done) {
+  auto* op = new Op;
+  op->impl = this;
+  op->id = id;
+  op->recv_done = std::move(done);
+  ucp_request_param_t param{};
+  // NO_IMM_CMPL: a message already in the unexpected queue completes through the callback too,
+  // so the received length has one path.
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.recv = &ReceiveCallback;
+  param.user_data = op;
+  ops_.emplace(id, op);
+  void* req = ucp_tag_recv_nbx(worker_, data, capacity, tag, kFullTagMask, &param);
+  Posted(id, req, "ucp_tag_recv_nbx");
+}
+
+void UcxEngine::Impl::DoCancel(UcxOpId id) {
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return;
+  Op* op = it->second;
+  bool is_send = op->is_send;
+  UcxEndpointId ep = op->ep;
+  ucp_request_cancel(worker_, op->request);  // may complete (and delete) op right here
+  if (!is_send || ops_.count(id) == 0) return;
+  // The send is still in flight (UCX 1.13 does not withdraw sends): close its endpoint, which
+  // completes every send on it with CANCELED.
+  auto e = eps_.find(ep);
+  if (e != eps_.end()) {
+    ForceClose(*e->second, Status::Aborted("UCX endpoint " + std::to_string(ep) +
+                                           " closed to cancel a send"));
+  }
+}
+
+Result<std::string> UcxEngine::Impl::DoEndpointTransports(UcxEndpointId id) {
+  auto it = eps_.find(id);
+  if (it == eps_.end()) return Status::NotFound("UCX endpoint " + std::to_string(id));
+  if (it->second->ep == nullptr) {
+    return Status::Unavailable("UCX endpoint failed: " + it->second->failed.message());
+  }
+  ucp_ep_h ep = it->second->ep;
+  return ExtractTransports(PrintToString([&](FILE* f) { ucp_ep_print_info(ep, f); }));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+UcxEngine::UcxEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxEngine::~UcxEngine() = default;  // Impl's destructor stops and joins
+
+Result<std::unique_ptr<UcxEngine>> UcxEngine::Create(const UcxOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  KVPOOL_RETURN_IF_ERROR(impl->Init());
+  impl->Start();
+  return std::unique_ptr<UcxEngine>(new UcxEngine(std::move(impl)));
+}
+
+const std::string& UcxEngine::WorkerAddress() const { return impl_->address_; }
+const std::string& UcxEngine::transports_in_use() const { return impl_->transports_; }
+
+namespace {
+// Runs `fn` on the progress thread (inline if already there) and waits for its result.
+template <typename T, typename Fn>
+Result<T> RunOnProgressThread(UcxEngine::Impl& impl, Fn fn) {
+  if (impl.OnProgressThread()) return fn();
+  struct State {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    std::optional<Result<T>> result ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>();
+  auto finish = [state](Result<T> r) {
+    absl::MutexLock lock(&state->mu);
+    state->result.emplace(std::move(r));
+    state->done = true;
+  };
+  impl.Post({[finish, fn] { finish(fn()); },
+             [finish] { finish(Status::Aborted("UCX engine shut down")); }});
+  absl::MutexLock lock(&state->mu);
+  state->mu.Await(absl::Condition(&state->done));
+  return std::move(*state->result);
+}
+}  // namespace
+
+Result<UcxEndpointId> UcxEngine::Connect(std::string_view peer_worker_address) {
+  if (peer_worker_address.empty()) return Status::InvalidArgument("empty UCX worker address");
+  std::string address(peer_worker_address);
+  Impl* impl = impl_.get();
+  return RunOnProgressThread<UcxEndpointId>(*impl, [impl, address] { return impl->DoConnect(address); });
+}
+
+void UcxEngine::Disconnect(UcxEndpointId ep) {
+  Impl* impl = impl_.get();
+  impl->Post({[impl, ep] { impl->DoDisconnect(ep); }, [] {}});
+}
+
+UcxOpId UcxEngine::SendTagged(UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
+                              std::function<void(Status)> done) {
+  Impl* impl = impl_.get();
+  UcxOpId id = impl->NextOpId();
+  // Shared so that whichever of run/abort happens gets the callback.
+  auto cb = std::make_shared<std::function<void(Status)>>(std::move(done));
+  impl->Post({[impl, id, ep, tag, data, len, cb] { impl->DoSend(id, ep, tag, data, len, std::move(*cb)); },
+              [cb] { (*cb)(Status::Aborted("UCX engine shut down")); }});
+  return id;
+}
+
+UcxOpId UcxEngine::ReceiveTagged(uint64_t tag, void* data, size_t capacity,
+                                 std::function<void(Status, size_t)> done) {
+  Impl* impl = impl_.get();
+  UcxOpId id = impl->NextOpId();
+  auto cb = std::make_shared<std::function<void(Status, size_t)>>(std::move(done));
+  impl->Post({[impl, id, tag, data, capacity, cb] {
+                impl->DoReceive(id, tag, data, capacity, std::move(*cb));
+              },
+              [cb] { (*cb)(Status::Aborted("UCX engine shut down"), 0); }});
+  return id;
+}
+
+void UcxEngine::Cancel(UcxOpId op) {
+  Impl* impl = impl_.get();
+  impl->Post({[impl, op] { impl->DoCancel(op); }, [] {}});
+}
+
+namespace {
+struct SyncWait {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  Status status ABSL_GUARDED_BY(mu);
+  size_t received ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Waits for `w` until `deadline`; then cancels `op` and waits until UCX let go of the buffer.
+// Returns true if the deadline passed before completion.
+bool WaitOrCancel(UcxEngine& engine, UcxOpId op, SyncWait& w,
+                  std::chrono::steady_clock::time_point deadline) {
+  absl::MutexLock lock(&w.mu);
+  auto left = deadline - std::chrono::steady_clock::now();
+  if (left > std::chrono::steady_clock::duration::zero() &&
+      w.mu.AwaitWithTimeout(absl::Condition(&w.done), absl::FromChrono(left))) {
+    return false;
+  }
+  if (w.done) return false;
+  w.mu.Unlock();
+  engine.Cancel(op);
+  w.mu.Lock();
+  // A receive already matched and streaming cannot be withdrawn: it ends when its bytes arrive
+  // or UCX declares the sender dead (error handling PEER + keepalive). Its buffer is the
+  // caller's, so we must wait for that.
+  int waited_s = 0;
+  while (!w.mu.AwaitWithTimeout(absl::Condition(&w.done), absl::Seconds(5))) {
+    waited_s += 5;
+    LOG(WARNING) << "UCX operation " << op << " still releasing its buffer " << waited_s
+                 << " s after its deadline";
+  }
+  return true;
+}
+}  // namespace
+
+Status UcxEngine::SendTaggedSync(UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
+                                 std::chrono::steady_clock::time_point deadline) {
+  if (impl_->OnProgressThread()) {
+    return Status::FailedPrecondition("UcxEngine::SendTaggedSync on the UCX progress thread");
+  }
+  auto w = std::make_shared<SyncWait>();
+  UcxOpId op = SendTagged(ep, tag, data, len, [w](Status st) {
+    absl::MutexLock lock(&w->mu);
+    w->status = std::move(st);
+    w->done = true;
+  });
+  bool expired = WaitOrCancel(*this, op, *w, deadline);
+  absl::MutexLock lock(&w->mu);
+  if (expired && (w->status.code() == StatusCode::kAborted || w->status.ok())) {
+    if (w->status.ok()) return Status::OK();  // finished while being cancelled
+    return Status::DeadlineExceeded("UCX tagged send of " + std::to_string(len) +
+                                    " bytes did not complete by its deadline");
+  }
+  return w->status;
+}
+
+Result<size_t> UcxEngine::ReceiveTaggedSync(uint64_t tag, void* data, size_t capacity,
+                                            std::chrono::steady_clock::time_point deadline) {
+  if (impl_->OnProgressThread()) {
+    return Status::FailedPrecondition("UcxEngine::ReceiveTaggedSync on the UCX progress thread");
+  }
+  auto w = std::make_shared<SyncWait>();
+  UcxOpId op = ReceiveTagged(tag, data, capacity, [w](Status st, size_t n) {
+    absl::MutexLock lock(&w->mu);
+    w->status = std::move(st);
+    w->received = n;
+    w->done = true;
+  });
+  bool expired = WaitOrCancel(*this, op, *w, deadline);
+  absl::MutexLock lock(&w->mu);
+  if (w->status.ok()) return w->received;
+  if (expired && w->status.code() == StatusCode::kAborted) {
+    return Status::DeadlineExceeded("UCX tagged receive (tag " + std::to_string(tag) +
+                                    ") did not complete by its deadline");
+  }
+  return w->status;
+}
+
+Result<std::string> UcxEngine::EndpointTransports(UcxEndpointId ep) {
+  Impl* impl = impl_.get();
+  return RunOnProgressThread<std::string>(*impl, [impl, ep] { return impl->DoEndpointTransports(ep); });
+}
+
+UcxEngine::BulkOp UcxEngine::bulk_op() const { return BulkOp::kTagged; }
+
+}  // namespace kvpool::transport

@@ -1,0 +1,157 @@
+#pragma once
+// UcxEngine: kvpool's bulk data path over UCX (one ucp context + one worker + one progress
+// thread). Daemons and remote clients move block bytes with it; the control plane (Asio) carries
+// the worker addresses (WorkerAddress) and the tags, and the receiver verifies each block's
+// checksum. The engine reports length and completion truthfully: a transfer that failed, was cut
+// (peer died) or was cancelled completes with a non-OK Status, never OK with partial bytes.
+//
+// Threading: the worker is created UCS_THREAD_MODE_SINGLE and only the engine's progress thread
+// (ThreadRole::kUcxProgress) ever calls into UCX. Public methods enqueue a command (one mutex, one
+// eventfd write) that the progress thread runs. Chosen over UCS_THREAD_MODE_MULTI because MULTI
+// takes the worker lock on every call and progress, so callers and the progress thread contend on
+// it; with one owner, request lifetime, cancellation and shutdown are also simple to reason about.
+// The progress thread spins briefly after activity and otherwise sleeps on the worker's event fd.
+//
+// Completion callbacks (`done`) run exactly once, on the progress thread; they must not block
+// (they may call the asynchronous methods, not the *Sync ones nor Connect). The caller keeps each
+// buffer valid and untouched until its `done` ran (or its *Sync call returned).
+//
+// Error mode: every endpoint is created with UCP_ERR_HANDLING_MODE_PEER, so a dead peer fails
+// its outstanding operations (Unavailable) instead of hanging them; a peer that stops without
+// dying is found by UCX keepalive (UcxOptions::keepalive_interval). A failed endpoint stays
+// failed: later sends on it complete with Unavailable; Disconnect it and Connect again.
+//
+// Thread safety: all public methods may be called from any thread, except that *Sync and Connect
+// must not be called from inside a `done` callback. Ownership: the engine owns its UCX objects;
+// ~UcxEngine cancels what is outstanding (callbacks get Aborted) and joins the thread.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace kvpool::transport {
+
+struct UcxOptions {
+  // UCX transports, as UCX_TLS would take them ("tcp", "shm,tcp", "rc,sm", ...); applied with
+  // ucp_config_modify("TLS"). Default: empty (UCX's own choice, or $UCX_TLS when set).
+  std::string transports;
+
+  // Network devices UCX may use ("lo", "eth0", "mlx5_0:1"); ucp_config_modify("NET_DEVICES").
+  // Tests set "lo" so nothing but loopback is touched. Default: empty (UCX's choice, or
+  // $UCX_NET_DEVICES).
+  std::string net_devices;
+
+  // How often UCX checks that a peer with an idle connection is still alive; bounds how long
+  // an operation against a stopped (not dead) peer can stay outstanding. Default: 2 s (UCX's own
+  // default is 20 s).
+  std::chrono::milliseconds keepalive_interval{2000};
+
+  // After work, the progress thread keeps polling this long before it sleeps on the event fd:
+  // back-to-back transfers then avoid a wake-up each. Default: 50 us.
+  std::chrono::microseconds spin_before_sleep{50};
+
+  // How long ~UcxEngine waits for cancelled operations to report before it destroys the worker
+  // and reports them Aborted itself. Default: 2 s.
+  std::chrono::milliseconds shutdown_grace{2000};
+
+  // Index in the progress thread's name (kvp-ucx-N). Default: 0.
+  int thread_index = 0;
+};
+
+using UcxEndpointId = uint64_t;  // never 0
+using UcxOpId = uint64_t;        // never 0
+
+class UcxEngine {
+ public:
+  // The operation kvpool uses for block bodies on an endpoint; see docs/UCX.md for the
+  // measurements behind the choice.
+  enum class BulkOp { kTagged, kActiveMessage, kRmaGet };
+
+  // ucp_init + worker + progress thread. Unavailable when UCX finds no usable transport (e.g.
+  // `transports` names none present here), with UCX's reason.
+  static Result<std::unique_ptr<UcxEngine>> Create(const UcxOptions& options);
+  ~UcxEngine();
+  UcxEngine(const UcxEngine&) = delete;
+  UcxEngine& operator=(const UcxEngine&) = delete;
+
+  // Opaque bytes (the packed ucp worker address) for the peer's Connect, sent over the control
+  // plane. Stable for the engine's life.
+  const std::string& WorkerAddress() const;
+
+  // Creates an endpoint to the worker whose WorkerAddress() is `peer_worker_address` (with
+  // error mode PEER). InvalidArgument for an address UCX cannot parse, Unavailable when no common
+  // transport reaches the peer. Wire-up completes lazily: a dead peer shows on the first send.
+  Result<UcxEndpointId> Connect(std::string_view peer_worker_address);
+
+  // Closes the endpoint (flushing, or at once if it failed); its outstanding sends complete
+  // (OK if flushed, else Aborted/Unavailable). Unknown ids are ignored.
+  void Disconnect(UcxEndpointId ep);
+
+  // Sends `len` bytes tagged `tag`. `done` runs once when `data` may be reused (OK) or the send
+  // failed: Unavailable (peer gone, endpoint failed), Aborted (cancelled, engine destroyed),
+  // NotFound (unknown endpoint).
+  UcxOpId SendTagged(UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
+                     std::function<void(Status)> done);
+
+  // Receives the next message tagged exactly `tag` from any peer into `data`. A message sent
+  // before this call waits in UCX's unexpected queue and is matched here. `done` gets the
+  // received length with OK; ResourceExhausted if the message is longer than `capacity`
+  // (truncated: the bytes must not be used); Unavailable if the sender died mid-transfer;
+  // Aborted if cancelled.
+  UcxOpId ReceiveTagged(uint64_t tag, void* data, size_t capacity,
+                        std::function<void(Status, size_t received)> done);
+
+  // Asks that `op` stop: its `done` runs with Aborted (or with its real result if it finished
+  // first). A receive not yet matched is cancelled at once; one already receiving finishes or
+  // fails with its sender. UCX 1.13 cannot withdraw a send in flight, so cancelling a send that is
+  // still outstanding force-closes its endpoint (its other sends complete Aborted; later sends
+  // fail; reconnect). Unknown or finished ids are ignored.
+  void Cancel(UcxOpId op);
+
+  // Blocking forms for synchronous callers. On `deadline` the operation is cancelled (as
+  // Cancel), the call waits until UCX has released the buffer, and returns DeadlineExceeded.
+  // FailedPrecondition when called on the progress thread.
+  Status SendTaggedSync(UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
+                        std::chrono::steady_clock::time_point deadline);
+  Result<size_t> ReceiveTaggedSync(uint64_t tag, void* data, size_t capacity,
+                                   std::chrono::steady_clock::time_point deadline);
+
+  // Transports the worker opened, e.g. "tcp/lo" or "posix/memory cma/memory tcp/lo"
+  // (from ucp_context_print_info).
+  const std::string& transports_in_use() const;
+
+  // Transports an endpoint's lanes use, e.g. "tcp/lo" (from ucp_ep_print_info). Wire-up may
+  // still be completing right after Connect; after a first transfer it is final.
+  Result<std::string> EndpointTransports(UcxEndpointId ep);
+
+  // The operation for block bodies on this engine's transports: kTagged everywhere today (see
+  // ucx_engine.cc and docs/UCX.md for why, with the figures).
+  BulkOp bulk_op() const;
+
+  class Impl;  // in ucx_engine.cc; keeps <ucp/api/ucp.h> out of this header
+
+ private:
+  explicit UcxEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+const char* BulkOpName(UcxEngine::BulkOp op);
+
+// Converts a ucs_status_t (passed as int so this header needs no UCX include) to a Status:
+// CANCELED → Aborted, TIMED_OUT → DeadlineExceeded, MESSAGE_TRUNCATED / NO_MEMORY →
+// ResourceExhausted, connection and endpoint failures → Unavailable, ... OK stays OK.
+Status UcsStatusToStatus(int ucs_status, std::string_view context);
+
+}  // namespace kvpool::transport
+
+// The UCX boundary macro: `KVPOOL_UCS_STATUS(st, "ucp_init")` is a Status carrying file, line,
+// the context and ucs_status_string(st); OK for UCS_OK. Use with KVPOOL_RETURN_IF_ERROR.
+#define KVPOOL_UCS_STATUS(ucs_status, context)                                                \
+  ::kvpool::transport::UcsStatusToStatus(                                                     \
+      static_cast<int>(ucs_status), ::kvpool::SourceLocation(__FILE__, __LINE__) + (context))
