@@ -464,7 +464,10 @@ Status Bench::RunMixed() {
   f.extra["fill_target_bytes"] = target;
   f.extra["host_fragmentation_after_frees"] = a1.fragmentation;
   KVPOOL_ASSIGN_OR_RETURN(ArenaStats a2, AddArena(f));
-  // Compared with a1, not a0: freeing half counted as evictions.
+  // Compared with a1, not a0: freeing half counted as evictions. A refill block that finds no
+  // run long enough makes the daemon evict (demote) host blocks: fragmentation's real cost.
+  f.extra["refill_demotions"] = a2.demotions - a1.demotions;
+  f.extra["refill_evictions"] = a2.evictions - a1.evictions;
   f.extra["spilled_to_disk"] = a2.demotions != a1.demotions || a2.evictions != a1.evictions;
 
   // 4. Everything left must read back exactly (a sample of 256 blocks).
@@ -584,12 +587,15 @@ int Main(const std::string& command) {
     for (const Figure& f : bench.figures()) {
       if (!f.extra.contains("workload") || !f.extra.contains("host_fragmentation")) continue;
       std::printf("host arena after the mixed-size probe (%s of %s allocated, %llu blocks): "
-                  "fragmentation %.3f after freeing a random half, %.3f after refilling\n",
+                  "fragmentation %.3f after freeing a random half, %.3f after refilling; the "
+                  "refill made the daemon demote %llu and evict %llu host blocks\n",
                   FormatBytes(f.extra["host_allocated_bytes"].get<uint64_t>()).c_str(),
                   FormatBytes(f.extra["host_capacity_bytes"].get<uint64_t>()).c_str(),
                   static_cast<unsigned long long>(f.extra["host_blocks"].get<uint64_t>()),
                   f.extra["host_fragmentation_after_frees"].get<double>(),
-                  f.extra["host_fragmentation"].get<double>());
+                  f.extra["host_fragmentation"].get<double>(),
+                  static_cast<unsigned long long>(f.extra["refill_demotions"].get<uint64_t>()),
+                  static_cast<unsigned long long>(f.extra["refill_evictions"].get<uint64_t>()));
     }
   }
   if (!st.ok()) {
