@@ -1,7 +1,11 @@
 #include <kvpool/client.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "common/checksum.h"
 #include "control.pb.h"
@@ -64,11 +68,13 @@ class Client::Impl {
 
   Status Connect() {
     channel_.reset();
+    UnmapAll();  // segment numbers and generations belong to the daemon instance we talked to
     KVPOOL_ASSIGN_OR_RETURN(channel_, ControlChannel::Connect(options_.address, options_.timeout));
     wire::HelloRequest req;
     req.set_protocol_version(transport::kProtocolVersion);
     req.set_namespace_name(options_.namespace_name);
     req.set_client_name(options_.client_name);
+    req.set_shared_memory(options_.data_path != DataPath::kSocket);
     wire::HelloResponse resp;
     Status st = ExchangeOnce(wire::HELLO, req, {}, &resp, NewDeadline());
     if (!st.ok()) {
@@ -85,8 +91,108 @@ class Client::Impl {
     server_.max_block_bytes = resp.max_block_bytes();
     server_.max_payload_bytes = resp.max_payload_bytes();
     server_.max_batch_keys = std::max<uint32_t>(1, resp.max_batch_keys());
+    server_.shared_memory = resp.shared_memory();
+    segment_bytes_ = resp.segment_bytes();
+    if (options_.data_path == DataPath::kSharedMemory && !server_.shared_memory) {
+      channel_.reset();
+      return Status::FailedPrecondition(
+          "kvpoold did not grant the shared-memory data path (not a local Unix socket, or "
+          "--shared_memory=false)");
+    }
     fresh_ = true;
     return Status::OK();
+  }
+
+  ~Impl() { UnmapAll(); }
+
+  void UnmapAll() {
+    for (auto* maps : {&read_maps_, &write_maps_}) {
+      for (auto& [seg, m] : *maps) munmap(m.base, segment_bytes_);
+      maps->clear();
+    }
+  }
+
+  struct Mapping {
+    uint32_t generation = 0;
+    uint8_t* base = nullptr;
+  };
+
+  // Maps the given (segment, generation) pairs, read-only or writable, asking the daemon for
+  // their descriptors. A cached mapping of an older generation is dropped. Returns the status of
+  // each pair in order.
+  Result<std::vector<Status>> EnsureMapped(const std::vector<std::pair<uint32_t, uint32_t>>& segs,
+                                           bool writable, Deadline deadline) {
+    auto& maps = writable ? write_maps_ : read_maps_;
+    std::vector<Status> out(segs.size());
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      auto it = maps.find(segs[i].first);
+      if (it != maps.end() && it->second.generation == segs[i].second) continue;
+      if (it != maps.end()) {
+        munmap(it->second.base, segment_bytes_);
+        maps.erase(it);
+      }
+      bool dup = false;
+      for (size_t j : missing) dup |= segs[j] == segs[i];
+      if (!dup) missing.push_back(i);
+    }
+    for (size_t start = 0; start < missing.size(); start += 64) {
+      const size_t end = std::min(missing.size(), start + 64);
+      wire::MapSegmentsRequest req;
+      for (size_t k = start; k < end; ++k) {
+        wire::SegmentRequest* r = req.add_segments();
+        r->set_segment(segs[missing[k]].first);
+        r->set_generation(segs[missing[k]].second);
+        r->set_writable(writable);
+      }
+      wire::MapSegmentsResponse resp;
+      KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::MAP_SEGMENTS, req, {}, &resp, deadline));
+      std::vector<int> fds = channel_->TakeReceivedFds();
+      KVPOOL_RETURN_IF_ERROR(FromWire(resp.status()));
+      size_t next_fd = 0;
+      for (size_t k = start; k < end; ++k) {
+        const size_t i = missing[k];
+        Status st = resp.results_size() > static_cast<int>(k - start)
+                        ? FromWire(resp.results(static_cast<int>(k - start)))
+                        : Status::Internal("MAP_SEGMENTS answered too few results");
+        if (st.ok()) {
+          if (next_fd >= fds.size()) {
+            st = Status::Internal("MAP_SEGMENTS answered without the descriptor");
+          } else {
+            const int fd = fds[next_fd++];
+            void* p = mmap(nullptr, segment_bytes_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                           MAP_SHARED, fd, 0);
+            ::close(fd);
+            if (p == MAP_FAILED) {
+              st = Status::FromErrno(errno, "mapping a host segment");
+            } else {
+              maps[segs[i].first] = Mapping{segs[i].second, static_cast<uint8_t*>(p)};
+            }
+          }
+        }
+        out[i] = st;
+      }
+      for (size_t f = next_fd; f < fds.size(); ++f) ::close(fds[f]);
+    }
+    for (size_t i = 0; i < segs.size(); ++i) {
+      auto it = maps.find(segs[i].first);
+      if (out[i].ok() && (it == maps.end() || it->second.generation != segs[i].second)) {
+        out[i] = Status::NotFound("host segment " + std::to_string(segs[i].first) + " not mapped");
+      }
+    }
+    return out;
+  }
+
+  // Sends a request the daemon does not answer (RELEASE).
+  template <typename Req>
+  Status SendOnly(uint16_t type, const Req& req, Deadline deadline) {
+    std::string body;
+    req.SerializeToString(&body);
+    FrameHeader h;
+    h.type = type;
+    h.request_id = next_request_id_++;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    return channel_->Send(h, body, {}, deadline);
   }
 
   // Runs `call` on a live connection. A connection that was already open before this call
@@ -156,6 +262,59 @@ class Client::Impl {
     return FromWire(resp->status());
   }
 
+  struct InPlace {
+    size_t index;
+    uint32_t segment;
+    uint32_t generation;
+    uint64_t offset;
+    uint64_t size;
+    uint64_t checksum;
+    uint64_t lease_id;
+    Tier tier;
+  };
+
+  // Copies leased blocks from the shared segments into the caller's buffers, verifying each
+  // one's checksum on the way, then releases the leases (no round trip).
+  Status CopyInPlace(std::span<const BlockKey> keys, std::span<const MutableBuffer> buffers,
+                     const std::vector<InPlace>& blocks, std::vector<GetResult>& out,
+                     Deadline deadline) {
+    std::vector<std::pair<uint32_t, uint32_t>> segs;
+    for (const InPlace& b : blocks) segs.emplace_back(b.segment, b.generation);
+    Result<std::vector<Status>> mapped = EnsureMapped(segs, /*writable=*/false, deadline);
+    wire::ReleaseRequest release;
+    for (const InPlace& b : blocks) release.add_lease_ids(b.lease_id);
+    if (!mapped.ok()) {
+      if (!channel_->broken()) SendOnly(wire::RELEASE, release, deadline).IgnoreError();
+      return mapped.status();
+    }
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      const InPlace& b = blocks[k];
+      GetResult& r = out[b.index];
+      const MutableBuffer& buf = buffers[b.index];
+      if (!(*mapped)[k].ok()) {
+        r.status = (*mapped)[k];
+      } else if (b.offset + b.size > segment_bytes_) {
+        r.status = Status::Internal("block slot outside its segment");
+      } else if (buf.data == nullptr || buf.capacity < b.size) {
+        r.status = Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
+                                           " bytes is too small for the " +
+                                           std::to_string(b.size) + "-byte block");
+        r.size = b.size;
+      } else {
+        const uint8_t* src = read_maps_[b.segment].base + b.offset;
+        if (CopyWithChecksum(buf.data, src, b.size) != b.checksum) {
+          r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
+                                        " changed while being read (lease expired?)");
+        } else {
+          r.status = Status::OK();
+          r.size = b.size;
+          r.tier = b.tier;
+        }
+      }
+    }
+    return SendOnly(wire::RELEASE, release, deadline);
+  }
+
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
                                      std::span<const MutableBuffer> buffers) {
     std::vector<GetResult> out(keys.size());
@@ -167,6 +326,7 @@ class Client::Impl {
         const size_t end = std::min(todo.size(), start + server_.max_batch_keys);
         wire::GetRequest req;
         for (size_t j = start; j < end; ++j) req.add_keys(KeyBytes(keys[todo[j]]));
+        req.set_in_place(server_.shared_memory);
         wire::GetResponse resp;
         FrameHeader rh;
         const Deadline deadline = NewDeadline();
@@ -181,6 +341,7 @@ class Client::Impl {
           return Status::Internal("kvpoold answered a GET with the wrong number of blocks");
         }
         uint64_t consumed = 0;
+        std::vector<InPlace> in_place;
         for (size_t j = start; j < end; ++j) {
           const size_t i = todo[j];
           const wire::BlockInfo& info = resp.blocks(static_cast<int>(j - start));
@@ -197,6 +358,12 @@ class Client::Impl {
             continue;
           }
           const uint64_t size = info.size();
+          if (info.lease_id() != 0) {
+            in_place.push_back({i, info.slot().segment(), info.slot().generation(),
+                                info.slot().offset(), size, info.checksum(), info.lease_id(),
+                                FromWire(info.tier())});
+            continue;
+          }
           consumed += size;
           if (consumed > rh.payload_bytes) {
             channel_.reset();
@@ -225,6 +392,7 @@ class Client::Impl {
           channel_.reset();
           return Status::Internal("GET response payload longer than its block list");
         }
+        if (!in_place.empty()) KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffers, in_place, out, deadline));
       }
       if (deferred.size() == todo.size()) {
         return Status::Internal("kvpoold deferred every block of a GET");
@@ -272,21 +440,30 @@ class Client::Impl {
         asked.push_back(i);
       }
       if (asked.empty()) continue;
+      req.set_in_place(server_.shared_memory);
       wire::PutReserveResponse resp;
       KVPOOL_RETURN_IF_ERROR(Simple(wire::PUT_RESERVE, req, &resp));
       if (resp.reservations_size() != static_cast<int>(asked.size())) {
         return Status::Internal("kvpoold answered a PUT_RESERVE with the wrong count");
       }
       std::vector<std::pair<size_t, uint64_t>> reserved;  // block index, reservation id
+      std::vector<wire::SegmentSlot> slots;
       for (size_t j = 0; j < asked.size(); ++j) {
         const wire::Reservation& r = resp.reservations(static_cast<int>(j));
         switch (r.state()) {
-          case wire::RESERVED: reserved.emplace_back(asked[j], r.reservation_id()); break;
+          case wire::RESERVED:
+            reserved.emplace_back(asked[j], r.reservation_id());
+            slots.push_back(r.slot());
+            break;
           case wire::PRESENT:
           case wire::IN_PROGRESS: ++result.already_present; break;
           default:
             result.errors[asked[j]] = Status(static_cast<StatusCode>(r.code()), r.message());
         }
+      }
+      if (server_.shared_memory && !reserved.empty()) {
+        KVPOOL_RETURN_IF_ERROR(CommitInPlace(blocks, reserved, slots, result));
+        continue;
       }
       // Commit in frames that fit the daemon's payload limit, straight from caller memory.
       size_t k = 0;
@@ -324,8 +501,59 @@ class Client::Impl {
     return result;
   }
 
+  // Writes reserved blocks straight into their slots through writable mappings of this
+  // namespace's segments, then commits them; the daemon verifies each checksum.
+  Status CommitInPlace(std::span<const PutBlock> blocks,
+                       const std::vector<std::pair<size_t, uint64_t>>& reserved,
+                       const std::vector<wire::SegmentSlot>& slots, PutResult& result) {
+    const Deadline deadline = NewDeadline();
+    std::vector<std::pair<uint32_t, uint32_t>> segs;
+    for (const wire::SegmentSlot& s : slots) segs.emplace_back(s.segment(), s.generation());
+    KVPOOL_ASSIGN_OR_RETURN(std::vector<Status> mapped,
+                            EnsureMapped(segs, /*writable=*/true, deadline));
+    wire::PutCommitRequest commit;
+    commit.set_in_place(true);
+    wire::PutAbortRequest abort;
+    std::vector<size_t> in_frame;
+    for (size_t k = 0; k < reserved.size(); ++k) {
+      const PutBlock& b = blocks[reserved[k].first];
+      if (!mapped[k].ok() || slots[k].offset() + b.size > segment_bytes_) {
+        result.errors[reserved[k].first] =
+            mapped[k].ok() ? Status::Internal("reserved slot outside its segment") : mapped[k];
+        abort.add_reservation_ids(reserved[k].second);
+        continue;
+      }
+      std::memcpy(write_maps_[slots[k].segment()].base + slots[k].offset(), b.data, b.size);
+      commit.add_reservation_ids(reserved[k].second);
+      commit.add_sizes(b.size);
+      in_frame.push_back(reserved[k].first);
+    }
+    if (abort.reservation_ids_size() > 0) {
+      wire::PutAbortResponse aresp;
+      KVPOOL_RETURN_IF_ERROR(Simple(wire::PUT_ABORT, abort, &aresp));
+    }
+    if (in_frame.empty()) return Status::OK();
+    wire::PutCommitResponse cresp;
+    KVPOOL_RETURN_IF_ERROR(Simple(wire::PUT_COMMIT, commit, &cresp));
+    if (cresp.results_size() != static_cast<int>(in_frame.size())) {
+      return Status::Internal("kvpoold answered a PUT_COMMIT with the wrong count");
+    }
+    for (size_t j = 0; j < in_frame.size(); ++j) {
+      Status st = FromWire(cresp.results(static_cast<int>(j)));
+      if (st.ok()) {
+        ++result.stored;
+      } else {
+        result.errors[in_frame[j]] = st;
+      }
+    }
+    return Status::OK();
+  }
+
   ClientOptions options_;
   ServerInfo server_;
+  uint64_t segment_bytes_ = 0;
+  std::unordered_map<uint32_t, Mapping> read_maps_;   // segment -> read-only mapping
+  std::unordered_map<uint32_t, Mapping> write_maps_;  // segment -> writable mapping
   std::unique_ptr<ControlChannel> channel_;
   transport::FrameLimits recv_limits_;
   uint64_t next_request_id_ = 1;

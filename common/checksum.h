@@ -10,4 +10,8 @@ namespace kvpool {
 
 uint64_t BlockChecksum(const void* data, size_t length);
 
+// Copies `length` bytes from `src` to `dst` and returns BlockChecksum of them, hashing each
+// chunk right after copying it, while it is still in cache: close to the cost of the copy alone.
+uint64_t CopyWithChecksum(void* dst, const void* src, size_t length);
+
 }  // namespace kvpool

@@ -78,7 +78,8 @@ struct BlockService::Conn : transport::ConnectionState {
   bool hello = false;
   NamespaceId ns = kNoNamespace;
   std::string ns_name;
-  uint64_t owner = 0;  // reservation owner id
+  uint64_t owner = 0;  // owner id of this connection's reservations and leases
+  bool shm = false;    // the shared-memory data path was granted at hello
   // Set by PayloadSinks for the PUT_COMMIT being received: which reservations got a real slot.
   std::vector<uint64_t> commit_ids;
   std::vector<Status> commit_status;
@@ -121,6 +122,7 @@ std::unique_ptr<transport::ConnectionState> BlockService::OnConnect(
 void BlockService::OnDisconnect(transport::ConnectionState& state) {
   auto& c = static_cast<Conn&>(state);
   tiers_.AbortOwner(c.owner);
+  tiers_.ReleaseOwner(c.owner);
 }
 
 Status BlockService::PayloadSinks(transport::ConnectionState& state, const FrameHeader& header,
@@ -185,6 +187,8 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
       case wire::SESSION_LIST: op = Op::kSession; r = SessionList(c, body); break;
       case wire::STATS: r = Stats(c, body); break;
       case wire::EVICT: r = Evict(c, body); break;
+      case wire::MAP_SEGMENTS: r = MapSegments(c, body); break;
+      case wire::RELEASE: r = Release(c, body); break;
       default: {
         wire::GetResponse any;
         r = Reply(header.type, any, Status::InvalidArgument("unsupported request type"));
@@ -227,6 +231,10 @@ Response BlockService::Hello(Conn& c, std::string_view body) {
       c.hello = true;
       c.ns = *ns;
       c.ns_name = req.namespace_name();
+      c.shm = req.shared_memory() && c.info.local && options_.shared_memory;
+      resp.set_shared_memory(c.shm);
+      resp.set_segment_bytes(tiers_.segment_bytes());
+      resp.set_lease_timeout_ms(static_cast<uint32_t>(options_.lease_timeout.count()));
     } else {
       st = ns.status();
     }
@@ -269,7 +277,15 @@ Response BlockService::Get(Conn& c, std::string_view body) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::GET, resp, st);
   }
-  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(tiers_.Acquire(c.ns, keys));
+  if (req.in_place() && !c.shm) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::GET, resp,
+                 Status::FailedPrecondition("the shared-memory path was not granted at hello"));
+  }
+  const bool in_place = req.in_place();
+  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(tiers_.Acquire(
+      c.ns, keys, c.owner,
+      in_place ? options_.lease_timeout : std::chrono::milliseconds(0)));
   Response r;
   uint64_t payload = 0;
   uint64_t served = 0;
@@ -292,6 +308,17 @@ Response BlockService::Get(Conn& c, std::string_view body) {
     info->set_size(read.size);
     info->set_checksum(read.checksum);
     info->set_tier(ToWire(read.from));
+    if (in_place && read.lease_id != 0) {
+      // The client copies it from its mapping and releases the lease; nothing in the frame.
+      const tiers::SegmentLocation loc = tiers_.Locate(read.arena_offset);
+      info->mutable_slot()->set_segment(loc.segment);
+      info->mutable_slot()->set_generation(loc.generation);
+      info->mutable_slot()->set_offset(loc.offset);
+      info->set_lease_id(read.lease_id);
+      read.lease_id = 0;  // the client's now: RELEASE, disconnect or expiry ends it
+      ++served;
+      continue;
+    }
     r.payload.emplace_back(read.data, read.size);
     payload += read.size;
     ++served;
@@ -348,6 +375,11 @@ Response BlockService::PutReserve(Conn& c, std::string_view body) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::PUT_RESERVE, resp, st);
   }
+  if (req.in_place() && !c.shm) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::PUT_RESERVE, resp,
+                 Status::FailedPrecondition("the shared-memory path was not granted at hello"));
+  }
   std::vector<tiers::ReserveOutcome> outcomes = tiers_.Reserve(c.ns, c.owner, items);
   uint64_t dedup = 0;
   for (const tiers::ReserveOutcome& o : outcomes) {
@@ -356,6 +388,15 @@ Response BlockService::PutReserve(Conn& c, std::string_view body) {
       case tiers::ReserveState::kReserved:
         out->set_state(wire::RESERVED);
         out->set_reservation_id(o.reservation_id);
+        if (req.in_place()) {
+          Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, o.reservation_id);
+          if (t.ok()) {
+            const tiers::SegmentLocation loc = tiers_.Locate(t->offset);
+            out->mutable_slot()->set_segment(loc.segment);
+            out->mutable_slot()->set_generation(loc.generation);
+            out->mutable_slot()->set_offset(loc.offset);
+          }
+        }
         break;
       case tiers::ReserveState::kPresent:
         out->set_state(wire::PRESENT);
@@ -385,9 +426,26 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
     wire::PutCommitRequest req;
     Status st = Parse(body, &req, "PUT_COMMIT");
     if (st.ok() && req.reservation_ids_size() > 0) {
-      st = Status::InvalidArgument("PUT_COMMIT without the payload of its reservations");
+      if (!req.in_place()) {
+        st = Status::InvalidArgument("PUT_COMMIT without the payload of its reservations");
+      } else if (!c.shm) {
+        st = Status::FailedPrecondition("the shared-memory path was not granted at hello");
+      } else if (req.sizes_size() != req.reservation_ids_size()) {
+        st = Status::InvalidArgument("PUT_COMMIT lists reservations and sizes of different counts");
+      }
     }
-    return Reply(wire::PUT_COMMIT, resp, st);
+    if (!st.ok() || req.reservation_ids_size() == 0) return Reply(wire::PUT_COMMIT, resp, st);
+    // The client wrote the bytes into its reservations itself: check the sizes, then commit.
+    c.commit_ids.assign(req.reservation_ids().begin(), req.reservation_ids().end());
+    c.commit_status.assign(c.commit_ids.size(), Status::OK());
+    for (int i = 0; i < req.reservation_ids_size(); ++i) {
+      Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, req.reservation_ids(i));
+      if (!t.ok()) {
+        c.commit_status[i] = t.status();
+      } else if (t->size != req.sizes(i)) {
+        c.commit_status[i] = Status::InvalidArgument("reservation size mismatch");
+      }
+    }
   }
   uint64_t committed = 0;
   uint64_t bytes = 0;
@@ -606,6 +664,51 @@ Response BlockService::Evict(Conn& c, std::string_view body) {
               << " evicted, " << o.skipped << " skipped";
   }
   return Reply(wire::EVICT, resp, st);
+}
+
+Response BlockService::MapSegments(Conn& c, std::string_view body) {
+  wire::MapSegmentsRequest req;
+  wire::MapSegmentsResponse resp;
+  Status st = Parse(body, &req, "MAP_SEGMENTS");
+  if (st.ok() && !c.shm) {
+    st = Status::FailedPrecondition("the shared-memory path was not granted at hello");
+  }
+  if (st.ok() && req.segments_size() > 64) {
+    st = Status::InvalidArgument("at most 64 segments per MAP_SEGMENTS request");
+  }
+  Response r;
+  if (st.ok()) {
+    for (const wire::SegmentRequest& sr : req.segments()) {
+      Status one;
+      if (sr.writable() && !tiers_.OwnerHasReservationIn(c.owner, sr.segment())) {
+        one = Status::PermissionDenied("a writable mapping needs an open reservation in segment " +
+                                       std::to_string(sr.segment()));
+      } else {
+        Result<int> fd = tiers_.ExportSegment(c.ns, sr.segment(), sr.generation(), sr.writable());
+        if (fd.ok()) {
+          r.fds.push_back(*fd);
+        } else {
+          one = fd.status();
+        }
+      }
+      SetStatus(resp.add_results(), one);
+    }
+  }
+  SetStatus(resp.mutable_status(), st);
+  r.type = wire::MAP_SEGMENTS;
+  resp.SerializeToString(&r.body);
+  return r;
+}
+
+Response BlockService::Release(Conn& c, std::string_view body) {
+  wire::ReleaseRequest req;
+  Response r;
+  r.type = wire::RELEASE;
+  r.no_reply = true;
+  if (Parse(body, &req, "RELEASE").ok()) {
+    tiers_.ReleaseLeases(c.owner, {req.lease_ids().data(), static_cast<size_t>(req.lease_ids_size())});
+  }
+  return r;
 }
 
 std::string BlockService::RenderMetrics() const {

@@ -36,6 +36,10 @@ struct BlockServiceOptions {
   uint32_t max_batch_keys = 4096;
   // Limits the server enforces, advertised at hello so clients split batches to fit.
   transport::FrameLimits limits;
+  // Same-node path: a lease not released within this ends by itself. Default: 10 s.
+  std::chrono::milliseconds lease_timeout{10000};
+  // Grant the shared-memory data path to local clients that ask. Default: true.
+  bool shared_memory = true;
 };
 
 class BlockService final : public transport::RequestHandler {
@@ -75,6 +79,8 @@ class BlockService final : public transport::RequestHandler {
   transport::Response SessionList(Conn& c, std::string_view body);
   transport::Response Stats(Conn& c, std::string_view body);
   transport::Response Evict(Conn& c, std::string_view body);
+  transport::Response MapSegments(Conn& c, std::string_view body);
+  transport::Response Release(Conn& c, std::string_view body);
 
   const BlockServiceOptions options_;
   tiers::TierManager& tiers_;

@@ -80,6 +80,8 @@ class DaemonImpl final : public Daemon {
     bo.node_id = node_id_;
     bo.max_batch_keys = options_.max_batch_keys;
     bo.limits = options_.limits;
+    bo.shared_memory = options_.shared_memory;
+    bo.lease_timeout = options_.lease_timeout;
     service_ = std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_);
     KVPOOL_RETURN_IF_ERROR(service_->LoadSessions());
     tiers_->Start();

@@ -46,6 +46,10 @@ struct DaemonOptions {
   uint32_t max_namespaces = 1024;
   transport::FrameLimits limits;
   std::chrono::milliseconds frame_timeout{30000};
+  // Same-node shared-memory data path for local clients. Default: on.
+  bool shared_memory = true;
+  // A shared-memory lease not released within this ends by itself. Default: 10 s.
+  std::chrono::milliseconds lease_timeout{10000};
   tiers::TierManagerOptions tiers;
 };
 

@@ -45,6 +45,11 @@ DEFINE_uint32(max_namespaces, 1024, "Namespaces the daemon accepts.");
 DEFINE_string(max_frame_payload, "256MiB", "Largest payload in one frame (clients split batches).");
 DEFINE_int32(frame_timeout_ms, 30000, "A started frame must arrive completely within this.");
 DEFINE_int32(reservation_timeout_ms, 30000, "A put reservation not committed within this is reclaimed.");
+DEFINE_bool(shared_memory, true,
+            "Let clients on this node read and write blocks through shared memory (Unix socket "
+            "connections); off: every byte travels in the socket frames.");
+DEFINE_int32(lease_timeout_ms, 10000,
+             "A shared-memory read lease not released within this ends by itself (client died).");
 DEFINE_bool(flush_on_shutdown, true, "Write host-only blocks to disk on SIGTERM.");
 DEFINE_double(host_high_watermark, 0.90, "Host occupancy at which demotion to disk starts.");
 DEFINE_double(host_low_watermark, 0.80, "Host occupancy at which demotion stops.");
@@ -117,6 +122,8 @@ int main(int argc, char** argv) {
   o.limits.max_payload_bytes = static_cast<uint32_t>(*payload);
   o.frame_timeout = std::chrono::milliseconds(FLAGS_frame_timeout_ms);
   o.tiers.reservation_timeout = std::chrono::milliseconds(FLAGS_reservation_timeout_ms);
+  o.shared_memory = FLAGS_shared_memory;
+  o.lease_timeout = std::chrono::milliseconds(FLAGS_lease_timeout_ms);
   o.tiers.flush_on_shutdown = FLAGS_flush_on_shutdown;
   o.tiers.host_high_watermark = FLAGS_host_high_watermark;
   o.tiers.host_low_watermark = FLAGS_host_low_watermark;

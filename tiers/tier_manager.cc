@@ -464,6 +464,7 @@ void TierManager::FlusherLoop() {
     flusher_.WaitWithTimeout(&mu_, absl::Milliseconds(200));
     if (stopping_) break;
     ExpireReservationsLocked();
+    ExpireLeasesLocked();
     // Write-after-hits policy: copy hot host-only blocks down without dropping them.
     if (!write_queue_.empty()) {
       std::vector<EntryId> batch;
@@ -525,20 +526,25 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
   return started;
 }
 
-std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys) {
+std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys,
+                                            uint64_t owner, std::chrono::milliseconds ttl) {
   std::vector<BlockRead> out(keys.size());
   absl::MutexLock lock(&mu_);
   const uint32_t now = NowSeconds();
+  const auto deadline = ttl.count() > 0 ? std::chrono::steady_clock::now() + ttl
+                                        : std::chrono::steady_clock::time_point::max();
 
   auto lease = [&](size_t i, EntryId id, ServedFrom from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Entry& e = index_.at(id);
     ++e.leases;
-    ++leases_;
+    const uint64_t lease_id = next_lease_id_++;
+    leases_.emplace(lease_id, Lease{id, owner, deadline});
     if (e.hits < UINT32_MAX) ++e.hits;
     index_.Touch(id, now);
     BlockRead& r = out[i];
     r.from = from;
-    r.lease = id;
+    r.lease_id = lease_id;
+    r.arena_offset = e.host_offset;
     r.data = host_.Data(HostSlot{e.host_offset, e.size});
     r.size = e.size;
     r.checksum = e.checksum;
@@ -641,15 +647,50 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
   return out;
 }
 
-void TierManager::Release(BlockRead& read) {
-  if (read.lease == kNoEntry) return;
-  absl::MutexLock lock(&mu_);
-  Entry& e = index_.at(read.lease);
+void TierManager::EndLeaseLocked(uint64_t lease_id) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return;
+  Entry& e = index_.at(it->second.entry);
   CHECK_GT(e.leases, 0u);
   --e.leases;
-  --leases_;
-  read.lease = kNoEntry;
+  leases_.erase(it);
+}
+
+void TierManager::Release(BlockRead& read) {
+  if (read.lease_id == 0) return;
+  absl::MutexLock lock(&mu_);
+  EndLeaseLocked(read.lease_id);
+  read.lease_id = 0;
   read.data = nullptr;
+}
+
+void TierManager::ReleaseLeases(uint64_t owner, std::span<const uint64_t> lease_ids) {
+  absl::MutexLock lock(&mu_);
+  for (uint64_t id : lease_ids) {
+    auto it = leases_.find(id);
+    if (it != leases_.end() && it->second.owner == owner) EndLeaseLocked(id);
+  }
+}
+
+void TierManager::ReleaseOwner(uint64_t owner) {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> mine;
+  for (const auto& [id, l] : leases_) {
+    if (l.owner == owner) mine.push_back(id);
+  }
+  for (uint64_t id : mine) EndLeaseLocked(id);
+}
+
+void TierManager::ExpireLeasesLocked() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<uint64_t> expired;
+  for (const auto& [id, l] : leases_) {
+    if (l.deadline < now) expired.push_back(id);
+  }
+  if (!expired.empty()) {
+    LOG(WARNING) << expired.size() << " leases expired unreleased (a client died or forgot them)";
+  }
+  for (uint64_t id : expired) EndLeaseLocked(id);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -811,6 +852,14 @@ void TierManager::Abort(uint64_t owner, uint64_t reservation_id) {
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end() || it->second.owner != owner) return;
   FreeReservationLocked(reservation_id);
+}
+
+bool TierManager::OwnerHasReservationIn(uint64_t owner, uint32_t segment) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [rid, r] : reservations_) {
+    if (r.owner == owner && r.slot.offset / host_.segment_bytes() == segment) return true;
+  }
+  return false;
 }
 
 void TierManager::AbortOwner(uint64_t owner) {
@@ -991,7 +1040,7 @@ TierManagerStats TierManager::GetStats() const {
   s.disk_counters = disk_counters_;
   s.index_entries = index_.size();
   s.index_bytes = index_.MemoryBytes();
-  s.leases_active = leases_;
+  s.leases_active = leases_.size();
   s.reservations_active = reservations_.size();
   s.prefetches_issued = prefetches_issued_;
   s.prefetches_useful = prefetches_useful_;

@@ -70,15 +70,17 @@ struct LookupResult {
   uint32_t promotions_started = 0;
 };
 
-// A block handed to a reader. Either a lease on the host copy (data points into the arena and
-// stays valid until Release) or bytes read straight from disk (owned).
+// A block handed to a reader. Either a lease on the host copy (data points into the arena at
+// `arena_offset` and stays valid until the lease is released or expires) or bytes read straight
+// from disk (owned; lease_id 0).
 struct BlockRead {
   Status status;  // OK, NotFound for a miss, or an error for this block only
   ServedFrom from = ServedFrom::kNone;
   const uint8_t* data = nullptr;
   uint64_t size = 0;
   uint64_t checksum = 0;
-  EntryId lease = kNoEntry;
+  uint64_t lease_id = 0;
+  uint64_t arena_offset = 0;
   std::unique_ptr<uint8_t[]> owned;
 };
 
@@ -155,9 +157,25 @@ class TierManager {
 
   // Longest cached prefix of `chain`; with `prefetch`, starts promoting its disk hits.
   LookupResult Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch);
-  // Leases or reads each block. Waits for promotions in flight. Release every OK result.
-  std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys);
+  // Leases or reads each block. Waits for promotions in flight. Each lease belongs to `owner`
+  // (e.g. a connection) and expires by itself after `ttl` (zero: only Release ends it).
+  std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys,
+                                 uint64_t owner = 0,
+                                 std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
+  // Ends a read's lease (no-op for disk reads and released leases).
   void Release(BlockRead& read);
+  // Ends `owner`'s leases among `lease_ids`; unknown ids (expired, or another owner's) are
+  // ignored.
+  void ReleaseLeases(uint64_t owner, std::span<const uint64_t> lease_ids);
+  // Ends every lease of `owner` (its connection closed).
+  void ReleaseOwner(uint64_t owner);
+  // Where an arena offset sits for a client mapping, and the descriptor to map it (see
+  // HostTier::ExportSegment).
+  SegmentLocation Locate(uint64_t arena_offset) const { return host_.Locate(arena_offset); }
+  Result<int> ExportSegment(NamespaceId ns, uint32_t segment, uint32_t generation, bool writable) {
+    return host_.ExportSegment(segment, generation, ns, writable);
+  }
+  uint64_t segment_bytes() const { return host_.segment_bytes(); }
   // Starts promoting disk-only blocks of `keys` toward host; returns how many were started.
   uint32_t Prefetch(NamespaceId ns, std::span<const BlockKey> keys);
 
@@ -173,6 +191,9 @@ class TierManager {
   // bytes do not match the checksum given at reserve time (the slot is reclaimed).
   Status Commit(uint64_t owner, uint64_t reservation_id);
   void Abort(uint64_t owner, uint64_t reservation_id);
+  // Whether `owner` holds an open reservation in host segment `segment` (a writable mapping of
+  // a segment is given only for that).
+  bool OwnerHasReservationIn(uint64_t owner, uint32_t segment) const;
   // Aborts every reservation of `owner` (its connection closed).
   void AbortOwner(uint64_t owner);
 
@@ -204,6 +225,11 @@ class TierManager {
     PutRequestItem item;
     HostSlot slot;
     std::chrono::steady_clock::time_point deadline;
+  };
+  struct Lease {
+    EntryId entry = kNoEntry;
+    uint64_t owner = 0;
+    std::chrono::steady_clock::time_point deadline;  // max(): until released
   };
   struct Promotion {
     bool done = false;
@@ -248,6 +274,8 @@ class TierManager {
   void PromoteOne(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCorruptLocked(EntryId id, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLeaseLocked(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeReservationLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlusherLoop();
   void PrefetcherLoop();
@@ -275,7 +303,8 @@ class TierManager {
   uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;   // payload bytes on disk + in flight
   uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t leases_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   TierCounters host_counters_ ABSL_GUARDED_BY(mu_);
   TierCounters disk_counters_ ABSL_GUARDED_BY(mu_);

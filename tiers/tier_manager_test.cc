@@ -119,8 +119,8 @@ class TierManagerTest : public ::testing::Test {
   }
 
   // Puts one block through reserve -> fill -> commit; remembers its bytes.
-  Status Put(const BlockKey& key, uint64_t size, const BlockKey& parent = {},
-             NamespaceId ns = kNs, uint64_t owner = 1) {
+  Status Put(const BlockKey& key, uint64_t size, const BlockKey& parent = {}, NamespaceId ns = kNs,
+             uint64_t owner = 1) {
     std::vector<uint8_t> bytes = BytesFor(key, size);
     const PutRequestItem item = ItemFor(key, bytes, parent);
     std::vector<ReserveOutcome> r = manager_->Reserve(ns, owner, {&item, 1});
@@ -163,7 +163,7 @@ class TierManagerTest : public ::testing::Test {
     EXPECT_TRUE(r.size == want.size() && std::memcmp(r.data, want.data(), want.size()) == 0)
         << "wrong bytes served for " << key.ShortHex();
     manager_->Release(r);
-    EXPECT_EQ(r.lease, kNoEntry);
+    EXPECT_EQ(r.lease_id, 0u);
   }
 
   void ExpectMiss(const BlockKey& key, NamespaceId ns = kNs) {
@@ -898,7 +898,9 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverSeeWrongBytes) {
   constexpr int kChainLength = 8;
   constexpr int kOps = 400;
   // 48 keys of 4 KiB .. ~400 KiB: about 10 MiB in all, more than the 8 MiB host.
-  auto size_of = [](int k) -> uint64_t { return 4096ull * (1 + (k * 37) % 100) + (k * 131) % 4096; };
+  auto size_of = [](int k) -> uint64_t {
+    return 4096ull * (1 + (k * 37) % 100) + (k * 131) % 4096;
+  };
   std::vector<BlockKey> keys;
   for (int k = 0; k < kChains * kChainLength; ++k) keys.push_back(KeyOf(10000 + k));
   auto parent_of = [&](int k) { return k % kChainLength ? keys[k - 1] : BlockKey{}; };

@@ -89,6 +89,13 @@ Result<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const std::strin
 
 ControlChannel::~ControlChannel() {
   if (fd_ >= 0) ::close(fd_);
+  for (int fd : received_fds_) ::close(fd);
+}
+
+std::vector<int> ControlChannel::TakeReceivedFds() {
+  std::vector<int> out;
+  out.swap(received_fds_);
+  return out;
 }
 
 Status ControlChannel::Fail(Status st) {
@@ -157,8 +164,22 @@ Status ControlChannel::Send(const FrameHeader& header, std::string_view body,
 Status ControlChannel::ReceiveInto(void* dst, size_t n, Deadline deadline) {
   if (broken()) return Status::Unavailable("connection to " + address_ + " is closed");
   auto* p = static_cast<uint8_t*>(dst);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
   while (n > 0) {
-    const ssize_t got = ::recv(fd_, p, n, 0);
+    iovec iov{p, n};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t got = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); got > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const auto* fds = reinterpret_cast<const int*>(CMSG_DATA(c));
+        for (size_t i = 0; i < count; ++i) received_fds_.push_back(fds[i]);
+      }
+    }
     if (got > 0) {
       p += got;
       n -= static_cast<size_t>(got);

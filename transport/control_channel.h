@@ -16,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "transport/frame.h"
@@ -37,6 +38,10 @@ class ControlChannel {
   Status ReceiveInto(void* dst, size_t n, Deadline deadline);
   Status Discard(size_t n, Deadline deadline);
 
+  // File descriptors that arrived with received bytes (SCM_RIGHTS, Unix sockets), in order; the
+  // caller owns them.
+  std::vector<int> TakeReceivedFds();
+
   bool broken() const { return fd_ < 0; }
   const std::string& address() const { return address_; }
 
@@ -48,6 +53,7 @@ class ControlChannel {
 
   int fd_;
   std::string address_;
+  std::vector<int> received_fds_;
 };
 
 }  // namespace kvpool::transport

@@ -5,13 +5,16 @@
 
 #include <boost/asio.hpp>
 #include <glog/logging.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <mutex>
+#include <cstring>
 #include <map>
+#include <type_traits>
 #include <thread>
 
 #include "common/threads.h"
@@ -41,6 +44,7 @@ class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
   void ReadPayload(size_t sink_index, uint64_t done);
   void Dispatch();
   void Write(Response response);
+  void SendWithFds(std::shared_ptr<Response> held, std::vector<asio::const_buffer> bufs);
   void ArmTimer();
   void Finish();  // once: OnDisconnect
 
@@ -281,8 +285,10 @@ void Connection<Protocol>::Dispatch() {
 
 template <typename Protocol>
 void Connection<Protocol>::Write(Response response) {
-  if (closed_) {
+  if (closed_ || response.no_reply) {
     if (response.release) response.release();
+    for (int fd : response.fds) ::close(fd);
+    if (!closed_) ReadHeader();
     return;
   }
   FrameHeader h;
@@ -303,6 +309,10 @@ void Connection<Protocol>::Write(Response response) {
   bufs.emplace_back(held->body.data(), held->body.size());
   for (const auto& [p, n] : held->payload) bufs.emplace_back(p, n);
   auto self = this->shared_from_this();
+  if (!held->fds.empty()) {
+    SendWithFds(held, std::move(bufs));
+    return;
+  }
   asio::async_write(socket_, bufs,
                     asio::bind_executor(strand_, [self, held](error_code ec, size_t) {
                       if (held->release) held->release();
@@ -316,6 +326,65 @@ void Connection<Protocol>::Write(Response response) {
                       }
                       self->ReadHeader();
                     }));
+}
+
+template <typename Protocol>
+void Connection<Protocol>::SendWithFds(std::shared_ptr<Response> held,
+                                       std::vector<asio::const_buffer> bufs) {
+  // The descriptors ride on the first byte (SCM_RIGHTS); the rest of the frame follows as usual.
+  auto self = this->shared_from_this();
+  auto finish = [self, held](error_code ec) {
+    for (int fd : held->fds) ::close(fd);
+    held->fds.clear();
+    if (held->release) held->release();
+    if (ec) {
+      self->Close("write: " + ec.message());
+      return;
+    }
+    self->ReadHeader();
+  };
+  if constexpr (!std::is_same_v<Protocol, asio::local::stream_protocol>) {
+    finish(asio::error::operation_not_supported);
+    return;
+  } else {
+    const auto* first = static_cast<const uint8_t*>(bufs[0].data());
+    iovec iov{const_cast<uint8_t*>(first), 1};
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * held->fds.size()));
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int) * held->fds.size());
+    std::memcpy(CMSG_DATA(cmsg), held->fds.data(), sizeof(int) * held->fds.size());
+    const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      socket_.async_wait(Socket::wait_write,
+                         asio::bind_executor(strand_, [self, held, bufs](error_code ec) {
+                           if (ec) {
+                             for (int fd : held->fds) ::close(fd);
+                             held->fds.clear();
+                             if (held->release) held->release();
+                             self->Close("write: " + ec.message());
+                             return;
+                           }
+                           self->SendWithFds(held, bufs);
+                         }));
+      return;
+    }
+    if (n != 1) {
+      finish(error_code(errno, boost::system::system_category()));
+      return;
+    }
+    bufs[0] = asio::const_buffer(first + 1, bufs[0].size() - 1);
+    asio::async_write(socket_, bufs,
+                      asio::bind_executor(strand_, [finish](error_code ec, size_t) {
+                        finish(ec);
+                      }));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -376,7 +445,8 @@ void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer) {
     return;
   }
   live_.fetch_add(1, std::memory_order_relaxed);
-  ConnectionInfo info{next_id_.fetch_add(1, std::memory_order_relaxed), std::move(peer)};
+  ConnectionInfo info{next_id_.fetch_add(1, std::memory_order_relaxed), std::move(peer),
+                      std::is_same_v<Protocol, asio::local::stream_protocol>};
   std::make_shared<Connection<Protocol>>(*this, std::move(socket), std::move(info))->Start();
 }
 

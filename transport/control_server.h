@@ -42,6 +42,7 @@ class ConnectionState {
 struct ConnectionInfo {
   uint64_t id = 0;     // unique for the life of the server
   std::string peer;    // "unix" or "tcp:1.2.3.4:5678"
+  bool local = false;  // a Unix socket: file descriptors can travel
 };
 
 // Where payload bytes go. `data == nullptr` discards `size` bytes (e.g. for a reservation that
@@ -57,6 +58,10 @@ struct Response {
   std::vector<std::pair<const uint8_t*, size_t>> payload;
   std::function<void()> release;  // runs after the payload is written or dropped
   bool close_after = false;       // close the connection after sending (e.g. failed hello)
+  // Sent with the response (SCM_RIGHTS, Unix sockets only) and closed here afterwards.
+  std::vector<int> fds;
+  // The request wants no answer (e.g. RELEASE): nothing is written.
+  bool no_reply = false;
 };
 
 class RequestHandler {

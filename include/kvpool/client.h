@@ -30,6 +30,13 @@
 
 namespace kvpool {
 
+// How block bytes travel between the client and the daemon.
+enum class DataPath : uint8_t {
+  kAuto = 0,          // shared memory when the daemon grants it (same node, Unix socket), else socket
+  kSocket = 1,        // inside the control frames
+  kSharedMemory = 2,  // shared memory; Connect fails when the daemon does not grant it
+};
+
 struct ClientOptions {
   // Unix socket path, "unix://PATH" or "tcp://HOST:PORT". Default (empty): $KVPOOL_SOCKET, else
   // /run/kvpool/kvpool.sock for root, /tmp/kvpool-<uid>/kvpool.sock otherwise.
@@ -42,6 +49,8 @@ struct ClientOptions {
   std::chrono::milliseconds timeout{10000};
   // Reconnect on the next call after the connection broke. Default: true.
   bool auto_reconnect = true;
+  // Default: kAuto.
+  DataPath data_path = DataPath::kAuto;
 };
 
 enum class Tier : uint8_t { kNone = 0, kGpu = 1, kHost = 2, kDisk = 3, kRemote = 4 };
@@ -53,6 +62,7 @@ struct ServerInfo {
   uint64_t max_block_bytes = 0;
   uint64_t max_payload_bytes = 0;
   uint32_t max_batch_keys = 0;
+  bool shared_memory = false;  // blocks move through shared memory on this connection
 };
 
 struct LookupResult {
