@@ -1,7 +1,20 @@
 // UcxEngine: see ucx_engine.h.
 //
-// UCX operation choice (measured; full commands, figures and conditions in docs/UCX.md):
-//   PERF_SUMMARY_PLACEHOLDER
+// UCX operation choice, by measurement (commands, all figures and conditions in docs/UCX.md):
+//   ucx_perftest, 1 MiB, loopback, server `taskset -c 0 ucx_perftest -p P`, client
+//   `taskset -c 1 ucx_perftest 127.0.0.1 -p P -t T -s 1048576 -n 500 -w 50 -f`, UCX 1.13.1 on a
+//   loaded 2-core VM (load 4.6-6), overall MB/s over 4 runs:
+//     UCX_TLS=tcp: tag_bw 165-1600, ucp_am_bw 200-960, ucp_get 180-300, ucp_put_bw 110-180
+//     UCX_TLS=shm: tag_bw 1840-5780, ucp_am_bw 415-6950, ucp_get 17700-20300, ucp_put_bw 9500-28800
+//   This engine (ucx_engine_test Throughput, tcp/lo, 1 MiB, 8 in flight): 0.45-1.78 GB/s, at or
+//   above ucx_perftest tag_bw run in the same minutes.
+// Hence tagged messages for block bodies: over tcp (the cross-node transport here) UCX emulates
+// RMA and get/put are 2-10x slower than two-sided messages, and tagged matches active messages
+// while giving per-block matching, the unexpected queue, truthful lengths and cancellable
+// receives for free. RMA get wins on shm, but same-node clients use the memfd path instead of
+// UCX, and posix/sysv are refused under error mode PEER unless UCX_{POSIX,SYSV}_ERROR_HANDLING=y.
+// On rc/dc (native RMA) a get would be expected to win; unmeasured here (no such device), so not
+// implemented: bulk_op() is kTagged.
 #include "transport/ucx_engine.h"
 
 #include <sys/epoll.h>
@@ -66,9 +79,12 @@ Status UcsStatusToStatus(int ucs_status, std::string_view context) {
 
 const char* BulkOpName(UcxEngine::BulkOp op) {
   switch (op) {
-    case UcxEngine::BulkOp::kTagged: return "tagged";
-    case UcxEngine::BulkOp::kActiveMessage: return "active-message";
-    case UcxEngine::BulkOp::kRmaGet: return "rma-get";
+    case UcxEngine::BulkOp::kTagged:
+      return "tagged";
+    case UcxEngine::BulkOp::kActiveMessage:
+      return "active-message";
+    case UcxEngine::BulkOp::kRmaGet:
+      return "rma-get";
   }
   return "?";
 }
@@ -95,9 +111,10 @@ std::string PrintToString(Fn print) {
 // "#   ... lane[0]:  2:tcp/lo.0 md[1] ..." (endpoints) or "#  ... tcp/lo ..." (workers); we
 // keep every distinct "<tl>/<device>" token whose tl is a known UCT transport.
 std::string ExtractTransports(const std::string& info) {
-  static const char* kTls[] = {"tcp",     "posix",  "sysv",    "cma",    "knem",  "xpmem",
-                               "self",    "rc_verbs", "rc_mlx5", "dc_mlx5", "ud_verbs",
-                               "ud_mlx5", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy"};
+  static const char* kTls[] = {"tcp",       "posix",    "sysv",     "cma",
+                               "knem",      "xpmem",    "self",     "rc_verbs",
+                               "rc_mlx5",   "dc_mlx5",  "ud_verbs", "ud_mlx5",
+                               "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy"};
   std::vector<std::string> found;
   std::istringstream in(info);
   std::string word;
@@ -212,14 +229,14 @@ class UcxEngine::Impl {
   // Progress thread only.
   std::unordered_map<UcxOpId, Op*> ops_;
   std::unordered_map<UcxEndpointId, std::unique_ptr<Endpoint>> eps_;
-  std::vector<void*> closing_;  // ucp_ep_close_nbx requests still in flight
+  std::vector<void*> closing_;             // ucp_ep_close_nbx requests still in flight
   std::vector<UcxEndpointId> failed_eps_;  // reported by ErrorCallback, to be force-closed
 };
 
 Status UcxEngine::Impl::Init() {
   ucp_config_t* config = nullptr;
-  KVPOOL_RETURN_IF_ERROR(KVPOOL_UCS_STATUS(ucp_config_read(nullptr, nullptr, &config),
-                                           "ucp_config_read"));
+  KVPOOL_RETURN_IF_ERROR(
+      KVPOOL_UCS_STATUS(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
   auto modify = [&](const char* name, const std::string& value) -> Status {
     if (value.empty()) return Status::OK();
     return KVPOOL_UCS_STATUS(ucp_config_modify(config, name, value.c_str()),
@@ -248,15 +265,16 @@ Status UcxEngine::Impl::Init() {
 
   ucp_address_t* addr = nullptr;
   size_t addr_len = 0;
-  KVPOOL_RETURN_IF_ERROR(
-      KVPOOL_UCS_STATUS(ucp_worker_get_address(worker_, &addr, &addr_len), "ucp_worker_get_address"));
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_UCS_STATUS(ucp_worker_get_address(worker_, &addr, &addr_len),
+                                           "ucp_worker_get_address"));
   address_.assign(reinterpret_cast<const char*>(addr), addr_len);
   ucp_worker_release_address(worker_, addr);
 
-  transports_ = ExtractTransports(PrintToString([&](FILE* f) { ucp_context_print_info(context_, f); }));
+  transports_ =
+      ExtractTransports(PrintToString([&](FILE* f) { ucp_context_print_info(context_, f); }));
 
-  KVPOOL_RETURN_IF_ERROR(KVPOOL_UCS_STATUS(ucp_worker_get_efd(worker_, &ucp_efd_),
-                                           "ucp_worker_get_efd"));
+  KVPOOL_RETURN_IF_ERROR(
+      KVPOOL_UCS_STATUS(ucp_worker_get_efd(worker_, &ucp_efd_), "ucp_worker_get_efd"));
   KVPOOL_RETURN_IF_ERRNO(wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), wake_fd_ < 0,
                          "eventfd");
   KVPOOL_RETURN_IF_ERRNO(epoll_fd_ = epoll_create1(EPOLL_CLOEXEC), epoll_fd_ < 0, "epoll_create1");
@@ -406,8 +424,10 @@ void UcxEngine::Impl::Shutdown() {
   context_ = nullptr;
   for (Op* op : stuck) {
     Status st = Status::Aborted("UCX engine shut down");
-    if (op->is_send) op->send_done(st);
-    else op->recv_done(st, 0);
+    if (op->is_send)
+      op->send_done(st);
+    else
+      op->recv_done(st, 0);
     delete op;
   }
   eps_.clear();
@@ -548,8 +568,8 @@ void UcxEngine::Impl::DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const v
   }
   Endpoint& e = *it->second;
   if (e.ep == nullptr) {
-    done(Status::Unavailable("UCX endpoint " + std::to_string(ep) + " failed: " +
-                             e.failed.message()));
+    done(Status::Unavailable("UCX endpoint " + std::to_string(ep) +
+                             " failed: " + e.failed.message()));
     return;
   }
   auto* op = new Op;
@@ -590,8 +610,8 @@ void UcxEngine::Impl::DoReceive(UcxOpId id, uint64_t tag, void* data, size_t cap
   ucp_request_param_t param{};
   // NO_IMM_CMPL: a message already in the unexpected queue completes through the callback too,
   // so the received length has one path.
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = &ReceiveCallback;
   param.user_data = op;
   ops_.emplace(id, op);
@@ -611,8 +631,8 @@ void UcxEngine::Impl::DoCancel(UcxOpId id) {
   // completes every send on it with CANCELED.
   auto e = eps_.find(ep);
   if (e != eps_.end()) {
-    ForceClose(*e->second, Status::Aborted("UCX endpoint " + std::to_string(ep) +
-                                           " closed to cancel a send"));
+    ForceClose(*e->second,
+               Status::Aborted("UCX endpoint " + std::to_string(ep) + " closed to cancel a send"));
   }
 }
 
@@ -669,7 +689,8 @@ Result<UcxEndpointId> UcxEngine::Connect(std::string_view peer_worker_address) {
   if (peer_worker_address.empty()) return Status::InvalidArgument("empty UCX worker address");
   std::string address(peer_worker_address);
   Impl* impl = impl_.get();
-  return RunOnProgressThread<UcxEndpointId>(*impl, [impl, address] { return impl->DoConnect(address); });
+  return RunOnProgressThread<UcxEndpointId>(*impl,
+                                            [impl, address] { return impl->DoConnect(address); });
 }
 
 void UcxEngine::Disconnect(UcxEndpointId ep) {
@@ -683,8 +704,9 @@ UcxOpId UcxEngine::SendTagged(UcxEndpointId ep, uint64_t tag, const void* data, 
   UcxOpId id = impl->NextOpId();
   // Shared so that whichever of run/abort happens gets the callback.
   auto cb = std::make_shared<std::function<void(Status)>>(std::move(done));
-  impl->Post({[impl, id, ep, tag, data, len, cb] { impl->DoSend(id, ep, tag, data, len, std::move(*cb)); },
-              [cb] { (*cb)(Status::Aborted("UCX engine shut down")); }});
+  impl->Post(
+      {[impl, id, ep, tag, data, len, cb] { impl->DoSend(id, ep, tag, data, len, std::move(*cb)); },
+       [cb] { (*cb)(Status::Aborted("UCX engine shut down")); }});
   return id;
 }
 
@@ -785,7 +807,8 @@ Result<size_t> UcxEngine::ReceiveTaggedSync(uint64_t tag, void* data, size_t cap
 
 Result<std::string> UcxEngine::EndpointTransports(UcxEndpointId ep) {
   Impl* impl = impl_.get();
-  return RunOnProgressThread<std::string>(*impl, [impl, ep] { return impl->DoEndpointTransports(ep); });
+  return RunOnProgressThread<std::string>(*impl,
+                                          [impl, ep] { return impl->DoEndpointTransports(ep); });
 }
 
 UcxEngine::BulkOp UcxEngine::bulk_op() const { return BulkOp::kTagged; }

@@ -13,7 +13,8 @@
 // The progress thread spins briefly after activity and otherwise sleeps on the worker's event fd.
 //
 // Completion callbacks (`done`) run exactly once, on the progress thread; they must not block
-// (they may call the asynchronous methods, not the *Sync ones nor Connect). The caller keeps each
+// (they may call the asynchronous methods, Connect and EndpointTransports, which then run inline;
+// the *Sync methods return FailedPrecondition there). The caller keeps each
 // buffer valid and untouched until its `done` ran (or its *Sync call returned).
 //
 // Error mode: every endpoint is created with UCP_ERR_HANDLING_MODE_PEER, so a dead peer fails
@@ -21,9 +22,8 @@
 // dying is found by UCX keepalive (UcxOptions::keepalive_interval). A failed endpoint stays
 // failed: later sends on it complete with Unavailable; Disconnect it and Connect again.
 //
-// Thread safety: all public methods may be called from any thread, except that *Sync and Connect
-// must not be called from inside a `done` callback. Ownership: the engine owns its UCX objects;
-// ~UcxEngine cancels what is outstanding (callbacks get Aborted) and joins the thread.
+// Thread safety: all public methods may be called from any thread. Ownership: the engine owns its
+// UCX objects; ~UcxEngine cancels what is outstanding (callbacks get Aborted) and joins the thread.
 
 #include <chrono>
 #include <cstddef>
@@ -131,7 +131,7 @@ class UcxEngine {
   Result<std::string> EndpointTransports(UcxEndpointId ep);
 
   // The operation for block bodies on this engine's transports: kTagged everywhere today (see
-  // ucx_engine.cc and docs/UCX.md for why, with the figures).
+  // ucx_engine.cc and docs/UCX.md for why, with the figures; RMA get is not implemented).
   BulkOp bulk_op() const;
 
   class Impl;  // in ucx_engine.cc; keeps <ucp/api/ucp.h> out of this header
@@ -152,6 +152,6 @@ Status UcsStatusToStatus(int ucs_status, std::string_view context);
 
 // The UCX boundary macro: `KVPOOL_UCS_STATUS(st, "ucp_init")` is a Status carrying file, line,
 // the context and ucs_status_string(st); OK for UCS_OK. Use with KVPOOL_RETURN_IF_ERROR.
-#define KVPOOL_UCS_STATUS(ucs_status, context)                                                \
-  ::kvpool::transport::UcsStatusToStatus(                                                     \
-      static_cast<int>(ucs_status), ::kvpool::SourceLocation(__FILE__, __LINE__) + (context))
+#define KVPOOL_UCS_STATUS(ucs_status, context)                         \
+  ::kvpool::transport::UcsStatusToStatus(static_cast<int>(ucs_status), \
+                                         ::kvpool::SourceLocation(__FILE__, __LINE__) + (context))
