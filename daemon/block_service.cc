@@ -389,13 +389,12 @@ Response BlockService::PutReserve(Conn& c, std::string_view body) {
         out->set_state(wire::RESERVED);
         out->set_reservation_id(o.reservation_id);
         if (req.in_place()) {
-          Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, o.reservation_id);
-          if (t.ok()) {
-            const tiers::SegmentLocation loc = tiers_.Locate(t->offset);
-            out->mutable_slot()->set_segment(loc.segment);
-            out->mutable_slot()->set_generation(loc.generation);
-            out->mutable_slot()->set_offset(loc.offset);
-          }
+          // The client writes through its own mapping; the reservation still expires if it is
+          // never committed (a late write can then only touch this namespace's own segment).
+          const tiers::SegmentLocation loc = tiers_.Locate(o.arena_offset);
+          out->mutable_slot()->set_segment(loc.segment);
+          out->mutable_slot()->set_generation(loc.generation);
+          out->mutable_slot()->set_offset(loc.offset);
         }
         break;
       case tiers::ReserveState::kPresent:

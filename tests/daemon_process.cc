@@ -115,6 +115,11 @@ ClientOptions DaemonProcess::Options(const std::string& ns) const {
   o.namespace_name = ns;
   o.client_name = "test";
   o.timeout = std::chrono::milliseconds(10000);
+  // CTest runs the same tests once per data path (tests/CMakeLists.txt).
+  if (const char* path = std::getenv("KVPOOL_TEST_DATA_PATH")) {
+    if (std::string(path) == "socket") o.data_path = DataPath::kSocket;
+    if (std::string(path) == "shm") o.data_path = DataPath::kSharedMemory;
+  }
   return o;
 }
 

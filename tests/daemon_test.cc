@@ -451,6 +451,7 @@ TEST(DaemonTest, ServesOverTcpWhenAsked) {
   ASSERT_FALSE(address.empty()) << d.log();
   ClientOptions o = d.Options();
   o.address = address;
+  o.data_path = DataPath::kAuto;  // no shared memory over TCP
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   Chain chain = MakeChain(Tokens(61, 3 * kTokensPerBlock), 300000);

@@ -563,7 +563,13 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     }
   };
 
-  std::vector<std::pair<size_t, std::shared_ptr<Promotion>>> waits;
+  // Blocks not in host wait for a promotion (theirs or another reader's), then are leased.
+  struct Wait {
+    size_t i;
+    std::shared_ptr<Promotion> promotion;  // null: another get reads it straight from disk
+    int rounds;
+  };
+  std::vector<Wait> waits;
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryId id = FindCachedLocked(ns, keys[i]);
     if (id == kNoEntry) {
@@ -574,75 +580,93 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     if (e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0) {
       lease(i, id, ServedFrom::kHost);
     } else if (e.busy & kBusyReading) {
-      // Another get reads it straight from disk; promote after it. Rare: wait for it below.
-      waits.emplace_back(i, nullptr);
+      waits.push_back({i, nullptr, 0});
     } else {
-      waits.emplace_back(i, StartPromotionLocked(id, /*prefetch=*/false));
+      waits.push_back({i, StartPromotionLocked(id, /*prefetch=*/false), 1});
     }
   }
-  if (waits.empty()) return out;
 
-  // Wait for the promotions (and direct reads) in flight, then lease or read what they left.
   auto pending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (auto& [i, p] : waits) {
-      if (p && !p->done) return true;
-      if (!p) {
-        const EntryId id = FindCachedLocked(ns, keys[i]);
+    for (const Wait& w : waits) {
+      if (w.promotion && !w.promotion->done) return true;
+      if (!w.promotion) {
+        const EntryId id = FindCachedLocked(ns, keys[w.i]);
         if (id != kNoEntry && (index_.at(id).busy & kBusyReading)) return true;
       }
     }
     return false;
   };
-  while (pending() && !stopping_) changed_.Wait(&mu_);
-
-  for (auto& [i, p] : waits) {
-    const EntryId id = FindCachedLocked(ns, keys[i]);
-    if (id == kNoEntry) {
-      out[i].status = (p && p->done && !p->status.ok() && !p->status.IsNotFound() &&
-                       p->status.code() != StatusCode::kCorruption)
-                          ? p->status
-                          : Status::NotFound("not cached");
-      continue;
-    }
-    Entry& e = index_.at(id);
-    if (e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0) {
-      lease(i, id, ServedFrom::kDisk);
-      continue;
-    }
-    if (!e.In(TierId::kDisk) || (e.busy & (kBusyPromoting | kBusyReading))) {
-      out[i].status = Status::Unavailable("block busy; retry");
-      continue;
-    }
-    // The promotion could not place it in host (host full of leased blocks): read it directly.
-    const NamespaceId ens = e.ns;
-    const BlockKey key = e.key;
-    const DiskBlockMeta meta{e.size, e.checksum, {}};
-    e.busy |= kBusyReading;
-    auto buf = std::unique_ptr<uint8_t[]>(new uint8_t[meta.size]);
-    ++io_in_flight_;
-    mu_.Unlock();
-    Status st = disk_.Read(ens, key, meta, buf.get());
-    mu_.Lock();
-    --io_in_flight_;
-    index_.at(id).busy &= static_cast<uint8_t>(~kBusyReading);
-    changed_.SignalAll();
-    if (!st.ok()) {
-      if (st.code() == StatusCode::kCorruption || st.IsNotFound()) {
-        HandleCorruptLocked(id, st);
-        out[i].status = Status::NotFound("failed verification; dropped");
-      } else {
-        out[i].status = st;
+  // A block demoted again before this get leased it is promoted again; one that cannot be
+  // placed in host (every host block leased) is read straight from disk.
+  constexpr int kMaxPromotionRounds = 3;
+  while (!waits.empty()) {
+    while (pending() && !stopping_) changed_.Wait(&mu_);
+    std::vector<Wait> again;
+    for (const Wait& w : waits) {
+      const size_t i = w.i;
+      const EntryId id = FindCachedLocked(ns, keys[i]);
+      if (id == kNoEntry) {
+        const Status& ps = w.promotion ? w.promotion->status : Status::OK();
+        out[i].status = (!ps.ok() && !ps.IsNotFound() && ps.code() != StatusCode::kCorruption)
+                            ? ps
+                            : Status::NotFound("not cached");
+        continue;
       }
-      MaybeEraseLocked(id);
-      continue;
+      Entry& e = index_.at(id);
+      if (e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0) {
+        lease(i, id, ServedFrom::kDisk);
+        continue;
+      }
+      if (stopping_) {
+        out[i].status = Status::Unavailable("daemon shutting down");
+        continue;
+      }
+      if (e.busy & kBusyPromoting) {  // another reader's promotion: wait for it
+        auto it = promotions_.find(id);
+        again.push_back({i, it != promotions_.end() ? it->second : nullptr, w.rounds});
+        continue;
+      }
+      if (e.busy & kBusyReading) {
+        again.push_back({i, nullptr, w.rounds});
+        continue;
+      }
+      const bool promotion_failed = w.promotion && w.promotion->done && !w.promotion->status.ok();
+      if (!promotion_failed && w.rounds < kMaxPromotionRounds) {
+        again.push_back({i, StartPromotionLocked(id, /*prefetch=*/false), w.rounds + 1});
+        continue;
+      }
+      // Read it directly into a buffer the reader owns.
+      const NamespaceId ens = e.ns;
+      const BlockKey key = e.key;
+      const DiskBlockMeta meta{e.size, e.checksum, {}};
+      e.busy |= kBusyReading;
+      auto buf = std::unique_ptr<uint8_t[]>(new uint8_t[meta.size]);
+      ++io_in_flight_;
+      mu_.Unlock();
+      Status st = disk_.Read(ens, key, meta, buf.get());
+      mu_.Lock();
+      --io_in_flight_;
+      index_.at(id).busy &= static_cast<uint8_t>(~kBusyReading);
+      changed_.SignalAll();
+      if (!st.ok()) {
+        if (st.code() == StatusCode::kCorruption || st.IsNotFound()) {
+          HandleCorruptLocked(id, st);
+          out[i].status = Status::NotFound("failed verification; dropped");
+        } else {
+          out[i].status = st;
+        }
+        MaybeEraseLocked(id);
+        continue;
+      }
+      ++disk_counters_.hits;
+      BlockRead& r = out[i];
+      r.from = ServedFrom::kDisk;
+      r.size = meta.size;
+      r.checksum = meta.checksum;
+      r.owned = std::move(buf);
+      r.data = r.owned.get();
     }
-    ++disk_counters_.hits;
-    BlockRead& r = out[i];
-    r.from = ServedFrom::kDisk;
-    r.size = meta.size;
-    r.checksum = meta.checksum;
-    r.owned = std::move(buf);
-    r.data = r.owned.get();
+    waits = std::move(again);
   }
   return out;
 }
@@ -749,6 +773,7 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
     reserved_keys_.emplace(KeyRef{ns, item.key}, rid);
     o.state = ReserveState::kReserved;
     o.reservation_id = rid;
+    o.arena_offset = slot->offset;
   }
   return out;
 }

@@ -96,6 +96,7 @@ enum class ReserveState : uint8_t { kReserved, kPresent, kInProgress, kRefused }
 struct ReserveOutcome {
   ReserveState state = ReserveState::kRefused;
   uint64_t reservation_id = 0;
+  uint64_t arena_offset = 0;  // where a reserved slot is (for writers that map the arena)
   Status status;  // why, when refused
 };
 

@@ -1,0 +1,368 @@
+// The same-node shared-memory data path against a real kvpoold: byte-identical round trips from
+// 1 byte to 64 MiB, namespace isolation through the mappings a client can get, leases and
+// reservations reclaimed when a client dies or forgets them, and no torn reads while blocks are
+// demoted and evicted under the readers.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "common/checksum.h"
+#include "control.pb.h"
+#include "tests/daemon_process.h"
+#include "transport/control_channel.h"
+#include "transport/frame.h"
+
+namespace kvpool::testing {
+namespace {
+
+using transport::ControlChannel;
+using transport::FrameHeader;
+
+std::unique_ptr<Client> ShmClient(const DaemonProcess& d, const std::string& ns = "test") {
+  ClientOptions o = d.Options(ns);
+  o.data_path = DataPath::kSharedMemory;
+  auto c = Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return nullptr;
+  EXPECT_TRUE((*c)->server().shared_memory);
+  return std::move(*c);
+}
+
+BlockKey KeyOf(uint64_t i) {
+  BlockKey k;
+  std::memcpy(k.bytes.data(), &i, sizeof(i));
+  k.bytes[31] = 0xAB;
+  return k;
+}
+
+TEST(ShmTest, RoundTripsFromOneByteTo64MiB) {
+  DaemonProcess d({"--host_capacity=320MiB", "--host_segment_size=64MiB"});
+  d.Start();
+  auto c = ShmClient(d);
+  ASSERT_NE(c, nullptr);
+  const std::vector<size_t> sizes = {1, 7, 4095, 4096, 4097, 65537, (1u << 20) + 3,
+                                     (8u << 20) - 1, 64u << 20};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::vector<uint8_t> bytes = BlockBytes(i, sizes[i]);
+    PutBlock b{KeyOf(i), bytes.data(), bytes.size(), {}};
+    auto put = c->Put(std::span(&b, 1));
+    ASSERT_TRUE(put.ok()) << put.status().ToString();
+    ASSERT_TRUE(put->all_ok()) << sizes[i] << ": " << put->errors[0].ToString();
+    EXPECT_EQ(put->stored, 1u);
+    std::vector<uint8_t> out(sizes[i] + 16, 0xCD);
+    const BlockKey key = KeyOf(i);
+    MutableBuffer buf{out.data(), out.size()};
+    auto got = c->Get(std::span(&key, 1), std::span(&buf, 1));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_TRUE((*got)[0].status.ok()) << sizes[i] << ": " << (*got)[0].status.ToString();
+    ASSERT_EQ((*got)[0].size, sizes[i]);
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), out.begin())) << sizes[i];
+    EXPECT_EQ(out[sizes[i]], 0xCD) << "wrote past the block";
+  }
+  auto s = c->Stats();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->leases_active, 0u);
+  EXPECT_EQ(s->bytes_out, 0u) << "blocks travelled in frames, not through shared memory";
+}
+
+// A raw control connection that said hello (asking for shared memory) as namespace `ns`.
+struct Raw {
+  std::unique_ptr<ControlChannel> ch;
+  uint64_t next_id = 1;
+
+  Raw(const DaemonProcess& d, const std::string& ns) {
+    auto c = ControlChannel::Connect(d.socket_path(), std::chrono::seconds(5));
+    EXPECT_TRUE(c.ok());
+    ch = std::move(*c);
+    wire::HelloRequest h;
+    h.set_protocol_version(transport::kProtocolVersion);
+    h.set_namespace_name(ns);
+    h.set_shared_memory(true);
+    wire::HelloResponse r;
+    EXPECT_TRUE(Call(wire::HELLO, h, &r).ok());
+    EXPECT_TRUE(r.shared_memory());
+  }
+
+  template <typename Req, typename Resp>
+  Status Call(uint16_t type, const Req& req, Resp* resp) {
+    std::string body;
+    req.SerializeToString(&body);
+    FrameHeader h;
+    h.type = type;
+    h.request_id = next_id++;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    KVPOOL_RETURN_IF_ERROR(ch->Send(h, body, {}, deadline));
+    transport::FrameLimits limits;
+    KVPOOL_ASSIGN_OR_RETURN(FrameHeader rh, ch->ReceiveHeader(limits, deadline));
+    std::string rbody(rh.body_bytes, '\0');
+    KVPOOL_RETURN_IF_ERROR(ch->ReceiveInto(rbody.data(), rbody.size(), deadline));
+    KVPOOL_RETURN_IF_ERROR(ch->Discard(rh.payload_bytes, deadline));
+    return resp->ParseFromString(rbody) ? Status::OK() : Status::Internal("bad body");
+  }
+};
+
+TEST(ShmTest, ANamespaceCannotMapAnotherNamespacesSegments) {
+  DaemonProcess d;
+  d.Start();
+  auto a = ShmClient(d, "tenant-a");
+  const std::vector<uint8_t> secret(5000, 0x5E);
+  PutBlock b{KeyOf(1), secret.data(), secret.size(), {}};
+  ASSERT_TRUE(a->Put(std::span(&b, 1)).ok());
+  // Find where tenant-a's block sits (tenant-a may learn that; tenant-b must not use it).
+  Raw ra(d, "tenant-a");
+  wire::GetRequest get;
+  get.add_keys(std::string(KeyOf(1).AsStringView()));
+  get.set_in_place(true);
+  wire::GetResponse gr;
+  ASSERT_TRUE(ra.Call(wire::GET, get, &gr).ok());
+  ASSERT_EQ(gr.blocks(0).code(), 0);
+  const wire::SegmentSlot slot = gr.blocks(0).slot();
+
+  Raw rb(d, "tenant-b");
+  for (bool writable : {false, true}) {
+    wire::MapSegmentsRequest m;
+    wire::SegmentRequest* sr = m.add_segments();
+    sr->set_segment(slot.segment());
+    sr->set_generation(slot.generation());
+    sr->set_writable(writable);
+    wire::MapSegmentsResponse mr;
+    ASSERT_TRUE(rb.Call(wire::MAP_SEGMENTS, m, &mr).ok());
+    ASSERT_EQ(mr.results_size(), 1);
+    EXPECT_EQ(mr.results(0).code(), static_cast<int>(StatusCode::kPermissionDenied));
+    EXPECT_TRUE(rb.ch->TakeReceivedFds().empty()) << "a descriptor went to the wrong tenant";
+  }
+  // tenant-b cannot get tenant-a's lease either: the key is not in its namespace.
+  wire::GetResponse gb;
+  ASSERT_TRUE(rb.Call(wire::GET, get, &gb).ok());
+  EXPECT_EQ(gb.blocks(0).code(), static_cast<int>(StatusCode::kNotFound));
+  // Even tenant-a gets a writable descriptor only for a segment holding its own open reservation.
+  wire::MapSegmentsRequest m;
+  wire::SegmentRequest* sr = m.add_segments();
+  sr->set_segment(slot.segment());
+  sr->set_generation(slot.generation());
+  sr->set_writable(true);
+  wire::MapSegmentsResponse mr;
+  ASSERT_TRUE(ra.Call(wire::MAP_SEGMENTS, m, &mr).ok());
+  EXPECT_EQ(mr.results(0).code(), static_cast<int>(StatusCode::kPermissionDenied));
+  // A read-only descriptor it gets cannot be mapped writable.
+  sr->set_writable(false);
+  ASSERT_TRUE(ra.Call(wire::MAP_SEGMENTS, m, &mr).ok());
+  ASSERT_EQ(mr.results(0).code(), 0);
+  std::vector<int> fds = ra.ch->TakeReceivedFds();
+  ASSERT_EQ(fds.size(), 1u);
+  EXPECT_EQ(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0), MAP_FAILED);
+  void* ro = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fds[0], 0);
+  EXPECT_NE(ro, MAP_FAILED);
+  if (ro != MAP_FAILED) munmap(ro, 4096);
+  close(fds[0]);
+}
+
+TEST(ShmTest, MappingKeptAfterSegmentReuseRevealsNothing) {
+  // One 1 MiB segment: once tenant-a's blocks are gone, tenant-b gets the same segment.
+  DaemonProcess d({"--host_capacity=1MiB", "--disk_capacity=64MiB"});
+  d.Start();
+  auto a = ShmClient(d, "tenant-a");
+  const std::vector<uint8_t> mine = BlockBytes(1, 100000);
+  PutBlock b{KeyOf(1), mine.data(), mine.size(), {}};
+  ASSERT_TRUE(a->Put(std::span(&b, 1)).ok());
+  Raw ra(d, "tenant-a");
+  wire::GetRequest get;
+  get.add_keys(std::string(KeyOf(1).AsStringView()));
+  get.set_in_place(true);
+  wire::GetResponse gr;
+  ASSERT_TRUE(ra.Call(wire::GET, get, &gr).ok());
+  const wire::SegmentSlot slot = gr.blocks(0).slot();
+  wire::ReleaseRequest rel;
+  rel.add_lease_ids(gr.blocks(0).lease_id());
+  wire::MapSegmentsRequest m;
+  wire::SegmentRequest* sr = m.add_segments();
+  sr->set_segment(slot.segment());
+  sr->set_generation(slot.generation());
+  wire::MapSegmentsResponse mr;
+  ASSERT_TRUE(ra.Call(wire::MAP_SEGMENTS, m, &mr).ok());
+  std::vector<int> fds = ra.ch->TakeReceivedFds();
+  ASSERT_EQ(fds.size(), 1u);
+  const size_t seg = 1u << 20;
+  auto* kept = static_cast<uint8_t*>(mmap(nullptr, seg, PROT_READ, MAP_SHARED, fds[0], 0));
+  ASSERT_NE(kept, MAP_FAILED);
+  close(fds[0]);
+  EXPECT_EQ(std::memcmp(kept + slot.offset(), mine.data(), mine.size()), 0);
+  // Release the lease, then drop tenant-a's block from host (it goes to disk).
+  {
+    std::string body;
+    rel.SerializeToString(&body);
+    FrameHeader h;
+    h.type = wire::RELEASE;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    ASSERT_TRUE(ra.ch->Send(h, body, {}, std::chrono::steady_clock::now() + std::chrono::seconds(5)).ok());
+  }
+  auto ev = a->Evict(Tier::kHost);
+  ASSERT_TRUE(ev.ok());
+  ASSERT_EQ(ev->evicted, 1u);
+  // tenant-b fills the (only) segment with its secret.
+  auto bcl = ShmClient(d, "tenant-b");
+  const std::vector<uint8_t> secret(200000, 0x5E);
+  PutBlock sb{KeyOf(2), secret.data(), secret.size(), {}};
+  auto p = bcl->Put(std::span(&sb, 1));
+  ASSERT_TRUE(p.ok() && p->all_ok());
+  for (size_t i = 0; i < seg; ++i) ASSERT_NE(kept[i], 0x5E) << "tenant-b's bytes seen at " << i;
+  munmap(kept, seg);
+  // And tenant-a's block still reads back identical (from disk).
+  std::vector<uint8_t> out(mine.size());
+  MutableBuffer buf{out.data(), out.size()};
+  const BlockKey k1 = KeyOf(1);
+  auto got = a->Get(std::span(&k1, 1), std::span(&buf, 1));
+  ASSERT_TRUE(got.ok() && (*got)[0].status.ok());
+  EXPECT_EQ(out, mine);
+}
+
+DaemonStats StatsOf(const DaemonProcess& d) {
+  auto c = d.Connect();
+  auto s = c->Stats();
+  EXPECT_TRUE(s.ok());
+  return s.ok() ? *s : DaemonStats{};
+}
+
+template <typename Pred>
+DaemonStats WaitFor(const DaemonProcess& d, Pred pred) {
+  DaemonStats s;
+  for (int i = 0; i < 200; ++i) {
+    s = StatsOf(d);
+    if (pred(s)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return s;
+}
+
+TEST(ShmTest, LeasesAndReservationsOfAStuckOrDeadClientAreReclaimed) {
+  DaemonProcess d({"--lease_timeout_ms=300", "--reservation_timeout_ms=300"});
+  d.Start();
+  auto c = ShmClient(d);
+  std::vector<std::vector<uint8_t>> blocks;
+  for (uint64_t i = 0; i < 8; ++i) {
+    blocks.push_back(BlockBytes(i, 50000));
+    PutBlock b{KeyOf(i), blocks.back().data(), blocks.back().size(), {}};
+    ASSERT_TRUE(c->Put(std::span(&b, 1)).ok());
+  }
+  const DaemonStats before = StatsOf(d);
+  // A child takes leases on every block and reserves 4 more slots in place, then stops (alive,
+  // connection open, never releasing) — SIGSTOP — and a second child does the same and dies.
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 2; ++k) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      Raw r(d, "test");
+      wire::GetRequest get;
+      for (uint64_t i = 0; i < 8; ++i) get.add_keys(std::string(KeyOf(i).AsStringView()));
+      get.set_in_place(true);
+      wire::GetResponse gr;
+      if (!r.Call(wire::GET, get, &gr).ok()) _exit(1);
+      wire::PutReserveRequest res;
+      res.set_in_place(true);
+      for (uint64_t i = 0; i < 4; ++i) {
+        wire::PutItem* it = res.add_items();
+        it->set_key(std::string(KeyOf(100 + 10 * k + i).AsStringView()));
+        it->set_size(30000);
+        it->set_checksum(1);
+      }
+      wire::PutReserveResponse rr;
+      if (!r.Call(wire::PUT_RESERVE, res, &rr).ok()) _exit(1);
+      if (k == 0) raise(SIGSTOP);
+      _exit(0);
+    }
+    kids.push_back(pid);
+  }
+  int status = 0;
+  waitpid(kids[1], &status, 0);
+  waitpid(kids[0], &status, WUNTRACED);  // stopped, still holding its connection
+  const DaemonStats after = WaitFor(d, [&](const DaemonStats& s) {
+    return s.leases_active == 0 && s.reservations_active == 0;
+  });
+  EXPECT_EQ(after.leases_active, 0u);
+  EXPECT_EQ(after.reservations_active, 0u);
+  EXPECT_EQ(after.tiers[0].allocated_bytes, before.tiers[0].allocated_bytes)
+      << "host memory not back where it was";
+  kill(kids[0], SIGKILL);
+  waitpid(kids[0], &status, 0);
+  // The blocks are still served, identical.
+  for (uint64_t i = 0; i < 8; ++i) {
+    std::vector<uint8_t> out(50000);
+    MutableBuffer buf{out.data(), out.size()};
+    const BlockKey k = KeyOf(i);
+    auto got = c->Get(std::span(&k, 1), std::span(&buf, 1));
+    ASSERT_TRUE(got.ok() && (*got)[0].status.ok());
+    EXPECT_EQ(out, blocks[i]);
+  }
+}
+
+TEST(ShmTest, ReadersNeverSeeATornBlockWhileBlocksAreDemotedAndEvicted) {
+  DaemonProcess d({"--host_capacity=4MiB", "--disk_capacity=64MiB"});
+  d.Start();
+  constexpr int kBlocks = 48;  // 48 x 96 KiB = 4.5 MiB: more than host holds
+  std::vector<std::vector<uint8_t>> blocks;
+  {
+    auto c = ShmClient(d);
+    for (int i = 0; i < kBlocks; ++i) {
+      blocks.push_back(BlockBytes(1000 + i, 96 * 1024));
+      PutBlock b{KeyOf(i), blocks.back().data(), blocks.back().size(), {}};
+      auto p = c->Put(std::span(&b, 1));
+      ASSERT_TRUE(p.ok() && p->all_ok());
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> ok{0}, missing{0}, wrong{0}, failed{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t) {
+    readers.emplace_back([&, t] {
+      auto c = ShmClient(d);
+      std::mt19937 rng(t);
+      std::vector<uint8_t> out(96 * 1024);
+      while (!stop) {
+        const int i = static_cast<int>(rng() % kBlocks);
+        const BlockKey k = KeyOf(i);
+        MutableBuffer buf{out.data(), out.size()};
+        auto got = c->Get(std::span(&k, 1), std::span(&buf, 1));
+        if (!got.ok()) {
+          failed++;
+        } else if ((*got)[0].status.ok()) {
+          (out == blocks[i] ? ok : wrong)++;
+          if (out != blocks[i]) ADD_FAILURE() << "block " << i << " served with wrong bytes";
+        } else if ((*got)[0].status.IsNotFound()) {
+          missing++;
+        } else {
+          wrong++;  // Corruption would mean a torn or changed block reached the reader
+          ADD_FAILURE() << "block " << i << ": " << (*got)[0].status.ToString();
+        }
+      }
+    });
+  }
+  // Meanwhile, demote everything repeatedly; the readers' gets promote blocks back.
+  auto admin = d.Connect();
+  const auto start = std::chrono::steady_clock::now();
+  int evictions = 0;
+  // At least 2 s and 200 verified reads, at most 20 s (a loaded CI machine is slow).
+  while (std::chrono::steady_clock::now() < start + std::chrono::seconds(20) &&
+         (std::chrono::steady_clock::now() < start + std::chrono::seconds(2) || ok < 200)) {
+    ASSERT_TRUE(admin->Evict(Tier::kHost).ok());
+    ++evictions;
+  }
+  stop = true;
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(wrong.load(), 0u);
+  EXPECT_EQ(failed.load(), 0u);
+  EXPECT_GE(ok.load(), 200u);
+  EXPECT_GT(evictions, 10);
+  EXPECT_EQ(missing.load(), 0u) << "blocks on disk must be served, not missed";
+}
+
+}  // namespace
+}  // namespace kvpool::testing
