@@ -7,11 +7,15 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
 #include "common/checksum.h"
 #include "control.pb.h"
 #include "transport/address.h"
 #include "transport/control_channel.h"
 #include "transport/frame.h"
+#include "transport/ucx_engine.h"
 
 namespace kvpool {
 
@@ -74,7 +78,24 @@ class Client::Impl {
     req.set_protocol_version(transport::kProtocolVersion);
     req.set_namespace_name(options_.namespace_name);
     req.set_client_name(options_.client_name);
-    req.set_shared_memory(options_.data_path != DataPath::kSocket);
+    const bool tcp = options_.address.rfind("tcp://", 0) == 0;
+    req.set_shared_memory(!tcp && (options_.data_path == DataPath::kAuto ||
+                                   options_.data_path == DataPath::kSharedMemory));
+    const bool want_ucx = options_.data_path == DataPath::kUcx ||
+                          (options_.data_path == DataPath::kAuto && tcp);
+    if (want_ucx && ucx_ == nullptr) {
+      transport::UcxOptions uo;
+      uo.transports = options_.ucx_transports;
+      uo.net_devices = options_.ucx_net_devices;
+      Result<std::unique_ptr<transport::UcxEngine>> engine = transport::UcxEngine::Create(uo);
+      if (engine.ok()) {
+        ucx_ = std::move(*engine);
+      } else if (options_.data_path == DataPath::kUcx) {
+        channel_.reset();
+        return engine.status().WithContext("starting UCX");
+      }
+    }
+    if (want_ucx && ucx_ != nullptr) req.set_ucx_worker_address(ucx_->WorkerAddress());
     wire::HelloResponse resp;
     Status st = ExchangeOnce(wire::HELLO, req, {}, &resp, NewDeadline());
     if (!st.ok()) {
@@ -93,6 +114,23 @@ class Client::Impl {
     server_.max_batch_keys = std::max<uint32_t>(1, resp.max_batch_keys());
     server_.shared_memory = resp.shared_memory();
     segment_bytes_ = resp.segment_bytes();
+    if (ucx_ep_ != 0) {
+      ucx_->Disconnect(ucx_ep_);
+      ucx_ep_ = 0;
+    }
+    server_.ucx = false;
+    if (resp.ucx() && ucx_ != nullptr) {
+      Result<transport::UcxEndpointId> ep = ucx_->Connect(resp.ucx_worker_address());
+      if (ep.ok()) {
+        ucx_ep_ = *ep;
+        ucx_tag_prefix_ = resp.ucx_tag_prefix();
+        server_.ucx = true;
+      }
+    }
+    if (options_.data_path == DataPath::kUcx && !server_.ucx) {
+      channel_.reset();
+      return Status::FailedPrecondition("kvpoold did not grant the UCX data path");
+    }
     if (options_.data_path == DataPath::kSharedMemory && !server_.shared_memory) {
       channel_.reset();
       return Status::FailedPrecondition(
@@ -103,7 +141,34 @@ class Client::Impl {
     return Status::OK();
   }
 
-  ~Impl() { UnmapAll(); }
+  ~Impl() {
+    UnmapAll();
+    if (ucx_ep_ != 0) ucx_->Disconnect(ucx_ep_);
+  }
+
+  // Waits for a set of asynchronous UCX operations.
+  struct UcxBatch {
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu) = 0;
+    std::vector<Status> status ABSL_GUARDED_BY(mu);
+    std::vector<size_t> received ABSL_GUARDED_BY(mu);
+  };
+
+  // Waits until every operation of `batch` ended; past `deadline` cancels the rest (UCX lets go
+  // of their buffers before their callbacks run) and waits for those callbacks.
+  void WaitUcx(UcxBatch& batch, const std::vector<transport::UcxOpId>& ops, Deadline deadline) {
+    absl::MutexLock lock(&batch.mu);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch.mu) { return batch.left == 0; };
+    if (!batch.mu.AwaitWithDeadline(absl::Condition(&done), absl::FromChrono(
+            std::chrono::system_clock::now() + (deadline - std::chrono::steady_clock::now())))) {
+      batch.mu.Unlock();
+      for (transport::UcxOpId op : ops) {
+        if (op != 0) ucx_->Cancel(op);
+      }
+      batch.mu.Lock();
+      batch.mu.Await(absl::Condition(&done));
+    }
+  }
 
   void UnmapAll() {
     for (auto* maps : {&read_maps_, &write_maps_}) {
@@ -315,6 +380,130 @@ class Client::Impl {
     return SendOnly(wire::RELEASE, release, deadline);
   }
 
+  struct OverUcx {
+    size_t index;     // in the caller's keys
+    size_t position;  // in the request (the tag offset)
+    uint64_t size;
+    uint64_t checksum;
+    Tier tier;
+  };
+
+  // Receives blocks the daemon sends as tagged UCX messages straight into the caller's buffers
+  // (or a scratch buffer when one is too small, so the message is drained) and verifies each.
+  void ReceiveOverUcx(std::span<const BlockKey> keys, std::span<const MutableBuffer> buffers,
+                      uint64_t tag_base, const std::vector<OverUcx>& blocks,
+                      std::vector<GetResult>& out, Deadline deadline) {
+    UcxBatch batch;
+    std::vector<std::unique_ptr<uint8_t[]>> scratch(blocks.size());
+    std::vector<transport::UcxOpId> ops(blocks.size(), 0);
+    {
+      absl::MutexLock lock(&batch.mu);
+      batch.left = blocks.size();
+      batch.status.assign(blocks.size(), Status::OK());
+      batch.received.assign(blocks.size(), 0);
+    }
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      const MutableBuffer& buf = buffers[blocks[k].index];
+      void* dst = buf.data;
+      if (dst == nullptr || buf.capacity < blocks[k].size) {
+        scratch[k].reset(new uint8_t[std::max<uint64_t>(1, blocks[k].size)]);
+        dst = scratch[k].get();
+      }
+      ops[k] = ucx_->ReceiveTagged(tag_base + blocks[k].position, dst, blocks[k].size,
+                                   [&batch, k](Status st, size_t n) {
+                                     absl::MutexLock lock(&batch.mu);
+                                     batch.status[k] = st;
+                                     batch.received[k] = n;
+                                     --batch.left;
+                                   });
+    }
+    WaitUcx(batch, ops, deadline);
+    absl::MutexLock lock(&batch.mu);
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      const OverUcx& b = blocks[k];
+      GetResult& r = out[b.index];
+      if (!batch.status[k].ok()) {
+        r.status = batch.status[k].WithContext("UCX transfer of block " + keys[b.index].ShortHex());
+      } else if (scratch[k] != nullptr) {
+        r.status = Status::InvalidArgument("buffer of " +
+                                           std::to_string(buffers[b.index].capacity) +
+                                           " bytes is too small for the " +
+                                           std::to_string(b.size) + "-byte block");
+        r.size = b.size;
+      } else if (batch.received[k] != b.size ||
+                 BlockChecksum(buffers[b.index].data, b.size) != b.checksum) {
+        r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
+                                      " failed its checksum in transfer");
+      } else {
+        r.status = Status::OK();
+        r.size = b.size;
+        r.tier = b.tier;
+      }
+    }
+  }
+
+  // Sends reserved blocks as tagged UCX messages and commits them in one PUT_COMMIT.
+  Status CommitOverUcx(std::span<const PutBlock> blocks,
+                       const std::vector<std::pair<size_t, uint64_t>>& reserved,
+                       PutResult& result) {
+    const Deadline deadline = NewDeadline();
+    const uint64_t tag_base = ucx_tag_prefix_ | ((++ucx_seq_ & 0xFFFFFF) << 16);
+    wire::PutCommitRequest commit;
+    commit.set_via_ucx(true);
+    commit.set_ucx_tag_base(tag_base);
+    for (const auto& [index, rid] : reserved) {
+      commit.add_reservation_ids(rid);
+      commit.add_sizes(blocks[index].size);
+    }
+    std::string body;
+    commit.SerializeToString(&body);
+    FrameHeader h;
+    h.type = wire::PUT_COMMIT;
+    h.request_id = next_request_id_++;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    KVPOOL_RETURN_IF_ERROR(channel_->Send(h, body, {}, deadline));
+    UcxBatch batch;
+    std::vector<transport::UcxOpId> ops(reserved.size(), 0);
+    {
+      absl::MutexLock lock(&batch.mu);
+      batch.left = reserved.size();
+      batch.status.assign(reserved.size(), Status::OK());
+    }
+    for (size_t k = 0; k < reserved.size(); ++k) {
+      const PutBlock& b = blocks[reserved[k].first];
+      ops[k] = ucx_->SendTagged(ucx_ep_, tag_base + k, b.data, b.size, [&batch, k](Status st) {
+        absl::MutexLock lock(&batch.mu);
+        batch.status[k] = st;
+        --batch.left;
+      });
+    }
+    WaitUcx(batch, ops, deadline);
+    // The daemon answers once its receives ended (a failed send fails that block there too).
+    KVPOOL_ASSIGN_OR_RETURN(FrameHeader rh, channel_->ReceiveHeader(recv_limits_, deadline));
+    if (rh.type != wire::PUT_COMMIT || rh.request_id != h.request_id) {
+      channel_.reset();
+      return Status::Internal("kvpoold answered another request");
+    }
+    std::string rbody(rh.body_bytes, '\0');
+    KVPOOL_RETURN_IF_ERROR(channel_->ReceiveInto(rbody.data(), rbody.size(), deadline));
+    KVPOOL_RETURN_IF_ERROR(channel_->Discard(rh.payload_bytes, deadline));
+    wire::PutCommitResponse cresp;
+    if (!cresp.ParseFromString(rbody)) return Status::Internal("malformed PUT_COMMIT response");
+    KVPOOL_RETURN_IF_ERROR(FromWire(cresp.status()));
+    if (cresp.results_size() != static_cast<int>(reserved.size())) {
+      return Status::Internal("kvpoold answered a PUT_COMMIT with the wrong count");
+    }
+    for (size_t k = 0; k < reserved.size(); ++k) {
+      Status st = FromWire(cresp.results(static_cast<int>(k)));
+      if (st.ok()) {
+        ++result.stored;
+      } else {
+        result.errors[reserved[k].first] = st;
+      }
+    }
+    return Status::OK();
+  }
+
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
                                      std::span<const MutableBuffer> buffers) {
     std::vector<GetResult> out(keys.size());
@@ -327,6 +516,12 @@ class Client::Impl {
         wire::GetRequest req;
         for (size_t j = start; j < end; ++j) req.add_keys(KeyBytes(keys[todo[j]]));
         req.set_in_place(server_.shared_memory);
+        const bool via_ucx = server_.ucx && !server_.shared_memory;
+        const uint64_t tag_base = (++ucx_seq_ & 0xFFFFFF) << 16;
+        if (via_ucx) {
+          req.set_via_ucx(true);
+          req.set_ucx_tag_base(tag_base);
+        }
         wire::GetResponse resp;
         FrameHeader rh;
         const Deadline deadline = NewDeadline();
@@ -342,6 +537,7 @@ class Client::Impl {
         }
         uint64_t consumed = 0;
         std::vector<InPlace> in_place;
+        std::vector<OverUcx> over_ucx;
         for (size_t j = start; j < end; ++j) {
           const size_t i = todo[j];
           const wire::BlockInfo& info = resp.blocks(static_cast<int>(j - start));
@@ -362,6 +558,10 @@ class Client::Impl {
             in_place.push_back({i, info.slot().segment(), info.slot().generation(),
                                 info.slot().offset(), size, info.checksum(), info.lease_id(),
                                 FromWire(info.tier())});
+            continue;
+          }
+          if (via_ucx) {
+            over_ucx.push_back({i, j - start, size, info.checksum(), FromWire(info.tier())});
             continue;
           }
           consumed += size;
@@ -393,6 +593,7 @@ class Client::Impl {
           return Status::Internal("GET response payload longer than its block list");
         }
         if (!in_place.empty()) KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffers, in_place, out, deadline));
+        if (!over_ucx.empty()) ReceiveOverUcx(keys, buffers, tag_base, over_ucx, out, deadline);
       }
       if (deferred.size() == todo.size()) {
         return Status::Internal("kvpoold deferred every block of a GET");
@@ -463,6 +664,10 @@ class Client::Impl {
       }
       if (server_.shared_memory && !reserved.empty()) {
         KVPOOL_RETURN_IF_ERROR(CommitInPlace(blocks, reserved, slots, result));
+        continue;
+      }
+      if (server_.ucx && !reserved.empty()) {
+        KVPOOL_RETURN_IF_ERROR(CommitOverUcx(blocks, reserved, result));
         continue;
       }
       // Commit in frames that fit the daemon's payload limit, straight from caller memory.
@@ -554,6 +759,10 @@ class Client::Impl {
   uint64_t segment_bytes_ = 0;
   std::unordered_map<uint32_t, Mapping> read_maps_;   // segment -> read-only mapping
   std::unordered_map<uint32_t, Mapping> write_maps_;  // segment -> writable mapping
+  std::unique_ptr<transport::UcxEngine> ucx_;  // created at the first hello that wants UCX
+  transport::UcxEndpointId ucx_ep_ = 0;
+  uint64_t ucx_tag_prefix_ = 0;
+  uint64_t ucx_seq_ = 0;
   std::unique_ptr<ControlChannel> channel_;
   transport::FrameLimits recv_limits_;
   uint64_t next_request_id_ = 1;

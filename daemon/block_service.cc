@@ -80,6 +80,8 @@ struct BlockService::Conn : transport::ConnectionState {
   std::string ns_name;
   uint64_t owner = 0;  // owner id of this connection's reservations and leases
   bool shm = false;    // the shared-memory data path was granted at hello
+  transport::UcxEndpointId ucx_ep = 0;  // the client's UCX worker, when granted
+  uint64_t ucx_tag_prefix = 0;          // this connection's tags on the daemon's worker
   // Set by PayloadSinks for the PUT_COMMIT being received: which reservations got a real slot.
   std::vector<uint64_t> commit_ids;
   std::vector<Status> commit_status;
@@ -87,12 +89,13 @@ struct BlockService::Conn : transport::ConnectionState {
 
 BlockService::BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
                            NamespaceRegistry& namespaces, SessionStore& sessions,
-                           Metrics& metrics)
+                           Metrics& metrics, transport::UcxEngine* ucx)
     : options_(options),
       tiers_(tiers),
       namespaces_(namespaces),
       sessions_(sessions),
       metrics_(metrics),
+      ucx_(ucx),
       started_(std::chrono::steady_clock::now()) {}
 
 Status BlockService::LoadSessions() {
@@ -121,6 +124,7 @@ std::unique_ptr<transport::ConnectionState> BlockService::OnConnect(
 
 void BlockService::OnDisconnect(transport::ConnectionState& state) {
   auto& c = static_cast<Conn&>(state);
+  if (c.ucx_ep != 0) ucx_->Disconnect(c.ucx_ep);  // its pending sends end (and release)
   tiers_.AbortOwner(c.owner);
   tiers_.ReleaseOwner(c.owner);
 }
@@ -235,6 +239,20 @@ Response BlockService::Hello(Conn& c, std::string_view body) {
       resp.set_shared_memory(c.shm);
       resp.set_segment_bytes(tiers_.segment_bytes());
       resp.set_lease_timeout_ms(static_cast<uint32_t>(options_.lease_timeout.count()));
+      if (!req.ucx_worker_address().empty() && ucx_ != nullptr && c.ucx_ep == 0) {
+        Result<transport::UcxEndpointId> ep = ucx_->Connect(req.ucx_worker_address());
+        if (ep.ok()) {
+          c.ucx_ep = *ep;
+          // 24 bits of connection id above the client's 40: unique tags on our worker.
+          c.ucx_tag_prefix = (c.info.id & 0xFFFFFF) << 40;
+          resp.set_ucx(true);
+          resp.set_ucx_worker_address(ucx_->WorkerAddress());
+          resp.set_ucx_tag_prefix(c.ucx_tag_prefix);
+        } else {
+          LOG(WARNING) << "connection " << c.info.id << ": cannot reach the client's UCX worker ("
+                       << ep.status().ToString() << "); blocks stay on the socket";
+        }
+      }
     } else {
       st = ns.status();
     }
@@ -282,10 +300,16 @@ Response BlockService::Get(Conn& c, std::string_view body) {
     return Reply(wire::GET, resp,
                  Status::FailedPrecondition("the shared-memory path was not granted at hello"));
   }
+  if (req.via_ucx() && c.ucx_ep == 0) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::GET, resp,
+                 Status::FailedPrecondition("the UCX data path was not granted at hello"));
+  }
   const bool in_place = req.in_place();
+  const bool via_ucx = req.via_ucx();
   auto reads = std::make_shared<std::vector<tiers::BlockRead>>(tiers_.Acquire(
       c.ns, keys, c.owner,
-      in_place ? options_.lease_timeout : std::chrono::milliseconds(0)));
+      in_place || via_ucx ? options_.lease_timeout : std::chrono::milliseconds(0)));
   Response r;
   uint64_t payload = 0;
   uint64_t served = 0;
@@ -297,7 +321,7 @@ Response BlockService::Get(Conn& c, std::string_view body) {
       if (read.status.IsNotFound()) ++misses;
       continue;
     }
-    if (payload + read.size > options_.limits.max_payload_bytes) {
+    if (!via_ucx && payload + read.size > options_.limits.max_payload_bytes) {
       // Past what one frame may carry: the client asks again for these.
       info->set_code(static_cast<int32_t>(StatusCode::kResourceExhausted));
       tiers_.Release(read);
@@ -308,6 +332,22 @@ Response BlockService::Get(Conn& c, std::string_view body) {
     info->set_size(read.size);
     info->set_checksum(read.checksum);
     info->set_tier(ToWire(read.from));
+    if (via_ucx) {
+      // The bytes go as a tagged message; the lease (or the owned disk copy) lives until the
+      // send completes or fails. The client verifies the checksum from this response.
+      tiers::TierManager* tiers = &tiers_;
+      auto held = std::make_shared<tiers::BlockRead>(std::move(read));
+      read.lease_id = 0;  // the send's now: it ends the lease
+      read.data = nullptr;
+      ucx_->SendTagged(c.ucx_ep, req.ucx_tag_base() + static_cast<uint64_t>(resp.blocks_size() - 1),
+                       held->data, held->size, [tiers, held](Status st) {
+                         if (!st.ok()) VLOG(1) << "UCX send of a block: " << st.ToString();
+                         tiers->Release(*held);
+                       });
+      payload += held->size;
+      ++served;
+      continue;
+    }
     if (in_place && read.lease_id != 0) {
       // The client copies it from its mapping and releases the lease; nothing in the frame.
       const tiers::SegmentLocation loc = tiers_.Locate(read.arena_offset);
@@ -425,13 +465,20 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
     wire::PutCommitRequest req;
     Status st = Parse(body, &req, "PUT_COMMIT");
     if (st.ok() && req.reservation_ids_size() > 0) {
-      if (!req.in_place()) {
+      if (!req.in_place() && !req.via_ucx()) {
         st = Status::InvalidArgument("PUT_COMMIT without the payload of its reservations");
-      } else if (!c.shm) {
+      } else if (!c.shm && !req.via_ucx()) {
         st = Status::FailedPrecondition("the shared-memory path was not granted at hello");
       } else if (req.sizes_size() != req.reservation_ids_size()) {
         st = Status::InvalidArgument("PUT_COMMIT lists reservations and sizes of different counts");
       }
+    }
+    if (st.ok() && req.via_ucx() && c.ucx_ep == 0) {
+      st = Status::FailedPrecondition("the UCX data path was not granted at hello");
+    }
+    if (st.ok() && req.via_ucx() &&
+        (req.ucx_tag_base() >> 40) != (c.ucx_tag_prefix >> 40)) {
+      st = Status::InvalidArgument("UCX tags outside this connection's prefix");
     }
     if (!st.ok() || req.reservation_ids_size() == 0) return Reply(wire::PUT_COMMIT, resp, st);
     // The client wrote the bytes into its reservations itself: check the sizes, then commit.
@@ -444,6 +491,10 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
       } else if (t->size != req.sizes(i)) {
         c.commit_status[i] = Status::InvalidArgument("reservation size mismatch");
       }
+    }
+    if (req.via_ucx()) {
+      ReceiveViaUcx(c, req.ucx_tag_base(),
+                    std::vector<uint64_t>(req.sizes().begin(), req.sizes().end()));
     }
   }
   uint64_t committed = 0;
@@ -468,6 +519,59 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
   metrics_.Add(metrics_.puts_committed, committed);
   metrics_.Add(metrics_.bytes_in, bytes);
   return Reply(wire::PUT_COMMIT, resp, Status::OK());
+}
+
+void BlockService::ReceiveViaUcx(Conn& c, uint64_t tag_base, const std::vector<uint64_t>& sizes) {
+  struct Pending {
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu) = 0;
+    std::vector<Status> status ABSL_GUARDED_BY(mu);
+  };
+  auto pending = std::make_shared<Pending>();
+  std::vector<transport::UcxOpId> ops(c.commit_ids.size(), 0);
+  {
+    absl::MutexLock lock(&pending->mu);
+    pending->status.assign(c.commit_ids.size(), Status::OK());
+  }
+  for (size_t k = 0; k < c.commit_ids.size(); ++k) {
+    if (!c.commit_status[k].ok()) continue;
+    Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, c.commit_ids[k]);
+    if (!t.ok()) {
+      c.commit_status[k] = t.status();
+      continue;
+    }
+    {
+      absl::MutexLock lock(&pending->mu);
+      ++pending->left;
+    }
+    const uint64_t expect = sizes[k];
+    ops[k] = ucx_->ReceiveTagged(tag_base + k, t->data, t->size,
+                                 [pending, k, expect](Status st, size_t received) {
+                                   absl::MutexLock lock(&pending->mu);
+                                   if (st.ok() && received != expect) {
+                                     st = Status::Corruption("short UCX transfer");
+                                   }
+                                   pending->status[k] = st;
+                                   --pending->left;
+                                 });
+  }
+  absl::MutexLock lock(&pending->mu);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending->mu) { return pending->left == 0; };
+  const absl::Time deadline = absl::Now() + absl::FromChrono(options_.ucx_timeout);
+  if (!pending->mu.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+    // Cancel what is still open and wait for UCX to let go of the slots before they are freed.
+    pending->mu.Unlock();
+    for (transport::UcxOpId op : ops) {
+      if (op != 0) ucx_->Cancel(op);
+    }
+    pending->mu.Lock();
+    pending->mu.Await(absl::Condition(&done));
+  }
+  for (size_t k = 0; k < c.commit_ids.size(); ++k) {
+    if (c.commit_status[k].ok() && !pending->status[k].ok()) {
+      c.commit_status[k] = pending->status[k].WithContext("UCX transfer");
+    }
+  }
 }
 
 Response BlockService::PutAbort(Conn& c, std::string_view body) {

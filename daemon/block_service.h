@@ -26,6 +26,7 @@
 #include "daemon/session_store.h"
 #include "tiers/tier_manager.h"
 #include "transport/control_server.h"
+#include "transport/ucx_engine.h"
 
 namespace kvpool::daemon {
 
@@ -40,12 +41,16 @@ struct BlockServiceOptions {
   std::chrono::milliseconds lease_timeout{10000};
   // Grant the shared-memory data path to local clients that ask. Default: true.
   bool shared_memory = true;
+  // How long a UCX transfer of one request may take before its blocks fail. Default: 30 s.
+  std::chrono::milliseconds ucx_timeout{30000};
 };
 
 class BlockService final : public transport::RequestHandler {
  public:
+  // `ucx` may be null (no UCX data path); it must outlive this service.
   BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
-               NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics);
+               NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics,
+               transport::UcxEngine* ucx = nullptr);
 
   // Pins the chains of every persisted session (at start, after TierManager::Recover).
   Status LoadSessions();
@@ -81,12 +86,16 @@ class BlockService final : public transport::RequestHandler {
   transport::Response Evict(Conn& c, std::string_view body);
   transport::Response MapSegments(Conn& c, std::string_view body);
   transport::Response Release(Conn& c, std::string_view body);
+  // Receives the UCX bodies of c.commit_ids (those still OK) into their reservations; a block
+  // whose transfer fails or times out gets an error in c.commit_status.
+  void ReceiveViaUcx(Conn& c, uint64_t tag_base, const std::vector<uint64_t>& sizes);
 
   const BlockServiceOptions options_;
   tiers::TierManager& tiers_;
   NamespaceRegistry& namespaces_;
   SessionStore& sessions_;
   Metrics& metrics_;
+  transport::UcxEngine* const ucx_;
   std::function<uint64_t()> connections_;
   const std::chrono::steady_clock::time_point started_;
   // Serializes session saves and deletes: a save pins the new chain, writes the record and

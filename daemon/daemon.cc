@@ -75,6 +75,17 @@ class DaemonImpl final : public Daemon {
     KVPOOL_RETURN_IF_ERROR(ConfigurePolicies());
     KVPOOL_RETURN_IF_ERROR(tiers_->Recover());
 
+    if (options_.ucx) {
+      transport::UcxOptions uo;
+      uo.transports = options_.ucx_transports;
+      uo.net_devices = options_.ucx_net_devices;
+      Result<std::unique_ptr<transport::UcxEngine>> ucx = transport::UcxEngine::Create(uo);
+      if (ucx.ok()) {
+        ucx_ = std::move(*ucx);
+      } else {
+        LOG(WARNING) << "UCX data path off: " << ucx.status().ToString();
+      }
+    }
     sessions_ = std::make_unique<SessionStore>(*store_);
     BlockServiceOptions bo;
     bo.node_id = node_id_;
@@ -82,7 +93,8 @@ class DaemonImpl final : public Daemon {
     bo.limits = options_.limits;
     bo.shared_memory = options_.shared_memory;
     bo.lease_timeout = options_.lease_timeout;
-    service_ = std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_);
+    service_ = std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_,
+                                              ucx_.get());
     KVPOOL_RETURN_IF_ERROR(service_->LoadSessions());
     tiers_->Start();
 
@@ -111,6 +123,7 @@ class DaemonImpl final : public Daemon {
     stopped_ = true;
     if (metrics_http_) metrics_http_->Stop();
     if (server_) server_->Stop();  // no request runs after this
+    ucx_.reset();  // ends in-flight UCX sends (their leases are released) before the tiers stop
     if (tiers_) tiers_->Shutdown();
     service_.reset();
     tiers_.reset();
@@ -138,6 +151,7 @@ class DaemonImpl final : public Daemon {
       << " segments" << (h.locked ? " (mlocked)" : " (not mlocked)");
     s << "\n  disk tier: " << FormatBytes(options_.disk_capacity_bytes) << " under "
       << options_.data_dir << "/rocksdb";
+    if (ucx_) s << "\n  UCX data path: " << ucx_->transports_in_use();
     if (!metrics_address().empty()) s << "\n  metrics: http://" << metrics_address() << "/metrics";
     return s.str();
   }
@@ -174,6 +188,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<tiers::HostTier> host_;
   std::unique_ptr<tiers::DiskTier> disk_;
   std::unique_ptr<tiers::TierManager> tiers_;
+  std::unique_ptr<transport::UcxEngine> ucx_;
   std::unique_ptr<SessionStore> sessions_;
   std::unique_ptr<BlockService> service_;
   std::unique_ptr<transport::ControlServer> server_;

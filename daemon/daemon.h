@@ -50,6 +50,11 @@ struct DaemonOptions {
   bool shared_memory = true;
   // A shared-memory lease not released within this ends by itself. Default: 10 s.
   std::chrono::milliseconds lease_timeout{10000};
+  // Offer the UCX data path to remote clients. Default: on (off if UCX cannot start).
+  bool ucx = true;
+  // UCX transports and network devices ("" = UCX's choice, e.g. "tcp" and "eth0"). Default: "".
+  std::string ucx_transports;
+  std::string ucx_net_devices;
   tiers::TierManagerOptions tiers;
 };
 

@@ -50,6 +50,9 @@ DEFINE_bool(shared_memory, true,
             "connections); off: every byte travels in the socket frames.");
 DEFINE_int32(lease_timeout_ms, 10000,
              "A shared-memory read lease not released within this ends by itself (client died).");
+DEFINE_bool(ucx, true, "Offer the UCX data path to remote clients (TCP connections).");
+DEFINE_string(ucx_transports, "", "UCX transports, e.g. tcp or rc,tcp. Default: UCX's choice.");
+DEFINE_string(ucx_net_devices, "", "UCX network devices, e.g. eth0 or lo. Default: UCX's choice.");
 DEFINE_bool(flush_on_shutdown, true, "Write host-only blocks to disk on SIGTERM.");
 DEFINE_double(host_high_watermark, 0.90, "Host occupancy at which demotion to disk starts.");
 DEFINE_double(host_low_watermark, 0.80, "Host occupancy at which demotion stops.");
@@ -123,6 +126,9 @@ int main(int argc, char** argv) {
   o.frame_timeout = std::chrono::milliseconds(FLAGS_frame_timeout_ms);
   o.tiers.reservation_timeout = std::chrono::milliseconds(FLAGS_reservation_timeout_ms);
   o.shared_memory = FLAGS_shared_memory;
+  o.ucx = FLAGS_ucx;
+  o.ucx_transports = FLAGS_ucx_transports;
+  o.ucx_net_devices = FLAGS_ucx_net_devices;
   o.lease_timeout = std::chrono::milliseconds(FLAGS_lease_timeout_ms);
   o.tiers.flush_on_shutdown = FLAGS_flush_on_shutdown;
   o.tiers.host_high_watermark = FLAGS_host_high_watermark;

@@ -32,6 +32,9 @@ TempDir::~TempDir() {
 }
 
 DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags) : extra_(std::move(extra_flags)) {
+  // UCX (daemon and test clients alike) stays on loopback TCP: tests never use another address.
+  setenv("UCX_TLS", "tcp", /*overwrite=*/0);
+  setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);
   data_dir_ = dir_.path() + "/data";
   socket_ = dir_.path() + "/kvpool.sock";
   log_path_ = dir_.path() + "/kvpoold.log";

@@ -32,9 +32,10 @@ namespace kvpool {
 
 // How block bytes travel between the client and the daemon.
 enum class DataPath : uint8_t {
-  kAuto = 0,          // shared memory when the daemon grants it (same node, Unix socket), else socket
+  kAuto = 0,          // shared memory on a local Unix socket, UCX over tcp://, else the socket
   kSocket = 1,        // inside the control frames
   kSharedMemory = 2,  // shared memory; Connect fails when the daemon does not grant it
+  kUcx = 3,           // UCX (cross-node; tcp:// addresses); Connect fails when not granted
 };
 
 struct ClientOptions {
@@ -51,6 +52,10 @@ struct ClientOptions {
   bool auto_reconnect = true;
   // Default: kAuto.
   DataPath data_path = DataPath::kAuto;
+  // UCX transports and network devices for the UCX path ("" = UCX's choice / $UCX_TLS,
+  // $UCX_NET_DEVICES). Default: "".
+  std::string ucx_transports;
+  std::string ucx_net_devices;
 };
 
 enum class Tier : uint8_t { kNone = 0, kGpu = 1, kHost = 2, kDisk = 3, kRemote = 4 };
@@ -63,6 +68,7 @@ struct ServerInfo {
   uint64_t max_payload_bytes = 0;
   uint32_t max_batch_keys = 0;
   bool shared_memory = false;  // blocks move through shared memory on this connection
+  bool ucx = false;            // blocks move over UCX on this connection
 };
 
 struct LookupResult {
