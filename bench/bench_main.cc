@@ -26,7 +26,7 @@
 #include "bench/bench_target.h"
 #include "bench/block_data.h"
 #include "bench/daemon_process.h"
-#include "bench/kvpool_socket_target.h"
+#include "bench/kvpool_target.h"
 #include "bench/pinning.h"
 #include "bench/runner.h"
 #include "bench/workers.h"
@@ -35,6 +35,9 @@
 DEFINE_bool(json, false, "Print one JSON object per result line (and nothing else) on stdout.");
 DEFINE_string(block_sizes, "64KiB,256KiB,1MiB,4MiB", "Block sizes to measure, comma separated.");
 DEFINE_string(concurrency, "1,4", "Bench threads (each with its own connection), comma separated.");
+DEFINE_string(paths, "socket,shm",
+              "kvpool data paths to measure: socket (block bytes inside the control frames) and "
+              "shm (the client copies to and from the daemon's shared-memory arena).");
 DEFINE_double(seconds, 2.0,
               "Length of each timed phase (put, get, lookup; memcpy runs min(this, 1 s)). A put "
               "phase also ends when its working set is stored. 0: no time limit (use --ops).");
@@ -80,6 +83,7 @@ namespace {
 struct Config {
   std::vector<uint64_t> block_sizes;
   std::vector<int> concurrency;
+  std::vector<DataPath> paths;
   PhaseLimits limits;
   PhaseLimits memcpy_limits;
   size_t batch = 16;
@@ -122,6 +126,15 @@ Result<Config> ParseConfig() {
   for (int n : conc) {
     if (n < 1 || n > 256) return Status::InvalidArgument("--concurrency must be 1..256");
     c.concurrency.push_back(n);
+  }
+  pos = 0;
+  const std::string& ps = FLAGS_paths;
+  while (pos <= ps.size()) {
+    size_t comma = ps.find(',', pos);
+    if (comma == std::string::npos) comma = ps.size();
+    KVPOOL_ASSIGN_OR_RETURN(DataPath p, KvpoolSystem::ParsePath(ps.substr(pos, comma - pos)));
+    if (std::find(c.paths.begin(), c.paths.end(), p) == c.paths.end()) c.paths.push_back(p);
+    pos = comma + 1;
   }
   if (FLAGS_batch < 1 || FLAGS_batch > 4096) {
     return Status::InvalidArgument("--batch must be 1..4096");
@@ -180,7 +193,10 @@ std::string FindKvpoold() {
 
 class Bench {
  public:
-  Bench(Config config, BenchSystem& system) : c_(std::move(config)), system_(system) {}
+  // `systems`: one per path measured; the first also puts the lookup chain, runs the
+  // fragmentation probe and does the housekeeping (drops, statistics).
+  Bench(Config config, std::vector<std::unique_ptr<BenchSystem>> systems)
+      : c_(std::move(config)), systems_(std::move(systems)), system_(*systems_.front()) {}
 
   Status RunAll();
   const std::vector<Figure>& figures() const { return figures_; }
@@ -188,25 +204,33 @@ class Bench {
  private:
   Status PutChain();
   Status RunMemcpy(uint64_t block_bytes, const AlignedBuffer& ring);
-  Status RunCase(uint64_t block_bytes, int threads, const PatternSet& pattern, int case_index);
-  Status RunLookups(int threads);
+  Status RunSocketpair(uint64_t block_bytes, const AlignedBuffer& ring);
+  // The baseline figure of `system` for this block size (0 when not measured).
+  double Baseline(const std::string& system, uint64_t block_bytes) const;
+  void AddBaselines(Figure& f) const;
+  Status RunCase(BenchSystem& sys, uint64_t block_bytes, int threads, const PatternSet& pattern,
+                 int case_index);
+  Status RunLookups(BenchSystem& sys, int threads);
   Status RunMixed();
   // Adds the arena's state now to `f` (and returns it, for deltas).
   Result<ArenaStats> AddArena(Figure& f);
-  Figure NewFigure(const std::string& op, uint64_t block_bytes, int threads) const;
+  Figure NewFigure(const BenchSystem& sys, const std::string& op, uint64_t block_bytes,
+                   int threads) const;
   void Emit(Figure f);
 
   const Config c_;
-  BenchSystem& system_;
+  const std::vector<std::unique_ptr<BenchSystem>> systems_;
+  BenchSystem& system_;  // systems_.front()
   std::vector<BlockKey> chain_;
   std::vector<StoredBlock> chain_blocks_;
   std::vector<Figure> figures_;
 };
 
-Figure Bench::NewFigure(const std::string& op, uint64_t block_bytes, int threads) const {
+Figure Bench::NewFigure(const BenchSystem& sys, const std::string& op, uint64_t block_bytes,
+                        int threads) const {
   Figure f;
-  f.system = system_.system();
-  f.path = system_.path();
+  f.system = sys.system();
+  f.path = sys.path();
   f.op = op;
   f.block_bytes = block_bytes;
   f.concurrency = threads;
@@ -286,7 +310,7 @@ Status Bench::RunMemcpy(uint64_t block_bytes, const AlignedBuffer& ring) {
   std::vector<int> cpus;
   if (c_.pin.enabled) cpus = {c_.pin.bench_cpus[0]};
   KVPOOL_ASSIGN_OR_RETURN(PhaseStats s, RunPhase(w, cpus, c_.memcpy_limits));
-  Figure f = NewFigure("copy", block_bytes, 1);
+  Figure f = NewFigure(system_, "copy", block_bytes, 1);
   f.system = "memcpy";
   f.path = "memory";
   f.SetFrom(s);
@@ -295,13 +319,45 @@ Status Bench::RunMemcpy(uint64_t block_bytes, const AlignedBuffer& ring) {
   return Status::OK();
 }
 
-Status Bench::RunCase(uint64_t block_bytes, int threads, const PatternSet& pattern,
-                      int case_index) {
-  const std::string tag = SizeName(block_bytes) + " x" + std::to_string(threads);
-  double memcpy_gbps = 0;
+Status Bench::RunSocketpair(uint64_t block_bytes, const AlignedBuffer& ring) {
+  std::vector<std::unique_ptr<PhaseWorker>> w;
+  w.push_back(std::make_unique<SocketpairWorker>(ring, block_bytes, c_.batch, c_.pin.daemon_cpus));
+  std::vector<int> cpus;
+  if (c_.pin.enabled) cpus = {c_.pin.bench_cpus[0]};
+  KVPOOL_ASSIGN_OR_RETURN(PhaseStats s, RunPhase(w, cpus, c_.memcpy_limits));
+  Figure f = NewFigure(system_, "stream", block_bytes, 1);
+  f.system = "socketpair";
+  f.path = "unix";
+  f.SetFrom(s);
+  f.extra["source"] = "ring of " + SizeName(ring.size()) + "; receiver answers one byte per call";
+  Emit(std::move(f));
+  return Status::OK();
+}
+
+double Bench::Baseline(const std::string& system, uint64_t block_bytes) const {
   for (const Figure& f : figures_) {
-    if (f.system == "memcpy" && f.block_bytes == block_bytes) memcpy_gbps = f.gbps;
+    if (f.system == system && f.block_bytes == block_bytes) return f.gbps;
   }
+  return 0;
+}
+
+void Bench::AddBaselines(Figure& f) const {
+  const double mem = Baseline("memcpy", f.block_bytes);
+  const double sock = Baseline("socketpair", f.block_bytes);
+  if (mem > 0) {
+    f.extra["memcpy_gbps"] = mem;
+    f.extra["ratio_to_memcpy"] = f.gbps / mem;
+  }
+  if (sock > 0) {
+    f.extra["socketpair_gbps"] = sock;
+    f.extra["ratio_to_socketpair"] = f.gbps / sock;
+  }
+}
+
+Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
+                      const PatternSet& pattern, int case_index) {
+  const std::string tag =
+      sys.path() + " " + SizeName(block_bytes) + " x" + std::to_string(threads);
   KVPOOL_ASSIGN_OR_RETURN(ArenaStats before, system_.Arena());
 
   // Put: fresh keys only.
@@ -310,7 +366,7 @@ Status Bench::RunCase(uint64_t block_bytes, int threads, const PatternSet& patte
   const size_t per_thread = BlocksPerThread(c_, block_bytes, threads);
   for (int i = 0; i < threads; ++i) {
     auto w = std::make_unique<PutWorker>(
-        system_, i, pattern, c_.batch, c_.run_secret,
+        sys, i, pattern, c_.batch, c_.run_secret,
         "case-" + std::to_string(case_index) + "-thread-" + std::to_string(i), per_thread);
     puts.push_back(w.get());
     workers.push_back(std::move(w));
@@ -329,24 +385,21 @@ Status Bench::RunCase(uint64_t block_bytes, int threads, const PatternSet& patte
     (void)system_.Drop(keys);
     return put_stats.status().WithContext("put " + tag);
   }
-  Figure put = NewFigure("put", block_bytes, threads);
+  Figure put = NewFigure(sys, "put", block_bytes, threads);
   put.SetFrom(*put_stats);
   KVPOOL_ASSIGN_OR_RETURN(ArenaStats after_put, AddArena(put));
   const bool spilled = after_put.demotions != before.demotions ||
                        after_put.evictions != before.evictions;
   put.extra["spilled_to_disk"] = spilled;
   if (spilled) Progress("warning: put " + tag + " demoted or evicted host blocks; size the host tier up");
-  if (memcpy_gbps > 0) {
-    put.extra["memcpy_gbps"] = memcpy_gbps;
-    put.extra["ratio_to_memcpy"] = put.gbps / memcpy_gbps;
-  }
+  AddBaselines(put);
   Emit(std::move(put));
 
   // Get: what this case stored, each thread from its own part of it.
   workers.clear();
   std::vector<GetWorker*> gets;
   for (int i = 0; i < threads; ++i) {
-    auto w = std::make_unique<GetWorker>(system_, i, pattern, c_.batch, stored, starts[i],
+    auto w = std::make_unique<GetWorker>(sys, i, pattern, c_.batch, stored, starts[i],
                                          FLAGS_verify_every);
     gets.push_back(w.get());
     workers.push_back(std::move(w));
@@ -356,7 +409,7 @@ Status Bench::RunCase(uint64_t block_bytes, int threads, const PatternSet& patte
     (void)system_.Drop(keys);
     return get_stats.status().WithContext("get " + tag);
   }
-  Figure get = NewFigure("get", block_bytes, threads);
+  Figure get = NewFigure(sys, "get", block_bytes, threads);
   get.SetFrom(*get_stats);
   uint64_t verified_calls = 0;
   uint64_t verified_blocks = 0;
@@ -372,21 +425,18 @@ Status Bench::RunCase(uint64_t block_bytes, int threads, const PatternSet& patte
   get.extra["slow_tier_hits"] = slow;
   if (slow > 0) Progress("warning: get " + tag + " was served partly from disk");
   KVPOOL_RETURN_IF_ERROR(AddArena(get).status());
-  if (memcpy_gbps > 0) {
-    get.extra["memcpy_gbps"] = memcpy_gbps;
-    get.extra["ratio_to_memcpy"] = get.gbps / memcpy_gbps;
-  }
+  AddBaselines(get);
   Emit(std::move(get));
   return system_.Drop(keys).WithContext("dropping the blocks of " + tag);
 }
 
-Status Bench::RunLookups(int threads) {
+Status Bench::RunLookups(BenchSystem& sys, int threads) {
   std::vector<std::unique_ptr<PhaseWorker>> workers;
   for (int i = 0; i < threads; ++i) {
-    workers.push_back(std::make_unique<LookupWorker>(system_, i, chain_));
+    workers.push_back(std::make_unique<LookupWorker>(sys, i, chain_));
   }
   KVPOOL_ASSIGN_OR_RETURN(PhaseStats s, RunPhase(workers, c_.pin.bench_cpus, c_.limits));
-  Figure f = NewFigure("lookup", c_.lookup_block_bytes, threads);
+  Figure f = NewFigure(sys, "lookup", c_.lookup_block_bytes, threads);
   f.SetFrom(s);
   f.gbps = 0;  // a lookup moves keys, not block bytes
   f.extra["chain_blocks"] = chain_.size();
@@ -456,7 +506,7 @@ Status Bench::RunMixed() {
   const std::vector<StoredBlock>& refill = static_cast<MixedPutWorker&>(*w[0]).stored();
   live.insert(live.end(), refill.begin(), refill.end());
 
-  Figure f = NewFigure("put", 0, 1);
+  Figure f = NewFigure(system_, "put", 0, 1);
   f.SetFrom(s);
   std::vector<uint64_t> size_list(sizes.begin(), sizes.end());
   f.extra["workload"] = "mixed";
@@ -499,12 +549,19 @@ Status Bench::RunAll() {
   int case_index = 0;
   for (uint64_t b : c_.block_sizes) {
     KVPOOL_RETURN_IF_ERROR(RunMemcpy(b, ring));
+    KVPOOL_RETURN_IF_ERROR(RunSocketpair(b, ring).WithContext("socketpair baseline"));
     PatternSet pattern(b, c_.batch, 0xb10c + b);
-    for (int n : c_.concurrency) {
-      KVPOOL_RETURN_IF_ERROR(RunCase(b, n, pattern, case_index++));
+    for (const std::unique_ptr<BenchSystem>& sys : systems_) {
+      for (int n : c_.concurrency) {
+        KVPOOL_RETURN_IF_ERROR(RunCase(*sys, b, n, pattern, case_index++));
+      }
     }
   }
-  for (int n : c_.concurrency) KVPOOL_RETURN_IF_ERROR(RunLookups(n).WithContext("lookup"));
+  for (const std::unique_ptr<BenchSystem>& sys : systems_) {
+    for (int n : c_.concurrency) {
+      KVPOOL_RETURN_IF_ERROR(RunLookups(*sys, n).WithContext(sys->path() + " lookup"));
+    }
+  }
   if (FLAGS_mixed) KVPOOL_RETURN_IF_ERROR(RunMixed());
   return system_.Drop(chain_).WithContext("dropping the lookup chain");
 }
@@ -573,8 +630,11 @@ int Main(const std::string& command) {
     std::fflush(stdout);
   }
 
-  KvpoolSocketSystem system(address, FLAGS_namespace_name);
-  Bench bench(*config, system);
+  std::vector<std::unique_ptr<BenchSystem>> systems;
+  for (DataPath p : config->paths) {
+    systems.push_back(std::make_unique<KvpoolSystem>(address, FLAGS_namespace_name, p));
+  }
+  Bench bench(*config, std::move(systems));
   Status st = bench.RunAll();
   if (daemon != nullptr) {
     Status stop = daemon->Stop();
@@ -583,7 +643,8 @@ int Main(const std::string& command) {
   if (!FLAGS_json) {
     std::printf("\n%s", FormatTable(bench.figures()).c_str());
     std::printf("\nratio = kvpool GB/s / single-thread memcpy GB/s of the same block size; "
-                "frag = host arena fragmentation after the phase.\n");
+                "sock = kvpool GB/s / socketpair GB/s (the bare Unix socket, one round trip per "
+                "call, same block size); frag = host arena fragmentation after the phase.\n");
     for (const Figure& f : bench.figures()) {
       if (!f.extra.contains("workload") || !f.extra.contains("host_fragmentation")) continue;
       std::printf("host arena after the mixed-size probe (%s of %s allocated, %llu blocks): "

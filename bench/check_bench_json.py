@@ -16,8 +16,8 @@ REQUIRED = {
     "gbps": (int, float), "ops_per_s": (int, float), "p50_us": (int, float),
     "p99_us": (int, float),
 }
-OPS = {"kvpool": {"put", "get", "lookup"}, "memcpy": {"copy"}}
-PATHS = {"kvpool": {"socket"}, "memcpy": {"memory"}}
+OPS = {"kvpool": {"put", "get", "lookup"}, "memcpy": {"copy"}, "socketpair": {"stream"}}
+PATHS = {"kvpool": {"socket", "shm"}, "memcpy": {"memory"}, "socketpair": {"unix"}}
 
 
 def fail(msg, out=""):
@@ -39,6 +39,7 @@ def main():
     if not lines:
         fail("no output", proc.stderr)
     seen = set()
+    kvpool_seen = set()
     for n, line in enumerate(lines, 1):
         try:
             rec = json.loads(line)
@@ -58,18 +59,25 @@ def main():
             fail("line %d: a phase that did nothing: %r" % (n, line))
         if rec["p99_us"] < rec["p50_us"]:
             fail("line %d: p99 below p50: %r" % (n, line))
-        if op in ("put", "get", "copy") and rec["gbps"] <= 0:
+        if op in ("put", "get", "copy", "stream") and rec["gbps"] <= 0:
             fail("line %d: no bytes moved: %r" % (n, line))
         if op == "get" and rec.get("verified_blocks", 0) <= 0:
             fail("line %d: no get was verified: %r" % (n, line))
         seen.add((system, op, rec["block_bytes"]))
+        if system == "kvpool":
+            kvpool_seen.add((rec["path"], op))
     kvpool_sizes = {b for (s, o, b) in seen if s == "kvpool" and o in ("put", "get") and b > 0}
-    for op in ("put", "get", "lookup"):
-        if not any(s == "kvpool" and o == op for (s, o, _) in seen):
-            fail("no kvpool %s line" % op, proc.stdout)
+    for path in {p for (p, _) in kvpool_seen}:
+        for op in ("put", "get", "lookup"):
+            if (path, op) not in kvpool_seen:
+                fail("no kvpool %s %s line" % (path, op), proc.stdout)
+    if not kvpool_seen:
+        fail("no kvpool line", proc.stdout)
     for b in kvpool_sizes:
         if ("memcpy", "copy", b) not in seen:
             fail("no memcpy line beside kvpool block size %d" % b, proc.stdout)
+        if ("socketpair", "stream", b) not in seen:
+            fail("no socketpair line beside kvpool block size %d" % b, proc.stdout)
     print("bench_smoke: %d result lines OK" % len(lines))
 
 

@@ -92,6 +92,7 @@ Result<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const DaemonProcessO
       co.address = d->socket_;
       co.timeout = std::chrono::milliseconds(2000);
       co.client_name = "kvpool-bench-probe";
+      co.data_path = DataPath::kSocket;
       auto c = Client::Connect(co);
       if (c.ok()) return d;
       last = c.status();

@@ -1,4 +1,4 @@
-#include "bench/kvpool_socket_target.h"
+#include "bench/kvpool_target.h"
 
 #include <string>
 #include <utility>
@@ -7,8 +7,10 @@
 namespace kvpool::bench {
 namespace {
 
-ClientOptions Options(const std::string& address, const std::string& ns, int thread_index) {
+ClientOptions Options(const std::string& address, const std::string& ns, int thread_index,
+                      DataPath path) {
   ClientOptions o;
+  o.data_path = path;
   o.address = address;
   o.namespace_name = ns;
   o.client_name = "kvpool-bench-" + std::to_string(thread_index);
@@ -17,9 +19,9 @@ ClientOptions Options(const std::string& address, const std::string& ns, int thr
   return o;
 }
 
-class KvpoolSocketTarget : public BenchTarget {
+class KvpoolTarget : public BenchTarget {
  public:
-  explicit KvpoolSocketTarget(std::unique_ptr<Client> client) : client_(std::move(client)) {}
+  explicit KvpoolTarget(std::unique_ptr<Client> client) : client_(std::move(client)) {}
 
   // BenchTarget
   Status Put(std::span<const BenchBlock> blocks) override {
@@ -71,22 +73,42 @@ class KvpoolSocketTarget : public BenchTarget {
 
 }  // namespace
 
-KvpoolSocketSystem::KvpoolSocketSystem(std::string address, std::string namespace_name)
-    : address_(std::move(address)), namespace_name_(std::move(namespace_name)) {}
+KvpoolSystem::KvpoolSystem(std::string address, std::string namespace_name, DataPath data_path)
+    : address_(std::move(address)),
+      namespace_name_(std::move(namespace_name)),
+      data_path_(data_path) {}
 
-Result<std::unique_ptr<BenchTarget>> KvpoolSocketSystem::NewTarget(int thread_index) {
-  KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Client> c,
-                          Client::Connect(Options(address_, namespace_name_, thread_index)));
-  return std::unique_ptr<BenchTarget>(new KvpoolSocketTarget(std::move(c)));
+Result<DataPath> KvpoolSystem::ParsePath(const std::string& name) {
+  if (name == "socket") return DataPath::kSocket;
+  if (name == "shm") return DataPath::kSharedMemory;
+  return Status::InvalidArgument("unknown kvpool path '" + name + "' (socket or shm)");
 }
 
-Status KvpoolSocketSystem::EnsureAdmin() {
+std::string KvpoolSystem::path() const {
+  return data_path_ == DataPath::kSharedMemory ? "shm" : "socket";
+}
+
+Result<std::unique_ptr<BenchTarget>> KvpoolSystem::NewTarget(int thread_index) {
+  KVPOOL_ASSIGN_OR_RETURN(
+      std::unique_ptr<Client> c,
+      Client::Connect(Options(address_, namespace_name_, thread_index, data_path_)));
+  const bool shm = c->server().shared_memory;
+  if (shm != (data_path_ == DataPath::kSharedMemory)) {
+    return Status::FailedPrecondition("asked for the " + path() + " path but the connection " +
+                                      (shm ? "uses" : "does not use") + " shared memory");
+  }
+  return std::unique_ptr<BenchTarget>(new KvpoolTarget(std::move(c)));
+}
+
+Status KvpoolSystem::EnsureAdmin() {
   if (admin_ != nullptr) return Status::OK();
-  KVPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(Options(address_, namespace_name_, -1)));
+  // Control only: evictions and statistics move no block bytes.
+  KVPOOL_ASSIGN_OR_RETURN(admin_,
+                          Client::Connect(Options(address_, namespace_name_, -1, DataPath::kSocket)));
   return Status::OK();
 }
 
-Status KvpoolSocketSystem::Drop(std::span<const BlockKey> keys) {
+Status KvpoolSystem::Drop(std::span<const BlockKey> keys) {
   KVPOOL_RETURN_IF_ERROR(EnsureAdmin());
   // The daemon takes at most max_batch_keys keys per request.
   const size_t step = std::max<uint32_t>(1, admin_->server().max_batch_keys);
@@ -101,7 +123,7 @@ Status KvpoolSocketSystem::Drop(std::span<const BlockKey> keys) {
   return Status::OK();
 }
 
-Result<ArenaStats> KvpoolSocketSystem::Arena() {
+Result<ArenaStats> KvpoolSystem::Arena() {
   KVPOOL_RETURN_IF_ERROR(EnsureAdmin());
   KVPOOL_ASSIGN_OR_RETURN(DaemonStats s, admin_->Stats());
   ArenaStats a;

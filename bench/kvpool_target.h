@@ -1,10 +1,17 @@
 #pragma once
-// kvpool through its control socket: the C++ client (include/kvpool/client.h) talking to a
-// kvpoold over a Unix socket (or tcp://). Payloads cross the socket: a put copies the bytes into
-// the kernel and the daemon copies them out into its host arena; a get does the same the other
-// way. Two copies per byte, so the socket path is bounded by about half of memcpy bandwidth.
+// kvpool through its C++ client (include/kvpool/client.h), on one explicit data path:
 //
-// Thread safety: see bench/bench_target.h (one KvpoolSocketTarget per thread).
+//   socket: block bytes travel inside the control frames over the Unix socket. A put copies
+//           them into the kernel and the daemon copies them out into its host arena; a get the
+//           same the other way: two copies of every byte, plus the xxh3 checksum passes.
+//   shm:    the client copies straight between its buffers and the daemon's shared-memory
+//           arena (reserve/commit for puts, slot + lease for gets); only control frames cross
+//           the socket. One copy of every byte, plus the checksum passes.
+//
+// Every connection is checked to be on the path it is labelled with (ServerInfo), so a figure
+// can never be reported under the wrong path when the client's automatic choice changes.
+//
+// Thread safety: see bench/bench_target.h (one target per thread).
 
 #include <memory>
 #include <string>
@@ -13,14 +20,18 @@
 
 namespace kvpool::bench {
 
-class KvpoolSocketSystem : public BenchSystem {
+class KvpoolSystem : public BenchSystem {
  public:
-  // `address` as in ClientOptions::address; `namespace_name` is the tenant the bench acts for.
-  KvpoolSocketSystem(std::string address, std::string namespace_name);
+  // `address` as in ClientOptions::address; `namespace_name` is the tenant the bench acts for;
+  // `data_path` kSocket or kSharedMemory.
+  KvpoolSystem(std::string address, std::string namespace_name, DataPath data_path);
+
+  // "socket" or "shm" (InvalidArgument otherwise).
+  static Result<DataPath> ParsePath(const std::string& name);
 
   // BenchSystem
   std::string system() const override { return "kvpool"; }
-  std::string path() const override { return "socket"; }
+  std::string path() const override;
   Result<std::unique_ptr<BenchTarget>> NewTarget(int thread_index) override;
   Status Drop(std::span<const BlockKey> keys) override;
   Result<ArenaStats> Arena() override;
@@ -30,6 +41,7 @@ class KvpoolSocketSystem : public BenchSystem {
 
   const std::string address_;
   const std::string namespace_name_;
+  const DataPath data_path_;
   std::unique_ptr<Client> admin_;  // for Drop and Arena; main thread only
 };
 

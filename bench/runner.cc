@@ -173,22 +173,31 @@ std::string SizeName(uint64_t bytes) {
 
 std::string FormatTable(const std::vector<Figure>& figures) {
   std::map<uint64_t, double> memcpy_gbps;
+  std::map<uint64_t, double> socket_gbps;
   for (const Figure& f : figures) {
     if (f.system == "memcpy") memcpy_gbps[f.block_bytes] = f.gbps;
+    if (f.system == "socketpair") socket_gbps[f.block_bytes] = f.gbps;
   }
   char line[512];
   std::string out;
-  std::snprintf(line, sizeof(line), "%-8s %-6s %-7s %4s %8s %10s %10s %10s %8s %7s %7s %6s\n",
-                "system", "path", "op", "conc", "block", "GB/s", "ops/s", "p50 us", "p99 us",
-                "memcpy", "ratio", "frag");
+  std::snprintf(line, sizeof(line),
+                "%-10s %-6s %-6s %4s %10s %8s %9s %9s %9s %7s %6s %6s %6s\n", "system", "path",
+                "op", "conc", "block", "GB/s", "ops/s", "p50 us", "p99 us", "memcpy", "ratio",
+                "sock", "frag");
   out += line;
   for (const Figure& f : figures) {
     std::string mem = "-";
     std::string ratio = "-";
+    std::string sock = "-";
+    const bool compared = f.system == "kvpool" && f.op != "lookup";
     auto it = memcpy_gbps.find(f.block_bytes);
-    if (f.system != "memcpy" && f.op != "lookup" && it != memcpy_gbps.end() && it->second > 0) {
+    if (compared && it != memcpy_gbps.end() && it->second > 0) {
       mem = Fmt("%.2f", it->second);
       ratio = Fmt("%.3f", f.gbps / it->second);
+    }
+    auto st = socket_gbps.find(f.block_bytes);
+    if (compared && st != socket_gbps.end() && st->second > 0) {
+      sock = Fmt("%.3f", f.gbps / st->second);
     }
     std::string block = SizeName(f.block_bytes);
     if (f.op == "lookup" && f.extra.contains("chain_blocks")) {
@@ -197,11 +206,13 @@ std::string FormatTable(const std::vector<Figure>& figures) {
     const std::string frag = f.extra.contains("host_fragmentation")
                                  ? Fmt("%.3f", f.extra["host_fragmentation"].get<double>())
                                  : "-";
-    std::snprintf(line, sizeof(line), "%-8s %-6s %-7s %4d %8s %10s %10s %10s %8s %7s %7s %6s\n",
-                  f.system.c_str(), f.path.c_str(), f.op.c_str(), f.concurrency, block.c_str(),
+    std::snprintf(line, sizeof(line),
+                  "%-10s %-6s %-6s %4d %10s %8s %9s %9s %9s %7s %6s %6s %6s\n", f.system.c_str(),
+                  f.path.c_str(), f.op.c_str(), f.concurrency, block.c_str(),
                   f.op == "lookup" ? "-" : Fmt("%.3f", f.gbps).c_str(),
                   Fmt("%.1f", f.ops_per_s).c_str(), Fmt("%.1f", f.p50_us).c_str(),
-                  Fmt("%.1f", f.p99_us).c_str(), mem.c_str(), ratio.c_str(), frag.c_str());
+                  Fmt("%.1f", f.p99_us).c_str(), mem.c_str(), ratio.c_str(), sock.c_str(),
+                  frag.c_str());
     out += line;
   }
   return out;

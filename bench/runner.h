@@ -85,9 +85,9 @@ double Percentile(const std::vector<double>& sorted, double q);
 
 // One result line.
 struct Figure {
-  std::string system;  // "kvpool", "memcpy"
-  std::string path;    // "socket", "memory"
-  std::string op;      // "put", "get", "lookup", "copy"
+  std::string system;  // "kvpool", "memcpy", "socketpair"
+  std::string path;    // "socket", "memory", "unix"
+  std::string op;      // "put", "get", "lookup", "copy", "stream"
   uint64_t block_bytes = 0;  // 0: a mixed-size workload
   int concurrency = 1;
   double gbps = 0;
@@ -101,7 +101,8 @@ struct Figure {
   nlohmann::json ToJson() const;
 };
 
-// The human-readable table: every kvpool put/get beside the memcpy figure of the same block size.
+// The human-readable table: every kvpool put/get beside the memcpy and socketpair figures of the
+// same block size.
 std::string FormatTable(const std::vector<Figure>& figures);
 
 }  // namespace kvpool::bench

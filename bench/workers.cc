@@ -1,8 +1,16 @@
 #include "bench/workers.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
+
+#include "bench/pinning.h"
 
 namespace kvpool::bench {
 namespace {
@@ -226,6 +234,143 @@ Status MemcpyWorker::Run(PhaseClock& clock) {
     asm volatile("" : : "r"(buffers_.data()) : "memory");
     clock.Record(Clock::now() - t0, batch_ * block_bytes_);
   }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// SocketpairWorker
+
+namespace {
+
+// Reads exactly n bytes; false on EOF or error. Non-blocking socket plus poll, as the client's
+// channel and kvpoold's Asio loop do.
+bool ReadFull(int fd, void* p, size_t n) {
+  auto* c = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pfd{fd, POLLIN, 0};
+      poll(&pfd, 1, -1);
+      continue;
+    }
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool WriteFull(int fd, const void* p, size_t n) {
+  auto* c = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t r = send(fd, c, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pfd{fd, POLLOUT, 0};
+      poll(&pfd, 1, -1);
+      continue;
+    }
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+SocketpairWorker::SocketpairWorker(const AlignedBuffer& ring, size_t block_bytes, size_t batch,
+                                   std::vector<int> receiver_cpus)
+    : ring_(ring),
+      block_bytes_(block_bytes),
+      batch_(batch),
+      receiver_cpus_(std::move(receiver_cpus)) {}
+
+SocketpairWorker::~SocketpairWorker() { StopReceiver(); }
+
+Status SocketpairWorker::Prepare() {
+  if (ring_.size() < block_bytes_) return Status::InvalidArgument("ring smaller than a block");
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds_) != 0) {
+    return Status::FromErrno(errno, "socketpair");
+  }
+  receive_buffers_ = AlignedBuffer(batch_ * block_bytes_);
+  receiver_ = std::thread([this] { Receive(); });
+  return Status::OK();
+}
+
+// The serving side (named for the request it receives): answers each 8-byte request with
+// `batch` blocks from the ring, in one sendmsg, as kvpoold answers a get.
+void SocketpairWorker::Receive() {
+  (void)PinThisThread(receiver_cpus_);
+  std::vector<iovec> iov(batch_);
+  size_t pos = 0;
+  uint64_t n = 0;
+  while (ReadFull(fds_[1], &n, sizeof(n)) && n > 0) {
+    for (size_t j = 0; j < batch_; ++j) {
+      if (pos + block_bytes_ > ring_.size()) pos = 0;
+      iov[j] = {const_cast<uint8_t*>(ring_.data()) + pos, block_bytes_};
+      pos += block_bytes_;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = iov.size();
+    size_t left = batch_ * block_bytes_;
+    while (left > 0) {
+      const ssize_t r = sendmsg(fds_[1], &msg, MSG_NOSIGNAL);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        pollfd pfd{fds_[1], POLLOUT, 0};
+        poll(&pfd, 1, -1);
+        continue;
+      }
+      if (r <= 0) return;
+      left -= static_cast<size_t>(r);
+      size_t done = static_cast<size_t>(r);
+      while (done > 0 && msg.msg_iovlen > 0) {  // advance past what was sent
+        if (done >= msg.msg_iov->iov_len) {
+          done -= msg.msg_iov->iov_len;
+          ++msg.msg_iov;
+          --msg.msg_iovlen;
+        } else {
+          msg.msg_iov->iov_base = static_cast<uint8_t*>(msg.msg_iov->iov_base) + done;
+          msg.msg_iov->iov_len -= done;
+          done = 0;
+        }
+      }
+    }
+  }
+}
+
+void SocketpairWorker::StopReceiver() {
+  if (fds_[0] >= 0) {
+    const uint64_t stop = 0;
+    (void)WriteFull(fds_[0], &stop, sizeof(stop));
+    shutdown(fds_[0], SHUT_RDWR);
+  }
+  if (receiver_.joinable()) receiver_.join();
+  for (int& fd : fds_) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+}
+
+Status SocketpairWorker::Run(PhaseClock& clock) {
+  const uint64_t request = batch_ * block_bytes_;
+  while (clock.Continue()) {
+    const Clock::time_point t0 = Clock::now();
+    if (!WriteFull(fds_[0], &request, sizeof(request))) {
+      return Status::FromErrno(errno, "socketpair send");
+    }
+    // Like a client's get: each block into its own buffer.
+    for (size_t j = 0; j < batch_; ++j) {
+      if (!ReadFull(fds_[0], receive_buffers_.data() + j * block_bytes_, block_bytes_)) {
+        return Status::Unavailable("socketpair server stopped");
+      }
+    }
+    clock.Record(Clock::now() - t0, request);
+  }
+  StopReceiver();
   return Status::OK();
 }
 

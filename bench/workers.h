@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bench_target.h"
@@ -124,6 +125,32 @@ class MemcpyWorker : public PhaseWorker {
   const size_t block_bytes_;
   const size_t batch_;
   AlignedBuffer buffers_;
+};
+
+// The bare socket, as a reference: a get without kvpool. The timed thread sends an 8-byte request
+// over a Unix socketpair; a serving thread (pinned to `receiver_cpus`, as the daemon would be)
+// answers with `batch` blocks from the same cold ring in one sendmsg; the timed thread reads
+// each block into its own reused buffer. One round trip per call, payload one way, blocking
+// sockets, default buffer sizes.
+class SocketpairWorker : public PhaseWorker {
+ public:
+  SocketpairWorker(const AlignedBuffer& ring, size_t block_bytes, size_t batch,
+                   std::vector<int> receiver_cpus);
+  ~SocketpairWorker() override;
+  Status Prepare() override;
+  Status Run(PhaseClock& clock) override;
+
+ private:
+  void Receive();
+  void StopReceiver();
+
+  const AlignedBuffer& ring_;
+  const size_t block_bytes_;
+  const size_t batch_;
+  const std::vector<int> receiver_cpus_;
+  int fds_[2] = {-1, -1};
+  std::thread receiver_;
+  AlignedBuffer receive_buffers_;
 };
 
 // Reads `blocks` back through `target` (`batch` per call) and verifies each byte for byte.
