@@ -49,9 +49,9 @@ int Guard(kvpool_client* c, F f) {
   }
 }
 
-#define KVPOOL_C_REQUIRE(cond, client, what)                                     \
-  do {                                                                           \
-    if (!(cond)) return Fail(client, kvpool::Status::InvalidArgument(what));     \
+#define KVPOOL_C_REQUIRE(cond, client, what)                                 \
+  do {                                                                       \
+    if (!(cond)) return Fail(client, kvpool::Status::InvalidArgument(what)); \
   } while (0)
 
 }  // namespace
@@ -75,8 +75,9 @@ int kvpool_hash_chain(const int32_t* tokens, size_t n_tokens, uint32_t tokens_pe
     return KVPOOL_INVALID_ARGUMENT;
   }
   return Guard(nullptr, [&] {
-    kvpool::ChainHasher hasher(std::string_view(namespace_secret ? namespace_secret : "", secret_len),
-                               layout, tokens_per_block);
+    kvpool::ChainHasher hasher(
+        std::string_view(namespace_secret ? namespace_secret : "", secret_len), layout,
+        tokens_per_block);
     kvpool::BlockKey p;
     if (parent != nullptr) std::memcpy(p.bytes.data(), parent->bytes, 32);
     const std::vector<kvpool::BlockKey> out = hasher.Hash({tokens, n_tokens}, p);
@@ -209,9 +210,9 @@ int kvpool_session_load(kvpool_client* c, const char* session_id, int prefetch, 
                         size_t keys_capacity, size_t* n_keys, uint64_t* token_count,
                         uint32_t* cached_blocks) {
   if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
-  KVPOOL_C_REQUIRE(session_id != nullptr && n_keys != nullptr &&
-                       (keys_capacity == 0 || keys != nullptr),
-                   c, "kvpool_session_load: missing argument");
+  KVPOOL_C_REQUIRE(
+      session_id != nullptr && n_keys != nullptr && (keys_capacity == 0 || keys != nullptr), c,
+      "kvpool_session_load: missing argument");
   return Guard(c, [&] {
     auto r = c->client->LoadSession(session_id, prefetch != 0);
     if (!r.ok()) return Fail(c, r.status());

@@ -35,10 +35,12 @@ DEFINE_int32(timeout_ms, 5000, "Deadline of each request.");
 DEFINE_bool(json, false, "Print JSON.");
 DEFINE_int32(watch, 0, "stats: print again every N seconds until interrupted.");
 DEFINE_string(prefix, "", "sessions ls: only ids starting with this.");
-DEFINE_string(tokens_file, "", "lookup: file of token ids (integers separated by spaces, commas "
-                               "or newlines; a JSON array works too).");
-DEFINE_string(secret, "", "lookup: namespace secret the keys are salted with. Default: the "
-                          "namespace name.");
+DEFINE_string(tokens_file, "",
+              "lookup: file of token ids (integers separated by spaces, commas "
+              "or newlines; a JSON array works too).");
+DEFINE_string(secret, "",
+              "lookup: namespace secret the keys are salted with. Default: the "
+              "namespace name.");
 DEFINE_string(layout, "", "lookup: canonical layout string, e.g. model=llama-3-8b;dtype=bf16;...");
 DEFINE_uint32(tokens_per_block, 16, "lookup: tokens per block.");
 DEFINE_string(tier, "host", "evict: host (demote to disk) or disk (drop from the cache).");
@@ -75,7 +77,8 @@ kvpool::Result<std::unique_ptr<kvpool::Client>> Connect() {
   o.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   auto c = kvpool::Client::Connect(o);
   if (!c.ok()) {
-    const std::string where = o.address.empty() ? kvpool::transport::DefaultSocketPath() : o.address;
+    const std::string where =
+        o.address.empty() ? kvpool::transport::DefaultSocketPath() : o.address;
     return c.status().WithContext("cannot reach kvpoold at " + where);
   }
   return c;
@@ -113,24 +116,23 @@ int Status() {
               << Percent(t.used_bytes, t.capacity_bytes) << "), " << t.blocks << " blocks\n";
   }
   std::cout << "  lookups: " << s->lookups << ", prefix hit rate "
-            << Percent(s->lookup_hit_blocks, s->lookup_blocks) << "; dedup ratio "
-            << s->dedup_ratio << "\n";
+            << Percent(s->lookup_hit_blocks, s->lookup_blocks) << "; dedup ratio " << s->dedup_ratio
+            << "\n";
   return 0;
 }
 
 void PrintStats(const kvpool::DaemonStats& s) {
   std::cout << "node " << s.node_id << "  version " << s.version << "  uptime " << s.uptime_s
             << " s\n";
-  std::printf("%-6s %12s %12s %10s %10s %10s %10s %10s %8s\n", "tier", "used", "capacity",
-              "blocks", "hits", "promoted", "demoted", "evicted", "frag");
+  std::printf("%-6s %12s %12s %10s %10s %10s %10s %10s %8s\n", "tier", "used", "capacity", "blocks",
+              "hits", "promoted", "demoted", "evicted", "frag");
   for (const kvpool::TierStats& t : s.tiers) {
-    std::printf("%-6s %12s %12s %10llu %10llu %10llu %10llu %10llu %7.1f%%\n", t.name.c_str(),
-                kvpool::FormatBytes(t.used_bytes).c_str(),
-                kvpool::FormatBytes(t.capacity_bytes).c_str(),
-                static_cast<unsigned long long>(t.blocks), static_cast<unsigned long long>(t.hits),
-                static_cast<unsigned long long>(t.promotions),
-                static_cast<unsigned long long>(t.demotions),
-                static_cast<unsigned long long>(t.evictions), 100 * t.fragmentation);
+    std::printf(
+        "%-6s %12s %12s %10llu %10llu %10llu %10llu %10llu %7.1f%%\n", t.name.c_str(),
+        kvpool::FormatBytes(t.used_bytes).c_str(), kvpool::FormatBytes(t.capacity_bytes).c_str(),
+        static_cast<unsigned long long>(t.blocks), static_cast<unsigned long long>(t.hits),
+        static_cast<unsigned long long>(t.promotions), static_cast<unsigned long long>(t.demotions),
+        static_cast<unsigned long long>(t.evictions), 100 * t.fragmentation);
   }
   std::printf("lookups %llu (blocks asked %llu, in cached prefix %llu = %s)\n",
               static_cast<unsigned long long>(s.lookups),
@@ -150,14 +152,13 @@ void PrintStats(const kvpool::DaemonStats& s) {
               static_cast<unsigned long long>(s.prefetches_issued),
               static_cast<unsigned long long>(s.prefetches_useful),
               static_cast<unsigned long long>(s.checksum_failures));
-  std::printf("index %llu entries (%s); leases %llu; reservations %llu; sessions %llu; "
-              "connections %llu\n",
-              static_cast<unsigned long long>(s.index_entries),
-              kvpool::FormatBytes(s.index_bytes).c_str(),
-              static_cast<unsigned long long>(s.leases_active),
-              static_cast<unsigned long long>(s.reservations_active),
-              static_cast<unsigned long long>(s.sessions),
-              static_cast<unsigned long long>(s.connections));
+  std::printf(
+      "index %llu entries (%s); leases %llu; reservations %llu; sessions %llu; "
+      "connections %llu\n",
+      static_cast<unsigned long long>(s.index_entries), kvpool::FormatBytes(s.index_bytes).c_str(),
+      static_cast<unsigned long long>(s.leases_active),
+      static_cast<unsigned long long>(s.reservations_active),
+      static_cast<unsigned long long>(s.sessions), static_cast<unsigned long long>(s.connections));
 }
 
 int Stats() {
@@ -188,8 +189,10 @@ int Sessions(int argc, char** argv) {
     if (FLAGS_json) {
       nlohmann::json j = nlohmann::json::array();
       for (const auto& s : *list) {
-        j.push_back({{"session_id", s.session_id}, {"blocks", s.blocks},
-                     {"token_count", s.token_count}, {"total_bytes", s.total_bytes},
+        j.push_back({{"session_id", s.session_id},
+                     {"blocks", s.blocks},
+                     {"token_count", s.token_count},
+                     {"total_bytes", s.total_bytes},
                      {"updated_unix_ms", s.updated_unix_ms}});
       }
       std::cout << j.dump(2) << "\n";
@@ -224,8 +227,8 @@ int Sessions(int argc, char** argv) {
     }
     std::cout << "session " << s->session.session_id << "\n  tokens " << s->session.token_count
               << ", blocks " << s->session.keys.size() << " (" << s->cached_blocks
-              << " cached now), " << kvpool::FormatBytes(s->session.total_bytes)
-              << "\n  created " << Time(s->session.created_unix_ms) << ", updated "
+              << " cached now), " << kvpool::FormatBytes(s->session.total_bytes) << "\n  created "
+              << Time(s->session.created_unix_ms) << ", updated "
               << Time(s->session.updated_unix_ms) << "\n";
     for (const auto& [k, v] : s->session.metadata) std::cout << "  " << k << " = " << v << "\n";
     for (size_t i = 0; i < s->session.keys.size(); ++i) {
@@ -293,11 +296,13 @@ int Lookup() {
   if (FLAGS_json) {
     nlohmann::json blocks = nlohmann::json::array();
     for (size_t i = 0; i < r->tiers.size(); ++i) {
-      blocks.push_back({{"index", i}, {"key", keys[i].ToHex()},
-                        {"tier", kvpool::TierName(r->tiers[i])}});
+      blocks.push_back(
+          {{"index", i}, {"key", keys[i].ToHex()}, {"tier", kvpool::TierName(r->tiers[i])}});
     }
-    nlohmann::json j = {{"tokens", tokens->size()},       {"blocks", keys.size()},
-                        {"hit_blocks", r->hit_blocks},    {"hit_tokens", hit_tokens},
+    nlohmann::json j = {{"tokens", tokens->size()},
+                        {"blocks", keys.size()},
+                        {"hit_blocks", r->hit_blocks},
+                        {"hit_tokens", hit_tokens},
                         {"cached", blocks}};
     std::cout << j.dump(2) << "\n";
     return 0;

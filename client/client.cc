@@ -25,11 +25,16 @@ using transport::FrameHeader;
 
 const char* TierName(Tier tier) {
   switch (tier) {
-    case Tier::kNone: return "none";
-    case Tier::kGpu: return "gpu";
-    case Tier::kHost: return "host";
-    case Tier::kDisk: return "disk";
-    case Tier::kRemote: return "remote";
+    case Tier::kNone:
+      return "none";
+    case Tier::kGpu:
+      return "gpu";
+    case Tier::kHost:
+      return "host";
+    case Tier::kDisk:
+      return "disk";
+    case Tier::kRemote:
+      return "remote";
   }
   return "unknown";
 }
@@ -47,11 +52,16 @@ Status FromWire(const wire::Status& s) {
 
 Tier FromWire(int t) {
   switch (t) {
-    case wire::TIER_GPU: return Tier::kGpu;
-    case wire::TIER_HOST: return Tier::kHost;
-    case wire::TIER_DISK: return Tier::kDisk;
-    case wire::TIER_REMOTE: return Tier::kRemote;
-    default: return Tier::kNone;
+    case wire::TIER_GPU:
+      return Tier::kGpu;
+    case wire::TIER_HOST:
+      return Tier::kHost;
+    case wire::TIER_DISK:
+      return Tier::kDisk;
+    case wire::TIER_REMOTE:
+      return Tier::kRemote;
+    default:
+      return Tier::kNone;
   }
 }
 
@@ -81,8 +91,8 @@ class Client::Impl {
     const bool tcp = options_.address.rfind("tcp://", 0) == 0;
     req.set_shared_memory(!tcp && (options_.data_path == DataPath::kAuto ||
                                    options_.data_path == DataPath::kSharedMemory));
-    const bool want_ucx = options_.data_path == DataPath::kUcx ||
-                          (options_.data_path == DataPath::kAuto && tcp);
+    const bool want_ucx =
+        options_.data_path == DataPath::kUcx || (options_.data_path == DataPath::kAuto && tcp);
     if (want_ucx && ucx_ == nullptr) {
       transport::UcxOptions uo;
       uo.transports = options_.ucx_transports;
@@ -159,8 +169,10 @@ class Client::Impl {
   void WaitUcx(UcxBatch& batch, const std::vector<transport::UcxOpId>& ops, Deadline deadline) {
     absl::MutexLock lock(&batch.mu);
     auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch.mu) { return batch.left == 0; };
-    if (!batch.mu.AwaitWithDeadline(absl::Condition(&done), absl::FromChrono(
-            std::chrono::system_clock::now() + (deadline - std::chrono::steady_clock::now())))) {
+    if (!batch.mu.AwaitWithDeadline(
+            absl::Condition(&done),
+            absl::FromChrono(std::chrono::system_clock::now() +
+                             (deadline - std::chrono::steady_clock::now())))) {
       batch.mu.Unlock();
       for (transport::UcxOpId op : ops) {
         if (op != 0) ucx_->Cancel(op);
@@ -302,9 +314,8 @@ class Client::Impl {
     KVPOOL_ASSIGN_OR_RETURN(FrameHeader rh, channel_->ReceiveHeader(recv_limits_, deadline));
     if (rh.type != type || rh.request_id != h.request_id) {
       channel_.reset();
-      return Status::Internal("kvpoold answered another request (type " +
-                              std::to_string(rh.type) + ", id " + std::to_string(rh.request_id) +
-                              ")");
+      return Status::Internal("kvpoold answered another request (type " + std::to_string(rh.type) +
+                              ", id " + std::to_string(rh.request_id) + ")");
     }
     std::string rbody(rh.body_bytes, '\0');
     KVPOOL_RETURN_IF_ERROR(channel_->ReceiveInto(rbody.data(), rbody.size(), deadline));
@@ -362,8 +373,8 @@ class Client::Impl {
         r.status = Status::Internal("block slot outside its segment");
       } else if (buf.data == nullptr || buf.capacity < b.size) {
         r.status = Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
-                                           " bytes is too small for the " +
-                                           std::to_string(b.size) + "-byte block");
+                                           " bytes is too small for the " + std::to_string(b.size) +
+                                           "-byte block");
         r.size = b.size;
       } else {
         const uint8_t* src = read_maps_[b.segment].base + b.offset;
@@ -425,10 +436,9 @@ class Client::Impl {
       if (!batch.status[k].ok()) {
         r.status = batch.status[k].WithContext("UCX transfer of block " + keys[b.index].ShortHex());
       } else if (scratch[k] != nullptr) {
-        r.status = Status::InvalidArgument("buffer of " +
-                                           std::to_string(buffers[b.index].capacity) +
-                                           " bytes is too small for the " +
-                                           std::to_string(b.size) + "-byte block");
+        r.status = Status::InvalidArgument(
+            "buffer of " + std::to_string(buffers[b.index].capacity) +
+            " bytes is too small for the " + std::to_string(b.size) + "-byte block");
         r.size = b.size;
       } else if (batch.received[k] != b.size ||
                  BlockChecksum(buffers[b.index].data, b.size) != b.checksum) {
@@ -542,8 +552,7 @@ class Client::Impl {
           const size_t i = todo[j];
           const wire::BlockInfo& info = resp.blocks(static_cast<int>(j - start));
           GetResult& r = out[i];
-          if (info.code() == static_cast<int>(StatusCode::kResourceExhausted) &&
-              info.size() == 0) {
+          if (info.code() == static_cast<int>(StatusCode::kResourceExhausted) && info.size() == 0) {
             deferred.push_back(i);  // did not fit in this response frame
             continue;
           }
@@ -592,7 +601,8 @@ class Client::Impl {
           channel_.reset();
           return Status::Internal("GET response payload longer than its block list");
         }
-        if (!in_place.empty()) KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffers, in_place, out, deadline));
+        if (!in_place.empty())
+          KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffers, in_place, out, deadline));
         if (!over_ucx.empty()) ReceiveOverUcx(keys, buffers, tag_base, over_ucx, out, deadline);
       }
       if (deferred.size() == todo.size()) {
@@ -657,7 +667,9 @@ class Client::Impl {
             slots.push_back(r.slot());
             break;
           case wire::PRESENT:
-          case wire::IN_PROGRESS: ++result.already_present; break;
+          case wire::IN_PROGRESS:
+            ++result.already_present;
+            break;
           default:
             result.errors[asked[j]] = Status(static_cast<StatusCode>(r.code()), r.message());
         }
@@ -759,7 +771,7 @@ class Client::Impl {
   uint64_t segment_bytes_ = 0;
   std::unordered_map<uint32_t, Mapping> read_maps_;   // segment -> read-only mapping
   std::unordered_map<uint32_t, Mapping> write_maps_;  // segment -> writable mapping
-  std::unique_ptr<transport::UcxEngine> ucx_;  // created at the first hello that wants UCX
+  std::unique_ptr<transport::UcxEngine> ucx_;         // created at the first hello that wants UCX
   transport::UcxEndpointId ucx_ep_ = 0;
   uint64_t ucx_tag_prefix_ = 0;
   uint64_t ucx_seq_ = 0;
@@ -906,8 +918,8 @@ Result<std::vector<SessionSummary>> Client::ListSessions(const std::string& pref
     KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_LIST, req, &resp));
     std::vector<SessionSummary> out;
     for (const wire::SessionSummary& s : resp.sessions()) {
-      out.push_back({s.session_id(), s.blocks(), s.token_count(), s.updated_unix_ms(),
-                     s.total_bytes()});
+      out.push_back(
+          {s.session_id(), s.blocks(), s.token_count(), s.updated_unix_ms(), s.total_bytes()});
     }
     return out;
   });

@@ -52,8 +52,7 @@ Result<BlockKey> BlockKey::FromHex(std::string_view hex) {
 
 Result<BlockKey> BlockKey::FromBytes(std::string_view raw) {
   if (raw.size() != kSize) {
-    return Status::InvalidArgument("block key must be 32 bytes, got " +
-                                   std::to_string(raw.size()));
+    return Status::InvalidArgument("block key must be 32 bytes, got " + std::to_string(raw.size()));
   }
   BlockKey k;
   std::memcpy(k.bytes.data(), raw.data(), kSize);

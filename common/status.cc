@@ -7,20 +7,34 @@ namespace kvpool {
 
 const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kAlreadyExists: return "AlreadyExists";
-    case StatusCode::kResourceExhausted: return "ResourceExhausted";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
-    case StatusCode::kCorruption: return "Corruption";
-    case StatusCode::kIoError: return "IoError";
-    case StatusCode::kAborted: return "Aborted";
-    case StatusCode::kInternal: return "Internal";
-    case StatusCode::kUnimplemented: return "Unimplemented";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kDeadlineExceeded:
+      return "DeadlineExceeded";
+    case StatusCode::kCorruption:
+      return "Corruption";
+    case StatusCode::kIoError:
+      return "IoError";
+    case StatusCode::kAborted:
+      return "Aborted";
+    case StatusCode::kInternal:
+      return "Internal";
+    case StatusCode::kUnimplemented:
+      return "Unimplemented";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
   }
   return "Unknown";
 }
@@ -31,21 +45,34 @@ Status Status::FromErrno(int err, std::string_view context) {
   msg += std::strerror(err);
   StatusCode code = StatusCode::kIoError;
   switch (err) {
-    case ENOENT: code = StatusCode::kNotFound; break;
+    case ENOENT:
+      code = StatusCode::kNotFound;
+      break;
     case EACCES:
-    case EPERM: code = StatusCode::kPermissionDenied; break;
-    case EINVAL: code = StatusCode::kInvalidArgument; break;
+    case EPERM:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case EINVAL:
+      code = StatusCode::kInvalidArgument;
+      break;
     case ENOMEM:
     case ENOSPC:
     case EMFILE:
-    case ENFILE: code = StatusCode::kResourceExhausted; break;
+    case ENFILE:
+      code = StatusCode::kResourceExhausted;
+      break;
     case ETIMEDOUT:
-    case EAGAIN: code = StatusCode::kDeadlineExceeded; break;
+    case EAGAIN:
+      code = StatusCode::kDeadlineExceeded;
+      break;
     case ECONNREFUSED:
     case ECONNRESET:
     case EPIPE:
-    case ENOTCONN: code = StatusCode::kUnavailable; break;
-    default: break;
+    case ENOTCONN:
+      code = StatusCode::kUnavailable;
+      break;
+    default:
+      break;
   }
   return Status(code, std::move(msg));
 }

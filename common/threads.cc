@@ -7,13 +7,27 @@ namespace kvpool {
 std::string ThreadName(ThreadRole role, int index) {
   const char* base = "kvp";
   switch (role) {
-    case ThreadRole::kControlIo: base = "kvp-io"; break;
-    case ThreadRole::kRequestWorker: base = "kvp-req"; break;
-    case ThreadRole::kTierFlusher: base = "kvp-flush"; break;
-    case ThreadRole::kPrefetcher: base = "kvp-prefetch"; break;
-    case ThreadRole::kMetricsHttp: base = "kvp-metrics"; break;
-    case ThreadRole::kUcxProgress: base = "kvp-ucx"; break;
-    case ThreadRole::kGpuCopy: base = "kvp-gpu"; break;
+    case ThreadRole::kControlIo:
+      base = "kvp-io";
+      break;
+    case ThreadRole::kRequestWorker:
+      base = "kvp-req";
+      break;
+    case ThreadRole::kTierFlusher:
+      base = "kvp-flush";
+      break;
+    case ThreadRole::kPrefetcher:
+      base = "kvp-prefetch";
+      break;
+    case ThreadRole::kMetricsHttp:
+      base = "kvp-metrics";
+      break;
+    case ThreadRole::kUcxProgress:
+      base = "kvp-ucx";
+      break;
+    case ThreadRole::kGpuCopy:
+      base = "kvp-gpu";
+      break;
   }
   std::string name = std::string(base) + "-" + std::to_string(index);
   if (name.size() > 15) name.resize(15);

@@ -32,28 +32,30 @@ inline constexpr EntryId kNoEntry = UINT32_MAX;
 // Tiers an index entry can have a copy in. The gpu tier joins in a later change.
 enum class TierId : uint8_t { kHost = 0, kDisk = 1 };
 inline constexpr int kNumTiers = 2;
-inline constexpr uint8_t TierBit(TierId t) { return static_cast<uint8_t>(1u << static_cast<int>(t)); }
+inline constexpr uint8_t TierBit(TierId t) {
+  return static_cast<uint8_t>(1u << static_cast<int>(t));
+}
 
 struct Entry {
   BlockKey key;
   NamespaceId ns = 0;
-  uint32_t size = 0;            // payload bytes (a block is at most 64 MiB)
-  uint64_t checksum = 0;        // xxh3-64 of the payload
-  uint64_t host_offset = 0;     // arena offset of the host copy, when kHost is in `tiers`
-  EntryId parent = kNoEntry;    // previous block of the chain, when it is cached
-  uint32_t leases = 0;          // readers holding the host copy; never evicted while > 0
-  uint32_t pins = 0;            // sessions that pin this block on disk
-  uint32_t last_use_s = 0;      // coarse clock, seconds since the daemon started
-  uint32_t hits = 0;            // gets served (saturating)
-  uint32_t child_links = 0;     // live entries whose parent is this one (with copies or not)
-  std::array<uint32_t, kNumTiers> children{};   // children with a copy in each tier
+  uint32_t size = 0;          // payload bytes (a block is at most 64 MiB)
+  uint64_t checksum = 0;      // xxh3-64 of the payload
+  uint64_t host_offset = 0;   // arena offset of the host copy, when kHost is in `tiers`
+  EntryId parent = kNoEntry;  // previous block of the chain, when it is cached
+  uint32_t leases = 0;        // readers holding the host copy; never evicted while > 0
+  uint32_t pins = 0;          // sessions that pin this block on disk
+  uint32_t last_use_s = 0;    // coarse clock, seconds since the daemon started
+  uint32_t hits = 0;          // gets served (saturating)
+  uint32_t child_links = 0;   // live entries whose parent is this one (with copies or not)
+  std::array<uint32_t, kNumTiers> children{};  // children with a copy in each tier
   std::array<EntryId, kNumTiers> lru_prev{kNoEntry, kNoEntry};
   std::array<EntryId, kNumTiers> lru_next{kNoEntry, kNoEntry};
-  uint8_t tiers = 0;            // TierBit set
-  uint8_t in_lru = 0;           // TierBit set: which LRU lists hold this entry
-  uint8_t busy = 0;             // kBusy* flags: an I/O on this entry is in flight
-  uint8_t flags = 0;            // kFlag* bits
-  bool live = false;            // slot in use (false on the free list)
+  uint8_t tiers = 0;   // TierBit set
+  uint8_t in_lru = 0;  // TierBit set: which LRU lists hold this entry
+  uint8_t busy = 0;    // kBusy* flags: an I/O on this entry is in flight
+  uint8_t flags = 0;   // kFlag* bits
+  bool live = false;   // slot in use (false on the free list)
 
   bool In(TierId t) const { return tiers & TierBit(t); }
   uint32_t cached_children() const {
@@ -63,10 +65,10 @@ struct Entry {
   }
 };
 
-inline constexpr uint8_t kBusyPromoting = 1;  // being read from disk into host
-inline constexpr uint8_t kBusyDemoting = 2;   // being written from host to disk
-inline constexpr uint8_t kBusyReading = 4;    // read straight from disk by a get
-inline constexpr uint8_t kFlagPrefetched = 1; // promoted ahead of a get that has not come yet
+inline constexpr uint8_t kBusyPromoting = 1;   // being read from disk into host
+inline constexpr uint8_t kBusyDemoting = 2;    // being written from host to disk
+inline constexpr uint8_t kBusyReading = 4;     // read straight from disk by a get
+inline constexpr uint8_t kFlagPrefetched = 1;  // promoted ahead of a get that has not come yet
 
 class BlockIndex {
  public:
@@ -101,9 +103,7 @@ class BlockIndex {
 
   // Eviction candidates of `tier`, coldest first: Coldest(), then Hotter(id) until kNoEntry.
   EntryId Coldest(TierId tier) const { return lru_tail_[static_cast<int>(tier)]; }
-  EntryId Hotter(TierId tier, EntryId id) const {
-    return at(id).lru_prev[static_cast<int>(tier)];
-  }
+  EntryId Hotter(TierId tier, EntryId id) const { return at(id).lru_prev[static_cast<int>(tier)]; }
   size_t CandidateCount(TierId tier) const { return lru_size_[static_cast<int>(tier)]; }
 
   // Calls fn(id) for every live entry of namespace `ns` (kNoNamespace: every entry).

@@ -58,9 +58,12 @@ Status DecodeKeys(const google::protobuf::RepeatedPtrField<std::string>& in, uin
 
 wire::Tier ToWire(tiers::ServedFrom from) {
   switch (from) {
-    case tiers::ServedFrom::kHost: return wire::TIER_HOST;
-    case tiers::ServedFrom::kDisk: return wire::TIER_DISK;
-    case tiers::ServedFrom::kNone: break;
+    case tiers::ServedFrom::kHost:
+      return wire::TIER_HOST;
+    case tiers::ServedFrom::kDisk:
+      return wire::TIER_DISK;
+    case tiers::ServedFrom::kNone:
+      break;
   }
   return wire::TIER_NONE;
 }
@@ -78,8 +81,8 @@ struct BlockService::Conn : transport::ConnectionState {
   bool hello = false;
   NamespaceId ns = kNoNamespace;
   std::string ns_name;
-  uint64_t owner = 0;  // owner id of this connection's reservations and leases
-  bool shm = false;    // the shared-memory data path was granted at hello
+  uint64_t owner = 0;                   // owner id of this connection's reservations and leases
+  bool shm = false;                     // the shared-memory data path was granted at hello
   transport::UcxEndpointId ucx_ep = 0;  // the client's UCX worker, when granted
   uint64_t ucx_tag_prefix = 0;          // this connection's tags on the daemon's worker
   // Set by PayloadSinks for the PUT_COMMIT being received: which reservations got a real slot.
@@ -88,8 +91,8 @@ struct BlockService::Conn : transport::ConnectionState {
 };
 
 BlockService::BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
-                           NamespaceRegistry& namespaces, SessionStore& sessions,
-                           Metrics& metrics, transport::UcxEngine* ucx)
+                           NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics,
+                           transport::UcxEngine* ucx)
     : options_(options),
       tiers_(tiers),
       namespaces_(namespaces),
@@ -138,9 +141,9 @@ Status BlockService::PayloadSinks(transport::ConnectionState& state, const Frame
   wire::PutCommitRequest req;
   KVPOOL_RETURN_IF_ERROR(Parse(body, &req, "PUT_COMMIT"));
   if (req.reservation_ids_size() != req.sizes_size()) {
-    return Status::InvalidArgument("PUT_COMMIT lists " + std::to_string(req.reservation_ids_size()) +
-                                   " reservations but " + std::to_string(req.sizes_size()) +
-                                   " sizes");
+    return Status::InvalidArgument(
+        "PUT_COMMIT lists " + std::to_string(req.reservation_ids_size()) + " reservations but " +
+        std::to_string(req.sizes_size()) + " sizes");
   }
   c.commit_ids.assign(req.reservation_ids().begin(), req.reservation_ids().end());
   c.commit_status.assign(c.commit_ids.size(), Status::OK());
@@ -178,30 +181,68 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
     r = Reply(header.type, any, Status::FailedPrecondition("say hello first"));
   } else {
     switch (header.type) {
-      case wire::HELLO: r = Hello(c, body); break;
-      case wire::LOOKUP: op = Op::kLookup; r = Lookup(c, body); break;
-      case wire::GET: op = Op::kGet; r = Get(c, body); break;
-      case wire::PUT_RESERVE: op = Op::kPutReserve; r = PutReserve(c, body); break;
-      case wire::PUT_COMMIT: op = Op::kPutCommit; r = PutCommit(c, body); break;
-      case wire::PUT_ABORT: r = PutAbort(c, body); break;
-      case wire::PREFETCH: op = Op::kPrefetch; r = Prefetch(c, body); break;
-      case wire::SESSION_SAVE: op = Op::kSession; r = SessionSave(c, body); break;
-      case wire::SESSION_LOAD: op = Op::kSession; r = SessionLoad(c, body); break;
-      case wire::SESSION_DELETE: op = Op::kSession; r = SessionDelete(c, body); break;
-      case wire::SESSION_LIST: op = Op::kSession; r = SessionList(c, body); break;
-      case wire::STATS: r = Stats(c, body); break;
-      case wire::EVICT: r = Evict(c, body); break;
-      case wire::MAP_SEGMENTS: r = MapSegments(c, body); break;
-      case wire::RELEASE: r = Release(c, body); break;
+      case wire::HELLO:
+        r = Hello(c, body);
+        break;
+      case wire::LOOKUP:
+        op = Op::kLookup;
+        r = Lookup(c, body);
+        break;
+      case wire::GET:
+        op = Op::kGet;
+        r = Get(c, body);
+        break;
+      case wire::PUT_RESERVE:
+        op = Op::kPutReserve;
+        r = PutReserve(c, body);
+        break;
+      case wire::PUT_COMMIT:
+        op = Op::kPutCommit;
+        r = PutCommit(c, body);
+        break;
+      case wire::PUT_ABORT:
+        r = PutAbort(c, body);
+        break;
+      case wire::PREFETCH:
+        op = Op::kPrefetch;
+        r = Prefetch(c, body);
+        break;
+      case wire::SESSION_SAVE:
+        op = Op::kSession;
+        r = SessionSave(c, body);
+        break;
+      case wire::SESSION_LOAD:
+        op = Op::kSession;
+        r = SessionLoad(c, body);
+        break;
+      case wire::SESSION_DELETE:
+        op = Op::kSession;
+        r = SessionDelete(c, body);
+        break;
+      case wire::SESSION_LIST:
+        op = Op::kSession;
+        r = SessionList(c, body);
+        break;
+      case wire::STATS:
+        r = Stats(c, body);
+        break;
+      case wire::EVICT:
+        r = Evict(c, body);
+        break;
+      case wire::MAP_SEGMENTS:
+        r = MapSegments(c, body);
+        break;
+      case wire::RELEASE:
+        r = Release(c, body);
+        break;
       default: {
         wire::GetResponse any;
         r = Reply(header.type, any, Status::InvalidArgument("unsupported request type"));
       }
     }
   }
-  const double us = std::chrono::duration<double, std::micro>(
-                        std::chrono::steady_clock::now() - start)
-                        .count();
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   metrics_.latency[static_cast<size_t>(op)].Observe(us);
   return r;
 }
@@ -307,9 +348,9 @@ Response BlockService::Get(Conn& c, std::string_view body) {
   }
   const bool in_place = req.in_place();
   const bool via_ucx = req.via_ucx();
-  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(tiers_.Acquire(
-      c.ns, keys, c.owner,
-      in_place || via_ucx ? options_.lease_timeout : std::chrono::milliseconds(0)));
+  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(
+      tiers_.Acquire(c.ns, keys, c.owner,
+                     in_place || via_ucx ? options_.lease_timeout : std::chrono::milliseconds(0)));
   Response r;
   uint64_t payload = 0;
   uint64_t served = 0;
@@ -382,9 +423,9 @@ Response BlockService::PutReserve(Conn& c, std::string_view body) {
   wire::PutReserveResponse resp;
   Status st = Parse(body, &req, "PUT_RESERVE");
   if (st.ok() && req.items_size() > static_cast<int>(options_.max_batch_keys)) {
-    st = Status::InvalidArgument("request has " + std::to_string(req.items_size()) +
-                                 " blocks; the limit is " +
-                                 std::to_string(options_.max_batch_keys));
+    st =
+        Status::InvalidArgument("request has " + std::to_string(req.items_size()) +
+                                " blocks; the limit is " + std::to_string(options_.max_batch_keys));
   }
   std::vector<tiers::PutRequestItem> items;
   if (st.ok()) {
@@ -476,8 +517,7 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
     if (st.ok() && req.via_ucx() && c.ucx_ep == 0) {
       st = Status::FailedPrecondition("the UCX data path was not granted at hello");
     }
-    if (st.ok() && req.via_ucx() &&
-        (req.ucx_tag_base() >> 40) != (c.ucx_tag_prefix >> 40)) {
+    if (st.ok() && req.via_ucx() && (req.ucx_tag_base() >> 40) != (c.ucx_tag_prefix >> 40)) {
       st = Status::InvalidArgument("UCX tags outside this connection's prefix");
     }
     if (!st.ok() || req.reservation_ids_size() == 0) return Reply(wire::PUT_COMMIT, resp, st);
@@ -701,8 +741,7 @@ Response BlockService::Stats(Conn& c, std::string_view body) {
   resp.set_node_id(options_.node_id);
   resp.set_version(options_.version);
   resp.set_uptime_s(static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
-                                                       started_)
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
           .count()));
   wire::TierStats* host = resp.add_tiers();
   host->set_name("host");
@@ -757,8 +796,8 @@ Response BlockService::Evict(Conn& c, std::string_view body) {
   Status st = Parse(body, &req, "EVICT");
   if (st.ok()) st = DecodeKeys(req.keys(), UINT32_MAX, &keys);
   if (st.ok()) {
-    const daemon::TierId tier = req.tier() == wire::TIER_HOST ? daemon::TierId::kHost
-                                                               : daemon::TierId::kDisk;
+    const daemon::TierId tier =
+        req.tier() == wire::TIER_HOST ? daemon::TierId::kHost : daemon::TierId::kDisk;
     tiers::EvictOutcome o = tiers_.Evict(c.ns, tier, keys);
     resp.set_evicted(o.evicted);
     resp.set_skipped(o.skipped);
@@ -809,15 +848,15 @@ Response BlockService::Release(Conn& c, std::string_view body) {
   r.type = wire::RELEASE;
   r.no_reply = true;
   if (Parse(body, &req, "RELEASE").ok()) {
-    tiers_.ReleaseLeases(c.owner, {req.lease_ids().data(), static_cast<size_t>(req.lease_ids_size())});
+    tiers_.ReleaseLeases(c.owner,
+                         {req.lease_ids().data(), static_cast<size_t>(req.lease_ids_size())});
   }
   return r;
 }
 
 std::string BlockService::RenderMetrics() const {
   const uint64_t uptime = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
-                                                       started_)
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
           .count());
   return metrics_.RenderPrometheus(tiers_.GetStats(), sessions_.Count(),
                                    connections_ ? connections_() : 0, uptime);

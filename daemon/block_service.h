@@ -64,8 +64,7 @@ class BlockService final : public transport::RequestHandler {
   Status PayloadSinks(transport::ConnectionState& state, const transport::FrameHeader& header,
                       std::string_view body, std::vector<transport::PayloadSink>* sinks) override;
   transport::Response Handle(transport::ConnectionState& state,
-                             const transport::FrameHeader& header,
-                             std::string_view body) override;
+                             const transport::FrameHeader& header, std::string_view body) override;
   void OnDisconnect(transport::ConnectionState& state) override;
 
  private:

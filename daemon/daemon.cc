@@ -44,7 +44,8 @@ class DaemonImpl final : public Daemon {
     if (options_.socket_path.empty()) options_.socket_path = transport::DefaultSocketPath();
     std::error_code ec;
     std::filesystem::create_directories(options_.data_dir, ec);
-    if (ec) return Status::IoError("cannot create data dir " + options_.data_dir + ": " + ec.message());
+    if (ec)
+      return Status::IoError("cannot create data dir " + options_.data_dir + ": " + ec.message());
     if (options_.host_capacity_bytes == 0) options_.host_capacity_bytes = DefaultHostCapacity();
     if (options_.disk_capacity_bytes == 0) {
       options_.disk_capacity_bytes = DefaultDiskCapacity(options_.data_dir);
@@ -56,13 +57,13 @@ class DaemonImpl final : public Daemon {
     tiers::RocksStoreOptions ro;
     ro.path = (std::filesystem::path(options_.data_dir) / "rocksdb").string();
     KVPOOL_ASSIGN_OR_RETURN(store_, tiers::RocksStore::Open(ro));
-    KVPOOL_ASSIGN_OR_RETURN(namespaces_,
-                            NamespaceRegistry::Load(*store_, options_.max_namespaces));
+    KVPOOL_ASSIGN_OR_RETURN(namespaces_, NamespaceRegistry::Load(*store_, options_.max_namespaces));
     KVPOOL_ASSIGN_OR_RETURN(node_id_, LoadOrCreateNodeId(*store_, options_.node_id));
 
     tiers::HostTierOptions ho;
     ho.capacity_bytes = options_.host_capacity_bytes;
-    ho.segment_bytes = std::min<uint64_t>(options_.host_segment_bytes, options_.host_capacity_bytes);
+    ho.segment_bytes =
+        std::min<uint64_t>(options_.host_segment_bytes, options_.host_capacity_bytes);
     ho.segment_bytes -= ho.segment_bytes % tiers::HostTier::kPageBytes;
     ho.lock_memory = options_.lock_memory;
     KVPOOL_ASSIGN_OR_RETURN(host_, tiers::HostTier::Create(ho));
@@ -93,8 +94,8 @@ class DaemonImpl final : public Daemon {
     bo.limits = options_.limits;
     bo.shared_memory = options_.shared_memory;
     bo.lease_timeout = options_.lease_timeout;
-    service_ = std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_,
-                                              ucx_.get());
+    service_ =
+        std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_, ucx_.get());
     KVPOOL_RETURN_IF_ERROR(service_->LoadSessions());
     tiers_->Start();
 
@@ -111,9 +112,9 @@ class DaemonImpl final : public Daemon {
 
     if (!options_.metrics_listen.empty()) {
       BlockService* service = service_.get();
-      KVPOOL_ASSIGN_OR_RETURN(metrics_http_,
-                              MetricsHttpServer::Start(options_.metrics_listen,
-                                                       [service] { return service->RenderMetrics(); }));
+      KVPOOL_ASSIGN_OR_RETURN(
+          metrics_http_, MetricsHttpServer::Start(options_.metrics_listen,
+                                                  [service] { return service->RenderMetrics(); }));
     }
     return Status::OK();
   }
@@ -147,8 +148,8 @@ class DaemonImpl final : public Daemon {
     const tiers::HostTierStats h = host_->GetStats();
     s << "kvpoold " << node_id_ << " listening on unix:" << options_.socket_path;
     if (!tcp_address().empty()) s << " and tcp://" << tcp_address();
-    s << "\n  host tier: " << FormatBytes(h.capacity_bytes) << " in " << h.segments
-      << " segments" << (h.locked ? " (mlocked)" : " (not mlocked)");
+    s << "\n  host tier: " << FormatBytes(h.capacity_bytes) << " in " << h.segments << " segments"
+      << (h.locked ? " (mlocked)" : " (not mlocked)");
     s << "\n  disk tier: " << FormatBytes(options_.disk_capacity_bytes) << " under "
       << options_.data_dir << "/rocksdb";
     if (ucx_) s << "\n  UCX data path: " << ucx_->transports_in_use();

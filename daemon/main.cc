@@ -22,17 +22,21 @@ DEFINE_string(socket, "",
               "Unix socket of the control plane. Default: $KVPOOL_SOCKET, else "
               "/run/kvpool/kvpool.sock for root, /tmp/kvpool-<uid>/kvpool.sock otherwise.");
 DEFINE_string(listen, "", "Optional TCP control listener, tcp://HOST:PORT. Default: off.");
-DEFINE_string(metrics_listen, "",
-              "Optional Prometheus /metrics endpoint, HOST:PORT (e.g. 127.0.0.1:9464). Default: off.");
-DEFINE_string(host_capacity, "",
-              "Host (pinned shared memory) tier size, e.g. 4GiB. Default: 1/8 of RAM, at most 16GiB.");
+DEFINE_string(
+    metrics_listen, "",
+    "Optional Prometheus /metrics endpoint, HOST:PORT (e.g. 127.0.0.1:9464). Default: off.");
+DEFINE_string(
+    host_capacity, "",
+    "Host (pinned shared memory) tier size, e.g. 4GiB. Default: 1/8 of RAM, at most 16GiB.");
 DEFINE_string(host_segment_size, "64MiB",
               "Host arena segment: the unit given to one namespace and the largest block.");
 DEFINE_string(disk_capacity, "",
               "Disk tier budget for block bytes, e.g. 500GiB. Default: 64GiB or 80% of the free "
               "space under --data-dir, whichever is smaller.");
-DEFINE_bool(lock_memory, true, "mlock the host arena (warns and runs unlocked if the limit is low).");
-DEFINE_string(node_id, "", "Node id. Default: the stored one, or <hostname>-<random> at first start.");
+DEFINE_bool(lock_memory, true,
+            "mlock the host arena (warns and runs unlocked if the limit is low).");
+DEFINE_string(node_id, "",
+              "Node id. Default: the stored one, or <hostname>-<random> at first start.");
 DEFINE_string(write_policy, "write-back",
               "When blocks reach disk: write-back (on demotion), write-through (at commit), "
               "write-through-after-N (after N hits).");
@@ -44,7 +48,8 @@ DEFINE_uint32(max_batch_keys, 4096, "Keys in one request.");
 DEFINE_uint32(max_namespaces, 1024, "Namespaces the daemon accepts.");
 DEFINE_string(max_frame_payload, "256MiB", "Largest payload in one frame (clients split batches).");
 DEFINE_int32(frame_timeout_ms, 30000, "A started frame must arrive completely within this.");
-DEFINE_int32(reservation_timeout_ms, 30000, "A put reservation not committed within this is reclaimed.");
+DEFINE_int32(reservation_timeout_ms, 30000,
+             "A put reservation not committed within this is reclaimed.");
 DEFINE_bool(shared_memory, true,
             "Let clients on this node read and write blocks through shared memory (Unix socket "
             "connections); off: every byte travels in the socket frames.");

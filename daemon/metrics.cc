@@ -6,14 +6,22 @@ namespace kvpool::daemon {
 
 const char* OpName(Op op) {
   switch (op) {
-    case Op::kLookup: return "lookup";
-    case Op::kGet: return "get";
-    case Op::kPutReserve: return "put_reserve";
-    case Op::kPutCommit: return "put_commit";
-    case Op::kPrefetch: return "prefetch";
-    case Op::kSession: return "session";
-    case Op::kOther: return "other";
-    case Op::kCount: break;
+    case Op::kLookup:
+      return "lookup";
+    case Op::kGet:
+      return "get";
+    case Op::kPutReserve:
+      return "put_reserve";
+    case Op::kPutCommit:
+      return "put_commit";
+    case Op::kPrefetch:
+      return "prefetch";
+    case Op::kSession:
+      return "session";
+    case Op::kOther:
+      return "other";
+    case Op::kCount:
+      break;
   }
   return "unknown";
 }
@@ -69,8 +77,10 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Value(&o, "kvpool_uptime_seconds", static_cast<double>(uptime_s));
 
   Metric(&o, "kvpool_tier_capacity_bytes", "gauge", "Capacity of each tier.");
-  Value(&o, "kvpool_tier_capacity_bytes{tier=\"host\"}", static_cast<double>(t.host.capacity_bytes));
-  Value(&o, "kvpool_tier_capacity_bytes{tier=\"disk\"}", static_cast<double>(t.disk_capacity_bytes));
+  Value(&o, "kvpool_tier_capacity_bytes{tier=\"host\"}",
+        static_cast<double>(t.host.capacity_bytes));
+  Value(&o, "kvpool_tier_capacity_bytes{tier=\"disk\"}",
+        static_cast<double>(t.disk_capacity_bytes));
   Metric(&o, "kvpool_tier_used_bytes", "gauge", "Block payload bytes held in each tier.");
   Value(&o, "kvpool_tier_used_bytes{tier=\"host\"}", static_cast<double>(t.host.payload_bytes));
   Value(&o, "kvpool_tier_used_bytes{tier=\"disk\"}", static_cast<double>(t.disk_used_bytes));
@@ -85,10 +95,11 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Metric(&o, "kvpool_disk_device_bytes", "gauge", "RocksDB SST and blob file bytes.");
   Value(&o, "kvpool_disk_device_bytes", static_cast<double>(t.disk_bytes_on_device));
 
-  const std::pair<const char*, const tiers::TierCounters*> tiers[] = {
-      {"host", &t.host_counters}, {"disk", &t.disk_counters}};
+  const std::pair<const char*, const tiers::TierCounters*> tiers[] = {{"host", &t.host_counters},
+                                                                      {"disk", &t.disk_counters}};
   Metric(&o, "kvpool_hits_total", "counter", "Blocks served, by the tier they were found in.");
-  for (auto [n, c] : tiers) Value(&o, std::string("kvpool_hits_total{tier=\"") + n + "\"}", c->hits);
+  for (auto [n, c] : tiers)
+    Value(&o, std::string("kvpool_hits_total{tier=\"") + n + "\"}", c->hits);
   Metric(&o, "kvpool_misses_total", "counter", "Blocks asked for by get and not cached.");
   Value(&o, "kvpool_misses_total", static_cast<double>(Get(get_misses)));
   Metric(&o, "kvpool_promotions_total", "counter", "Copies moved up into a tier.");

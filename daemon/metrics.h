@@ -17,9 +17,8 @@ namespace kvpool::daemon {
 // Fixed log-spaced buckets from 10 µs to 1 s.
 class LatencyHistogram {
  public:
-  static constexpr std::array<double, 16> kBoundsUs = {10,    25,    50,     100,    250,   500,
-                                                        1000,  2500,  5000,   10000,  25000, 50000,
-                                                        1e5,   2.5e5, 5e5,    1e6};
+  static constexpr std::array<double, 16> kBoundsUs = {
+      10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 1e5, 2.5e5, 5e5, 1e6};
   void Observe(double micros);
   // Appends `name_bucket{op="...",le=...}` lines etc.
   void Render(const std::string& name, const std::string& op, std::string* out) const;

@@ -2,11 +2,11 @@
 
 #include <utility>  // before Asio (Boost 1.74 with C++20)
 
+#include <glog/logging.h>
+#include <sys/socket.h>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <glog/logging.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <thread>
@@ -23,8 +23,7 @@ namespace http = beast::http;
 
 class Impl final : public MetricsHttpServer {
  public:
-  explicit Impl(std::function<std::string()> render)
-      : render_(std::move(render)), acceptor_(io_) {}
+  explicit Impl(std::function<std::string()> render) : render_(std::move(render)), acceptor_(io_) {}
   ~Impl() override { Stop(); }
 
   Status Listen(const std::string& listen) {

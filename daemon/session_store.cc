@@ -64,10 +64,8 @@ Status SessionStore::Delete(NamespaceId ns, std::string_view session_id) {
   return KVPOOL_ROCKS_STATUS(store_.db()->Delete(wo, store_.sessions(), Key(ns, session_id)));
 }
 
-Result<std::vector<wire::SessionRecord>> SessionStore::List(NamespaceId ns,
-                                                            std::string_view prefix,
-                                                            uint32_t limit,
-                                                            bool* truncated) const {
+Result<std::vector<wire::SessionRecord>> SessionStore::List(NamespaceId ns, std::string_view prefix,
+                                                            uint32_t limit, bool* truncated) const {
   std::vector<wire::SessionRecord> out;
   *truncated = false;
   const std::string start = Key(ns, prefix);

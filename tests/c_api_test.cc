@@ -2,8 +2,8 @@
 // hasher, itself checked against the vectors), and put/lookup/get/sessions work with codes and
 // readable errors.
 
-#include <kvpool/kvpool.h>
 #include <gtest/gtest.h>
+#include <kvpool/kvpool.h>
 
 #include <cstring>
 #include <string>
@@ -18,8 +18,8 @@ TEST(CApiTest, HashChainMatchesTheCppHasher) {
   const std::vector<int32_t> tokens = Tokens(3, 16 * 5 + 7);
   std::vector<kvpool_key> keys(10);
   size_t n = 0;
-  ASSERT_EQ(kvpool_hash_chain(tokens.data(), tokens.size(), 16, "tenant-a", 8, kTestLayout,
-                              nullptr, keys.data(), keys.size(), &n),
+  ASSERT_EQ(kvpool_hash_chain(tokens.data(), tokens.size(), 16, "tenant-a", 8, kTestLayout, nullptr,
+                              keys.data(), keys.size(), &n),
             KVPOOL_OK);
   ASSERT_EQ(n, 5u);
   ChainHasher hasher("tenant-a", kTestLayout, 16);
@@ -28,8 +28,8 @@ TEST(CApiTest, HashChainMatchesTheCppHasher) {
     EXPECT_EQ(std::memcmp(keys[i].bytes, expect[i].bytes.data(), 32), 0) << i;
   }
   // Too small an output buffer is an error that still reports the count.
-  EXPECT_EQ(kvpool_hash_chain(tokens.data(), tokens.size(), 16, "tenant-a", 8, kTestLayout,
-                              nullptr, keys.data(), 2, &n),
+  EXPECT_EQ(kvpool_hash_chain(tokens.data(), tokens.size(), 16, "tenant-a", 8, kTestLayout, nullptr,
+                              keys.data(), 2, &n),
             KVPOOL_INVALID_ARGUMENT);
   EXPECT_EQ(n, 5u);
   EXPECT_EQ(kvpool_hash_chain(tokens.data(), tokens.size(), 0, "x", 1, kTestLayout, nullptr,
@@ -99,7 +99,8 @@ TEST(CApiTest, PutLookupGetSessionRoundTrip) {
 
   const char* mk[] = {"user"};
   const char* mv[] = {"bob"};
-  ASSERT_EQ(kvpool_session_save(c, "s1", keys, 4, 64, mk, mv, 1), KVPOOL_OK) << kvpool_last_error(c);
+  ASSERT_EQ(kvpool_session_save(c, "s1", keys, 4, 64, mk, mv, 1), KVPOOL_OK)
+      << kvpool_last_error(c);
   kvpool_key loaded[4];
   size_t n_loaded = 0;
   uint64_t token_count = 0;

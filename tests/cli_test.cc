@@ -66,14 +66,16 @@ TEST(CliTest, CommandsAgainstALiveDaemon) {
     for (int32_t t : tokens) f << t << " ";
   }
   CliRun lookup = Cli("lookup --tokens-file=" + tokens_file + " --namespace tenant-a --layout='" +
-                   kTestLayout + "'" + sock);
+                      kTestLayout + "'" + sock);
   EXPECT_EQ(lookup.status, 0) << lookup.out;
   EXPECT_NE(lookup.out.find("cached prefix: 4 of 6 blocks, 64 of 99 tokens"), std::string::npos)
       << lookup.out;
   EXPECT_NE(lookup.out.find("host"), std::string::npos);
   // Another namespace sees nothing.
-  CliRun other = Cli("lookup --tokens-file=" + tokens_file + " --namespace=tenant-b --secret=tenant-a "
-                  "--layout='" + std::string(kTestLayout) + "'" + sock);
+  CliRun other = Cli("lookup --tokens-file=" + tokens_file +
+                     " --namespace=tenant-b --secret=tenant-a "
+                     "--layout='" +
+                     std::string(kTestLayout) + "'" + sock);
   EXPECT_NE(other.out.find("cached prefix: 0 of 6"), std::string::npos) << other.out;
 
   CliRun ls = Cli("sessions ls --namespace=tenant-a" + sock);

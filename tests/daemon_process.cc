@@ -31,7 +31,8 @@ TempDir::~TempDir() {
   if (!path_.empty()) std::filesystem::remove_all(path_, ec);
 }
 
-DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags) : extra_(std::move(extra_flags)) {
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags)
+    : extra_(std::move(extra_flags)) {
   // UCX (daemon and test clients alike) stays on loopback TCP: tests never use another address.
   setenv("UCX_TLS", "tcp", /*overwrite=*/0);
   setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);
@@ -46,15 +47,10 @@ DaemonProcess::~DaemonProcess() {
 
 void DaemonProcess::Start() {
   ASSERT_LE(pid_, 0) << "already running";
-  std::vector<std::string> args = {KVPOOL_KVPOOLD_PATH,
-                                   "--data_dir=" + data_dir_,
-                                   "--socket=" + socket_,
-                                   "--host_capacity=64MiB",
-                                   "--host_segment_size=1MiB",
-                                   "--disk_capacity=1GiB",
-                                   "--lock_memory=false",
-                                   "--io_threads=2",
-                                   "--worker_threads=8"};
+  std::vector<std::string> args = {
+      KVPOOL_KVPOOLD_PATH,     "--data_dir=" + data_dir_,  "--socket=" + socket_,
+      "--host_capacity=64MiB", "--host_segment_size=1MiB", "--disk_capacity=1GiB",
+      "--lock_memory=false",   "--io_threads=2",           "--worker_threads=8"};
   for (const std::string& f : extra_) args.push_back(f);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -469,9 +469,10 @@ TEST(DaemonTest, ExposesPrometheusMetrics) {
   const std::string url = Printed(d, "http://");
   ASSERT_FALSE(url.empty()) << d.log();
   const std::string hostport = url.substr(7);
-  const std::string cmd = "python3 -c \"import urllib.request,sys; "
-                          "sys.stdout.write(urllib.request.urlopen('http://" +
-                          hostport + "/metrics', timeout=5).read().decode())\"";
+  const std::string cmd =
+      "python3 -c \"import urllib.request,sys; "
+      "sys.stdout.write(urllib.request.urlopen('http://" +
+      hostport + "/metrics', timeout=5).read().decode())\"";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string body;

@@ -47,8 +47,8 @@ TEST(ShmTest, RoundTripsFromOneByteTo64MiB) {
   d.Start();
   auto c = ShmClient(d);
   ASSERT_NE(c, nullptr);
-  const std::vector<size_t> sizes = {1, 7, 4095, 4096, 4097, 65537, (1u << 20) + 3,
-                                     (8u << 20) - 1, 64u << 20};
+  const std::vector<size_t> sizes = {
+      1, 7, 4095, 4096, 4097, 65537, (1u << 20) + 3, (8u << 20) - 1, 64u << 20};
   for (size_t i = 0; i < sizes.size(); ++i) {
     const std::vector<uint8_t> bytes = BlockBytes(i, sizes[i]);
     PutBlock b{KeyOf(i), bytes.data(), bytes.size(), {}};
@@ -202,7 +202,8 @@ TEST(ShmTest, MappingKeptAfterSegmentReuseRevealsNothing) {
     FrameHeader h;
     h.type = wire::RELEASE;
     h.body_bytes = static_cast<uint32_t>(body.size());
-    ASSERT_TRUE(ra.ch->Send(h, body, {}, std::chrono::steady_clock::now() + std::chrono::seconds(5)).ok());
+    ASSERT_TRUE(
+        ra.ch->Send(h, body, {}, std::chrono::steady_clock::now() + std::chrono::seconds(5)).ok());
   }
   auto ev = a->Evict(Tier::kHost);
   ASSERT_TRUE(ev.ok());
@@ -284,9 +285,8 @@ TEST(ShmTest, LeasesAndReservationsOfAStuckOrDeadClientAreReclaimed) {
   int status = 0;
   waitpid(kids[1], &status, 0);
   waitpid(kids[0], &status, WUNTRACED);  // stopped, still holding its connection
-  const DaemonStats after = WaitFor(d, [&](const DaemonStats& s) {
-    return s.leases_active == 0 && s.reservations_active == 0;
-  });
+  const DaemonStats after = WaitFor(
+      d, [&](const DaemonStats& s) { return s.leases_active == 0 && s.reservations_active == 0; });
   EXPECT_EQ(after.leases_active, 0u);
   EXPECT_EQ(after.reservations_active, 0u);
   EXPECT_EQ(after.tiers[0].allocated_bytes, before.tiers[0].allocated_bytes)

@@ -127,7 +127,8 @@ TEST(UcxTest, DaemonKilledMidTransferIsAnErrorWithinTheDeadline) {
   std::vector<std::vector<uint8_t>> blocks;
   std::vector<PutBlock> puts;
   for (uint64_t i = 0; i < 32; ++i) blocks.push_back(BlockBytes(i, 4 << 20));
-  for (uint64_t i = 0; i < 32; ++i) puts.push_back({KeyOf(i), blocks[i].data(), blocks[i].size(), {}});
+  for (uint64_t i = 0; i < 32; ++i)
+    puts.push_back({KeyOf(i), blocks[i].data(), blocks[i].size(), {}});
   auto put = c->Put(puts);
   ASSERT_TRUE(put.ok() && put->all_ok());
   std::vector<std::vector<uint8_t>> outs(32, std::vector<uint8_t>(4 << 20, 0));
@@ -150,7 +151,9 @@ TEST(UcxTest, DaemonKilledMidTransferIsAnErrorWithinTheDeadline) {
   if (got.ok()) {
     // Whatever arrived complete is verified; the rest are errors, never wrong bytes.
     for (size_t i = 0; i < 32; ++i) {
-      if ((*got)[i].status.ok()) EXPECT_EQ(outs[i], blocks[i]) << i;
+      if ((*got)[i].status.ok()) {
+        EXPECT_EQ(outs[i], blocks[i]) << i;
+      }
     }
   }
 }

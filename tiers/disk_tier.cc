@@ -95,8 +95,8 @@ Status DiskTier::Read(NamespaceId ns, const BlockKey& key, const DiskBlockMeta& 
   rocksdb::PinnableSlice value;
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
-  KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(
-      store_.db()->Get(ro, store_.blocks(), EncodeKey(ns, key), &value)));
+  KVPOOL_RETURN_IF_ERROR(
+      KVPOOL_ROCKS_STATUS(store_.db()->Get(ro, store_.blocks(), EncodeKey(ns, key), &value)));
   auto* p = reinterpret_cast<const uint8_t*>(value.data());
   if (value.size() < kBodyHeaderBytes || GetLe(p, 4) != kBodyMagic) {
     return Status::Corruption("block " + key.ShortHex() + ": bad body header on disk");

@@ -52,9 +52,9 @@ class DiskTier {
   // Visits every block's meta record without reading bodies. Stops at the first non-OK
   // status the visitor returns; Corruption for an undecodable record is passed to `visit`'s
   // caller via `bad`, which receives the raw key so the caller can delete it.
-  Status ForEachMeta(const std::function<void(NamespaceId, const BlockKey&,
-                                              const DiskBlockMeta&)>& visit,
-                     const std::function<void(std::string_view raw_key)>& bad) const;
+  Status ForEachMeta(
+      const std::function<void(NamespaceId, const BlockKey&, const DiskBlockMeta&)>& visit,
+      const std::function<void(std::string_view raw_key)>& bad) const;
   // Deletes a record whose key could not be decoded (see ForEachMeta).
   Status DeleteRaw(std::string_view raw_key);
 

@@ -1,7 +1,7 @@
 #include "tiers/host_tier.h"
 
-#include <glog/logging.h>
 #include <fcntl.h>
+#include <glog/logging.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -143,7 +143,8 @@ SegmentLocation HostTier::Locate(uint64_t offset) const {
 Result<int> HostTier::ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
                                     bool writable) {
   absl::MutexLock lock(&mu_);
-  if (index >= segment_count_) return Status::InvalidArgument("no host segment " + std::to_string(index));
+  if (index >= segment_count_)
+    return Status::InvalidArgument("no host segment " + std::to_string(index));
   const Segment& seg = segments_[index];
   if (seg.generation != generation) {
     return Status::NotFound("host segment " + std::to_string(index) + " was recycled");

@@ -34,7 +34,6 @@
 
 namespace kvpool::tiers {
 
-
 // Where a block's bytes sit in the arena.
 struct HostSlot {
   uint64_t offset = 0;  // from the arena start, page aligned
@@ -61,12 +60,12 @@ struct HostTierOptions {
 
 struct HostTierStats {
   uint64_t capacity_bytes = 0;
-  uint64_t allocated_bytes = 0;    // pages handed out
-  uint64_t payload_bytes = 0;      // bytes of the blocks in them
+  uint64_t allocated_bytes = 0;  // pages handed out
+  uint64_t payload_bytes = 0;    // bytes of the blocks in them
   uint64_t blocks = 0;
   uint64_t free_segments = 0;
   uint64_t segments = 0;
-  uint64_t largest_free_run = 0;   // bytes, in any single segment (free segments included)
+  uint64_t largest_free_run = 0;  // bytes, in any single segment (free segments included)
   // 1 - largest_free_run / min(free bytes, segment size): 0 when the largest possible block (or
   // everything free) fits in one run, near 1 when free space is scattered pages; 0 when full.
   double fragmentation = 0;

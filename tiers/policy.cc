@@ -39,12 +39,14 @@ struct Registry {
 Registry& GetRegistry() {
   static Registry* registry = [] {
     auto* r = new Registry();
-    r->factories.emplace_back("write-back", [](std::string_view) -> Result<std::unique_ptr<WritePolicy>> {
-      return std::unique_ptr<WritePolicy>(new WriteBack());
-    });
-    r->factories.emplace_back("write-through", [](std::string_view) -> Result<std::unique_ptr<WritePolicy>> {
-      return std::unique_ptr<WritePolicy>(new WriteThrough());
-    });
+    r->factories.emplace_back("write-back",
+                              [](std::string_view) -> Result<std::unique_ptr<WritePolicy>> {
+                                return std::unique_ptr<WritePolicy>(new WriteBack());
+                              });
+    r->factories.emplace_back("write-through",
+                              [](std::string_view) -> Result<std::unique_ptr<WritePolicy>> {
+                                return std::unique_ptr<WritePolicy>(new WriteThrough());
+                              });
     r->factories.emplace_back(
         "write-through-after-", [](std::string_view name) -> Result<std::unique_ptr<WritePolicy>> {
           std::string_view digits = name.substr(std::string_view("write-through-after-").size());
@@ -75,16 +77,16 @@ Result<std::shared_ptr<const WritePolicy>> CreateWritePolicy(std::string_view na
   std::string known;
   for (auto it = r.factories.rbegin(); it != r.factories.rend(); ++it) {
     const std::string& prefix = it->first;
-    const bool match = prefix.back() == '-' ? name.substr(0, prefix.size()) == prefix
-                                            : name == prefix;
+    const bool match =
+        prefix.back() == '-' ? name.substr(0, prefix.size()) == prefix : name == prefix;
     if (match) {
       KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<WritePolicy> p, it->second(name));
       return std::shared_ptr<const WritePolicy>(std::move(p));
     }
     known += (known.empty() ? "" : ", ") + prefix + (prefix.back() == '-' ? "N" : "");
   }
-  return Status::InvalidArgument("unknown write policy '" + std::string(name) + "' (known: " +
-                                 known + ")");
+  return Status::InvalidArgument("unknown write policy '" + std::string(name) +
+                                 "' (known: " + known + ")");
 }
 
 NamespacePolicy DefaultNamespacePolicy() {

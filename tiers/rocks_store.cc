@@ -87,8 +87,7 @@ RocksStore::~RocksStore() {
 Status RocksStore::Flush() {
   rocksdb::FlushOptions fo;
   fo.wait = true;
-  return KVPOOL_ROCKS_STATUS(
-      db_->Flush(fo, {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}));
+  return KVPOOL_ROCKS_STATUS(db_->Flush(fo, {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}));
 }
 
 uint64_t RocksStore::ApproximateDiskBytes() const {

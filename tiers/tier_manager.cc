@@ -734,9 +734,9 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
       continue;
     }
     if (item.size > max_block) {
-      o.status = Status::InvalidArgument("block " + item.key.ShortHex() + " of " +
-                                         FormatBytes(item.size) + " exceeds the " +
-                                         FormatBytes(max_block) + " block size limit");
+      o.status =
+          Status::InvalidArgument("block " + item.key.ShortHex() + " of " + FormatBytes(item.size) +
+                                  " exceeds the " + FormatBytes(max_block) + " block size limit");
       continue;
     }
     auto classify = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -65,8 +65,8 @@ struct TierManagerOptions {
 
 // One key's answer to a lookup.
 struct LookupResult {
-  uint32_t hit_blocks = 0;             // longest cached prefix
-  std::vector<ServedFrom> tiers;       // fastest tier of each hit block
+  uint32_t hit_blocks = 0;        // longest cached prefix
+  std::vector<ServedFrom> tiers;  // fastest tier of each hit block
   uint32_t promotions_started = 0;
 };
 
@@ -97,7 +97,7 @@ struct ReserveOutcome {
   ReserveState state = ReserveState::kRefused;
   uint64_t reservation_id = 0;
   uint64_t arena_offset = 0;  // where a reserved slot is (for writers that map the arena)
-  Status status;  // why, when refused
+  Status status;              // why, when refused
 };
 
 // Where a reservation's bytes go: the transport writes exactly `size` bytes at `data`.
@@ -141,8 +141,7 @@ struct EvictOutcome {
 
 class TierManager {
  public:
-  TierManager(const TierManagerOptions& options, HostTier& host, DiskTier& disk,
-              RocksStore& store);
+  TierManager(const TierManagerOptions& options, HostTier& host, DiskTier& disk, RocksStore& store);
   ~TierManager();  // calls Shutdown()
 
   // Rebuilds the index from the disk tier's meta records (no block body is read) and trims
@@ -160,8 +159,7 @@ class TierManager {
   LookupResult Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch);
   // Leases or reads each block. Waits for promotions in flight. Each lease belongs to `owner`
   // (e.g. a connection) and expires by itself after `ttl` (zero: only Release ends it).
-  std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys,
-                                 uint64_t owner = 0,
+  std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys, uint64_t owner = 0,
                                  std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
   // Ends a read's lease (no-op for disk reads and released leases).
   void Release(BlockRead& read);
@@ -298,10 +296,10 @@ class TierManager {
   absl::flat_hash_map<EntryId, std::shared_ptr<Promotion>> promotions_ ABSL_GUARDED_BY(mu_);
   std::deque<EntryId> promotion_queue_ ABSL_GUARDED_BY(mu_);
   std::vector<KeyRef> write_queue_ ABSL_GUARDED_BY(mu_);  // write-after-hits candidates
-  absl::CondVar changed_;  // an I/O finished or a busy flag cleared
-  absl::CondVar work_;     // promotion_queue_ gained an item
+  absl::CondVar changed_;                                 // an I/O finished or a busy flag cleared
+  absl::CondVar work_;                                    // promotion_queue_ gained an item
   absl::CondVar flusher_;  // host passed its high watermark, or write_queue_ grew
-  uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;   // payload bytes on disk + in flight
+  uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes on disk + in flight
   uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);

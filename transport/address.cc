@@ -12,8 +12,7 @@ Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port
   if (a.substr(0, 6) == "tcp://") a.remove_prefix(6);
   const size_t colon = a.rfind(':');
   if (colon == std::string_view::npos || colon == 0 || colon + 1 == a.size()) {
-    return Status::InvalidArgument("address '" + std::string(address) +
-                                   "' is not tcp://HOST:PORT");
+    return Status::InvalidArgument("address '" + std::string(address) + "' is not tcp://HOST:PORT");
   }
   std::string_view h = a.substr(0, colon);
   if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);

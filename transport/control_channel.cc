@@ -111,8 +111,7 @@ Status ControlChannel::Wait(bool for_write, Deadline deadline) {
     const int rc = ::poll(&p, 1, ms);
     if (rc > 0) return Status::OK();
     if (rc == 0) {
-      return Fail(Status::DeadlineExceeded("kvpoold at " + address_ +
-                                           " did not answer in time"));
+      return Fail(Status::DeadlineExceeded("kvpoold at " + address_ + " did not answer in time"));
     }
     if (errno != EINTR) return Fail(Status::FromErrno(errno, "poll"));
   }
@@ -143,8 +142,8 @@ Status ControlChannel::Send(const FrameHeader& header, std::string_view body,
         continue;
       }
       const int err = errno;
-      return Fail(Status::Unavailable("send to kvpoold at " + address_ + ": " +
-                                      std::strerror(err)));
+      return Fail(
+          Status::Unavailable("send to kvpoold at " + address_ + ": " + std::strerror(err)));
     }
     size_t left = static_cast<size_t>(n);
     while (left > 0 && idx < iov.size()) {
@@ -194,8 +193,8 @@ Status ControlChannel::ReceiveInto(void* dst, size_t n, Deadline deadline) {
       continue;
     }
     const int err = errno;
-    return Fail(Status::Unavailable("receive from kvpoold at " + address_ + ": " +
-                                    std::strerror(err)));
+    return Fail(
+        Status::Unavailable("receive from kvpoold at " + address_ + ": " + std::strerror(err)));
   }
   return Status::OK();
 }

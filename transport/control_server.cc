@@ -3,19 +3,19 @@
 // Boost 1.74's Asio needs <utility> before it under C++20 (std::exchange).
 #include <utility>
 
-#include <boost/asio.hpp>
 #include <glog/logging.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <boost/asio.hpp>
 
 #include <atomic>
-#include <filesystem>
-#include <mutex>
 #include <cstring>
+#include <filesystem>
 #include <map>
-#include <type_traits>
+#include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include "common/threads.h"
 #include "transport/address.h"
@@ -139,9 +139,8 @@ template <typename Protocol>
 void Connection<Protocol>::Start() {
   state_ = server_.handler().OnConnect(info_);
   auto self = this->shared_from_this();
-  server_.Register(self, [self] {
-    asio::post(self->strand_, [self] { self->Close("server stopping"); });
-  });
+  server_.Register(
+      self, [self] { asio::post(self->strand_, [self] { self->Close("server stopping"); }); });
   asio::post(strand_, [self] { self->ReadHeader(); });
 }
 
@@ -149,8 +148,8 @@ template <typename Protocol>
 void Connection<Protocol>::Close(const std::string& reason) {
   if (closed_) return;
   closed_ = true;
-  if (!reason.empty()) LOG(INFO) << "closing connection " << info_.id << " (" << info_.peer
-                                 << "): " << reason;
+  if (!reason.empty())
+    LOG(INFO) << "closing connection " << info_.id << " (" << info_.peer << "): " << reason;
   error_code ec;
   timer_.cancel();
   socket_.shutdown(Socket::shutdown_both, ec);
@@ -208,39 +207,39 @@ template <typename Protocol>
 void Connection<Protocol>::ReadBody() {
   body_.resize(header_.body_bytes);
   auto self = this->shared_from_this();
-  asio::async_read(socket_, asio::buffer(body_),
-                   asio::bind_executor(strand_, [self](error_code ec, size_t) {
-                     if (ec) {
-                       self->Close("truncated frame body: " + ec.message());
-                       return;
-                     }
-                     if (self->header_.payload_bytes == 0) {
-                       self->timer_.cancel();
-                       self->Dispatch();
-                       return;
-                     }
-                     // Ask the handler where the payload goes (it may take a lock: worker).
-                     asio::post(self->server_.workers(), [self] {
-                       self->sinks_.clear();
-                       Status st = self->server_.handler().PayloadSinks(
-                           *self->state_, self->header_, self->body_, &self->sinks_);
-                       uint64_t total = 0;
-                       for (const PayloadSink& s : self->sinks_) total += s.size;
-                       if (st.ok() && total != self->header_.payload_bytes) {
-                         st = Status::InvalidArgument(
-                             "payload of " + std::to_string(self->header_.payload_bytes) +
-                             " bytes does not match the " + std::to_string(total) +
-                             " bytes the request describes");
-                       }
-                       asio::post(self->strand_, [self, st] {
-                         if (!st.ok()) {
-                           self->Close("protocol error: " + st.message());
-                           return;
-                         }
-                         self->ReadPayload(0, 0);
-                       });
-                     });
-                   }));
+  asio::async_read(
+      socket_, asio::buffer(body_), asio::bind_executor(strand_, [self](error_code ec, size_t) {
+        if (ec) {
+          self->Close("truncated frame body: " + ec.message());
+          return;
+        }
+        if (self->header_.payload_bytes == 0) {
+          self->timer_.cancel();
+          self->Dispatch();
+          return;
+        }
+        // Ask the handler where the payload goes (it may take a lock: worker).
+        asio::post(self->server_.workers(), [self] {
+          self->sinks_.clear();
+          Status st = self->server_.handler().PayloadSinks(*self->state_, self->header_,
+                                                           self->body_, &self->sinks_);
+          uint64_t total = 0;
+          for (const PayloadSink& s : self->sinks_) total += s.size;
+          if (st.ok() && total != self->header_.payload_bytes) {
+            st = Status::InvalidArgument("payload of " +
+                                         std::to_string(self->header_.payload_bytes) +
+                                         " bytes does not match the " + std::to_string(total) +
+                                         " bytes the request describes");
+          }
+          asio::post(self->strand_, [self, st] {
+            if (!st.ok()) {
+              self->Close("protocol error: " + st.message());
+              return;
+            }
+            self->ReadPayload(0, 0);
+          });
+        });
+      }));
 }
 
 template <typename Protocol>
@@ -380,8 +379,7 @@ void Connection<Protocol>::SendWithFds(std::shared_ptr<Response> held,
       return;
     }
     bufs[0] = asio::const_buffer(first + 1, bufs[0].size() - 1);
-    asio::async_write(socket_, bufs,
-                      asio::bind_executor(strand_, [finish](error_code ec, size_t) {
+    asio::async_write(socket_, bufs, asio::bind_executor(strand_, [finish](error_code ec, size_t) {
                         finish(ec);
                       }));
   }
@@ -428,9 +426,9 @@ Status ServerImpl::Listen() {
       return Status::IoError("cannot listen on tcp " + options_.tcp_listen + ": " + ec.message());
     }
     const auto bound = tcp_acceptor_.local_endpoint(ec);
-    tcp_address_ = (addr.is_v6() ? "[" + bound.address().to_string() + "]"
-                                 : bound.address().to_string()) +
-                   ":" + std::to_string(bound.port());
+    tcp_address_ =
+        (addr.is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string()) +
+        ":" + std::to_string(bound.port());
   }
   return Status::OK();
 }

@@ -83,8 +83,8 @@ struct MutableBuffer {
 };
 
 struct GetResult {
-  Status status;     // OK; NotFound for a miss; InvalidArgument if the buffer was too small
-  size_t size = 0;   // bytes written into the buffer
+  Status status;    // OK; NotFound for a miss; InvalidArgument if the buffer was too small
+  size_t size = 0;  // bytes written into the buffer
   Tier tier = Tier::kNone;
 };
 

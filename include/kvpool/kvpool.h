@@ -37,8 +37,13 @@ typedef enum {
 } kvpool_code;
 
 /* Tiers, as reported by lookup and get. */
-enum { KVPOOL_TIER_NONE = 0, KVPOOL_TIER_GPU = 1, KVPOOL_TIER_HOST = 2, KVPOOL_TIER_DISK = 3,
-       KVPOOL_TIER_REMOTE = 4 };
+enum {
+  KVPOOL_TIER_NONE = 0,
+  KVPOOL_TIER_GPU = 1,
+  KVPOOL_TIER_HOST = 2,
+  KVPOOL_TIER_DISK = 3,
+  KVPOOL_TIER_REMOTE = 4
+};
 
 typedef struct kvpool_key {
   uint8_t bytes[32];

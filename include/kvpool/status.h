@@ -26,18 +26,18 @@ namespace kvpool {
 // Stable numeric values: they travel on the wire and through the C API.
 enum class StatusCode : int {
   kOk = 0,
-  kNotFound = 1,          // the key, session or thing asked for is absent (a miss)
-  kInvalidArgument = 2,   // the caller asked for something malformed
-  kAlreadyExists = 3,     // e.g. a key already committed
-  kResourceExhausted = 4, // a capacity, quota or size limit was hit
-  kPermissionDenied = 5,  // wrong namespace, wrong secret
-  kUnavailable = 6,       // the peer is down or the connection is gone
-  kDeadlineExceeded = 7,  // a timeout expired
-  kCorruption = 8,        // a checksum or format check failed
-  kIoError = 9,           // the disk or the OS failed
-  kAborted = 10,          // the operation was cancelled (e.g. shutdown)
-  kInternal = 11,         // a bug: something that must never happen
-  kUnimplemented = 12,    // not built into this binary (e.g. no CUDA)
+  kNotFound = 1,             // the key, session or thing asked for is absent (a miss)
+  kInvalidArgument = 2,      // the caller asked for something malformed
+  kAlreadyExists = 3,        // e.g. a key already committed
+  kResourceExhausted = 4,    // a capacity, quota or size limit was hit
+  kPermissionDenied = 5,     // wrong namespace, wrong secret
+  kUnavailable = 6,          // the peer is down or the connection is gone
+  kDeadlineExceeded = 7,     // a timeout expired
+  kCorruption = 8,           // a checksum or format check failed
+  kIoError = 9,              // the disk or the OS failed
+  kAborted = 10,             // the operation was cancelled (e.g. shutdown)
+  kInternal = 11,            // a bug: something that must never happen
+  kUnimplemented = 12,       // not built into this binary (e.g. no CUDA)
   kFailedPrecondition = 13,  // the system is not in a state to do this
 };
 
@@ -107,16 +107,25 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
     if (status_.ok()) status_ = Status::Internal("Result constructed from an OK status");
   }
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { CheckOk(); return *value_; }
-  const T& value() const& { CheckOk(); return *value_; }
-  T&& value() && { CheckOk(); return std::move(*value_); }
+  T& value() & {
+    CheckOk();
+    return *value_;
+  }
+  const T& value() const& {
+    CheckOk();
+    return *value_;
+  }
+  T&& value() && {
+    CheckOk();
+    return std::move(*value_);
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -144,10 +153,10 @@ std::string SourceLocation(const char* file, int line);
 #define KVPOOL_CONCAT(a, b) KVPOOL_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function if `expr` is a non-OK Status.
-#define KVPOOL_RETURN_IF_ERROR(expr)            \
-  do {                                          \
-    ::kvpool::Status _kvpool_st = (expr);       \
-    if (!_kvpool_st.ok()) return _kvpool_st;    \
+#define KVPOOL_RETURN_IF_ERROR(expr)         \
+  do {                                       \
+    ::kvpool::Status _kvpool_st = (expr);    \
+    if (!_kvpool_st.ok()) return _kvpool_st; \
   } while (0)
 
 // `KVPOOL_ASSIGN_OR_RETURN(auto x, Foo());` declares x from a Result or returns its error.
@@ -160,19 +169,19 @@ std::string SourceLocation(const char* file, int line);
 
 // A syscall-style boundary: `KVPOOL_RETURN_IF_ERRNO(fd = open(...) , fd < 0, "open x")`
 // returns Status::FromErrno with file and line when `failed` holds after `call`.
-#define KVPOOL_RETURN_IF_ERRNO(call, failed, context)                                     \
-  do {                                                                                   \
-    call;                                                                                \
-    if (failed) {                                                                        \
-      int _kvpool_err = errno;                                                           \
-      return ::kvpool::Status::FromErrno(                                                \
-          _kvpool_err, ::kvpool::SourceLocation(__FILE__, __LINE__) + (context));        \
-    }                                                                                    \
+#define KVPOOL_RETURN_IF_ERRNO(call, failed, context)                             \
+  do {                                                                            \
+    call;                                                                         \
+    if (failed) {                                                                 \
+      int _kvpool_err = errno;                                                    \
+      return ::kvpool::Status::FromErrno(                                         \
+          _kvpool_err, ::kvpool::SourceLocation(__FILE__, __LINE__) + (context)); \
+    }                                                                             \
   } while (0)
 
 // Aborts with a reason when an invariant that must never break does.
-#define KVPOOL_CHECK_OK(expr)                                                  \
-  do {                                                                         \
-    ::kvpool::Status _kvpool_st = (expr);                                      \
+#define KVPOOL_CHECK_OK(expr)                                                        \
+  do {                                                                               \
+    ::kvpool::Status _kvpool_st = (expr);                                            \
     if (!_kvpool_st.ok()) ::kvpool::AbortWithStatus(_kvpool_st, __FILE__, __LINE__); \
   } while (0)
