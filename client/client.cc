@@ -12,6 +12,7 @@
 
 #include "common/checksum.h"
 #include "control.pb.h"
+#include "kernels/pinned_memory.h"
 #include "transport/address.h"
 #include "transport/control_channel.h"
 #include "transport/frame.h"
@@ -184,7 +185,7 @@ class Client::Impl {
 
   void UnmapAll() {
     for (auto* maps : {&read_maps_, &write_maps_}) {
-      for (auto& [seg, m] : *maps) munmap(m.base, segment_bytes_);
+      for (auto& [seg, m] : *maps) Unmap(m);
       maps->clear();
     }
   }
@@ -192,7 +193,13 @@ class Client::Impl {
   struct Mapping {
     uint32_t generation = 0;
     uint8_t* base = nullptr;
+    bool pinned = false;  // registered with CUDA
   };
+
+  void Unmap(const Mapping& m) {
+    if (m.pinned) kernels::UnregisterHostMemory(m.base);
+    munmap(m.base, segment_bytes_);
+  }
 
   // Maps the given (segment, generation) pairs, read-only or writable, asking the daemon for
   // their descriptors. A cached mapping of an older generation is dropped. Returns the status of
@@ -206,7 +213,7 @@ class Client::Impl {
       auto it = maps.find(segs[i].first);
       if (it != maps.end() && it->second.generation == segs[i].second) continue;
       if (it != maps.end()) {
-        munmap(it->second.base, segment_bytes_);
+        Unmap(it->second);
         maps.erase(it);
       }
       bool dup = false;
@@ -243,7 +250,12 @@ class Client::Impl {
             if (p == MAP_FAILED) {
               st = Status::FromErrno(errno, "mapping a host segment");
             } else {
-              maps[segs[i].first] = Mapping{segs[i].second, static_cast<uint8_t*>(p)};
+              // Pinned for CUDA where a GPU is usable: a block then goes from the mapping to
+              // GPU memory with one cudaMemcpyAsync.
+              const bool pinned =
+                  kernels::CudaDeviceAvailable() &&
+                  kernels::RegisterHostMemory(p, segment_bytes_, /*read_only=*/!writable).ok();
+              maps[segs[i].first] = Mapping{segs[i].second, static_cast<uint8_t*>(p), pinned};
             }
           }
         }

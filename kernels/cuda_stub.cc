@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/compress.h"
+#include "kernels/pinned_memory.h"
 #include "kernels/paged_copy.h"
 #include "kernels/quantize.h"
 
@@ -41,6 +42,10 @@ Status SelectTokensCuda(const CompressParams&, const AttentionShape&, const floa
 Status CompactKvCuda(const AttentionShape&, const int*, const int32_t*, const void*, void*, void*) {
   return NoCuda("CompactKvCuda");
 }
+
+bool CudaDeviceAvailable() { return false; }
+Status RegisterHostMemory(void*, size_t, bool) { return NoCuda("RegisterHostMemory"); }
+void UnregisterHostMemory(void*) {}
 
 }  // namespace kernels
 }  // namespace kvpool

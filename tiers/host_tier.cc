@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/units.h"
+#include "kernels/pinned_memory.h"
 
 namespace kvpool::tiers {
 namespace {
@@ -78,6 +79,12 @@ HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count
 }
 
 HostTier::~HostTier() {
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < seg_registered_.size(); ++i) {
+      if (seg_registered_[i]) kernels::UnregisterHostMemory(base_ + i * segment_bytes_);
+    }
+  }
   munmap(base_, capacity_bytes());
   absl::MutexLock lock(&mu_);
   for (Segment& s : segments_) {
@@ -106,6 +113,20 @@ Status HostTier::MapSegmentLocked(uint32_t index) {
     mlock(at, segment_bytes_);
   } else if (!lock_) {
     madvise(at, segment_bytes_, MADV_WILLNEED);
+  }
+  // Pinned for CUDA where a GPU is usable, so GPU copies from blocks need no staging.
+  if (seg_registered_.size() > index && seg_registered_[index]) {
+    kernels::UnregisterHostMemory(at);
+    seg_registered_[index] = false;
+  }
+  if (kernels::CudaDeviceAvailable()) {
+    Status reg = kernels::RegisterHostMemory(at, segment_bytes_);
+    if (reg.ok()) {
+      if (seg_registered_.size() <= index) seg_registered_.resize(segment_count_, false);
+      seg_registered_[index] = true;
+    } else {
+      LOG_FIRST_N(WARNING, 1) << "host segment not registered with CUDA: " << reg.ToString();
+    }
   }
   Segment& seg = segments_[index];
   const int old = seg.fd;

@@ -2,11 +2,11 @@
 // HostTier: the host-memory tier, one arena of `capacity` bytes allocated once.
 //
 // The arena is cut into fixed-size segments. Each segment is its own memfd (shared memory),
-// mapped into one contiguous range of the daemon's address space and mlocked when the limit
-// allows. A segment belongs to at most one namespace at a time, and a block lives entirely
-// inside one segment of its own namespace. Inside a segment space is handed out in pages
-// (4 KiB) from a bitmap: no per-block malloc, fixed metadata (one bit per page), and every block
-// is page aligned.
+// mapped into one contiguous range of the daemon's address space, mlocked when the limit
+// allows, and registered with CUDA as pinned memory when a GPU is usable. A segment belongs to at
+// most one namespace at a time, and a block lives entirely inside one segment of its own namespace.
+// Inside a segment space is handed out in pages (4 KiB) from a bitmap: no per-block malloc, fixed
+// metadata (one bit per page), and every block is page aligned.
 //
 // Sharing with clients (the same-node data path): ExportSegment hands out a file descriptor of
 // one segment, read-only or writable, only to the namespace that owns it. Since a descriptor
@@ -140,7 +140,8 @@ class HostTier {
   uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;  // segments that could not be recycled
+  uint64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;          // segments that could not be recycled
+  std::vector<bool> seg_registered_ ABSL_GUARDED_BY(mu_);  // pinned with CUDA
 };
 
 }  // namespace kvpool::tiers

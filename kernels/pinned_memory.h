@@ -1,0 +1,25 @@
+#pragma once
+// Page-locking host memory for CUDA: registering the host arena (daemon) and a client's
+// mappings of it (client) with the CUDA driver makes them pinned memory, so a copy between a
+// block and GPU memory is one cudaMemcpyAsync at full PCIe/NVLink speed with no staging buffer.
+//
+// Without a usable GPU (no device, no driver, or a build without CUDA) registration returns
+// Unavailable or Unimplemented once and callers go on unpinned: the data path works either way.
+//
+// Thread safety: safe from any thread (the CUDA runtime serializes registration).
+
+#include <cstddef>
+
+#include "common/status.h"
+
+namespace kvpool::kernels {
+
+// True when a CUDA device is usable in this process (cached after the first call).
+bool CudaDeviceAvailable();
+// cudaHostRegister(data, length, portable; read-only for a PROT_READ mapping). Unavailable
+// without a device; Unimplemented in a build without CUDA; Internal with CUDA's reason otherwise.
+Status RegisterHostMemory(void* data, size_t length, bool read_only = false);
+// Undoes RegisterHostMemory (before unmapping). No-op when it was not registered.
+void UnregisterHostMemory(void* data);
+
+}  // namespace kvpool::kernels

@@ -1,0 +1,43 @@
+// CUDA build of kernels/pinned_memory.h.
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+
+#include "kernels/pinned_memory.h"
+
+namespace kvpool::kernels {
+
+bool CudaDeviceAvailable() {
+  // 0 unknown, 1 yes, 2 no. Relaxed: a cached, idempotent answer.
+  static std::atomic<int> state{0};
+  int s = state.load(std::memory_order_relaxed);
+  if (s == 0) {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    s = (err == cudaSuccess && n > 0) ? 1 : 2;
+    if (err != cudaSuccess) cudaGetLastError();  // clear the sticky error
+    state.store(s, std::memory_order_relaxed);
+  }
+  return s == 1;
+}
+
+Status RegisterHostMemory(void* data, size_t length, bool read_only) {
+  if (!CudaDeviceAvailable()) return Status::Unavailable("no usable CUDA device");
+  const unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+  const cudaError_t err = cudaHostRegister(data, length, flags);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Internal(std::string("cudaHostRegister: ") + cudaGetErrorString(err));
+  }
+  return Status::OK();
+}
+
+void UnregisterHostMemory(void* data) {
+  if (!CudaDeviceAvailable()) return;
+  if (cudaHostUnregister(data) != cudaSuccess) cudaGetLastError();
+}
+
+}  // namespace kvpool::kernels
