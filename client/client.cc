@@ -275,13 +275,7 @@ class Client::Impl {
   // Sends a request the daemon does not answer (RELEASE).
   template <typename Req>
   Status SendOnly(uint16_t type, const Req& req, Deadline deadline) {
-    std::string body;
-    req.SerializeToString(&body);
-    FrameHeader h;
-    h.type = type;
-    h.request_id = next_request_id_++;
-    h.body_bytes = static_cast<uint32_t>(body.size());
-    return channel_->Send(h, body, {}, deadline);
+    return SendRequest(type, req, {}, deadline).status();
   }
 
   // Runs `call` on a live connection. A connection that was already open before this call
@@ -312,6 +306,14 @@ class Client::Impl {
   template <typename Req, typename Resp>
   Status ExchangeOnce(uint16_t type, const Req& req, std::span<const iovec> payload, Resp* resp,
                       Deadline deadline, FrameHeader* out_header = nullptr) {
+    KVPOOL_ASSIGN_OR_RETURN(uint64_t id, SendRequest(type, req, payload, deadline));
+    return ReceiveResponse(type, id, resp, deadline, out_header);
+  }
+
+  // Sends one request frame (the payload gathered from `payload`); returns its request id.
+  template <typename Req>
+  Result<uint64_t> SendRequest(uint16_t type, const Req& req, std::span<const iovec> payload,
+                               Deadline deadline) {
     std::string body;
     if (!req.SerializeToString(&body)) return Status::Internal("cannot serialize request");
     FrameHeader h;
@@ -323,8 +325,16 @@ class Client::Impl {
     if (payload_bytes > UINT32_MAX) return Status::InvalidArgument("payload too large for a frame");
     h.payload_bytes = static_cast<uint32_t>(payload_bytes);
     KVPOOL_RETURN_IF_ERROR(channel_->Send(h, body, payload, deadline));
+    return h.request_id;
+  }
+
+  // Receives the response to request `id` and parses its body. With `out_header` the caller
+  // reads the response's payload; otherwise it is discarded.
+  template <typename Resp>
+  Status ReceiveResponse(uint16_t type, uint64_t id, Resp* resp, Deadline deadline,
+                         FrameHeader* out_header = nullptr) {
     KVPOOL_ASSIGN_OR_RETURN(FrameHeader rh, channel_->ReceiveHeader(recv_limits_, deadline));
-    if (rh.type != type || rh.request_id != h.request_id) {
+    if (rh.type != type || rh.request_id != id) {
       channel_.reset();
       return Status::Internal("kvpoold answered another request (type " + std::to_string(rh.type) +
                               ", id " + std::to_string(rh.request_id) + ")");
@@ -477,13 +487,8 @@ class Client::Impl {
       commit.add_reservation_ids(rid);
       commit.add_sizes(blocks[index].size);
     }
-    std::string body;
-    commit.SerializeToString(&body);
-    FrameHeader h;
-    h.type = wire::PUT_COMMIT;
-    h.request_id = next_request_id_++;
-    h.body_bytes = static_cast<uint32_t>(body.size());
-    KVPOOL_RETURN_IF_ERROR(channel_->Send(h, body, {}, deadline));
+    KVPOOL_ASSIGN_OR_RETURN(uint64_t request_id,
+                            SendRequest(wire::PUT_COMMIT, commit, {}, deadline));
     UcxBatch batch;
     std::vector<transport::UcxOpId> ops(reserved.size(), 0);
     {
@@ -501,16 +506,8 @@ class Client::Impl {
     }
     WaitUcx(batch, ops, deadline);
     // The daemon answers once its receives ended (a failed send fails that block there too).
-    KVPOOL_ASSIGN_OR_RETURN(FrameHeader rh, channel_->ReceiveHeader(recv_limits_, deadline));
-    if (rh.type != wire::PUT_COMMIT || rh.request_id != h.request_id) {
-      channel_.reset();
-      return Status::Internal("kvpoold answered another request");
-    }
-    std::string rbody(rh.body_bytes, '\0');
-    KVPOOL_RETURN_IF_ERROR(channel_->ReceiveInto(rbody.data(), rbody.size(), deadline));
-    KVPOOL_RETURN_IF_ERROR(channel_->Discard(rh.payload_bytes, deadline));
     wire::PutCommitResponse cresp;
-    if (!cresp.ParseFromString(rbody)) return Status::Internal("malformed PUT_COMMIT response");
+    KVPOOL_RETURN_IF_ERROR(ReceiveResponse(wire::PUT_COMMIT, request_id, &cresp, deadline));
     KVPOOL_RETURN_IF_ERROR(FromWire(cresp.status()));
     if (cresp.results_size() != static_cast<int>(reserved.size())) {
       return Status::Internal("kvpoold answered a PUT_COMMIT with the wrong count");
