@@ -12,6 +12,22 @@
 // payload), so replacing in-frame payloads by shared memory or UCX changes the transport, not
 // the request handling.
 //
+// Data paths (chosen per connection at hello, same requests for all):
+//  - socket: a put's bytes follow its PUT_COMMIT frame and are read straight into the reserved
+//    slots; a get's bytes follow the response, written from the leased slots.
+//  - shared memory (local Unix socket): GET answers each block's (segment, generation, offset)
+//    and a lease; the client copies from its read-only mapping and sends RELEASE (no answer).
+//    PUT_RESERVE answers where each reserved slot is; MAP_SEGMENTS hands out a writable segment
+//    descriptor only while this connection holds an open reservation in it; the client writes
+//    its slots and PUT_COMMIT (in place) verifies each block's checksum before publishing it.
+//    Ownership protocol: a reserved slot belongs to its writer until commit, abort, expiry or
+//    disconnect; after that the writer must not touch it. A writer that breaks this can only
+//    reach its own namespace's segments (descriptors are per segment and per namespace, and an
+//    emptied segment gets a fresh memfd before another namespace may use it), and readers
+//    verify checksums, so the worst it causes is a miss in its own namespace.
+//  - UCX (remote clients): block bodies travel as tagged messages between the client's buffers
+//    and the slots; the receiver verifies each checksum.
+//
 // Thread safety: called concurrently for different connections (see ControlServer).
 
 #include <chrono>
