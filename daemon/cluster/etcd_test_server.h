@@ -1,0 +1,51 @@
+#pragma once
+// EtcdTestServer: a real single-node etcd for tests, on free loopback ports, with its data in a
+// fresh temp dir. Kill() SIGKILLs it (as a crash would); Restart() starts it again on the same
+// data dir and ports. The destructor kills it and removes the dir. The child dies with the test
+// process (PR_SET_PDEATHSIG), so a crashed test leaves no etcd behind.
+//
+// The binary is $KVPOOL_ETCD, else /usr/bin/etcd (Debian's etcd-server). Listens on 127.0.0.1
+// only.
+//
+// Thread safety: one thread.
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace kvpool::daemon::cluster {
+
+class EtcdTestServer {
+ public:
+  // Unavailable (with the reason) when there is no etcd binary or it does not come up.
+  static Result<std::unique_ptr<EtcdTestServer>> Start();
+  ~EtcdTestServer();
+
+  // "etcd://127.0.0.1:PORT"
+  std::string endpoint() const;
+  uint16_t client_port() const { return client_port_; }
+  // SIGKILL and reap.
+  void Kill();
+  // Starts again on the same data dir and ports; waits until it answers.
+  Status Restart();
+  // The binary tests run, for skip messages.
+  static std::string BinaryPath();
+
+ private:
+  EtcdTestServer() = default;
+  Status Launch();
+
+  std::string dir_;
+  uint16_t client_port_ = 0;
+  uint16_t peer_port_ = 0;
+  pid_t pid_ = -1;
+  int launches_ = 0;
+};
+
+// A loopback TCP port that was free a moment ago.
+uint16_t FreeLoopbackPort();
+
+}  // namespace kvpool::daemon::cluster
