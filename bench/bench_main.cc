@@ -1,12 +1,13 @@
-// kvpool-bench: put, get and lookup through kvpoold, each figure beside the machine's own limit
-// (single-thread memcpy of the same block size) measured in the same run. See docs/BENCHMARKS.md
-// for what the figures mean and the recorded results, and `kvpool-bench --help` for the flags.
+// kvpool-bench: put, get and lookup through kvpoold, on each data path (socket, shm), every
+// figure beside the machine's own limit (single-thread memcpy of the same block size) and a bare
+// Unix-socketpair get, measured in the same run. See docs/BENCHMARKS.md for what the figures mean
+// and the recorded results, and `kvpool-bench --help` for the flags.
 //
 // A run: start a kvpoold on a temp dir (or use --socket), put a 1,000-block chain for the lookups,
-// then for each block size measure memcpy, and for each concurrency a put phase (fresh keys) and
-// a get phase (of what was put, a sample checked byte for byte), then drop those blocks; then the
-// lookups, the mixed-size fragmentation probe, and stop the daemon. Any wrong byte, miss or error
-// ends the run with exit status 1.
+// then for each block size measure memcpy and the socketpair, and for each path and concurrency a
+// put phase (fresh keys) and a get phase (of what was put, a sample checked byte for byte), then
+// drop those blocks; then the lookups, the mixed-size fragmentation probe, and stop the daemon.
+// Any wrong byte, miss or error ends the run with exit status 1.
 
 #include <gflags/gflags.h>
 #include <unistd.h>
@@ -51,8 +52,9 @@ DEFINE_string(working_set, "1GiB",
 DEFINE_string(socket, "",
               "Use the kvpoold at this address (Unix socket path or tcp://HOST:PORT) instead of "
               "starting one. Its host tier must hold the working set.");
-DEFINE_string(kvpoold, "", "kvpoold to start. Default: <dir of kvpool-bench>/../daemon/kvpoold, "
-                           "then <dir of kvpool-bench>/kvpoold.");
+DEFINE_string(kvpoold, "",
+              "kvpoold to start. Default: <dir of kvpool-bench>/../daemon/kvpoold, "
+              "then <dir of kvpool-bench>/kvpoold.");
 DEFINE_string(host_capacity, "",
               "Host tier of the started kvpoold. Default: 1.5 x (largest case's working set + "
               "lookup chain), in whole 64 MiB segments.");
@@ -60,8 +62,9 @@ DEFINE_string(namespace_name, "kvpool-bench", "Namespace (tenant) the bench acts
 DEFINE_bool(pin, false,
             "Pin the started daemon to --daemon_cpus and each bench thread to one of "
             "--bench_cpus. Every figure reports the pinning used.");
-DEFINE_string(daemon_cpus, "", "With --pin: CPUs of the daemon. Default: first half of the "
-                               "allowed CPUs.");
+DEFINE_string(daemon_cpus, "",
+              "With --pin: CPUs of the daemon. Default: first half of the "
+              "allowed CPUs.");
 DEFINE_string(bench_cpus, "", "With --pin: CPUs of the bench threads. Default: the other half.");
 DEFINE_uint32(chain_blocks, 1000, "Blocks in the chain each lookup call asks for.");
 DEFINE_string(lookup_block_bytes, "64KiB",
@@ -254,7 +257,8 @@ double LoadAverage() {
 void Bench::Emit(Figure f) {
   f.extra["loadavg_1m"] = LoadAverage();
   char line[256];
-  std::snprintf(line, sizeof(line), "%s %s %s %s x%d: %.3f GB/s, %.1f ops/s, p50 %.1f us, p99 %.1f us",
+  std::snprintf(line, sizeof(line),
+                "%s %s %s %s x%d: %.3f GB/s, %.1f ops/s, p50 %.1f us, p99 %.1f us",
                 f.system.c_str(), f.path.c_str(), f.op.c_str(),
                 f.block_bytes == 0 ? "mixed" : SizeName(f.block_bytes).c_str(), f.concurrency,
                 f.gbps, f.ops_per_s, f.p50_us, f.p99_us);
@@ -289,8 +293,10 @@ Status Bench::PutChain() {
       uint8_t* buf = buffers.data() + j * b;
       std::memcpy(buf, pattern.slot(j), b);
       StampBlock(chain_[start + j], buf, b);
-      blocks.push_back({chain_[start + j], buf, b, start + j == 0 ? BlockKey{} : chain_[start + j - 1]});
-      chain_blocks_.push_back({chain_[start + j], static_cast<uint32_t>(j), static_cast<uint32_t>(b)});
+      blocks.push_back(
+          {chain_[start + j], buf, b, start + j == 0 ? BlockKey{} : chain_[start + j - 1]});
+      chain_blocks_.push_back(
+          {chain_[start + j], static_cast<uint32_t>(j), static_cast<uint32_t>(b)});
     }
     KVPOOL_RETURN_IF_ERROR(t->Put(blocks).WithContext("putting the lookup chain"));
   }
@@ -356,8 +362,7 @@ void Bench::AddBaselines(Figure& f) const {
 
 Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
                       const PatternSet& pattern, int case_index) {
-  const std::string tag =
-      sys.path() + " " + SizeName(block_bytes) + " x" + std::to_string(threads);
+  const std::string tag = sys.path() + " " + SizeName(block_bytes) + " x" + std::to_string(threads);
   KVPOOL_ASSIGN_OR_RETURN(ArenaStats before, system_.Arena());
 
   // Put: fresh keys only.
@@ -388,10 +393,11 @@ Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
   Figure put = NewFigure(sys, "put", block_bytes, threads);
   put.SetFrom(*put_stats);
   KVPOOL_ASSIGN_OR_RETURN(ArenaStats after_put, AddArena(put));
-  const bool spilled = after_put.demotions != before.demotions ||
-                       after_put.evictions != before.evictions;
+  const bool spilled =
+      after_put.demotions != before.demotions || after_put.evictions != before.evictions;
   put.extra["spilled_to_disk"] = spilled;
-  if (spilled) Progress("warning: put " + tag + " demoted or evicted host blocks; size the host tier up");
+  if (spilled)
+    Progress("warning: put " + tag + " demoted or evicted host blocks; size the host tier up");
   AddBaselines(put);
   Emit(std::move(put));
 
@@ -454,8 +460,8 @@ Status Bench::RunMixed() {
     return Status::OK();
   }
   // Fill so that no segment is left free: only then is free space the holes between blocks.
-  uint64_t target = static_cast<uint64_t>(
-      (FLAGS_mixed_fill > 0 ? FLAGS_mixed_fill : 0.85) * static_cast<double>(a0.capacity_bytes));
+  uint64_t target = static_cast<uint64_t>((FLAGS_mixed_fill > 0 ? FLAGS_mixed_fill : 0.85) *
+                                          static_cast<double>(a0.capacity_bytes));
   if (FLAGS_mixed_fill == 0 && c_.own_daemon && a0.capacity_bytes > kSegmentBytes) {
     target = a0.capacity_bytes - kSegmentBytes / 2;
   }
@@ -500,8 +506,8 @@ Status Bench::RunMixed() {
   w.clear();
   w.push_back(std::make_unique<MixedPutWorker>(
       system_, pattern, c_.batch, sizes,
-      target > a1.allocated_bytes ? target - a1.allocated_bytes : 0, c_.run_secret,
-      "mixed-refill", seed + 1));
+      target > a1.allocated_bytes ? target - a1.allocated_bytes : 0, c_.run_secret, "mixed-refill",
+      seed + 1));
   KVPOOL_ASSIGN_OR_RETURN(PhaseStats s, RunPhase(w, cpus, fill_limits));
   const std::vector<StoredBlock>& refill = static_cast<MixedPutWorker&>(*w[0]).stored();
   live.insert(live.end(), refill.begin(), refill.end());
@@ -597,7 +603,8 @@ int Main(const std::string& command) {
     if (!FLAGS_host_capacity.empty()) {
       Result<uint64_t> cap = ParseBytes(FLAGS_host_capacity);
       if (!cap.ok()) {
-        std::fprintf(stderr, "kvpool-bench: --host_capacity: %s\n", cap.status().ToString().c_str());
+        std::fprintf(stderr, "kvpool-bench: --host_capacity: %s\n",
+                     cap.status().ToString().c_str());
         return 2;
       }
       o.host_capacity_bytes = *cap;
@@ -626,7 +633,8 @@ int Main(const std::string& command) {
                 Now().c_str(), command.c_str(), config->pin.description.c_str(), LoadAverage());
     std::printf("  batch: %zu blocks per call; latency per call; GB/s = 1e9 B/s of wall time\n",
                 config->batch);
-    std::printf("  daemon: %s", own_daemon ? banner.c_str() : ("external at " + address + "\n").c_str());
+    std::printf("  daemon: %s",
+                own_daemon ? banner.c_str() : ("external at " + address + "\n").c_str());
     std::fflush(stdout);
   }
 
@@ -642,21 +650,23 @@ int Main(const std::string& command) {
   }
   if (!FLAGS_json) {
     std::printf("\n%s", FormatTable(bench.figures()).c_str());
-    std::printf("\nratio = kvpool GB/s / single-thread memcpy GB/s of the same block size; "
-                "sock = kvpool GB/s / socketpair GB/s (the bare Unix socket, one round trip per "
-                "call, same block size); frag = host arena fragmentation after the phase.\n");
+    std::printf(
+        "\nratio = kvpool GB/s / single-thread memcpy GB/s of the same block size; "
+        "sock = kvpool GB/s / socketpair GB/s (the bare Unix socket, one round trip per "
+        "call, same block size); frag = host arena fragmentation after the phase.\n");
     for (const Figure& f : bench.figures()) {
       if (!f.extra.contains("workload") || !f.extra.contains("host_fragmentation")) continue;
-      std::printf("host arena after the mixed-size probe (%s of %s allocated, %llu blocks): "
-                  "fragmentation %.3f after freeing a random half, %.3f after refilling; the "
-                  "refill made the daemon demote %llu and evict %llu host blocks\n",
-                  FormatBytes(f.extra["host_allocated_bytes"].get<uint64_t>()).c_str(),
-                  FormatBytes(f.extra["host_capacity_bytes"].get<uint64_t>()).c_str(),
-                  static_cast<unsigned long long>(f.extra["host_blocks"].get<uint64_t>()),
-                  f.extra["host_fragmentation_after_frees"].get<double>(),
-                  f.extra["host_fragmentation"].get<double>(),
-                  static_cast<unsigned long long>(f.extra["refill_demotions"].get<uint64_t>()),
-                  static_cast<unsigned long long>(f.extra["refill_evictions"].get<uint64_t>()));
+      std::printf(
+          "host arena after the mixed-size probe (%s of %s allocated, %llu blocks): "
+          "fragmentation %.3f after freeing a random half, %.3f after refilling; the "
+          "refill made the daemon demote %llu and evict %llu host blocks\n",
+          FormatBytes(f.extra["host_allocated_bytes"].get<uint64_t>()).c_str(),
+          FormatBytes(f.extra["host_capacity_bytes"].get<uint64_t>()).c_str(),
+          static_cast<unsigned long long>(f.extra["host_blocks"].get<uint64_t>()),
+          f.extra["host_fragmentation_after_frees"].get<double>(),
+          f.extra["host_fragmentation"].get<double>(),
+          static_cast<unsigned long long>(f.extra["refill_demotions"].get<uint64_t>()),
+          static_cast<unsigned long long>(f.extra["refill_evictions"].get<uint64_t>()));
     }
   }
   if (!st.ok()) {

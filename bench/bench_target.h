@@ -1,8 +1,8 @@
 #pragma once
 // The seam between kvpool-bench's shared runner and the systems it measures.
 //
-// A BenchSystem is one (system, path) pair under test: kvpool through its socket path today;
-// kvpool's shm and ucx paths and a Redis peer next. It hands out one BenchTarget per bench
+// A BenchSystem is one (system, path) pair under test: kvpool's socket and shm paths today
+// (bench/kvpool_target.h); kvpool's ucx path and a Redis peer next. It hands out one BenchTarget per bench
 // thread (each with its own connection, as a real worker would have) and answers a few
 // housekeeping calls between cases. Adding a path or a peer is one more pair of classes
 // implementing these two interfaces; timing, percentiles, verification, JSON and the table stay
@@ -42,8 +42,8 @@ struct ArenaStats {
   uint64_t used_bytes = 0;       // payload bytes of the blocks held
   uint64_t allocated_bytes = 0;  // bytes handed out (rounded up to the allocator's pages)
   uint64_t blocks = 0;
-  double fragmentation = 0;      // the system's own definition (kvpool: tiers/host_tier.h)
-  uint64_t demotions = 0;        // cumulative, to tell whether a phase spilled to a slower tier
+  double fragmentation = 0;  // the system's own definition (kvpool: tiers/host_tier.h)
+  uint64_t demotions = 0;    // cumulative, to tell whether a phase spilled to a slower tier
   uint64_t evictions = 0;
 };
 

@@ -57,8 +57,8 @@ void StampBlock(const BlockKey& key, uint8_t* block, size_t size) {
   }
 }
 
-Status VerifyBlock(const BlockKey& key, const uint8_t* got, size_t got_size,
-                   const uint8_t* pattern, size_t expected_size) {
+Status VerifyBlock(const BlockKey& key, const uint8_t* got, size_t got_size, const uint8_t* pattern,
+                   size_t expected_size) {
   if (got_size != expected_size) {
     return Status::Corruption("block " + key.ShortHex() + " came back with " +
                               std::to_string(got_size) + " bytes, not " +

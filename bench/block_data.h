@@ -70,8 +70,8 @@ struct StoredBlock {
 void StampBlock(const BlockKey& key, uint8_t* block, size_t size);
 // OK when `got` (got_size bytes) is `pattern` (expected_size bytes) with key's stamps;
 // Corruption naming the first differing offset otherwise.
-Status VerifyBlock(const BlockKey& key, const uint8_t* got, size_t got_size,
-                   const uint8_t* pattern, size_t expected_size);
+Status VerifyBlock(const BlockKey& key, const uint8_t* got, size_t got_size, const uint8_t* pattern,
+                   size_t expected_size);
 
 // `count` fresh keys for stream `stream` of this run (distinct streams never share a key).
 std::vector<BlockKey> MakeKeys(const std::string& run_secret, const std::string& stream,

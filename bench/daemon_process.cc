@@ -38,7 +38,8 @@ Result<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const DaemonProcessO
   if (mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp");
   const std::string dir = tmpl;
 
-  const uint64_t segments = std::max<uint64_t>(1, (o.host_capacity_bytes + kSegment - 1) / kSegment);
+  const uint64_t segments =
+      std::max<uint64_t>(1, (o.host_capacity_bytes + kSegment - 1) / kSegment);
   std::vector<std::string> args = {
       o.binary,
       "--data_dir=" + dir + "/data",
@@ -110,8 +111,10 @@ std::string DaemonProcess::Banner() const {
   std::string line;
   bool in_banner = false;
   while (std::getline(in, line)) {
-    if (line.rfind("kvpoold ", 0) == 0) in_banner = true;
-    else if (in_banner && line.rfind("  ", 0) != 0) break;
+    if (line.rfind("kvpoold ", 0) == 0)
+      in_banner = true;
+    else if (in_banner && line.rfind("  ", 0) != 0)
+      break;
     if (in_banner) out += line + "\n";
   }
   return out;

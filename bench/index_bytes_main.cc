@@ -73,7 +73,8 @@ void Measure(uint64_t n) {
   }
   const auto t2 = std::chrono::steady_clock::now();
   const uint64_t rss1 = ResidentBytes();
-  const double mem_per = static_cast<double>(index.MemoryBytes()) / static_cast<double>(index.size());
+  const double mem_per =
+      static_cast<double>(index.MemoryBytes()) / static_cast<double>(index.size());
   const double rss_per = static_cast<double>(rss1 - rss0) / static_cast<double>(n);
   const double insert_ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / n;
   const double find_ns = std::chrono::duration<double, std::nano>(t2 - t1).count() / finds;
@@ -83,12 +84,12 @@ void Measure(uint64_t n) {
     std::exit(1);
   }
   if (FLAGS_json) {
-    std::printf("{\"entries\": %llu, \"sizeof_entry\": %zu, \"memory_bytes\": %zu, "
-                "\"memory_bytes_per_entry\": %.1f, \"rss_delta_bytes\": %llu, "
-                "\"rss_bytes_per_entry\": %.1f, \"insert_ns\": %.1f, \"find_ns\": %.1f}\n",
-                static_cast<unsigned long long>(n), sizeof(kvpool::daemon::Entry),
-                index.MemoryBytes(), mem_per, static_cast<unsigned long long>(rss1 - rss0),
-                rss_per, insert_ns, find_ns);
+    std::printf(
+        "{\"entries\": %llu, \"sizeof_entry\": %zu, \"memory_bytes\": %zu, "
+        "\"memory_bytes_per_entry\": %.1f, \"rss_delta_bytes\": %llu, "
+        "\"rss_bytes_per_entry\": %.1f, \"insert_ns\": %.1f, \"find_ns\": %.1f}\n",
+        static_cast<unsigned long long>(n), sizeof(kvpool::daemon::Entry), index.MemoryBytes(),
+        mem_per, static_cast<unsigned long long>(rss1 - rss0), rss_per, insert_ns, find_ns);
   } else {
     std::printf("%12llu %12zu %16.1f %14.1f %12.1f %10.1f\n", static_cast<unsigned long long>(n),
                 sizeof(kvpool::daemon::Entry), mem_per, rss_per, insert_ns, find_ns);
@@ -117,8 +118,8 @@ int main(int argc, char** argv) {
     pos = comma + 1;
   }
   if (!FLAGS_json) {
-    std::printf("%12s %12s %16s %14s %12s %10s\n", "entries", "sizeof(Entry)",
-                "MemoryBytes/entry", "RSS/entry", "insert ns", "find ns");
+    std::printf("%12s %12s %16s %14s %12s %10s\n", "entries", "sizeof(Entry)", "MemoryBytes/entry",
+                "RSS/entry", "insert ns", "find ns");
   }
   for (uint64_t n : sizes) {
     std::fflush(stdout);

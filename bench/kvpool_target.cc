@@ -103,8 +103,8 @@ Result<std::unique_ptr<BenchTarget>> KvpoolSystem::NewTarget(int thread_index) {
 Status KvpoolSystem::EnsureAdmin() {
   if (admin_ != nullptr) return Status::OK();
   // Control only: evictions and statistics move no block bytes.
-  KVPOOL_ASSIGN_OR_RETURN(admin_,
-                          Client::Connect(Options(address_, namespace_name_, -1, DataPath::kSocket)));
+  KVPOOL_ASSIGN_OR_RETURN(
+      admin_, Client::Connect(Options(address_, namespace_name_, -1, DataPath::kSocket)));
   return Status::OK();
 }
 

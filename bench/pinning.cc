@@ -74,8 +74,8 @@ Status PinThisThread(const std::vector<int>& cpus) {
   return Status::OK();
 }
 
-Result<PinPlan> MakePinPlan(bool enabled, std::string_view daemon_cpus,
-                            std::string_view bench_cpus, bool own_daemon) {
+Result<PinPlan> MakePinPlan(bool enabled, std::string_view daemon_cpus, std::string_view bench_cpus,
+                            bool own_daemon) {
   PinPlan plan;
   if (!enabled) {
     plan.description = "none";

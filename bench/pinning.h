@@ -34,7 +34,7 @@ struct PinPlan {
 // With `enabled`, the daemon gets `daemon_cpus` and the bench `bench_cpus`; an empty list
 // defaults to a split of the allowed CPUs (the first half to the daemon, the rest to the bench;
 // with one CPU both share it). `own_daemon` false: the daemon is someone else's and stays as is.
-Result<PinPlan> MakePinPlan(bool enabled, std::string_view daemon_cpus,
-                            std::string_view bench_cpus, bool own_daemon);
+Result<PinPlan> MakePinPlan(bool enabled, std::string_view daemon_cpus, std::string_view bench_cpus,
+                            bool own_daemon);
 
 }  // namespace kvpool::bench

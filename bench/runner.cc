@@ -16,9 +16,12 @@ namespace kvpool::bench {
 
 const char* StopReasonName(StopReason r) {
   switch (r) {
-    case StopReason::kTime: return "time";
-    case StopReason::kOps: return "ops";
-    case StopReason::kData: return "data";
+    case StopReason::kTime:
+      return "time";
+    case StopReason::kOps:
+      return "ops";
+    case StopReason::kData:
+      return "data";
   }
   return "unknown";
 }
@@ -180,10 +183,9 @@ std::string FormatTable(const std::vector<Figure>& figures) {
   }
   char line[512];
   std::string out;
-  std::snprintf(line, sizeof(line),
-                "%-10s %-6s %-6s %4s %10s %8s %9s %9s %9s %7s %6s %6s %6s\n", "system", "path",
-                "op", "conc", "block", "GB/s", "ops/s", "p50 us", "p99 us", "memcpy", "ratio",
-                "sock", "frag");
+  std::snprintf(line, sizeof(line), "%-10s %-6s %-6s %4s %10s %8s %9s %9s %9s %7s %6s %6s %6s\n",
+                "system", "path", "op", "conc", "block", "GB/s", "ops/s", "p50 us", "p99 us",
+                "memcpy", "ratio", "sock", "frag");
   out += line;
   for (const Figure& f : figures) {
     std::string mem = "-";
@@ -206,9 +208,8 @@ std::string FormatTable(const std::vector<Figure>& figures) {
     const std::string frag = f.extra.contains("host_fragmentation")
                                  ? Fmt("%.3f", f.extra["host_fragmentation"].get<double>())
                                  : "-";
-    std::snprintf(line, sizeof(line),
-                  "%-10s %-6s %-6s %4d %10s %8s %9s %9s %9s %7s %6s %6s %6s\n", f.system.c_str(),
-                  f.path.c_str(), f.op.c_str(), f.concurrency, block.c_str(),
+    std::snprintf(line, sizeof(line), "%-10s %-6s %-6s %4d %10s %8s %9s %9s %9s %7s %6s %6s %6s\n",
+                  f.system.c_str(), f.path.c_str(), f.op.c_str(), f.concurrency, block.c_str(),
                   f.op == "lookup" ? "-" : Fmt("%.3f", f.gbps).c_str(),
                   Fmt("%.1f", f.ops_per_s).c_str(), Fmt("%.1f", f.p50_us).c_str(),
                   Fmt("%.1f", f.p99_us).c_str(), mem.c_str(), ratio.c_str(), sock.c_str(),

@@ -28,8 +28,8 @@ namespace kvpool::bench {
 using Clock = std::chrono::steady_clock;
 
 struct PhaseLimits {
-  double seconds = 2;     // 0: no time limit
-  uint64_t max_ops = 0;   // calls over all threads; 0: no limit
+  double seconds = 2;    // 0: no time limit
+  uint64_t max_ops = 0;  // calls over all threads; 0: no limit
 };
 
 // Why a phase ended.
@@ -70,7 +70,7 @@ class PhaseWorker {
 struct PhaseStats {
   uint64_t ops = 0;
   uint64_t bytes = 0;
-  double seconds = 0;  // wall
+  double seconds = 0;                // wall
   std::vector<double> latencies_us;  // sorted
   StopReason stop = StopReason::kTime;
 };
@@ -85,9 +85,9 @@ double Percentile(const std::vector<double>& sorted, double q);
 
 // One result line.
 struct Figure {
-  std::string system;  // "kvpool", "memcpy", "socketpair"
-  std::string path;    // "socket", "memory", "unix"
-  std::string op;      // "put", "get", "lookup", "copy", "stream"
+  std::string system;        // "kvpool", "memcpy", "socketpair"
+  std::string path;          // "socket", "memory", "unix"
+  std::string op;            // "put", "get", "lookup", "copy", "stream"
   uint64_t block_bytes = 0;  // 0: a mixed-size workload
   int concurrency = 1;
   double gbps = 0;

@@ -116,8 +116,8 @@ Status GetWorker::Run(PhaseClock& clock) {
     if (call % verify_every_ == 0) {
       for (size_t j = 0; j < batch_; ++j) {
         const StoredBlock& sb = blocks_[which[j]];
-        KVPOOL_RETURN_IF_ERROR(
-            VerifyBlock(sb.key, buffers_.data() + j * b, sizes[j], pattern_.slot(sb.slot), sb.size));
+        KVPOOL_RETURN_IF_ERROR(VerifyBlock(sb.key, buffers_.data() + j * b, sizes[j],
+                                           pattern_.slot(sb.slot), sb.size));
       }
       ++verified_calls_;
       verified_blocks_ += batch_;
@@ -202,7 +202,8 @@ Status MixedPutWorker::Run(PhaseClock& clock) {
     const Clock::time_point t0 = Clock::now();
     Status st = target_->Put(blocks);
     const Clock::duration d = Clock::now() - t0;
-    if (!st.ok()) return st.WithContext("mixed put of " + std::to_string(blocks.size()) + " blocks");
+    if (!st.ok())
+      return st.WithContext("mixed put of " + std::to_string(blocks.size()) + " blocks");
     clock.Record(d, bytes);
   }
   clock.OutOfData();
@@ -216,7 +217,8 @@ MemcpyWorker::MemcpyWorker(const AlignedBuffer& ring, size_t block_bytes, size_t
     : ring_(ring), block_bytes_(block_bytes), batch_(batch) {}
 
 Status MemcpyWorker::Prepare() {
-  if (ring_.size() < block_bytes_) return Status::InvalidArgument("memcpy ring smaller than a block");
+  if (ring_.size() < block_bytes_)
+    return Status::InvalidArgument("memcpy ring smaller than a block");
   buffers_ = AlignedBuffer(batch_ * block_bytes_);
   return Status::OK();
 }
@@ -395,8 +397,8 @@ Status VerifyStored(BenchTarget& target, const PatternSet& pattern, size_t batch
     KVPOOL_RETURN_IF_ERROR(target.Get(keys, bufs, sizes));
     for (size_t j = 0; j < n; ++j) {
       const StoredBlock& sb = blocks[start + j];
-      KVPOOL_RETURN_IF_ERROR(VerifyBlock(sb.key, buffers.data() + j * b, sizes[j],
-                                         pattern.slot(sb.slot), sb.size));
+      KVPOOL_RETURN_IF_ERROR(
+          VerifyBlock(sb.key, buffers.data() + j * b, sizes[j], pattern.slot(sb.slot), sb.size));
     }
   }
   return Status::OK();
