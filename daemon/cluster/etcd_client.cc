@@ -485,7 +485,10 @@ class WatchImpl final : public EtcdWatch {
     beast::tcp_stream stream(io);
     const auto& options = client_.options_;
     auto ec = Connect(io, stream, *addrs, Clock::now() + options.connect_timeout);
-    if (ec) return End::kFailed;
+    if (ec) {
+      VLOG(1) << "etcd watch " << prefix_ << ": connect " << ep.ToString() << ": " << ec.message();
+      return End::kFailed;
+    }
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return End::kClosed;
@@ -516,12 +519,19 @@ class WatchImpl final : public EtcdWatch {
     auto req = MakePost(ep, "/v3/watch", create.dump());
     stream.expires_after(options.request_timeout);
     ec = RunOp(io, [&](auto handler) { http::async_write(stream, req, handler); });
-    if (ec) return End::kFailed;
+    if (ec) {
+      VLOG(1) << "etcd watch " << prefix_ << ": send to " << ep.ToString() << ": " << ec.message();
+      return End::kFailed;
+    }
     beast::flat_buffer buffer;
     http::response_parser<http::buffer_body> parser;
     parser.body_limit(boost::none);  // the stream is endless; each line is bounded below
     ec = RunOp(io, [&](auto handler) { http::async_read_header(stream, buffer, parser, handler); });
-    if (ec) return End::kFailed;
+    if (ec) {
+      VLOG(1) << "etcd watch " << prefix_ << ": reply from " << ep.ToString() << ": "
+              << ec.message();
+      return End::kFailed;
+    }
     if (parser.get().result_int() != 200) {
       LOG(WARNING) << "etcd " << ep.ToString() << " refused the watch on " << prefix_ << ": HTTP "
                    << parser.get().result_int();
@@ -533,8 +543,11 @@ class WatchImpl final : public EtcdWatch {
     while (!parser.is_done()) {
       parser.get().body().data = chunk.data();
       parser.get().body().size = chunk.size();
-      ec = RunOp(io, [&](auto handler) { http::async_read(stream, buffer, parser, handler); });
-      if (ec && ec != http::error::need_buffer) break;
+      ec = RunOp(io, [&](auto handler) { http::async_read_some(stream, buffer, parser, handler); });
+      if (ec && ec != http::error::need_buffer) {
+        VLOG(1) << "etcd watch " << prefix_ << " on " << ep.ToString() << " broke: " << ec.message();
+        break;
+      }
       pending.append(chunk.data(), chunk.size() - parser.get().body().size);
       size_t begin = 0;
       for (size_t nl; (nl = pending.find('\n', begin)) != std::string::npos; begin = nl + 1) {

@@ -69,6 +69,16 @@ class Collector {
   std::vector<WatchUpdate> updates_;
 };
 
+// The watch's stream is up (its create request acknowledged).
+bool WaitConnected(const EtcdWatch& watch) {
+  const auto deadline = Clock::now() + 5s;
+  while (!watch.connected()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
 bool HasEvent(const std::vector<WatchUpdate>& updates, WatchEvent::Type type,
               const std::string& key, const std::string& value = "") {
   for (const auto& u : updates) {
@@ -185,7 +195,7 @@ TEST_F(EtcdClientTest, WatchDeliversSnapshotPutsAndDeletes) {
   EXPECT_TRUE(first.snapshot);
   ASSERT_EQ(first.events.size(), 1u);
   EXPECT_EQ(first.events[0].kv.key, prefix_ + "before");
-  ASSERT_TRUE(got.WaitFor([&](auto&) { return watch->connected(); }));
+  ASSERT_TRUE(WaitConnected(*watch));
 
   ASSERT_TRUE(client_->Put(prefix_ + "x", "1").ok());
   ASSERT_TRUE(client_->Put(prefix_ + "x", "2").ok());
@@ -255,7 +265,7 @@ TEST_F(EtcdClientTest, FailsOverToALiveEndpoint) {
   EXPECT_EQ((*client)->Get(prefix_ + "f")->kvs.size(), 1u);
   Collector got;
   auto watch = (*client)->Watch(prefix_, 0, [&](const WatchUpdate& u) { got.Add(u); });
-  ASSERT_TRUE(got.WaitFor([&](auto&) { return watch->connected(); }));
+  ASSERT_TRUE(WaitConnected(*watch));
   ASSERT_TRUE((*client)->Put(prefix_ + "g", "v").ok());
   EXPECT_TRUE(got.WaitFor([&](auto& u) { return HasEvent(u, WatchEvent::Type::kPut, prefix_ + "g"); }));
 }
@@ -263,7 +273,7 @@ TEST_F(EtcdClientTest, FailsOverToALiveEndpoint) {
 TEST_F(EtcdClientTest, WatchResumesAfterEtcdRestarts) {
   Collector got;
   auto watch = client_->Watch(prefix_, 0, [&](const WatchUpdate& u) { got.Add(u); });
-  ASSERT_TRUE(got.WaitFor([&](auto&) { return watch->connected(); }));
+  ASSERT_TRUE(WaitConnected(*watch));
   ASSERT_TRUE(client_->Put(prefix_ + "a", "1").ok());
   ASSERT_TRUE(got.WaitFor([&](auto& u) { return HasEvent(u, WatchEvent::Type::kPut, prefix_ + "a"); }));
 

@@ -317,6 +317,12 @@ Status Membership::Claim(const char* why) {
       revoke();
       return Status::Aborted("membership is stopping");
     }
+    // Our own new lease must outlive the wait.
+    auto renewed = etcd_->KeepAliveOnce(grant.id);
+    if (!renewed.ok()) {
+      revoke();
+      return renewed.status().WithContext("claiming " + key_);
+    }
   }
   absl::MutexLock lock(&mu_);
   lease_ = grant.id;

@@ -216,6 +216,7 @@ TEST_F(MembershipTest, WrongSecretMembersAreIgnored) {
   auto etcd = EtcdClient::Create(server_->endpoint());
   ASSERT_TRUE(etcd.ok());
   const std::string prefix = MembersPrefix(cluster_);
+  const uint64_t ignored_before = a->health().ignored_records;
   ASSERT_TRUE((*etcd)->Put(prefix + "junk", "{not json").ok());
   auto b_record = (*etcd)->Get(prefix + "node-b");
   ASSERT_TRUE(b_record.ok() && b_record->kvs.size() == 1);
@@ -225,7 +226,6 @@ TEST_F(MembershipTest, WrongSecretMembersAreIgnored) {
   forged->node_id = "node-forged";
   forged->control_address = "tcp://6.6.6.6:1";
   ASSERT_TRUE((*etcd)->Put(prefix + "node-forged", EncodeMemberRecord(*forged)).ok());
-  const uint64_t ignored_before = a->health().ignored_records;
   ASSERT_LE(WaitUntil([&] { return a->health().ignored_records >= ignored_before + 3; }, 2000ms),
             2000ms);
   EXPECT_EQ(Ids(*a), (std::set<std::string>{"node-a", "node-b"}));
