@@ -68,6 +68,14 @@ Tier FromWire(int t) {
 
 std::string KeyBytes(const BlockKey& k) { return std::string(k.AsStringView()); }
 
+// Keys back to back, 32 bytes each (the packed_keys wire fields).
+void PackKeys(std::span<const BlockKey> keys, std::string* out) {
+  out->resize(keys.size() * BlockKey::kSize);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::memcpy(out->data() + i * BlockKey::kSize, keys[i].bytes.data(), BlockKey::kSize);
+  }
+}
+
 }  // namespace
 
 class Client::Impl {
@@ -244,8 +252,9 @@ class Client::Impl {
             st = Status::Internal("MAP_SEGMENTS answered without the descriptor");
           } else {
             const int fd = fds[next_fd++];
+            // MAP_POPULATE: fault the segment in once here, not one page at a time in the copies.
             void* p = mmap(nullptr, segment_bytes_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                           MAP_SHARED, fd, 0);
+                           MAP_SHARED | MAP_POPULATE, fd, 0);
             ::close(fd);
             if (p == MAP_FAILED) {
               st = Status::FromErrno(errno, "mapping a host segment");
@@ -533,7 +542,9 @@ class Client::Impl {
       for (size_t start = 0; start < todo.size(); start += server_.max_batch_keys) {
         const size_t end = std::min(todo.size(), start + server_.max_batch_keys);
         wire::GetRequest req;
-        for (size_t j = start; j < end; ++j) req.add_keys(KeyBytes(keys[todo[j]]));
+        std::string* packed = req.mutable_packed_keys();
+        packed->reserve((end - start) * BlockKey::kSize);
+        for (size_t j = start; j < end; ++j) packed->append(keys[todo[j]].AsStringView());
         req.set_in_place(server_.shared_memory);
         const bool via_ucx = server_.ucx && !server_.shared_memory;
         const uint64_t tag_base = (++ucx_seq_ & 0xFFFFFF) << 16;
@@ -633,7 +644,8 @@ class Client::Impl {
         result.errors[i] = Status::InvalidArgument(
             "block " + std::to_string(i) + " of " + std::to_string(blocks[i].size) +
             " bytes exceeds the daemon's limit of " + std::to_string(server_.max_block_bytes));
-      } else {
+      } else if (!server_.shared_memory) {
+        // In place, the block is hashed while it is copied into its slot instead.
         checksums[i] = BlockChecksum(blocks[i].data, blocks[i].size);
       }
     }
@@ -749,7 +761,9 @@ class Client::Impl {
         abort.add_reservation_ids(reserved[k].second);
         continue;
       }
-      std::memcpy(write_maps_[slots[k].segment()].base + slots[k].offset(), b.data, b.size);
+      // One pass: copy into the slot and hash what was copied (the daemon verifies it again).
+      commit.add_checksums(CopyWithChecksum(
+          write_maps_[slots[k].segment()].base + slots[k].offset(), b.data, b.size));
       commit.add_reservation_ids(reserved[k].second);
       commit.add_sizes(b.size);
       in_frame.push_back(reserved[k].first);
@@ -810,7 +824,7 @@ Result<LookupResult> Client::Lookup(std::span<const BlockKey> chain, bool prefet
     for (size_t start = 0; start < chain.size(); start += impl_->server_.max_batch_keys) {
       const size_t end = std::min(chain.size(), start + impl_->server_.max_batch_keys);
       wire::LookupRequest req;
-      for (size_t i = start; i < end; ++i) req.add_keys(KeyBytes(chain[i]));
+      PackKeys(chain.subspan(start, end - start), req.mutable_packed_keys());
       req.set_no_prefetch(!prefetch);
       wire::LookupResponse resp;
       KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::LOOKUP, req, &resp));

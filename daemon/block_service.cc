@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 
 #include "common/units.h"
 #include "control.pb.h"
@@ -56,6 +57,26 @@ Status DecodeKeys(const google::protobuf::RepeatedPtrField<std::string>& in, uin
   return Status::OK();
 }
 
+// Keys sent as one packed string (32 bytes each) or as repeated fields, not both.
+Status DecodeKeysOf(const google::protobuf::RepeatedPtrField<std::string>& keys,
+                    const std::string& packed, uint32_t max, std::vector<BlockKey>* out) {
+  if (packed.empty()) return DecodeKeys(keys, max, out);
+  if (!keys.empty()) return Status::InvalidArgument("keys given both packed and one by one");
+  if (packed.size() % BlockKey::kSize != 0) {
+    return Status::InvalidArgument("packed keys are not a multiple of 32 bytes");
+  }
+  const size_t n = packed.size() / BlockKey::kSize;
+  if (n > max) {
+    return Status::InvalidArgument("request has " + std::to_string(n) + " keys; the limit is " +
+                                   std::to_string(max));
+  }
+  out->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy((*out)[i].bytes.data(), packed.data() + i * BlockKey::kSize, BlockKey::kSize);
+  }
+  return Status::OK();
+}
+
 wire::Tier ToWire(tiers::ServedFrom from) {
   switch (from) {
     case tiers::ServedFrom::kHost:
@@ -88,6 +109,7 @@ struct BlockService::Conn : transport::ConnectionState {
   // Set by PayloadSinks for the PUT_COMMIT being received: which reservations got a real slot.
   std::vector<uint64_t> commit_ids;
   std::vector<Status> commit_status;
+  std::vector<uint64_t> commit_checksums;  // in-place commits that send their checksums late
 };
 
 BlockService::BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
@@ -130,6 +152,10 @@ void BlockService::OnDisconnect(transport::ConnectionState& state) {
   if (c.ucx_ep != 0) ucx_->Disconnect(c.ucx_ep);  // its pending sends end (and release)
   tiers_.AbortOwner(c.owner);
   tiers_.ReleaseOwner(c.owner);
+}
+
+bool BlockService::RunsInline(uint16_t type) const {
+  return type == wire::LOOKUP || type == wire::PREFETCH || type == wire::RELEASE;
 }
 
 Status BlockService::PayloadSinks(transport::ConnectionState& state, const FrameHeader& header,
@@ -312,7 +338,7 @@ Response BlockService::Lookup(Conn& c, std::string_view body) {
   wire::LookupResponse resp;
   std::vector<BlockKey> keys;
   Status st = Parse(body, &req, "LOOKUP");
-  if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
+  if (st.ok()) st = DecodeKeysOf(req.keys(), req.packed_keys(), options_.max_batch_keys, &keys);
   if (st.ok()) {
     tiers::LookupResult lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
     resp.set_hit_blocks(lr.hit_blocks);
@@ -331,7 +357,7 @@ Response BlockService::Get(Conn& c, std::string_view body) {
   wire::GetResponse resp;
   std::vector<BlockKey> keys;
   Status st = Parse(body, &req, "GET");
-  if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
+  if (st.ok()) st = DecodeKeysOf(req.keys(), req.packed_keys(), options_.max_batch_keys, &keys);
   if (!st.ok()) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::GET, resp, st);
@@ -524,6 +550,14 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
     // The client wrote the bytes into its reservations itself: check the sizes, then commit.
     c.commit_ids.assign(req.reservation_ids().begin(), req.reservation_ids().end());
     c.commit_status.assign(c.commit_ids.size(), Status::OK());
+    if (req.checksums_size() > 0) {
+      if (!req.in_place() || req.checksums_size() != req.reservation_ids_size()) {
+        c.commit_ids.clear();
+        return Reply(wire::PUT_COMMIT, resp,
+                     Status::InvalidArgument("late checksums need in_place and one per block"));
+      }
+      c.commit_checksums.assign(req.checksums().begin(), req.checksums().end());
+    }
     for (int i = 0; i < req.reservation_ids_size(); ++i) {
       Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, req.reservation_ids(i));
       if (!t.ok()) {
@@ -544,7 +578,10 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
     if (st.ok()) {
       Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, c.commit_ids[i]);
       const uint64_t size = t.ok() ? t->size : 0;
-      st = tiers_.Commit(c.owner, c.commit_ids[i]);
+      st = tiers_.Commit(c.owner, c.commit_ids[i],
+                         c.commit_checksums.empty()
+                             ? std::nullopt
+                             : std::optional<uint64_t>(c.commit_checksums[i]));
       if (st.ok()) {
         ++committed;
         bytes += size;
@@ -556,6 +593,7 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
   }
   c.commit_ids.clear();
   c.commit_status.clear();
+  c.commit_checksums.clear();
   metrics_.Add(metrics_.puts_committed, committed);
   metrics_.Add(metrics_.bytes_in, bytes);
   return Reply(wire::PUT_COMMIT, resp, Status::OK());

@@ -82,6 +82,9 @@ class BlockService final : public transport::RequestHandler {
   transport::Response Handle(transport::ConnectionState& state,
                              const transport::FrameHeader& header, std::string_view body) override;
   void OnDisconnect(transport::ConnectionState& state) override;
+  // Lookups, prefetch hints and lease releases only take the tier manager's lock (no disk I/O,
+  // no waiting): the server runs them on its I/O thread.
+  bool RunsInline(uint16_t type) const override;
 
  private:
   struct Conn;

@@ -813,7 +813,8 @@ void TierManager::ExpireReservationsLocked() {
   }
 }
 
-Status TierManager::Commit(uint64_t owner, uint64_t reservation_id) {
+Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
+                           std::optional<uint64_t> checksum) {
   Reservation r;
   {
     absl::MutexLock lock(&mu_);
@@ -823,6 +824,7 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id) {
                               " is unknown or expired");
     }
     it->second.deadline = std::chrono::steady_clock::time_point::max();  // committing
+    if (checksum.has_value()) it->second.item.checksum = *checksum;
     r = it->second;
   }
   // Expiry skips a committing reservation, but Abort, AbortOwner (the connection closed) and

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -188,7 +189,10 @@ class TierManager {
   Result<ReservationTarget> TargetOf(uint64_t owner, uint64_t reservation_id);
   // Phase two: verifies the slot's checksum and publishes the block. Corruption when the
   // bytes do not match the checksum given at reserve time (the slot is reclaimed).
-  Status Commit(uint64_t owner, uint64_t reservation_id);
+  // `checksum`, when given, replaces the one given at reserve time (a writer that hashes while it
+  // copies into the slot only knows it then).
+  Status Commit(uint64_t owner, uint64_t reservation_id,
+                std::optional<uint64_t> checksum = std::nullopt);
   void Abort(uint64_t owner, uint64_t reservation_id);
   // Whether `owner` holds an open reservation in host segment `segment` (a writable mapping of
   // a segment is given only for that).

@@ -74,6 +74,9 @@ class RequestHandler {
                               std::string_view body, std::vector<PayloadSink>* sinks) = 0;
   virtual Response Handle(ConnectionState& state, const FrameHeader& header,
                           std::string_view body) = 0;
+  // Whether requests of `type` never wait on disk or on other requests, so they may run on the
+  // I/O thread without a hop to a worker (e.g. lookups). Default: false.
+  virtual bool RunsInline(uint16_t type) const { return false; }
   // The connection closed (orderly or not); no Handle call for it is running or will run.
   virtual void OnDisconnect(ConnectionState& state) = 0;
 };
