@@ -1,13 +1,15 @@
-// kvpool-bench: put, get and lookup through kvpoold, on each data path (socket, shm), every
-// figure beside the machine's own limit (single-thread memcpy of the same block size) and a bare
-// Unix-socketpair get, measured in the same run. See docs/BENCHMARKS.md for what the figures mean
-// and the recorded results, and `kvpool-bench --help` for the flags.
+// kvpool-bench: put, get and lookup through kvpoold, on each data path (socket, shm, ucx), beside
+// a Redis peer storing the same blocks, every figure beside the machine's own limit (single-thread
+// memcpy of the same block size) and a bare Unix-socketpair get, measured in the same run. See
+// docs/BENCHMARKS.md for what the figures mean and the recorded results, and `kvpool-bench
+// --help` for the flags.
 //
-// A run: start a kvpoold on a temp dir (or use --socket), put a 1,000-block chain for the lookups,
-// then for each block size measure memcpy and the socketpair, and for each path and concurrency a
-// put phase (fresh keys) and a get phase (of what was put, a sample checked byte for byte), then
-// drop those blocks; then the lookups, the mixed-size fragmentation probe, and stop the daemon.
-// Any wrong byte, miss or error ends the run with exit status 1.
+// A run: start a kvpoold on a temp dir (or use --socket; with the ucx path it also listens on
+// TCP loopback) and a redis-server on a loopback port (or use --redis), put a 1,000-block chain
+// for the lookups, then for each block size measure memcpy and the socketpair, and for each
+// system/path and concurrency a put phase (fresh keys) and a get phase (of what was put, a sample
+// checked byte for byte), then drop those blocks; then the lookups, the mixed-size fragmentation
+// probe, and stop the servers. Any wrong byte, miss or error ends the run with exit status 1.
 
 #include <gflags/gflags.h>
 #include <unistd.h>
@@ -29,6 +31,7 @@
 #include "bench/daemon_process.h"
 #include "bench/kvpool_target.h"
 #include "bench/pinning.h"
+#include "bench/redis_target.h"
 #include "bench/runner.h"
 #include "bench/workers.h"
 #include "common/units.h"
@@ -36,9 +39,26 @@
 DEFINE_bool(json, false, "Print one JSON object per result line (and nothing else) on stdout.");
 DEFINE_string(block_sizes, "64KiB,256KiB,1MiB,4MiB", "Block sizes to measure, comma separated.");
 DEFINE_string(concurrency, "1,4", "Bench threads (each with its own connection), comma separated.");
-DEFINE_string(paths, "socket,shm",
-              "kvpool data paths to measure: socket (block bytes inside the control frames) and "
-              "shm (the client copies to and from the daemon's shared-memory arena).");
+DEFINE_string(paths, "socket,shm,ucx",
+              "kvpool data paths to measure: socket (block bytes inside the control frames), "
+              "shm (the client copies to and from the daemon's shared-memory arena) and ucx "
+              "(UCX tagged messages over UCX's tcp transport on the loopback device; the control "
+              "connection is TCP to 127.0.0.1).");
+DEFINE_string(systems, "kvpool,redis",
+              "Systems to measure: kvpool (on each of --paths; required: it also serves the "
+              "lookups and the fragmentation probe) and redis (SET/GET of the same blocks "
+              "through hiredis over loopback TCP, path \"tcp\").");
+DEFINE_string(concurrent_paths, "shm,ucx",
+              "Paths (or \"redis\") measured at every --concurrency value; the others only at "
+              "the first. The default leaves out socket and redis at x4 to keep a run near 2 "
+              "minutes on 2 cores.");
+DEFINE_string(redis, "",
+              "Use the Redis at this loopback HOST:PORT instead of starting one (its keys are "
+              "the bench's own block keys + \"kv_bytes\"; it must not evict).");
+DEFINE_string(redis_server, "redis-server", "redis-server to start (without --redis).");
+DEFINE_string(ucx_address, "",
+              "With --socket and the ucx path: the daemon's TCP control address, "
+              "tcp://127.x.x.x:PORT (loopback only).");
 DEFINE_double(seconds, 2.0,
               "Length of each timed phase (put, get, lookup; memcpy runs min(this, 1 s)). A put "
               "phase also ends when its working set is stored. 0: no time limit (use --ops).");
@@ -87,6 +107,8 @@ struct Config {
   std::vector<uint64_t> block_sizes;
   std::vector<int> concurrency;
   std::vector<DataPath> paths;
+  bool redis = false;
+  std::set<std::string> concurrent;  // paths (or "redis") measured at every concurrency
   PhaseLimits limits;
   PhaseLimits memcpy_limits;
   size_t batch = 16;
@@ -102,6 +124,19 @@ constexpr uint64_t kSegmentBytes = 64ull << 20;
 
 void Progress(const std::string& line) {
   std::fprintf(stderr, "[kvpool-bench] %s\n", line.c_str());
+}
+
+// "a,b,,c" -> {"a", "b", "c"}.
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    if (comma > pos) out.push_back(text.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
 }
 
 std::string SizeName(uint64_t bytes) {
@@ -139,6 +174,21 @@ Result<Config> ParseConfig() {
     if (std::find(c.paths.begin(), c.paths.end(), p) == c.paths.end()) c.paths.push_back(p);
     pos = comma + 1;
   }
+  bool kvpool = false;
+  for (const std::string& s : SplitList(FLAGS_systems)) {
+    if (s == "kvpool") {
+      kvpool = true;
+    } else if (s == "redis") {
+      c.redis = true;
+    } else {
+      return Status::InvalidArgument("--systems: unknown system '" + s + "' (kvpool or redis)");
+    }
+  }
+  if (!kvpool) {
+    return Status::InvalidArgument(
+        "--systems must include kvpool (it serves the lookups and the fragmentation probe)");
+  }
+  for (const std::string& p : SplitList(FLAGS_concurrent_paths)) c.concurrent.insert(p);
   if (FLAGS_batch < 1 || FLAGS_batch > 4096) {
     return Status::InvalidArgument("--batch must be 1..4096");
   }
@@ -196,8 +246,8 @@ std::string FindKvpoold() {
 
 class Bench {
  public:
-  // `systems`: one per path measured; the first also puts the lookup chain, runs the
-  // fragmentation probe and does the housekeeping (drops, statistics).
+  // `systems`: one per (system, path) measured; the first (a kvpool one) also puts the lookup
+  // chain and runs the fragmentation probe.
   Bench(Config config, std::vector<std::unique_ptr<BenchSystem>> systems)
       : c_(std::move(config)), systems_(std::move(systems)), system_(*systems_.front()) {}
 
@@ -215,8 +265,10 @@ class Bench {
                  int case_index);
   Status RunLookups(BenchSystem& sys, int threads);
   Status RunMixed();
-  // Adds the arena's state now to `f` (and returns it, for deltas).
-  Result<ArenaStats> AddArena(Figure& f);
+  // Whether `sys` is measured at `threads` (every --concurrency value, or only the first).
+  bool Measured(const BenchSystem& sys, int threads) const;
+  // Adds the arena's state of `sys` now to `f` (and returns it, for deltas).
+  Result<ArenaStats> AddArena(BenchSystem& sys, Figure& f);
   Figure NewFigure(const BenchSystem& sys, const std::string& op, uint64_t block_bytes,
                    int threads) const;
   void Emit(Figure f);
@@ -269,8 +321,13 @@ void Bench::Emit(Figure f) {
   figures_.push_back(std::move(f));
 }
 
-Result<ArenaStats> Bench::AddArena(Figure& f) {
-  KVPOOL_ASSIGN_OR_RETURN(ArenaStats a, system_.Arena());
+bool Bench::Measured(const BenchSystem& sys, int threads) const {
+  return threads == c_.concurrency.front() || c_.concurrent.count(sys.path()) != 0 ||
+         c_.concurrent.count(sys.system()) != 0;
+}
+
+Result<ArenaStats> Bench::AddArena(BenchSystem& sys, Figure& f) {
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats a, sys.Arena());
   if (a.known) {
     f.extra["host_fragmentation"] = a.fragmentation;
     f.extra["host_capacity_bytes"] = a.capacity_bytes;
@@ -362,8 +419,9 @@ void Bench::AddBaselines(Figure& f) const {
 
 Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
                       const PatternSet& pattern, int case_index) {
-  const std::string tag = sys.path() + " " + SizeName(block_bytes) + " x" + std::to_string(threads);
-  KVPOOL_ASSIGN_OR_RETURN(ArenaStats before, system_.Arena());
+  const std::string tag = sys.system() + " " + sys.path() + " " + SizeName(block_bytes) + " x" +
+                          std::to_string(threads);
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats before, sys.Arena());
 
   // Put: fresh keys only.
   std::vector<std::unique_ptr<PhaseWorker>> workers;
@@ -387,15 +445,15 @@ Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
   std::vector<BlockKey> keys;
   for (const StoredBlock& b : stored) keys.push_back(b.key);
   if (!put_stats.ok()) {
-    (void)system_.Drop(keys);
+    (void)sys.Drop(keys);
     return put_stats.status().WithContext("put " + tag);
   }
   Figure put = NewFigure(sys, "put", block_bytes, threads);
   put.SetFrom(*put_stats);
-  KVPOOL_ASSIGN_OR_RETURN(ArenaStats after_put, AddArena(put));
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats after_put, AddArena(sys, put));
   const bool spilled =
       after_put.demotions != before.demotions || after_put.evictions != before.evictions;
-  put.extra["spilled_to_disk"] = spilled;
+  if (after_put.known) put.extra["spilled_to_disk"] = spilled;
   if (spilled)
     Progress("warning: put " + tag + " demoted or evicted host blocks; size the host tier up");
   AddBaselines(put);
@@ -412,7 +470,7 @@ Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
   }
   Result<PhaseStats> get_stats = RunPhase(workers, c_.pin.bench_cpus, c_.limits);
   if (!get_stats.ok()) {
-    (void)system_.Drop(keys);
+    (void)sys.Drop(keys);
     return get_stats.status().WithContext("get " + tag);
   }
   Figure get = NewFigure(sys, "get", block_bytes, threads);
@@ -430,10 +488,10 @@ Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
   get.extra["distinct_blocks"] = stored.size();
   get.extra["slow_tier_hits"] = slow;
   if (slow > 0) Progress("warning: get " + tag + " was served partly from disk");
-  KVPOOL_RETURN_IF_ERROR(AddArena(get).status());
+  KVPOOL_RETURN_IF_ERROR(AddArena(sys, get).status());
   AddBaselines(get);
   Emit(std::move(get));
-  return system_.Drop(keys).WithContext("dropping the blocks of " + tag);
+  return sys.Drop(keys).WithContext("dropping the blocks of " + tag);
 }
 
 Status Bench::RunLookups(BenchSystem& sys, int threads) {
@@ -448,7 +506,7 @@ Status Bench::RunLookups(BenchSystem& sys, int threads) {
   f.extra["chain_blocks"] = chain_.size();
   f.extra["keys_per_s"] = f.ops_per_s * static_cast<double>(chain_.size());
   f.extra["target_p99_us"] = 200;
-  KVPOOL_RETURN_IF_ERROR(AddArena(f).status());
+  KVPOOL_RETURN_IF_ERROR(AddArena(sys, f).status());
   Emit(std::move(f));
   return Status::OK();
 }
@@ -519,7 +577,7 @@ Status Bench::RunMixed() {
   f.extra["block_sizes"] = size_list;
   f.extra["fill_target_bytes"] = target;
   f.extra["host_fragmentation_after_frees"] = a1.fragmentation;
-  KVPOOL_ASSIGN_OR_RETURN(ArenaStats a2, AddArena(f));
+  KVPOOL_ASSIGN_OR_RETURN(ArenaStats a2, AddArena(system_, f));
   // Compared with a1, not a0: freeing half counted as evictions. A refill block that finds no
   // run long enough makes the daemon evict (demote) host blocks: fragmentation's real cost.
   f.extra["refill_demotions"] = a2.demotions - a1.demotions;
@@ -559,11 +617,18 @@ Status Bench::RunAll() {
     PatternSet pattern(b, c_.batch, 0xb10c + b);
     for (const std::unique_ptr<BenchSystem>& sys : systems_) {
       for (int n : c_.concurrency) {
+        if (!Measured(*sys, n)) continue;
         KVPOOL_RETURN_IF_ERROR(RunCase(*sys, b, n, pattern, case_index++));
       }
     }
   }
+  const bool socket_measured =
+      std::any_of(systems_.begin(), systems_.end(),
+                  [](const std::unique_ptr<BenchSystem>& s) { return s->path() == "socket"; });
   for (const std::unique_ptr<BenchSystem>& sys : systems_) {
+    // Redis has no chain lookup; a lookup on an shm connection is the socket path's control
+    // exchange again (no block bytes move), so it is measured once, as socket.
+    if (sys->system() != "kvpool" || (sys->path() == "shm" && socket_measured)) continue;
     for (int n : c_.concurrency) {
       KVPOOL_RETURN_IF_ERROR(RunLookups(*sys, n).WithContext(sys->path() + " lookup"));
     }
@@ -594,12 +659,25 @@ int Main(const std::string& command) {
   }
   config->pin = *pin;
 
+  const bool ucx =
+      std::find(config->paths.begin(), config->paths.end(), DataPath::kUcx) != config->paths.end();
   std::unique_ptr<DaemonProcess> daemon;
   std::string address = FLAGS_socket;
+  std::string ucx_address = FLAGS_ucx_address;
   std::string banner;
+  if (!own_daemon && ucx) {
+    if (ucx_address.rfind("tcp://127.", 0) != 0) {
+      std::fprintf(
+          stderr,
+          "kvpool-bench: the ucx path with --socket needs --ucx_address=tcp://127.x.x.x:PORT "
+          "(loopback only)\n");
+      return 2;
+    }
+  }
   if (own_daemon) {
     DaemonProcessOptions o;
     o.binary = FindKvpoold();
+    o.listen_tcp_loopback = ucx;
     if (!FLAGS_host_capacity.empty()) {
       Result<uint64_t> cap = ParseBytes(FLAGS_host_capacity);
       if (!cap.ok()) {
@@ -624,7 +702,52 @@ int Main(const std::string& command) {
     }
     daemon = std::move(*d);
     address = daemon->socket_path();
+    ucx_address = daemon->tcp_address();
     banner = daemon->Banner();
+  }
+
+  std::unique_ptr<RedisServer> redis_server;
+  std::unique_ptr<RedisSystem> redis;
+  std::string redis_line;
+  if (config->redis) {
+    std::string host;
+    int port = 0;
+    if (!FLAGS_redis.empty()) {
+      Status st = RedisSystem::ParseAddress(FLAGS_redis, &host, &port);
+      if (!st.ok()) {
+        std::fprintf(stderr, "kvpool-bench: %s\n", st.ToString().c_str());
+        return 2;
+      }
+      redis_line = "external at " + FLAGS_redis;
+    } else {
+      RedisServerOptions ro;
+      ro.binary = FLAGS_redis_server;
+      // Redis rounds a 1 MiB value up to jemalloc's 1.25 MiB size class: twice the largest
+      // working set leaves room; noeviction makes running out an error, not a silent miss.
+      ro.maxmemory_bytes = 2 * NeededHostBytes(*config) + (256ull << 20);
+      ro.cpus = config->pin.daemon_cpus;
+      Progress("starting " + ro.binary);
+      Result<std::unique_ptr<RedisServer>> r = RedisServer::Start(ro);
+      if (!r.ok()) {
+        std::fprintf(stderr, "kvpool-bench: %s (or pass --systems=kvpool)\n",
+                     r.status().ToString().c_str());
+        return 1;
+      }
+      redis_server = std::move(*r);
+      if (config->pin.enabled) {
+        config->pin.description += "; redis-server=" + FormatCpuList(ro.cpus);
+      }
+      host = redis_server->host();
+      port = redis_server->port();
+      redis_line = redis_server->description();
+    }
+    Result<std::unique_ptr<RedisSystem>> r = RedisSystem::Create(host, port);
+    if (!r.ok()) {
+      std::fprintf(stderr, "kvpool-bench: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    redis = std::move(*r);
+    redis_line = redis->version() + ", " + redis_line;
   }
   if (config->pin.enabled) (void)PinThisThread(config->pin.bench_cpus);
 
@@ -635,24 +758,32 @@ int Main(const std::string& command) {
                 config->batch);
     std::printf("  daemon: %s",
                 own_daemon ? banner.c_str() : ("external at " + address + "\n").c_str());
+    if (ucx) std::printf("  ucx path: %s, UCX_TLS=tcp, UCX_NET_DEVICES=lo\n", ucx_address.c_str());
+    if (redis) std::printf("  redis: %s; hiredis, one connection per thread\n", redis_line.c_str());
     std::fflush(stdout);
   }
 
   std::vector<std::unique_ptr<BenchSystem>> systems;
   for (DataPath p : config->paths) {
-    systems.push_back(std::make_unique<KvpoolSystem>(address, FLAGS_namespace_name, p));
+    systems.push_back(std::make_unique<KvpoolSystem>(p == DataPath::kUcx ? ucx_address : address,
+                                                     FLAGS_namespace_name, p));
   }
+  if (redis) systems.push_back(std::move(redis));
   Bench bench(*config, std::move(systems));
   Status st = bench.RunAll();
   if (daemon != nullptr) {
     Status stop = daemon->Stop();
     if (!stop.ok()) Progress("warning: " + stop.ToString());
   }
+  if (redis_server != nullptr) {
+    Status stop = redis_server->Stop();
+    if (!stop.ok()) Progress("warning: " + stop.ToString());
+  }
   if (!FLAGS_json) {
     std::printf("\n%s", FormatTable(bench.figures()).c_str());
     std::printf(
-        "\nratio = kvpool GB/s / single-thread memcpy GB/s of the same block size; "
-        "sock = kvpool GB/s / socketpair GB/s (the bare Unix socket, one round trip per "
+        "\nratio = GB/s / single-thread memcpy GB/s of the same block size; "
+        "sock = GB/s / socketpair GB/s (the bare Unix socket, one round trip per "
         "call, same block size); frag = host arena fragmentation after the phase.\n");
     for (const Figure& f : bench.figures()) {
       if (!f.extra.contains("workload") || !f.extra.contains("host_fragmentation")) continue;

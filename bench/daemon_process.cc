@@ -51,6 +51,10 @@ Result<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const DaemonProcessO
       // Nothing here is worth keeping; writing the arena to RocksDB at exit would only be slow.
       "--flush_on_shutdown=false",
   };
+  if (o.listen_tcp_loopback) {
+    args.insert(args.end(),
+                {"--listen=tcp://127.0.0.1:0", "--ucx_transports=tcp", "--ucx_net_devices=lo"});
+  }
   args.insert(args.end(), o.extra_flags.begin(), o.extra_flags.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -95,8 +99,24 @@ Result<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const DaemonProcessO
       co.client_name = "kvpool-bench-probe";
       co.data_path = DataPath::kSocket;
       auto c = Client::Connect(co);
-      if (c.ok()) return d;
-      last = c.status();
+      if (c.ok()) {
+        if (!o.listen_tcp_loopback) return d;
+        // The banner's first line: "kvpoold ID listening on unix:PATH and tcp://HOST:PORT".
+        const std::string b = d->Banner();
+        const size_t at = b.find(" and tcp://");
+        if (at != std::string::npos) {
+          const size_t end = b.find_first_of(" \n", at + 5);
+          d->tcp_ = b.substr(at + 5, end == std::string::npos ? std::string::npos : end - at - 5);
+          if (d->tcp_.rfind("tcp://127.", 0) != 0) {
+            return Status::Internal("kvpoold's TCP listener is on " + d->tcp_ +
+                                    ", not on loopback; the bench measures loopback only");
+          }
+          return d;
+        }
+        last = Status::Unavailable("no tcp:// address in the banner yet");
+      } else {
+        last = c.status();
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -21,6 +21,9 @@ struct DaemonProcessOptions {
   std::string binary;                // path of kvpoold
   uint64_t host_capacity_bytes = 0;  // rounded up to whole 64 MiB segments
   std::vector<int> cpus;             // empty: not pinned
+  // Also listen for control connections on TCP loopback (--listen=tcp://127.0.0.1:0), with the
+  // UCX data path on the tcp transport and the loopback device only, for the ucx path.
+  bool listen_tcp_loopback = false;
   std::vector<std::string> extra_flags;
   std::chrono::seconds start_timeout{60};  // mlocking a large arena takes a while
 };
@@ -35,6 +38,8 @@ class DaemonProcess {
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
   const std::string& socket_path() const { return socket_; }
+  // "tcp://127.0.0.1:PORT" from the banner with listen_tcp_loopback; empty otherwise.
+  const std::string& tcp_address() const { return tcp_; }
   // The daemon's startup banner (what it printed on stdout: tiers, sizes, mlocked or not).
   std::string Banner() const;
   // SIGTERM, then wait (SIGKILL after 30 s). Internal when it did not exit with status 0.
@@ -49,6 +54,7 @@ class DaemonProcess {
   pid_t pid_ = -1;
   std::string dir_;
   std::string socket_;
+  std::string tcp_;
 };
 
 }  // namespace kvpool::bench

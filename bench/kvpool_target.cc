@@ -16,6 +16,11 @@ ClientOptions Options(const std::string& address, const std::string& ns, int thr
   o.client_name = "kvpool-bench-" + std::to_string(thread_index);
   // A 64 MiB batch through a loaded 2-core machine can take seconds; a hang must still end.
   o.timeout = std::chrono::milliseconds(60000);
+  if (path == DataPath::kUcx) {
+    // Loopback TCP only (docs/BENCHMARKS.md): the daemon listens on 127.0.0.1 with the same.
+    o.ucx_transports = "tcp";
+    o.ucx_net_devices = "lo";
+  }
   return o;
 }
 
@@ -81,11 +86,19 @@ KvpoolSystem::KvpoolSystem(std::string address, std::string namespace_name, Data
 Result<DataPath> KvpoolSystem::ParsePath(const std::string& name) {
   if (name == "socket") return DataPath::kSocket;
   if (name == "shm") return DataPath::kSharedMemory;
-  return Status::InvalidArgument("unknown kvpool path '" + name + "' (socket or shm)");
+  if (name == "ucx") return DataPath::kUcx;
+  return Status::InvalidArgument("unknown kvpool path '" + name + "' (socket, shm or ucx)");
 }
 
 std::string KvpoolSystem::path() const {
-  return data_path_ == DataPath::kSharedMemory ? "shm" : "socket";
+  switch (data_path_) {
+    case DataPath::kSharedMemory:
+      return "shm";
+    case DataPath::kUcx:
+      return "ucx";
+    default:
+      return "socket";
+  }
 }
 
 Result<std::unique_ptr<BenchTarget>> KvpoolSystem::NewTarget(int thread_index) {
@@ -93,9 +106,14 @@ Result<std::unique_ptr<BenchTarget>> KvpoolSystem::NewTarget(int thread_index) {
       std::unique_ptr<Client> c,
       Client::Connect(Options(address_, namespace_name_, thread_index, data_path_)));
   const bool shm = c->server().shared_memory;
+  const bool ucx = c->server().ucx;
   if (shm != (data_path_ == DataPath::kSharedMemory)) {
     return Status::FailedPrecondition("asked for the " + path() + " path but the connection " +
                                       (shm ? "uses" : "does not use") + " shared memory");
+  }
+  if (ucx != (data_path_ == DataPath::kUcx)) {
+    return Status::FailedPrecondition("asked for the " + path() + " path but the connection " +
+                                      (ucx ? "uses" : "does not use") + " UCX");
   }
   return std::unique_ptr<BenchTarget>(new KvpoolTarget(std::move(c)));
 }

@@ -7,6 +7,10 @@
 //   shm:    the client copies straight between its buffers and the daemon's shared-memory
 //           arena (reserve/commit for puts, slot + lease for gets); only control frames cross
 //           the socket. One copy of every byte, plus the checksum passes.
+//   ucx:    the client connects to the daemon's TCP listener (tcp://127.0.0.1:PORT) and block
+//           bytes travel as UCX tagged messages over UCX's tcp transport on the loopback device
+//           (ucx_transports "tcp", ucx_net_devices "lo"), straight from and into the caller's
+//           buffers and the daemon's arena; control frames use the TCP connection.
 //
 // Every connection is checked to be on the path it is labelled with (ServerInfo), so a figure
 // can never be reported under the wrong path when the client's automatic choice changes.
@@ -22,11 +26,11 @@ namespace kvpool::bench {
 
 class KvpoolSystem : public BenchSystem {
  public:
-  // `address` as in ClientOptions::address; `namespace_name` is the tenant the bench acts for;
-  // `data_path` kSocket or kSharedMemory.
+  // `address` as in ClientOptions::address (tcp://127.0.0.1:PORT for kUcx); `namespace_name` is
+  // the tenant the bench acts for; `data_path` kSocket, kSharedMemory or kUcx.
   KvpoolSystem(std::string address, std::string namespace_name, DataPath data_path);
 
-  // "socket" or "shm" (InvalidArgument otherwise).
+  // "socket", "shm" or "ucx" (InvalidArgument otherwise).
   static Result<DataPath> ParsePath(const std::string& name);
 
   // BenchSystem

@@ -191,7 +191,7 @@ std::string FormatTable(const std::vector<Figure>& figures) {
     std::string mem = "-";
     std::string ratio = "-";
     std::string sock = "-";
-    const bool compared = f.system == "kvpool" && f.op != "lookup";
+    const bool compared = (f.system == "kvpool" || f.system == "redis") && f.op != "lookup";
     auto it = memcpy_gbps.find(f.block_bytes);
     if (compared && it != memcpy_gbps.end() && it->second > 0) {
       mem = Fmt("%.2f", it->second);
