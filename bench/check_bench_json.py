@@ -4,8 +4,9 @@
 Usage: check_bench_json.py KVPOOL_BENCH [bench flags...]
 
 Passes when the bench exits 0 and every stdout line is a JSON object with the documented keys
-and sane values, with at least one put, get and lookup line for kvpool and one memcpy copy line
-per kvpool block size. Never asserts a timing: CI machines are too noisy for that.
+and sane values, with a put and a get line for every kvpool path in --paths (default
+socket,shm,ucx) and for Redis when --systems names it, at least one kvpool lookup line, and one
+memcpy copy line per block size. Never asserts a timing: CI machines are too noisy for that.
 """
 import json
 import subprocess
@@ -16,8 +17,18 @@ REQUIRED = {
     "gbps": (int, float), "ops_per_s": (int, float), "p50_us": (int, float),
     "p99_us": (int, float),
 }
-OPS = {"kvpool": {"put", "get", "lookup"}, "memcpy": {"copy"}, "socketpair": {"stream"}}
-PATHS = {"kvpool": {"socket", "shm"}, "memcpy": {"memory"}, "socketpair": {"unix"}}
+OPS = {"kvpool": {"put", "get", "lookup"}, "redis": {"put", "get"}, "memcpy": {"copy"},
+       "socketpair": {"stream"}}
+PATHS = {"kvpool": {"socket", "shm", "ucx"}, "redis": {"tcp"}, "memcpy": {"memory"},
+         "socketpair": {"unix"}}
+
+
+def flag(args, name, default):
+    for a in args:
+        for prefix in ("--%s=" % name, "--%s=" % name.replace("_", "-")):
+            if a.startswith(prefix):
+                return a[len(prefix):]
+    return default
 
 
 def fail(msg, out=""):
@@ -40,6 +51,7 @@ def main():
         fail("no output", proc.stderr)
     seen = set()
     kvpool_seen = set()
+    measured = set()  # (system, path, op)
     for n, line in enumerate(lines, 1):
         try:
             rec = json.loads(line)
@@ -64,15 +76,21 @@ def main():
         if op == "get" and rec.get("verified_blocks", 0) <= 0:
             fail("line %d: no get was verified: %r" % (n, line))
         seen.add((system, op, rec["block_bytes"]))
+        measured.add((system, rec["path"], op))
         if system == "kvpool":
             kvpool_seen.add((rec["path"], op))
-    kvpool_sizes = {b for (s, o, b) in seen if s == "kvpool" and o in ("put", "get") and b > 0}
-    for path in {p for (p, _) in kvpool_seen}:
-        for op in ("put", "get", "lookup"):
-            if (path, op) not in kvpool_seen:
-                fail("no kvpool %s %s line" % (path, op), proc.stdout)
-    if not kvpool_seen:
-        fail("no kvpool line", proc.stdout)
+    kvpool_sizes = {b for (s, o, b) in seen
+                    if s in ("kvpool", "redis") and o in ("put", "get") and b > 0}
+    args = sys.argv[2:]
+    expected = [("kvpool", p) for p in flag(args, "paths", "socket,shm,ucx").split(",") if p]
+    if "redis" in flag(args, "systems", "kvpool,redis").split(","):
+        expected.append(("redis", "tcp"))
+    for system, path in expected:
+        for op in ("put", "get"):
+            if (system, path, op) not in measured:
+                fail("no %s %s %s line" % (system, path, op), proc.stdout)
+    if not any(op == "lookup" for (_, op) in kvpool_seen):
+        fail("no kvpool lookup line", proc.stdout)
     for b in kvpool_sizes:
         if ("memcpy", "copy", b) not in seen:
             fail("no memcpy line beside kvpool block size %d" % b, proc.stdout)
