@@ -40,6 +40,8 @@ Result<uint64_t> ParseBytes(std::string_view text) {
     mult = 1024.0 * 1024 * 1024;
   } else if (unit == "t" || unit == "tib") {
     mult = 1024.0 * 1024 * 1024 * 1024;
+  } else if (unit == "p" || unit == "pib") {
+    mult = 1024.0 * 1024 * 1024 * 1024 * 1024;
   } else if (unit == "kb") {
     mult = 1e3;
   } else if (unit == "mb") {
@@ -50,7 +52,7 @@ Result<uint64_t> ParseBytes(std::string_view text) {
     mult = 1e12;
   } else {
     return Status::InvalidArgument("size '" + s + "' has an unknown unit '" + unit +
-                                   "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
+                                   "' (use B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB or TB)");
   }
   const double bytes = value * mult;
   if (!std::isfinite(bytes) || bytes >= 1.8e19) {

@@ -1,7 +1,7 @@
 #pragma once
 // Human-readable sizes and durations for flags and output: "4GiB", "512MiB", "64KiB", "1.5GB",
-// "100" (bytes). Binary (KiB, MiB, GiB, TiB, also K/M/G/T) and decimal (KB, MB, GB, TB) units.
-// Thread safety: pure functions.
+// "100" (bytes). Binary (KiB, MiB, GiB, TiB, PiB, also K/M/G/T/P) and decimal (KB, MB, GB, TB)
+// units. Thread safety: pure functions.
 
 #include <cstdint>
 #include <string>

@@ -868,7 +868,18 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
   if (PolicyLocked(r.ns).write->WriteOnCommit()) {
     e.busy |= kBusyDemoting;
     Status st = WriteDownLocked({id}, /*drop_host=*/false, /*sync=*/false);
-    if (!st.ok()) return st.WithContext("write-through of block " + r.item.key.ShortHex());
+    if (!st.ok()) {
+      // The namespace asked for blocks on disk before the put returns: take it back out of host
+      // so a failed put is not half stored (unless a reader got to it meanwhile).
+      const EntryId again = FindCachedLocked(r.ns, r.item.key);
+      if (again != kNoEntry && index_.at(again).In(TierId::kHost) &&
+          !index_.at(again).In(TierId::kDisk) && index_.at(again).leases == 0 &&
+          index_.at(again).busy == 0 && index_.at(again).children[0] == 0) {
+        ++host_counters_.evictions;
+        DropHostCopyLocked(again);
+      }
+      return st.WithContext("write-through of block " + r.item.key.ShortHex());
+    }
   }
   if (HostAboveHighWatermarkLocked()) flusher_.Signal();
   return Status::OK();
@@ -1000,7 +1011,10 @@ EvictOutcome TierManager::Evict(NamespaceId ns, TierId tier, std::span<const Blo
   auto depth_of = [&](EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<EntryId> path;
     uint32_t d = 0;
-    for (EntryId cur = id; cur != kNoEntry; cur = index_.at(cur).parent) {
+    // Parent links come from clients (and from disk after a restart): bound the walk so a
+    // cycle a lying client built cannot hang the daemon.
+    for (EntryId cur = id; cur != kNoEntry && path.size() <= index_.size();
+         cur = index_.at(cur).parent) {
       auto it = depth.find(cur);
       if (it != depth.end()) {
         d = it->second;
@@ -1033,7 +1047,10 @@ EvictOutcome TierManager::Evict(NamespaceId ns, TierId tier, std::span<const Blo
         done = true;
       } else {
         e.busy |= kBusyDemoting;
-        done = WriteDownLocked({id}, /*drop_host=*/true, /*sync=*/false).ok();
+        WriteDownLocked({id}, /*drop_host=*/true, /*sync=*/false).IgnoreError();
+        // Written down, or lost because the disk refused it: either way it left host.
+        const EntryId after = FindCachedLocked(ns, key);
+        done = after == kNoEntry || !index_.at(after).In(TierId::kHost);
       }
     }
     if (tier == TierId::kDisk) {
