@@ -8,9 +8,13 @@ namespace kvpool::daemon::cluster {
 namespace {
 
 TEST(Base64Test, KnownAnswersFromRfc4648) {
-  const std::pair<const char*, const char*> cases[] = {
-      {"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},        {"foo", "Zm9v"},
-      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}};
+  const std::pair<const char*, const char*> cases[] = {{"", ""},
+                                                       {"f", "Zg=="},
+                                                       {"fo", "Zm8="},
+                                                       {"foo", "Zm9v"},
+                                                       {"foob", "Zm9vYg=="},
+                                                       {"fooba", "Zm9vYmE="},
+                                                       {"foobar", "Zm9vYmFy"}};
   for (const auto& [plain, encoded] : cases) {
     EXPECT_EQ(Base64Encode(plain), encoded);
     auto decoded = Base64Decode(encoded);
@@ -31,8 +35,8 @@ TEST(Base64Test, RoundTripsEveryByteValueAndLength) {
 }
 
 TEST(Base64Test, RejectsMalformedInput) {
-  for (const char* bad : {"Zg", "Zg=", "Z===", "Zm9v!A==", "Zh==", "Zm9=", "=Zm9", "Zg==Zg==",
-                          "Zm 9v", "Zm9v\n"}) {
+  for (const char* bad :
+       {"Zg", "Zg=", "Z===", "Zm9v!A==", "Zh==", "Zm9=", "=Zm9", "Zg==Zg==", "Zm 9v", "Zm9v\n"}) {
     EXPECT_FALSE(Base64Decode(bad).ok()) << bad;
   }
 }

@@ -2,13 +2,13 @@
 
 #include <utility>  // before Asio (Boost 1.74 with C++20)
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <glog/logging.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -85,15 +85,22 @@ Result<RangeResult> ParseRange(const json& j) {
 // gRPC status codes as etcd's gateway reports them in {"code": N}.
 Status FromGrpcCode(int code, const std::string& message) {
   switch (code) {
-    case 3: return Status::InvalidArgument("etcd: " + message);
-    case 5: return Status::NotFound("etcd: " + message);
-    case 6: return Status::AlreadyExists("etcd: " + message);
+    case 3:
+      return Status::InvalidArgument("etcd: " + message);
+    case 5:
+      return Status::NotFound("etcd: " + message);
+    case 6:
+      return Status::AlreadyExists("etcd: " + message);
     case 7:
-    case 16: return Status::PermissionDenied("etcd: " + message);
-    case 8: return Status::ResourceExhausted("etcd: " + message);
+    case 16:
+      return Status::PermissionDenied("etcd: " + message);
+    case 8:
+      return Status::ResourceExhausted("etcd: " + message);
     case 4:
-    case 14: return Status::Unavailable("etcd: " + message);
-    default: return Status::FailedPrecondition("etcd: " + message);
+    case 14:
+      return Status::Unavailable("etcd: " + message);
+    default:
+      return Status::FailedPrecondition("etcd: " + message);
   }
 }
 
@@ -295,13 +302,15 @@ Result<int64_t> EtcdClient::Put(std::string_view key, std::string_view value, in
 }
 
 Result<RangeResult> EtcdClient::Get(std::string_view key) {
-  KVPOOL_ASSIGN_OR_RETURN(const json j, Http::Call(*this, "/v3/kv/range", RangeRequest(key, nullptr)));
+  KVPOOL_ASSIGN_OR_RETURN(const json j,
+                          Http::Call(*this, "/v3/kv/range", RangeRequest(key, nullptr)));
   return ParseRange(j);
 }
 
 Result<RangeResult> EtcdClient::GetPrefix(std::string_view prefix) {
   const std::string end = PrefixEnd(prefix);
-  KVPOOL_ASSIGN_OR_RETURN(const json j, Http::Call(*this, "/v3/kv/range", RangeRequest(prefix, &end)));
+  KVPOOL_ASSIGN_OR_RETURN(const json j,
+                          Http::Call(*this, "/v3/kv/range", RangeRequest(prefix, &end)));
   return ParseRange(j);
 }
 
@@ -324,10 +333,9 @@ Result<PutIfAbsentResult> EtcdClient::PutIfAbsent(std::string_view key, std::str
   json put = {{"key", k}, {"value", Base64Encode(value)}};
   if (lease != 0) put["lease"] = std::to_string(lease);
   const json req = {
-      {"compare", json::array({{{"key", k},
-                                {"target", "CREATE"},
-                                {"result", "EQUAL"},
-                                {"create_revision", "0"}}})},
+      {"compare",
+       json::array(
+           {{{"key", k}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}}})},
       {"success", json::array({{{"request_put", put}}})},
       {"failure", json::array({{{"request_range", {{"key", k}}}}})},
   };
@@ -352,9 +360,8 @@ Result<PutIfAbsentResult> EtcdClient::PutIfAbsent(std::string_view key, std::str
 
 Result<LeaseGrant> EtcdClient::GrantLease(int64_t ttl_seconds) {
   if (ttl_seconds <= 0) return Status::InvalidArgument("lease TTL must be positive");
-  KVPOOL_ASSIGN_OR_RETURN(const json j,
-                          Http::Call(*this, "/v3/lease/grant",
-                                     json{{"TTL", std::to_string(ttl_seconds)}}));
+  KVPOOL_ASSIGN_OR_RETURN(const json j, Http::Call(*this, "/v3/lease/grant",
+                                                   json{{"TTL", std::to_string(ttl_seconds)}}));
   const std::string error = j.value("error", std::string());
   if (!error.empty()) return Status::FailedPrecondition("etcd lease grant: " + error);
   LeaseGrant out{JsonInt(j, "ID"), JsonInt(j, "TTL")};
@@ -364,8 +371,8 @@ Result<LeaseGrant> EtcdClient::GrantLease(int64_t ttl_seconds) {
 
 Result<int64_t> EtcdClient::KeepAliveOnce(int64_t lease) {
   // A bidirectional stream in gRPC; through the gateway one request line gets one result line.
-  KVPOOL_ASSIGN_OR_RETURN(const json j, Http::Call(*this, "/v3/lease/keepalive",
-                                                   json{{"ID", std::to_string(lease)}}));
+  KVPOOL_ASSIGN_OR_RETURN(
+      const json j, Http::Call(*this, "/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}));
   if (j.contains("error")) {
     return Status::Unavailable("etcd lease keepalive: " + j["error"].dump());
   }
@@ -441,8 +448,8 @@ class WatchImpl final : public EtcdWatch {
         continue;
       }
       bool was_created = false;
-      const End end = Stream(client_.endpoints_[ep_index_ % client_.endpoints_.size()],
-                             &was_created);
+      const End end =
+          Stream(client_.endpoints_[ep_index_ % client_.endpoints_.size()], &was_created);
       connected_.store(false, std::memory_order_release);
       if (end == End::kCompacted) {
         need_snapshot_ = true;
@@ -545,20 +552,21 @@ class WatchImpl final : public EtcdWatch {
       parser.get().body().size = chunk.size();
       ec = RunOp(io, [&](auto handler) { http::async_read_some(stream, buffer, parser, handler); });
       if (ec && ec != http::error::need_buffer) {
-        VLOG(1) << "etcd watch " << prefix_ << " on " << ep.ToString() << " broke: " << ec.message();
+        VLOG(1) << "etcd watch " << prefix_ << " on " << ep.ToString()
+                << " broke: " << ec.message();
         break;
       }
       pending.append(chunk.data(), chunk.size() - parser.get().body().size);
       size_t begin = 0;
       for (size_t nl; (nl = pending.find('\n', begin)) != std::string::npos; begin = nl + 1) {
-        const End end_now = OnLine(std::string_view(pending).substr(begin, nl - begin), ep,
-                                   was_created);
+        const End end_now =
+            OnLine(std::string_view(pending).substr(begin, nl - begin), ep, was_created);
         if (end_now != End::kClosed) return end_now;  // kClosed here means "keep going"
       }
       pending.erase(0, begin);
       if (pending.size() > options.max_response_bytes) {
-        LOG(WARNING) << "etcd watch " << prefix_ << ": message over "
-                     << options.max_response_bytes << " bytes; reconnecting";
+        LOG(WARNING) << "etcd watch " << prefix_ << ": message over " << options.max_response_bytes
+                     << " bytes; reconnecting";
         return End::kFailed;
       }
     }
@@ -586,8 +594,8 @@ class WatchImpl final : public EtcdWatch {
                   << " compacted (now " << compacted << "); re-reading the prefix";
         return End::kCompacted;
       }
-      LOG(WARNING) << "etcd watch " << prefix_ << " cancelled: "
-                   << result.value("cancel_reason", std::string("?"));
+      LOG(WARNING) << "etcd watch " << prefix_
+                   << " cancelled: " << result.value("cancel_reason", std::string("?"));
       return End::kFailed;
     }
     if (JsonBool(result, "created")) {
@@ -629,15 +637,14 @@ class WatchImpl final : public EtcdWatch {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int fd_ ABSL_GUARDED_BY(mu_) = -1;  // the live stream's socket, for Stop and Reconnect
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;    // the live stream's socket, for Stop and Reconnect
   std::atomic<bool> connected_{false};  // release/acquire: a status flag for observers
   std::thread thread_;
 };
 
 std::unique_ptr<EtcdWatch> EtcdClient::Watch(std::string prefix, int64_t start_revision,
                                              std::function<void(const WatchUpdate&)> callback) {
-  return std::make_unique<WatchImpl>(*this, std::move(prefix), start_revision,
-                                     std::move(callback));
+  return std::make_unique<WatchImpl>(*this, std::move(prefix), start_revision, std::move(callback));
 }
 
 }  // namespace kvpool::daemon::cluster

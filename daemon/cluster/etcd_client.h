@@ -75,7 +75,7 @@ struct RangeResult {
 };
 
 struct PutIfAbsentResult {
-  bool created = false;            // true: the key was absent and now holds the value
+  bool created = false;              // true: the key was absent and now holds the value
   std::optional<KeyValue> existing;  // when !created: what holds the key
   int64_t revision = 0;
 };

@@ -12,12 +12,28 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "daemon/cluster/etcd_client.h"
 
 namespace kvpool::daemon::cluster {
+
+namespace {
+
+// The end of etcd's log, for a failure message (the temp dir goes with the server).
+std::string LogTail(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.size() > 1500) text = "..." + text.substr(text.size() - 1500);
+  return text;
+}
+
+}  // namespace
 
 uint16_t FreeLoopbackPort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -43,8 +59,8 @@ std::string EtcdTestServer::BinaryPath() {
 Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start() {
   const std::string binary = BinaryPath();
   if (::access(binary.c_str(), X_OK) != 0) {
-    return Status::Unavailable("no etcd binary at " + binary +
-                               " (apt-get install etcd-server, or set KVPOOL_ETCD)");
+    return Status::NotFound("no etcd binary at " + binary +
+                            " (apt-get install etcd-server, or set KVPOOL_ETCD)");
   }
   std::unique_ptr<EtcdTestServer> server(new EtcdTestServer());
   std::string tmpl = (std::filesystem::temp_directory_path() / "kvpool-etcd-XXXXXX").string();
@@ -131,12 +147,12 @@ Status EtcdTestServer::Launch() {
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
       return Status::Unavailable("etcd exited at start (status " + std::to_string(status) +
-                                 "); see " + log);
+                                 "); its log:\n" + LogTail(log));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return Status::Unavailable("etcd did not answer within 15 s (" + last.ToString() + "); see " +
-                             log);
+  return Status::Unavailable("etcd did not answer within 15 s (" + last.ToString() +
+                             "); its log:\n" + LogTail(log));
 }
 
 }  // namespace kvpool::daemon::cluster

@@ -20,7 +20,8 @@ namespace kvpool::daemon::cluster {
 
 class EtcdTestServer {
  public:
-  // Unavailable (with the reason) when there is no etcd binary or it does not come up.
+  // NotFound when there is no etcd binary; Unavailable (with the reason and its log) when it
+  // does not come up.
   static Result<std::unique_ptr<EtcdTestServer>> Start();
   ~EtcdTestServer();
 

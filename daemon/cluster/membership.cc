@@ -66,11 +66,11 @@ std::string MemberKey(std::string_view cluster, std::string_view node_id) {
 }
 
 Status ValidateClusterName(std::string_view name, std::string_view what) {
-  const bool ok = !name.empty() && name.size() <= 128 &&
-                  std::all_of(name.begin(), name.end(), [](char c) {
-                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                           (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-                  });
+  const bool ok =
+      !name.empty() && name.size() <= 128 && std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '.' || c == '_' || c == '-';
+      });
   if (ok) return Status::OK();
   return Status::InvalidArgument(std::string(what) + " '" + std::string(name) +
                                  "' must be 1-128 characters of [A-Za-z0-9._-]");
@@ -78,18 +78,24 @@ Status ValidateClusterName(std::string_view name, std::string_view what) {
 
 const char* MemberStateName(MemberState state) {
   switch (state) {
-    case MemberState::kAlive: return "alive";
-    case MemberState::kStale: return "stale";
-    case MemberState::kDegraded: return "degraded";
+    case MemberState::kAlive:
+      return "alive";
+    case MemberState::kStale:
+      return "stale";
+    case MemberState::kDegraded:
+      return "degraded";
   }
   return "?";
 }
 
 const char* ClusterStateName(ClusterState state) {
   switch (state) {
-    case ClusterState::kJoined: return "joined";
-    case ClusterState::kDegraded: return "degraded";
-    case ClusterState::kStopped: return "stopped";
+    case ClusterState::kJoined:
+      return "joined";
+    case ClusterState::kDegraded:
+      return "degraded";
+    case ClusterState::kStopped:
+      return "stopped";
   }
   return "?";
 }
@@ -211,11 +217,9 @@ Result<std::unique_ptr<Membership>> Membership::Join(MembershipOptions o) {
   }
   if (o.lease_ttl.count() < 1) return Status::InvalidArgument("lease TTL must be >= 1 s");
   if (o.keepalive_interval.count() == 0) {
-    o.keepalive_interval =
-        std::chrono::duration_cast<std::chrono::milliseconds>(o.lease_ttl) / 3;
+    o.keepalive_interval = std::chrono::duration_cast<std::chrono::milliseconds>(o.lease_ttl) / 3;
   }
-  if (o.keepalive_interval <= std::chrono::milliseconds(0) ||
-      o.keepalive_interval >= o.lease_ttl) {
+  if (o.keepalive_interval <= std::chrono::milliseconds(0) || o.keepalive_interval >= o.lease_ttl) {
     return Status::InvalidArgument("keepalive interval must be positive and below the lease TTL");
   }
   if (o.claim_wait.count() == 0) {
@@ -266,8 +270,14 @@ MemberRecord Membership::CurrentRecord() const {
 Status Membership::Claim(const char* why) {
   const bool at_join = std::string_view(why) == "join";
   KVPOOL_ASSIGN_OR_RETURN(const LeaseGrant grant, etcd_->GrantLease(options_.lease_ttl.count()));
+  if (grant.ttl_seconds > options_.lease_ttl.count() && at_join) {
+    LOG(WARNING) << "cluster " << options_.cluster_name << ": etcd raised the lease TTL from "
+                 << options_.lease_ttl.count() << " s to its minimum " << grant.ttl_seconds
+                 << " s (1.5 x its election timeout): a dead member takes that long to leave";
+  }
   const auto revoke = [&] { etcd_->RevokeLease(grant.id).IgnoreError(); };
-  const auto deadline = Clock::now() + (at_join ? options_.claim_wait : std::chrono::milliseconds(0));
+  const auto deadline =
+      Clock::now() + (at_join ? options_.claim_wait : std::chrono::milliseconds(0));
   while (true) {
     const MemberRecord record = CurrentRecord();
     const std::string value = EncodeMemberRecord(record);
@@ -303,9 +313,10 @@ Status Membership::Claim(const char* why) {
       LOG(ERROR) << "refusing to " << why << " cluster " << options_.cluster_name << " as "
                  << options_.node_id << ": another live daemon (" << existing->control_address
                  << ", instance " << existing->instance << ") holds that node id";
-      return Status::AlreadyExists("node id " + options_.node_id + " is already a live member "
-                                   "of cluster " + options_.cluster_name + " at " +
-                                   existing->control_address);
+      return Status::AlreadyExists("node id " + options_.node_id +
+                                   " is already a live member "
+                                   "of cluster " +
+                                   options_.cluster_name + " at " + existing->control_address);
     }
     // Perhaps this node's previous run, dead less than a lease ago: wait for its lease to end.
     bool stopping;
@@ -382,8 +393,8 @@ void Membership::Tick() {
         VLOG(1) << "cluster: " << st.ToString();
         return;
       }
-      LOG(INFO) << "cluster " << options_.cluster_name << ": etcd reachable again; lease "
-                << lease << " still live; rejoined as " << options_.node_id;
+      LOG(INFO) << "cluster " << options_.cluster_name << ": etcd reachable again; lease " << lease
+                << " still live; rejoined as " << options_.node_id;
       watch_->Reconnect();
       SetState(ClusterState::kJoined, "");
       return;
@@ -541,11 +552,10 @@ std::vector<Member> Membership::Members() const {
     if (id == options_.node_id) continue;
     out.push_back(Member{record, joined ? MemberState::kAlive : MemberState::kStale, false});
   }
-  out.push_back(Member{std::move(self), joined ? MemberState::kAlive : MemberState::kDegraded,
-                       true});
-  std::sort(out.begin(), out.end(), [](const Member& a, const Member& b) {
-    return a.record.node_id < b.record.node_id;
-  });
+  out.push_back(
+      Member{std::move(self), joined ? MemberState::kAlive : MemberState::kDegraded, true});
+  std::sort(out.begin(), out.end(),
+            [](const Member& a, const Member& b) { return a.record.node_id < b.record.node_id; });
   return out;
 }
 

@@ -56,8 +56,8 @@ struct MemberRecord {
   std::string ucx_worker_address;  // raw bytes of ucp_worker_get_address
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
-  int64_t started_at_ms = 0;       // Unix time in milliseconds
-  std::string auth;                // hex HMAC-SHA256(secret, every field above)
+  int64_t started_at_ms = 0;  // Unix time in milliseconds
+  std::string auth;           // hex HMAC-SHA256(secret, every field above)
 };
 
 std::string EncodeMemberRecord(const MemberRecord& record);
@@ -100,12 +100,12 @@ const char* ClusterStateName(ClusterState state);
 // For `status` and /metrics.
 struct ClusterHealth {
   ClusterState state = ClusterState::kStopped;
-  std::string reason;                  // why degraded; empty when joined
-  int64_t state_since_ms = 0;          // Unix ms of the last state change
-  uint64_t keepalive_failures = 0;     // failed keepalive calls, ever
-  uint64_t rejoins = 0;                // times a new lease had to be taken after the first
-  uint64_t ignored_records = 0;        // records dropped for bad auth or format
-  size_t members = 0;                  // members in the view, this one included
+  std::string reason;               // why degraded; empty when joined
+  int64_t state_since_ms = 0;       // Unix ms of the last state change
+  uint64_t keepalive_failures = 0;  // failed keepalive calls, ever
+  uint64_t rejoins = 0;             // times a new lease had to be taken after the first
+  uint64_t ignored_records = 0;     // records dropped for bad auth or format
+  size_t members = 0;               // members in the view, this one included
 };
 
 struct MembershipOptions {

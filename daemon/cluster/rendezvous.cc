@@ -41,13 +41,14 @@ std::vector<NodeId> Ring::Homes(const BlockKey& key, size_t n) const {
   n = std::min(n, nodes_.size());
   std::vector<std::pair<uint64_t, size_t>> weighted;  // (weight, index into nodes_)
   weighted.reserve(nodes_.size());
-  for (size_t i = 0; i < nodes_.size(); ++i) weighted.emplace_back(KeyWeight(key, nodes_[i].seed), i);
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    weighted.emplace_back(KeyWeight(key, nodes_[i].seed), i);
   // Higher weight first; on a tie the smaller id, i.e. the smaller index (nodes_ is sorted).
   const auto before = [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
-  std::partial_sort(weighted.begin(), weighted.begin() + static_cast<ptrdiff_t>(n),
-                    weighted.end(), before);
+  std::partial_sort(weighted.begin(), weighted.begin() + static_cast<ptrdiff_t>(n), weighted.end(),
+                    before);
   std::vector<NodeId> out;
   out.reserve(n);
   for (size_t i = 0; i < n; ++i) out.push_back(nodes_[weighted[i].second].id);
@@ -57,7 +58,8 @@ std::vector<NodeId> Ring::Homes(const BlockKey& key, size_t n) const {
 std::vector<NodeId> Ring::Order(const BlockKey& key) const { return Homes(key, nodes_.size()); }
 
 const NodeId& Ring::Home(const BlockKey& key) const {
-  if (nodes_.empty()) AbortWithStatus(Status::Internal("Ring::Home on an empty ring"), __FILE__, __LINE__);
+  if (nodes_.empty())
+    AbortWithStatus(Status::Internal("Ring::Home on an empty ring"), __FILE__, __LINE__);
   size_t best = 0;
   uint64_t best_weight = KeyWeight(key, nodes_[0].seed);
   for (size_t i = 1; i < nodes_.size(); ++i) {

@@ -35,8 +35,10 @@ TEST(RendezvousTest, WeightsAreKnownAnswers) {
   EXPECT_EQ(Ring::Weight(KeyOf(0), "node-a"), 4602030332175723659ull);
   EXPECT_EQ(Ring::Weight(KeyOf(0), "node-b"), 6484435420503031764ull);
   EXPECT_EQ(Ring::Weight(KeyOf(100), "node-a"), 3445845002817709820ull);
-  EXPECT_EQ(Order(KeyOf(0), kFive), (std::vector<NodeId>{"node-e", "node-d", "node-c", "node-b", "node-a"}));
-  EXPECT_EQ(Order(KeyOf(100), kFive), (std::vector<NodeId>{"node-e", "node-d", "node-b", "node-c", "node-a"}));
+  EXPECT_EQ(Order(KeyOf(0), kFive),
+            (std::vector<NodeId>{"node-e", "node-d", "node-c", "node-b", "node-a"}));
+  EXPECT_EQ(Order(KeyOf(100), kFive),
+            (std::vector<NodeId>{"node-e", "node-d", "node-b", "node-c", "node-a"}));
 }
 
 TEST(RendezvousTest, OrderIsDeterministicAndIndependentOfMemberListOrder) {
