@@ -4,7 +4,9 @@
 // target is >= 0.5x single-thread memcpy of the raw bytes (bench: kvpool-kernel-bench-cpu).
 // Inner loops are written over one row of head_dim elements with no data-dependent branches so
 // the compiler vectorizes them; the translation unit is built with -ffp-contract=off so no
-// multiply-add is fused (the CUDA side is built with --fmad=false to match).
+// multiply-add is fused (the CUDA side is built with --fmad=false to match). This scalar code is
+// the reference (QuantizeBlocksCpuScalar); fp8 and int4 quantize run the explicit AVX2 paths of
+// quantize_cpu_avx2.cc instead where the CPU has AVX2 and F16C (same bytes, tested).
 
 #include "kernels/quantize.h"
 
@@ -12,6 +14,8 @@
 #include <cmath>
 #include <string>
 #include <vector>
+
+#include "kernels/quantize_cpu.h"
 
 namespace kvpool {
 namespace kernels {
@@ -229,21 +233,52 @@ void DequantizeInt4(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
   }
 }
 
+void QuantizeFp8Avx2(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
+  const size_t planes = static_cast<size_t>(l.num_layers) * 2;
+  const size_t plane_elems = PlaneElements(l);
+  auto* scales = reinterpret_cast<float*>(out + EncodedScaleOffset(l));
+  for (size_t p = 0; p < planes; ++p) {
+    avx2::QuantizeFp8Plane(l.dtype, in + p * plane_elems, out + p * plane_elems,
+                           scales + p * l.num_kv_heads, l.tokens, l.num_kv_heads, l.head_dim);
+  }
+}
+
+void QuantizeInt4Avx2(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
+  const int g = Int4GroupSize(l.encoding);
+  avx2::QuantizeInt4Groups(l.dtype, g, in, out,
+                           reinterpret_cast<uint16_t*>(out + EncodedScaleOffset(l)),
+                           BlockElements(l) / g);
+}
+
+// simd: use the AVX2 paths (the caller checked avx2::Supported()).
 template <DType D>
-void QuantizeOne(const BlockLayout& l, const void* raw, void* enc) {
+void QuantizeOne(const BlockLayout& l, const void* raw, void* enc, bool simd) {
   const auto* in = static_cast<const uint16_t*>(raw);
   auto* out = static_cast<uint8_t*>(enc);
   switch (l.encoding) {
     case Encoding::kInt8:
       return QuantizeInt8<D>(l, in, out);
     case Encoding::kFp8E4M3:
-      return QuantizeFp8<D>(l, in, out);
+      return simd ? QuantizeFp8Avx2(l, in, out) : QuantizeFp8<D>(l, in, out);
     case Encoding::kInt4G32:
     case Encoding::kInt4G64:
-      return QuantizeInt4<D>(l, in, out);
+      return simd ? QuantizeInt4Avx2(l, in, out) : QuantizeInt4<D>(l, in, out);
     case Encoding::kRaw:
       return;
   }
+}
+
+Status QuantizeBlocksCpuImpl(const BlockLayout& layout, const void* const* raw,
+                             void* const* encoded, int num_blocks, bool simd) {
+  KVPOOL_RETURN_IF_ERROR(ValidateQuantize(layout, raw, encoded, num_blocks));
+  for (int i = 0; i < num_blocks; ++i) {
+    if (layout.dtype == DType::kFloat16) {
+      QuantizeOne<DType::kFloat16>(layout, raw[i], encoded[i], simd);
+    } else {
+      QuantizeOne<DType::kBFloat16>(layout, raw[i], encoded[i], simd);
+    }
+  }
+  return Status::OK();
 }
 
 template <DType D>
@@ -284,15 +319,17 @@ Status ValidateQuantize(const BlockLayout& layout, const void* const* in, void* 
 
 Status QuantizeBlocksCpu(const BlockLayout& layout, const void* const* raw, void* const* encoded,
                          int num_blocks) {
-  KVPOOL_RETURN_IF_ERROR(ValidateQuantize(layout, raw, encoded, num_blocks));
-  for (int i = 0; i < num_blocks; ++i) {
-    if (layout.dtype == DType::kFloat16) {
-      QuantizeOne<DType::kFloat16>(layout, raw[i], encoded[i]);
-    } else {
-      QuantizeOne<DType::kBFloat16>(layout, raw[i], encoded[i]);
-    }
-  }
-  return Status::OK();
+  return QuantizeBlocksCpuImpl(layout, raw, encoded, num_blocks, avx2::Supported());
+}
+
+Status QuantizeBlocksCpuScalar(const BlockLayout& layout, const void* const* raw,
+                               void* const* encoded, int num_blocks) {
+  return QuantizeBlocksCpuImpl(layout, raw, encoded, num_blocks, false);
+}
+
+Status DequantizeBlocksCpuScalar(const BlockLayout& layout, const void* const* encoded,
+                                 void* const* raw, int num_blocks) {
+  return DequantizeBlocksCpu(layout, encoded, raw, num_blocks);
 }
 
 Status DequantizeBlocksCpu(const BlockLayout& layout, const void* const* encoded, void* const* raw,
