@@ -420,6 +420,14 @@ class WatchImpl final : public EtcdWatch {
 
   void Reconnect() override {
     absl::MutexLock lock(&mu_);
+    kick_ = true;
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+  }
+
+  void Resync() override {
+    absl::MutexLock lock(&mu_);
+    resync_ = true;
+    kick_ = true;
     if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
   }
 
@@ -433,15 +441,26 @@ class WatchImpl final : public EtcdWatch {
     return stopping_;
   }
 
-  // Sleeps `d`, waking early on Stop.
+  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || kick_; }
+
+  // Sleeps `d`, waking early on Stop, Reconnect or Resync.
   void Pause(std::chrono::milliseconds d) {
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(d));
+    mu_.AwaitWithTimeout(absl::Condition(this, &WatchImpl::Woken), absl::FromChrono(d));
+  }
+
+  // Consumes a Reconnect or Resync request.
+  void TakeRequests() {
+    absl::MutexLock lock(&mu_);
+    kick_ = false;
+    if (resync_) need_snapshot_ = true;
+    resync_ = false;
   }
 
   void Run() {
     std::chrono::milliseconds backoff{100};
     while (!stopping()) {
+      TakeRequests();
       if (need_snapshot_ && !Snapshot()) {
         Pause(backoff);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -599,6 +618,15 @@ class WatchImpl final : public EtcdWatch {
       return End::kFailed;
     }
     if (JsonBool(result, "created")) {
+      // The store's revision now; below what we already saw, etcd's data was restored from a
+      // backup or replaced: the history we would resume from is not the one we saw.
+      const int64_t now = JsonInt(result.value("header", json::object()), "revision");
+      if (now > 0 && now + 1 < next_revision_) {
+        LOG(WARNING) << "etcd " << ep.ToString() << " is at revision " << now << ", before the "
+                     << next_revision_ - 1 << " this watch saw (data restored or replaced); "
+                     << "re-reading " << prefix_;
+        return End::kCompacted;
+      }
       *was_created = true;
       connected_.store(true, std::memory_order_release);
       return End::kClosed;
@@ -637,8 +665,10 @@ class WatchImpl final : public EtcdWatch {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int fd_ ABSL_GUARDED_BY(mu_) = -1;    // the live stream's socket, for Stop and Reconnect
-  std::atomic<bool> connected_{false};  // release/acquire: a status flag for observers
+  bool kick_ ABSL_GUARDED_BY(mu_) = false;    // Reconnect or Resync asked, not yet taken
+  bool resync_ ABSL_GUARDED_BY(mu_) = false;  // Resync asked, not yet taken
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;          // the live stream's socket, for Stop and Reconnect
+  std::atomic<bool> connected_{false};        // release/acquire: a status flag for observers
   std::thread thread_;
 };
 

@@ -93,7 +93,8 @@ struct WatchEvent {
 
 // What a watch callback receives. `snapshot` updates carry the complete current contents of
 // the watched range as kPut events (the receiver replaces its view); they come first and again
-// whenever etcd compacted away the revisions the watch needed to resume from.
+// whenever etcd compacted away the revisions the watch needed to resume from, or its revision
+// went back below what the watch had seen (data restored or replaced).
 struct WatchUpdate {
   bool snapshot = false;
   std::vector<WatchEvent> events;
@@ -110,6 +111,9 @@ class EtcdWatch {
   // Drops the current stream and resumes from the last delivered revision (e.g. after the
   // owner learnt that etcd came back, to not wait for TCP to notice a half-open connection).
   virtual void Reconnect() = 0;
+  // Like Reconnect, but starts again from a snapshot of the prefix (e.g. after the owner found
+  // that etcd lost its lease: the store may have been restored and its history rewritten).
+  virtual void Resync() = 0;
   // True while a stream is established (its create request acknowledged).
   virtual bool connected() const = 0;
 };

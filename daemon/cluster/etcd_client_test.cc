@@ -298,5 +298,30 @@ TEST_F(EtcdClientTest, WatchResumesAfterEtcdRestarts) {
   EXPECT_EQ(a_puts, 1);
 }
 
+// Kept last: it replaces etcd's data.
+TEST_F(EtcdClientTest, WatchResnapshotsWhenEtcdsHistoryIsReplaced) {
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->Put(prefix_ + "old", std::to_string(i)).ok());
+  Collector got;
+  auto watch = client_->Watch(prefix_, 0, [&](const WatchUpdate& u) { got.Add(u); });
+  ASSERT_TRUE(WaitConnected(*watch));
+  const size_t before = got.updates().size();
+  ASSERT_TRUE(server_->Restart(/*wipe=*/true).ok());
+  // A fresh store restarts its revisions at 1: resuming from the old revision would skip this.
+  ASSERT_TRUE(client_->Put(prefix_ + "new", "1").ok());
+  // A snapshot of the new store replaces the view ("old" gone), and "new" arrives in it or
+  // after it.
+  EXPECT_TRUE(got.WaitFor([&](auto& updates) {
+    for (size_t i = before; i < updates.size(); ++i) {
+      if (!updates[i].snapshot) continue;
+      for (const auto& e : updates[i].events) {
+        if (e.kv.key == prefix_ + "old") return false;
+      }
+      return HasEvent({updates.begin() + i, updates.end()}, WatchEvent::Type::kPut,
+                      prefix_ + "new");
+    }
+    return false;
+  }));
+}
+
 }  // namespace
 }  // namespace kvpool::daemon::cluster

@@ -95,8 +95,13 @@ void EtcdTestServer::Kill() {
   pid_ = -1;
 }
 
-Status EtcdTestServer::Restart() {
+Status EtcdTestServer::Restart(bool wipe) {
   Kill();
+  if (wipe) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_ + "/data", ec);
+    if (ec) return Status::IoError("wiping etcd data: " + ec.message());
+  }
   return Launch();
 }
 

@@ -30,8 +30,9 @@ class EtcdTestServer {
   uint16_t client_port() const { return client_port_; }
   // SIGKILL and reap.
   void Kill();
-  // Starts again on the same data dir and ports; waits until it answers.
-  Status Restart();
+  // Starts again on the same ports, on the same data dir or (wipe) an empty one; waits until
+  // it answers.
+  Status Restart(bool wipe = false);
   // The binary tests run, for skip messages.
   static std::string BinaryPath();
 

@@ -428,7 +428,7 @@ void Membership::Tick() {
         ++rejoins_;
       }
       LOG(INFO) << "cluster " << options_.cluster_name << ": re-joined as " << options_.node_id;
-      watch_->Reconnect();
+      watch_->Resync();
       SetState(ClusterState::kJoined, "");
     } else {
       SetState(ClusterState::kDegraded, "cannot re-join: " + st.ToString());
