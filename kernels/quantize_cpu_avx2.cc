@@ -8,9 +8,9 @@
 //   * 16-bit loads: bf16 is a shift; fp16 uses vcvtph2ps, exact except that it quiets a signaling
 //     NaN. Every loaded value goes straight into a multiply or subtract, which quiets it anyway,
 //     and the codes depend only on whether a value is NaN and on its sign.
-//   * fp8: integer round to nearest even at 3 mantissa bits for |v| >= 2^-6, RNE to a multiple of
-//     2^-9 (vcvtps2dq under the default rounding mode) below; both equal the scalar
-//     add-and-subtract-a-magic-constant rounding. Then saturation to 448 and NaN -> 0x7f.
+//   * fp8: |v| clamped to 464 first (saturation), then integer round to nearest even at 3 mantissa
+//     bits for |v| >= 2^-6, RNE to a multiple of 2^-9 (vcvtps2dq under the default rounding mode)
+//     below; both equal the scalar add-and-subtract-a-magic-constant rounding. NaN -> 0x7f.
 //   * float -> f16: vcvtps2ph with RNE equals FloatToHalf for every non-NaN float; NaN is
 //     rewritten to FloatToHalf's 0x7e00 | sign.
 //   * min/max use the operand order that gives std::min / std::max's result for NaN.
@@ -77,20 +77,23 @@ KVPOOL_AVX2 inline __m256i Pack16(__m256i a, __m256i b) {
 // dtype.h's FloatToFp8E4M3 on 8 lanes; codes in the low byte of each int32 lane.
 KVPOOL_AVX2 inline __m256i Fp8Codes(__m256 v) {
   const __m256i x = _mm256_castps_si256(v);
-  const __m256i a = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
   const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80));
-  // |v| >= 2^-6: round to nearest even at 3 mantissa bits, then rebias the exponent (7 - 127).
+  // |v| clamped to 464 (which rounds to 448, as does everything in (448, 464]; all above
+  // saturates to 448 too). min_ps returns its second operand for NaN, so NaN stays NaN.
+  const __m256 abs = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)));
+  const __m256i a = _mm256_castps_si256(_mm256_min_ps(_mm256_set1_ps(464.0f), abs));
+  // |v| >= 2^-6: round to nearest even at 3 mantissa bits, rebias the exponent (7 - 127).
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff)), odd);
-  const __m256i normal = _mm256_srli_epi32(_mm256_sub_epi32(r, _mm256_set1_epi32(120 << 23)), 20);
+  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff - (120 << 23))), odd);
+  const __m256i normal = _mm256_srli_epi32(r, 20);  // NaN: > 0x7f
   // |v| < 2^-6: multiples of 2^-9, rounded to nearest even (a * 512 is exact).
   const __m256i subnormal =
       _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f)));
-  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), a);
-  __m256i code = _mm256_blendv_epi8(normal, subnormal, is_sub);
-  code = _mm256_min_epu32(code, _mm256_set1_epi32(0x7e));  // satfinite: 448 (inf included)
-  const __m256i is_nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
-  code = _mm256_or_si256(code, _mm256_and_si256(is_nan, _mm256_set1_epi32(0x7f)));
+  // (A float compare: GCC turns the integer one into min + equal.) NaN compares false: normal.
+  const __m256 is_sub = _mm256_cmp_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(0x1.0p-6f), _CMP_LT_OQ);
+  __m256i code = _mm256_castps_si256(_mm256_blendv_ps(
+      _mm256_castsi256_ps(normal), _mm256_castsi256_ps(subnormal), is_sub));
+  code = _mm256_min_epu32(code, _mm256_set1_epi32(0x7f));  // NaN -> 0x7f; finite codes <= 0x7e
   return _mm256_or_si256(code, sign);
 }
 
