@@ -157,7 +157,7 @@ class EtcdClient {
   // Watches every key under `prefix`. With start_revision 0 the first update is a snapshot of
   // the prefix; otherwise events from start_revision on. The watch retries for ever (backoff
   // 100 ms doubling to 1 s, failing over between endpoints) until stopped; `callback` runs on
-  // the watch's own thread.
+  // the watch's own thread. This client must outlive the watch.
   std::unique_ptr<EtcdWatch> Watch(std::string prefix, int64_t start_revision,
                                    std::function<void(const WatchUpdate&)> callback);
 
