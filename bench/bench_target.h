@@ -1,8 +1,8 @@
 #pragma once
 // The seam between kvpool-bench's shared runner and the systems it measures.
 //
-// A BenchSystem is one (system, path) pair under test: kvpool's socket and shm paths today
-// (bench/kvpool_target.h); kvpool's ucx path and a Redis peer next. It hands out one BenchTarget per bench
+// A BenchSystem is one (system, path) pair under test: kvpool on its socket, shm and ucx paths
+// (bench/kvpool_target.h) and Redis (bench/redis_target.h). It hands out one BenchTarget per bench
 // thread (each with its own connection, as a real worker would have) and answers a few
 // housekeeping calls between cases. Adding a path or a peer is one more pair of classes
 // implementing these two interfaces; timing, percentiles, verification, JSON and the table stay
