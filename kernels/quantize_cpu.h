@@ -38,8 +38,8 @@ void QuantizeFp8Plane(DType dtype, const uint16_t* src, uint8_t* dst, float* sca
 
 // `groups` consecutive int4 groups of `group` (32 or 64) elements: codes into out (group / 2
 // bytes each), {scale, zero} f16 bits into params (2 per group).
-void QuantizeInt4Groups(DType dtype, int group, const uint16_t* in, uint8_t* out,
-                        uint16_t* params, size_t groups);
+void QuantizeInt4Groups(DType dtype, int group, const uint16_t* in, uint8_t* out, uint16_t* params,
+                        size_t groups);
 
 // Element-wise conversions as dtype.h's FloatToFp8E4M3 / FloatToHalf; exposed for the tests.
 void FloatToFp8E4M3Array(const float* in, uint8_t* out, size_t n);

@@ -84,15 +84,17 @@ KVPOOL_AVX2 inline __m256i Fp8Codes(__m256 v) {
   const __m256i a = _mm256_castps_si256(_mm256_min_ps(_mm256_set1_ps(464.0f), abs));
   // |v| >= 2^-6: round to nearest even at 3 mantissa bits, rebias the exponent (7 - 127).
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff - (120 << 23))), odd);
+  const __m256i r =
+      _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff - (120 << 23))), odd);
   const __m256i normal = _mm256_srli_epi32(r, 20);  // NaN: > 0x7f
   // |v| < 2^-6: multiples of 2^-9, rounded to nearest even (a * 512 is exact).
   const __m256i subnormal =
       _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f)));
   // (A float compare: GCC turns the integer one into min + equal.) NaN compares false: normal.
-  const __m256 is_sub = _mm256_cmp_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(0x1.0p-6f), _CMP_LT_OQ);
-  __m256i code = _mm256_castps_si256(_mm256_blendv_ps(
-      _mm256_castsi256_ps(normal), _mm256_castsi256_ps(subnormal), is_sub));
+  const __m256 is_sub =
+      _mm256_cmp_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(0x1.0p-6f), _CMP_LT_OQ);
+  __m256i code = _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(normal), _mm256_castsi256_ps(subnormal), is_sub));
   code = _mm256_min_epu32(code, _mm256_set1_epi32(0x7f));  // NaN -> 0x7f; finite codes <= 0x7e
   return _mm256_or_si256(code, sign);
 }
@@ -206,8 +208,8 @@ KVPOOL_AVX2 inline void Int4Codes32(const uint16_t* src, __m256 z, __m256 inv, u
   // Bytes, per 128-bit lane: {0-7, 16-23} and {8-15, 24-31}.
   const __m256i b = _mm256_packus_epi16(p0, p1);
   // Each 16-bit pair (even | odd << 8) -> even | odd << 4.
-  const __m256i w = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi16(b, 4)),
-                                     _mm256_set1_epi16(0xff));
+  const __m256i w =
+      _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi16(b, 4)), _mm256_set1_epi16(0xff));
   // Nibble bytes, per lane: {pairs of 0-7, 16-23} x2 and {8-15, 24-31} x2, 4 bytes each.
   const __m256i n = _mm256_packus_epi16(w, w);
   const __m256i ordered = _mm256_permutevar8x32_epi32(n, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
@@ -285,8 +287,8 @@ void QuantizeFp8Plane(DType dtype, const uint16_t* src, uint8_t* dst, float* sca
   }
 }
 
-void QuantizeInt4Groups(DType dtype, int group, const uint16_t* in, uint8_t* out,
-                        uint16_t* params, size_t groups) {
+void QuantizeInt4Groups(DType dtype, int group, const uint16_t* in, uint8_t* out, uint16_t* params,
+                        size_t groups) {
   if (dtype == DType::kFloat16) {
     if (group == 32) return QuantizeInt4GroupsT<DType::kFloat16, 32>(in, out, params, groups);
     return QuantizeInt4GroupsT<DType::kFloat16, 64>(in, out, params, groups);

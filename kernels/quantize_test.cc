@@ -310,9 +310,9 @@ std::vector<float> EdgeFloats() {
     around(v);
     around(0.5f * (v + HalfToFloat(static_cast<uint16_t>(h + 1))));
   }
-  for (float f : {448.0f, 464.0f, 480.0f, 512.0f, 65504.0f, 65520.0f, 0x1.0p-6f, 0x1.0p-9f,
-                  0x1.0p-10f, 0x1.0p-14f, 0x1.0p-24f, 0x1.0p-25f, 0x1.0p-126f, 0x1.0p-149f,
-                  3.4e38f}) {
+  for (float f :
+       {448.0f, 464.0f, 480.0f, 512.0f, 65504.0f, 65520.0f, 0x1.0p-6f, 0x1.0p-9f, 0x1.0p-10f,
+        0x1.0p-14f, 0x1.0p-24f, 0x1.0p-25f, 0x1.0p-126f, 0x1.0p-149f, 3.4e38f}) {
     around(f);
   }
   for (uint32_t u : {0x00000000u, 0x00000001u, 0x007fffffu, 0x7f800000u, 0x7f800001u, 0x7fbfffffu,
@@ -369,9 +369,14 @@ void FillBlock(Data kind, DType dtype, int head_dim, std::vector<uint16_t>* raw,
     case Data::kSpecials: {
       testutil::FillNormal(p, n, dtype, seed);
       const uint16_t specials[] = {static_cast<uint16_t>(inf + 1),  // NaN (signaling in fp16)
-                                   static_cast<uint16_t>(inf | 0x200), inf,
-                                   static_cast<uint16_t>(inf | 0x8000), 0x8000, 0x0001, 0x8001,
-                                   max, static_cast<uint16_t>(max | 0x8000)};
+                                   static_cast<uint16_t>(inf | 0x200),
+                                   inf,
+                                   static_cast<uint16_t>(inf | 0x8000),
+                                   0x8000,
+                                   0x0001,
+                                   0x8001,
+                                   max,
+                                   static_cast<uint16_t>(max | 0x8000)};
       for (size_t i = 0; i < n; ++i) {
         if (rng() % 97 == 0) p[i] = specials[rng() % (sizeof(specials) / sizeof(specials[0]))];
       }
@@ -426,8 +431,8 @@ TEST(QuantizeAvx2Test, BlocksMatchScalarReferenceBitForBit) {
   // head_dim 128 and 64 (full vectors), 96 and 40 / 6 (vector tails for fp8; 96 also for int4
   // g32), group counts not a multiple of the 8 groups done at once, more heads than the fp8 path
   // keeps on its stack.
-  const Shape shapes[] = {{2, 3, 128, 7}, {1, 1, 64, 1}, {2, 5, 96, 3}, {1, 2, 40, 3},
-                          {1, 1, 6, 2},   {1, 70, 64, 2}};
+  const Shape shapes[] = {{2, 3, 128, 7}, {1, 1, 64, 1}, {2, 5, 96, 3},
+                          {1, 2, 40, 3},  {1, 1, 6, 2},  {1, 70, 64, 2}};
   const Data kinds[] = {Data::kNormal,     Data::kRealistic, Data::kAnyBits, Data::kSpecials,
                         Data::kSubnormals, Data::kHuge,      Data::kTies,    Data::kConstantRuns};
   int compared = 0;
