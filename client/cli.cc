@@ -57,6 +57,7 @@ constexpr const char* kUsage =
     "  lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N]\n"
     "                                 longest cached prefix of a token sequence\n"
     "  evict [--tier=host|disk]       admin: evict the namespace's blocks\n"
+    "  cluster members [--json]       the cluster as this daemon sees it\n"
     "common flags: --socket=PATH|tcp://HOST:PORT --namespace=NS --timeout_ms=MS";
 
 int Usage(const std::string& why) {
@@ -115,6 +116,10 @@ int Status() {
               << kvpool::FormatBytes(t.capacity_bytes) << " ("
               << Percent(t.used_bytes, t.capacity_bytes) << "), " << t.blocks << " blocks\n";
   }
+  std::cout << "  cluster: " << s->cluster_state;
+  if (s->cluster_state != "standalone") std::cout << ", " << s->cluster_members << " members";
+  if (!s->cluster_reason.empty()) std::cout << " (" << s->cluster_reason << ")";
+  std::cout << "\n";
   std::cout << "  lookups: " << s->lookups << ", prefix hit rate "
             << Percent(s->lookup_hit_blocks, s->lookup_blocks) << "; dedup ratio " << s->dedup_ratio
             << "\n";
@@ -321,6 +326,41 @@ int Lookup() {
   return 0;
 }
 
+int Cluster(int argc, char** argv) {
+  if (argc < 3 || std::string(argv[2]) != "members") return Usage("cluster needs 'members'");
+  auto c = Connect();
+  if (!c.ok()) return Error(c.status());
+  auto v = (*c)->Cluster();
+  if (!v.ok()) return Error(v.status());
+  if (FLAGS_json) {
+    nlohmann::json members = nlohmann::json::array();
+    for (const kvpool::ClusterMember& m : v->members) {
+      members.push_back({{"node_id", m.node_id},
+                         {"control_address", m.control_address},
+                         {"state", m.state},
+                         {"capacity_bytes", m.capacity_bytes},
+                         {"used_bytes", m.used_bytes},
+                         {"self", m.self},
+                         {"started_unix_ms", m.started_unix_ms}});
+    }
+    nlohmann::json j = {{"state", v->state}, {"reason", v->reason}, {"members", members}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "cluster: " << v->state;
+  if (!v->reason.empty()) std::cout << " (" << v->reason << ")";
+  std::cout << "\n";
+  std::printf("%-28s %-28s %-9s %12s %12s %6s\n", "node", "address", "state", "capacity", "used",
+              "used%");
+  for (const kvpool::ClusterMember& m : v->members) {
+    std::printf("%-28s %-28s %-9s %12s %12s %6s%s\n", m.node_id.c_str(), m.control_address.c_str(),
+                m.state.c_str(), kvpool::FormatBytes(m.capacity_bytes).c_str(),
+                kvpool::FormatBytes(m.used_bytes).c_str(),
+                Percent(m.used_bytes, m.capacity_bytes).c_str(), m.self ? "  (this daemon)" : "");
+  }
+  return 0;
+}
+
 int Evict() {
   kvpool::Tier tier;
   if (FLAGS_tier == "host") {
@@ -363,6 +403,7 @@ int main(int argc, char** argv) {
   if (cmd == "sessions") return Sessions(argc, argv);
   if (cmd == "lookup") return Lookup();
   if (cmd == "evict") return Evict();
+  if (cmd == "cluster") return Cluster(argc, argv);
   if (cmd == "bench") {
     std::fprintf(stderr, "kvpool: the benchmark is its own tool: run kvpool-bench --help\n");
     return 2;

@@ -983,7 +983,28 @@ Result<DaemonStats> Client::Stats() {
     s.leases_active = r.leases_active();
     s.reservations_active = r.reservations_active();
     s.dedup_ratio = r.dedup_ratio();
+    s.cluster_state = r.cluster_state();
+    s.cluster_members = r.cluster_members();
+    s.cluster_reason = r.cluster_reason();
     return s;
+  });
+}
+
+Result<ClusterView> Client::Cluster() {
+  return impl_->Run([&]() -> Result<ClusterView> {
+    wire::ClusterMembersRequest req;
+    wire::ClusterMembersResponse resp;
+    KVPOOL_RETURN_IF_ERROR(
+        impl_->ExchangeOnce(wire::CLUSTER_MEMBERS, req, {}, &resp, impl_->NewDeadline()));
+    if (resp.status().code() != 0) return FromWire(resp.status());
+    ClusterView v;
+    v.state = resp.cluster_state();
+    v.reason = resp.status().message();
+    for (const wire::ClusterMember& m : resp.members()) {
+      v.members.push_back({m.node_id(), m.control_address(), m.state(), m.capacity_bytes(),
+                           m.used_bytes(), m.self(), m.started_unix_ms()});
+    }
+    return v;
   });
 }
 

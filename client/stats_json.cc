@@ -44,6 +44,9 @@ std::string StatsToJson(const DaemonStats& s, int indent) {
   j["leases_active"] = s.leases_active;
   j["reservations_active"] = s.reservations_active;
   j["dedup_ratio"] = s.dedup_ratio;
+  j["cluster_state"] = s.cluster_state;
+  j["cluster_members"] = s.cluster_members;
+  j["cluster_reason"] = s.cluster_reason;
   return j.dump(indent);
 }
 

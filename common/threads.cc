@@ -28,6 +28,9 @@ std::string ThreadName(ThreadRole role, int index) {
     case ThreadRole::kGpuCopy:
       base = "kvp-gpu";
       break;
+    case ThreadRole::kCluster:
+      base = "kvp-cluster";
+      break;
   }
   std::string name = std::string(base) + "-" + std::to_string(index);
   if (name.size() > 15) name.resize(15);

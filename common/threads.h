@@ -19,6 +19,7 @@ enum class ThreadRole {
   kMetricsHttp,    // serves /metrics
   kUcxProgress,    // UCX worker progress (cross-node data path)
   kGpuCopy,        // per-GPU copy worker
+  kCluster,        // etcd membership: lease keepalive, watch, rejoin
 };
 
 // "kvp-io-0", "kvp-flush-0", ...: at most 15 characters (the kernel's limit).

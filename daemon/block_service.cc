@@ -261,6 +261,9 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
       case wire::RELEASE:
         r = Release(c, body);
         break;
+      case wire::CLUSTER_MEMBERS:
+        r = ClusterMembers(c, body);
+        break;
       default: {
         wire::GetResponse any;
         r = Reply(header.type, any, Status::InvalidArgument("unsupported request type"));
@@ -822,6 +825,17 @@ Response BlockService::Stats(Conn& c, std::string_view body) {
   resp.set_checksum_failures(t.checksum_failures);
   resp.set_leases_active(t.leases_active);
   resp.set_reservations_active(t.reservations_active);
+  {
+    wire::ClusterMembersResponse cluster;
+    if (cluster_info_) {
+      cluster_info_(&cluster);
+    } else {
+      cluster.set_cluster_state("standalone");
+    }
+    resp.set_cluster_state(cluster.cluster_state());
+    resp.set_cluster_members(static_cast<uint32_t>(cluster.members_size()));
+    resp.set_cluster_reason(cluster.status().message());
+  }
   resp.set_dedup_ratio(static_cast<double>(resp.puts_offered()) /
                        static_cast<double>(std::max<uint64_t>(1, resp.puts_committed())));
   return Reply(wire::STATS, resp, Status::OK());
@@ -880,6 +894,23 @@ Response BlockService::MapSegments(Conn& c, std::string_view body) {
   return r;
 }
 
+Response BlockService::ClusterMembers(Conn& c, std::string_view body) {
+  wire::ClusterMembersResponse resp;
+  if (cluster_info_) {
+    cluster_info_(&resp);
+  } else {
+    resp.set_cluster_state("standalone");
+  }
+  // The fill may put a reason in the status message; the request itself succeeded.
+  const std::string reason = resp.status().message();
+  Response r = Reply(wire::CLUSTER_MEMBERS, resp, Status::OK());
+  if (!reason.empty()) {
+    resp.mutable_status()->set_message(reason);
+    resp.SerializeToString(&r.body);
+  }
+  return r;
+}
+
 Response BlockService::Release(Conn& c, std::string_view body) {
   wire::ReleaseRequest req;
   Response r;
@@ -896,8 +927,21 @@ std::string BlockService::RenderMetrics() const {
   const uint64_t uptime = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
           .count());
-  return metrics_.RenderPrometheus(tiers_.GetStats(), sessions_.Count(),
-                                   connections_ ? connections_() : 0, uptime);
+  std::string out = metrics_.RenderPrometheus(tiers_.GetStats(), sessions_.Count(),
+                                              connections_ ? connections_() : 0, uptime);
+  if (cluster_info_) {
+    wire::ClusterMembersResponse cluster;
+    cluster_info_(&cluster);
+    out +=
+        "# HELP kvpool_cluster_members Members in this daemon's view of the cluster.\n"
+        "# TYPE kvpool_cluster_members gauge\n"
+        "kvpool_cluster_members " +
+        std::to_string(cluster.members_size()) +
+        "\n# HELP kvpool_cluster_degraded 1 while this daemon cannot reach etcd (it serves "
+        "its local tiers).\n# TYPE kvpool_cluster_degraded gauge\nkvpool_cluster_degraded " +
+        (cluster.cluster_state() == "joined" ? "0" : "1") + "\n";
+  }
+  return out;
 }
 
 }  // namespace kvpool::daemon

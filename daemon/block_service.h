@@ -44,6 +44,10 @@
 #include "transport/control_server.h"
 #include "transport/ucx_engine.h"
 
+namespace kvpool::wire {
+class ClusterMembersResponse;
+}  // namespace kvpool::wire
+
 namespace kvpool::daemon {
 
 struct BlockServiceOptions {
@@ -72,6 +76,11 @@ class BlockService final : public transport::RequestHandler {
   Status LoadSessions();
   // Where /metrics and stats get the open-connection count from.
   void SetConnectionGauge(std::function<uint64_t()> gauge) { connections_ = std::move(gauge); }
+  // Cluster mode: fills the state and member list (status, stats, `kvpool cluster members`).
+  // Unset: "standalone".
+  void SetClusterInfo(std::function<void(wire::ClusterMembersResponse*)> fill) {
+    cluster_info_ = std::move(fill);
+  }
   std::string RenderMetrics() const;
 
   // transport::RequestHandler
@@ -104,6 +113,7 @@ class BlockService final : public transport::RequestHandler {
   transport::Response Evict(Conn& c, std::string_view body);
   transport::Response MapSegments(Conn& c, std::string_view body);
   transport::Response Release(Conn& c, std::string_view body);
+  transport::Response ClusterMembers(Conn& c, std::string_view body);
   // Receives the UCX bodies of c.commit_ids (those still OK) into their reservations; a block
   // whose transfer fails or times out gets an error in c.commit_status.
   void ReceiveViaUcx(Conn& c, uint64_t tag_base, const std::vector<uint64_t>& sizes);
@@ -115,6 +125,7 @@ class BlockService final : public transport::RequestHandler {
   Metrics& metrics_;
   transport::UcxEngine* const ucx_;
   std::function<uint64_t()> connections_;
+  std::function<void(wire::ClusterMembersResponse*)> cluster_info_;
   const std::chrono::steady_clock::time_point started_;
   // Serializes session saves and deletes: a save pins the new chain, writes the record and
   // unpins the old chain as one step.

@@ -7,8 +7,11 @@
 #include <filesystem>
 #include <sstream>
 
+#include "common/threads.h"
 #include "common/units.h"
+#include "control.pb.h"
 #include "daemon/block_service.h"
+#include "daemon/cluster/membership.h"
 #include "daemon/metrics_http.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/session_store.h"
@@ -110,6 +113,8 @@ class DaemonImpl final : public Daemon {
     transport::ControlServer* server = server_.get();
     service_->SetConnectionGauge([server] { return server->connections(); });
 
+    if (!options_.cluster.empty()) KVPOOL_RETURN_IF_ERROR(StartCluster());
+
     if (!options_.metrics_listen.empty()) {
       BlockService* service = service_.get();
       KVPOOL_ASSIGN_OR_RETURN(
@@ -122,6 +127,7 @@ class DaemonImpl final : public Daemon {
   void Stop() override {
     if (stopped_) return;
     stopped_ = true;
+    StopCluster();  // peers drop this node at once
     if (metrics_http_) metrics_http_->Stop();
     if (server_) server_->Stop();  // no request runs after this
     ucx_.reset();  // ends in-flight UCX sends (their leases are released) before the tiers stop
@@ -153,11 +159,132 @@ class DaemonImpl final : public Daemon {
     s << "\n  disk tier: " << FormatBytes(options_.disk_capacity_bytes) << " under "
       << options_.data_dir << "/rocksdb";
     if (ucx_) s << "\n  UCX data path: " << ucx_->transports_in_use();
+    if (!options_.cluster.empty()) {
+      s << "\n  cluster " << options_.cluster_name << " through " << options_.cluster;
+    }
     if (!metrics_address().empty()) s << "\n  metrics: http://" << metrics_address() << "/metrics";
     return s.str();
   }
 
  private:
+  // Joins the cluster. A daemon that cannot reach etcd yet starts anyway (its local tiers
+  // serve) and keeps trying in the background; a refused join (wrong secret, a live twin with
+  // this node id, bad options) stops the start.
+  Status StartCluster() {
+    std::string secret = options_.cluster_secret;
+    if (!options_.cluster_secret_file.empty()) {
+      KVPOOL_ASSIGN_OR_RETURN(secret, cluster::ReadClusterSecretFile(options_.cluster_secret_file));
+    }
+    if (secret.empty()) {
+      return Status::InvalidArgument(
+          "cluster mode needs --cluster_secret or --cluster_secret_file");
+    }
+    std::string control = options_.cluster_advertise;
+    if (control.empty()) {
+      if (tcp_address().empty()) {
+        return Status::InvalidArgument(
+            "cluster mode needs --listen=tcp://HOST:PORT: peers reach this daemon over TCP");
+      }
+      control = "tcp://" + tcp_address();
+      if (control.rfind("tcp://0.0.0.0:", 0) == 0 || control.rfind("tcp://[::]:", 0) == 0) {
+        return Status::InvalidArgument(
+            "--listen binds every address; give --cluster_advertise=tcp://HOST:PORT for peers");
+      }
+    }
+    cluster::MembershipOptions mo;
+    mo.etcd = options_.cluster;
+    mo.cluster_name = options_.cluster_name;
+    mo.node_id = node_id_;
+    mo.secret = secret;
+    mo.control_address = control;
+    if (ucx_) mo.ucx_worker_address = ucx_->WorkerAddress();
+    mo.capacity_bytes = options_.host_capacity_bytes + options_.disk_capacity_bytes;
+    tiers::TierManager* tiers = tiers_.get();
+    mo.used_bytes = [tiers] {
+      const tiers::TierManagerStats s = tiers->GetStats();
+      return s.host.payload_bytes + s.disk_used_bytes;
+    };
+    membership_options_ = mo;
+    service_->SetClusterInfo([this](wire::ClusterMembersResponse* out) { FillCluster(out); });
+    Result<std::unique_ptr<cluster::Membership>> m = cluster::Membership::Join(mo);
+    if (m.ok()) {
+      absl::MutexLock lock(&cluster_mu_);
+      membership_ = std::move(*m);
+      return Status::OK();
+    }
+    if (m.status().code() != StatusCode::kUnavailable) {
+      return m.status().WithContext("joining cluster " + options_.cluster_name);
+    }
+    LOG(WARNING) << "cannot reach etcd at " << options_.cluster << " (" << m.status().ToString()
+                 << "): serving the local tiers and retrying in the background";
+    {
+      absl::MutexLock lock(&cluster_mu_);
+      cluster_reason_ = m.status().message();
+    }
+    join_thread_ = StartThread(ThreadRole::kCluster, 1000, [this] { JoinLoop(); });
+    return Status::OK();
+  }
+
+  void JoinLoop() {
+    absl::MutexLock lock(&cluster_mu_);
+    while (!cluster_stopping_ && membership_ == nullptr) {
+      cluster_cv_.WaitWithTimeout(&cluster_mu_, absl::Seconds(2));
+      if (cluster_stopping_) return;
+      cluster_mu_.Unlock();
+      Result<std::unique_ptr<cluster::Membership>> m =
+          cluster::Membership::Join(membership_options_);
+      cluster_mu_.Lock();
+      if (m.ok()) {
+        membership_ = std::move(*m);
+        LOG(INFO) << "joined cluster " << options_.cluster_name;
+      } else {
+        cluster_reason_ = m.status().message();
+        if (m.status().code() != StatusCode::kUnavailable) {
+          LOG(ERROR) << "joining cluster " << options_.cluster_name
+                     << " refused: " << m.status().ToString() << " (still serving the local tiers)";
+          return;
+        }
+      }
+    }
+  }
+
+  void StopCluster() {
+    {
+      absl::MutexLock lock(&cluster_mu_);
+      cluster_stopping_ = true;
+      cluster_cv_.SignalAll();
+    }
+    if (join_thread_.joinable()) join_thread_.join();
+    std::unique_ptr<cluster::Membership> m;
+    {
+      absl::MutexLock lock(&cluster_mu_);
+      m = std::move(membership_);
+    }
+    if (m) m->Leave();
+  }
+
+  void FillCluster(wire::ClusterMembersResponse* out) {
+    absl::MutexLock lock(&cluster_mu_);
+    if (membership_ == nullptr) {
+      out->set_cluster_state("joining");
+      out->mutable_status()->set_message(cluster_reason_);
+      return;
+    }
+    const cluster::ClusterHealth h = membership_->health();
+    out->set_cluster_state(cluster::ClusterStateName(h.state));
+    out->mutable_status()->set_message(h.reason);
+    for (const cluster::Member& m : membership_->Members()) {
+      wire::ClusterMember* w = out->add_members();
+      w->set_node_id(m.record.node_id);
+      w->set_control_address(m.record.control_address);
+      w->set_state(cluster::MemberStateName(m.state));
+      w->set_capacity_bytes(m.record.capacity_bytes);
+      w->set_used_bytes(m.record.used_bytes);
+      w->set_self(m.self);
+      w->set_started_unix_ms(m.record.started_at_ms);
+    }
+  }
+
   Status ConfigurePolicies() {
     KVPOOL_ASSIGN_OR_RETURN(auto default_write, tiers::CreateWritePolicy(options_.write_policy));
     std::string_view rest = options_.namespace_policies;
@@ -194,6 +321,14 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<BlockService> service_;
   std::unique_ptr<transport::ControlServer> server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
+  // Cluster mode.
+  absl::Mutex cluster_mu_;
+  absl::CondVar cluster_cv_;
+  std::unique_ptr<cluster::Membership> membership_ ABSL_GUARDED_BY(cluster_mu_);
+  std::string cluster_reason_ ABSL_GUARDED_BY(cluster_mu_);
+  bool cluster_stopping_ ABSL_GUARDED_BY(cluster_mu_) = false;
+  cluster::MembershipOptions membership_options_;
+  std::thread join_thread_;
   bool stopped_ = false;
 };
 

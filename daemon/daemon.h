@@ -55,6 +55,18 @@ struct DaemonOptions {
   // UCX transports and network devices ("" = UCX's choice, e.g. "tcp" and "eth0"). Default: "".
   std::string ucx_transports;
   std::string ucx_net_devices;
+  // Cluster mode (docs/CLUSTER.md): etcd endpoints "etcd://HOST:PORT[,HOST:PORT...]". Default:
+  // none (standalone).
+  std::string cluster;
+  // Cluster name (the etcd prefix /kvpool/<name>/). Default: "kvpool".
+  std::string cluster_name = "kvpool";
+  // Shared cluster secret, or a file holding it (not world-readable). Required in cluster mode.
+  std::string cluster_secret;
+  std::string cluster_secret_file;
+  // The control address peers use, "tcp://HOST:PORT". Default: the --listen address.
+  std::string cluster_advertise;
+  // Copies kept beyond the first. Default: 1.
+  uint32_t replicas = 1;
   tiers::TierManagerOptions tiers;
 };
 

@@ -58,6 +58,15 @@ DEFINE_int32(lease_timeout_ms, 10000,
 DEFINE_bool(ucx, true, "Offer the UCX data path to remote clients (TCP connections).");
 DEFINE_string(ucx_transports, "", "UCX transports, e.g. tcp or rc,tcp. Default: UCX's choice.");
 DEFINE_string(ucx_net_devices, "", "UCX network devices, e.g. eth0 or lo. Default: UCX's choice.");
+DEFINE_string(cluster, "",
+              "Join a cluster through etcd: etcd://HOST:PORT[,HOST:PORT...]. Default: standalone.");
+DEFINE_string(cluster_name, "kvpool", "Cluster name (etcd prefix /kvpool/<name>/).");
+DEFINE_string(cluster_secret, "", "Shared cluster secret (prefer --cluster_secret_file).");
+DEFINE_string(cluster_secret_file, "",
+              "File holding the shared cluster secret (must not be world-readable).");
+DEFINE_string(cluster_advertise, "",
+              "Control address peers use, tcp://HOST:PORT. Default: the --listen address.");
+DEFINE_uint32(replicas, 1, "Cluster mode: copies of each block beyond the first.");
 DEFINE_bool(flush_on_shutdown, true, "Write host-only blocks to disk on SIGTERM.");
 DEFINE_double(host_high_watermark, 0.90, "Host occupancy at which demotion to disk starts.");
 DEFINE_double(host_low_watermark, 0.80, "Host occupancy at which demotion stops.");
@@ -134,6 +143,12 @@ int main(int argc, char** argv) {
   o.ucx = FLAGS_ucx;
   o.ucx_transports = FLAGS_ucx_transports;
   o.ucx_net_devices = FLAGS_ucx_net_devices;
+  o.cluster = FLAGS_cluster;
+  o.cluster_name = FLAGS_cluster_name;
+  o.cluster_secret = FLAGS_cluster_secret;
+  o.cluster_secret_file = FLAGS_cluster_secret_file;
+  o.cluster_advertise = FLAGS_cluster_advertise;
+  o.replicas = FLAGS_replicas;
   o.lease_timeout = std::chrono::milliseconds(FLAGS_lease_timeout_ms);
   o.tiers.flush_on_shutdown = FLAGS_flush_on_shutdown;
   o.tiers.host_high_watermark = FLAGS_host_high_watermark;

@@ -1,8 +1,6 @@
 #pragma once
 // The role under which the cluster layer starts its threads (one watch thread per EtcdWatch,
-// one keepalive thread per Membership). common/threads.h has no cluster role yet: until the
-// daemon's thread list gains ThreadRole::kCluster ("kvp-cluster-N"), they run under kControlIo
-// with indices from 100 up, so `top -H` shows them as kvp-io-1NN. Only this line changes then.
+// one keepalive thread per Membership): ThreadRole::kCluster, shown as kvp-cluster-N.
 //
 // Thread safety: NextClusterThreadIndex may be called from any thread.
 
@@ -12,10 +10,10 @@
 
 namespace kvpool::daemon::cluster {
 
-inline constexpr ThreadRole kClusterThreadRole = ThreadRole::kControlIo;
+inline constexpr ThreadRole kClusterThreadRole = ThreadRole::kCluster;
 
 inline int NextClusterThreadIndex() {
-  static std::atomic<int> next{100};  // relaxed: only uniqueness matters
+  static std::atomic<int> next{0};  // relaxed: only uniqueness matters
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -164,6 +164,25 @@ struct DaemonStats {
   uint64_t leases_active = 0;
   uint64_t reservations_active = 0;
   double dedup_ratio = 0;
+  std::string cluster_state;  // standalone, joining, joined, degraded
+  uint32_t cluster_members = 0;
+  std::string cluster_reason;  // why degraded or still joining
+};
+
+struct ClusterMember {
+  std::string node_id;
+  std::string control_address;
+  std::string state;  // alive, stale (the daemon cannot reach etcd), degraded (that daemon)
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  bool self = false;  // the daemon this client talks to
+  int64_t started_unix_ms = 0;
+};
+
+struct ClusterView {
+  std::string state;  // standalone, joining, joined, degraded
+  std::string reason;
+  std::vector<ClusterMember> members;
 };
 
 struct EvictResult {
@@ -211,6 +230,8 @@ class Client {
                                                    uint32_t limit = 0);
 
   Result<DaemonStats> Stats();
+  // The cluster as the daemon sees it ("standalone" without cluster mode).
+  Result<ClusterView> Cluster();
   // Admin: evict this namespace's blocks (all when `keys` is empty) from host (kHost: demote to
   // disk) or from the cache (kDisk).
   Result<EvictResult> Evict(Tier tier, std::span<const BlockKey> keys = {});
