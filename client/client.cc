@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <unordered_map>
 
 #include "absl/synchronization/mutex.h"
@@ -369,6 +370,9 @@ class Client::Impl {
     return FromWire(resp->status());
   }
 
+  // Where block i (of `size` bytes) goes: the caller's buffer, or one allocated on the spot.
+  using BufferFor = std::function<MutableBuffer(size_t index, uint64_t size)>;
+
   struct InPlace {
     size_t index;
     uint32_t segment;
@@ -382,7 +386,7 @@ class Client::Impl {
 
   // Copies leased blocks from the shared segments into the caller's buffers, verifying each
   // one's checksum on the way, then releases the leases (no round trip).
-  Status CopyInPlace(std::span<const BlockKey> keys, std::span<const MutableBuffer> buffers,
+  Status CopyInPlace(std::span<const BlockKey> keys, const BufferFor& buffer_for,
                      const std::vector<InPlace>& blocks, std::vector<GetResult>& out,
                      Deadline deadline) {
     std::vector<std::pair<uint32_t, uint32_t>> segs;
@@ -397,7 +401,7 @@ class Client::Impl {
     for (size_t k = 0; k < blocks.size(); ++k) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];
-      const MutableBuffer& buf = buffers[b.index];
+      const MutableBuffer buf = buffer_for(b.index, b.size);
       if (!(*mapped)[k].ok()) {
         r.status = (*mapped)[k];
       } else if (b.offset + b.size > segment_bytes_) {
@@ -432,12 +436,13 @@ class Client::Impl {
 
   // Receives blocks the daemon sends as tagged UCX messages straight into the caller's buffers
   // (or a scratch buffer when one is too small, so the message is drained) and verifies each.
-  void ReceiveOverUcx(std::span<const BlockKey> keys, std::span<const MutableBuffer> buffers,
+  void ReceiveOverUcx(std::span<const BlockKey> keys, const BufferFor& buffer_for,
                       uint64_t tag_base, const std::vector<OverUcx>& blocks,
                       std::vector<GetResult>& out, Deadline deadline) {
     UcxBatch batch;
     std::vector<std::unique_ptr<uint8_t[]>> scratch(blocks.size());
     std::vector<transport::UcxOpId> ops(blocks.size(), 0);
+    std::vector<MutableBuffer> targets(blocks.size());
     {
       absl::MutexLock lock(&batch.mu);
       batch.left = blocks.size();
@@ -445,7 +450,8 @@ class Client::Impl {
       batch.received.assign(blocks.size(), 0);
     }
     for (size_t k = 0; k < blocks.size(); ++k) {
-      const MutableBuffer& buf = buffers[blocks[k].index];
+      targets[k] = buffer_for(blocks[k].index, blocks[k].size);
+      const MutableBuffer& buf = targets[k];
       void* dst = buf.data;
       if (dst == nullptr || buf.capacity < blocks[k].size) {
         scratch[k].reset(new uint8_t[std::max<uint64_t>(1, blocks[k].size)]);
@@ -467,12 +473,12 @@ class Client::Impl {
       if (!batch.status[k].ok()) {
         r.status = batch.status[k].WithContext("UCX transfer of block " + keys[b.index].ShortHex());
       } else if (scratch[k] != nullptr) {
-        r.status = Status::InvalidArgument(
-            "buffer of " + std::to_string(buffers[b.index].capacity) +
-            " bytes is too small for the " + std::to_string(b.size) + "-byte block");
+        r.status = Status::InvalidArgument("buffer of " + std::to_string(targets[k].capacity) +
+                                           " bytes is too small for the " + std::to_string(b.size) +
+                                           "-byte block");
         r.size = b.size;
       } else if (batch.received[k] != b.size ||
-                 BlockChecksum(buffers[b.index].data, b.size) != b.checksum) {
+                 BlockChecksum(targets[k].data, b.size) != b.checksum) {
         r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
                                       " failed its checksum in transfer");
       } else {
@@ -532,8 +538,7 @@ class Client::Impl {
     return Status::OK();
   }
 
-  Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
-                                     std::span<const MutableBuffer> buffers) {
+  Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for) {
     std::vector<GetResult> out(keys.size());
     std::vector<size_t> todo(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
@@ -598,7 +603,7 @@ class Client::Impl {
             channel_.reset();
             return Status::Internal("GET response payload shorter than its block list");
           }
-          const MutableBuffer& buf = buffers[i];
+          const MutableBuffer buf = buffer_for(i, size);
           if (buf.data == nullptr || buf.capacity < size) {
             KVPOOL_RETURN_IF_ERROR(channel_->Discard(size, deadline));
             r.status = Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
@@ -622,8 +627,8 @@ class Client::Impl {
           return Status::Internal("GET response payload longer than its block list");
         }
         if (!in_place.empty())
-          KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffers, in_place, out, deadline));
-        if (!over_ucx.empty()) ReceiveOverUcx(keys, buffers, tag_base, over_ucx, out, deadline);
+          KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffer_for, in_place, out, deadline));
+        if (!over_ucx.empty()) ReceiveOverUcx(keys, buffer_for, tag_base, over_ucx, out, deadline);
       }
       if (deferred.size() == todo.size()) {
         return Status::Internal("kvpoold deferred every block of a GET");
@@ -841,7 +846,24 @@ Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
   if (buffers.size() != keys.size()) {
     return Status::InvalidArgument("Get needs one buffer per key");
   }
-  return impl_->Run([&] { return impl_->Get(keys, buffers); });
+  const Impl::BufferFor caller = [&](size_t i, uint64_t) { return buffers[i]; };
+  return impl_->Run([&] { return impl_->Get(keys, caller); });
+}
+
+Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> keys) {
+  std::vector<FetchedBlock> out(keys.size());
+  const Impl::BufferFor allocate = [&](size_t i, uint64_t size) {
+    out[i].bytes.resize(size);
+    return MutableBuffer{out[i].bytes.data(), out[i].bytes.size()};
+  };
+  KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> results,
+                          impl_->Run([&] { return impl_->Get(keys, allocate); }));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    out[i].status = results[i].status;
+    out[i].tier = results[i].tier;
+    if (!out[i].status.ok()) out[i].bytes.clear();
+  }
+  return out;
 }
 
 Result<PutResult> Client::Put(std::span<const PutBlock> blocks) {

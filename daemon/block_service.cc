@@ -102,8 +102,9 @@ struct BlockService::Conn : transport::ConnectionState {
   bool hello = false;
   NamespaceId ns = kNoNamespace;
   std::string ns_name;
-  uint64_t owner = 0;                   // owner id of this connection's reservations and leases
-  bool shm = false;                     // the shared-memory data path was granted at hello
+  uint64_t owner = 0;  // owner id of this connection's reservations and leases
+  bool shm = false;    // the shared-memory data path was granted at hello
+  bool peer = false;   // another kvpoold (cluster fetch or replication): no replication back
   transport::UcxEndpointId ucx_ep = 0;  // the client's UCX worker, when granted
   uint64_t ucx_tag_prefix = 0;          // this connection's tags on the daemon's worker
   // Set by PayloadSinks for the PUT_COMMIT being received: which reservations got a real slot.
@@ -155,7 +156,9 @@ void BlockService::OnDisconnect(transport::ConnectionState& state) {
 }
 
 bool BlockService::RunsInline(uint16_t type) const {
-  return type == wire::LOOKUP || type == wire::PREFETCH || type == wire::RELEASE;
+  // In cluster mode a lookup may ask peers: it goes to a worker like a get.
+  if (type == wire::LOOKUP) return cluster() == nullptr;
+  return type == wire::PREFETCH || type == wire::RELEASE;
 }
 
 Status BlockService::PayloadSinks(transport::ConnectionState& state, const FrameHeader& header,
@@ -306,6 +309,7 @@ Response BlockService::Hello(Conn& c, std::string_view body) {
       c.ns = *ns;
       c.ns_name = req.namespace_name();
       c.shm = req.shared_memory() && c.info.local && options_.shared_memory;
+      c.peer = req.client_name() == "kvpool-peer";
       resp.set_shared_memory(c.shm);
       resp.set_segment_bytes(tiers_.segment_bytes());
       resp.set_lease_timeout_ms(static_cast<uint32_t>(options_.lease_timeout.count()));
@@ -344,6 +348,12 @@ Response BlockService::Lookup(Conn& c, std::string_view body) {
   if (st.ok()) st = DecodeKeysOf(req.keys(), req.packed_keys(), options_.max_batch_keys, &keys);
   if (st.ok()) {
     tiers::LookupResult lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
+    if (cluster() != nullptr && !c.peer && lr.hit_blocks < keys.size() &&
+        cluster()->FetchMissing(c.ns, c.ns_name,
+                                std::span<const BlockKey>(keys).subspan(lr.hit_blocks)) > 0) {
+      // Some of the rest came from the blocks' home nodes and are cached here now.
+      lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
+    }
     resp.set_hit_blocks(lr.hit_blocks);
     for (tiers::ServedFrom t : lr.tiers) resp.add_tiers(ToWire(t));
     metrics_.Add(metrics_.lookups);
@@ -377,9 +387,24 @@ Response BlockService::Get(Conn& c, std::string_view body) {
   }
   const bool in_place = req.in_place();
   const bool via_ucx = req.via_ucx();
-  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(
-      tiers_.Acquire(c.ns, keys, c.owner,
-                     in_place || via_ucx ? options_.lease_timeout : std::chrono::milliseconds(0)));
+  const std::chrono::milliseconds ttl =
+      in_place || via_ucx ? options_.lease_timeout : std::chrono::milliseconds(0);
+  auto reads =
+      std::make_shared<std::vector<tiers::BlockRead>>(tiers_.Acquire(c.ns, keys, c.owner, ttl));
+  if (cluster() != nullptr && !c.peer) {
+    std::vector<BlockKey> missing;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if ((*reads)[i].status.IsNotFound()) {
+        missing.push_back(keys[i]);
+        where.push_back(i);
+      }
+    }
+    if (!missing.empty() && cluster()->FetchMissing(c.ns, c.ns_name, missing) > 0) {
+      std::vector<tiers::BlockRead> again = tiers_.Acquire(c.ns, missing, c.owner, ttl);
+      for (size_t k = 0; k < where.size(); ++k) (*reads)[where[k]] = std::move(again[k]);
+    }
+  }
   Response r;
   uint64_t payload = 0;
   uint64_t served = 0;
@@ -576,6 +601,7 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
   }
   uint64_t committed = 0;
   uint64_t bytes = 0;
+  std::vector<std::pair<BlockKey, BlockKey>> replicate;  // committed blocks (key, parent)
   for (size_t i = 0; i < c.commit_ids.size(); ++i) {
     Status st = c.commit_status[i];
     if (st.ok()) {
@@ -588,6 +614,7 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
       if (st.ok()) {
         ++committed;
         bytes += size;
+        if (t.ok() && cluster() != nullptr && !c.peer) replicate.emplace_back(t->key, t->parent);
       }
     } else {
       tiers_.Abort(c.owner, c.commit_ids[i]);
@@ -597,6 +624,7 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
   c.commit_ids.clear();
   c.commit_status.clear();
   c.commit_checksums.clear();
+  if (!replicate.empty()) cluster()->Replicate(c.ns, c.ns_name, std::move(replicate));
   metrics_.Add(metrics_.puts_committed, committed);
   metrics_.Add(metrics_.bytes_in, bytes);
   return Reply(wire::PUT_COMMIT, resp, Status::OK());
@@ -826,15 +854,15 @@ Response BlockService::Stats(Conn& c, std::string_view body) {
   resp.set_leases_active(t.leases_active);
   resp.set_reservations_active(t.reservations_active);
   {
-    wire::ClusterMembersResponse cluster;
-    if (cluster_info_) {
-      cluster_info_(&cluster);
+    wire::ClusterMembersResponse view;
+    if (ClusterHooks* c = cluster(); c != nullptr) {
+      c->Fill(&view);
     } else {
-      cluster.set_cluster_state("standalone");
+      view.set_cluster_state("standalone");
     }
-    resp.set_cluster_state(cluster.cluster_state());
-    resp.set_cluster_members(static_cast<uint32_t>(cluster.members_size()));
-    resp.set_cluster_reason(cluster.status().message());
+    resp.set_cluster_state(view.cluster_state());
+    resp.set_cluster_members(static_cast<uint32_t>(view.members_size()));
+    resp.set_cluster_reason(view.status().message());
   }
   resp.set_dedup_ratio(static_cast<double>(resp.puts_offered()) /
                        static_cast<double>(std::max<uint64_t>(1, resp.puts_committed())));
@@ -896,8 +924,8 @@ Response BlockService::MapSegments(Conn& c, std::string_view body) {
 
 Response BlockService::ClusterMembers(Conn& c, std::string_view body) {
   wire::ClusterMembersResponse resp;
-  if (cluster_info_) {
-    cluster_info_(&resp);
+  if (cluster() != nullptr) {
+    cluster()->Fill(&resp);
   } else {
     resp.set_cluster_state("standalone");
   }
@@ -929,17 +957,17 @@ std::string BlockService::RenderMetrics() const {
           .count());
   std::string out = metrics_.RenderPrometheus(tiers_.GetStats(), sessions_.Count(),
                                               connections_ ? connections_() : 0, uptime);
-  if (cluster_info_) {
-    wire::ClusterMembersResponse cluster;
-    cluster_info_(&cluster);
+  if (cluster() != nullptr) {
+    wire::ClusterMembersResponse view;
+    cluster()->Fill(&view);
     out +=
         "# HELP kvpool_cluster_members Members in this daemon's view of the cluster.\n"
         "# TYPE kvpool_cluster_members gauge\n"
         "kvpool_cluster_members " +
-        std::to_string(cluster.members_size()) +
+        std::to_string(view.members_size()) +
         "\n# HELP kvpool_cluster_degraded 1 while this daemon cannot reach etcd (it serves "
         "its local tiers).\n# TYPE kvpool_cluster_degraded gauge\nkvpool_cluster_degraded " +
-        (cluster.cluster_state() == "joined" ? "0" : "1") + "\n";
+        (view.cluster_state() == "joined" ? "0" : "1") + "\n";
   }
   return out;
 }

@@ -30,6 +30,7 @@
 //
 // Thread safety: called concurrently for different connections (see ControlServer).
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -49,6 +50,21 @@ class ClusterMembersResponse;
 }  // namespace kvpool::wire
 
 namespace kvpool::daemon {
+
+// What request handling asks of the cluster layer (daemon/cluster_node.h); absent standalone.
+class ClusterHooks {
+ public:
+  virtual ~ClusterHooks() = default;
+  // The cluster state and member list (status, stats, `kvpool cluster members`).
+  virtual void Fill(wire::ClusterMembersResponse* out) = 0;
+  // Blocks of `keys` that are not cached here: fetch them from their home nodes and store them
+  // locally. Returns how many were stored. Bounded by the peer timeout.
+  virtual size_t FetchMissing(NamespaceId ns, const std::string& ns_name,
+                              std::span<const BlockKey> keys) = 0;
+  // Blocks a client put here (key, parent): copy them to their other homes in the background.
+  virtual void Replicate(NamespaceId ns, const std::string& ns_name,
+                         std::vector<std::pair<BlockKey, BlockKey>> blocks) = 0;
+};
 
 struct BlockServiceOptions {
   std::string node_id;
@@ -76,11 +92,9 @@ class BlockService final : public transport::RequestHandler {
   Status LoadSessions();
   // Where /metrics and stats get the open-connection count from.
   void SetConnectionGauge(std::function<uint64_t()> gauge) { connections_ = std::move(gauge); }
-  // Cluster mode: fills the state and member list (status, stats, `kvpool cluster members`).
-  // Unset: "standalone".
-  void SetClusterInfo(std::function<void(wire::ClusterMembersResponse*)> fill) {
-    cluster_info_ = std::move(fill);
-  }
+  // Cluster mode: remote fetch, replication and the cluster view.
+  // Unset: standalone. `cluster` must outlive this service.
+  void SetCluster(ClusterHooks* cluster) { cluster_.store(cluster, std::memory_order_release); }
   std::string RenderMetrics() const;
 
   // transport::RequestHandler
@@ -125,7 +139,10 @@ class BlockService final : public transport::RequestHandler {
   Metrics& metrics_;
   transport::UcxEngine* const ucx_;
   std::function<uint64_t()> connections_;
-  std::function<void(wire::ClusterMembersResponse*)> cluster_info_;
+  // Set once, possibly while requests run (the cluster starts after the TCP listener it
+  // advertises): release/acquire so a request that sees it sees it constructed.
+  std::atomic<ClusterHooks*> cluster_{nullptr};
+  ClusterHooks* cluster() const { return cluster_.load(std::memory_order_acquire); }
   const std::chrono::steady_clock::time_point started_;
   // Serializes session saves and deletes: a save pins the new chain, writes the record and
   // unpins the old chain as one step.

@@ -12,6 +12,7 @@
 #include "control.pb.h"
 #include "daemon/block_service.h"
 #include "daemon/cluster/membership.h"
+#include "daemon/cluster_node.h"
 #include "daemon/metrics_http.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/session_store.h"
@@ -127,7 +128,7 @@ class DaemonImpl final : public Daemon {
   void Stop() override {
     if (stopped_) return;
     stopped_ = true;
-    StopCluster();  // peers drop this node at once
+    if (cluster_) cluster_->Stop();  // peers drop this node at once
     if (metrics_http_) metrics_http_->Stop();
     if (server_) server_->Stop();  // no request runs after this
     ucx_.reset();  // ends in-flight UCX sends (their leases are released) before the tiers stop
@@ -167,9 +168,8 @@ class DaemonImpl final : public Daemon {
   }
 
  private:
-  // Joins the cluster. A daemon that cannot reach etcd yet starts anyway (its local tiers
-  // serve) and keeps trying in the background; a refused join (wrong secret, a live twin with
-  // this node id, bad options) stops the start.
+  // Joins the cluster (see daemon/cluster_node.h): an unreachable etcd does not stop the start,
+  // a refused join (wrong secret, a live twin with this node id, bad options) does.
   Status StartCluster() {
     std::string secret = options_.cluster_secret;
     if (!options_.cluster_secret_file.empty()) {
@@ -191,7 +191,8 @@ class DaemonImpl final : public Daemon {
             "--listen binds every address; give --cluster_advertise=tcp://HOST:PORT for peers");
       }
     }
-    cluster::MembershipOptions mo;
+    ClusterNodeOptions co;
+    cluster::MembershipOptions& mo = co.membership;
     mo.etcd = options_.cluster;
     mo.cluster_name = options_.cluster_name;
     mo.node_id = node_id_;
@@ -204,85 +205,13 @@ class DaemonImpl final : public Daemon {
       const tiers::TierManagerStats s = tiers->GetStats();
       return s.host.payload_bytes + s.disk_used_bytes;
     };
-    membership_options_ = mo;
-    service_->SetClusterInfo([this](wire::ClusterMembersResponse* out) { FillCluster(out); });
-    Result<std::unique_ptr<cluster::Membership>> m = cluster::Membership::Join(mo);
-    if (m.ok()) {
-      absl::MutexLock lock(&cluster_mu_);
-      membership_ = std::move(*m);
-      return Status::OK();
-    }
-    if (m.status().code() != StatusCode::kUnavailable) {
-      return m.status().WithContext("joining cluster " + options_.cluster_name);
-    }
-    LOG(WARNING) << "cannot reach etcd at " << options_.cluster << " (" << m.status().ToString()
-                 << "): serving the local tiers and retrying in the background";
-    {
-      absl::MutexLock lock(&cluster_mu_);
-      cluster_reason_ = m.status().message();
-    }
-    join_thread_ = StartThread(ThreadRole::kCluster, 1000, [this] { JoinLoop(); });
+    co.replicas = options_.replicas;
+    co.ucx = ucx_ != nullptr;
+    co.ucx_transports = options_.ucx_transports;
+    co.ucx_net_devices = options_.ucx_net_devices;
+    KVPOOL_ASSIGN_OR_RETURN(cluster_, ClusterNode::Start(std::move(co), *tiers_));
+    service_->SetCluster(cluster_.get());
     return Status::OK();
-  }
-
-  void JoinLoop() {
-    absl::MutexLock lock(&cluster_mu_);
-    while (!cluster_stopping_ && membership_ == nullptr) {
-      cluster_cv_.WaitWithTimeout(&cluster_mu_, absl::Seconds(2));
-      if (cluster_stopping_) return;
-      cluster_mu_.Unlock();
-      Result<std::unique_ptr<cluster::Membership>> m =
-          cluster::Membership::Join(membership_options_);
-      cluster_mu_.Lock();
-      if (m.ok()) {
-        membership_ = std::move(*m);
-        LOG(INFO) << "joined cluster " << options_.cluster_name;
-      } else {
-        cluster_reason_ = m.status().message();
-        if (m.status().code() != StatusCode::kUnavailable) {
-          LOG(ERROR) << "joining cluster " << options_.cluster_name
-                     << " refused: " << m.status().ToString() << " (still serving the local tiers)";
-          return;
-        }
-      }
-    }
-  }
-
-  void StopCluster() {
-    {
-      absl::MutexLock lock(&cluster_mu_);
-      cluster_stopping_ = true;
-      cluster_cv_.SignalAll();
-    }
-    if (join_thread_.joinable()) join_thread_.join();
-    std::unique_ptr<cluster::Membership> m;
-    {
-      absl::MutexLock lock(&cluster_mu_);
-      m = std::move(membership_);
-    }
-    if (m) m->Leave();
-  }
-
-  void FillCluster(wire::ClusterMembersResponse* out) {
-    absl::MutexLock lock(&cluster_mu_);
-    if (membership_ == nullptr) {
-      out->set_cluster_state("joining");
-      out->mutable_status()->set_message(cluster_reason_);
-      return;
-    }
-    const cluster::ClusterHealth h = membership_->health();
-    out->set_cluster_state(cluster::ClusterStateName(h.state));
-    out->mutable_status()->set_message(h.reason);
-    for (const cluster::Member& m : membership_->Members()) {
-      wire::ClusterMember* w = out->add_members();
-      w->set_node_id(m.record.node_id);
-      w->set_control_address(m.record.control_address);
-      w->set_state(cluster::MemberStateName(m.state));
-      w->set_capacity_bytes(m.record.capacity_bytes);
-      w->set_used_bytes(m.record.used_bytes);
-      w->set_self(m.self);
-      w->set_started_unix_ms(m.record.started_at_ms);
-    }
   }
 
   Status ConfigurePolicies() {
@@ -321,14 +250,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<BlockService> service_;
   std::unique_ptr<transport::ControlServer> server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
-  // Cluster mode.
-  absl::Mutex cluster_mu_;
-  absl::CondVar cluster_cv_;
-  std::unique_ptr<cluster::Membership> membership_ ABSL_GUARDED_BY(cluster_mu_);
-  std::string cluster_reason_ ABSL_GUARDED_BY(cluster_mu_);
-  bool cluster_stopping_ ABSL_GUARDED_BY(cluster_mu_) = false;
-  cluster::MembershipOptions membership_options_;
-  std::thread join_thread_;
+  std::unique_ptr<ClusterNode> cluster_;  // cluster mode only
   bool stopped_ = false;
 };
 

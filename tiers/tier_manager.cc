@@ -790,7 +790,8 @@ Result<ReservationTarget> TierManager::TargetOf(uint64_t owner, uint64_t reserva
   // expiry must not free the slot under it, where another block (of any namespace) could be
   // placed and then overwritten. From here only Commit, Abort or AbortOwner release it.
   r.deadline = std::chrono::steady_clock::time_point::max();
-  return ReservationTarget{host_.Data(r.slot), r.item.size, r.slot.offset};
+  return ReservationTarget{host_.Data(r.slot), r.item.size, r.slot.offset, r.item.key,
+                           r.item.parent};
 }
 
 void TierManager::FreeReservationLocked(uint64_t rid) {

@@ -106,6 +106,8 @@ struct ReservationTarget {
   uint8_t* data = nullptr;
   uint64_t size = 0;
   uint64_t offset = 0;  // in the host arena
+  BlockKey key;         // the block it is for
+  BlockKey parent;
 };
 
 struct TierCounters {

@@ -88,6 +88,13 @@ struct GetResult {
   Tier tier = Tier::kNone;
 };
 
+// A block read into memory the library allocated.
+struct FetchedBlock {
+  Status status;  // OK; NotFound for a miss
+  std::vector<uint8_t> bytes;
+  Tier tier = Tier::kNone;
+};
+
 struct PutBlock {
   BlockKey key;
   const void* data = nullptr;
@@ -208,6 +215,9 @@ class Client {
   // verified on receipt; a block that fails is reported as Corruption, never returned.
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
                                      std::span<const MutableBuffer> buffers);
+
+  // As Get, into buffers the library allocates to each block's size.
+  Result<std::vector<FetchedBlock>> GetBlocks(std::span<const BlockKey> keys);
 
   // Stores blocks, put-if-absent: a block already cached costs no payload transfer.
   Result<PutResult> Put(std::span<const PutBlock> blocks);

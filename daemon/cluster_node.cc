@@ -1,0 +1,276 @@
+#include "daemon/cluster_node.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/checksum.h"
+#include "common/threads.h"
+#include "control.pb.h"
+
+namespace kvpool::daemon {
+namespace {
+
+// Owner id of the reservations and leases this node takes for fetches and replication
+// (connection owners count up from 1).
+constexpr uint64_t kClusterOwner = UINT64_MAX - 1;
+// Peer connections say so at hello: their puts are not replicated again.
+constexpr const char* kPeerClientName = "kvpool-peer";
+
+}  // namespace
+
+ClusterNode::ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers)
+    : options_(std::move(options)), tiers_(tiers) {}
+
+Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions options,
+                                                        tiers::TierManager& tiers) {
+  std::unique_ptr<ClusterNode> node(new ClusterNode(std::move(options), tiers));
+  Result<std::unique_ptr<cluster::Membership>> m =
+      cluster::Membership::Join(node->options_.membership);
+  if (!m.ok() && m.status().code() != StatusCode::kUnavailable) {
+    return m.status().WithContext("joining cluster " + node->options_.membership.cluster_name);
+  }
+  {
+    absl::MutexLock lock(&node->mu_);
+    if (m.ok()) {
+      node->membership_ = std::move(*m);
+    } else {
+      LOG(WARNING) << "cannot reach etcd at " << node->options_.membership.etcd << " ("
+                   << m.status().ToString()
+                   << "): serving the local tiers and retrying in the background";
+      node->join_error_ = m.status().message();
+    }
+  }
+  ClusterNode* raw = node.get();
+  if (!m.ok())
+    node->join_thread_ = StartThread(ThreadRole::kCluster, 1000, [raw] { raw->JoinLoop(); });
+  node->replicate_thread_ =
+      StartThread(ThreadRole::kCluster, 1001, [raw] { raw->ReplicateLoop(); });
+  return node;
+}
+
+ClusterNode::~ClusterNode() { Stop(); }
+
+void ClusterNode::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  if (join_thread_.joinable()) join_thread_.join();
+  if (replicate_thread_.joinable()) replicate_thread_.join();
+  std::unique_ptr<cluster::Membership> m;
+  {
+    absl::MutexLock lock(&mu_);
+    m = std::move(membership_);
+    idle_.clear();
+  }
+  if (m) m->Leave();
+}
+
+void ClusterNode::JoinLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_ && membership_ == nullptr) {
+    cv_.WaitWithTimeout(&mu_, absl::Seconds(2));
+    if (stopping_) return;
+    mu_.Unlock();
+    Result<std::unique_ptr<cluster::Membership>> m = cluster::Membership::Join(options_.membership);
+    mu_.Lock();
+    if (m.ok()) {
+      membership_ = std::move(*m);
+      LOG(INFO) << "joined cluster " << options_.membership.cluster_name;
+      return;
+    }
+    join_error_ = m.status().message();
+    if (m.status().code() != StatusCode::kUnavailable) {
+      LOG(ERROR) << "joining cluster " << options_.membership.cluster_name
+                 << " refused: " << m.status().ToString() << " (still serving the local tiers)";
+      return;
+    }
+  }
+}
+
+void ClusterNode::Fill(wire::ClusterMembersResponse* out) {
+  absl::MutexLock lock(&mu_);
+  if (membership_ == nullptr) {
+    out->set_cluster_state("joining");
+    out->mutable_status()->set_message(join_error_);
+    return;
+  }
+  const cluster::ClusterHealth h = membership_->health();
+  out->set_cluster_state(cluster::ClusterStateName(h.state));
+  out->mutable_status()->set_message(h.reason);
+  for (const cluster::Member& m : membership_->Members()) {
+    wire::ClusterMember* w = out->add_members();
+    w->set_node_id(m.record.node_id);
+    w->set_control_address(m.record.control_address);
+    w->set_state(cluster::MemberStateName(m.state));
+    w->set_capacity_bytes(m.record.capacity_bytes);
+    w->set_used_bytes(m.record.used_bytes);
+    w->set_self(m.self);
+    w->set_started_unix_ms(m.record.started_at_ms);
+  }
+}
+
+std::shared_ptr<const cluster::Ring> ClusterNode::Ring(
+    std::map<std::string, std::string>* addresses) {
+  absl::MutexLock lock(&mu_);
+  if (membership_ == nullptr) return nullptr;
+  for (const cluster::Member& m : membership_->Members()) {
+    if (!m.self) (*addresses)[m.record.node_id] = m.record.control_address;
+  }
+  return membership_->ring();
+}
+
+std::unique_ptr<Client> ClusterNode::Checkout(const std::string& address,
+                                              const std::string& ns_name) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = idle_.find({address, ns_name});
+    if (it != idle_.end() && !it->second.empty()) {
+      std::unique_ptr<Client> c = std::move(it->second.back());
+      it->second.pop_back();
+      return c;
+    }
+  }
+  ClientOptions o;
+  o.address = address;
+  o.namespace_name = ns_name;
+  o.client_name = kPeerClientName;
+  o.timeout = options_.peer_timeout;
+  o.data_path = options_.ucx ? DataPath::kAuto : DataPath::kSocket;
+  o.ucx_transports = options_.ucx_transports;
+  o.ucx_net_devices = options_.ucx_net_devices;
+  Result<std::unique_ptr<Client>> c = Client::Connect(o);
+  if (!c.ok()) {
+    VLOG(1) << "peer " << address << ": " << c.status().ToString();
+    return nullptr;
+  }
+  return std::move(*c);
+}
+
+void ClusterNode::Return(const std::string& address, const std::string& ns_name,
+                         std::unique_ptr<Client> c) {
+  absl::MutexLock lock(&mu_);
+  auto& pool = idle_[{address, ns_name}];
+  if (pool.size() < 4) pool.push_back(std::move(c));
+}
+
+bool ClusterNode::StoreLocal(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
+                             const std::vector<uint8_t>& bytes) {
+  tiers::PutRequestItem item;
+  item.key = key;
+  item.size = bytes.size();
+  item.checksum = BlockChecksum(bytes.data(), bytes.size());
+  item.parent = parent;
+  std::vector<tiers::ReserveOutcome> r = tiers_.Reserve(ns, kClusterOwner, {&item, 1});
+  if (r[0].state == tiers::ReserveState::kPresent) return true;
+  if (r[0].state != tiers::ReserveState::kReserved) return false;
+  Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r[0].reservation_id);
+  if (!t.ok()) return false;
+  std::memcpy(t->data, bytes.data(), bytes.size());
+  return tiers_.Commit(kClusterOwner, r[0].reservation_id).ok();
+}
+
+size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
+                                 std::span<const BlockKey> keys) {
+  std::map<std::string, std::string> addresses;
+  std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
+  if (ring == nullptr || addresses.empty()) return 0;
+  // One batched request per node: each key goes to the first of its homes that is not us.
+  std::map<std::string, std::vector<size_t>> by_node;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (const cluster::NodeId& id : ring->Homes(keys[i], options_.replicas + 1)) {
+      if (addresses.count(id)) {
+        by_node[id].push_back(i);
+        break;
+      }
+    }
+  }
+  size_t stored = 0;
+  for (const auto& [node, indices] : by_node) {
+    const std::string& address = addresses[node];
+    std::unique_ptr<Client> c = Checkout(address, ns_name);
+    if (c == nullptr) continue;
+    std::vector<BlockKey> ask;
+    for (size_t i : indices) ask.push_back(keys[i]);
+    Result<std::vector<FetchedBlock>> got = c->GetBlocks(ask);
+    if (!got.ok()) {
+      VLOG(1) << "fetch from " << node << ": " << got.status().ToString();
+      continue;  // a dead or slow peer: these blocks are misses
+    }
+    Return(address, ns_name, std::move(c));
+    for (size_t k = 0; k < indices.size(); ++k) {
+      if (!(*got)[k].status.ok()) continue;
+      const size_t i = indices[k];
+      const BlockKey parent = i > 0 ? keys[i - 1] : BlockKey{};
+      if (StoreLocal(ns, keys[i], parent, (*got)[k].bytes)) ++stored;
+    }
+  }
+  return stored;
+}
+
+void ClusterNode::Replicate(NamespaceId ns, const std::string& ns_name,
+                            std::vector<std::pair<BlockKey, BlockKey>> blocks) {
+  if (blocks.empty() || options_.replicas == 0) return;
+  absl::MutexLock lock(&mu_);
+  if (jobs_.size() > 10000) {
+    LOG_EVERY_N(WARNING, 100) << "replication queue full: copies dropped (peers too slow)";
+    return;
+  }
+  jobs_.push_back(Job{ns, ns_name, std::move(blocks)});
+  cv_.Signal();
+}
+
+void ClusterNode::ReplicateLoop() {
+  for (;;) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && jobs_.empty()) cv_.Wait(&mu_);
+      if (stopping_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    std::map<std::string, std::string> addresses;
+    std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
+    if (ring == nullptr) continue;
+    const std::string self = options_.membership.node_id;
+    // The next `replicas` nodes of each key's order, besides this one.
+    std::map<std::string, std::vector<size_t>> by_node;
+    for (size_t i = 0; i < job.blocks.size(); ++i) {
+      uint32_t picked = 0;
+      for (const cluster::NodeId& id : ring->Order(job.blocks[i].first)) {
+        if (picked == options_.replicas) break;
+        if (id == self || !addresses.count(id)) continue;
+        by_node[id].push_back(i);
+        ++picked;
+      }
+    }
+    for (const auto& [node, indices] : by_node) {
+      std::vector<BlockKey> keys;
+      for (size_t i : indices) keys.push_back(job.blocks[i].first);
+      std::vector<tiers::BlockRead> reads = tiers_.Acquire(job.ns, keys, kClusterOwner);
+      std::vector<PutBlock> puts;
+      for (size_t k = 0; k < indices.size(); ++k) {
+        if (!reads[k].status.ok()) continue;
+        puts.push_back({keys[k], reads[k].data, reads[k].size, job.blocks[indices[k]].second});
+      }
+      const std::string& address = addresses[node];
+      std::unique_ptr<Client> c = puts.empty() ? nullptr : Checkout(address, job.ns_name);
+      if (c != nullptr) {
+        Result<PutResult> r = c->Put(puts);
+        if (r.ok()) {
+          Return(address, job.ns_name, std::move(c));
+        } else {
+          VLOG(1) << "replication to " << node << ": " << r.status().ToString();
+        }
+      }
+      for (tiers::BlockRead& read : reads) tiers_.Release(read);
+    }
+  }
+}
+
+}  // namespace kvpool::daemon

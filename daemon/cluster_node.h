@@ -1,0 +1,102 @@
+#pragma once
+// ClusterNode: this daemon as a member of a kvpool cluster (DESIGN.md section 4).
+//
+// It owns the etcd membership (daemon/cluster/membership.h), joining at start or, while etcd is
+// unreachable, in the background; and it talks to peers through the ordinary kvpool client
+// (over UCX when the daemons have it, else the TCP control connection), one pooled connection
+// per (peer, namespace):
+//  - FetchMissing: blocks a lookup or get misses locally are asked of their home nodes (the
+//    first live members of each key's rendezvous order), one batched GET per node, checked
+//    against their checksums by the client, and stored in the local host tier;
+//  - Replicate: blocks a local client put are copied in the background to the next `replicas`
+//    nodes of their order (put-if-absent, so a copy a peer already has costs nothing).
+// A peer that does not answer within `peer_timeout` counts as a miss: inference never waits
+// on a dead node longer than that (and the membership drops it within the lease TTL).
+//
+// Thread safety: every method may be called from any thread. One replication thread
+// (ThreadRole::kCluster).
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <kvpool/client.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/block_service.h"
+#include "daemon/cluster/membership.h"
+#include "tiers/tier_manager.h"
+
+namespace kvpool::daemon {
+
+struct ClusterNodeOptions {
+  cluster::MembershipOptions membership;
+  // Copies of each block beyond the first. Default: 1.
+  uint32_t replicas = 1;
+  // Deadline of one request to a peer. Default: 500 ms.
+  std::chrono::milliseconds peer_timeout{500};
+  // UCX settings for peer connections (as the daemon's own). Default: UCX's choice.
+  bool ucx = true;
+  std::string ucx_transports;
+  std::string ucx_net_devices;
+};
+
+class ClusterNode final : public ClusterHooks {
+ public:
+  // Joins (or starts joining) the cluster. InvalidArgument / PermissionDenied / AlreadyExists
+  // from the membership stop the start; an unreachable etcd does not.
+  static Result<std::unique_ptr<ClusterNode>> Start(ClusterNodeOptions options,
+                                                    tiers::TierManager& tiers);
+  ~ClusterNode() override;
+  // Leaves the cluster (peers drop this node at once) and stops the threads.
+  void Stop();
+
+  // ClusterHooks
+  void Fill(wire::ClusterMembersResponse* out) override;
+  size_t FetchMissing(NamespaceId ns, const std::string& ns_name,
+                      std::span<const BlockKey> keys) override;
+  void Replicate(NamespaceId ns, const std::string& ns_name,
+                 std::vector<std::pair<BlockKey, BlockKey>> blocks) override;
+
+ private:
+  struct Job {
+    NamespaceId ns;
+    std::string ns_name;
+    std::vector<std::pair<BlockKey, BlockKey>> blocks;  // key, parent
+  };
+
+  ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers);
+  void JoinLoop();
+  void ReplicateLoop();
+  // The live members (by node id) and their control addresses, excluding this node.
+  std::shared_ptr<const cluster::Ring> Ring(std::map<std::string, std::string>* addresses);
+  // A pooled client of `ns_name` on the peer at `address`; nullptr when it cannot connect.
+  std::unique_ptr<Client> Checkout(const std::string& address, const std::string& ns_name);
+  void Return(const std::string& address, const std::string& ns_name, std::unique_ptr<Client> c);
+  // Stores a fetched block in the host tier (as a local put would).
+  bool StoreLocal(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
+                  const std::vector<uint8_t>& bytes);
+
+  const ClusterNodeOptions options_;
+  tiers::TierManager& tiers_;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::unique_ptr<cluster::Membership> membership_ ABSL_GUARDED_BY(mu_);
+  std::string join_error_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, std::vector<std::unique_ptr<Client>>> idle_
+      ABSL_GUARDED_BY(mu_);
+  std::thread join_thread_;
+  std::thread replicate_thread_;
+};
+
+}  // namespace kvpool::daemon
