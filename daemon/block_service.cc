@@ -737,6 +737,7 @@ Response BlockService::SessionSave(Conn& c, std::string_view body) {
     std::vector<BlockKey> old_keys;
     if (DecodeKeys(old->keys(), UINT32_MAX, &old_keys).ok()) tiers_.UnpinChain(c.ns, old_keys);
   }
+  if (cluster() != nullptr && !c.peer) cluster()->ReplicateSession(c.ns, c.ns_name, record);
   return Reply(wire::SESSION_SAVE, resp, Status::OK());
 }
 
@@ -746,10 +747,18 @@ Response BlockService::SessionLoad(Conn& c, std::string_view body) {
   Status st = Parse(body, &req, "SESSION_LOAD");
   if (st.ok()) {
     Result<wire::SessionRecord> record = sessions_.Get(c.ns, req.session_id());
+    const bool remote =
+        !record.ok() && record.status().IsNotFound() && cluster() != nullptr && !c.peer;
+    if (remote) {
+      // Saved through another node (maybe one that is down now): ask the session's homes.
+      record = cluster()->LoadRemoteSession(c.ns_name, req.session_id());
+    }
     if (record.ok()) {
       std::vector<BlockKey> keys;
       st = DecodeKeys(record->keys(), UINT32_MAX, &keys);
       if (st.ok()) {
+        // A remote session's blocks come here now, so the gets that follow are local hits.
+        if (remote && !req.no_prefetch()) cluster()->FetchMissing(c.ns, c.ns_name, keys);
         resp.set_cached_blocks(tiers_.CountCached(c.ns, keys));
         if (!req.no_prefetch()) tiers_.Prefetch(c.ns, keys);
         *resp.mutable_record() = std::move(*record);
@@ -773,6 +782,13 @@ Response BlockService::SessionDelete(Conn& c, std::string_view body) {
     if (st.ok()) {
       std::vector<BlockKey> keys;
       if (DecodeKeys(old->keys(), UINT32_MAX, &keys).ok()) tiers_.UnpinChain(c.ns, keys);
+    }
+    if (cluster() != nullptr && !c.peer && (st.ok() || st.IsNotFound())) {
+      // Its copies on the session's home nodes go too (a session saved elsewhere as well).
+      const bool remote_only =
+          st.IsNotFound() && cluster()->LoadRemoteSession(c.ns_name, req.session_id()).ok();
+      cluster()->DeleteRemoteSession(c.ns_name, req.session_id());
+      if (remote_only) st = Status::OK();
     }
   }
   return Reply(wire::SESSION_DELETE, resp, st);

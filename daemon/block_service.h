@@ -47,6 +47,7 @@
 
 namespace kvpool::wire {
 class ClusterMembersResponse;
+class SessionRecord;
 }  // namespace kvpool::wire
 
 namespace kvpool::daemon {
@@ -64,6 +65,14 @@ class ClusterHooks {
   // Blocks a client put here (key, parent): copy them to their other homes in the background.
   virtual void Replicate(NamespaceId ns, const std::string& ns_name,
                          std::vector<std::pair<BlockKey, BlockKey>> blocks) = 0;
+  // A session saved here: copy it (and its blocks) to its home nodes in the background.
+  virtual void ReplicateSession(NamespaceId ns, const std::string& ns_name,
+                                const wire::SessionRecord& record) = 0;
+  // A session not found here, from its home nodes. NotFound when none has it.
+  virtual Result<wire::SessionRecord> LoadRemoteSession(const std::string& ns_name,
+                                                        const std::string& session_id) = 0;
+  // A session deleted here: delete its copies (background, best effort).
+  virtual void DeleteRemoteSession(const std::string& ns_name, const std::string& session_id) = 0;
 };
 
 struct BlockServiceOptions {

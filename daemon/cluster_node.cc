@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include <kvpool/block_key.h>
 #include "common/checksum.h"
 #include "common/threads.h"
 #include "control.pb.h"
@@ -212,16 +213,101 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
   return stored;
 }
 
-void ClusterNode::Replicate(NamespaceId ns, const std::string& ns_name,
-                            std::vector<std::pair<BlockKey, BlockKey>> blocks) {
-  if (blocks.empty() || options_.replicas == 0) return;
+BlockKey ClusterNode::SessionKey(const std::string& ns_name, const std::string& session_id) {
+  std::string id = "session";
+  id += '\0';
+  id += ns_name;
+  id += '\0';
+  id += session_id;
+  return NamespaceSalt(id);  // SHA-256 of the bytes
+}
+
+void ClusterNode::Enqueue(Job job) {
   absl::MutexLock lock(&mu_);
   if (jobs_.size() > 10000) {
     LOG_EVERY_N(WARNING, 100) << "replication queue full: copies dropped (peers too slow)";
     return;
   }
-  jobs_.push_back(Job{ns, ns_name, std::move(blocks)});
+  jobs_.push_back(std::move(job));
   cv_.Signal();
+}
+
+void ClusterNode::Replicate(NamespaceId ns, const std::string& ns_name,
+                            std::vector<std::pair<BlockKey, BlockKey>> blocks) {
+  if (blocks.empty() || options_.replicas == 0) return;
+  Job job;
+  job.ns = ns;
+  job.ns_name = ns_name;
+  job.blocks = std::move(blocks);
+  Enqueue(std::move(job));
+}
+
+void ClusterNode::ReplicateSession(NamespaceId ns, const std::string& ns_name,
+                                   const wire::SessionRecord& record) {
+  Job job;
+  job.kind = Job::Kind::kSaveSession;
+  job.ns = ns;
+  job.ns_name = ns_name;
+  job.session = std::make_shared<wire::SessionRecord>(record);
+  Enqueue(std::move(job));
+}
+
+void ClusterNode::DeleteRemoteSession(const std::string& ns_name, const std::string& session_id) {
+  Job job;
+  job.kind = Job::Kind::kDeleteSession;
+  job.ns_name = ns_name;
+  job.session_id = session_id;
+  Enqueue(std::move(job));
+}
+
+Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns_name,
+                                                           const std::string& session_id) {
+  std::map<std::string, std::string> addresses;
+  std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
+  if (ring == nullptr) return Status::NotFound("no session '" + session_id + "'");
+  for (const cluster::NodeId& id :
+       ring->Homes(SessionKey(ns_name, session_id), options_.replicas + 1)) {
+    auto it = addresses.find(id);
+    if (it == addresses.end()) continue;  // this node, or not reachable
+    std::unique_ptr<Client> c = Checkout(it->second, ns_name);
+    if (c == nullptr) continue;
+    Result<LoadedSession> s = c->LoadSession(session_id, /*prefetch=*/false);
+    if (!s.ok() && !s.status().IsNotFound()) continue;  // a dead or slow home: try the next
+    Return(it->second, ns_name, std::move(c));
+    if (!s.ok()) continue;
+    wire::SessionRecord r;
+    r.set_session_id(s->session.session_id);
+    for (const BlockKey& k : s->session.keys) r.add_keys(std::string(k.AsStringView()));
+    r.set_token_count(s->session.token_count);
+    for (const auto& [k, v] : s->session.metadata) (*r.mutable_metadata())[k] = v;
+    r.set_created_unix_ms(s->session.created_unix_ms);
+    r.set_updated_unix_ms(s->session.updated_unix_ms);
+    r.set_total_bytes(s->session.total_bytes);
+    return r;
+  }
+  return Status::NotFound("no session '" + session_id + "' on this node or its home nodes");
+}
+
+void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
+                             const std::vector<std::pair<BlockKey, BlockKey>>& blocks) {
+  std::vector<BlockKey> keys;
+  for (const auto& [k, p] : blocks) keys.push_back(k);
+  std::vector<tiers::BlockRead> reads = tiers_.Acquire(ns, keys, kClusterOwner);
+  std::vector<PutBlock> puts;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (reads[k].status.ok())
+      puts.push_back({keys[k], reads[k].data, reads[k].size, blocks[k].second});
+  }
+  std::unique_ptr<Client> c = puts.empty() ? nullptr : Checkout(address, ns_name);
+  if (c != nullptr) {
+    Result<PutResult> r = c->Put(puts);
+    if (r.ok()) {
+      Return(address, ns_name, std::move(c));
+    } else {
+      VLOG(1) << "replication to " << address << ": " << r.status().ToString();
+    }
+  }
+  for (tiers::BlockRead& read : reads) tiers_.Release(read);
 }
 
 void ClusterNode::ReplicateLoop() {
@@ -234,42 +320,76 @@ void ClusterNode::ReplicateLoop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    std::map<std::string, std::string> addresses;
-    std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
-    if (ring == nullptr) continue;
-    const std::string self = options_.membership.node_id;
-    // The next `replicas` nodes of each key's order, besides this one.
-    std::map<std::string, std::vector<size_t>> by_node;
-    for (size_t i = 0; i < job.blocks.size(); ++i) {
-      uint32_t picked = 0;
-      for (const cluster::NodeId& id : ring->Order(job.blocks[i].first)) {
-        if (picked == options_.replicas) break;
-        if (id == self || !addresses.count(id)) continue;
-        by_node[id].push_back(i);
-        ++picked;
-      }
+    if (job.kind == Job::Kind::kBlocks) {
+      RunBlocks(job);
+    } else {
+      RunSession(job);
     }
-    for (const auto& [node, indices] : by_node) {
-      std::vector<BlockKey> keys;
-      for (size_t i : indices) keys.push_back(job.blocks[i].first);
-      std::vector<tiers::BlockRead> reads = tiers_.Acquire(job.ns, keys, kClusterOwner);
-      std::vector<PutBlock> puts;
-      for (size_t k = 0; k < indices.size(); ++k) {
-        if (!reads[k].status.ok()) continue;
-        puts.push_back({keys[k], reads[k].data, reads[k].size, job.blocks[indices[k]].second});
-      }
-      const std::string& address = addresses[node];
-      std::unique_ptr<Client> c = puts.empty() ? nullptr : Checkout(address, job.ns_name);
-      if (c != nullptr) {
-        Result<PutResult> r = c->Put(puts);
-        if (r.ok()) {
-          Return(address, job.ns_name, std::move(c));
-        } else {
-          VLOG(1) << "replication to " << node << ": " << r.status().ToString();
-        }
-      }
-      for (tiers::BlockRead& read : reads) tiers_.Release(read);
+  }
+}
+
+void ClusterNode::RunBlocks(const Job& job) {
+  std::map<std::string, std::string> addresses;
+  std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
+  if (ring == nullptr) return;
+  const std::string& self = options_.membership.node_id;
+  // The next `replicas` nodes of each key's order, besides this one.
+  std::map<std::string, std::vector<std::pair<BlockKey, BlockKey>>> by_node;
+  for (const auto& block : job.blocks) {
+    uint32_t picked = 0;
+    for (const cluster::NodeId& id : ring->Order(block.first)) {
+      if (picked == options_.replicas) break;
+      if (id == self || !addresses.count(id)) continue;
+      by_node[id].push_back(block);
+      ++picked;
     }
+  }
+  for (const auto& [node, blocks] : by_node)
+    PushBlocks(job.ns, job.ns_name, addresses[node], blocks);
+}
+
+void ClusterNode::RunSession(const Job& job) {
+  std::map<std::string, std::string> addresses;
+  std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
+  if (ring == nullptr) return;
+  const std::string id =
+      job.kind == Job::Kind::kSaveSession ? job.session->session_id() : job.session_id;
+  for (const cluster::NodeId& node :
+       ring->Homes(SessionKey(job.ns_name, id), options_.replicas + 1)) {
+    auto it = addresses.find(node);
+    if (it == addresses.end()) continue;  // this node (it has it already)
+    if (job.kind == Job::Kind::kSaveSession) {
+      // The chain's blocks first: a session pins blocks the node must hold.
+      std::vector<std::pair<BlockKey, BlockKey>> chain;
+      BlockKey parent;
+      for (const std::string& raw : job.session->keys()) {
+        Result<BlockKey> k = BlockKey::FromBytes(raw);
+        if (!k.ok()) return;
+        chain.emplace_back(*k, parent);
+        parent = *k;
+      }
+      PushBlocks(job.ns, job.ns_name, it->second, chain);
+    }
+    std::unique_ptr<Client> c = Checkout(it->second, job.ns_name);
+    if (c == nullptr) continue;
+    Status st;
+    if (job.kind == Job::Kind::kSaveSession) {
+      Session s;
+      s.session_id = id;
+      for (const std::string& raw : job.session->keys()) {
+        s.keys.push_back(*BlockKey::FromBytes(raw));
+      }
+      s.token_count = job.session->token_count();
+      for (const auto& [k, v] : job.session->metadata()) s.metadata[k] = v;
+      st = c->SaveSession(s);
+    } else {
+      st = c->DeleteSession(id);
+      if (st.IsNotFound()) st = Status::OK();
+    }
+    if (st.ok() || st.code() != StatusCode::kUnavailable) {
+      Return(it->second, job.ns_name, std::move(c));
+    }
+    if (!st.ok()) VLOG(1) << "session copy to " << node << ": " << st.ToString();
   }
 }
 

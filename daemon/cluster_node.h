@@ -64,13 +64,30 @@ class ClusterNode final : public ClusterHooks {
                       std::span<const BlockKey> keys) override;
   void Replicate(NamespaceId ns, const std::string& ns_name,
                  std::vector<std::pair<BlockKey, BlockKey>> blocks) override;
+  void ReplicateSession(NamespaceId ns, const std::string& ns_name,
+                        const wire::SessionRecord& record) override;
+  Result<wire::SessionRecord> LoadRemoteSession(const std::string& ns_name,
+                                                const std::string& session_id) override;
+  void DeleteRemoteSession(const std::string& ns_name, const std::string& session_id) override;
+
+  // Where a session lives: its id's rendezvous order (SHA-256 of namespace and id as the key).
+  static BlockKey SessionKey(const std::string& ns_name, const std::string& session_id);
 
  private:
   struct Job {
-    NamespaceId ns;
+    enum class Kind { kBlocks, kSaveSession, kDeleteSession } kind = Kind::kBlocks;
+    NamespaceId ns = 0;
     std::string ns_name;
-    std::vector<std::pair<BlockKey, BlockKey>> blocks;  // key, parent
+    std::vector<std::pair<BlockKey, BlockKey>> blocks;   // key, parent
+    std::shared_ptr<const wire::SessionRecord> session;  // save
+    std::string session_id;                              // delete
   };
+  void Enqueue(Job job);
+  void RunBlocks(const Job& job);
+  void RunSession(const Job& job);
+  // Copies `keys` (with parents) from the local tiers to the peer at `address`.
+  void PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
+                  const std::vector<std::pair<BlockKey, BlockKey>>& blocks);
 
   ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers);
   void JoinLoop();

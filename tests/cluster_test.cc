@@ -5,7 +5,7 @@
 //
 // And blocks across nodes: a chain put through one daemon is a full, byte-identical hit through
 // another, and survives the first one's kill -9 through its replicas.
-// Not yet built: sessions across nodes (issue "Cluster mode on etcd").
+// A session saved through one daemon loads through another while the first is down.
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -204,6 +204,61 @@ TEST(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
   const auto start = std::chrono::steady_clock::now();
   expect_all(*cb);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown) {
+  auto etcd = EtcdTestServer::Start();
+  if (!etcd.ok() && etcd.status().IsNotFound()) GTEST_SKIP() << "no etcd binary";
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  TempDir dir;
+  const std::string secret = WriteSecret(dir, "secret", "correct horse battery staple");
+  DaemonProcess a(NodeFlags((*etcd)->endpoint(), "node-a", secret));
+  DaemonProcess b(NodeFlags((*etcd)->endpoint(), "node-b", secret));
+  DaemonProcess c(NodeFlags((*etcd)->endpoint(), "node-c", secret));
+  a.Start();
+  b.Start();
+  c.Start();
+  auto ca = a.Connect("tenant");
+  auto cb = b.Connect("tenant");
+  for (Client* cl : {ca.get(), cb.get()}) {
+    ASSERT_EQ(Alive(WaitView(
+                  *cl, [](const ClusterView& v) { return Alive(v) == 3; }, 10)),
+              3u);
+  }
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(77, 12 * 16));
+  std::vector<std::vector<uint8_t>> blocks;
+  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(900 + i, 30000 + i));
+  std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+  ASSERT_TRUE(ca->PutChain(keys, spans).ok());
+  Session s;
+  s.session_id = "conversation-7";
+  s.keys = keys;
+  s.token_count = 12 * 16;
+  s.metadata = {{"user", "alice"}};
+  ASSERT_TRUE(ca->SaveSession(s).ok());
+  // The copies go out in the background; then node A goes away (SIGTERM: it also leaves).
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  a.Stop();
+  ASSERT_EQ(Alive(WaitView(
+                *cb, [](const ClusterView& v) { return Alive(v) == 2; }, 10)),
+            2u);
+  auto loaded = cb->LoadSession("conversation-7");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->session.keys, keys);
+  EXPECT_EQ(loaded->session.metadata.at("user"), "alice");
+  EXPECT_EQ(loaded->cached_blocks, keys.size());
+  auto got = cb->GetBlocks(keys);
+  ASSERT_TRUE(got.ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE((*got)[i].status.ok()) << i << ": " << (*got)[i].status.ToString();
+    EXPECT_EQ((*got)[i].bytes, blocks[i]) << i;
+  }
+  // Deleting it through B removes it everywhere it is kept.
+  ASSERT_TRUE(cb->DeleteSession("conversation-7").ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto cc = c.Connect("tenant");
+  EXPECT_TRUE(cc->LoadSession("conversation-7").status().IsNotFound());
 }
 
 TEST(ClusterTest, ClusterModeNeedsASecretAndATcpListener) {
