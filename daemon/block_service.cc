@@ -19,6 +19,8 @@ namespace {
 
 // Relaxed: only a source of unique ids.
 std::atomic<uint64_t> g_next_owner{1};
+// Owner of the leases UCX sends hold: never a connection's, so no disconnect releases them.
+constexpr uint64_t kUcxSendOwner = UINT64_MAX - 2;
 
 void SetStatus(wire::Status* out, const Status& st) {
   out->set_code(static_cast<int32_t>(st.code()));
@@ -179,6 +181,9 @@ Status BlockService::PayloadSinks(transport::ConnectionState& state, const Frame
   sinks->clear();
   for (int i = 0; i < req.reservation_ids_size(); ++i) {
     const uint64_t size = req.sizes(i);
+    if (size > options_.limits.max_payload_bytes) {
+      return Status::InvalidArgument("PUT_COMMIT names a block larger than a frame may carry");
+    }
     PayloadSink sink{nullptr, size};
     if (!c.hello) {
       c.commit_status[i] = Status::FailedPrecondition("say hello first");
@@ -208,6 +213,8 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
   if (header.type != wire::HELLO && !c.hello) {
     wire::GetResponse any;  // every response's field 1 is its Status
     r = Reply(header.type, any, Status::FailedPrecondition("say hello first"));
+    c.commit_ids.clear();  // PayloadSinks may have run for a refused PUT_COMMIT
+    c.commit_status.clear();
   } else {
     switch (header.type) {
       case wire::HELLO:
@@ -387,10 +394,14 @@ Response BlockService::Get(Conn& c, std::string_view body) {
   }
   const bool in_place = req.in_place();
   const bool via_ucx = req.via_ucx();
+  // In-place leases are the client's: they end on RELEASE, disconnect or expiry. A UCX send's
+  // lease belongs to the send alone (no owner a disconnect releases, no expiry): UCX reads the
+  // slot until the send completes, so only its completion may end the lease.
   const std::chrono::milliseconds ttl =
-      in_place || via_ucx ? options_.lease_timeout : std::chrono::milliseconds(0);
+      in_place ? options_.lease_timeout : std::chrono::milliseconds(0);
+  const uint64_t owner = via_ucx ? kUcxSendOwner : c.owner;
   auto reads =
-      std::make_shared<std::vector<tiers::BlockRead>>(tiers_.Acquire(c.ns, keys, c.owner, ttl));
+      std::make_shared<std::vector<tiers::BlockRead>>(tiers_.Acquire(c.ns, keys, owner, ttl));
   if (cluster() != nullptr && !c.peer) {
     std::vector<BlockKey> missing;
     std::vector<size_t> where;
@@ -401,7 +412,7 @@ Response BlockService::Get(Conn& c, std::string_view body) {
       }
     }
     if (!missing.empty() && cluster()->FetchMissing(c.ns, c.ns_name, missing) > 0) {
-      std::vector<tiers::BlockRead> again = tiers_.Acquire(c.ns, missing, c.owner, ttl);
+      std::vector<tiers::BlockRead> again = tiers_.Acquire(c.ns, missing, owner, ttl);
       for (size_t k = 0; k < where.size(); ++k) (*reads)[where[k]] = std::move(again[k]);
     }
   }
@@ -571,7 +582,13 @@ Response BlockService::PutCommit(Conn& c, std::string_view body) {
     if (st.ok() && req.via_ucx() && c.ucx_ep == 0) {
       st = Status::FailedPrecondition("the UCX data path was not granted at hello");
     }
-    if (st.ok() && req.via_ucx() && (req.ucx_tag_base() >> 40) != (c.ucx_tag_prefix >> 40)) {
+    if (st.ok() && req.reservation_ids_size() > static_cast<int>(options_.max_batch_keys)) {
+      st = Status::InvalidArgument("PUT_COMMIT has more reservations than a batch may");
+    }
+    // Every tag base + k must stay inside this connection's 40-bit tag space.
+    if (st.ok() && req.via_ucx() &&
+        ((req.ucx_tag_base() >> 40) != (c.ucx_tag_prefix >> 40) ||
+         (req.ucx_tag_base() & ((1ull << 40) - 1)) + req.reservation_ids_size() > (1ull << 40))) {
       st = Status::InvalidArgument("UCX tags outside this connection's prefix");
     }
     if (!st.ok() || req.reservation_ids_size() == 0) return Reply(wire::PUT_COMMIT, resp, st);
@@ -642,20 +659,24 @@ void BlockService::ReceiveViaUcx(Conn& c, uint64_t tag_base, const std::vector<u
     absl::MutexLock lock(&pending->mu);
     pending->status.assign(c.commit_ids.size(), Status::OK());
   }
+  // A one-byte sink for the messages of positions that get no slot: receiving them (truncated)
+  // keeps them from piling up in the worker's unexpected queue.
+  auto drain = std::make_shared<uint8_t>(0);
   for (size_t k = 0; k < c.commit_ids.size(); ++k) {
-    if (!c.commit_status[k].ok()) continue;
-    Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, c.commit_ids[k]);
-    if (!t.ok()) {
-      c.commit_status[k] = t.status();
-      continue;
+    Result<tiers::ReservationTarget> t = Status::NotFound("no slot");
+    if (c.commit_status[k].ok()) {
+      t = tiers_.TargetOf(c.owner, c.commit_ids[k]);
+      if (!t.ok()) c.commit_status[k] = t.status();
     }
     {
       absl::MutexLock lock(&pending->mu);
       ++pending->left;
     }
     const uint64_t expect = sizes[k];
-    ops[k] = ucx_->ReceiveTagged(tag_base + k, t->data, t->size,
-                                 [pending, k, expect](Status st, size_t received) {
+    uint8_t* into = t.ok() ? t->data : drain.get();
+    const uint64_t capacity = t.ok() ? t->size : 1;
+    ops[k] = ucx_->ReceiveTagged(tag_base + k, into, capacity,
+                                 [pending, k, expect, drain](Status st, size_t received) {
                                    absl::MutexLock lock(&pending->mu);
                                    if (st.ok() && received != expect) {
                                      st = Status::Corruption("short UCX transfer");

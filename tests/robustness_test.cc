@@ -327,6 +327,34 @@ TEST(RobustnessTest, ClientKilledMidGetLeaksNoLease) {
   EXPECT_EQ(s.leases_active, 0u) << "a dead reader kept its leases";
 }
 
+TEST(RobustnessTest, AReaderThatStopsReadingLosesItsLeasesAfterTheFrameTimeout) {
+  DaemonProcess d({"--frame_timeout_ms=500"});
+  d.Start();
+  auto c = d.Connect();
+  ChainHasher hasher("s", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(6, 32 * 16));
+  const std::vector<uint8_t> bytes = BlockBytes(6, 1 << 20);
+  std::vector<std::span<const uint8_t>> spans(keys.size(), std::span<const uint8_t>(bytes));
+  ASSERT_TRUE(c->PutChain(keys, spans).ok());
+  const int fd = RawConnect(d.socket_path());
+  std::string hello = Hello("test");
+  SendAll(fd, hello.data(), hello.size());
+  std::string body;
+  ReadResponse(fd, &body);
+  wire::GetRequest get;
+  for (const BlockKey& k : keys) get.add_keys(std::string(k.AsStringView()));
+  std::string f = Frame(wire::GET, get, 0, 2);
+  SendAll(fd, f.data(), f.size());  // 32 MiB answer that this client never reads
+  DaemonStats s;
+  for (int i = 0; i < 200; ++i) {
+    s = StatsOf(d);
+    if (s.leases_active == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(s.leases_active, 0u) << "a stalled reader kept its leases";
+  close(fd);
+}
+
 TEST(RobustnessTest, StalledFrameIsClosedAfterTheFrameTimeout) {
   DaemonProcess d({"--frame_timeout_ms=300"});
   d.Start();

@@ -95,12 +95,15 @@ HostTier::~HostTier() {
 Status HostTier::MapSegmentLocked(uint32_t index) {
   const std::string name = "kvpool-segment-" + std::to_string(index);
   int fd;
-  KVPOOL_RETURN_IF_ERRNO(fd = memfd_create(name.c_str(), MFD_CLOEXEC), fd < 0,
+  KVPOOL_RETURN_IF_ERRNO(fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING), fd < 0,
                          "memfd_create for host segment " + std::to_string(index));
-  if (ftruncate(fd, static_cast<off_t>(segment_bytes_)) != 0) {
+  // Sealed at its size: a client holding a descriptor (even reopened writable through
+  // /proc/self/fd) cannot shrink it under the daemon's mapping, which would SIGBUS the daemon.
+  if (ftruncate(fd, static_cast<off_t>(segment_bytes_)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     const int err = errno;
     close(fd);
-    return Status::FromErrno(err, "sizing host segment " + std::to_string(index));
+    return Status::FromErrno(err, "sizing and sealing host segment " + std::to_string(index));
   }
   uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
   void* p = mmap(at, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
@@ -145,7 +148,8 @@ Status HostTier::MapSegmentLocked(uint32_t index) {
 void HostTier::RecycleSegmentLocked(uint32_t index) {
   Status st = MapSegmentLocked(index);
   if (!st.ok()) {
-    // The old memfd was never remapped or closed: the segment may not go to another namespace.
+    // The old memfd was never remapped or closed: the segment may not go to any namespace.
+    segments_[index].quarantined = true;
     ++quarantined_;
     LOG(ERROR) << "host segment " << index << " could not get a fresh memfd (" << st.ToString()
                << "); it stays out of use";
@@ -261,7 +265,9 @@ Result<HostSlot> HostTier::Allocate(NamespaceId ns, uint64_t length) {
   };
   for (uint32_t i = 0; i < segment_count_; ++i) {
     Segment& seg = segments_[i];
-    if (seg.owner != ns || pages_per_segment_ - seg.used_pages < pages) continue;
+    if (seg.owner != ns || seg.quarantined || pages_per_segment_ - seg.used_pages < pages) {
+      continue;
+    }
     int64_t first = FindRun(seg, pages);
     if (first >= 0) return take(i, first);
   }

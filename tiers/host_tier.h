@@ -9,7 +9,10 @@
 // metadata (one bit per page), and every block is page aligned.
 //
 // Sharing with clients (the same-node data path): ExportSegment hands out a file descriptor of
-// one segment, read-only or writable, only to the namespace that owns it. Since a descriptor
+// one segment, read-only or writable, only to the namespace that owns it. (A read-only
+// descriptor limits a well-behaved client; a hostile one can reopen a memfd writable through
+// /proc, so treat any client as able to write its own namespace's segments. Every memfd is
+// sealed at its size, so no client can shrink it under the daemon.) Since a descriptor
 // can map only its own memfd, a client can never reach another namespace's segment. When a
 // segment's last page is freed, the segment gets a fresh memfd before it can be given to
 // another namespace (its generation changes) and the old one's pages are released: a client
@@ -114,6 +117,7 @@ class HostTier {
     std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
     int fd = -1;                   // this segment's memfd
     uint32_t generation = 0;       // bumped each time the segment gets a fresh memfd
+    bool quarantined = false;      // could not get a fresh memfd: never allocated from again
   };
 
   HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock);

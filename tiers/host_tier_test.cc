@@ -2,6 +2,7 @@
 
 #include "tiers/host_tier.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
@@ -355,6 +356,25 @@ TEST(HostTierTest, ExportedSegmentIsSharedReadOnly) {
   EXPECT_EQ(errno, EACCES);
   munmap(view, kSegment);
   close(*fd);
+}
+
+TEST(HostTierTest, ExportedSegmentCannotBeShrunkUnderTheDaemon) {
+  auto tier = MakeTier(2 * kSegment);
+  HostSlot s = MustAllocate(*tier, 1, kPage);
+  const SegmentLocation loc = tier->Locate(s.offset);
+  for (bool writable : {false, true}) {
+    Result<int> fd = tier->ExportSegment(loc.segment, loc.generation, 1, writable);
+    ASSERT_TRUE(fd.ok());
+    // Reopened writable through /proc, as a hostile client could.
+    const std::string path = "/proc/self/fd/" + std::to_string(*fd);
+    const int rw = open(path.c_str(), O_RDWR);
+    ASSERT_GE(rw, 0);
+    EXPECT_NE(ftruncate(rw, 0), 0) << "a client could shrink the segment (SIGBUS in the daemon)";
+    EXPECT_NE(ftruncate(rw, 2 * kSegment), 0);
+    close(rw);
+    close(*fd);
+  }
+  Fill(*tier, s, 3);  // the daemon's mapping still works
 }
 
 TEST(HostTierTest, ExportRefusesOtherNamespacesAndStaleGenerations) {

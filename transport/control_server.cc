@@ -45,8 +45,10 @@ class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
   void Dispatch();
   void Write(Response response);
   void SendWithFds(std::shared_ptr<Response> held, std::vector<asio::const_buffer> bufs);
-  void ArmTimer();
-  void Finish();  // once: OnDisconnect
+  void ArmTimer(const char* what);
+  void DisarmTimer();
+  void EndHandling();  // strand: a handler finished; runs a deferred Finish
+  void Finish();       // once: OnDisconnect
 
   ServerImpl& server_;
   Socket socket_;
@@ -61,6 +63,12 @@ class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
   std::vector<uint8_t> scratch_;
   uint8_t out_header_[kFrameHeaderBytes];
   bool closed_ = false;
+  // A request (or its PayloadSinks) runs on a worker: OnDisconnect waits for it (strand only).
+  bool handling_ = false;
+  bool finish_deferred_ = false;
+  // Bumped by each ArmTimer and DisarmTimer: a timer that fires for an old frame is ignored
+  // (cancel cannot withdraw a handler that was already queued).
+  uint64_t timer_seq_ = 0;
   std::atomic<bool> finished_{false};
 };
 
@@ -151,10 +159,23 @@ void Connection<Protocol>::Close(const std::string& reason) {
   if (!reason.empty())
     LOG(INFO) << "closing connection " << info_.id << " (" << info_.peer << "): " << reason;
   error_code ec;
-  timer_.cancel();
+  DisarmTimer();
   socket_.shutdown(Socket::shutdown_both, ec);
   socket_.close(ec);
-  Finish();
+  if (handling_) {
+    finish_deferred_ = true;  // OnDisconnect must not run beside Handle for this connection
+  } else {
+    Finish();
+  }
+}
+
+template <typename Protocol>
+void Connection<Protocol>::EndHandling() {
+  handling_ = false;
+  if (finish_deferred_) {
+    finish_deferred_ = false;
+    Finish();
+  }
 }
 
 template <typename Protocol>
@@ -169,12 +190,19 @@ void Connection<Protocol>::Finish() {
 }
 
 template <typename Protocol>
-void Connection<Protocol>::ArmTimer() {
+void Connection<Protocol>::ArmTimer(const char* what) {
+  const uint64_t seq = ++timer_seq_;
   timer_.expires_after(server_.options().frame_timeout);
   auto self = this->shared_from_this();
-  timer_.async_wait(asio::bind_executor(strand_, [self](error_code ec) {
-    if (!ec) self->Close("frame not completed within the frame timeout");
+  timer_.async_wait(asio::bind_executor(strand_, [self, seq, what](error_code ec) {
+    if (!ec && self->timer_seq_ == seq) self->Close(what);
   }));
+}
+
+template <typename Protocol>
+void Connection<Protocol>::DisarmTimer() {
+  ++timer_seq_;
+  timer_.cancel();
 }
 
 template <typename Protocol>
@@ -198,7 +226,7 @@ void Connection<Protocol>::ReadHeader() {
                        return;
                      }
                      self->header_ = *h;
-                     self->ArmTimer();
+                     self->ArmTimer("frame not completed within the frame timeout");
                      self->ReadBody();
                    }));
 }
@@ -214,11 +242,12 @@ void Connection<Protocol>::ReadBody() {
           return;
         }
         if (self->header_.payload_bytes == 0) {
-          self->timer_.cancel();
+          self->DisarmTimer();
           self->Dispatch();
           return;
         }
         // Ask the handler where the payload goes (it may take a lock: worker).
+        self->handling_ = true;
         asio::post(self->server_.workers(), [self] {
           self->sinks_.clear();
           Status st = self->server_.handler().PayloadSinks(*self->state_, self->header_,
@@ -232,6 +261,8 @@ void Connection<Protocol>::ReadBody() {
                                          " bytes the request describes");
           }
           asio::post(self->strand_, [self, st] {
+            self->EndHandling();
+            if (self->closed_) return;
             if (!st.ok()) {
               self->Close("protocol error: " + st.message());
               return;
@@ -250,7 +281,7 @@ void Connection<Protocol>::ReadPayload(size_t sink_index, uint64_t done) {
     done = 0;
   }
   if (sink_index == sinks_.size()) {
-    timer_.cancel();
+    DisarmTimer();
     Dispatch();
     return;
   }
@@ -281,6 +312,7 @@ void Connection<Protocol>::Dispatch() {
     Write(server_.handler().Handle(*state_, header_, body_));
     return;
   }
+  handling_ = true;  // until Write, on the strand
   asio::post(server_.workers(), [self] {
     Response r = self->server_.handler().Handle(*self->state_, self->header_, self->body_);
     asio::post(self->strand_, [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
@@ -289,6 +321,7 @@ void Connection<Protocol>::Dispatch() {
 
 template <typename Protocol>
 void Connection<Protocol>::Write(Response response) {
+  EndHandling();
   if (closed_ || response.no_reply) {
     if (response.release) response.release();
     for (int fd : response.fds) ::close(fd);
@@ -317,8 +350,11 @@ void Connection<Protocol>::Write(Response response) {
     SendWithFds(held, std::move(bufs));
     return;
   }
+  // A client that stops reading its answer holds leases: it gets the frame timeout too.
+  ArmTimer("response not read within the frame timeout");
   asio::async_write(socket_, bufs,
                     asio::bind_executor(strand_, [self, held](error_code ec, size_t) {
+                      self->DisarmTimer();
                       if (held->release) held->release();
                       if (ec) {
                         self->Close("write: " + ec.message());
