@@ -852,12 +852,11 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
     host_.Free(r.slot);  // cannot happen while reserved; harmless if it does
     return Status::OK();
   }
-  if (id == kNoEntry) {
-    id = index_.Insert(r.ns, r.item.key);
-    if (!r.item.parent.IsZero()) {
-      const EntryId parent = index_.Find(r.ns, r.item.parent);
-      if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
-    }
+  if (id == kNoEntry) id = index_.Insert(r.ns, r.item.key);
+  // A new entry, or a copy-less one (a session's pin kept it) that has no parent link yet.
+  if (index_.at(id).parent == kNoEntry && !r.item.parent.IsZero()) {
+    const EntryId parent = index_.Find(r.ns, r.item.parent);
+    if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
   }
   Entry& e = index_.at(id);
   e.size = static_cast<uint32_t>(r.item.size);
@@ -967,8 +966,11 @@ Result<uint64_t> TierManager::PinChain(NamespaceId ns, std::span<const BlockKey>
 void TierManager::PinExisting(NamespaceId ns, std::span<const BlockKey> chain) {
   absl::MutexLock lock(&mu_);
   for (const BlockKey& key : chain) {
-    const EntryId id = FindCachedLocked(ns, key);
-    if (id != kNoEntry && index_.at(id).In(TierId::kDisk)) index_.Pin(id);
+    // Every key of the session gets its one pin, also a key whose block is gone (a copy-less
+    // entry holds the pin): a later UnpinChain then takes exactly this session's pins.
+    EntryId id = index_.Find(ns, key);
+    if (id == kNoEntry) id = index_.Insert(ns, key);
+    index_.Pin(id);
   }
 }
 

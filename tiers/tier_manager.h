@@ -205,7 +205,8 @@ class TierManager {
   // Writes each block of `chain` to disk if it is not there yet and pins it (sessions).
   // FailedPrecondition naming the first block that is not cached. Returns the chain's bytes.
   Result<uint64_t> PinChain(NamespaceId ns, std::span<const BlockKey> chain);
-  // Pins what is on disk without writing (used when reloading sessions at start).
+  // Pins each key of `chain` without writing (reloading sessions at start); a key whose block
+  // is gone keeps its pin on a copy-less entry, so pins stay balanced with UnpinChain.
   void PinExisting(NamespaceId ns, std::span<const BlockKey> chain);
   void UnpinChain(NamespaceId ns, std::span<const BlockKey> chain);
   // Number of blocks of `chain` that are cached now.
