@@ -599,6 +599,7 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
   // A block demoted again before this get leased it is promoted again; one that cannot be
   // placed in host (every host block leased) is read straight from disk.
   constexpr int kMaxPromotionRounds = 3;
+  uint64_t direct_bytes = 0;  // read straight from disk by this call
   while (!waits.empty()) {
     while (pending() && !stopping_) changed_.Wait(&mu_);
     std::vector<Wait> again;
@@ -635,7 +636,13 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
         again.push_back({i, StartPromotionLocked(id, /*prefetch=*/false), w.rounds + 1});
         continue;
       }
-      // Read it directly into a buffer the reader owns.
+      // Read it directly into a buffer the reader owns, within a memory budget per call: the
+      // rest are deferred (the client asks for them again) rather than buffered all at once.
+      if (direct_bytes + e.size > options_.direct_read_budget_bytes && direct_bytes > 0) {
+        out[i].status = Status::ResourceExhausted("deferred: direct-read budget of this request");
+        continue;
+      }
+      direct_bytes += e.size;
       const NamespaceId ens = e.ns;
       const BlockKey key = e.key;
       const DiskBlockMeta meta{e.size, e.checksum, {}};

@@ -62,6 +62,9 @@ struct TierManagerOptions {
   uint64_t demotion_batch_bytes = 64ull << 20;
   // Write host-only blocks to disk at Shutdown (so a restart finds them). Default: true.
   bool flush_on_shutdown = true;
+  // Bytes one Acquire may read straight from disk into memory when host cannot take the blocks;
+  // past it blocks are deferred (ResourceExhausted). Default: 256 MiB.
+  uint64_t direct_read_budget_bytes = 256ull << 20;
 };
 
 // One key's answer to a lookup.
