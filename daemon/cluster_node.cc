@@ -180,34 +180,44 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr || addresses.empty()) return 0;
-  // One batched request per node: each key goes to the first of its homes that is not us.
-  std::map<std::string, std::vector<size_t>> by_node;
+  // Rounds of one batched request per node: round r asks each still-missing key of the r-th
+  // other member in its rendezvous order. The homes come first; later rounds reach the node a
+  // put went to while its background copies to the homes are still on their way. A peer that
+  // fails or times out only costs its own keys that round.
+  constexpr size_t kMaxRounds = 4;
+  std::vector<std::vector<cluster::NodeId>> order(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    for (const cluster::NodeId& id : ring->Homes(keys[i], options_.replicas + 1)) {
-      if (addresses.count(id)) {
-        by_node[id].push_back(i);
-        break;
-      }
+    for (const cluster::NodeId& id : ring->Order(keys[i])) {
+      if (addresses.count(id)) order[i].push_back(id);
     }
   }
+  std::vector<bool> found(keys.size(), false);
   size_t stored = 0;
-  for (const auto& [node, indices] : by_node) {
-    const std::string& address = addresses[node];
-    std::unique_ptr<Client> c = Checkout(address, ns_name);
-    if (c == nullptr) continue;
-    std::vector<BlockKey> ask;
-    for (size_t i : indices) ask.push_back(keys[i]);
-    Result<std::vector<FetchedBlock>> got = c->GetBlocks(ask);
-    if (!got.ok()) {
-      VLOG(1) << "fetch from " << node << ": " << got.status().ToString();
-      continue;  // a dead or slow peer: these blocks are misses
+  for (size_t round = 0; round < kMaxRounds; ++round) {
+    std::map<std::string, std::vector<size_t>> by_node;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!found[i] && round < order[i].size()) by_node[order[i][round]].push_back(i);
     }
-    Return(address, ns_name, std::move(c));
-    for (size_t k = 0; k < indices.size(); ++k) {
-      if (!(*got)[k].status.ok()) continue;
-      const size_t i = indices[k];
-      const BlockKey parent = i > 0 ? keys[i - 1] : BlockKey{};
-      if (StoreLocal(ns, keys[i], parent, (*got)[k].bytes)) ++stored;
+    if (by_node.empty()) break;
+    for (const auto& [node, indices] : by_node) {
+      const std::string& address = addresses[node];
+      std::unique_ptr<Client> c = Checkout(address, ns_name);
+      if (c == nullptr) continue;
+      std::vector<BlockKey> ask;
+      for (size_t i : indices) ask.push_back(keys[i]);
+      Result<std::vector<FetchedBlock>> got = c->GetBlocks(ask);
+      if (!got.ok()) {
+        VLOG(1) << "fetch from " << node << ": " << got.status().ToString();
+        continue;  // a dead or slow peer: these blocks are misses this round
+      }
+      Return(address, ns_name, std::move(c));
+      for (size_t k = 0; k < indices.size(); ++k) {
+        if (!(*got)[k].status.ok()) continue;
+        const size_t i = indices[k];
+        found[i] = true;
+        const BlockKey parent = i > 0 ? keys[i - 1] : BlockKey{};
+        if (StoreLocal(ns, keys[i], parent, (*got)[k].bytes)) ++stored;
+      }
     }
   }
   return stored;
