@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <fstream>
 #include <thread>
 
@@ -259,6 +260,90 @@ TEST(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   auto cc = c.Connect("tenant");
   EXPECT_TRUE(cc->LoadSession("conversation-7").status().IsNotFound());
+}
+
+TEST(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
+  auto etcd = EtcdTestServer::Start();
+  if (!etcd.ok() && etcd.status().IsNotFound()) GTEST_SKIP() << "no etcd binary";
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  TempDir dir;
+  const std::string secret = WriteSecret(dir, "secret", "correct horse battery staple");
+  std::vector<std::string> a_flags = NodeFlags((*etcd)->endpoint(), "node-a", secret);
+  a_flags.push_back("--write_policy=write-through");  // A's blocks are on its disk at once
+  DaemonProcess a(a_flags);
+  DaemonProcess b(NodeFlags((*etcd)->endpoint(), "node-b", secret));
+  DaemonProcess c(NodeFlags((*etcd)->endpoint(), "node-c", secret));
+  a.Start();
+  b.Start();
+  c.Start();
+  {
+    auto ca = a.Connect("tenant");
+    ASSERT_EQ(Alive(WaitView(
+                  *ca, [](const ClusterView& v) { return Alive(v) == 3; }, 10)),
+              3u);
+  }
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(99, 30 * 16));
+  std::vector<std::vector<uint8_t>> blocks;
+  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(300 + i, 50000));
+  {
+    auto ca = a.Connect("tenant");
+    std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+    auto put = ca->PutChain(keys, spans);
+    ASSERT_TRUE(put.ok() && put->all_ok());
+  }
+  // Clients on B and C read the chain while A is killed.
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> calls{0}, call_errors{0}, wrong{0};
+  std::atomic<int64_t> worst_us{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      auto cl = (t % 2 == 0 ? b : c).Connect("tenant");
+      while (!stop) {
+        const auto start = std::chrono::steady_clock::now();
+        auto got = cl->GetBlocks(keys);
+        const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::steady_clock::now() - start)
+                               .count();
+        int64_t prev = worst_us.load();
+        while (us > prev && !worst_us.compare_exchange_weak(prev, us)) {
+        }
+        ++calls;
+        if (!got.ok()) {
+          ++call_errors;
+          continue;
+        }
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if ((*got)[i].status.ok() && (*got)[i].bytes != blocks[i]) ++wrong;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  a.Kill();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  stop = true;
+  for (auto& r : readers) r.join();
+  EXPECT_GT(calls.load(), 8u);
+  EXPECT_EQ(call_errors.load(), 0u) << "a call failed instead of reporting misses";
+  EXPECT_EQ(wrong.load(), 0u);
+  // A dead node costs at most its peer deadline (500 ms) per round that reaches it.
+  EXPECT_LT(worst_us.load(), 2'000'000) << "a reader waited on the dead node";
+
+  // A restarts on its data dir, rejoins, and serves the chain from its own disk.
+  a.Start();
+  auto ca = a.Connect("tenant");
+  ASSERT_EQ(Alive(WaitView(
+                *ca, [](const ClusterView& v) { return Alive(v) == 3; }, 10)),
+            3u);
+  auto l = ca->Lookup(keys, /*prefetch=*/false);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->hit_blocks, keys.size());
+  for (Tier tier : l->tiers) EXPECT_EQ(tier, Tier::kDisk);
+  auto got = ca->GetBlocks(keys);
+  ASSERT_TRUE(got.ok());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ((*got)[i].bytes, blocks[i]) << i;
 }
 
 TEST(ClusterTest, ClusterModeNeedsASecretAndATcpListener) {
