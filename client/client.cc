@@ -93,7 +93,9 @@ class Client::Impl {
   Status Connect() {
     channel_.reset();
     UnmapAll();  // segment numbers and generations belong to the daemon instance we talked to
-    KVPOOL_ASSIGN_OR_RETURN(channel_, ControlChannel::Connect(options_.address, options_.timeout));
+    const std::chrono::milliseconds connect_timeout =
+        options_.connect_timeout.count() > 0 ? options_.connect_timeout : options_.timeout;
+    KVPOOL_ASSIGN_OR_RETURN(channel_, ControlChannel::Connect(options_.address, connect_timeout));
     wire::HelloRequest req;
     req.set_protocol_version(transport::kProtocolVersion);
     req.set_namespace_name(options_.namespace_name);
@@ -117,7 +119,8 @@ class Client::Impl {
     }
     if (want_ucx && ucx_ != nullptr) req.set_ucx_worker_address(ucx_->WorkerAddress());
     wire::HelloResponse resp;
-    Status st = ExchangeOnce(wire::HELLO, req, {}, &resp, NewDeadline());
+    Status st = ExchangeOnce(wire::HELLO, req, {}, &resp,
+                             std::chrono::steady_clock::now() + connect_timeout);
     if (!st.ok()) {
       channel_.reset();
       return st;

@@ -141,6 +141,9 @@ std::unique_ptr<Client> ClusterNode::Checkout(const std::string& address,
   o.namespace_name = ns_name;
   o.client_name = kPeerClientName;
   o.timeout = options_.peer_timeout;
+  // A new peer connection includes a UCX handshake: give it longer than a request. A dead
+  // peer refuses at once; only an unreachable one costs this, once per pooled connection.
+  o.connect_timeout = std::max(options_.peer_timeout * 4, std::chrono::milliseconds(2000));
   o.data_path = options_.ucx ? DataPath::kAuto : DataPath::kSocket;
   o.ucx_transports = options_.ucx_transports;
   o.ucx_net_devices = options_.ucx_net_devices;

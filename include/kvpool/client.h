@@ -48,6 +48,9 @@ struct ClientOptions {
   std::string client_name;
   // Deadline of every call, connecting included. Default: 10 s.
   std::chrono::milliseconds timeout{10000};
+  // Deadline of connecting and saying hello, when it should differ from `timeout` (e.g. short
+  // calls but a UCX handshake that may take longer). Default (0): `timeout`.
+  std::chrono::milliseconds connect_timeout{0};
   // Reconnect on the next call after the connection broke. Default: true.
   bool auto_reconnect = true;
   // Default: kAuto.
