@@ -331,14 +331,21 @@ void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
       puts.push_back({keys[k], reads[k].data, reads[k].size, blocks[k].second});
   }
   std::unique_ptr<Client> c = puts.empty() ? nullptr : Checkout(address, ns_name);
-  if (c != nullptr) {
-    Result<PutResult> r = c->Put(puts);
-    if (r.ok()) {
-      Return(address, ns_name, std::move(c));
-    } else {
+  // About kFetchChunkBytes per call, so each finishes within the per-request peer deadline.
+  bool ok = c != nullptr;
+  for (size_t start = 0, end = 0; ok && start < puts.size(); start = end) {
+    uint64_t bytes = 0;
+    end = start;
+    while (end < puts.size() && (end == start || bytes + puts[end].size <= kFetchChunkBytes)) {
+      bytes += puts[end++].size;
+    }
+    Result<PutResult> r = c->Put(std::span<const PutBlock>(puts).subspan(start, end - start));
+    if (!r.ok()) {
       VLOG(1) << "replication to " << address << ": " << r.status().ToString();
+      ok = false;
     }
   }
+  if (ok) Return(address, ns_name, std::move(c));
   for (tiers::BlockRead& read : reads) tiers_.Release(read);
 }
 
