@@ -104,6 +104,17 @@ TEST(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
   auto va = ca->Cluster();
   ASSERT_TRUE(va.ok());
   for (const ClusterMember& m : va->members) EXPECT_NE(m.node_id, "node-d");
+  // ...nor does it read the cluster's blocks: a chain put through A is a miss through D.
+  {
+    ChainHasher h("s", kTestLayout, 16);
+    const std::vector<BlockKey> chain = h.Hash(Tokens(5, 4 * 16));
+    const std::vector<uint8_t> bytes = BlockBytes(5, 5000);
+    std::vector<std::span<const uint8_t>> spans(chain.size(), std::span<const uint8_t>(bytes));
+    ASSERT_TRUE(ca->PutChain(chain, spans).ok());
+    auto l = cd->Lookup(chain);
+    ASSERT_TRUE(l.ok());
+    EXPECT_EQ(l->hit_blocks, 0u) << "a daemon with the wrong secret read the cluster's blocks";
+  }
   d.Stop();
 
   // kill -9: node-c stops renewing its lease and leaves everyone's view within the bound.
