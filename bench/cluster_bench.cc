@@ -150,12 +150,12 @@ std::string Ranges(const std::vector<size_t>& v) {
 // What one timed GetBlocks returned.
 struct GetCheck {
   double seconds = 0;
-  Status call;                      // the call itself
-  std::vector<size_t> missing;      // NotFound
-  std::vector<size_t> failed;       // other per-block errors
-  std::vector<size_t> wrong;        // bytes differ
-  std::string first_error;          // of failed or wrong
-  size_t tier_counts[5] = {};       // by Tier
+  Status call;                  // the call itself
+  std::vector<size_t> missing;  // NotFound
+  std::vector<size_t> failed;   // other per-block errors
+  std::vector<size_t> wrong;    // bytes differ
+  std::string first_error;      // of failed or wrong
+  size_t tier_counts[5] = {};   // by Tier
   bool ok() const { return call.ok() && missing.empty() && failed.empty() && wrong.empty(); }
 };
 
@@ -249,9 +249,9 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-Result<std::unique_ptr<Client>> ConnectTo(const std::string& address, DataPath path,
-                                          std::chrono::milliseconds timeout =
-                                              std::chrono::milliseconds(120000)) {
+Result<std::unique_ptr<Client>> ConnectTo(
+    const std::string& address, DataPath path,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(120000)) {
   ClientOptions o;
   o.address = address;
   o.namespace_name = kNamespace;
@@ -398,10 +398,10 @@ int Run() {
                                  s > 0 ? keys[s - 1] : BlockKey{});
       if (!put.ok()) return Fail("put through node-a", put.status(), &da, &dc);
       if (!put->all_ok() || put->stored != n) {
-        return Fail("put through node-a",
-                    Status::Internal("stored " + std::to_string(put->stored) + " of " +
-                                     std::to_string(n)),
-                    &da, &dc);
+        return Fail(
+            "put through node-a",
+            Status::Internal("stored " + std::to_string(put->stored) + " of " + std::to_string(n)),
+            &da, &dc);
       }
     }
 
@@ -461,8 +461,9 @@ int Run() {
       if (!local.missing.empty()) notes += " local missed " + Ranges(local.missing) + ";";
       if (!remote.first_error.empty()) notes += " remote: " + remote.first_error + ";";
       if (!local.first_error.empty()) notes += " local: " + local.first_error + ";";
-      if (!peer.ok()) notes += " peer get: " + peer.call.ToString() + " " + peer.first_error +
-                               " missed " + Ranges(peer.missing) + ";";
+      if (!peer.ok())
+        notes += " peer get: " + peer.call.ToString() + " " + peer.first_error + " missed " +
+                 Ranges(peer.missing) + ";";
       if (lremote.hit_blocks != keys.size())
         notes += " lookup remote hit " + std::to_string(lremote.hit_blocks) + ";";
       for (const std::string& f : fetch_failures) notes += " C log: " + f + ";";

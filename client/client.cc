@@ -429,6 +429,25 @@ class Client::Impl {
     return SendOnly(wire::RELEASE, release, deadline);
   }
 
+  // Counts a PUT_COMMIT's per-block results into `result`; blocks[j] is the caller's index of
+  // the j-th committed block.
+  static Status TallyCommit(const wire::PutCommitResponse& resp, const std::vector<size_t>& blocks,
+                            PutResult& result) {
+    KVPOOL_RETURN_IF_ERROR(FromWire(resp.status()));
+    if (resp.results_size() != static_cast<int>(blocks.size())) {
+      return Status::Internal("kvpoold answered a PUT_COMMIT with the wrong count");
+    }
+    for (size_t j = 0; j < blocks.size(); ++j) {
+      Status st = FromWire(resp.results(static_cast<int>(j)));
+      if (st.ok()) {
+        ++result.stored;
+      } else {
+        result.errors[blocks[j]] = st;
+      }
+    }
+    return Status::OK();
+  }
+
   struct OverUcx {
     size_t index;     // in the caller's keys
     size_t position;  // in the request (the tag offset)
@@ -526,19 +545,9 @@ class Client::Impl {
     // The daemon answers once its receives ended (a failed send fails that block there too).
     wire::PutCommitResponse cresp;
     KVPOOL_RETURN_IF_ERROR(ReceiveResponse(wire::PUT_COMMIT, request_id, &cresp, deadline));
-    KVPOOL_RETURN_IF_ERROR(FromWire(cresp.status()));
-    if (cresp.results_size() != static_cast<int>(reserved.size())) {
-      return Status::Internal("kvpoold answered a PUT_COMMIT with the wrong count");
-    }
-    for (size_t k = 0; k < reserved.size(); ++k) {
-      Status st = FromWire(cresp.results(static_cast<int>(k)));
-      if (st.ok()) {
-        ++result.stored;
-      } else {
-        result.errors[reserved[k].first] = st;
-      }
-    }
-    return Status::OK();
+    std::vector<size_t> indices;
+    for (const auto& [index, rid] : reserved) indices.push_back(index);
+    return TallyCommit(cresp, indices, result);
   }
 
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for) {
@@ -730,18 +739,7 @@ class Client::Impl {
         }
         wire::PutCommitResponse cresp;
         KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::PUT_COMMIT, commit, iov, &cresp, NewDeadline()));
-        KVPOOL_RETURN_IF_ERROR(FromWire(cresp.status()));
-        if (cresp.results_size() != static_cast<int>(in_frame.size())) {
-          return Status::Internal("kvpoold answered a PUT_COMMIT with the wrong count");
-        }
-        for (size_t j = 0; j < in_frame.size(); ++j) {
-          Status st = FromWire(cresp.results(static_cast<int>(j)));
-          if (st.ok()) {
-            ++result.stored;
-          } else {
-            result.errors[in_frame[j]] = st;
-          }
-        }
+        KVPOOL_RETURN_IF_ERROR(TallyCommit(cresp, in_frame, result));
       }
     }
     return result;
@@ -782,19 +780,8 @@ class Client::Impl {
     }
     if (in_frame.empty()) return Status::OK();
     wire::PutCommitResponse cresp;
-    KVPOOL_RETURN_IF_ERROR(Simple(wire::PUT_COMMIT, commit, &cresp));
-    if (cresp.results_size() != static_cast<int>(in_frame.size())) {
-      return Status::Internal("kvpoold answered a PUT_COMMIT with the wrong count");
-    }
-    for (size_t j = 0; j < in_frame.size(); ++j) {
-      Status st = FromWire(cresp.results(static_cast<int>(j)));
-      if (st.ok()) {
-        ++result.stored;
-      } else {
-        result.errors[in_frame[j]] = st;
-      }
-    }
-    return Status::OK();
+    KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::PUT_COMMIT, commit, {}, &cresp, NewDeadline()));
+    return TallyCommit(cresp, in_frame, result);
   }
 
   ClientOptions options_;

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "kernels/compress.h"
-#include "kernels/pinned_memory.h"
 #include "kernels/paged_copy.h"
+#include "kernels/pinned_memory.h"
 #include "kernels/quantize.h"
 
 namespace kvpool {

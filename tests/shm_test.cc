@@ -205,6 +205,13 @@ TEST(ShmTest, MappingKeptAfterSegmentReuseRevealsNothing) {
     ASSERT_TRUE(
         ra.ch->Send(h, body, {}, std::chrono::steady_clock::now() + std::chrono::seconds(5)).ok());
   }
+  // RELEASE has no answer and travels on another connection than the evict: wait for it.
+  for (int i = 0; i < 200; ++i) {
+    auto st = a->Stats();
+    ASSERT_TRUE(st.ok());
+    if (st->leases_active == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   auto ev = a->Evict(Tier::kHost);
   ASSERT_TRUE(ev.ok());
   ASSERT_EQ(ev->evicted, 1u);
