@@ -62,20 +62,37 @@ size_t Alive(const ClusterView& v) {
   return n;
 }
 
-TEST(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
-  auto etcd = EtcdTestServer::Start();
-  if (!etcd.ok() && etcd.status().IsNotFound()) {
-    GTEST_SKIP() << "no etcd binary (" << EtcdTestServer::BinaryPath()
-                 << "): " << etcd.status().ToString();
+// Each test gets its own etcd on loopback ports and a cluster secret file; skipped (saying why)
+// when there is no etcd binary.
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto etcd = EtcdTestServer::Start();
+    if (!etcd.ok() && etcd.status().IsNotFound()) {
+      GTEST_SKIP() << "no etcd binary (" << EtcdTestServer::BinaryPath()
+                   << "): " << etcd.status().ToString();
+    }
+    ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+    etcd_ = std::move(*etcd);
+    secret_ = WriteSecret(dir_, "secret", "correct horse battery staple");
   }
-  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
-  TempDir dir;
-  const std::string secret = WriteSecret(dir, "secret", "correct horse battery staple");
-  const std::string wrong = WriteSecret(dir, "wrong", "incorrect donkey battery staple");
 
-  DaemonProcess a(NodeFlags((*etcd)->endpoint(), "node-a", secret));
-  DaemonProcess b(NodeFlags((*etcd)->endpoint(), "node-b", secret));
-  DaemonProcess c(NodeFlags((*etcd)->endpoint(), "node-c", secret));
+  // A daemon of cluster "test" with node id `id` (and the shared secret, unless another file).
+  std::vector<std::string> Flags(const std::string& id, const std::string& secret_file = "") {
+    return NodeFlags(etcd_->endpoint(), id, secret_file.empty() ? secret_ : secret_file);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<EtcdTestServer> etcd_;
+  std::string secret_;
+};
+
+TEST_F(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
+  const std::string wrong = WriteSecret(dir_, "wrong", "incorrect donkey battery staple");
+
+  DaemonProcess a(Flags("node-a"));
+  DaemonProcess b(Flags("node-b"));
+  DaemonProcess c(Flags("node-c"));
   a.Start();
   b.Start();
   c.Start();
@@ -94,7 +111,7 @@ TEST(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
   EXPECT_EQ(self, 1u);
 
   // A daemon with the wrong secret runs, but nobody admits it (nor does it admit them).
-  DaemonProcess d(NodeFlags((*etcd)->endpoint(), "node-d", wrong));
+  DaemonProcess d(Flags("node-d", wrong));
   d.Start();
   auto cd = d.Connect();
   std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -126,7 +143,7 @@ TEST(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
   EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
 
   // etcd goes away: the daemon keeps serving its own tiers and says it is degraded.
-  (*etcd)->Kill();
+  etcd_->Kill();
   v = WaitView(
       *ca, [](const ClusterView& v) { return v.state == "degraded"; }, 10);
   EXPECT_EQ(v.state, "degraded");
@@ -144,22 +161,17 @@ TEST(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
   EXPECT_EQ(stats->cluster_state, "degraded");
 
   // etcd returns: the daemons rejoin and see each other again.
-  ASSERT_TRUE((*etcd)->Restart().ok());
+  ASSERT_TRUE(etcd_->Restart().ok());
   v = WaitView(
       *ca, [](const ClusterView& v) { return v.state == "joined" && Alive(v) == 2; }, 15);
   EXPECT_EQ(v.state, "joined");
   EXPECT_EQ(Alive(v), 2u);
 }
 
-TEST(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
-  auto etcd = EtcdTestServer::Start();
-  if (!etcd.ok() && etcd.status().IsNotFound()) GTEST_SKIP() << "no etcd binary";
-  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
-  TempDir dir;
-  const std::string secret = WriteSecret(dir, "secret", "correct horse battery staple");
-  DaemonProcess a(NodeFlags((*etcd)->endpoint(), "node-a", secret));
-  DaemonProcess b(NodeFlags((*etcd)->endpoint(), "node-b", secret));
-  DaemonProcess c(NodeFlags((*etcd)->endpoint(), "node-c", secret));
+TEST_F(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
+  DaemonProcess a(Flags("node-a"));
+  DaemonProcess b(Flags("node-b"));
+  DaemonProcess c(Flags("node-c"));
   a.Start();
   b.Start();
   c.Start();
@@ -218,15 +230,10 @@ TEST(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
-TEST(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown) {
-  auto etcd = EtcdTestServer::Start();
-  if (!etcd.ok() && etcd.status().IsNotFound()) GTEST_SKIP() << "no etcd binary";
-  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
-  TempDir dir;
-  const std::string secret = WriteSecret(dir, "secret", "correct horse battery staple");
-  DaemonProcess a(NodeFlags((*etcd)->endpoint(), "node-a", secret));
-  DaemonProcess b(NodeFlags((*etcd)->endpoint(), "node-b", secret));
-  DaemonProcess c(NodeFlags((*etcd)->endpoint(), "node-c", secret));
+TEST_F(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown) {
+  DaemonProcess a(Flags("node-a"));
+  DaemonProcess b(Flags("node-b"));
+  DaemonProcess c(Flags("node-c"));
   a.Start();
   b.Start();
   c.Start();
@@ -273,17 +280,12 @@ TEST(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown) {
   EXPECT_TRUE(cc->LoadSession("conversation-7").status().IsNotFound());
 }
 
-TEST(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
-  auto etcd = EtcdTestServer::Start();
-  if (!etcd.ok() && etcd.status().IsNotFound()) GTEST_SKIP() << "no etcd binary";
-  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
-  TempDir dir;
-  const std::string secret = WriteSecret(dir, "secret", "correct horse battery staple");
-  std::vector<std::string> a_flags = NodeFlags((*etcd)->endpoint(), "node-a", secret);
+TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
+  std::vector<std::string> a_flags = Flags("node-a");
   a_flags.push_back("--write_policy=write-through");  // A's blocks are on its disk at once
   DaemonProcess a(a_flags);
-  DaemonProcess b(NodeFlags((*etcd)->endpoint(), "node-b", secret));
-  DaemonProcess c(NodeFlags((*etcd)->endpoint(), "node-c", secret));
+  DaemonProcess b(Flags("node-b"));
+  DaemonProcess c(Flags("node-c"));
   a.Start();
   b.Start();
   c.Start();
@@ -357,17 +359,13 @@ TEST(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ((*got)[i].bytes, blocks[i]) << i;
 }
 
-TEST(ClusterTest, ClusterModeNeedsASecretAndATcpListener) {
-  auto etcd = EtcdTestServer::Start();
-  if (!etcd.ok() && etcd.status().IsNotFound()) GTEST_SKIP() << "no etcd binary";
-  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
-  TempDir dir;
+TEST_F(ClusterTest, ClusterModeNeedsASecretAndATcpListener) {
   // Without --listen the daemon refuses to start, saying why.
   const std::string kvpoold = KVPOOL_KVPOOLD_PATH;
-  const std::string cmd = kvpoold + " --data_dir=" + dir.path() + "/d --socket=" + dir.path() +
+  const std::string cmd = kvpoold + " --data_dir=" + dir_.path() + "/d --socket=" + dir_.path() +
                           "/s.sock --host_capacity=64MiB --host_segment_size=1MiB "
                           "--lock_memory=false --cluster=" +
-                          (*etcd)->endpoint() + " --cluster_secret=a-long-enough-secret 2>&1";
+                          etcd_->endpoint() + " --cluster_secret=a-long-enough-secret 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
