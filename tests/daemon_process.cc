@@ -128,6 +128,21 @@ std::unique_ptr<Client> DaemonProcess::Connect(const std::string& ns) const {
   return c.ok() ? std::move(*c) : nullptr;
 }
 
+DaemonStats WaitForStats(Client& client, const std::function<bool(const DaemonStats&)>& done,
+                         std::chrono::milliseconds timeout) {
+  DaemonStats last;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  do {
+    auto s = client.Stats();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return last;
+    last = *s;
+    if (done(last)) return last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } while (std::chrono::steady_clock::now() < end);
+  return last;
+}
+
 std::vector<uint8_t> BlockBytes(uint64_t seed, size_t size) {
   std::vector<uint8_t> out(size);
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,12 @@ class DaemonProcess {
   std::vector<std::string> extra_;
   pid_t pid_ = -1;
 };
+
+// Stats of `client`'s daemon once `done(stats)` holds, or the last ones after `timeout`. For
+// state that settles asynchronously (leases end when a fire-and-forget RELEASE, a closed
+// connection or a finished UCX send is processed).
+DaemonStats WaitForStats(Client& client, const std::function<bool(const DaemonStats&)>& done,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
 // Deterministic bytes for a block: `size` bytes from a PRNG seeded by `seed`.
 std::vector<uint8_t> BlockBytes(uint64_t seed, size_t size);
