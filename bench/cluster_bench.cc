@@ -251,8 +251,10 @@ double Median(std::vector<double> v) {
 
 Result<std::unique_ptr<Client>> ConnectTo(
     const std::string& address, DataPath path,
-    std::chrono::milliseconds timeout = std::chrono::milliseconds(120000)) {
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(120000),
+    const std::string& cluster_secret = "") {
   ClientOptions o;
+  o.cluster_secret = cluster_secret;  // TCP connections to a daemon in cluster mode need it
   o.address = address;
   o.namespace_name = kNamespace;
   o.client_name = "kvpool-cluster-bench";
@@ -318,7 +320,8 @@ int Run() {
   auto etcd = EtcdTestServer::Start();
   if (!etcd.ok()) return Fail("etcd (" + EtcdTestServer::BinaryPath() + ")", etcd.status());
   SecretDir secret_dir;
-  const std::string secret_file = secret_dir.Write(RandomSecret());
+  const std::string cluster_secret = RandomSecret();
+  const std::string secret_file = secret_dir.Write(cluster_secret);
   if (secret_file.empty()) return Fail("secret file", Status::Internal("could not write it"));
 
   auto start = [&](const std::string& id) {
@@ -352,7 +355,7 @@ int Run() {
   // The peer-get connection: to A over TCP with UCX, as C's own pooled peer connection is.
   const auto connect0 = Clock::now();
   auto cu = ConnectTo(da.tcp_address(), DataPath::kUcx,
-                      std::chrono::milliseconds(FLAGS_peer_get_timeout_ms));
+                      std::chrono::milliseconds(FLAGS_peer_get_timeout_ms), cluster_secret);
   const double ucx_connect_s = Seconds(Clock::now() - connect0);
   if (!cu.ok()) return Fail("connecting to node-a over UCX", cu.status(), &da, &dc);
 

@@ -44,6 +44,8 @@ DEFINE_string(secret, "",
 DEFINE_string(layout, "", "lookup: canonical layout string, e.g. model=llama-3-8b;dtype=bf16;...");
 DEFINE_uint32(tokens_per_block, 16, "lookup: tokens per block.");
 DEFINE_string(tier, "host", "evict: host (demote to disk) or disk (drop from the cache).");
+DEFINE_string(cluster_secret_file, "",
+              "File holding the cluster secret, for tcp:// daemons in cluster mode.");
 
 namespace {
 
@@ -76,6 +78,15 @@ kvpool::Result<std::unique_ptr<kvpool::Client>> Connect() {
   o.namespace_name = FLAGS_namespace_name;
   o.client_name = "kvpool-cli";
   o.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  if (!FLAGS_cluster_secret_file.empty()) {
+    std::ifstream in(FLAGS_cluster_secret_file);
+    if (!in) return kvpool::Status::NotFound("cannot read " + FLAGS_cluster_secret_file);
+    std::getline(in, o.cluster_secret);
+    while (!o.cluster_secret.empty() &&
+           std::isspace(static_cast<unsigned char>(o.cluster_secret.back()))) {
+      o.cluster_secret.pop_back();
+    }
+  }
   auto c = kvpool::Client::Connect(o);
   if (!c.ok()) {
     const std::string where =

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 
 #include "common/checksum.h"
+#include "common/hello_auth.h"
 #include "control.pb.h"
 #include "kernels/pinned_memory.h"
 #include "transport/address.h"
@@ -119,8 +120,20 @@ class Client::Impl {
     }
     if (want_ucx && ucx_ != nullptr) req.set_ucx_worker_address(ucx_->WorkerAddress());
     wire::HelloResponse resp;
-    Status st = ExchangeOnce(wire::HELLO, req, {}, &resp,
-                             std::chrono::steady_clock::now() + connect_timeout);
+    const auto hello_deadline = std::chrono::steady_clock::now() + connect_timeout;
+    Status st = ExchangeOnce(wire::HELLO, req, {}, &resp, hello_deadline);
+    if (st.ok() && !resp.challenge().empty() && resp.status().code() != 0) {
+      // The daemon (cluster mode, TCP) wants proof of the cluster secret.
+      if (options_.cluster_secret.empty()) {
+        channel_.reset();
+        return Status::PermissionDenied("kvpoold at " + options_.address +
+                                        " requires the cluster secret "
+                                        "(ClientOptions::cluster_secret)");
+      }
+      req.set_auth(HelloProof(options_.cluster_secret, resp.challenge(), options_.namespace_name));
+      resp.Clear();
+      st = ExchangeOnce(wire::HELLO, req, {}, &resp, hello_deadline);
+    }
     if (!st.ok()) {
       channel_.reset();
       return st;

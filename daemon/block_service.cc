@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/hello_auth.h"
 #include "common/units.h"
 #include "control.pb.h"
 
@@ -104,9 +105,10 @@ struct BlockService::Conn : transport::ConnectionState {
   bool hello = false;
   NamespaceId ns = kNoNamespace;
   std::string ns_name;
-  uint64_t owner = 0;  // owner id of this connection's reservations and leases
-  bool shm = false;    // the shared-memory data path was granted at hello
-  bool peer = false;   // another kvpoold (cluster fetch or replication): no replication back
+  uint64_t owner = 0;     // owner id of this connection's reservations and leases
+  bool shm = false;       // the shared-memory data path was granted at hello
+  bool peer = false;      // another kvpoold (cluster fetch or replication): no replication back
+  std::string challenge;  // cluster mode, TCP: what this connection's hello proof covers
   transport::UcxEndpointId ucx_ep = 0;  // the client's UCX worker, when granted
   uint64_t ucx_tag_prefix = 0;          // this connection's tags on the daemon's worker
   // Set by PayloadSinks for the PUT_COMMIT being received: which reservations got a real slot.
@@ -309,6 +311,20 @@ Response BlockService::Hello(Conn& c, std::string_view body) {
   if (st.ok() && c.hello && req.namespace_name() != c.ns_name) {
     st = Status::PermissionDenied("a connection cannot change its namespace");
   }
+  bool challenged = false;
+  if (st.ok() && !c.info.local && !options_.tcp_secret.empty() && !c.hello) {
+    // Cluster mode: a TCP client proves the cluster secret over this connection's challenge.
+    if (c.challenge.empty()) c.challenge = NewHelloChallenge();
+    if (req.auth().empty()) {
+      st = Status::PermissionDenied(
+          "this daemon requires the cluster secret on TCP connections: answer the challenge");
+      resp.set_challenge(c.challenge);
+      challenged = true;  // the client may answer on this connection
+    } else if (!VerifyHelloProof(options_.tcp_secret, c.challenge, req.namespace_name(),
+                                 req.auth())) {
+      st = Status::PermissionDenied("wrong cluster secret");
+    }
+  }
   if (st.ok()) {
     Result<NamespaceId> ns = namespaces_.Resolve(req.namespace_name());
     if (ns.ok()) {
@@ -339,9 +355,10 @@ Response BlockService::Hello(Conn& c, std::string_view body) {
     }
   }
   Response r = Reply(wire::HELLO, resp, st);
-  if (!st.ok()) {
+  if (!st.ok() && !challenged) {
     metrics_.Add(metrics_.requests_failed);
-    LOG(INFO) << "hello refused on connection " << c.info.id << ": " << st.ToString();
+    LOG(INFO) << "hello refused on connection " << c.info.id << " (" << c.info.peer
+              << "): " << st.ToString();
     r.close_after = true;
   }
   return r;

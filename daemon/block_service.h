@@ -88,6 +88,9 @@ struct BlockServiceOptions {
   bool shared_memory = true;
   // How long a UCX transfer of one request may take before its blocks fail. Default: 30 s.
   std::chrono::milliseconds ucx_timeout{30000};
+  // When set (cluster mode), TCP connections must prove this secret at hello
+  // (common/hello_auth.h); Unix-socket connections are local and exempt. Default: none.
+  std::string tcp_secret;
 };
 
 class BlockService final : public transport::RequestHandler {

@@ -143,6 +143,7 @@ std::unique_ptr<Client> ClusterNode::Checkout(const std::string& address,
   o.address = address;
   o.namespace_name = ns_name;
   o.client_name = kPeerClientName;
+  o.cluster_secret = options_.membership.secret;
   o.timeout = options_.peer_timeout;
   // A new peer connection includes a UCX handshake: give it longer than a request. A dead
   // peer refuses at once; only an unreachable one costs this, once per pooled connection.

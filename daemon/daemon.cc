@@ -92,7 +92,19 @@ class DaemonImpl final : public Daemon {
       }
     }
     sessions_ = std::make_unique<SessionStore>(*store_);
+    if (!options_.cluster.empty()) {
+      cluster_secret_ = options_.cluster_secret;
+      if (!options_.cluster_secret_file.empty()) {
+        KVPOOL_ASSIGN_OR_RETURN(cluster_secret_,
+                                cluster::ReadClusterSecretFile(options_.cluster_secret_file));
+      }
+      if (cluster_secret_.empty()) {
+        return Status::InvalidArgument(
+            "cluster mode needs --cluster_secret or --cluster_secret_file");
+      }
+    }
     BlockServiceOptions bo;
+    bo.tcp_secret = cluster_secret_;
     bo.node_id = node_id_;
     bo.max_batch_keys = options_.max_batch_keys;
     bo.limits = options_.limits;
@@ -171,14 +183,7 @@ class DaemonImpl final : public Daemon {
   // Joins the cluster (see daemon/cluster_node.h): an unreachable etcd does not stop the start,
   // a refused join (wrong secret, a live twin with this node id, bad options) does.
   Status StartCluster() {
-    std::string secret = options_.cluster_secret;
-    if (!options_.cluster_secret_file.empty()) {
-      KVPOOL_ASSIGN_OR_RETURN(secret, cluster::ReadClusterSecretFile(options_.cluster_secret_file));
-    }
-    if (secret.empty()) {
-      return Status::InvalidArgument(
-          "cluster mode needs --cluster_secret or --cluster_secret_file");
-    }
+    const std::string& secret = cluster_secret_;
     std::string control = options_.cluster_advertise;
     if (control.empty()) {
       if (tcp_address().empty()) {
@@ -251,6 +256,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<transport::ControlServer> server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::unique_ptr<ClusterNode> cluster_;  // cluster mode only
+  std::string cluster_secret_;
   bool stopped_ = false;
 };
 

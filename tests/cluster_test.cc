@@ -121,6 +121,25 @@ TEST_F(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
   auto va = ca->Cluster();
   ASSERT_TRUE(va.ok());
   for (const ClusterMember& m : va->members) EXPECT_NE(m.node_id, "node-d");
+  // Over TCP, a daemon in cluster mode serves only clients that prove the cluster secret.
+  {
+    const std::string log = a.log();
+    const size_t at = log.find("tcp://");
+    ASSERT_NE(at, std::string::npos);
+    const std::string address = log.substr(at, log.find_first_of(" \n", at) - at);
+    ClientOptions o = a.Options();
+    o.address = address;
+    o.data_path = DataPath::kSocket;
+    auto none = Client::Connect(o);
+    EXPECT_EQ(none.status().code(), StatusCode::kPermissionDenied) << none.status().ToString();
+    o.cluster_secret = "incorrect donkey battery staple";
+    auto bad = Client::Connect(o);
+    EXPECT_EQ(bad.status().code(), StatusCode::kPermissionDenied) << bad.status().ToString();
+    o.cluster_secret = "correct horse battery staple";
+    auto good = Client::Connect(o);
+    ASSERT_TRUE(good.ok()) << good.status().ToString();
+    EXPECT_TRUE((*good)->Stats().ok());
+  }
   // ...nor does it read the cluster's blocks: a chain put through A is a miss through D.
   {
     ChainHasher h("s", kTestLayout, 16);

@@ -55,6 +55,9 @@ struct ClientOptions {
   bool auto_reconnect = true;
   // Default: kAuto.
   DataPath data_path = DataPath::kAuto;
+  // The cluster secret, for TCP connections to a daemon in cluster mode (it challenges at hello;
+  // the secret itself never travels). Default: none.
+  std::string cluster_secret;
   // UCX transports and network devices for the UCX path ("" = UCX's choice / $UCX_TLS,
   // $UCX_NET_DEVICES). Default: "".
   std::string ucx_transports;

@@ -1,0 +1,43 @@
+#include "common/hello_auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "common/status.h"
+
+namespace kvpool {
+
+std::string NewHelloChallenge() {
+  std::string c(32, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(c.data()), static_cast<int>(c.size())) != 1) {
+    AbortWithStatus(Status::Internal("RAND_bytes failed"), __FILE__, __LINE__);
+  }
+  return c;
+}
+
+std::string HelloProof(std::string_view secret, std::string_view challenge,
+                       std::string_view namespace_name) {
+  std::string msg = "kvpool-hello";
+  msg += challenge;
+  msg += namespace_name;
+  std::string out(32, '\0');
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(),
+           reinterpret_cast<unsigned char*>(out.data()), &len) == nullptr ||
+      len != out.size()) {
+    AbortWithStatus(Status::Internal("HMAC-SHA256 failed"), __FILE__, __LINE__);
+  }
+  return out;
+}
+
+bool VerifyHelloProof(std::string_view secret, std::string_view challenge,
+                      std::string_view namespace_name, std::string_view proof) {
+  const std::string expected = HelloProof(secret, challenge, namespace_name);
+  return proof.size() == expected.size() &&
+         CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) == 0;
+}
+
+}  // namespace kvpool
