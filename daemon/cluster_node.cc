@@ -29,7 +29,15 @@ ClusterNode::ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers)
 
 Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions options,
                                                         tiers::TierManager& tiers) {
+  // The membership calls back from its threads, which Leave() joins before the node goes away;
+  // the node is set in the cell once constructed (acquire/release: the callback then sees it
+  // whole).
+  auto cell = std::make_shared<std::atomic<ClusterNode*>>(nullptr);
+  options.membership.on_change = [cell] {
+    if (ClusterNode* n = cell->load(std::memory_order_acquire)) n->OnViewChange();
+  };
   std::unique_ptr<ClusterNode> node(new ClusterNode(std::move(options), tiers));
+  cell->store(node.get(), std::memory_order_release);
   Result<std::unique_ptr<cluster::Membership>> m =
       cluster::Membership::Join(node->options_.membership);
   if (!m.ok() && m.status().code() != StatusCode::kUnavailable) {
@@ -350,13 +358,71 @@ void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
   for (tiers::BlockRead& read : reads) tiers_.Release(read);
 }
 
+void ClusterNode::OnViewChange() {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    if (membership_ == nullptr) return;
+    for (const cluster::Member& m : membership_->Members()) {
+      if (m.state == cluster::MemberState::kAlive || m.self) ids.push_back(m.record.node_id);
+    }
+    std::sort(ids.begin(), ids.end());
+    if (ids == last_members_) return;  // an occupancy update, not a membership change
+    // Also the first view (a restart rejoining with its disk tier): copies go where they belong.
+    last_members_ = std::move(ids);
+    // Debounced: members often come and go in bursts.
+    rescan_ = true;
+    rescan_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    cv_.Signal();
+  }
+}
+
+void ClusterNode::Rereplicate() {
+  const std::vector<tiers::TierManager::CachedBlock> blocks = tiers_.SnapshotCached();
+  std::map<NamespaceId, std::vector<std::pair<BlockKey, BlockKey>>> by_ns;
+  for (const auto& b : blocks) by_ns[b.ns].emplace_back(b.key, b.parent);
+  size_t pushed = 0;
+  for (auto& [ns, list] : by_ns) {
+    const std::string name = options_.namespace_name(ns);
+    if (name.empty()) continue;
+    for (size_t start = 0; start < list.size(); start += 1024) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+      }
+      Job job;
+      job.ns = ns;
+      job.ns_name = name;
+      job.blocks.assign(list.begin() + start, list.begin() + std::min(list.size(), start + 1024));
+      RunBlocks(job);
+      pushed += job.blocks.size();
+    }
+  }
+  LOG(INFO) << "membership changed: offered " << pushed
+            << " cached blocks to their homes (put-if-absent)";
+}
+
 void ClusterNode::ReplicateLoop() {
   for (;;) {
     Job job;
     {
       absl::MutexLock lock(&mu_);
-      while (!stopping_ && jobs_.empty()) cv_.Wait(&mu_);
+      while (!stopping_ && jobs_.empty() &&
+             !(rescan_ && std::chrono::steady_clock::now() >= rescan_at_)) {
+        if (rescan_) {
+          cv_.WaitWithTimeout(&mu_, absl::Milliseconds(200));
+        } else {
+          cv_.Wait(&mu_);
+        }
+      }
       if (stopping_) return;
+      if (jobs_.empty()) {
+        rescan_ = false;
+        mu_.Unlock();
+        Rereplicate();
+        mu_.Lock();
+        continue;
+      }
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }

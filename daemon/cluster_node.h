@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -42,6 +43,8 @@ struct ClusterNodeOptions {
   uint32_t replicas = 1;
   // Deadline of one request to a peer. Default: 500 ms.
   std::chrono::milliseconds peer_timeout{500};
+  // Namespace id -> name (for re-replication scans). Required.
+  std::function<std::string(NamespaceId)> namespace_name;
   // UCX settings for peer connections (as the daemon's own). Default: UCX's choice.
   bool ucx = true;
   std::string ucx_transports;
@@ -92,6 +95,11 @@ class ClusterNode final : public ClusterHooks {
   ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers);
   void JoinLoop();
   void ReplicateLoop();
+  // The member set changed: schedule a re-replication scan (only when node ids changed).
+  void OnViewChange();
+  // Pushes every locally cached block to the next `replicas` members of its order (put-if-absent:
+  // copies they already hold cost one reservation round trip per batch).
+  void Rereplicate();
   // The live members (by node id) and their control addresses, excluding this node.
   std::shared_ptr<const cluster::Ring> Ring(std::map<std::string, std::string>* addresses);
   // A pooled client of `ns_name` on the peer at `address`; nullptr when it cannot connect.
@@ -109,6 +117,9 @@ class ClusterNode final : public ClusterHooks {
   std::unique_ptr<cluster::Membership> membership_ ABSL_GUARDED_BY(mu_);
   std::string join_error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> last_members_ ABSL_GUARDED_BY(mu_);  // node ids, sorted
+  bool rescan_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point rescan_at_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, std::vector<std::unique_ptr<Client>>> idle_
       ABSL_GUARDED_BY(mu_);

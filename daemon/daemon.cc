@@ -211,6 +211,8 @@ class DaemonImpl final : public Daemon {
       return s.host.payload_bytes + s.disk_used_bytes;
     };
     co.replicas = options_.replicas;
+    NamespaceRegistry* namespaces = namespaces_.get();
+    co.namespace_name = [namespaces](NamespaceId ns) { return namespaces->NameOf(ns); };
     co.ucx = ucx_ != nullptr;
     co.ucx_transports = options_.ucx_transports;
     co.ucx_net_devices = options_.ucx_net_devices;

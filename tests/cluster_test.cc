@@ -418,6 +418,46 @@ TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ((*got)[i].bytes, blocks[i]) << i;
 }
 
+TEST_F(ClusterTest, WhenANodeLeavesItsBlocksAreCopiedAgainToKeepReplicasPlusOne) {
+  DaemonProcess a(Flags("node-a"));
+  DaemonProcess b(Flags("node-b"));
+  DaemonProcess c(Flags("node-c"));
+  a.Start();
+  b.Start();
+  c.Start();
+  auto ca = a.Connect("tenant");
+  auto cb = b.Connect("tenant");
+  auto cc = c.Connect("tenant");
+  for (Client* cl : {ca.get(), cb.get(), cc.get()}) {
+    ASSERT_EQ(Alive(WaitView(
+                  *cl, [](const ClusterView& v) { return Alive(v) == 3; }, 10)),
+              3u);
+  }
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(55, 40 * 16));
+  const std::vector<uint8_t> bytes = BlockBytes(55, 20000);
+  std::vector<std::span<const uint8_t>> spans(keys.size(), std::span<const uint8_t>(bytes));
+  ASSERT_TRUE(ca->PutChain(keys, spans).ok());
+  // --replicas=1: each block on A and one of B or C.
+  auto host_blocks = [](Client& cl) {
+    auto s = cl.Stats();
+    return s.ok() ? s->tiers[0].blocks : 0;
+  };
+  for (int i = 0; i < 50 && host_blocks(*cb) + host_blocks(*cc) < keys.size(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(host_blocks(*cb) + host_blocks(*cc), keys.size());
+  ASSERT_LT(host_blocks(*cb), keys.size()) << "the test needs copies split between B and C";
+  // A dies: B and C notice, and each copies its blocks to the other.
+  a.Kill();
+  for (int i = 0; i < 100 && (host_blocks(*cb) < keys.size() || host_blocks(*cc) < keys.size());
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(host_blocks(*cb), keys.size());
+  EXPECT_EQ(host_blocks(*cc), keys.size());
+}
+
 TEST_F(ClusterTest, ClusterModeNeedsASecretAndATcpListener) {
   // Without --listen the daemon refuses to start, saying why.
   const std::string kvpoold = KVPOOL_KVPOOLD_PATH;

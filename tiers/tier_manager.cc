@@ -991,6 +991,18 @@ void TierManager::UnpinChain(NamespaceId ns, std::span<const BlockKey> chain) {
   }
 }
 
+std::vector<TierManager::CachedBlock> TierManager::SnapshotCached() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<CachedBlock> out;
+  out.reserve(index_.size());
+  index_.ForEach(kNoNamespace, [&](EntryId id) {
+    const Entry& e = index_.at(id);
+    if (e.tiers == 0) return;
+    out.push_back({e.ns, e.key, e.parent != kNoEntry ? index_.at(e.parent).key : BlockKey{}});
+  });
+  return out;
+}
+
 uint32_t TierManager::CountCached(NamespaceId ns, std::span<const BlockKey> chain) {
   absl::MutexLock lock(&mu_);
   uint32_t n = 0;

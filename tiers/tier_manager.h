@@ -212,6 +212,14 @@ class TierManager {
   // is gone keeps its pin on a copy-less entry, so pins stay balanced with UnpinChain.
   void PinExisting(NamespaceId ns, std::span<const BlockKey> chain);
   void UnpinChain(NamespaceId ns, std::span<const BlockKey> chain);
+  // Every cached block (namespace, key, parent key; zero parent when none), for background
+  // scans. A snapshot: blocks may come and go meanwhile.
+  struct CachedBlock {
+    NamespaceId ns;
+    BlockKey key;
+    BlockKey parent;
+  };
+  std::vector<CachedBlock> SnapshotCached() const;
   // Number of blocks of `chain` that are cached now.
   uint32_t CountCached(NamespaceId ns, std::span<const BlockKey> chain);
 
