@@ -164,7 +164,7 @@ int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const v
     auto r = c->client->Put(blocks);
     if (!r.ok()) return Fail(c, r.status());
     if (stored) *stored = r->stored;
-    if (present) *present = r->already_present;
+    if (present) *present = r->already_present + r->in_progress;
     for (const kvpool::Status& st : r->errors) {
       if (!st.ok()) return Fail(c, st);
     }

@@ -718,8 +718,10 @@ class Client::Impl {
             slots.push_back(r.slot());
             break;
           case wire::PRESENT:
-          case wire::IN_PROGRESS:
             ++result.already_present;
+            break;
+          case wire::IN_PROGRESS:
+            ++result.in_progress;
             break;
           default:
             result.errors[asked[j]] = Status(static_cast<StatusCode>(r.code()), r.message());

@@ -112,6 +112,13 @@ class ServerImpl final : public ControlServer {
  private:
   void AcceptUnix();
   void AcceptTcp();
+  // Runs `again` on the I/O context 100 ms from now (after an accept error).
+  void AfterBackoff(std::function<void()> again) {
+    auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+    timer->async_wait([timer, again = std::move(again)](error_code ec) {
+      if (!ec) again();
+    });
+  }
   template <typename Protocol>
   void Adopt(typename Protocol::socket socket, std::string peer);
 
@@ -495,7 +502,10 @@ void ServerImpl::AcceptUnix() {
     if (!ec) {
       Adopt<asio::local::stream_protocol>(std::move(s), "unix");
     } else {
-      LOG(WARNING) << "accept on unix socket: " << ec.message();
+      // E.g. out of file descriptors: back off instead of spinning on the error.
+      LOG_EVERY_N(WARNING, 100) << "accept on unix socket: " << ec.message();
+      AfterBackoff([this] { AcceptUnix(); });
+      return;
     }
     AcceptUnix();
   });
@@ -512,7 +522,9 @@ void ServerImpl::AcceptTcp() {
       if (!ignored) peer += ":" + ep.address().to_string() + ":" + std::to_string(ep.port());
       Adopt<asio::ip::tcp>(std::move(s), std::move(peer));
     } else {
-      LOG(WARNING) << "accept on tcp: " << ec.message();
+      LOG_EVERY_N(WARNING, 100) << "accept on tcp: " << ec.message();
+      AfterBackoff([this] { AcceptTcp(); });
+      return;
     }
     AcceptTcp();
   });

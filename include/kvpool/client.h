@@ -110,8 +110,12 @@ struct PutBlock {
 
 struct PutResult {
   uint32_t stored = 0;           // blocks whose bytes were sent and committed
-  uint32_t already_present = 0;  // cached already or being written by another client
-  std::vector<Status> errors;    // one per block: OK, or why that block was not stored
+  uint32_t already_present = 0;  // cached already: nothing was sent
+  // Being written right now by another client (or by this client's own earlier, broken
+  // connection, whose reservation ends when the daemon notices): nothing was sent, and a get
+  // may miss until that writer commits.
+  uint32_t in_progress = 0;
+  std::vector<Status> errors;  // one per block: OK, or why that block was not stored
   bool all_ok() const;
 };
 
