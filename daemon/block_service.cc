@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 
 #include "common/hello_auth.h"
 #include "common/units.h"
@@ -109,6 +110,9 @@ struct BlockService::Conn : transport::ConnectionState {
   bool shm = false;       // the shared-memory data path was granted at hello
   bool peer = false;      // another kvpoold (cluster fetch or replication): no replication back
   std::string challenge;  // cluster mode, TCP: what this connection's hello proof covers
+  // UCX sends of GET answers and when they must have finished; one still running then (or at
+  // disconnect) is cancelled, which ends its lease.
+  std::deque<std::pair<transport::UcxOpId, std::chrono::steady_clock::time_point>> ucx_sends;
   transport::UcxEndpointId ucx_ep = 0;  // the client's UCX worker, when granted
   uint64_t ucx_tag_prefix = 0;          // this connection's tags on the daemon's worker
   // Set by PayloadSinks for the PUT_COMMIT being received: which reservations got a real slot.
@@ -154,7 +158,11 @@ std::unique_ptr<transport::ConnectionState> BlockService::OnConnect(
 
 void BlockService::OnDisconnect(transport::ConnectionState& state) {
   auto& c = static_cast<Conn&>(state);
-  if (c.ucx_ep != 0) ucx_->Disconnect(c.ucx_ep);  // its pending sends end (and release)
+  if (c.ucx_ep != 0) {
+    // A closed connection's sends are not waited for: cancelling them ends their leases.
+    for (const auto& [op, deadline] : c.ucx_sends) ucx_->Cancel(op);
+    ucx_->Disconnect(c.ucx_ep);
+  }
   tiers_.AbortOwner(c.owner);
   tiers_.ReleaseOwner(c.owner);
 }
@@ -411,6 +419,12 @@ Response BlockService::Get(Conn& c, std::string_view body) {
   }
   const bool in_place = req.in_place();
   const bool via_ucx = req.via_ucx();
+  // Sends of earlier answers this client never received in time: cancel (finished ones are
+  // ignored by the engine), so their leases end.
+  while (!c.ucx_sends.empty() && c.ucx_sends.front().second < std::chrono::steady_clock::now()) {
+    ucx_->Cancel(c.ucx_sends.front().first);
+    c.ucx_sends.pop_front();
+  }
   // In-place leases are the client's: they end on RELEASE, disconnect or expiry. A UCX send's
   // lease belongs to the send alone (no owner a disconnect releases, no expiry): UCX reads the
   // slot until the send completes, so only its completion may end the lease.
@@ -462,11 +476,13 @@ Response BlockService::Get(Conn& c, std::string_view body) {
       auto held = std::make_shared<tiers::BlockRead>(std::move(read));
       read.lease_id = 0;  // the send's now: it ends the lease
       read.data = nullptr;
-      ucx_->SendTagged(c.ucx_ep, req.ucx_tag_base() + static_cast<uint64_t>(resp.blocks_size() - 1),
-                       held->data, held->size, [tiers, held](Status st) {
-                         if (!st.ok()) VLOG(1) << "UCX send of a block: " << st.ToString();
-                         tiers->Release(*held);
-                       });
+      const transport::UcxOpId op = ucx_->SendTagged(
+          c.ucx_ep, req.ucx_tag_base() + static_cast<uint64_t>(resp.blocks_size() - 1), held->data,
+          held->size, [tiers, held](Status st) {
+            if (!st.ok()) VLOG(1) << "UCX send of a block: " << st.ToString();
+            tiers->Release(*held);
+          });
+      c.ucx_sends.emplace_back(op, std::chrono::steady_clock::now() + options_.ucx_timeout);
       payload += held->size;
       ++served;
       continue;
