@@ -62,6 +62,17 @@ size_t Alive(const ClusterView& v) {
   return n;
 }
 
+// Waits until every client's daemon sees `n` alive members; false (with a failure) otherwise.
+bool AllSee(std::initializer_list<Client*> clients, size_t n) {
+  for (Client* cl : clients) {
+    const ClusterView v = WaitView(
+        *cl, [n](const ClusterView& v) { return Alive(v) == n; }, 10);
+    EXPECT_EQ(Alive(v), n) << "state " << v.state;
+    if (Alive(v) != n) return false;
+  }
+  return true;
+}
+
 // Each test gets its own etcd on loopback ports and a cluster secret file; skipped (saying why)
 // when there is no etcd binary.
 class ClusterTest : public ::testing::Test {
@@ -237,11 +248,7 @@ TEST_F(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
   auto ca = a.Connect("tenant");
   auto cb = b.Connect("tenant");
   auto cc = c.Connect("tenant");
-  for (Client* cl : {ca.get(), cb.get(), cc.get()}) {
-    ClusterView v = WaitView(
-        *cl, [](const ClusterView& v) { return Alive(v) == 3; }, 10);
-    ASSERT_EQ(Alive(v), 3u);
-  }
+  ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
   // A system prompt computed only on node A.
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(42, 20 * 16));
@@ -298,11 +305,7 @@ TEST_F(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown)
   c.Start();
   auto ca = a.Connect("tenant");
   auto cb = b.Connect("tenant");
-  for (Client* cl : {ca.get(), cb.get()}) {
-    ASSERT_EQ(Alive(WaitView(
-                  *cl, [](const ClusterView& v) { return Alive(v) == 3; }, 10)),
-              3u);
-  }
+  ASSERT_TRUE(AllSee({ca.get(), cb.get()}, 3));
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(77, 12 * 16));
   std::vector<std::vector<uint8_t>> blocks;
@@ -350,9 +353,7 @@ TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
   c.Start();
   {
     auto ca = a.Connect("tenant");
-    ASSERT_EQ(Alive(WaitView(
-                  *ca, [](const ClusterView& v) { return Alive(v) == 3; }, 10)),
-              3u);
+    ASSERT_TRUE(AllSee({ca.get()}, 3));
   }
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(99, 30 * 16));
@@ -406,9 +407,7 @@ TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
   // A restarts on its data dir, rejoins, and serves the chain from its own disk.
   a.Start();
   auto ca = a.Connect("tenant");
-  ASSERT_EQ(Alive(WaitView(
-                *ca, [](const ClusterView& v) { return Alive(v) == 3; }, 10)),
-            3u);
+  ASSERT_TRUE(AllSee({ca.get()}, 3));
   auto l = ca->Lookup(keys, /*prefetch=*/false);
   ASSERT_TRUE(l.ok());
   ASSERT_EQ(l->hit_blocks, keys.size());
@@ -428,11 +427,7 @@ TEST_F(ClusterTest, WhenANodeLeavesItsBlocksAreCopiedAgainToKeepReplicasPlusOne)
   auto ca = a.Connect("tenant");
   auto cb = b.Connect("tenant");
   auto cc = c.Connect("tenant");
-  for (Client* cl : {ca.get(), cb.get(), cc.get()}) {
-    ASSERT_EQ(Alive(WaitView(
-                  *cl, [](const ClusterView& v) { return Alive(v) == 3; }, 10)),
-              3u);
-  }
+  ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(55, 40 * 16));
   const std::vector<uint8_t> bytes = BlockBytes(55, 20000);

@@ -93,6 +93,16 @@ FrameHeader ReadResponse(int fd, std::string* body) {
   return *h;
 }
 
+// A raw connection to the daemon at `socket` that said HELLO as namespace `ns` (the answer read).
+int RawHello(const std::string& socket, const std::string& ns) {
+  const int fd = RawConnect(socket);
+  const std::string hello = Hello(ns);
+  SendAll(fd, hello.data(), hello.size());
+  std::string body;
+  ReadResponse(fd, &body);
+  return fd;
+}
+
 // True when the daemon closed `fd` (read returns 0 or an error) within 5 s.
 bool ClosedByDaemon(int fd) {
   char c;
@@ -244,11 +254,8 @@ TEST(RobustnessTest, ClientKilledMidPutLeaksNothing) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    const int fd = RawConnect(d.socket_path());
-    std::string hello = Hello("test");
-    SendAll(fd, hello.data(), hello.size());
+    const int fd = RawHello(d.socket_path(), "test");
     std::string body;
-    ReadResponse(fd, &body);
     wire::PutReserveRequest req;
     const std::vector<uint8_t> bytes = BlockBytes(1, 100000);
     for (int i = 0; i < 8; ++i) {
@@ -302,11 +309,8 @@ TEST(RobustnessTest, ClientKilledMidGetLeaksNoLease) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      const int fd = RawConnect(d.socket_path());
-      std::string hello = Hello("test");
-      SendAll(fd, hello.data(), hello.size());
+      const int fd = RawHello(d.socket_path(), "test");
       std::string body;
-      ReadResponse(fd, &body);
       wire::GetRequest get;
       for (const BlockKey& k : keys) get.add_keys(std::string(k.AsStringView()));
       std::string f = Frame(wire::GET, get, 0, 2);
@@ -336,11 +340,8 @@ TEST(RobustnessTest, AReaderThatStopsReadingLosesItsLeasesAfterTheFrameTimeout) 
   const std::vector<uint8_t> bytes = BlockBytes(6, 1 << 20);
   std::vector<std::span<const uint8_t>> spans(keys.size(), std::span<const uint8_t>(bytes));
   ASSERT_TRUE(c->PutChain(keys, spans).ok());
-  const int fd = RawConnect(d.socket_path());
-  std::string hello = Hello("test");
-  SendAll(fd, hello.data(), hello.size());
+  const int fd = RawHello(d.socket_path(), "test");
   std::string body;
-  ReadResponse(fd, &body);
   wire::GetRequest get;
   for (const BlockKey& k : keys) get.add_keys(std::string(k.AsStringView()));
   std::string f = Frame(wire::GET, get, 0, 2);
@@ -372,11 +373,8 @@ TEST(RobustnessTest, StalledFrameIsClosedAfterTheFrameTimeout) {
 TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
   DaemonProcess d;
   d.Start();
-  const int fd = RawConnect(d.socket_path());
-  std::string hello = Hello("test");
-  SendAll(fd, hello.data(), hello.size());
+  const int fd = RawHello(d.socket_path(), "test");
   std::string body;
-  ReadResponse(fd, &body);
   const std::vector<uint8_t> bytes = BlockBytes(9, 5000);
   BlockKey key;
   key.bytes[5] = 9;
