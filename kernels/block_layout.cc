@@ -11,6 +11,8 @@ const char* DTypeName(DType dtype) {
       return "fp16";
     case DType::kBFloat16:
       return "bf16";
+    case DType::kFloat32:
+      return "fp32";
   }
   return "unknown";
 }
@@ -40,7 +42,7 @@ Status ValidateBlockLayout(const BlockLayout& l) {
         " kv_heads=" + std::to_string(l.num_kv_heads) + " head_dim=" + std::to_string(l.head_dim) +
         " tokens=" + std::to_string(l.tokens));
   }
-  if (l.dtype != DType::kFloat16 && l.dtype != DType::kBFloat16) {
+  if (!IsKnownDType(l.dtype)) {
     return Status::InvalidArgument("unknown dtype " + std::to_string(static_cast<int>(l.dtype)));
   }
   switch (l.encoding) {

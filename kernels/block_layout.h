@@ -2,7 +2,7 @@
 // BlockLayout: what the bytes of one kvpool block payload mean, and how big they are.
 //
 // A block holds the K and V of `tokens` consecutive tokens for every layer of one model shard.
-// Its raw (decoded) payload is one contiguous array of 16-bit floats:
+// Its raw (decoded) payload is one contiguous array of `dtype` floats (fp16, bf16 or fp32):
 //
 //   raw:  [layer][kv][token][kv_head][head_dim]        kv = 0 for K, 1 for V
 //

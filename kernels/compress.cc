@@ -18,14 +18,30 @@ namespace {
 
 bool UsesWindow(CompressMethod m) { return m != CompressMethod::kStreamingLlm; }
 
+// Storage of one q / kv element: 16-bit float bits, or fp32.
 template <DType D>
-inline float Load(const uint16_t* p, size_t i) {
-  return D == DType::kFloat16 ? HalfToFloat(p[i]) : Bf16ToFloat(p[i]);
+struct ElemOf {
+  using type = uint16_t;
+};
+template <>
+struct ElemOf<DType::kFloat32> {
+  using type = float;
+};
+template <DType D>
+using Elem = typename ElemOf<D>::type;
+
+template <DType D>
+inline float Load(const Elem<D>* p, size_t i) {
+  if constexpr (D == DType::kFloat32) {
+    return p[i];
+  } else {
+    return D == DType::kFloat16 ? HalfToFloat(p[i]) : Bf16ToFloat(p[i]);
+  }
 }
 
 template <DType D>
-void ScoresForLayer(const CompressParams& params, const AttentionShape& s, const uint16_t* q,
-                    const uint16_t* kv, float* scores, std::vector<float>& kf,
+void ScoresForLayer(const CompressParams& params, const AttentionShape& s, const Elem<D>* q,
+                    const Elem<D>* kv, float* scores, std::vector<float>& kf,
                     std::vector<float>& raw, std::vector<float>& logits) {
   const int n = s.seq_len, dim = s.head_dim, hk = s.num_kv_heads, hq = s.num_q_heads;
   const int group = hq / hk;
@@ -114,7 +130,7 @@ Status ValidateCompress(const CompressParams& p, const AttentionShape& s) {
         " seq_len=" + std::to_string(s.seq_len) + " q_heads=" + std::to_string(s.num_q_heads) +
         " kv_heads=" + std::to_string(s.num_kv_heads) + " head_dim=" + std::to_string(s.head_dim));
   }
-  if (s.dtype != DType::kFloat16 && s.dtype != DType::kBFloat16) {
+  if (!IsKnownDType(s.dtype)) {
     return Status::InvalidArgument("unknown dtype");
   }
   switch (p.method) {
@@ -204,13 +220,24 @@ Status ComputeScoresCpu(const CompressParams& params, const AttentionShape& s, c
   const size_t kv_layer = static_cast<size_t>(2) * s.seq_len * s.num_kv_heads * s.head_dim;
   std::vector<float> kf, raw, logits;
   for (int l = 0; l < s.num_layers; ++l) {
-    const auto* ql = static_cast<const uint16_t*>(q) + l * q_layer;
-    const auto* kl = static_cast<const uint16_t*>(kv) + l * kv_layer;
     float* sl = scores + static_cast<size_t>(l) * s.num_kv_heads * scored;
-    if (s.dtype == DType::kFloat16) {
-      ScoresForLayer<DType::kFloat16>(params, s, ql, kl, sl, kf, raw, logits);
-    } else {
-      ScoresForLayer<DType::kBFloat16>(params, s, ql, kl, sl, kf, raw, logits);
+    switch (s.dtype) {
+      case DType::kFloat16:
+      case DType::kBFloat16: {
+        const auto* ql = static_cast<const uint16_t*>(q) + l * q_layer;
+        const auto* kl = static_cast<const uint16_t*>(kv) + l * kv_layer;
+        if (s.dtype == DType::kFloat16) {
+          ScoresForLayer<DType::kFloat16>(params, s, ql, kl, sl, kf, raw, logits);
+        } else {
+          ScoresForLayer<DType::kBFloat16>(params, s, ql, kl, sl, kf, raw, logits);
+        }
+        break;
+      }
+      case DType::kFloat32:
+        ScoresForLayer<DType::kFloat32>(params, s, static_cast<const float*>(q) + l * q_layer,
+                                        static_cast<const float*>(kv) + l * kv_layer, sl, kf, raw,
+                                        logits);
+        break;
     }
   }
   return Status::OK();
@@ -265,6 +292,7 @@ Status CompactKvCpu(const AttentionShape& s, const int* keep_counts, const int32
       s.num_kv_heads > kMaxKvHeads || s.head_dim < 1 || s.head_dim > kMaxHeadDim) {
     return Status::InvalidArgument("CompactKv: shape out of range");
   }
+  if (!IsKnownDType(s.dtype)) return Status::InvalidArgument("CompactKv: unknown dtype");
   if (keep_counts == nullptr || indices == nullptr || kv == nullptr || kv_out == nullptr) {
     return Status::InvalidArgument("CompactKv: null buffer");
   }

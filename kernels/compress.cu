@@ -33,9 +33,10 @@ using cuda::CeilDiv;
 constexpr int kLayersPerLaunch = 64;
 constexpr int kScoreTile = 128;
 
+// q and kv are typed per dtype at their use (cuda::Elem<D>).
 struct ScoreArgs {
-  const uint16_t* q;
-  const uint16_t* kv;
+  const void* q;
+  const void* kv;
   float* scores;
   float2* stats;  // [layer][q_head][query] {max, sum}
   int n, nq, scored, hq, hk, dim, group, kernel_size;
@@ -45,7 +46,7 @@ struct ScoreArgs {
 };
 
 template <DType D>
-__device__ __forceinline__ float Logit(const ScoreArgs& a, const float* qs, const uint16_t* k,
+__device__ __forceinline__ float Logit(const ScoreArgs& a, const float* qs, const cuda::Elem<D>* k,
                                        int lane) {
   float part = 0.0f;
   for (int d = lane; d < a.dim; d += 32)
@@ -53,8 +54,15 @@ __device__ __forceinline__ float Logit(const ScoreArgs& a, const float* qs, cons
   return __fmul_rn(cuda::WarpSum(part), a.inv_sqrt_d);
 }
 
-__device__ __forceinline__ const uint16_t* KeyRow(const ScoreArgs& a, int l, int j, int kvh) {
-  return a.kv + ((static_cast<int64_t>(l) * 2 * a.n + j) * a.hk + kvh) * a.dim;
+template <DType D>
+__device__ __forceinline__ const cuda::Elem<D>* KeyRow(const ScoreArgs& a, int l, int j, int kvh) {
+  return static_cast<const cuda::Elem<D>*>(a.kv) +
+         ((static_cast<int64_t>(l) * 2 * a.n + j) * a.hk + kvh) * a.dim;
+}
+template <DType D>
+__device__ __forceinline__ const cuda::Elem<D>* QueryRow(const ScoreArgs& a, int l, int i, int h) {
+  return static_cast<const cuda::Elem<D>*>(a.q) +
+         ((static_cast<int64_t>(l) * a.nq + i) * a.hq + h) * a.dim;
 }
 
 // grid (nq, hq, layers), 128 threads, dynamic shared: dim floats.
@@ -66,12 +74,12 @@ __global__ void SoftmaxStatsKernel(const ScoreArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = a.n - a.nq + i;
   const int kvh = h / a.group;
-  const uint16_t* q = a.q + ((static_cast<int64_t>(l) * a.nq + i) * a.hq + h) * a.dim;
+  const cuda::Elem<D>* q = QueryRow<D>(a, l, i, h);
   for (int d = threadIdx.x; d < a.dim; d += blockDim.x) qs[d] = cuda::LoadF<D>(q, d);
   __syncthreads();
   float m = -INFINITY, s = 0.0f;
   for (int j = warp; j <= t; j += 4) {
-    const float x = Logit<D>(a, qs, KeyRow(a, l, j, kvh), lane);
+    const float x = Logit<D>(a, qs, KeyRow<D>(a, l, j, kvh), lane);
     if (x > m) {
       s = __fadd_rn(__fmul_rn(s, expf(m - x)), 1.0f);
       m = x;
@@ -108,14 +116,14 @@ __global__ void ScoreKernel(const ScoreArgs a) {
   float* raw = smem;                                          // hi - lo entries
   float* qs = smem + (kScoreTile + 2 * halo) + warp * a.dim;  // per-warp query vector
   for (int j = lo + warp; j < hi; j += warps) {
-    const uint16_t* k = KeyRow(a, l, j, kvh);
+    const cuda::Elem<D>* k = KeyRow<D>(a, l, j, kvh);
     float acc = 0.0f;
     for (int g = 0; g < a.group; ++g) {
       const int h = kvh * a.group + g;
       for (int i = 0; i < a.nq; ++i) {
         const int t = a.n - a.nq + i;
         if (j > t) continue;  // causal (H2O's early queries)
-        const uint16_t* q = a.q + ((static_cast<int64_t>(l) * a.nq + i) * a.hq + h) * a.dim;
+        const cuda::Elem<D>* q = QueryRow<D>(a, l, i, h);
         for (int d = lane; d < a.dim; d += 32) qs[d] = cuda::LoadF<D>(q, d);
         __syncwarp();
         const float x = Logit<D>(a, qs, k, lane);
@@ -312,8 +320,8 @@ Status ComputeScoresCuda(const CompressParams& params, const AttentionShape& s, 
   }
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   ScoreArgs a{};
-  a.q = static_cast<const uint16_t*>(q);
-  a.kv = static_cast<const uint16_t*>(kv);
+  a.q = q;
+  a.kv = kv;
   a.scores = scores;
   a.n = s.seq_len;
   a.nq = QueryTokens(params, s);
@@ -330,9 +338,18 @@ Status ComputeScoresCuda(const CompressParams& params, const AttentionShape& s, 
   void* stats = nullptr;
   KVPOOL_CUDA_CHECK(cudaMallocAsync(&stats, stats_bytes, stream));
   a.stats = static_cast<float2*>(stats);
-  const Status st = s.dtype == DType::kFloat16
-                        ? LaunchScores<DType::kFloat16>(a, s.num_layers, stream)
-                        : LaunchScores<DType::kBFloat16>(a, s.num_layers, stream);
+  Status st;
+  switch (s.dtype) {
+    case DType::kFloat16:
+      st = LaunchScores<DType::kFloat16>(a, s.num_layers, stream);
+      break;
+    case DType::kBFloat16:
+      st = LaunchScores<DType::kBFloat16>(a, s.num_layers, stream);
+      break;
+    case DType::kFloat32:
+      st = LaunchScores<DType::kFloat32>(a, s.num_layers, stream);
+      break;
+  }
   KVPOOL_CUDA_CHECK(cudaFreeAsync(stats, stream));
   return st;
 }
@@ -376,6 +393,7 @@ Status CompactKvCuda(const AttentionShape& s, const int* keep_counts, const int3
       s.num_kv_heads > kMaxKvHeads || s.head_dim < 1 || s.head_dim > kMaxHeadDim) {
     return Status::InvalidArgument("CompactKv: shape out of range");
   }
+  if (!IsKnownDType(s.dtype)) return Status::InvalidArgument("CompactKv: unknown dtype");
   if (keep_counts == nullptr || indices == nullptr || kv == nullptr || kv_out == nullptr) {
     return Status::InvalidArgument("CompactKv: null buffer");
   }

@@ -75,7 +75,7 @@ struct AttentionShape {
   int num_q_heads = 0;            // a multiple of num_kv_heads. Default: 0 (must be set)
   int num_kv_heads = 0;           // Default: 0 (must be set)
   int head_dim = 0;               // Default: 0 (must be set)
-  DType dtype = DType::kFloat16;  // of q and kv. Default: fp16
+  DType dtype = DType::kFloat16;  // of q and kv: fp16, bf16 or fp32. Default: fp16
 };
 
 // InvalidArgument for out-of-range parameters or shapes.

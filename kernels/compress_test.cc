@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -146,7 +147,10 @@ TEST(ComputeScoresTest, MatchesNaiveReference) {
   for (const Case& c : {Case{CompressMethod::kSnapKv, Pooling::kAvgPool, 5, DType::kBFloat16},
                         Case{CompressMethod::kPyramidKv, Pooling::kAvgPool, 7, DType::kFloat16},
                         Case{CompressMethod::kH2O, Pooling::kAvgPool, 5, DType::kFloat16},
-                        Case{CompressMethod::kSnapKv, Pooling::kAvgPool, 1, DType::kBFloat16}}) {
+                        Case{CompressMethod::kSnapKv, Pooling::kAvgPool, 1, DType::kBFloat16},
+                        Case{CompressMethod::kSnapKv, Pooling::kAvgPool, 5, DType::kFloat32},
+                        Case{CompressMethod::kPyramidKv, Pooling::kMaxPool, 3, DType::kFloat32},
+                        Case{CompressMethod::kH2O, Pooling::kAvgPool, 5, DType::kFloat32}}) {
     testutil::SyntheticSpec spec;
     spec.shape = Shape(2, 200, 4, 4, 32, c.dtype);  // no GQA: max pooling per head is exact
     spec.window = 16;
@@ -163,7 +167,7 @@ TEST(ComputeScoresTest, MatchesNaiveReference) {
     const auto want = NaiveScores(p, a);
     std::vector<float> wantf(want.begin(), want.end());
     EXPECT_LT(testutil::RelativeError(got.data(), wantf.data(), got.size()), 1e-5)
-        << CompressMethodName(c.method);
+        << CompressMethodName(c.method) << " " << DTypeName(c.dtype);
   }
   // GQA with max pooling: each KV head's score is the max-pool of the mean over its query heads.
   testutil::SyntheticSpec spec;
@@ -259,6 +263,72 @@ TEST(CompactKvTest, GathersKeptTokensPerHead) {
   }
   idx[4] = 40;  // out of range
   EXPECT_EQ(CompactKvCpu(s, keep.data(), idx.data(), kv.data(), out.data()).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// fp32 q / kv holding bf16 values give the bf16 path's scores bit for bit (only the loads differ)
+// and so the same kept indices; compaction of fp32 rows gathers the same tokens.
+TEST(CompressFp32Test, SameScoresIndicesAndRowsAsBf16OnItsValues) {
+  for (auto m : {CompressMethod::kH2O, CompressMethod::kSnapKv, CompressMethod::kPyramidKv,
+                 CompressMethod::kStreamingLlm}) {
+    testutil::SyntheticSpec spec;
+    spec.shape = Shape(3, 300, 4, 2, 32, DType::kBFloat16);
+    spec.window = 16;
+    spec.needle_pos = 123;
+    spec.seed = 7;
+    const auto a16 = testutil::MakeSynthetic(spec);
+    testutil::SyntheticAttention a32 = a16;
+    a32.shape.dtype = DType::kFloat32;
+    a32.q = testutil::Convert(a16.q.data(), a16.q.size(), DType::kBFloat16, DType::kFloat32);
+    a32.kv = testutil::Convert(a16.kv.data(), a16.kv.size(), DType::kBFloat16, DType::kFloat32);
+    const CompressParams p = Params(m, 80, 16);
+    const int nq = QueryTokens(p, a16.shape), scored = ScoredTokens(p, a16.shape);
+    std::vector<float> s16(static_cast<size_t>(3) * 2 * scored, -1.0f), s32(s16.size(), -2.0f);
+    if (NeedsScores(p, a16.shape)) {
+      const auto q16 = testutil::LastQueries(a16, nq);
+      const auto q32 = testutil::LastQueries(a32, nq);
+      ASSERT_EQ(q32.size(), 2 * q16.size());
+      ASSERT_TRUE(ComputeScoresCpu(p, a16.shape, q16.data(), a16.kv.data(), s16.data()).ok());
+      ASSERT_TRUE(ComputeScoresCpu(p, a32.shape, q32.data(), a32.kv.data(), s32.data()).ok());
+      ASSERT_EQ(std::memcmp(s16.data(), s32.data(), s16.size() * sizeof(float)), 0)
+          << CompressMethodName(m);
+    }
+    std::vector<int> keep16, keep32;
+    auto i16 = testutil::SelectCpu(a16, p, &keep16);
+    auto i32 = testutil::SelectCpu(a32, p, &keep32);
+    ASSERT_TRUE(i16.ok() && i32.ok());
+    ASSERT_EQ(keep16, keep32);
+    ASSERT_EQ(*i16, *i32) << CompressMethodName(m);
+    const size_t out_elems = static_cast<size_t>(TotalKept(keep16)) * 2 * 2 * 32;
+    std::vector<uint16_t> o16 = testutil::Buffer(out_elems, DType::kBFloat16, 0xffff);
+    std::vector<uint16_t> o32 = testutil::Buffer(out_elems, DType::kFloat32, 0xffff);
+    ASSERT_TRUE(
+        CompactKvCpu(a16.shape, keep16.data(), i16->data(), a16.kv.data(), o16.data()).ok());
+    ASSERT_TRUE(
+        CompactKvCpu(a32.shape, keep32.data(), i32->data(), a32.kv.data(), o32.data()).ok());
+    EXPECT_EQ(testutil::Convert(o32.data(), out_elems, DType::kFloat32, DType::kBFloat16), o16);
+  }
+}
+
+TEST(CompactKvTest, GathersFp32Rows) {
+  const AttentionShape s = Shape(1, 20, 2, 2, 6, DType::kFloat32);
+  std::vector<uint16_t> kv = testutil::Buffer(static_cast<size_t>(2) * 20 * 2 * 6, s.dtype);
+  testutil::FillNormal(kv.data(), 2 * 20 * 2 * 6, s.dtype, 11);
+  const std::vector<int> keep = {3};
+  const std::vector<int32_t> idx = {0, 7, 19, /*h1*/ 2, 3, 18};
+  std::vector<uint16_t> out = testutil::Buffer(static_cast<size_t>(2) * 3 * 2 * 6, s.dtype, 0xffff);
+  ASSERT_TRUE(CompactKvCpu(s, keep.data(), idx.data(), kv.data(), out.data()).ok());
+  size_t o = 0;
+  for (int kvi = 0; kvi < 2; ++kvi)
+    for (int j = 0; j < 3; ++j)
+      for (int h = 0; h < 2; ++h)
+        for (int d = 0; d < 6; ++d, ++o) {
+          const size_t src = ((static_cast<size_t>(kvi) * 20 + idx[h * 3 + j]) * 2 + h) * 6 + d;
+          ASSERT_EQ(LoadElement(out.data(), o, s.dtype), LoadElement(kv.data(), src, s.dtype));
+        }
+  AttentionShape bad = s;
+  bad.dtype = static_cast<DType>(3);
+  EXPECT_EQ(CompactKvCpu(bad, keep.data(), idx.data(), kv.data(), out.data()).code(),
             StatusCode::kInvalidArgument);
 }
 

@@ -16,19 +16,34 @@ namespace kvpool {
 namespace kernels {
 namespace cuda {
 
+// Storage of one element: 16-bit float bits, or fp32.
 template <DType D>
-__device__ __forceinline__ float LoadF(const uint16_t* p, size_t i) {
-  const unsigned short b = p[i];
-  if constexpr (D == DType::kFloat16) {
-    return __half2float(__ushort_as_half(b));
+struct ElemOf {
+  using type = uint16_t;
+};
+template <>
+struct ElemOf<DType::kFloat32> {
+  using type = float;
+};
+template <DType D>
+using Elem = typename ElemOf<D>::type;
+
+template <DType D>
+__device__ __forceinline__ float LoadF(const Elem<D>* p, size_t i) {
+  if constexpr (D == DType::kFloat32) {
+    return p[i];
+  } else if constexpr (D == DType::kFloat16) {
+    return __half2float(__ushort_as_half(p[i]));
   } else {
-    return __bfloat162float(__ushort_as_bfloat16(b));
+    return __bfloat162float(__ushort_as_bfloat16(p[i]));
   }
 }
 
 template <DType D>
-__device__ __forceinline__ uint16_t StoreF(float f) {
-  if constexpr (D == DType::kFloat16) {
+__device__ __forceinline__ Elem<D> StoreF(float f) {
+  if constexpr (D == DType::kFloat32) {
+    return f;
+  } else if constexpr (D == DType::kFloat16) {
     return __half_as_ushort(__float2half_rn(f));
   } else {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));

@@ -1,9 +1,10 @@
 #pragma once
 // Element types of KV tensors and exact host conversions between them.
 //
-// kvpool stores K and V as 16-bit floats (fp16 or bf16) and encodes them as int8, fp8 e4m3 or
-// int4. The CPU twins of the kernels convert with the helpers below; they round to nearest even
-// exactly as CUDA's __float2half_rn, __float2bfloat16_rn and
+// kvpool stores K and V as 16-bit floats (fp16 or bf16) or as fp32 (the dtype of small test
+// models and of some engines' CPU paths) and encodes them as int8, fp8 e4m3 or int4. The CPU twins
+// of the kernels convert with the helpers below; they round to nearest even exactly as CUDA's
+// __float2half_rn, __float2bfloat16_rn and
 // __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) do, so CPU and GPU agree bit for bit where
 // both compute the same float. The helpers are branch-light so loops over them vectorize.
 //
@@ -20,9 +21,13 @@ namespace kernels {
 enum class DType : uint8_t {
   kFloat16 = 0,   // IEEE binary16
   kBFloat16 = 1,  // bfloat16
+  kFloat32 = 2,   // IEEE binary32
 };
 
-inline constexpr size_t DTypeSize(DType) { return 2; }
+inline constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+inline constexpr bool IsKnownDType(DType dtype) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32;
+}
 const char* DTypeName(DType dtype);
 
 inline uint32_t FloatBits(float f) {
@@ -86,11 +91,23 @@ inline uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>(SelectBits((x & 0x7fffffffu) > 0x7f800000u, nan, rounded));
 }
 
-inline float LoadElement(const uint16_t* p, size_t i, DType dtype) {
-  return dtype == DType::kFloat16 ? HalfToFloat(p[i]) : Bf16ToFloat(p[i]);
+// Element i of a buffer of `dtype` elements, as float (exact).
+inline float LoadElement(const void* p, size_t i, DType dtype) {
+  if (dtype == DType::kFloat32) return static_cast<const float*>(p)[i];
+  const uint16_t b = static_cast<const uint16_t*>(p)[i];
+  return dtype == DType::kFloat16 ? HalfToFloat(b) : Bf16ToFloat(b);
 }
+// f rounded to a 16-bit `dtype` (fp16 or bf16, round to nearest even).
 inline uint16_t FromFloat(float f, DType dtype) {
   return dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBf16(f);
+}
+// Element i of a buffer of `dtype` elements := f rounded to dtype (fp32: f itself).
+inline void StoreElement(void* p, size_t i, float f, DType dtype) {
+  if (dtype == DType::kFloat32) {
+    static_cast<float*>(p)[i] = f;
+  } else {
+    static_cast<uint16_t*>(p)[i] = FromFloat(f, dtype);
+  }
 }
 
 // fp8 e4m3 (OCP "E4M3FN", NVIDIA __nv_fp8_e4m3): bias 7, no infinities, 0x7f/0xff are NaN,

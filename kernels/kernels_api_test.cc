@@ -64,42 +64,59 @@ TEST(KernelsApiTest, WorkerRoundTripThroughInt8) {
 }
 
 TEST(KernelsApiTest, CompressionThroughTheCApi) {
-  kvpool::kernels::testutil::SyntheticSpec spec;
-  spec.shape.num_layers = 2;
-  spec.shape.seq_len = 512;
-  spec.shape.num_q_heads = 4;
-  spec.shape.num_kv_heads = 2;
-  spec.shape.head_dim = 32;
-  spec.shape.dtype = DType::kFloat16;
-  spec.needle_pos = 200;
-  const auto a = kvpool::kernels::testutil::MakeSynthetic(spec);
-  kvpool_compress_params p = kvpool::DefaultCompressParams();
-  EXPECT_EQ(p.method, KVPOOL_COMPRESS_SNAPKV);
-  EXPECT_EQ(p.window_size, 32);
-  p.method = KVPOOL_COMPRESS_PYRAMIDKV;
-  p.max_capacity_prompt = 256;  // the last layer keeps (256 - 32) / 20 = 11 > kernel_size
-  const kvpool_attention_shape shape{2, 512, 4, 2, 32, KVPOOL_DTYPE_FLOAT16};
-  std::vector<int32_t> keep(2);
-  int64_t total = 0;
-  int32_t nq = 0, scored = 0;
-  ASSERT_EQ(kvpool_kernel_compress_sizes(&p, &shape, keep.data(), &total, &nq, &scored), 0);
-  EXPECT_EQ(nq, 32);
-  EXPECT_EQ(scored, 480);
-  EXPECT_EQ(total, keep[0] + keep[1]);
-  EXPECT_GT(keep[0], keep[1]);
-  const auto q = kvpool::kernels::testutil::LastQueries(a, nq);
-  std::vector<float> scores(2 * 2 * scored);
-  ASSERT_EQ(kvpool_kernel_compute_scores(nullptr, &p, &shape, q.data(), a.kv.data(), scores.data()),
-            0);
-  std::vector<int32_t> idx(total * 2);
-  ASSERT_EQ(kvpool_kernel_select_tokens(nullptr, &p, &shape, scores.data(), idx.data()), 0);
-  std::vector<uint16_t> out(total * 2 * 2 * 32);
-  ASSERT_EQ(
-      kvpool_kernel_compact_kv(nullptr, &shape, keep.data(), idx.data(), a.kv.data(), out.data()),
-      0);
-  // The needle survives in every layer and head.
-  std::vector<int> keep_int(keep.begin(), keep.end());
-  EXPECT_EQ(kvpool::kernels::testutil::RetainedFraction(a.shape, keep_int, idx, 200), 1.0);
+  // fp16, and fp32 (the dtype of small test models) through the same calls.
+  for (const int dtype : {KVPOOL_DTYPE_FLOAT16, KVPOOL_DTYPE_FLOAT32}) {
+    kvpool::kernels::testutil::SyntheticSpec spec;
+    spec.shape.num_layers = 2;
+    spec.shape.seq_len = 512;
+    spec.shape.num_q_heads = 4;
+    spec.shape.num_kv_heads = 2;
+    spec.shape.head_dim = 32;
+    spec.shape.dtype = static_cast<DType>(dtype);
+    spec.needle_pos = 200;
+    const auto a = kvpool::kernels::testutil::MakeSynthetic(spec);
+    kvpool_compress_params p = kvpool::DefaultCompressParams();
+    EXPECT_EQ(p.method, KVPOOL_COMPRESS_SNAPKV);
+    EXPECT_EQ(p.window_size, 32);
+    p.method = KVPOOL_COMPRESS_PYRAMIDKV;
+    p.max_capacity_prompt = 256;  // the last layer keeps (256 - 32) / 20 = 11 > kernel_size
+    const kvpool_attention_shape shape{2, 512, 4, 2, 32, dtype};
+    std::vector<int32_t> keep(2);
+    int64_t total = 0;
+    int32_t nq = 0, scored = 0;
+    ASSERT_EQ(kvpool_kernel_compress_sizes(&p, &shape, keep.data(), &total, &nq, &scored), 0);
+    EXPECT_EQ(nq, 32);
+    EXPECT_EQ(scored, 480);
+    EXPECT_EQ(total, keep[0] + keep[1]);
+    EXPECT_GT(keep[0], keep[1]);
+    const auto q = kvpool::kernels::testutil::LastQueries(a, nq);
+    std::vector<float> scores(2 * 2 * scored);
+    ASSERT_EQ(
+        kvpool_kernel_compute_scores(nullptr, &p, &shape, q.data(), a.kv.data(), scores.data()), 0);
+    std::vector<int32_t> idx(total * 2);
+    ASSERT_EQ(kvpool_kernel_select_tokens(nullptr, &p, &shape, scores.data(), idx.data()), 0);
+    std::vector<uint16_t> out =
+        kvpool::kernels::testutil::Buffer(total * 2 * 2 * 32, static_cast<DType>(dtype));
+    ASSERT_EQ(
+        kvpool_kernel_compact_kv(nullptr, &shape, keep.data(), idx.data(), a.kv.data(), out.data()),
+        0);
+    // The needle survives in every layer and head.
+    std::vector<int> keep_int(keep.begin(), keep.end());
+    EXPECT_EQ(kvpool::kernels::testutil::RetainedFraction(a.shape, keep_int, idx, 200), 1.0)
+        << dtype;
+  }
+}
+
+TEST(KernelsApiTest, Fp32RawPayloadsAreTwiceTheSize) {
+  kvpool_block_layout f32{2, 4, 64, 16, KVPOOL_DTYPE_FLOAT32, KVPOOL_ENCODING_RAW};
+  kvpool_block_layout f16 = f32;
+  f16.dtype = KVPOOL_DTYPE_FLOAT16;
+  EXPECT_EQ(kvpool_kernel_raw_bytes(&f32), 2u * 2 * 16 * 4 * 64 * 4);
+  EXPECT_EQ(kvpool_kernel_raw_bytes(&f32), 2 * kvpool_kernel_raw_bytes(&f16));
+  f32.encoding = f16.encoding = KVPOOL_ENCODING_INT4_G32;
+  EXPECT_EQ(kvpool_kernel_encoded_bytes(&f32), kvpool_kernel_encoded_bytes(&f16));
+  f32.dtype = 3;  // unknown
+  EXPECT_EQ(kvpool_kernel_raw_bytes(&f32), 0u);
 }
 
 TEST(KernelsApiTest, ErrorsCarryCodesAndMessages) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -24,22 +25,23 @@ struct Engine {
 };
 
 Engine MakeEngine(PagedLayout layout, int layers, int blocks, int block_size, int heads, int dim,
-                  uint64_t seed) {
+                  uint64_t seed, DType dtype = DType::kBFloat16) {
   Engine e;
   const size_t per_tensor = static_cast<size_t>(blocks) * block_size * heads * dim;
   const bool combined = layout != PagedLayout::kSeparate;
   for (int l = 0; l < layers; ++l) {
-    e.k.emplace_back(per_tensor * (combined ? 2 : 1));
-    testutil::FillNormal(e.k.back().data(), e.k.back().size(), DType::kBFloat16, seed + l);
+    const size_t elems = per_tensor * (combined ? 2 : 1);
+    e.k.push_back(testutil::Buffer(elems, dtype));
+    testutil::FillNormal(e.k.back().data(), elems, dtype, seed + l);
     e.kp.push_back(e.k.back().data());
     if (!combined) {
-      e.v.emplace_back(per_tensor);
-      testutil::FillNormal(e.v.back().data(), per_tensor, DType::kBFloat16, seed + 1000 + l);
+      e.v.push_back(testutil::Buffer(per_tensor, dtype));
+      testutil::FillNormal(e.v.back().data(), per_tensor, dtype, seed + 1000 + l);
       e.vp.push_back(e.v.back().data());
     }
   }
   e.cache.layout = layout;
-  e.cache.dtype = DType::kBFloat16;
+  e.cache.dtype = dtype;
   e.cache.num_layers = layers;
   e.cache.num_blocks = blocks;
   e.cache.block_size = block_size;
@@ -50,30 +52,42 @@ Engine MakeEngine(PagedLayout layout, int layers, int blocks, int block_size, in
   return e;
 }
 
+// The bits of element i of a buffer of dtype elements (16 or 32 of them).
+uint32_t ElementBits(const std::vector<uint16_t>& buf, size_t i, DType dtype) {
+  if (DTypeSize(dtype) == 2) return buf[i];
+  uint32_t u;
+  std::memcpy(&u, buf.data() + 2 * i, sizeof(u));
+  return u;
+}
+
 // Element (layer, kv, page, slot, head, d) of the engine cache, by the tensor shapes' strides.
-uint16_t& EngineAt(Engine& e, int layer, int kv, int page, int slot, int head, int d) {
+uint32_t EngineAt(const Engine& e, int layer, int kv, int page, int slot, int head, int d) {
   const auto& c = e.cache;
   const size_t inner = (static_cast<size_t>(slot) * c.num_kv_heads + head) * c.head_dim + d;
   const size_t page_elems = static_cast<size_t>(c.block_size) * c.num_kv_heads * c.head_dim;
   switch (c.layout) {
     case PagedLayout::kSeparate:
-      return (kv == 0 ? e.k : e.v)[layer][page * page_elems + inner];
+      return ElementBits((kv == 0 ? e.k : e.v)[layer], page * page_elems + inner, c.dtype);
     case PagedLayout::kKvFirst:
-      return e.k[layer][(static_cast<size_t>(kv) * c.num_blocks + page) * page_elems + inner];
+      return ElementBits(e.k[layer],
+                         (static_cast<size_t>(kv) * c.num_blocks + page) * page_elems + inner,
+                         c.dtype);
     case PagedLayout::kKvInterleaved:
-      return e.k[layer][(static_cast<size_t>(page) * 2 + kv) * page_elems + inner];
+      return ElementBits(e.k[layer], (static_cast<size_t>(page) * 2 + kv) * page_elems + inner,
+                         c.dtype);
   }
   abort();
 }
 
-using Param = std::tuple<PagedLayout, int /*block_size*/, int /*tokens*/, int /*first_token*/>;
+using Param =
+    std::tuple<PagedLayout, int /*block_size*/, int /*tokens*/, int /*first_token*/, DType>;
 
 class PagedCopyTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(PagedCopyTest, GatherMatchesNaiveAndScatterInverts) {
-  const auto [layout, block_size, tokens, first_token] = GetParam();
+  const auto [layout, block_size, tokens, first_token, dtype] = GetParam();
   const int layers = 3, heads = 2, dim = 16, blocks = 40, payloads = 3;
-  Engine e = MakeEngine(layout, layers, blocks, block_size, heads, dim, 42);
+  Engine e = MakeEngine(layout, layers, blocks, block_size, heads, dim, 42, dtype);
   const int64_t end = first_token + static_cast<int64_t>(payloads) * tokens;
   const int table_len = static_cast<int>((end + block_size - 1) / block_size);
   std::vector<int32_t> table(table_len);
@@ -86,9 +100,9 @@ TEST_P(PagedCopyTest, GatherMatchesNaiveAndScatterInverts) {
   pl.num_kv_heads = heads;
   pl.head_dim = dim;
   pl.tokens = tokens;
-  pl.dtype = DType::kBFloat16;
+  pl.dtype = dtype;
   std::vector<std::vector<uint16_t>> out(payloads,
-                                         std::vector<uint16_t>(BlockElements(pl), 0xffff));
+                                         testutil::Buffer(BlockElements(pl), dtype, 0xffff));
   std::vector<void*> ptrs;
   for (auto& o : out) ptrs.push_back(o.data());
   PagedSpan span{table.data(), table_len, first_token, payloads};
@@ -105,13 +119,13 @@ TEST_P(PagedCopyTest, GatherMatchesNaiveAndScatterInverts) {
               const int slot = static_cast<int>(token % block_size);
               const size_t off =
                   ((((static_cast<size_t>(l) * 2 + kv) * tokens + t) * heads + h) * dim) + d;
-              ASSERT_EQ(out[i][off], EngineAt(e, l, kv, page, slot, h, d))
+              ASSERT_EQ(ElementBits(out[i], off, dtype), EngineAt(e, l, kv, page, slot, h, d))
                   << "payload " << i << " layer " << l << " kv " << kv << " token " << t;
             }
 
   // Scatter into a fresh engine: the spanned tokens equal the source, the rest stay untouched.
-  Engine f = MakeEngine(layout, layers, blocks, block_size, heads, dim, 99);
-  Engine f_before = MakeEngine(layout, layers, blocks, block_size, heads, dim, 99);
+  Engine f = MakeEngine(layout, layers, blocks, block_size, heads, dim, 99, dtype);
+  Engine f_before = MakeEngine(layout, layers, blocks, block_size, heads, dim, 99, dtype);
   std::vector<const void*> cptrs(ptrs.begin(), ptrs.end());
   ASSERT_TRUE(ScatterPagedCpu(f.cache, pl, span, cptrs.data()).ok());
   std::vector<std::vector<bool>> written(blocks, std::vector<bool>(block_size, false));
@@ -124,7 +138,7 @@ TEST_P(PagedCopyTest, GatherMatchesNaiveAndScatterInverts) {
         for (int slot = 0; slot < block_size; ++slot)
           for (int h = 0; h < heads; ++h)
             for (int d = 0; d < dim; d += 5) {
-              const uint16_t want = written[page][slot]
+              const uint32_t want = written[page][slot]
                                         ? EngineAt(e, l, kv, page, slot, h, d)
                                         : EngineAt(f_before, l, kv, page, slot, h, d);
               ASSERT_EQ(EngineAt(f, l, kv, page, slot, h, d), want);
@@ -136,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PagedCopyTest,
                                                               PagedLayout::kKvFirst,
                                                               PagedLayout::kKvInterleaved),
                                             ::testing::Values(16, 5), ::testing::Values(16, 3, 40),
-                                            ::testing::Values(0, 7)));
+                                            ::testing::Values(0, 7),
+                                            ::testing::Values(DType::kBFloat16, DType::kFloat32)));
 
 class PagedCopyValidationTest : public ::testing::Test {
  protected:
@@ -177,6 +192,12 @@ TEST_F(PagedCopyValidationTest, RejectsBadInput) {
   wrong = pl_;
   wrong.dtype = DType::kFloat16;
   EXPECT_EQ(GatherPagedCpu(e_.cache, wrong, span, &ptr_).code(), StatusCode::kInvalidArgument);
+  wrong.dtype = DType::kFloat32;  // fp32 payloads from a bf16 cache: a mismatch too
+  EXPECT_EQ(GatherPagedCpu(e_.cache, wrong, span, &ptr_).code(), StatusCode::kInvalidArgument);
+  wrong.dtype = static_cast<DType>(3);
+  PagedKvCache unknown = e_.cache;
+  unknown.dtype = wrong.dtype;
+  EXPECT_EQ(GatherPagedCpu(unknown, wrong, span, &ptr_).code(), StatusCode::kInvalidArgument);
   wrong = pl_;
   wrong.encoding = Encoding::kInt8;
   EXPECT_EQ(GatherPagedCpu(e_.cache, wrong, span, &ptr_).code(), StatusCode::kInvalidArgument);

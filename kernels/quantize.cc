@@ -6,7 +6,8 @@
 // the compiler vectorizes them; the translation unit is built with -ffp-contract=off so no
 // multiply-add is fused (the CUDA side is built with --fmad=false to match). This scalar code is
 // the reference (QuantizeBlocksCpuScalar); fp8 and int4 quantize run the explicit AVX2 paths of
-// quantize_cpu_avx2.cc instead where the CPU has AVX2 and F16C (same bytes, tested).
+// quantize_cpu_avx2.cc instead where the CPU has AVX2 and F16C (same bytes, tested); fp32 input
+// always takes the scalar loops (elements are handled as their 32-bit patterns).
 
 #include "kernels/quantize.h"
 
@@ -29,43 +30,70 @@ namespace {
 #define KVPOOL_VECTOR_CLONES
 #endif
 
+// Storage of one element: the bits of a 16-bit float, or of an fp32 (integer ops on the bits
+// keep the max / min loops vectorizable).
 template <DType D>
-inline float Load(const uint16_t* p, size_t i) {
-  return D == DType::kFloat16 ? HalfToFloat(p[i]) : Bf16ToFloat(p[i]);
+struct ElemOf {
+  using type = uint16_t;
+};
+template <>
+struct ElemOf<DType::kFloat32> {
+  using type = uint32_t;
+};
+template <DType D>
+using Elem = typename ElemOf<D>::type;
+
+template <DType D>
+inline float Load(const Elem<D>* p, size_t i) {
+  if constexpr (D == DType::kFloat32) {
+    return BitsToFloat(p[i]);
+  } else {
+    return D == DType::kFloat16 ? HalfToFloat(p[i]) : Bf16ToFloat(p[i]);
+  }
 }
 template <DType D>
-inline uint16_t Store(float f) {
-  return D == DType::kFloat16 ? FloatToHalf(f) : FloatToBf16(f);
+inline Elem<D> Store(float f) {
+  if constexpr (D == DType::kFloat32) {
+    return FloatBits(f);
+  } else {
+    return D == DType::kFloat16 ? FloatToHalf(f) : FloatToBf16(f);
+  }
 }
 
-// Largest |x| of n 16-bit floats, as an integer max over the magnitude bits (monotonic for
-// non-NaN values, and it vectorizes where a float max reduction would not).
-inline uint16_t AbsMaxBits(const uint16_t* p, int n) {
-  uint16_t m = 0;
+// Largest |x| of n floats (16-bit or fp32 bits), as an integer max over the magnitude bits
+// (monotonic for non-NaN values, and it vectorizes where a float max reduction would not).
+template <typename E>
+inline E AbsMaxBits(const E* p, int n) {
+  constexpr E kMag = static_cast<E>(static_cast<E>(~E{0}) >> 1);  // (no sign extension)
+  E m = 0;
   for (int i = 0; i < n; ++i) {
-    const uint16_t a = p[i] & 0x7fffu;
+    const E a = p[i] & kMag;
     m = a > m ? a : m;
   }
   return m;
 }
 
-// Order-preserving 16-bit key of a fp16/bf16 value (-0 treated as +0), and back.
-inline uint16_t OrderKey16(uint16_t b) {
-  b = b == 0x8000u ? 0 : b;
-  return (b & 0x8000u) ? static_cast<uint16_t>(~b) : static_cast<uint16_t>(b | 0x8000u);
+// Order-preserving key of a float's bits (-0 treated as +0), and back.
+template <typename E>
+inline E OrderKey(E b) {
+  constexpr E kSign = static_cast<E>(E{1} << (sizeof(E) * 8 - 1));
+  b = b == kSign ? 0 : b;
+  return (b & kSign) ? static_cast<E>(~b) : static_cast<E>(b | kSign);
 }
-inline uint16_t FromOrderKey16(uint16_t k) {
-  return (k & 0x8000u) ? static_cast<uint16_t>(k & 0x7fffu) : static_cast<uint16_t>(~k);
+template <typename E>
+inline E FromOrderKey(E k) {
+  constexpr E kSign = static_cast<E>(E{1} << (sizeof(E) * 8 - 1));
+  return (k & kSign) ? static_cast<E>(k & ~kSign) : static_cast<E>(~k);
 }
 
 constexpr float kHalfMax = 65504.0f;
 
 template <DType D>
-KVPOOL_VECTOR_CLONES void QuantizeInt8Rows(const uint16_t* in, int8_t* q, float* scales,
-                                           size_t rows, int dim) {
+KVPOOL_VECTOR_CLONES void QuantizeInt8Rows(const Elem<D>* in, int8_t* q, float* scales, size_t rows,
+                                           int dim) {
   for (size_t r = 0; r < rows; ++r) {
-    const uint16_t* src = in + r * dim;
-    const uint16_t mbits = AbsMaxBits(src, dim);
+    const Elem<D>* src = in + r * dim;
+    const Elem<D> mbits = AbsMaxBits(src, dim);
     const float scale = Load<D>(&mbits, 0) / 127.0f;
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
     int8_t* dst = q + r * dim;
@@ -82,25 +110,25 @@ KVPOOL_VECTOR_CLONES void QuantizeInt8Rows(const uint16_t* in, int8_t* q, float*
 }
 
 template <DType D>
-void QuantizeInt8(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
+void QuantizeInt8(const BlockLayout& l, const Elem<D>* in, uint8_t* out) {
   const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
   QuantizeInt8Rows<D>(in, reinterpret_cast<int8_t*>(out),
                       reinterpret_cast<float*>(out + EncodedScaleOffset(l)), rows, l.head_dim);
 }
 
 template <DType D>
-KVPOOL_VECTOR_CLONES void DequantizeInt8Rows(const int8_t* q, const float* scales, uint16_t* out,
+KVPOOL_VECTOR_CLONES void DequantizeInt8Rows(const int8_t* q, const float* scales, Elem<D>* out,
                                              size_t rows, int dim) {
   for (size_t r = 0; r < rows; ++r) {
     const float scale = scales[r];
     const int8_t* src = q + r * dim;
-    uint16_t* dst = out + r * dim;
+    Elem<D>* dst = out + r * dim;
     for (int d = 0; d < dim; ++d) dst[d] = Store<D>(static_cast<float>(src[d]) * scale);
   }
 }
 
 template <DType D>
-void DequantizeInt8(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
+void DequantizeInt8(const BlockLayout& l, const uint8_t* in, Elem<D>* out) {
   const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
   DequantizeInt8Rows<D>(reinterpret_cast<const int8_t*>(in),
                         reinterpret_cast<const float*>(in + EncodedScaleOffset(l)), out, rows,
@@ -109,13 +137,13 @@ void DequantizeInt8(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
 
 // One (layer, kv) plane: per-head amax over the block's tokens, then the codes.
 template <DType D>
-KVPOOL_VECTOR_CLONES void QuantizeFp8Plane(const uint16_t* src, uint8_t* dst, float* scales,
-                                           int tokens, int heads, int dim, uint16_t* amax,
+KVPOOL_VECTOR_CLONES void QuantizeFp8Plane(const Elem<D>* src, uint8_t* dst, float* scales,
+                                           int tokens, int heads, int dim, Elem<D>* amax,
                                            float* inv) {
   for (int h = 0; h < heads; ++h) amax[h] = 0;
   for (int t = 0; t < tokens; ++t) {
     for (int h = 0; h < heads; ++h) {
-      const uint16_t m = AbsMaxBits(src + (static_cast<size_t>(t) * heads + h) * dim, dim);
+      const Elem<D> m = AbsMaxBits(src + (static_cast<size_t>(t) * heads + h) * dim, dim);
       amax[h] = m > amax[h] ? m : amax[h];
     }
   }
@@ -134,11 +162,11 @@ KVPOOL_VECTOR_CLONES void QuantizeFp8Plane(const uint16_t* src, uint8_t* dst, fl
 }
 
 template <DType D>
-void QuantizeFp8(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
+void QuantizeFp8(const BlockLayout& l, const Elem<D>* in, uint8_t* out) {
   const size_t planes = static_cast<size_t>(l.num_layers) * 2;
   const size_t plane_elems = PlaneElements(l);
   auto* scales = reinterpret_cast<float*>(out + EncodedScaleOffset(l));
-  std::vector<uint16_t> amax(l.num_kv_heads);
+  std::vector<Elem<D>> amax(l.num_kv_heads);
   std::vector<float> inv(l.num_kv_heads);
   for (size_t p = 0; p < planes; ++p) {
     QuantizeFp8Plane<D>(in + p * plane_elems, out + p * plane_elems, scales + p * l.num_kv_heads,
@@ -147,37 +175,37 @@ void QuantizeFp8(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
 }
 
 template <DType D>
-KVPOOL_VECTOR_CLONES void DequantizeFp8Rows(const uint8_t* in, const float* scales, uint16_t* out,
+KVPOOL_VECTOR_CLONES void DequantizeFp8Rows(const uint8_t* in, const float* scales, Elem<D>* out,
                                             size_t rows, int heads, int dim, int tokens) {
   for (size_t r = 0; r < rows; ++r) {
     // Row r is (plane, token, head): its scale is (plane, head).
     const size_t plane = r / (static_cast<size_t>(tokens) * heads);
     const float s = scales[plane * heads + r % heads];
     const uint8_t* src = in + r * dim;
-    uint16_t* dst = out + r * dim;
+    Elem<D>* dst = out + r * dim;
     for (int d = 0; d < dim; ++d) dst[d] = Store<D>(Fp8E4M3ToFloat(src[d]) * s);
   }
 }
 
 template <DType D>
-void DequantizeFp8(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
+void DequantizeFp8(const BlockLayout& l, const uint8_t* in, Elem<D>* out) {
   const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
   DequantizeFp8Rows<D>(in, reinterpret_cast<const float*>(in + EncodedScaleOffset(l)), out, rows,
                        l.num_kv_heads, l.head_dim, l.tokens);
 }
 
 template <DType D, int G>
-KVPOOL_VECTOR_CLONES void QuantizeInt4Groups(const uint16_t* in, uint8_t* out, uint16_t* params,
+KVPOOL_VECTOR_CLONES void QuantizeInt4Groups(const Elem<D>* in, uint8_t* out, uint16_t* params,
                                              size_t groups) {
   for (size_t gi = 0; gi < groups; ++gi) {
-    const uint16_t* src = in + gi * G;
-    uint16_t kmin = 0xffffu, kmax = 0;
+    const Elem<D>* src = in + gi * G;
+    Elem<D> kmin = static_cast<Elem<D>>(~Elem<D>{0}), kmax = 0;
     for (int d = 0; d < G; ++d) {
-      const uint16_t k = OrderKey16(src[d]);
+      const Elem<D> k = OrderKey(src[d]);
       kmin = k < kmin ? k : kmin;
       kmax = k > kmax ? k : kmax;
     }
-    const uint16_t mn_bits = FromOrderKey16(kmin), mx_bits = FromOrderKey16(kmax);
+    const Elem<D> mn_bits = FromOrderKey(kmin), mx_bits = FromOrderKey(kmax);
     const float mn = Load<D>(&mn_bits, 0), mx = Load<D>(&mx_bits, 0);
     const uint16_t s_bits = FloatToHalf(std::min((mx - mn) / 15.0f, kHalfMax));
     const uint16_t z_bits = FloatToHalf(std::min(std::max(mn, -kHalfMax), kHalfMax));
@@ -198,7 +226,7 @@ KVPOOL_VECTOR_CLONES void QuantizeInt4Groups(const uint16_t* in, uint8_t* out, u
 }
 
 template <DType D>
-void QuantizeInt4(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
+void QuantizeInt4(const BlockLayout& l, const Elem<D>* in, uint8_t* out) {
   auto* params = reinterpret_cast<uint16_t*>(out + EncodedScaleOffset(l));
   if (Int4GroupSize(l.encoding) == 32) {
     QuantizeInt4Groups<D, 32>(in, out, params, BlockElements(l) / 32);
@@ -209,12 +237,12 @@ void QuantizeInt4(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
 
 template <DType D, int G>
 KVPOOL_VECTOR_CLONES void DequantizeInt4Groups(const uint8_t* in, const uint16_t* params,
-                                               uint16_t* out, size_t groups) {
+                                               Elem<D>* out, size_t groups) {
   for (size_t gi = 0; gi < groups; ++gi) {
     const float s = HalfToFloat(params[2 * gi]);
     const float z = HalfToFloat(params[2 * gi + 1]);
     const uint8_t* src = in + gi * (G / 2);
-    uint16_t* dst = out + gi * G;
+    Elem<D>* dst = out + gi * G;
     for (int d = 0; d < G / 2; ++d) {
       const uint8_t b = src[d];
       dst[2 * d] = Store<D>(static_cast<float>(static_cast<int>(b & 0xf)) * s + z);
@@ -224,7 +252,7 @@ KVPOOL_VECTOR_CLONES void DequantizeInt4Groups(const uint8_t* in, const uint16_t
 }
 
 template <DType D>
-void DequantizeInt4(const BlockLayout& l, const uint8_t* in, uint16_t* out) {
+void DequantizeInt4(const BlockLayout& l, const uint8_t* in, Elem<D>* out) {
   const auto* params = reinterpret_cast<const uint16_t*>(in + EncodedScaleOffset(l));
   if (Int4GroupSize(l.encoding) == 32) {
     DequantizeInt4Groups<D, 32>(in, params, out, BlockElements(l) / 32);
@@ -253,16 +281,23 @@ void QuantizeInt4Avx2(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
 // simd: use the AVX2 paths (the caller checked avx2::Supported()).
 template <DType D>
 void QuantizeOne(const BlockLayout& l, const void* raw, void* enc, bool simd) {
-  const auto* in = static_cast<const uint16_t*>(raw);
+  const auto* in = static_cast<const Elem<D>*>(raw);
   auto* out = static_cast<uint8_t*>(enc);
+  // fp32 has no AVX2 path: its scalar loops (auto-vectorized) are the twin.
   switch (l.encoding) {
     case Encoding::kInt8:
       return QuantizeInt8<D>(l, in, out);
     case Encoding::kFp8E4M3:
-      return simd ? QuantizeFp8Avx2(l, in, out) : QuantizeFp8<D>(l, in, out);
+      if constexpr (D != DType::kFloat32) {
+        if (simd) return QuantizeFp8Avx2(l, in, out);
+      }
+      return QuantizeFp8<D>(l, in, out);
     case Encoding::kInt4G32:
     case Encoding::kInt4G64:
-      return simd ? QuantizeInt4Avx2(l, in, out) : QuantizeInt4<D>(l, in, out);
+      if constexpr (D != DType::kFloat32) {
+        if (simd) return QuantizeInt4Avx2(l, in, out);
+      }
+      return QuantizeInt4<D>(l, in, out);
     case Encoding::kRaw:
       return;
   }
@@ -272,10 +307,16 @@ Status QuantizeBlocksCpuImpl(const BlockLayout& layout, const void* const* raw,
                              void* const* encoded, int num_blocks, bool simd) {
   KVPOOL_RETURN_IF_ERROR(ValidateQuantize(layout, raw, encoded, num_blocks));
   for (int i = 0; i < num_blocks; ++i) {
-    if (layout.dtype == DType::kFloat16) {
-      QuantizeOne<DType::kFloat16>(layout, raw[i], encoded[i], simd);
-    } else {
-      QuantizeOne<DType::kBFloat16>(layout, raw[i], encoded[i], simd);
+    switch (layout.dtype) {
+      case DType::kFloat16:
+        QuantizeOne<DType::kFloat16>(layout, raw[i], encoded[i], simd);
+        break;
+      case DType::kBFloat16:
+        QuantizeOne<DType::kBFloat16>(layout, raw[i], encoded[i], simd);
+        break;
+      case DType::kFloat32:
+        QuantizeOne<DType::kFloat32>(layout, raw[i], encoded[i], simd);
+        break;
     }
   }
   return Status::OK();
@@ -284,7 +325,7 @@ Status QuantizeBlocksCpuImpl(const BlockLayout& layout, const void* const* raw,
 template <DType D>
 void DequantizeOne(const BlockLayout& l, const void* enc, void* raw) {
   const auto* in = static_cast<const uint8_t*>(enc);
-  auto* out = static_cast<uint16_t*>(raw);
+  auto* out = static_cast<Elem<D>*>(raw);
   switch (l.encoding) {
     case Encoding::kInt8:
       return DequantizeInt8<D>(l, in, out);
@@ -336,10 +377,16 @@ Status DequantizeBlocksCpu(const BlockLayout& layout, const void* const* encoded
                            int num_blocks) {
   KVPOOL_RETURN_IF_ERROR(ValidateQuantize(layout, encoded, raw, num_blocks));
   for (int i = 0; i < num_blocks; ++i) {
-    if (layout.dtype == DType::kFloat16) {
-      DequantizeOne<DType::kFloat16>(layout, encoded[i], raw[i]);
-    } else {
-      DequantizeOne<DType::kBFloat16>(layout, encoded[i], raw[i]);
+    switch (layout.dtype) {
+      case DType::kFloat16:
+        DequantizeOne<DType::kFloat16>(layout, encoded[i], raw[i]);
+        break;
+      case DType::kBFloat16:
+        DequantizeOne<DType::kBFloat16>(layout, encoded[i], raw[i]);
+        break;
+      case DType::kFloat32:
+        DequantizeOne<DType::kFloat32>(layout, encoded[i], raw[i]);
+        break;
     }
   }
   return Status::OK();

@@ -48,7 +48,7 @@ __global__ void QuantInt8Kernel(const QuantArgs a) {
   if (warp >= rows_per_block * a.num_blocks) return;
   const int b = static_cast<int>(warp / rows_per_block);
   const int64_t r = warp % rows_per_block;
-  const uint16_t* src = static_cast<const uint16_t*>(a.in[b]) + r * a.head_dim;
+  const cuda::Elem<D>* src = static_cast<const cuda::Elem<D>*>(a.in[b]) + r * a.head_dim;
   uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
   float amax = 0.0f;
   for (int d = lane; d < a.head_dim; d += 32) amax = fmaxf(amax, fabsf(cuda::LoadF<D>(src, d)));
@@ -72,7 +72,7 @@ __global__ void QuantFp8Kernel(const QuantArgs a) {
   const int plane = (blockIdx.x / a.heads) % a.planes;
   const int b = blockIdx.x / (a.heads * a.planes);
   const int64_t plane_elems = static_cast<int64_t>(a.tokens) * a.heads * a.head_dim;
-  const uint16_t* src = static_cast<const uint16_t*>(a.in[b]) + plane * plane_elems;
+  const cuda::Elem<D>* src = static_cast<const cuda::Elem<D>*>(a.in[b]) + plane * plane_elems;
   uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
   uint8_t* dst = enc + plane * plane_elems;
   const int per_head = a.tokens * a.head_dim;
@@ -113,7 +113,7 @@ __global__ void QuantInt4Kernel(const QuantArgs a) {
   if (gid >= groups * a.num_blocks) return;
   const int b = static_cast<int>(gid / groups);
   const int64_t g = gid % groups;
-  const uint16_t* src = static_cast<const uint16_t*>(a.in[b]) + g * a.group;
+  const cuda::Elem<D>* src = static_cast<const cuda::Elem<D>*>(a.in[b]) + g * a.group;
   uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
   float mn = INFINITY, mx = -INFINITY;
   for (int d = 0; d < a.group; ++d) {
@@ -151,7 +151,7 @@ __global__ void DequantKernel(const QuantArgs a) {
   const int b = static_cast<int>(tid / pairs);
   const int64_t e = (tid % pairs) * 2;
   const uint8_t* enc = static_cast<const uint8_t*>(a.in[b]);
-  uint16_t* out = static_cast<uint16_t*>(a.out[b]);
+  cuda::Elem<D>* out = static_cast<cuda::Elem<D>*>(a.out[b]);
   float x0, x1;
   if constexpr (E == Encoding::kInt8) {
     const float* scales = reinterpret_cast<const float*>(enc + a.scale_offset);
@@ -174,13 +174,22 @@ __global__ void DequantKernel(const QuantArgs a) {
     x0 = __fadd_rn(__fmul_rn(static_cast<float>(byte & 0xf), s), z);
     x1 = __fadd_rn(__fmul_rn(static_cast<float>(byte >> 4), s), z);
   }
-  const uint32_t packed = static_cast<uint32_t>(cuda::StoreF<D>(x0)) |
-                          (static_cast<uint32_t>(cuda::StoreF<D>(x1)) << 16);
-  if ((reinterpret_cast<uintptr_t>(out) & 3) == 0) {
-    reinterpret_cast<uint32_t*>(out)[e / 2] = packed;
+  if constexpr (D == DType::kFloat32) {
+    if ((reinterpret_cast<uintptr_t>(out) & 7) == 0) {
+      reinterpret_cast<float2*>(out)[e / 2] = make_float2(x0, x1);
+    } else {
+      out[e] = x0;
+      out[e + 1] = x1;
+    }
   } else {
-    out[e] = static_cast<uint16_t>(packed);
-    out[e + 1] = static_cast<uint16_t>(packed >> 16);
+    const uint32_t packed = static_cast<uint32_t>(cuda::StoreF<D>(x0)) |
+                            (static_cast<uint32_t>(cuda::StoreF<D>(x1)) << 16);
+    if ((reinterpret_cast<uintptr_t>(out) & 3) == 0) {
+      reinterpret_cast<uint32_t*>(out)[e / 2] = packed;
+    } else {
+      out[e] = static_cast<uint16_t>(packed);
+      out[e + 1] = static_cast<uint16_t>(packed >> 16);
+    }
   }
 }
 
@@ -249,12 +258,19 @@ Status Run(const BlockLayout& l, const void* const* in, void* const* out, int nu
     a.elems = static_cast<int64_t>(BlockElements(l));
     a.scale_offset = static_cast<int64_t>(EncodedScaleOffset(l));
     Status st;
-    if (kQuantize) {
-      st = l.dtype == DType::kFloat16 ? LaunchQuant<DType::kFloat16>(l, a, stream)
-                                      : LaunchQuant<DType::kBFloat16>(l, a, stream);
-    } else {
-      st = l.dtype == DType::kFloat16 ? LaunchDequant<DType::kFloat16>(l, a, stream)
-                                      : LaunchDequant<DType::kBFloat16>(l, a, stream);
+    switch (l.dtype) {
+      case DType::kFloat16:
+        st = kQuantize ? LaunchQuant<DType::kFloat16>(l, a, stream)
+                       : LaunchDequant<DType::kFloat16>(l, a, stream);
+        break;
+      case DType::kBFloat16:
+        st = kQuantize ? LaunchQuant<DType::kBFloat16>(l, a, stream)
+                       : LaunchDequant<DType::kBFloat16>(l, a, stream);
+        break;
+      case DType::kFloat32:
+        st = kQuantize ? LaunchQuant<DType::kFloat32>(l, a, stream)
+                       : LaunchDequant<DType::kFloat32>(l, a, stream);
+        break;
     }
     KVPOOL_RETURN_IF_ERROR(st);
   }

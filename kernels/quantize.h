@@ -1,5 +1,5 @@
 #pragma once
-// Quantize / dequantize kvpool blocks: raw fp16/bf16 payloads <-> int8, fp8 e4m3 or int4.
+// Quantize / dequantize kvpool blocks: raw fp16/bf16/fp32 payloads <-> int8, fp8 e4m3 or int4.
 //
 // The byte layout of each encoding is defined in block_layout.h; EncodedBytes() sizes a block.
 // Arithmetic (both CPU twin and CUDA, in f32, no fused multiply-add):
@@ -11,7 +11,8 @@
 // output dtype to nearest even. CPU and GPU compute the same f32 operations in the same order, so
 // their codes, scales and outputs are expected to be bit identical (the device check allows a
 // 1e-6 relative difference so a libm/intrinsic corner does not fail a correct kernel).
-// Inputs with NaN or infinity give unspecified codes (never a crash).
+// fp32 input is encoded the same way (same scales and codes, same byte layout): only the load of
+// x differs. Inputs with NaN or infinity give unspecified codes (never a crash).
 //
 // Thread safety: no shared state; concurrent calls on disjoint outputs are safe.
 // C++17-clean (included by .cu files).

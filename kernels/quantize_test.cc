@@ -112,8 +112,8 @@ TEST_P(QuantizeTest, MatchesNaiveReferenceBytes) {
   const auto [enc, dtype] = GetParam();
   for (int dim : {64, 128}) {
     const BlockLayout l = Layout(enc, dtype, 2, 3, dim, 7);
-    std::vector<uint16_t> raw(BlockElements(l));
-    testutil::FillRealistic(raw.data(), raw.size(), dim, dtype, 17 + dim);
+    std::vector<uint16_t> raw = testutil::Buffer(BlockElements(l), dtype);
+    testutil::FillRealistic(raw.data(), BlockElements(l), dim, dtype, 17 + dim);
     std::vector<uint8_t> enc_buf(EncodedBytes(l), 0xa5);
     const void* in = raw.data();
     void* out = enc_buf.data();
@@ -130,8 +130,9 @@ TEST_P(QuantizeTest, MatchesNaiveReferenceBytes) {
 TEST_P(QuantizeTest, RoundTripErrorIsBoundedPerElement) {
   const auto [enc, dtype] = GetParam();
   const BlockLayout l = Layout(enc, dtype, 2, 4, 128, 16);
-  std::vector<uint16_t> raw(BlockElements(l)), back(BlockElements(l), 0xffff);
-  testutil::FillNormal(raw.data(), raw.size(), dtype, 5, 2.0f);
+  const size_t n = BlockElements(l);
+  std::vector<uint16_t> raw = testutil::Buffer(n, dtype), back = testutil::Buffer(n, dtype, 0xffff);
+  testutil::FillNormal(raw.data(), n, dtype, 5, 2.0f);
   std::vector<uint8_t> enc_buf(EncodedBytes(l));
   const void* in = raw.data();
   void* mid = enc_buf.data();
@@ -139,10 +140,12 @@ TEST_P(QuantizeTest, RoundTripErrorIsBoundedPerElement) {
   const void* cmid = enc_buf.data();
   void* out = back.data();
   ASSERT_TRUE(DequantizeBlocksCpu(l, &cmid, &out, 1).ok());
-  ASSERT_EQ(testutil::CountNaN(back.data(), back.size(), dtype), 0u);
-  const float out_ulp = dtype == DType::kFloat16 ? 0x1.0p-11f : 0x1.0p-8f;
+  ASSERT_EQ(testutil::CountNaN(back.data(), n, dtype), 0u);
+  const float out_ulp = dtype == DType::kFloat16    ? 0x1.0p-11f
+                        : dtype == DType::kBFloat16 ? 0x1.0p-8f
+                                                    : 0x1.0p-24f;
   const size_t so = EncodedScaleOffset(l);
-  for (size_t i = 0; i < raw.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const float x = LoadElement(raw.data(), i, dtype), y = LoadElement(back.data(), i, dtype);
     float bound = 0;
     const size_t row = i / l.head_dim;
@@ -190,11 +193,12 @@ TEST_P(QuantizeTest, RelativeErrorOnRandomAndRealisticData) {
                       : enc == Encoding::kInt4G32 ? 0.17
                                                   : 0.24;
   for (const Case& c : {Case{"gaussian", false, gauss_bound}, Case{"outliers", true, real_bound}}) {
-    std::vector<uint16_t> raw(BlockElements(l)), back(BlockElements(l));
+    const size_t n = BlockElements(l);
+    std::vector<uint16_t> raw = testutil::Buffer(n, dtype), back = testutil::Buffer(n, dtype);
     if (c.realistic) {
-      testutil::FillRealistic(raw.data(), raw.size(), l.head_dim, dtype, 77);
+      testutil::FillRealistic(raw.data(), n, l.head_dim, dtype, 77);
     } else {
-      testutil::FillNormal(raw.data(), raw.size(), dtype, 77);
+      testutil::FillNormal(raw.data(), n, dtype, 77);
     }
     std::vector<uint8_t> enc_buf(EncodedBytes(l));
     const void* in = raw.data();
@@ -203,7 +207,7 @@ TEST_P(QuantizeTest, RelativeErrorOnRandomAndRealisticData) {
     const void* cmid = enc_buf.data();
     void* out = back.data();
     ASSERT_TRUE(DequantizeBlocksCpu(l, &cmid, &out, 1).ok());
-    const double err = testutil::RelativeError(back.data(), raw.data(), raw.size(), dtype);
+    const double err = testutil::RelativeError(back.data(), raw.data(), n, dtype);
     std::printf("[quantize] %-9s %-5s %-9s rel_err %.5f  bits/elem %.2f\n", EncodingName(enc),
                 DTypeName(dtype), c.name, err, 8.0 * EncodedBytes(l) / BlockElements(l));
     EXPECT_LT(err, c.bound) << EncodingName(enc) << " " << c.name;
@@ -214,8 +218,9 @@ TEST_P(QuantizeTest, RelativeErrorOnRandomAndRealisticData) {
 TEST_P(QuantizeTest, ZeroBlockStaysZeroAndBatchesAreIndependent) {
   const auto [enc, dtype] = GetParam();
   const BlockLayout l = Layout(enc, dtype);
-  std::vector<uint16_t> zero(BlockElements(l), 0), rnd(BlockElements(l));
-  testutil::FillNormal(rnd.data(), rnd.size(), dtype, 9);
+  const size_t n = BlockElements(l);
+  std::vector<uint16_t> zero = testutil::Buffer(n, dtype), rnd = testutil::Buffer(n, dtype);
+  testutil::FillNormal(rnd.data(), n, dtype, 9);
   std::vector<uint8_t> e0(EncodedBytes(l)), e1(EncodedBytes(l)), e_single(EncodedBytes(l));
   const void* ins[2] = {zero.data(), rnd.data()};
   void* outs[2] = {e0.data(), e1.data()};
@@ -224,22 +229,68 @@ TEST_P(QuantizeTest, ZeroBlockStaysZeroAndBatchesAreIndependent) {
   void* out1 = e_single.data();
   ASSERT_TRUE(QuantizeBlocksCpu(l, &in1, &out1, 1).ok());
   EXPECT_EQ(e1, e_single);
-  std::vector<uint16_t> back(BlockElements(l), 0x7777);
+  std::vector<uint16_t> back = testutil::Buffer(n, dtype, 0x7777);
   const void* ce0 = e0.data();
   void* b = back.data();
   ASSERT_TRUE(DequantizeBlocksCpu(l, &ce0, &b, 1).ok());
-  for (uint16_t x : back) ASSERT_EQ(LoadElement(&x, 0, dtype), 0.0f);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(LoadElement(back.data(), i, dtype), 0.0f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Encodings, QuantizeTest,
-                         ::testing::Combine(::testing::Values(Encoding::kInt8, Encoding::kFp8E4M3,
-                                                              Encoding::kInt4G32,
-                                                              Encoding::kInt4G64),
-                                            ::testing::Values(DType::kFloat16, DType::kBFloat16)),
-                         [](const auto& info) {
-                           return std::string(EncodingName(std::get<0>(info.param))) + "_" +
-                                  DTypeName(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Encodings, QuantizeTest,
+    ::testing::Combine(::testing::Values(Encoding::kInt8, Encoding::kFp8E4M3, Encoding::kInt4G32,
+                                         Encoding::kInt4G64),
+                       ::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32)),
+    [](const auto& info) {
+      return std::string(EncodingName(std::get<0>(info.param))) + "_" +
+             DTypeName(std::get<1>(info.param));
+    });
+
+// fp32 input holding values exact in a 16-bit dtype encodes to the same bytes as that dtype (only
+// the load differs), and its fp32 dequantization rounded to the 16-bit dtype is the 16-bit one.
+TEST(QuantizeFp32Test, SameBytesAsTheSixteenBitTwinOnItsValues) {
+  int compared = 0;
+  for (Encoding enc :
+       {Encoding::kInt8, Encoding::kFp8E4M3, Encoding::kInt4G32, Encoding::kInt4G64}) {
+    for (DType narrow : {DType::kFloat16, DType::kBFloat16}) {
+      for (bool realistic : {false, true}) {
+        const BlockLayout l16 = Layout(enc, narrow, 2, 3, 128, 7);
+        BlockLayout l32 = l16;
+        l32.dtype = DType::kFloat32;
+        const size_t n = BlockElements(l16);
+        std::vector<uint16_t> raw16 = testutil::Buffer(n, narrow);
+        if (realistic) {
+          testutil::FillRealistic(raw16.data(), n, 128, narrow, 300 + compared);
+        } else {
+          testutil::FillNormal(raw16.data(), n, narrow, 300 + compared, 3.0f);
+        }
+        const std::vector<uint16_t> raw32 =
+            testutil::Convert(raw16.data(), n, narrow, DType::kFloat32);
+        std::vector<uint8_t> e16(EncodedBytes(l16), 0xa5), e32(EncodedBytes(l32), 0xa5);
+        ASSERT_EQ(e16.size(), e32.size());  // the encodings do not depend on the raw dtype
+        const void* in16 = raw16.data();
+        const void* in32 = raw32.data();
+        void* out16 = e16.data();
+        void* out32 = e32.data();
+        ASSERT_TRUE(QuantizeBlocksCpuScalar(l16, &in16, &out16, 1).ok());
+        ASSERT_TRUE(QuantizeBlocksCpu(l32, &in32, &out32, 1).ok());
+        ASSERT_EQ(e16, e32) << EncodingName(enc) << " " << DTypeName(narrow);
+        std::vector<uint16_t> back16 = testutil::Buffer(n, narrow, 0xffff);
+        std::vector<uint16_t> back32 = testutil::Buffer(n, DType::kFloat32, 0xffff);
+        const void* enc_in = e16.data();
+        void* b16 = back16.data();
+        void* b32 = back32.data();
+        ASSERT_TRUE(DequantizeBlocksCpu(l16, &enc_in, &b16, 1).ok());
+        ASSERT_TRUE(DequantizeBlocksCpu(l32, &enc_in, &b32, 1).ok());
+        const std::vector<uint16_t> rounded =
+            testutil::Convert(back32.data(), n, DType::kFloat32, narrow);
+        ASSERT_EQ(rounded, back16) << EncodingName(enc) << " " << DTypeName(narrow);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 16);
+}
 
 TEST(QuantizeSizeTest, EncodedSizes) {
   // Llama-3-8B shard: 32 layers, 8 kv heads, head_dim 128, 16 tokens: 2 MiB raw.
@@ -259,6 +310,13 @@ TEST(QuantizeSizeTest, EncodedSizes) {
   EXPECT_EQ(EncodedDataBytes(odd), 12u);
   EXPECT_EQ(EncodedScaleOffset(odd), 16u);
   EXPECT_EQ(EncodedBytes(odd), 16u + 2 * 4);
+  // fp32 raw payloads are twice as large; encoded blocks are the same size.
+  BlockLayout f32 = Layout(Encoding::kRaw, DType::kFloat32, 32, 8, 128, 16);
+  EXPECT_EQ(RawBytes(f32), 4u << 20);
+  EXPECT_EQ(EncodedBytes(f32), 4u << 20);
+  f32.encoding = Encoding::kInt8;
+  l.encoding = Encoding::kInt8;
+  EXPECT_EQ(EncodedBytes(f32), EncodedBytes(l));
 }
 
 TEST(QuantizeValidationTest, RejectsBadInput) {
@@ -279,6 +337,8 @@ TEST(QuantizeValidationTest, RejectsBadInput) {
   l.encoding = Encoding::kInt8;
   l.dtype = static_cast<DType>(7);
   EXPECT_EQ(QuantizeBlocksCpu(l, &in, &out, 1).code(), StatusCode::kInvalidArgument);
+  l.dtype = static_cast<DType>(3);  // the first value past fp32
+  EXPECT_EQ(DequantizeBlocksCpu(l, &in, &out, 1).code(), StatusCode::kInvalidArgument);
   l.dtype = DType::kFloat16;
   l.num_layers = 0;
   EXPECT_EQ(DequantizeBlocksCpu(l, &in, &out, 1).code(), StatusCode::kInvalidArgument);

@@ -21,6 +21,9 @@ std::vector<float> UnitVector(std::mt19937_64& rng, int dim) {
   return v;
 }
 
+// 16-bit words that hold n elements of dtype (the buffers are vectors of uint16_t words).
+size_t Words(size_t n, DType dtype) { return n * (DTypeSize(dtype) / 2); }
+
 }  // namespace
 
 SyntheticAttention MakeSynthetic(const SyntheticSpec& spec) {
@@ -30,9 +33,9 @@ SyntheticAttention MakeSynthetic(const SyntheticSpec& spec) {
   const int n = s.seq_len, dim = s.head_dim, hk = s.num_kv_heads, hq = s.num_q_heads;
   const int group = hq / hk;
   const float sd = std::sqrt(static_cast<float>(dim));
-  a.q.resize(static_cast<size_t>(s.num_layers) * n * hq * dim);
-  a.kv.resize(static_cast<size_t>(s.num_layers) * 2 * n * hk * dim);
-  a.probe.resize(static_cast<size_t>(s.num_layers) * hq * dim);
+  a.q.resize(Words(static_cast<size_t>(s.num_layers) * n * hq * dim, s.dtype));
+  a.kv.resize(Words(static_cast<size_t>(s.num_layers) * 2 * n * hk * dim, s.dtype));
+  a.probe.resize(Words(static_cast<size_t>(s.num_layers) * hq * dim, s.dtype));
   std::mt19937_64 rng(spec.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
@@ -55,41 +58,42 @@ SyntheticAttention MakeSynthetic(const SyntheticSpec& spec) {
     for (int kv = 0; kv < 2; ++kv) {
       for (int t = 0; t < n; ++t) {
         for (int h = 0; h < hk; ++h) {
-          uint16_t* row =
-              a.kv.data() + ((((static_cast<size_t>(l) * 2 + kv) * n + t) * hk + h) * dim);
+          const size_t row = (((static_cast<size_t>(l) * 2 + kv) * n + t) * hk + h) * dim;
           for (int d = 0; d < dim; ++d) {
             float x = normal(rng);
             if (kv == 0) {
               x += relevance[t] * topic_key * u[h][d];
               if (t == spec.needle_pos) x = 0.5f * x + needle_key * v[h][d];
             }
-            row[d] = FromFloat(x, s.dtype);
+            StoreElement(a.kv.data(), row + d, x, s.dtype);
           }
         }
       }
     }
-    auto write_query = [&](uint16_t* row, int h, float topic, float needle) {
+    // row: element offset in buf.
+    auto write_query = [&](std::vector<uint16_t>& buf, size_t row, int h, float topic,
+                           float needle) {
       const int kvh = h / group;
       for (int d = 0; d < dim; ++d) {
         const float x = 0.3f * normal(rng) + topic * u[kvh][d] + needle * v[kvh][d];
-        row[d] = FromFloat(x, s.dtype);
+        StoreElement(buf.data(), row + d, x, s.dtype);
       }
     };
     const bool has_needle = spec.needle_pos >= 0 && spec.needle_pos < n;
     for (int t = 0; t < n; ++t) {
       const bool question = t >= n - spec.window;
       for (int h = 0; h < hq; ++h) {
-        uint16_t* row = a.q.data() + ((static_cast<size_t>(l) * n + t) * hq + h) * dim;
+        const size_t row = ((static_cast<size_t>(l) * n + t) * hq + h) * dim;
         if (question) {
-          write_query(row, h, topic_query * (0.5f + 0.5f * uni(rng)),
+          write_query(a.q, row, h, topic_query * (0.5f + 0.5f * uni(rng)),
                       has_needle ? needle_query * (0.8f + 0.4f * uni(rng)) : 0.0f);
         } else {
-          write_query(row, h, topic_query * uni(rng), 0.0f);
+          write_query(a.q, row, h, topic_query * uni(rng), 0.0f);
         }
       }
     }
     for (int h = 0; h < hq; ++h) {
-      write_query(a.probe.data() + (static_cast<size_t>(l) * hq + h) * dim, h, topic_query * 0.75f,
+      write_query(a.probe, (static_cast<size_t>(l) * hq + h) * dim, h, topic_query * 0.75f,
                   has_needle ? needle_query : 0.0f);
     }
   }
@@ -98,7 +102,7 @@ SyntheticAttention MakeSynthetic(const SyntheticSpec& spec) {
 
 std::vector<uint16_t> LastQueries(const SyntheticAttention& a, int count) {
   const AttentionShape& s = a.shape;
-  const size_t row = static_cast<size_t>(s.num_q_heads) * s.head_dim;
+  const size_t row = Words(static_cast<size_t>(s.num_q_heads) * s.head_dim, s.dtype);
   std::vector<uint16_t> out(static_cast<size_t>(s.num_layers) * count * row);
   for (int l = 0; l < s.num_layers; ++l) {
     const uint16_t* src =
@@ -115,22 +119,23 @@ std::vector<float> ProbeOutput(const SyntheticAttention& a, const std::vector<in
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(dim));
   std::vector<float> out(static_cast<size_t>(s.num_layers) * hq * dim, 0.0f);
   size_t layer_off = 0;  // element offset of the layer in the K/V buffer used
+  const uint16_t* kv = compacted ? compacted->data() : a.kv.data();
   for (int l = 0; l < s.num_layers; ++l) {
     const int n = keep_counts ? (*keep_counts)[l] : s.seq_len;
-    const uint16_t* base = compacted
-                               ? compacted->data() + layer_off
-                               : a.kv.data() + static_cast<size_t>(l) * 2 * s.seq_len * hk * dim;
+    // Element offsets: base of the layer's K/V, q of the head.
+    const size_t base = compacted ? layer_off : static_cast<size_t>(l) * 2 * s.seq_len * hk * dim;
     layer_off += static_cast<size_t>(2) * n * hk * dim;
     for (int h = 0; h < hq; ++h) {
       const int kvh = h / group;
-      const uint16_t* q = a.probe.data() + (static_cast<size_t>(l) * hq + h) * dim;
+      const size_t q = (static_cast<size_t>(l) * hq + h) * dim;
       std::vector<double> w(n);
       double m = -INFINITY;
       for (int j = 0; j < n; ++j) {
-        const uint16_t* k = base + (static_cast<size_t>(j) * hk + kvh) * dim;
+        const size_t k = base + (static_cast<size_t>(j) * hk + kvh) * dim;
         double dot = 0;
         for (int d = 0; d < dim; ++d) {
-          dot += static_cast<double>(LoadElement(q, d, s.dtype)) * LoadElement(k, d, s.dtype);
+          dot += static_cast<double>(LoadElement(a.probe.data(), q + d, s.dtype)) *
+                 LoadElement(kv, k + d, s.dtype);
         }
         w[j] = dot * inv_sqrt_d;
         m = std::max(m, w[j]);
@@ -139,9 +144,9 @@ std::vector<float> ProbeOutput(const SyntheticAttention& a, const std::vector<in
       for (auto& x : w) sum += (x = std::exp(x - m));
       float* o = out.data() + (static_cast<size_t>(l) * hq + h) * dim;
       for (int j = 0; j < n; ++j) {
-        const uint16_t* v = base + ((static_cast<size_t>(n) + j) * hk + kvh) * dim;
+        const size_t v = base + ((static_cast<size_t>(n) + j) * hk + kvh) * dim;
         for (int d = 0; d < dim; ++d)
-          o[d] += static_cast<float>(w[j] / sum * LoadElement(v, d, s.dtype));
+          o[d] += static_cast<float>(w[j] / sum * LoadElement(kv, v + d, s.dtype));
       }
     }
   }

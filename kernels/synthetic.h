@@ -32,6 +32,7 @@ struct SyntheticSpec {
   uint64_t seed = 1;
 };
 
+// Buffers are vectors of 16-bit words holding elements of shape.dtype (two words per fp32).
 struct SyntheticAttention {
   AttentionShape shape;
   std::vector<uint16_t> q;      // [layer][seq_len][q_head][head_dim]: every position's query

@@ -6,14 +6,14 @@ namespace kvpool {
 namespace kernels {
 namespace testutil {
 
-void FillNormal(uint16_t* out, size_t n, DType dtype, uint64_t seed, float stddev) {
+void FillNormal(void* out, size_t n, DType dtype, uint64_t seed, float stddev) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, stddev);
-  for (size_t i = 0; i < n; ++i) out[i] = FromFloat(normal(rng), dtype);
-  if (n > 0) out[0] = FromFloat(stddev, dtype);  // never an all-zero buffer
+  for (size_t i = 0; i < n; ++i) StoreElement(out, i, normal(rng), dtype);
+  if (n > 0) StoreElement(out, 0, stddev, dtype);  // never an all-zero buffer
 }
 
-void FillRealistic(uint16_t* out, size_t n, int head_dim, DType dtype, uint64_t seed) {
+void FillRealistic(void* out, size_t n, int head_dim, DType dtype, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
@@ -27,12 +27,12 @@ void FillRealistic(uint16_t* out, size_t n, int head_dim, DType dtype, uint64_t 
   for (size_t i = 0; i < n; ++i) {
     const int d = static_cast<int>(i % head_dim);
     if (d == 0) row_gain = 0.5f + 1.5f * uni(rng);
-    out[i] = FromFloat(normal(rng) * row_gain * channel_gain[d], dtype);
+    StoreElement(out, i, normal(rng) * row_gain * channel_gain[d], dtype);
   }
-  if (n > 0) out[0] = FromFloat(1.0f, dtype);
+  if (n > 0) StoreElement(out, 0, 1.0f, dtype);
 }
 
-double RelativeError(const uint16_t* out, const uint16_t* ref, size_t n, DType dtype) {
+double RelativeError(const void* out, const void* ref, size_t n, DType dtype) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < n; ++i) {
     const double r = LoadElement(ref, i, dtype);
@@ -53,16 +53,22 @@ double RelativeError(const float* out, const float* ref, size_t n) {
   return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-size_t CountNaN(const uint16_t* p, size_t n, DType dtype) {
+size_t CountNaN(const void* p, size_t n, DType dtype) {
   size_t c = 0;
   for (size_t i = 0; i < n; ++i) c += std::isnan(LoadElement(p, i, dtype)) ? 1 : 0;
   return c;
 }
 
-std::vector<float> ToFloat(const uint16_t* p, size_t n, DType dtype) {
+std::vector<float> ToFloat(const void* p, size_t n, DType dtype) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = LoadElement(p, i, dtype);
   return v;
+}
+
+std::vector<uint16_t> Convert(const void* p, size_t n, DType from, DType to) {
+  std::vector<uint16_t> out = Buffer(n, to);
+  for (size_t i = 0; i < n; ++i) StoreElement(out.data(), i, LoadElement(p, i, from), to);
+  return out;
 }
 
 }  // namespace testutil

@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-enum { KVPOOL_DTYPE_FLOAT16 = 0, KVPOOL_DTYPE_BFLOAT16 = 1 };
+enum { KVPOOL_DTYPE_FLOAT16 = 0, KVPOOL_DTYPE_BFLOAT16 = 1, KVPOOL_DTYPE_FLOAT32 = 2 };
 enum {
   KVPOOL_ENCODING_RAW = 0,
   KVPOOL_ENCODING_INT8 = 1,     /* f32 scale per (layer, kv, token, head) */
