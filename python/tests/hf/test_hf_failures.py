@@ -1,0 +1,104 @@
+"""Bad input: the adapter never raises into the model's code on a kvpool failure. A daemon that
+is down, stalled (SIGSTOP: slow) or killed in the middle of a generation is a miss and a
+skipped store, logged once as a warning; the model recomputes and the output stays correct."""
+
+import logging
+import os
+import signal
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from conftest import MAX_NEW, adapter, count_tokens, greedy, kv_greedy
+from kvpool.testing import Daemon
+from models import random_tokens
+
+SYSTEM = random_tokens(240, seed=400)
+PROMPT = SYSTEM + random_tokens(23, seed=401)
+OTHER = SYSTEM + random_tokens(27, seed=402)
+
+
+def warnings_of(caplog):
+    return [r for r in caplog.records if r.name == "kvpool.hf" and r.levelno == logging.WARNING]
+
+
+def test_daemon_down_is_a_miss_and_logged_once(model, mid, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="kvpool.hf")
+    kv = adapter(str(tmp_path / "nobody-listens.sock"), model, mid, timeout=0.5)
+    ref, ref_logits, _ = greedy(model, torch.tensor(PROMPT))
+    for _ in range(3):
+        got, logits = kv_greedy(kv, model, torch.tensor(PROMPT))
+        assert got.tolist() == ref.tolist()
+        assert torch.equal(logits, ref_logits)
+        assert kv.last_load.cached_tokens == 0 and kv.last_load.error
+    assert kv.store(PROMPT, None) == 0
+    # Three loads and three stores failed; one warning for the outage.
+    assert len(warnings_of(caplog)) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_stalled_daemon_times_out_to_a_miss_then_recovers(model, mid, caplog):
+    caplog.set_level(logging.INFO, logger="kvpool.hf")
+    with Daemon() as d:
+        kv = adapter(d.socket, model, mid, timeout=0.5)
+        kv_greedy(kv, model, torch.tensor(PROMPT))             # blocks stored
+        os.kill(d.pid, signal.SIGSTOP)                         # alive, answering nothing
+        try:
+            got, _ = kv_greedy(kv, model, torch.tensor(OTHER))
+            assert kv.last_load.cached_tokens == 0, kv.last_load
+            assert kv.last_load.error
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        ref, _, _ = greedy(model, torch.tensor(OTHER))
+        assert got.tolist() == ref.tolist()
+        assert len(warnings_of(caplog)) == 1
+        # The daemon answers again: the next request hits.
+        got, _ = kv_greedy(kv, model, torch.tensor(OTHER))
+        assert kv.last_load.cached_tokens == (len(SYSTEM) // 16) * 16, kv.last_load
+        assert got.tolist() == ref.tolist()
+        assert any("answers again" in r.getMessage() for r in caplog.records)
+        kv.close()
+
+
+class KillAt(LogitsProcessor):
+    """Kills the daemon (SIGKILL) when generation reaches its `step`-th new token."""
+
+    def __init__(self, daemon, prompt_len, step):
+        self.daemon, self.at, self.fired = daemon, prompt_len + step, False
+
+    def __call__(self, input_ids, scores):
+        if not self.fired and input_ids.shape[1] >= self.at:
+            self.daemon.kill()
+            self.fired = True
+        return scores
+
+
+def test_daemon_killed_in_the_middle_of_a_generation(model, mid, caplog):
+    caplog.set_level(logging.INFO, logger="kvpool.hf")
+    with Daemon() as d:
+        kv = adapter(d.socket, model, mid, timeout=0.5)
+        kv_greedy(kv, model, torch.tensor(PROMPT))             # system prompt stored
+        ref, ref_logits, _ = greedy(model, torch.tensor(OTHER))
+        killer = KillAt(d, len(OTHER), step=4)
+        ids = torch.tensor([OTHER])
+        with torch.no_grad():
+            out = kv.generate(model, ids, max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW,
+                              do_sample=False, output_logits=True, return_dict_in_generate=True,
+                              logits_processor=LogitsProcessorList([killer]))
+        assert killer.fired and not d.running
+        # The prefix came from kvpool before the kill; the store after it failed quietly.
+        assert kv.last_load.cached_tokens == (len(SYSTEM) // 16) * 16
+        assert out.sequences[0].tolist() == ref.tolist()
+        assert (torch.cat(out.logits) - ref_logits).abs().max().item() < 1e-3
+        assert len(warnings_of(caplog)) == 1
+        # While it is down: misses, the model recomputes everything, still the same answer.
+        with count_tokens(model) as c:
+            got, _ = kv_greedy(kv, model, torch.tensor(OTHER))
+        assert c.calls[0] == len(OTHER)
+        assert got.tolist() == ref.tolist()
+        # Back up (its host tier was lost with the kill): stores and hits work again.
+        d.start()
+        kv_greedy(kv, model, torch.tensor(PROMPT))
+        got, _ = kv_greedy(kv, model, torch.tensor(OTHER))
+        assert kv.last_load.cached_tokens == (len(SYSTEM) // 16) * 16
+        assert got.tolist() == ref.tolist()
+        kv.close()
