@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "client/stats_json.h"
+#include "build_info.h"  // generated: cmake/build_info.h.in
 #include "common/units.h"
 #include "transport/address.h"
 
@@ -405,7 +406,7 @@ int main(int argc, char** argv) {
     }
   }
   gflags::SetUsageMessage(kUsage);
-  gflags::SetVersionString("0.1.0");
+  gflags::SetVersionString(kvpool::kBuildVersionLine);
   gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
   if (argc < 2) return Usage("no command given");
   const std::string cmd = argv[1];

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "build_info.h"  // generated: cmake/build_info.h.in
 #include "common/units.h"
 #include "daemon/daemon.h"
 #include "transport/address.h"
@@ -90,7 +91,7 @@ int Fail(const kvpool::Status& st) {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("kvpoold [flags]: the kvpool KV-cache block daemon");
-  gflags::SetVersionString("0.1.0");
+  gflags::SetVersionString(kvpool::kBuildVersionLine);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
