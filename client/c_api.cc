@@ -4,6 +4,7 @@
 #include <kvpool/client.h>
 #include <kvpool/kvpool.h>
 
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -124,6 +125,36 @@ int kvpool_lookup(kvpool_client* c, const kvpool_key* keys, size_t n, int prefet
     *hit_blocks = r->hit_blocks;
     if (tiers != nullptr) {
       for (size_t i = 0; i < r->tiers.size(); ++i) tiers[i] = static_cast<uint8_t>(r->tiers[i]);
+    }
+    return Ok(c);
+  });
+}
+
+int kvpool_locate(kvpool_client* c, const kvpool_key* keys, size_t n, kvpool_node_location* nodes,
+                  size_t capacity, size_t* n_nodes) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(
+      n_nodes != nullptr && (n == 0 || keys != nullptr) && (capacity == 0 || nodes != nullptr), c,
+      "kvpool_locate: keys, nodes and n_nodes are required");
+  return Guard(c, [&] {
+    auto r = c->client->Locate(Keys(keys, n));
+    if (!r.ok()) return Fail(c, r.status());
+    *n_nodes = r->size();
+    for (size_t i = 0; i < r->size() && i < capacity; ++i) {
+      const kvpool::NodeLocation& l = (*r)[i];
+      kvpool_node_location& out = nodes[i];
+      out = {};
+      std::snprintf(out.node_id, sizeof(out.node_id), "%s", l.node_id.c_str());
+      std::snprintf(out.control_address, sizeof(out.control_address), "%s",
+                    l.control_address.c_str());
+      out.self = l.self ? 1 : 0;
+      out.code = Code(l.status);
+      out.hit_blocks = l.hit_blocks;
+      for (kvpool::Tier t : l.tiers) {
+        out.gpu_blocks += t == kvpool::Tier::kGpu;
+        out.host_blocks += t == kvpool::Tier::kHost;
+        out.disk_blocks += t == kvpool::Tier::kDisk;
+      }
     }
     return Ok(c);
   });

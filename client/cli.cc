@@ -4,6 +4,7 @@
 //   kvpool stats [--json] [--watch=SECONDS]
 //   kvpool sessions ls [--prefix=P] | show ID | rm ID
 //   kvpool lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N] [--json]
+//   kvpool locate --tokens-file=F --layout=L [...]   (each cluster node's cached prefix)
 //   kvpool evict [--tier=host|disk]
 //
 // Every command takes --socket (a Unix socket path or tcp://HOST:PORT) and --namespace.
@@ -23,8 +24,8 @@
 #include <sstream>
 #include <thread>
 
-#include "client/stats_json.h"
 #include "build_info.h"  // generated: cmake/build_info.h.in
+#include "client/stats_json.h"
 #include "common/units.h"
 #include "transport/address.h"
 
@@ -59,6 +60,8 @@ constexpr const char* kUsage =
     "  sessions rm ID                 delete a session (unpins its blocks)\n"
     "  lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N]\n"
     "                                 longest cached prefix of a token sequence\n"
+    "  locate --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N] [--json]\n"
+    "                                 for routers: each node's cached prefix of it\n"
     "  evict [--tier=host|disk]       admin: evict the namespace's blocks\n"
     "  cluster members [--json]       the cluster as this daemon sees it\n"
     "common flags: --socket=PATH|tcp://HOST:PORT --namespace=NS --timeout_ms=MS";
@@ -294,17 +297,27 @@ kvpool::Result<std::vector<int32_t>> ReadTokens(const std::string& path) {
   return tokens;
 }
 
-int Lookup() {
-  if (FLAGS_tokens_file.empty()) return Usage("lookup needs --tokens-file");
+// The chain of --tokens-file for `cmd` (lookup, locate): its tokens and keys, hashed with
+// --secret, --layout and --tokens-per-block. Returns 0, or the exit status of a usage error.
+int ChainFromFlags(const std::string& cmd, std::vector<int32_t>* tokens,
+                   std::vector<kvpool::BlockKey>* keys) {
+  if (FLAGS_tokens_file.empty()) return Usage(cmd + " needs --tokens-file");
   if (FLAGS_layout.empty()) {
-    return Usage("lookup needs --layout (the canonical layout string the keys were made with)");
+    return Usage(cmd + " needs --layout (the canonical layout string the keys were made with)");
   }
   if (FLAGS_tokens_per_block == 0) return Usage("--tokens-per-block must be positive");
-  auto tokens = ReadTokens(FLAGS_tokens_file);
-  if (!tokens.ok()) return Error(tokens.status());
+  auto read = ReadTokens(FLAGS_tokens_file);
+  if (!read.ok()) return Error(read.status());
+  *tokens = std::move(*read);
   const std::string secret = FLAGS_secret.empty() ? FLAGS_namespace_name : FLAGS_secret;
-  kvpool::ChainHasher hasher(secret, FLAGS_layout, FLAGS_tokens_per_block);
-  const std::vector<kvpool::BlockKey> keys = hasher.Hash(*tokens);
+  *keys = kvpool::ChainHasher(secret, FLAGS_layout, FLAGS_tokens_per_block).Hash(*tokens);
+  return 0;
+}
+
+int Lookup() {
+  std::vector<int32_t> tokens;
+  std::vector<kvpool::BlockKey> keys;
+  if (int rc = ChainFromFlags("lookup", &tokens, &keys); rc != 0) return rc;
   auto c = Connect();
   if (!c.ok()) return Error(c.status());
   auto r = (*c)->Lookup(keys, /*prefetch=*/false);
@@ -316,7 +329,7 @@ int Lookup() {
       blocks.push_back(
           {{"index", i}, {"key", keys[i].ToHex()}, {"tier", kvpool::TierName(r->tiers[i])}});
     }
-    nlohmann::json j = {{"tokens", tokens->size()},
+    nlohmann::json j = {{"tokens", tokens.size()},
                         {"blocks", keys.size()},
                         {"hit_blocks", r->hit_blocks},
                         {"hit_tokens", hit_tokens},
@@ -325,15 +338,62 @@ int Lookup() {
     return 0;
   }
   std::cout << "cached prefix: " << r->hit_blocks << " of " << keys.size() << " blocks, "
-            << hit_tokens << " of " << tokens->size() << " tokens";
-  if (tokens->size() % FLAGS_tokens_per_block != 0) {
-    std::cout << " (the last " << tokens->size() % FLAGS_tokens_per_block
+            << hit_tokens << " of " << tokens.size() << " tokens";
+  if (tokens.size() % FLAGS_tokens_per_block != 0) {
+    std::cout << " (the last " << tokens.size() % FLAGS_tokens_per_block
               << " tokens fill no block and are never cached)";
   }
   std::cout << "\n";
   for (size_t i = 0; i < r->tiers.size(); ++i) {
     std::printf("  block %-6zu %s  %s\n", i, keys[i].ShortHex().c_str(),
                 kvpool::TierName(r->tiers[i]));
+  }
+  return 0;
+}
+
+int Locate() {
+  std::vector<int32_t> tokens;
+  std::vector<kvpool::BlockKey> keys;
+  if (int rc = ChainFromFlags("locate", &tokens, &keys); rc != 0) return rc;
+  auto c = Connect();
+  if (!c.ok()) return Error(c.status());
+  auto r = (*c)->Locate(keys);
+  if (!r.ok()) return Error(r.status());
+  if (FLAGS_json) {
+    nlohmann::json nodes = nlohmann::json::array();
+    for (const kvpool::NodeLocation& n : *r) {
+      nlohmann::json tiers = nlohmann::json::array();
+      for (kvpool::Tier t : n.tiers) tiers.push_back(kvpool::TierName(t));
+      nodes.push_back({{"node_id", n.node_id},
+                       {"control_address", n.control_address},
+                       {"self", n.self},
+                       {"ok", n.status.ok()},
+                       {"error", n.status.ok() ? "" : n.status.ToString()},
+                       {"hit_blocks", n.hit_blocks},
+                       {"hit_tokens", uint64_t{n.hit_blocks} * FLAGS_tokens_per_block},
+                       {"tiers", tiers}});
+    }
+    std::cout << nlohmann::json({{"tokens", tokens.size()}, {"blocks", keys.size()},
+                                 {"nodes", nodes}})
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << keys.size() << " blocks (" << tokens.size() << " tokens); cached prefix by node:\n";
+  for (const kvpool::NodeLocation& n : *r) {
+    size_t host = 0, disk = 0, gpu = 0;
+    for (kvpool::Tier t : n.tiers) {
+      gpu += t == kvpool::Tier::kGpu;
+      host += t == kvpool::Tier::kHost;
+      disk += t == kvpool::Tier::kDisk;
+    }
+    std::printf("  %-24s %-26s ", (n.node_id + (n.self ? " (this)" : "")).c_str(),
+                n.control_address.empty() ? "-" : n.control_address.c_str());
+    if (!n.status.ok()) {
+      std::printf("no answer: %s\n", n.status.ToString().c_str());
+    } else {
+      std::printf("%u blocks (gpu %zu, host %zu, disk %zu)\n", n.hit_blocks, gpu, host, disk);
+    }
   }
   return 0;
 }
@@ -414,6 +474,7 @@ int main(int argc, char** argv) {
   if (cmd == "stats") return Stats();
   if (cmd == "sessions") return Sessions(argc, argv);
   if (cmd == "lookup") return Lookup();
+  if (cmd == "locate") return Locate();
   if (cmd == "evict") return Evict();
   if (cmd == "cluster") return Cluster(argc, argv);
   if (cmd == "bench") {

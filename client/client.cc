@@ -1035,6 +1035,39 @@ Result<ClusterView> Client::Cluster() {
   });
 }
 
+Result<std::vector<NodeLocation>> Client::Locate(std::span<const BlockKey> chain) {
+  return impl_->Run([&]() -> Result<std::vector<NodeLocation>> {
+    std::vector<NodeLocation> out;
+    // A chain longer than one request is located piecewise: a node's prefix grows with a piece
+    // only while it held every block before it.
+    for (size_t start = 0;; start += impl_->server_.max_batch_keys) {
+      const size_t end = std::min(chain.size(), start + impl_->server_.max_batch_keys);
+      wire::LocateRequest req;
+      PackKeys(chain.subspan(start, end - start), req.mutable_packed_keys());
+      wire::LocateResponse resp;
+      KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::LOCATE, req, &resp));
+      for (const wire::NodeLocation& n : resp.nodes()) {
+        NodeLocation* loc = nullptr;
+        for (NodeLocation& o : out) loc = o.node_id == n.node_id() ? &o : loc;
+        if (loc == nullptr) {
+          if (start != 0) continue;  // joined between two pieces: its first piece is unknown
+          out.push_back({n.node_id(), n.control_address(), n.self(), FromWire(n.status()), 0, {}});
+          loc = &out.back();
+        }
+        if (!loc->status.ok() || loc->hit_blocks != start) continue;
+        if (n.status().code() != 0) {
+          loc->status = FromWire(n.status());
+          continue;
+        }
+        loc->hit_blocks += n.hit_blocks();
+        for (int t : n.tiers()) loc->tiers.push_back(FromWire(t));
+      }
+      if (end >= chain.size()) break;
+    }
+    return out;
+  });
+}
+
 Result<EvictResult> Client::Evict(Tier tier, std::span<const BlockKey> keys) {
   return impl_->Run([&]() -> Result<EvictResult> {
     wire::EvictRequest req;

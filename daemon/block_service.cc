@@ -168,8 +168,8 @@ void BlockService::OnDisconnect(transport::ConnectionState& state) {
 }
 
 bool BlockService::RunsInline(uint16_t type) const {
-  // In cluster mode a lookup may ask peers: it goes to a worker like a get.
-  if (type == wire::LOOKUP) return cluster() == nullptr;
+  // In cluster mode a lookup or locate may ask peers: it goes to a worker like a get.
+  if (type == wire::LOOKUP || type == wire::LOCATE) return cluster() == nullptr;
   return type == wire::PREFETCH || type == wire::RELEASE;
 }
 
@@ -283,6 +283,9 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
         break;
       case wire::CLUSTER_MEMBERS:
         r = ClusterMembers(c, body);
+        break;
+      case wire::LOCATE:
+        r = Locate(c, body);
         break;
       default: {
         wire::GetResponse any;
@@ -1007,6 +1010,30 @@ Response BlockService::ClusterMembers(Conn& c, std::string_view body) {
     resp.SerializeToString(&r.body);
   }
   return r;
+}
+
+Response BlockService::Locate(Conn& c, std::string_view body) {
+  wire::LocateRequest req;
+  wire::LocateResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "LOCATE");
+  if (st.ok()) {
+    const google::protobuf::RepeatedPtrField<std::string> none;
+    st = DecodeKeysOf(none, req.packed_keys(), options_.max_batch_keys, &keys);
+  }
+  if (st.ok()) {
+    const tiers::LookupResult lr = tiers_.Lookup(c.ns, keys, /*prefetch=*/false);
+    wire::NodeLocation* self = resp.add_nodes();
+    self->set_node_id(options_.node_id);
+    self->set_self(true);
+    self->set_hit_blocks(lr.hit_blocks);
+    for (tiers::ServedFrom t : lr.tiers) self->add_tiers(ToWire(t));
+    // A peer's LOCATE would fan out again: peers ask each other plain lookups only.
+    if (cluster() != nullptr && !c.peer) cluster()->Locate(c.ns_name, keys, &resp);
+  } else {
+    metrics_.Add(metrics_.requests_failed);
+  }
+  return Reply(wire::LOCATE, resp, st);
 }
 
 Response BlockService::Release(Conn& c, std::string_view body) {

@@ -47,6 +47,7 @@
 
 namespace kvpool::wire {
 class ClusterMembersResponse;
+class LocateResponse;
 class SessionRecord;
 }  // namespace kvpool::wire
 
@@ -73,6 +74,11 @@ class ClusterHooks {
                                                         const std::string& session_id) = 0;
   // A session deleted here: delete its copies (background, best effort).
   virtual void DeleteRemoteSession(const std::string& ns_name, const std::string& session_id) = 0;
+  // LOCATE: asks every other live member how many leading blocks of `keys` it holds (one lookup
+  // each, all at once, nothing promoted), appends one entry per member to `out`, and sets this
+  // node's control address on the entry already there for it. Bounded by the peer deadlines.
+  virtual void Locate(const std::string& ns_name, std::span<const BlockKey> keys,
+                      wire::LocateResponse* out) = 0;
 };
 
 struct BlockServiceOptions {
@@ -140,6 +146,7 @@ class BlockService final : public transport::RequestHandler {
   transport::Response MapSegments(Conn& c, std::string_view body);
   transport::Response Release(Conn& c, std::string_view body);
   transport::Response ClusterMembers(Conn& c, std::string_view body);
+  transport::Response Locate(Conn& c, std::string_view body);
   // Receives the UCX bodies of c.commit_ids (those still OK) into their reservations; a block
   // whose transfer fails or times out gets an error in c.commit_status.
   void ReceiveViaUcx(Conn& c, uint64_t tag_base, const std::vector<uint64_t>& sizes);

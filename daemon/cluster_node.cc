@@ -59,6 +59,10 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions optio
     node->join_thread_ = StartThread(ThreadRole::kCluster, 1000, [raw] { raw->JoinLoop(); });
   node->replicate_thread_ =
       StartThread(ThreadRole::kCluster, 1001, [raw] { raw->ReplicateLoop(); });
+  for (int i = 0; i < std::max(1, node->options_.fanout_threads); ++i) {
+    node->fanout_threads_.push_back(
+        StartThread(ThreadRole::kCluster, 1100 + i, [raw] { raw->FanoutLoop(); }));
+  }
   return node;
 }
 
@@ -70,9 +74,12 @@ void ClusterNode::Stop() {
     if (stopping_) return;
     stopping_ = true;
     cv_.SignalAll();
+    fanout_cv_.SignalAll();
   }
   if (join_thread_.joinable()) join_thread_.join();
   if (replicate_thread_.joinable()) replicate_thread_.join();
+  for (std::thread& t : fanout_threads_) t.join();
+  fanout_threads_.clear();
   std::unique_ptr<cluster::Membership> m;
   {
     absl::MutexLock lock(&mu_);
@@ -252,6 +259,88 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
     }
   }
   return stored;
+}
+
+void ClusterNode::Fanout(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  fanout_.push_back(std::move(task));
+  fanout_cv_.Signal();
+}
+
+void ClusterNode::FanoutLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    while (!stopping_ && fanout_.empty()) fanout_cv_.Wait(&mu_);
+    if (stopping_) return;
+    std::function<void()> task = std::move(fanout_.front());
+    fanout_.pop_front();
+    mu_.Unlock();
+    task();
+    mu_.Lock();
+  }
+}
+
+void ClusterNode::Locate(const std::string& ns_name, std::span<const BlockKey> keys,
+                         wire::LocateResponse* out) {
+  std::vector<std::pair<std::string, std::string>> peers;  // node id, control address
+  {
+    absl::MutexLock lock(&mu_);
+    if (membership_ == nullptr) return;
+    for (const cluster::Member& m : membership_->Members()) {
+      if (m.self) {
+        for (wire::NodeLocation& n : *out->mutable_nodes()) {
+          if (n.self()) n.set_control_address(m.record.control_address);
+        }
+      } else {  // alive, or stale while we cannot reach etcd: it may still answer
+        peers.emplace_back(m.record.node_id, m.record.control_address);
+      }
+    }
+  }
+  // One lookup per peer, all at once; each is bounded by the pooled client's own deadlines
+  // (connect, then peer_timeout), so the round ends when the slowest peer answers or times out.
+  struct Round {
+    absl::Mutex mu;
+    size_t pending ABSL_GUARDED_BY(mu) = 0;
+    std::vector<Result<LookupResult>> results ABSL_GUARDED_BY(mu);
+  };
+  auto round = std::make_shared<Round>();
+  auto chain = std::make_shared<const std::vector<BlockKey>>(keys.begin(), keys.end());
+  {
+    absl::MutexLock lock(&round->mu);
+    round->pending = peers.size();
+    round->results.assign(peers.size(), Status::DeadlineExceeded("peer did not answer in time"));
+  }
+  for (size_t i = 0; i < peers.size(); ++i) {
+    Fanout([this, round, chain, ns_name, i, address = peers[i].second] {
+      Result<LookupResult> r = Status::Unavailable("cannot connect to " + address);
+      if (std::unique_ptr<Client> c = Checkout(address, ns_name)) {
+        r = c->Lookup(*chain, /*prefetch=*/false);
+        if (r.ok()) Return(address, ns_name, std::move(c));
+      }
+      absl::MutexLock lock(&round->mu);
+      round->results[i] = std::move(r);
+      --round->pending;
+    });
+  }
+  const auto waited =
+      std::max(options_.peer_timeout * 4, std::chrono::milliseconds(2000)) + options_.peer_timeout;
+  absl::MutexLock lock(&round->mu);
+  round->mu.AwaitWithTimeout(absl::Condition(
+                                 +[](size_t* pending) { return *pending == 0; }, &round->pending),
+                             absl::FromChrono(waited));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    wire::NodeLocation* n = out->add_nodes();
+    n->set_node_id(peers[i].first);
+    n->set_control_address(peers[i].second);
+    const Result<LookupResult>& r = round->results[i];
+    if (!r.ok()) {
+      n->mutable_status()->set_code(static_cast<int32_t>(r.status().code()));
+      n->mutable_status()->set_message(r.status().message());
+      continue;
+    }
+    n->set_hit_blocks(r->hit_blocks);
+    for (Tier t : r->tiers) n->add_tiers(static_cast<wire::Tier>(t));
+  }
 }
 
 BlockKey ClusterNode::SessionKey(const std::string& ns_name, const std::string& session_id) {

@@ -9,12 +9,14 @@
 //    first live members of each key's rendezvous order), one batched GET per node, checked
 //    against their checksums by the client, and stored in the local host tier;
 //  - Replicate: blocks a local client put are copied in the background to the next `replicas`
-//    nodes of their order (put-if-absent, so a copy a peer already has costs nothing).
+//    nodes of their order (put-if-absent, so a copy a peer already has costs nothing);
+//  - Locate: for a request router, every other live member's cached prefix of a chain, asked
+//    of all of them at once by a small pool of fan-out threads.
 // A peer that does not answer within `peer_timeout` counts as a miss: inference never waits
 // on a dead node longer than that (and the membership drops it within the lease TTL).
 //
-// Thread safety: every method may be called from any thread. One replication thread
-// (ThreadRole::kCluster).
+// Thread safety: every method may be called from any thread. One replication thread and
+// `fanout_threads` fan-out threads (ThreadRole::kCluster).
 
 #include <chrono>
 #include <deque>
@@ -49,6 +51,8 @@ struct ClusterNodeOptions {
   bool ucx = true;
   std::string ucx_transports;
   std::string ucx_net_devices;
+  // Threads asking peers at once for Locate. Default: 4.
+  int fanout_threads = 4;
 };
 
 class ClusterNode final : public ClusterHooks {
@@ -72,6 +76,8 @@ class ClusterNode final : public ClusterHooks {
   Result<wire::SessionRecord> LoadRemoteSession(const std::string& ns_name,
                                                 const std::string& session_id) override;
   void DeleteRemoteSession(const std::string& ns_name, const std::string& session_id) override;
+  void Locate(const std::string& ns_name, std::span<const BlockKey> keys,
+              wire::LocateResponse* out) override;
 
   // Where a session lives: its id's rendezvous order (SHA-256 of namespace and id as the key).
   static BlockKey SessionKey(const std::string& ns_name, const std::string& session_id);
@@ -86,6 +92,9 @@ class ClusterNode final : public ClusterHooks {
     std::string session_id;                              // delete
   };
   void Enqueue(Job job);
+  // Runs `task` on a fan-out thread.
+  void Fanout(std::function<void()> task);
+  void FanoutLoop();
   void RunBlocks(const Job& job);
   void RunSession(const Job& job);
   // Copies `keys` (with parents) from the local tiers to the peer at `address`.
@@ -123,8 +132,11 @@ class ClusterNode final : public ClusterHooks {
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, std::vector<std::unique_ptr<Client>>> idle_
       ABSL_GUARDED_BY(mu_);
+  absl::CondVar fanout_cv_;  // fanout_ has a task, or stopping_
+  std::deque<std::function<void()>> fanout_ ABSL_GUARDED_BY(mu_);
   std::thread join_thread_;
   std::thread replicate_thread_;
+  std::vector<std::thread> fanout_threads_;
 };
 
 }  // namespace kvpool::daemon

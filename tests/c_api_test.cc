@@ -97,6 +97,18 @@ TEST(CApiTest, PutLookupGetSessionRoundTrip) {
     EXPECT_EQ(std::memcmp(out[i].data(), blocks[i].data(), got[i]), 0);
   }
 
+  // A standalone daemon locates the chain on itself only.
+  kvpool_node_location nodes[2];
+  size_t n_nodes = 0;
+  ASSERT_EQ(kvpool_locate(c, keys, 4, nodes, 2, &n_nodes), KVPOOL_OK) << kvpool_last_error(c);
+  ASSERT_EQ(n_nodes, 1u);
+  EXPECT_EQ(nodes[0].self, 1);
+  EXPECT_EQ(nodes[0].code, KVPOOL_OK);
+  EXPECT_EQ(nodes[0].hit_blocks, 4u);
+  EXPECT_EQ(nodes[0].host_blocks, 4u);
+  EXPECT_STREQ(nodes[0].control_address, "");
+  EXPECT_GT(std::strlen(nodes[0].node_id), 0u);
+
   const char* mk[] = {"user"};
   const char* mv[] = {"bob"};
   ASSERT_EQ(kvpool_session_save(c, "s1", keys, 4, 64, mk, mv, 1), KVPOOL_OK)

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "daemon/cluster/etcd_test_server.h"
@@ -294,6 +295,79 @@ TEST_F(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
   const auto start = std::chrono::steady_clock::now();
   expect_all(*cb);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// What a request router asks: which node holds how much of a chain. No replicas, so each node
+// holds exactly what was put through it; locate asks every member in one round and promotes
+// nothing.
+TEST_F(ClusterTest, LocateTellsARouterHowMuchOfAChainEachNodeHolds) {
+  auto flags = [&](const std::string& id) {
+    std::vector<std::string> f = Flags(id);
+    f.push_back("--replicas=0");
+    return f;
+  };
+  DaemonProcess a(flags("node-a"));
+  DaemonProcess b(flags("node-b"));
+  DaemonProcess c(flags("node-c"));
+  a.Start();
+  b.Start();
+  c.Start();
+  auto ca = a.Connect("tenant");
+  auto cb = b.Connect("tenant");
+  auto cc = c.Connect("tenant");
+  ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(77, 12 * 16));
+  std::vector<std::vector<uint8_t>> blocks;
+  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(900 + i, 4096));
+  std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+  ASSERT_TRUE(ca->PutChain(keys, spans)->all_ok());
+  ASSERT_TRUE(cb->PutChain(std::span(keys).first(5), std::span(spans).first(5))->all_ok());
+
+  auto by_node = [](const std::vector<NodeLocation>& nodes) {
+    std::map<std::string, NodeLocation> m;
+    for (const NodeLocation& n : nodes) m[n.node_id] = n;
+    return m;
+  };
+  auto located = cc->Locate(keys);
+  ASSERT_TRUE(located.ok()) << located.status().ToString();
+  ASSERT_EQ(located->size(), 3u);
+  EXPECT_EQ((*located)[0].node_id, "node-c");
+  EXPECT_TRUE((*located)[0].self);
+  std::map<std::string, NodeLocation> m = by_node(*located);
+  for (const auto& [id, n] : m) {
+    EXPECT_TRUE(n.status.ok()) << id << ": " << n.status.ToString();
+    EXPECT_EQ(n.control_address.rfind("tcp://127.0.0.1:", 0), 0u) << id;
+  }
+  EXPECT_EQ(m["node-a"].hit_blocks, keys.size());
+  EXPECT_EQ(m["node-b"].hit_blocks, 5u);
+  EXPECT_EQ(m["node-c"].hit_blocks, 0u);
+  ASSERT_EQ(m["node-b"].tiers.size(), 5u);
+  EXPECT_EQ(m["node-b"].tiers[0], Tier::kHost);
+  // Locating fetched nothing: C still holds none of the chain (a lookup through C would).
+  EXPECT_EQ(cc->Stats()->tiers[0].blocks, 0u);
+
+  // Another tenant's view of the same keys: nothing anywhere.
+  auto other = c.Connect("other-tenant");
+  auto none = other->Locate(keys);
+  ASSERT_TRUE(none.ok());
+  for (const NodeLocation& n : *none) EXPECT_EQ(n.hit_blocks, 0u) << n.node_id;
+
+  // B dies: until its lease runs out it is listed without an answer; then it is gone. A's
+  // answer is unaffected either way.
+  b.Kill();
+  auto after = cc->Locate(keys);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  m = by_node(*after);
+  EXPECT_EQ(m["node-a"].hit_blocks, keys.size());
+  if (m.count("node-b")) {
+    EXPECT_FALSE(m["node-b"].status.ok());
+  }
+  ASSERT_TRUE(AllSee({ca.get(), cc.get()}, 2));
+  after = cc->Locate(keys);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->size(), 2u);
+  EXPECT_EQ(by_node(*after)["node-a"].hit_blocks, keys.size());
 }
 
 TEST_F(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown) {

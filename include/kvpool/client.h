@@ -202,6 +202,16 @@ struct ClusterView {
   std::vector<ClusterMember> members;
 };
 
+// One node's answer to Locate.
+struct NodeLocation {
+  std::string node_id;
+  std::string control_address;  // empty for a standalone daemon
+  bool self = false;            // the daemon this client talks to
+  Status status;                // OK, or why the node did not answer (hit_blocks is 0 then)
+  uint32_t hit_blocks = 0;      // leading blocks of the chain the node holds
+  std::vector<Tier> tiers;      // fastest tier of each of them on that node
+};
+
 struct EvictResult {
   uint64_t evicted = 0;
   uint64_t skipped = 0;
@@ -252,6 +262,10 @@ class Client {
   Result<DaemonStats> Stats();
   // The cluster as the daemon sees it ("standalone" without cluster mode).
   Result<ClusterView> Cluster();
+  // For a request router: how many leading blocks of `chain` each node holds, this daemon
+  // first, then (cluster mode) every other member, all asked in one round within the peer
+  // deadline; a node that does not answer has a non-OK status. Nothing is promoted or fetched.
+  Result<std::vector<NodeLocation>> Locate(std::span<const BlockKey> chain);
   // Admin: evict this namespace's blocks (all when `keys` is empty) from host (kHost: demote to
   // disk) or from the cache (kDisk).
   Result<EvictResult> Evict(Tier tier, std::span<const BlockKey> keys = {});

@@ -101,6 +101,24 @@ int kvpool_session_load(kvpool_client* client, const char* session_id, int prefe
                         uint64_t* token_count, uint32_t* cached_blocks);
 int kvpool_session_delete(kvpool_client* client, const char* session_id);
 
+/* One node's answer to kvpool_locate. Strings are NUL-terminated (cut at 127 bytes). */
+typedef struct kvpool_node_location {
+  char node_id[128];
+  char control_address[128]; /* "" for a standalone daemon */
+  int self;                  /* 1 for the daemon this client talks to */
+  int code;                  /* KVPOOL_OK, or why the node did not answer (counts are 0 then) */
+  uint32_t hit_blocks;       /* leading blocks of the chain the node holds ... */
+  uint32_t gpu_blocks;       /* ... of which this many are fastest in gpu, */
+  uint32_t host_blocks;      /* host */
+  uint32_t disk_blocks;      /* and disk */
+} kvpool_node_location;
+
+/* For a request router: how many leading blocks of the chain each node holds, this daemon
+ * first, then (cluster mode) every other member, asked in one round within the peer deadline.
+ * Writes up to capacity entries; *n_nodes is the number of nodes. Nothing is promoted. */
+int kvpool_locate(kvpool_client* client, const kvpool_key* keys, size_t n,
+                  kvpool_node_location* nodes, size_t capacity, size_t* n_nodes);
+
 /* The daemon's statistics as a JSON object (as `kvpool stats --json` prints). Writes at most
  * capacity bytes including the NUL; *needed is the full length + 1. */
 int kvpool_stats_json(kvpool_client* client, char* buffer, size_t capacity, size_t* needed);
