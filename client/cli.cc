@@ -373,8 +373,8 @@ int Locate() {
                        {"hit_tokens", uint64_t{n.hit_blocks} * FLAGS_tokens_per_block},
                        {"tiers", tiers}});
     }
-    std::cout << nlohmann::json({{"tokens", tokens.size()}, {"blocks", keys.size()},
-                                 {"nodes", nodes}})
+    std::cout << nlohmann::json(
+                     {{"tokens", tokens.size()}, {"blocks", keys.size()}, {"nodes", nodes}})
                      .dump(2)
               << "\n";
     return 0;
