@@ -1,0 +1,530 @@
+#include "client.h"
+
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <kvpool/client.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "buffers.h"
+#include "errors.h"
+#include "keys.h"
+#include "transport/address.h"
+
+namespace kvpool::py {
+namespace {
+
+nb::object TierOrNone(Tier tier) {
+  if (tier == Tier::kNone) return nb::none();
+  return nb::str(TierName(tier));
+}
+
+struct PyLookupResult {
+  uint32_t hit_blocks = 0;
+  std::vector<std::string> tiers;
+};
+
+struct PyGetResult {
+  bool ok = false;
+  size_t size = 0;
+  Tier tier = Tier::kNone;
+  std::string code;
+  std::string message;
+};
+
+struct PyPutResult {
+  uint32_t stored = 0;
+  uint32_t already_present = 0;
+  uint32_t in_progress = 0;
+  nb::list errors;
+  bool all_ok() const {
+    for (nb::handle e : errors) {
+      if (!e.is_none()) return false;
+    }
+    return true;
+  }
+};
+
+struct PySession {
+  std::string session_id;
+  nb::list keys;
+  uint64_t token_count = 0;
+  std::map<std::string, std::string> metadata;
+  int64_t created_unix_ms = 0;
+  int64_t updated_unix_ms = 0;
+  uint64_t total_bytes = 0;
+  uint32_t cached_blocks = 0;
+};
+
+DataPath ParseDataPath(const std::string& s) {
+  if (s == "auto") return DataPath::kAuto;
+  if (s == "socket") return DataPath::kSocket;
+  if (s == "shm") return DataPath::kSharedMemory;
+  if (s == "ucx") return DataPath::kUcx;
+  RaiseInvalid("data_path must be 'auto', 'socket', 'shm' or 'ucx', not '" + s + "'");
+}
+
+std::chrono::milliseconds Millis(double seconds, const char* what) {
+  if (!(seconds > 0) || !std::isfinite(seconds)) {
+    RaiseInvalid(std::string(what) + " must be a positive number of seconds");
+  }
+  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+}
+
+nb::dict TierStatsDict(const TierStats& t) {
+  nb::dict d;
+  d["name"] = t.name;
+  d["capacity_bytes"] = t.capacity_bytes;
+  d["used_bytes"] = t.used_bytes;
+  d["blocks"] = t.blocks;
+  d["allocated_bytes"] = t.allocated_bytes;
+  d["fragmentation"] = t.fragmentation;
+  d["hits"] = t.hits;
+  d["promotions"] = t.promotions;
+  d["demotions"] = t.demotions;
+  d["evictions"] = t.evictions;
+  return d;
+}
+
+// The same fields, names and order as `kvpool stats --json` (client/stats_json.cc).
+nb::dict StatsDict(const DaemonStats& s) {
+  nb::dict d;
+  d["node_id"] = s.node_id;
+  d["version"] = s.version;
+  d["uptime_s"] = s.uptime_s;
+  nb::list tiers;
+  for (const TierStats& t : s.tiers) tiers.append(TierStatsDict(t));
+  d["tiers"] = tiers;
+  d["index_entries"] = s.index_entries;
+  d["index_bytes"] = s.index_bytes;
+  d["sessions"] = s.sessions;
+  d["connections"] = s.connections;
+  d["lookups"] = s.lookups;
+  d["lookup_blocks"] = s.lookup_blocks;
+  d["lookup_hit_blocks"] = s.lookup_hit_blocks;
+  d["gets"] = s.gets;
+  d["get_blocks_served"] = s.get_blocks_served;
+  d["get_misses"] = s.get_misses;
+  d["puts_offered"] = s.puts_offered;
+  d["puts_deduplicated"] = s.puts_deduplicated;
+  d["puts_committed"] = s.puts_committed;
+  d["bytes_in"] = s.bytes_in;
+  d["bytes_out"] = s.bytes_out;
+  d["prefetches_issued"] = s.prefetches_issued;
+  d["prefetches_useful"] = s.prefetches_useful;
+  d["checksum_failures"] = s.checksum_failures;
+  d["leases_active"] = s.leases_active;
+  d["reservations_active"] = s.reservations_active;
+  d["dedup_ratio"] = s.dedup_ratio;
+  d["cluster_state"] = s.cluster_state;
+  d["cluster_members"] = s.cluster_members;
+  d["cluster_reason"] = s.cluster_reason;
+  return d;
+}
+
+class PyClient {
+ public:
+  PyClient(std::optional<std::string> address, const std::string& ns, double timeout,
+           std::optional<double> connect_timeout, const std::string& data_path,
+           const std::string& client_name, std::optional<std::string> cluster_secret,
+           bool auto_reconnect) {
+    options_.address = address.value_or("");
+    options_.namespace_name = ns;
+    options_.timeout = Millis(timeout, "timeout");
+    if (connect_timeout) options_.connect_timeout = Millis(*connect_timeout, "connect_timeout");
+    options_.data_path = ParseDataPath(data_path);
+    options_.client_name = client_name;
+    options_.cluster_secret = cluster_secret.value_or("");
+    options_.auto_reconnect = auto_reconnect;
+    Connect();
+  }
+
+  void Connect() {
+    Result<std::unique_ptr<Client>> c = Status::Internal("unset");
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      client_.reset();
+      c = Client::Connect(options_);
+      if (c.ok()) client_ = std::move(c).value();
+    }
+    if (!c.ok()) {
+      const std::string where =
+          options_.address.empty() ? transport::DefaultSocketPath() : options_.address;
+      Raise(c.status().WithContext("cannot reach kvpoold at " + where));
+    }
+  }
+
+  // Runs fn(client) with the GIL released and this Client's mutex held.
+  template <typename Fn>
+  auto Call(Fn&& fn) {
+    using R = decltype(fn(std::declval<Client&>()));
+    std::optional<R> r;
+    bool closed = false;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (client_) {
+        r.emplace(fn(*client_));
+      } else {
+        closed = true;
+      }
+    }
+    if (closed) Raise(Status::FailedPrecondition("the client is closed"));
+    return std::move(*r);
+  }
+
+  nb::dict Server() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!client_) Raise(Status::FailedPrecondition("the client is closed"));
+    const ServerInfo& s = client_->server();
+    nb::dict d;
+    d["node_id"] = s.node_id;
+    d["daemon_version"] = s.daemon_version;
+    d["max_block_bytes"] = s.max_block_bytes;
+    d["max_payload_bytes"] = s.max_payload_bytes;
+    d["max_batch_keys"] = s.max_batch_keys;
+    d["shared_memory"] = s.shared_memory;
+    d["ucx"] = s.ucx;
+    d["address"] = client_->options().address;
+    d["namespace"] = client_->options().namespace_name;
+    return d;
+  }
+
+  PyLookupResult Lookup(nb::handle keys_obj, bool prefetch) {
+    std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
+    LookupResult r = Unwrap(Call([&](Client& c) { return c.Lookup(keys, prefetch); }));
+    PyLookupResult out;
+    out.hit_blocks = r.hit_blocks;
+    for (Tier t : r.tiers) out.tiers.push_back(TierName(t));
+    return out;
+  }
+
+  std::vector<PyGetResult> GetInto(nb::handle keys_obj, nb::handle buffers_obj) {
+    std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
+    std::vector<Buffer> buffers = AcquireAll(buffers_obj, /*writable=*/true, false, "buffers");
+    if (buffers.size() != keys.size()) {
+      RaiseInvalid("get_into: " + std::to_string(keys.size()) + " keys but " +
+                   std::to_string(buffers.size()) + " buffers");
+    }
+    std::vector<MutableBuffer> mb(buffers.size());
+    for (size_t i = 0; i < buffers.size(); ++i) mb[i] = {buffers[i].data(), buffers[i].nbytes()};
+    std::vector<GetResult> r = Unwrap(Call([&](Client& c) { return c.Get(keys, mb); }));
+    std::vector<PyGetResult> out(r.size());
+    for (size_t i = 0; i < r.size(); ++i) {
+      out[i].ok = r[i].status.ok();
+      out[i].size = r[i].status.ok() ? r[i].size : 0;
+      out[i].tier = r[i].tier;
+      out[i].code = StatusCodeName(r[i].status.code());
+      out[i].message = r[i].status.message();
+    }
+    return out;
+  }
+
+  nb::list Get(nb::handle keys_obj) {
+    std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
+    std::vector<FetchedBlock> r = Unwrap(Call([&](Client& c) { return c.GetBlocks(keys); }));
+    nb::list out;
+    for (const FetchedBlock& b : r) {
+      if (b.status.ok()) {
+        out.append(nb::bytes(b.bytes.data(), b.bytes.size()));
+      } else {
+        out.append(nb::none());
+      }
+    }
+    return out;
+  }
+
+  PyPutResult Put(nb::handle keys_obj, nb::handle blocks_obj, nb::handle parent_obj) {
+    std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
+    const BlockKey parent = ToParent(parent_obj);
+    std::vector<Buffer> blocks = AcquireAll(blocks_obj, /*writable=*/false, false, "blocks");
+    if (blocks.size() != keys.size()) {
+      RaiseInvalid("put: " + std::to_string(keys.size()) + " keys but " +
+                   std::to_string(blocks.size()) + " blocks");
+    }
+    std::vector<std::span<const uint8_t>> spans(blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      spans[i] = {static_cast<const uint8_t*>(blocks[i].data()), blocks[i].nbytes()};
+    }
+    PutResult r = Unwrap(Call([&](Client& c) { return c.PutChain(keys, spans, parent); }));
+    PyPutResult out;
+    out.stored = r.stored;
+    out.already_present = r.already_present;
+    out.in_progress = r.in_progress;
+    for (const Status& st : r.errors) {
+      if (st.ok()) {
+        out.errors.append(nb::none());
+      } else {
+        out.errors.append(ErrorObject(st));
+      }
+    }
+    return out;
+  }
+
+  uint32_t Prefetch(nb::handle keys_obj) {
+    std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
+    return Unwrap(Call([&](Client& c) { return c.Prefetch(keys); }));
+  }
+
+  void SaveSession(const std::string& id, nb::handle keys_obj, uint64_t token_count,
+                   std::optional<std::map<std::string, std::string>> metadata) {
+    Session s;
+    s.session_id = id;
+    s.keys = ToKeys(keys_obj, "keys");
+    s.token_count = token_count;
+    if (metadata) s.metadata = *metadata;
+    Check(Call([&](Client& c) { return c.SaveSession(s); }));
+  }
+
+  PySession LoadSession(const std::string& id, bool prefetch) {
+    LoadedSession l = Unwrap(Call([&](Client& c) { return c.LoadSession(id, prefetch); }));
+    PySession out;
+    out.session_id = l.session.session_id;
+    for (const BlockKey& k : l.session.keys) out.keys.append(KeyBytes(k));
+    out.token_count = l.session.token_count;
+    out.metadata = l.session.metadata;
+    out.created_unix_ms = l.session.created_unix_ms;
+    out.updated_unix_ms = l.session.updated_unix_ms;
+    out.total_bytes = l.session.total_bytes;
+    out.cached_blocks = l.cached_blocks;
+    return out;
+  }
+
+  void DeleteSession(const std::string& id) {
+    Check(Call([&](Client& c) { return c.DeleteSession(id); }));
+  }
+
+  std::vector<SessionSummary> ListSessions(const std::string& prefix, uint32_t limit) {
+    return Unwrap(Call([&](Client& c) { return c.ListSessions(prefix, limit); }));
+  }
+
+  nb::dict Stats() { return StatsDict(Unwrap(Call([](Client& c) { return c.Stats(); }))); }
+
+  nb::dict Cluster() {
+    ClusterView v = Unwrap(Call([](Client& c) { return c.Cluster(); }));
+    nb::dict d;
+    d["state"] = v.state;
+    d["reason"] = v.reason;
+    nb::list members;
+    for (const ClusterMember& m : v.members) {
+      nb::dict md;
+      md["node_id"] = m.node_id;
+      md["control_address"] = m.control_address;
+      md["state"] = m.state;
+      md["capacity_bytes"] = m.capacity_bytes;
+      md["used_bytes"] = m.used_bytes;
+      md["self"] = m.self;
+      md["started_unix_ms"] = m.started_unix_ms;
+      members.append(md);
+    }
+    d["members"] = members;
+    return d;
+  }
+
+  nb::dict Evict(const std::string& tier_name, nb::handle keys_obj) {
+    Tier tier;
+    if (tier_name == "host") {
+      tier = Tier::kHost;
+    } else if (tier_name == "disk") {
+      tier = Tier::kDisk;
+    } else {
+      RaiseInvalid("evict: tier must be 'host' or 'disk', not '" + tier_name + "'");
+    }
+    std::vector<BlockKey> keys;
+    if (!keys_obj.is_none()) keys = ToKeys(keys_obj, "keys");
+    EvictResult r = Unwrap(Call([&](Client& c) { return c.Evict(tier, keys); }));
+    nb::dict d;
+    d["evicted"] = r.evicted;
+    d["skipped"] = r.skipped;
+    return d;
+  }
+
+  void Reconnect() {
+    bool have = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      have = client_ != nullptr;
+    }
+    if (!have) {
+      Connect();
+      return;
+    }
+    Check(Call([](Client& c) { return c.Reconnect(); }));
+  }
+
+  void Close() {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    client_.reset();
+  }
+
+  bool closed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return client_ == nullptr;
+  }
+
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  ClientOptions options_;
+  std::mutex mu_;
+  std::unique_ptr<Client> client_;  // GUARDED_BY(mu_); null once closed
+};
+
+std::string Quote(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace
+
+void RegisterClient(nb::module_& m) {
+  m.def("default_socket_path", &transport::DefaultSocketPath,
+        "The socket a Client with no address connects to: $KVPOOL_SOCKET, else the daemon's "
+        "default (/run/kvpool/kvpool.sock for root, /tmp/kvpool-<uid>/kvpool.sock otherwise).");
+
+  nb::class_<PyLookupResult>(m, "LookupResult", "Longest cached prefix of a chain.")
+      .def_ro("hit_blocks", &PyLookupResult::hit_blocks, "Length of the cached prefix, in blocks.")
+      .def_ro("tiers", &PyLookupResult::tiers,
+              "Fastest tier of each hit block: 'gpu', 'host', 'disk' or 'remote'.")
+      .def("__repr__", [](const PyLookupResult& r) {
+        return "LookupResult(hit_blocks=" + std::to_string(r.hit_blocks) + ")";
+      });
+
+  nb::class_<PyGetResult>(m, "GetResult", "Outcome of reading one block into a buffer.")
+      .def_ro("ok", &PyGetResult::ok)
+      .def_ro("size", &PyGetResult::size, "Bytes written (0 unless ok).")
+      .def_prop_ro(
+          "tier", [](const PyGetResult& r) { return TierOrNone(r.tier); },
+          "Where the block was served from, None for a miss.")
+      .def_ro("code", &PyGetResult::code,
+              "'OK', 'NotFound' (a miss), 'Corruption', 'InvalidArgument' (buffer too small), ...")
+      .def_ro("message", &PyGetResult::message)
+      .def("__bool__", [](const PyGetResult& r) { return r.ok; })
+      .def("__repr__", [](const PyGetResult& r) {
+        return r.ok ? "GetResult(ok, size=" + std::to_string(r.size) + ", tier=" +
+                          Quote(TierName(r.tier)) + ")"
+                    : "GetResult(" + r.code + ": " + r.message + ")";
+      });
+
+  nb::class_<PyPutResult>(m, "PutResult", "Outcome of a put.")
+      .def_ro("stored", &PyPutResult::stored, "Blocks whose bytes were sent and committed.")
+      .def_ro("already_present", &PyPutResult::already_present,
+              "Blocks cached already: nothing was sent.")
+      .def_ro("in_progress", &PyPutResult::in_progress,
+              "Blocks another writer is storing right now: nothing was sent; a get may miss until "
+              "it commits.")
+      .def_ro("errors", &PyPutResult::errors,
+              "One per block: None, or the kvpool.Error saying why it was not stored.")
+      .def("all_ok", &PyPutResult::all_ok, "True when no block has an error.")
+      .def("__repr__", [](const PyPutResult& r) {
+        return "PutResult(stored=" + std::to_string(r.stored) +
+               ", already_present=" + std::to_string(r.already_present) +
+               ", in_progress=" + std::to_string(r.in_progress) + ")";
+      });
+
+  nb::class_<PySession>(m, "Session", "A persisted, named chain: a resumable conversation.")
+      .def_ro("session_id", &PySession::session_id)
+      .def_ro("keys", &PySession::keys, "The chain's block keys, in order.")
+      .def_ro("token_count", &PySession::token_count)
+      .def_ro("metadata", &PySession::metadata)
+      .def_ro("created_unix_ms", &PySession::created_unix_ms)
+      .def_ro("updated_unix_ms", &PySession::updated_unix_ms)
+      .def_ro("total_bytes", &PySession::total_bytes)
+      .def_ro("cached_blocks", &PySession::cached_blocks, "Chain blocks cached when loaded.")
+      .def("__repr__", [](const PySession& s) {
+        return "Session(" + Quote(s.session_id) + ", blocks=" + std::to_string(nb::len(s.keys)) +
+               ", token_count=" + std::to_string(s.token_count) + ")";
+      });
+
+  nb::class_<SessionSummary>(m, "SessionSummary", "One entry of list_sessions.")
+      .def_ro("session_id", &SessionSummary::session_id)
+      .def_ro("blocks", &SessionSummary::blocks)
+      .def_ro("token_count", &SessionSummary::token_count)
+      .def_ro("updated_unix_ms", &SessionSummary::updated_unix_ms)
+      .def_ro("total_bytes", &SessionSummary::total_bytes)
+      .def("__repr__", [](const SessionSummary& s) {
+        return "SessionSummary(" + Quote(s.session_id) + ", blocks=" + std::to_string(s.blocks) +
+               ")";
+      });
+
+  nb::class_<PyClient>(m, "Client",
+                       "A connection to kvpoold acting for one namespace.\n\n"
+                       "Every call has the deadline `timeout` (seconds); a dead or restarted "
+                       "daemon raises Unavailable or DeadlineExceeded, never hangs, and with "
+                       "auto_reconnect the next call connects again. The GIL is released while a "
+                       "call waits. Calls on one Client from several threads are serialized; use "
+                       "one Client per thread for parallel traffic.")
+      .def(nb::init<std::optional<std::string>, const std::string&, double, std::optional<double>,
+                    const std::string&, const std::string&, std::optional<std::string>, bool>(),
+           nb::arg("address") = nb::none(), nb::arg("namespace") = "default", nb::kw_only(),
+           nb::arg("timeout") = 10.0, nb::arg("connect_timeout") = nb::none(),
+           nb::arg("data_path") = "auto", nb::arg("client_name") = "",
+           nb::arg("cluster_secret") = nb::none(), nb::arg("auto_reconnect") = true,
+           "Connects and says hello. address: a Unix socket path, 'unix://PATH' or "
+           "'tcp://HOST:PORT' (None: $KVPOOL_SOCKET or the default socket). data_path: 'auto' "
+           "(shared memory on a local socket, UCX over tcp://), 'socket', 'shm' or 'ucx'. Raises "
+           "Unavailable (no daemon), PermissionDenied / InvalidArgument (namespace refused), "
+           "DeadlineExceeded.")
+      .def_prop_ro("server", &PyClient::Server,
+                   "What the daemon said at hello: node_id, daemon_version, max_block_bytes, "
+                   "max_payload_bytes, max_batch_keys, shared_memory, ucx; plus address and "
+                   "namespace.")
+      .def_prop_ro("closed", &PyClient::closed)
+      .def("lookup", &PyClient::Lookup, nb::arg("keys"), nb::arg("prefetch") = true,
+           "Longest cached prefix of the chain `keys`. With prefetch, hits on disk start moving "
+           "to host at once.")
+      .def("get_into", &PyClient::GetInto, nb::arg("keys"), nb::arg("buffers"),
+           "Reads block i into buffers[i] (writable, C-contiguous host memory: numpy array, "
+           "torch CPU tensor, bytearray, memoryview), without an intermediate copy. Returns one "
+           "GetResult per key; raises only when the daemon cannot be reached.")
+      .def("get", &PyClient::Get, nb::arg("keys"),
+           "Each block as new bytes; None for a miss (or a block that failed its checksum).")
+      .def("put", &PyClient::Put, nb::arg("keys"), nb::arg("blocks"),
+           nb::arg("parent") = nb::none(),
+           "Put-if-absent of a chain: blocks[i] (any buffer, read-only ones included, taken "
+           "without a copy) holds keys[i]'s bytes; parents follow chain order, the first "
+           "block's is `parent`. Per-block errors are in PutResult.errors.")
+      .def("prefetch", &PyClient::Prefetch, nb::arg("keys"),
+           "Hint: promote these toward host. Returns how many promotions started.")
+      .def("save_session", &PyClient::SaveSession, nb::arg("session_id"), nb::arg("keys"),
+           nb::arg("token_count"), nb::arg("metadata") = nb::none(),
+           "Persists a session and pins its chain on disk. FailedPrecondition when a chain "
+           "block is not cached (put it first).")
+      .def("load_session", &PyClient::LoadSession, nb::arg("session_id"),
+           nb::arg("prefetch") = true,
+           "The session (NotFound when there is none). With prefetch, its chain is promoted.")
+      .def("delete_session", &PyClient::DeleteSession, nb::arg("session_id"),
+           "Deletes a session and unpins its blocks.")
+      .def("list_sessions", &PyClient::ListSessions, nb::arg("prefix") = "", nb::arg("limit") = 0,
+           "The namespace's sessions whose ids start with prefix (limit 0: all).")
+      .def("stats", &PyClient::Stats,
+           "The daemon's statistics as a dict, the fields of `kvpool stats --json` ('tiers' a "
+           "list of dicts).")
+      .def("cluster", &PyClient::Cluster,
+           "The cluster as the daemon sees it: state, reason, members (list of dicts).")
+      .def("evict", &PyClient::Evict, nb::arg("tier") = "host", nb::arg("keys") = nb::none(),
+           "Admin: evict the namespace's blocks (all when keys is None) from 'host' (demoted to "
+           "disk) or 'disk' (dropped). Returns {'evicted': n, 'skipped': n}.")
+      .def("reconnect", &PyClient::Reconnect,
+           "Drops the connection and connects again (also after close()).")
+      .def("close", &PyClient::Close, "Closes the connection; later calls raise "
+           "FailedPrecondition until reconnect().")
+      .def("__enter__", [](nb::handle self) { return self; })
+      .def(
+          "__exit__", [](PyClient& c, nb::args) { c.Close(); })
+      .def("__repr__", [](PyClient& c) {
+        return "Client(" + Quote(c.options().address) + ", namespace=" +
+               Quote(c.options().namespace_name) + (c.closed() ? ", closed" : "") + ")";
+      });
+}
+
+}  // namespace kvpool::py
