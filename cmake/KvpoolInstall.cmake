@@ -113,6 +113,6 @@ install(CODE "${_kvpool_dev_code}" COMPONENT dev)
 if(KVPOOL_BUILD_TESTS)
   add_test(NAME install_test
     COMMAND ${PROJECT_SOURCE_DIR}/tests/install_test.sh ${PROJECT_BINARY_DIR})
-  set_tests_properties(install_test PROPERTIES LABELS "install;slow" TIMEOUT 600
+  set_tests_properties(install_test PROPERTIES LABELS install TIMEOUT 300
     SKIP_RETURN_CODE 77)
 endif()

@@ -3,6 +3,7 @@
 #   ./scripts/dev.sh run    starts kvpoold in the foreground with the embedded defaults
 #   ./scripts/dev.sh test   runs the whole test suite with ctest
 #   ./scripts/dev.sh build  only installs and builds
+#   ./scripts/dev.sh package  builds the Debian packages (cpack -G DEB) into $BUILD_DIR
 # Environment: BUILD_DIR (default build), CTEST_ARGS (extra ctest arguments, e.g. "-L unit"),
 # KVPOOL_SKIP_INSTALL=1 to skip apt-get (dependencies already present).
 set -euo pipefail
@@ -63,8 +64,15 @@ case "${1:-}" in
     install_deps
     build
     ;;
+  package)
+    # The Debian packages (kvpool, libkvpool0, libkvpool-dev) into $BUILD_DIR; see README "Install".
+    install_deps
+    build
+    (cd "$BUILD_DIR" && cpack -G DEB)
+    ls "$BUILD_DIR"/*.deb
+    ;;
   *)
-    echo "usage: $0 run [kvpoold flags] | test | build" >&2
+    echo "usage: $0 run [kvpoold flags] | test | build | package" >&2
     exit 2
     ;;
 esac
