@@ -110,7 +110,7 @@ install(CODE "${_kvpool_dev_code}" COMPONENT dev)
 
 # --- the test: install, link the quickstart both ways, build and install the .deb ----------
 
-if(KVPOOL_BUILD_TESTS)
+if(KVPOOL_BUILD_TESTS AND TARGET kvpoold)  # the test installs and runs the daemon too
   add_test(NAME install_test
     COMMAND ${PROJECT_SOURCE_DIR}/tests/install_test.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(install_test PROPERTIES LABELS install TIMEOUT 300
