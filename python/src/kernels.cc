@@ -195,7 +195,9 @@ void PreparePaged(PagedArgs& a, const kvpool_block_layout& layout, int32_t paged
 
   a.payloads = AcquireAll(payloads, /*writable=*/gather, true, "payloads");
   const size_t raw = kvpool_kernel_raw_bytes(&layout);
-  if (raw == 0) RaiseInvalid(std::string("invalid block layout: ") + kvpool_kernel_last_error());
+  if (raw == 0) RaiseInvalid(std::string("invalid block layout (positive sizes; int4 groups must divide "
+                               "head_dim; a known dtype and encoding) ") +
+                   kvpool_kernel_last_error());
   for (size_t i = 0; i < a.payloads.size(); ++i) {
     CheckBytes(a.payloads[i], raw, "payloads[" + std::to_string(i) + "]");
     CheckElem(a.payloads[i], layout.dtype, "payloads[" + std::to_string(i) + "]");
@@ -301,7 +303,7 @@ void RegisterKernels(nb::module_& m) {
                                             a.pp.data());
         });
       },
-      nb::arg("layout"), nb::arg("paged_layout"), nb::arg("k_layers"), nb::arg("v_layers"),
+      nb::arg("layout"), nb::arg("paged_layout"), nb::arg("k_layers"), nb::arg("v_layers").none(),
       nb::arg("block_table"), nb::arg("first_token"), nb::arg("payloads"), nb::arg("stream") = 0,
       "Engine pages -> raw payloads (see kvpool.kernels.gather_paged).");
 
@@ -320,7 +322,7 @@ void RegisterKernels(nb::module_& m) {
                                              cp.data());
         });
       },
-      nb::arg("layout"), nb::arg("paged_layout"), nb::arg("k_layers"), nb::arg("v_layers"),
+      nb::arg("layout"), nb::arg("paged_layout"), nb::arg("k_layers"), nb::arg("v_layers").none(),
       nb::arg("block_table"), nb::arg("first_token"), nb::arg("payloads"), nb::arg("stream") = 0,
       "Raw payloads -> engine pages (see kvpool.kernels.scatter_paged).");
 
@@ -330,7 +332,9 @@ void RegisterKernels(nb::module_& m) {
       const size_t raw = kvpool_kernel_raw_bytes(&layout);
       const size_t enc = kvpool_kernel_encoded_bytes(&layout);
       if (raw == 0 || enc == 0) {
-        RaiseInvalid(std::string("invalid block layout: ") + kvpool_kernel_last_error());
+        RaiseInvalid(std::string("invalid block layout (positive sizes; int4 groups must divide "
+                               "head_dim; a known dtype and encoding) ") +
+                   kvpool_kernel_last_error());
       }
       const char* src_name = encode ? "raw" : "encoded";
       const char* dst_name = encode ? "encoded" : "raw";
