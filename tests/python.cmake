@@ -1,0 +1,43 @@
+# Python tests under CTest: pytest in one of scripts/python_env.sh's venvs against a real kvpoold.
+#
+#   kvpool_add_pytest(NAME python_core VENV core DIR python/tests
+#                     [ARGS extra pytest args...] [LABELS python;integration] [TIMEOUT seconds])
+#
+# Runs `.venv/<venv>/bin/python -m pytest <dir> -q <args>` from the repository root with
+# KVPOOL_KVPOOLD and KVPOOL_CLI set to this build's binaries. Fails with a clear message when the
+# venv is missing (make it with scripts/python_env.sh <venv>), and when pytest collected no tests
+# (exit code 5): a test that runs nothing is a broken test.
+if(NOT KVPOOL_BUILD_TESTS)
+  return()
+endif()
+set(KVPOOL_PYTEST_RUNNER ${CMAKE_CURRENT_LIST_DIR}/run_pytest.cmake)
+
+function(kvpool_add_pytest)
+  cmake_parse_arguments(P "" "NAME;VENV;DIR;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  if(NOT P_NAME OR NOT P_VENV OR NOT P_DIR)
+    message(FATAL_ERROR "kvpool_add_pytest needs NAME, VENV and DIR")
+  endif()
+  if(NOT P_LABELS)
+    set(P_LABELS python integration)
+  endif()
+  if(NOT P_TIMEOUT)
+    set(P_TIMEOUT 600)
+  endif()
+  string(REPLACE ";" "|" args "${P_ARGS}")  # "|" separates them on the way to the runner
+  add_test(NAME ${P_NAME}
+    COMMAND ${CMAKE_COMMAND}
+      -DPYTHON=${PROJECT_SOURCE_DIR}/.venv/${P_VENV}/bin/python
+      -DVENV=${P_VENV}
+      -DDIR=${P_DIR}
+      "-DARGS=${args}"
+      -P ${KVPOOL_PYTEST_RUNNER}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(${P_NAME} PROPERTIES
+    LABELS "${P_LABELS}" TIMEOUT ${P_TIMEOUT}
+    ENVIRONMENT "KVPOOL_KVPOOLD=$<TARGET_FILE:kvpoold>;KVPOOL_CLI=$<TARGET_FILE:kvpool_cli>;PYTHONDONTWRITEBYTECODE=1")
+endfunction()
+
+# kvpool's own tests (the core venv: numpy and pytest, no torch). Subfolders (hf/, kvpress/)
+# belong to other venvs and are registered on their own.
+kvpool_add_pytest(NAME python_core VENV core DIR python/tests ARGS -o norecursedirs=*
+  LABELS python integration TIMEOUT 600)

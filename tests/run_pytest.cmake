@@ -1,0 +1,11 @@
+# Runs pytest for kvpool_add_pytest (tests/python.cmake): cmake -DPYTHON= -DVENV= -DDIR= -DARGS= -P
+if(NOT EXISTS "${PYTHON}")
+  message(FATAL_ERROR "Python venv '${VENV}' is missing (${PYTHON}): run scripts/python_env.sh ${VENV}")
+endif()
+string(REPLACE "|" ";" ARGS "${ARGS}")
+execute_process(COMMAND "${PYTHON}" -m pytest "${DIR}" -q ${ARGS} RESULT_VARIABLE rc)
+if(rc EQUAL 5)
+  message(FATAL_ERROR "pytest collected no tests in ${DIR} (exit code 5): something is wrong")
+elseif(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pytest failed (exit code ${rc})")
+endif()
