@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvpool developer entry point: installs the dependencies (Debian 12 packages), builds, and
 #   ./scripts/dev.sh run    starts kvpoold in the foreground with the embedded defaults
-#   ./scripts/dev.sh test   runs the whole test suite with ctest
+#   ./scripts/dev.sh test   runs the whole test suite with ctest (after scripts/python_env.sh)
 #   ./scripts/dev.sh build  only installs and builds
 #   ./scripts/dev.sh package  builds the Debian packages (cpack -G DEB) into $BUILD_DIR
 # Environment: BUILD_DIR (default build), CTEST_ARGS (extra ctest arguments, e.g. "-L unit"),
@@ -19,7 +19,7 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libssl-dev libxxhash-dev libabsl-dev nlohmann-json3-dev
   libsystemd-dev libgtest-dev libbenchmark-dev
   libucx-dev ucx-utils libhiredis-dev redis-server etcd-server
-  python3 python3-matplotlib
+  python3 python3-matplotlib python3-venv python3-dev python3-pip
 )
 
 install_deps() {
@@ -56,6 +56,9 @@ case "${1:-}" in
   test)
     install_deps
     build
+    # The Python venvs (.venv/<name>, the kvpool wheel installed in each) that the python-labelled
+    # tests run in; fast when nothing changed.
+    scripts/python_env.sh
     # Integration tests start their own daemons on temp dirs: safe to run two at a time.
     # shellcheck disable=SC2086
     ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 ${CTEST_ARGS:-}
