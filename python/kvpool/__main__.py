@@ -1,0 +1,163 @@
+"""python -m kvpool: the CLI's status, stats and sessions commands, from Python.
+
+    python -m kvpool status
+    python -m kvpool stats [--json]
+    python -m kvpool sessions ls [--prefix=P] [--json] | show ID [--json] | rm ID
+
+Flags as build/client/kvpool's: --socket (path or tcp://HOST:PORT), --namespace, --timeout_ms.
+Exit status: 0 on success, 1 when the daemon answered with an error or cannot be reached,
+2 on a usage error. The output matches the CLI's (client/cli.cc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import kvpool
+
+
+def format_bytes(n: int) -> str:
+    """As kvpool::FormatBytes: "512 B", "1.50 KiB", "12.0 MiB"."""
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    v, u = float(n), 0
+    while v >= 1024.0 and u < 5:
+        v /= 1024.0
+        u += 1
+    if u == 0:
+        return f"{n} B"
+    return f"{v:.{2 if v < 10 else 1}f} {units[u]}"
+
+
+def percent(part: int, whole: int) -> str:
+    return f"{0.0 if whole == 0 else 100.0 * part / whole:.1f}%"
+
+
+def utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms // 1000))
+
+
+def _connect(args) -> kvpool.Client:
+    return kvpool.Client(args.socket or None, args.namespace, timeout=args.timeout_ms / 1000,
+                         client_name="kvpool-py-cli")
+
+
+def cmd_status(args) -> None:
+    s = _connect(args).stats()
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return
+    print(f"kvpoold {s['node_id']} (version {s['version']}), up {s['uptime_s']} s, "
+          f"{s['connections']} connections, {s['sessions']} sessions")
+    for t in s["tiers"]:
+        print(f"  {t['name']}: {format_bytes(t['used_bytes'])} of "
+              f"{format_bytes(t['capacity_bytes'])} ({percent(t['used_bytes'], t['capacity_bytes'])}"
+              f"), {t['blocks']} blocks")
+    line = f"  cluster: {s['cluster_state']}"
+    if s["cluster_state"] != "standalone":
+        line += f", {s['cluster_members']} members"
+    if s["cluster_reason"]:
+        line += f" ({s['cluster_reason']})"
+    print(line)
+    print(f"  lookups: {s['lookups']}, prefix hit rate "
+          f"{percent(s['lookup_hit_blocks'], s['lookup_blocks'])}; dedup ratio {s['dedup_ratio']:g}")
+
+
+def cmd_stats(args) -> None:
+    s = _connect(args).stats()
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return
+    print(f"node {s['node_id']}  version {s['version']}  uptime {s['uptime_s']} s")
+    print(f"{'tier':<6} {'used':>12} {'capacity':>12} {'blocks':>10} {'hits':>10} "
+          f"{'promoted':>10} {'demoted':>10} {'evicted':>10} {'frag':>8}")
+    for t in s["tiers"]:
+        print(f"{t['name']:<6} {format_bytes(t['used_bytes']):>12} "
+              f"{format_bytes(t['capacity_bytes']):>12} {t['blocks']:>10} {t['hits']:>10} "
+              f"{t['promotions']:>10} {t['demotions']:>10} {t['evictions']:>10} "
+              f"{100 * t['fragmentation']:>7.1f}%")
+    print(f"lookups {s['lookups']} (blocks asked {s['lookup_blocks']}, in cached prefix "
+          f"{s['lookup_hit_blocks']} = {percent(s['lookup_hit_blocks'], s['lookup_blocks'])})")
+    print(f"gets {s['gets']} (blocks served {s['get_blocks_served']}, misses {s['get_misses']})")
+    print(f"puts: blocks offered {s['puts_offered']}, already cached {s['puts_deduplicated']}, "
+          f"stored {s['puts_committed']} (dedup ratio {s['dedup_ratio']:.2f})")
+    print(f"bytes in {format_bytes(s['bytes_in'])}, out {format_bytes(s['bytes_out'])}; "
+          f"prefetches {s['prefetches_issued']} (useful {s['prefetches_useful']}); "
+          f"checksum failures {s['checksum_failures']}")
+    print(f"index {s['index_entries']} entries ({format_bytes(s['index_bytes'])}); leases "
+          f"{s['leases_active']}; reservations {s['reservations_active']}; sessions "
+          f"{s['sessions']}; connections {s['connections']}")
+
+
+def cmd_sessions(args) -> None:
+    c = _connect(args)
+    if args.sub == "ls":
+        rows = c.list_sessions(args.prefix)
+        if args.json:
+            print(json.dumps([{"session_id": r.session_id, "blocks": r.blocks,
+                               "token_count": r.token_count, "total_bytes": r.total_bytes,
+                               "updated_unix_ms": r.updated_unix_ms} for r in rows], indent=2))
+            return
+        print(f"{'session':<40} {'blocks':>8} {'tokens':>10} {'bytes':>12}  updated")
+        for r in rows:
+            print(f"{r.session_id:<40} {r.blocks:>8} {r.token_count:>10} "
+                  f"{format_bytes(r.total_bytes):>12}  {utc(r.updated_unix_ms)}")
+        return
+    if not args.id:
+        raise _Usage(f"sessions {args.sub} needs a session id")
+    if args.sub == "show":
+        s = c.load_session(args.id, prefetch=False)
+        if args.json:
+            print(json.dumps({"session_id": s.session_id, "token_count": s.token_count,
+                              "metadata": s.metadata, "keys": [k.hex() for k in s.keys],
+                              "cached_blocks": s.cached_blocks, "total_bytes": s.total_bytes,
+                              "created_unix_ms": s.created_unix_ms,
+                              "updated_unix_ms": s.updated_unix_ms}, indent=2))
+            return
+        print(f"session {s.session_id}\n  tokens {s.token_count}, blocks {len(s.keys)} "
+              f"({s.cached_blocks} cached now), {format_bytes(s.total_bytes)}\n  created "
+              f"{utc(s.created_unix_ms)}, updated {utc(s.updated_unix_ms)}")
+        for k, v in sorted(s.metadata.items()):
+            print(f"  {k} = {v}")
+        for i, k in enumerate(s.keys):
+            print(f"  [{i}] {k.hex()}")
+        return
+    c.delete_session(args.id)
+    print(f"deleted session {args.id}")
+
+
+class _Usage(Exception):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvpool", description=__doc__.split("\n")[0])
+    p.add_argument("--socket", default="", help="kvpoold address: a Unix socket path or "
+                   "tcp://HOST:PORT (default: $KVPOOL_SOCKET, else the daemon's default socket)")
+    p.add_argument("--namespace", "--namespace_name", dest="namespace", default="default")
+    p.add_argument("--timeout_ms", type=int, default=5000)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("status", "stats"):
+        sp = sub.add_parser(name)
+        sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("sessions")
+    sp.add_argument("sub", choices=["ls", "show", "rm"])
+    sp.add_argument("id", nargs="?")
+    sp.add_argument("--prefix", default="")
+    sp.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        {"status": cmd_status, "stats": cmd_stats, "sessions": cmd_sessions}[args.command](args)
+    except _Usage as e:
+        print(f"kvpool: {e}", file=sys.stderr)
+        return 2
+    except kvpool.Error as e:
+        print(f"kvpool: {e.code}: {e.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
