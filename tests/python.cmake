@@ -41,3 +41,17 @@ endfunction()
 # belong to other venvs and are registered on their own.
 kvpool_add_pytest(NAME python_core VENV core DIR python/tests ARGS -o norecursedirs=*
   LABELS python integration TIMEOUT 600)
+
+# kvpool.hf (transformers DynamicCache <-> blocks) and kvpool.hf.compress: the hf venv (torch,
+# transformers). A tiny random-weight Llama end to end: two processes, restarts, sessions.
+kvpool_add_pytest(NAME python_hf VENV hf DIR python/tests/hf
+  LABELS python model slow TIMEOUT 900)
+# Smoke run of the multi-round chat benchmark (512-token system prompt, 2 users, 2 rounds);
+# fails when a first token differs from recompute or no request found its prefix.
+add_test(NAME bench_hf_multiround_quick
+  COMMAND ${PROJECT_SOURCE_DIR}/.venv/hf/bin/python ${PROJECT_SOURCE_DIR}/bench/hf_multiround.py
+    --quick
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(bench_hf_multiround_quick PROPERTIES
+  LABELS "bench;python" TIMEOUT 300
+  ENVIRONMENT "KVPOOL_KVPOOLD=$<TARGET_FILE:kvpoold>;PYTHONDONTWRITEBYTECODE=1")
