@@ -55,3 +55,7 @@ add_test(NAME bench_hf_multiround_quick
 set_tests_properties(bench_hf_multiround_quick PROPERTIES
   LABELS "bench;python" TIMEOUT 300
   ENVIRONMENT "KVPOOL_KVPOOLD=$<TARGET_FILE:kvpoold>;PYTHONDONTWRITEBYTECODE=1")
+# kvpress 0.5.5 as an independent reference for the compression kernels (its own venv: it pins
+# transformers < 5.3): kvpool's kept token sets against StreamingLLM-, SnapKV- and PyramidKVPress.
+kvpool_add_pytest(NAME python_kvpress VENV kvpress DIR python/tests/kvpress
+  LABELS python model slow TIMEOUT 600)

@@ -28,45 +28,24 @@ definitions and the KVCache-Factory parameter names):
   cache)`, which gives the last prompt token position prompt_len - 1 and RoPE-rotates the new
   queries and keys there (python/tests/hf/test_compress.py checks this).
 
-Which binding runs the kernels: the compiled extension (kvpool._native, kernel_* functions) when
-it is importable, else a ctypes binding of the kernels' C API (kvpool/hf/_ckernels.py) over the
-shared library named by $KVPOOL_KERNELS_LIB. Batch size 1 only.
+The kernels run through kvpool.kernels (the compiled extension). Batch size 1 only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 from typing import Any
 
 import torch
 
-_METHODS = {"streamingllm": 0, "h2o": 1, "snapkv": 2, "pyramidkv": 3}
-_POOLING = {"avgpool": 0, "maxpool": 1}
-_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+from kvpool import kernels
 
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
-@dataclasses.dataclass(frozen=True)
-class CompressionParams:
-    """kvpool_compress_params with the seed's names; defaults are the kernels' defaults."""
-
-    method: str = "snapkv"          # streamingllm | h2o | snapkv | pyramidkv
-    max_capacity_prompt: int = 2048  # kept per layer and head, window included (PyramidKV: mean)
-    window_size: int = 32            # observation window (SnapKV, PyramidKV) / recent (H2O)
-    kernel_size: int = 5             # pooling width, odd
-    pooling: str = "avgpool"         # avgpool | maxpool
-    sink_size: int = 4               # StreamingLLM's sinks
-    beta: int = 20                   # PyramidKV: last layer keeps (C - window) / beta
-
-    def as_tuple(self) -> tuple[int, ...]:
-        """(method, window_size, max_capacity_prompt, kernel_size, pooling, sink_size, beta)."""
-        if self.method not in _METHODS:
-            raise ValueError(f"unknown method {self.method!r}: one of {sorted(_METHODS)}")
-        if self.pooling not in _POOLING:
-            raise ValueError(f"unknown pooling {self.pooling!r}: avgpool or maxpool")
-        return (_METHODS[self.method], self.window_size, self.max_capacity_prompt,
-                self.kernel_size, _POOLING[self.pooling], self.sink_size, self.beta)
+# The kernels' parameters (method, max_capacity_prompt, window_size, kernel_size, pooling "avg" |
+# "max", sink_size, beta), named as in KVCache-Factory.
+CompressionParams = kernels.CompressParams
 
 
 @dataclasses.dataclass
@@ -82,79 +61,6 @@ class CompressedPrefill:
         """The 2-D mask to pass to generate() with `new_tokens` input ids after this prefill:
         ones over the original length, so positions continue at seq_len."""
         return torch.ones(1, self.seq_len + new_tokens, dtype=torch.long)
-
-
-class _Kernels:
-    """The four compression calls, over kvpool._native or the ctypes C API."""
-
-    def __init__(self) -> None:
-        native = None
-        try:
-            from kvpool import _native  # the compiled extension
-
-            if hasattr(_native, "kernel_compute_scores"):
-                native = _native
-        except ImportError:
-            native = None
-        self._native = native
-        if native is None:
-            self._c = _load_ckernels().load()
-
-    @property
-    def backend(self) -> str:
-        return "kvpool._native" if self._native is not None else "ctypes"
-
-    def sizes(self, params, shape):
-        if self._native is not None:
-            keep, total, nq, scored = self._native.kernel_compress_sizes(params, shape)
-            return list(keep), int(total), int(nq), int(scored)
-        return self._c.compress_sizes(params, shape)
-
-    def compute_scores(self, params, shape, q, kv, scores) -> None:
-        if self._native is not None:
-            self._native.kernel_compute_scores(params, shape, q, kv, scores)
-        else:
-            self._c.compute_scores(params, shape, q, kv, scores)
-
-    def select_tokens(self, params, shape, scores, indices) -> None:
-        if self._native is not None:
-            self._native.kernel_select_tokens(params, shape, scores, indices)
-        else:
-            self._c.select_tokens(params, shape, scores, indices)
-
-    def compact_kv(self, shape, keep, indices, kv, out) -> None:
-        if self._native is not None:
-            self._native.kernel_compact_kv(shape, keep, indices, kv, out)
-        else:
-            self._c.compact_kv(shape, keep, indices, kv, out)
-
-
-def _load_ckernels():
-    try:
-        from kvpool.hf import _ckernels
-    except ImportError:
-        # The kvpool package cannot import without its compiled extension; the ctypes binding
-        # beside this file does not need it.
-        import importlib.util
-        import pathlib
-
-        path = pathlib.Path(__file__).with_name("_ckernels.py")
-        spec = importlib.util.spec_from_file_location("_kvpool_hf_ckernels", path)
-        _ckernels = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = _ckernels
-        spec.loader.exec_module(_ckernels)
-    return _ckernels
-
-
-_KERNELS: _Kernels | None = None
-
-
-def kernels() -> _Kernels:
-    """The process's kernel binding (loaded once)."""
-    global _KERNELS
-    if _KERNELS is None:
-        _KERNELS = _Kernels()
-    return _KERNELS
 
 
 def _attention_modules(model) -> list:
@@ -210,10 +116,10 @@ def compress_prefill(model, input_ids: torch.Tensor, params: CompressionParams) 
     dtype = next(model.parameters()).dtype
     if dtype not in _DTYPES:
         raise ValueError(f"model dtype {dtype} is not fp16, bf16 or fp32")
-    p = params.as_tuple()
-    shape = (layers, n, hq, hk, dim, _DTYPES[dtype])
-    k = kernels()
-    keep, total, nq, scored = k.sizes(p, shape)
+    shape = kernels.AttentionShape(layers, n, hq, hk, dim, _DTYPES[dtype])
+    sizes = kernels.compress_sizes(params, shape)
+    keep, total, nq, scored = (sizes.keep_counts, sizes.total_kept, sizes.query_tokens,
+                               sizes.scored_tokens)
 
     handles, store = ([], {})
     if nq > 0:
@@ -236,11 +142,11 @@ def compress_prefill(model, input_ids: torch.Tensor, params: CompressionParams) 
         q = torch.stack([store[l][0, :, -nq:].transpose(0, 1).cpu() for l in range(layers)])
         q = q.to(dtype).contiguous()
         scores = torch.empty(layers, hk, scored, dtype=torch.float32)
-        k.compute_scores(p, shape, q, kv, scores)
+        kernels.compute_scores(params, shape, q, kv, scores)
     idx = torch.empty(hk * total, dtype=torch.int32)
-    k.select_tokens(p, shape, scores, idx)
+    kernels.select_tokens(params, shape, scores, idx)
     out = torch.empty(total * 2 * hk * dim, dtype=dtype)
-    k.compact_kv(shape, list(keep), idx, kv, out)
+    kernels.compact_kv(shape, list(keep), idx, kv, out)
 
     device = cache.layers[0].keys.device
     pairs = []

@@ -11,7 +11,7 @@ Parameter mapping (exact):
   StreamingLLMPress(compression_ratio=r, n_sink=s)  == kvpool streamingllm, sink_size=s,
       max_capacity_prompt = int(n * (1 - r))
   SnapKVPress(r, window_size=W, kernel_size=K)       == kvpool snapkv, window_size=W,
-      kernel_size=K, avgpool, max_capacity_prompt = int(n * (1 - r))
+      kernel_size=K, pooling avg, max_capacity_prompt = int(n * (1 - r))
   PyramidKVPress(r, W, K, beta)                      vs kvpool pyramidkv, same W, K, beta,
       max_capacity_prompt = W + n * (1 - r)
 kvpress's pyramid schedule differs from KVCache-Factory's (which kvpool follows): its per-layer
@@ -24,7 +24,6 @@ kvpool's larger one at kvpool's own schedule.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -40,14 +39,8 @@ from models import random_tokens, tiny_llama  # noqa: E402
 
 kvpress = pytest.importorskip("kvpress")
 
-try:
-    from kvpool.hf import compress
-except ImportError:  # kvpool's wheel is not installed: load the module from the source tree
-    _path = HERE.parents[1] / "kvpool" / "hf" / "compress.py"
-    _spec = importlib.util.spec_from_file_location("kvpool_hf_compress", _path)
-    compress = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = compress
-    _spec.loader.exec_module(compress)
+import kvpool  # noqa: E402
+from kvpool.hf import compress  # noqa: E402
 
 MODEL_KW = dict(layers=4, hidden=128, heads=4, kv_heads=2, vocab=512, max_pos=2048)
 N = 192
@@ -137,7 +130,7 @@ def test_snapkv_agrees(model, prompt, full_keys):
                           SnapKVPress(compression_ratio=RATIO, window_size=W, kernel_size=K),
                           full_keys)
     ours, keep = kvpool_kept(model, prompt, method="snapkv", max_capacity_prompt=n_kept,
-                             window_size=W, kernel_size=K, pooling="avgpool")
+                             window_size=W, kernel_size=K, pooling="avg")
     mean, low, eq = jaccard(ours, theirs)
     record("SnapKV", jaccard_mean=mean, jaccard_min=low, sets_equal=eq, keep=keep)
     # Same scores up to f32 rounding (kvpress: mean over queries, per-head pooling, then the
@@ -160,14 +153,14 @@ def test_pyramidkv_selection_and_schedule(model, prompt, full_keys):
             assert all(t == set(range(N - k, N)) for t in theirs[l])
             continue
         ours_l, _ = kvpool_kept(model, prompt, method="snapkv", max_capacity_prompt=k,
-                                window_size=W, kernel_size=K, pooling="avgpool")
+                                window_size=W, kernel_size=K, pooling="avg")
         at_their_budget.append(ours_l[l])
         theirs_cmp.append(theirs[l])
     mean_a, low_a, eq_a = jaccard(at_their_budget, theirs_cmp)
     # (b) kvpool's own PyramidKV (KVCache-Factory schedule): kvpress's set inside kvpool's.
     ours, our_keep = kvpool_kept(model, prompt, method="pyramidkv",
                                  max_capacity_prompt=W + int(N * (1 - RATIO)), window_size=W,
-                                 kernel_size=K, pooling="avgpool", beta=BETA)
+                                 kernel_size=K, pooling="avg", beta=BETA)
     contained = [len(t & o) / len(t) for lt, lo in zip(theirs, ours) for t, o in zip(lt, lo)]
     mean_b, low_b, _ = jaccard(ours, theirs)
     record("PyramidKV", kvpress_keep=their_keep, kvpool_keep=our_keep,
