@@ -332,6 +332,25 @@ class PyClient {
     return d;
   }
 
+  nb::list Locate(nb::handle keys_obj) {
+    std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
+    std::vector<NodeLocation> nodes = Unwrap(Call([&](Client& c) { return c.Locate(keys); }));
+    nb::list out;
+    for (const NodeLocation& n : nodes) {
+      nb::dict d;
+      d["node_id"] = n.node_id;
+      d["control_address"] = n.control_address;
+      d["self"] = n.self;
+      d["error"] = n.status.ok() ? nb::none() : ErrorObject(n.status);
+      d["hit_blocks"] = n.hit_blocks;
+      nb::list tiers;
+      for (Tier t : n.tiers) tiers.append(TierName(t));
+      d["tiers"] = tiers;
+      out.append(d);
+    }
+    return out;
+  }
+
   nb::dict Evict(const std::string& tier_name, nb::handle keys_obj) {
     Tier tier;
     if (tier_name == "host") {
@@ -511,6 +530,12 @@ void RegisterClient(nb::module_& m) {
            "list of dicts).")
       .def("cluster", &PyClient::Cluster,
            "The cluster as the daemon sees it: state, reason, members (list of dicts).")
+      .def("locate", &PyClient::Locate, nb::arg("keys"),
+           "For a request router: how many leading blocks of the chain each node holds, this "
+           "daemon first, then (cluster mode) every other member, asked in one round within the "
+           "peer deadline; nothing is promoted or fetched. A list of dicts: node_id, "
+           "control_address, self, error (None, or the Error of a node that did not answer), "
+           "hit_blocks, tiers (one per hit block).")
       .def("evict", &PyClient::Evict, nb::arg("tier") = "host", nb::arg("keys") = nb::none(),
            "Admin: evict the namespace's blocks (all when keys is None) from 'host' (demoted to "
            "disk) or 'disk' (dropped). Returns {'evicted': n, 'skipped': n}.")

@@ -112,6 +112,7 @@ def test_prefetch_evict_and_stats(client, make_keys):
     ev = client.evict("host", keys)
     assert ev["evicted"] + ev["skipped"] == 3
     assert client.prefetch(keys) >= 0
+    client.lookup(keys)  # counted in stats whatever ran before
     stats = client.stats()
     assert isinstance(stats, dict)
     assert stats["version"] and stats["node_id"] and stats["cluster_state"] == "standalone"
@@ -121,6 +122,17 @@ def test_prefetch_evict_and_stats(client, make_keys):
     out = [bytearray(SIZE) for _ in keys]
     assert all(client.get_into(keys, out))  # from disk or promoted back: the same bytes
     assert client.cluster()["state"] == "standalone"
+
+
+def test_locate_on_a_standalone_daemon(client, make_keys):
+    keys = make_keys(6)
+    client.put(keys[:4], _blocks(4, 5))
+    (node,) = client.locate(keys)
+    assert node["self"] is True and node["error"] is None and node["node_id"]
+    assert node["control_address"] == ""
+    assert node["hit_blocks"] == 4 and node["tiers"] == ["host"] * 4
+    with pytest.raises((TypeError, kvpool.InvalidArgument)):
+        client.locate([b"short"])
 
 
 def test_connect_to_a_missing_socket_is_unavailable(tmp_path):
