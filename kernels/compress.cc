@@ -18,17 +18,6 @@ namespace {
 
 bool UsesWindow(CompressMethod m) { return m != CompressMethod::kStreamingLlm; }
 
-// Storage of one q / kv element: 16-bit float bits, or fp32.
-template <DType D>
-struct ElemOf {
-  using type = uint16_t;
-};
-template <>
-struct ElemOf<DType::kFloat32> {
-  using type = float;
-};
-template <DType D>
-using Elem = typename ElemOf<D>::type;
 
 template <DType D>
 inline float Load(const Elem<D>* p, size_t i) {

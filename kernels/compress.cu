@@ -33,7 +33,7 @@ using cuda::CeilDiv;
 constexpr int kLayersPerLaunch = 64;
 constexpr int kScoreTile = 128;
 
-// q and kv are typed per dtype at their use (cuda::Elem<D>).
+// q and kv are typed per dtype at their use (Elem<D>).
 struct ScoreArgs {
   const void* q;
   const void* kv;
@@ -46,7 +46,7 @@ struct ScoreArgs {
 };
 
 template <DType D>
-__device__ __forceinline__ float Logit(const ScoreArgs& a, const float* qs, const cuda::Elem<D>* k,
+__device__ __forceinline__ float Logit(const ScoreArgs& a, const float* qs, const Elem<D>* k,
                                        int lane) {
   float part = 0.0f;
   for (int d = lane; d < a.dim; d += 32)
@@ -55,13 +55,13 @@ __device__ __forceinline__ float Logit(const ScoreArgs& a, const float* qs, cons
 }
 
 template <DType D>
-__device__ __forceinline__ const cuda::Elem<D>* KeyRow(const ScoreArgs& a, int l, int j, int kvh) {
-  return static_cast<const cuda::Elem<D>*>(a.kv) +
+__device__ __forceinline__ const Elem<D>* KeyRow(const ScoreArgs& a, int l, int j, int kvh) {
+  return static_cast<const Elem<D>*>(a.kv) +
          ((static_cast<int64_t>(l) * 2 * a.n + j) * a.hk + kvh) * a.dim;
 }
 template <DType D>
-__device__ __forceinline__ const cuda::Elem<D>* QueryRow(const ScoreArgs& a, int l, int i, int h) {
-  return static_cast<const cuda::Elem<D>*>(a.q) +
+__device__ __forceinline__ const Elem<D>* QueryRow(const ScoreArgs& a, int l, int i, int h) {
+  return static_cast<const Elem<D>*>(a.q) +
          ((static_cast<int64_t>(l) * a.nq + i) * a.hq + h) * a.dim;
 }
 
@@ -74,7 +74,7 @@ __global__ void SoftmaxStatsKernel(const ScoreArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = a.n - a.nq + i;
   const int kvh = h / a.group;
-  const cuda::Elem<D>* q = QueryRow<D>(a, l, i, h);
+  const Elem<D>* q = QueryRow<D>(a, l, i, h);
   for (int d = threadIdx.x; d < a.dim; d += blockDim.x) qs[d] = cuda::LoadF<D>(q, d);
   __syncthreads();
   float m = -INFINITY, s = 0.0f;
@@ -116,14 +116,14 @@ __global__ void ScoreKernel(const ScoreArgs a) {
   float* raw = smem;                                          // hi - lo entries
   float* qs = smem + (kScoreTile + 2 * halo) + warp * a.dim;  // per-warp query vector
   for (int j = lo + warp; j < hi; j += warps) {
-    const cuda::Elem<D>* k = KeyRow<D>(a, l, j, kvh);
+    const Elem<D>* k = KeyRow<D>(a, l, j, kvh);
     float acc = 0.0f;
     for (int g = 0; g < a.group; ++g) {
       const int h = kvh * a.group + g;
       for (int i = 0; i < a.nq; ++i) {
         const int t = a.n - a.nq + i;
         if (j > t) continue;  // causal (H2O's early queries)
-        const cuda::Elem<D>* q = QueryRow<D>(a, l, i, h);
+        const Elem<D>* q = QueryRow<D>(a, l, i, h);
         for (int d = lane; d < a.dim; d += 32) qs[d] = cuda::LoadF<D>(q, d);
         __syncwarp();
         const float x = Logit<D>(a, qs, k, lane);

@@ -16,17 +16,6 @@ namespace kvpool {
 namespace kernels {
 namespace cuda {
 
-// Storage of one element: 16-bit float bits, or fp32.
-template <DType D>
-struct ElemOf {
-  using type = uint16_t;
-};
-template <>
-struct ElemOf<DType::kFloat32> {
-  using type = float;
-};
-template <DType D>
-using Elem = typename ElemOf<D>::type;
 
 template <DType D>
 __device__ __forceinline__ float LoadF(const Elem<D>* p, size_t i) {

@@ -25,6 +25,19 @@ enum class DType : uint8_t {
 };
 
 inline constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+// Storage of one element of `D` in memory: the bits of a 16-bit float, or an fp32.
+template <DType D>
+struct ElemOf {
+  using type = uint16_t;
+};
+template <>
+struct ElemOf<DType::kFloat32> {
+  using type = float;
+};
+template <DType D>
+using Elem = typename ElemOf<D>::type;
+
 inline constexpr bool IsKnownDType(DType dtype) {
   return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32;
 }

@@ -33,18 +33,18 @@ namespace {
 // Storage of one element: the bits of a 16-bit float, or of an fp32 (integer ops on the bits
 // keep the max / min loops vectorizable).
 template <DType D>
-struct ElemOf {
+struct BitsOf {
   using type = uint16_t;
 };
 template <>
-struct ElemOf<DType::kFloat32> {
+struct BitsOf<DType::kFloat32> {
   using type = uint32_t;
 };
 template <DType D>
-using Elem = typename ElemOf<D>::type;
+using Bits = typename BitsOf<D>::type;
 
 template <DType D>
-inline float Load(const Elem<D>* p, size_t i) {
+inline float Load(const Bits<D>* p, size_t i) {
   if constexpr (D == DType::kFloat32) {
     return BitsToFloat(p[i]);
   } else {
@@ -52,7 +52,7 @@ inline float Load(const Elem<D>* p, size_t i) {
   }
 }
 template <DType D>
-inline Elem<D> Store(float f) {
+inline Bits<D> Store(float f) {
   if constexpr (D == DType::kFloat32) {
     return FloatBits(f);
   } else {
@@ -89,11 +89,11 @@ inline E FromOrderKey(E k) {
 constexpr float kHalfMax = 65504.0f;
 
 template <DType D>
-KVPOOL_VECTOR_CLONES void QuantizeInt8Rows(const Elem<D>* in, int8_t* q, float* scales, size_t rows,
+KVPOOL_VECTOR_CLONES void QuantizeInt8Rows(const Bits<D>* in, int8_t* q, float* scales, size_t rows,
                                            int dim) {
   for (size_t r = 0; r < rows; ++r) {
-    const Elem<D>* src = in + r * dim;
-    const Elem<D> mbits = AbsMaxBits(src, dim);
+    const Bits<D>* src = in + r * dim;
+    const Bits<D> mbits = AbsMaxBits(src, dim);
     const float scale = Load<D>(&mbits, 0) / 127.0f;
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
     int8_t* dst = q + r * dim;
@@ -110,25 +110,25 @@ KVPOOL_VECTOR_CLONES void QuantizeInt8Rows(const Elem<D>* in, int8_t* q, float* 
 }
 
 template <DType D>
-void QuantizeInt8(const BlockLayout& l, const Elem<D>* in, uint8_t* out) {
+void QuantizeInt8(const BlockLayout& l, const Bits<D>* in, uint8_t* out) {
   const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
   QuantizeInt8Rows<D>(in, reinterpret_cast<int8_t*>(out),
                       reinterpret_cast<float*>(out + EncodedScaleOffset(l)), rows, l.head_dim);
 }
 
 template <DType D>
-KVPOOL_VECTOR_CLONES void DequantizeInt8Rows(const int8_t* q, const float* scales, Elem<D>* out,
+KVPOOL_VECTOR_CLONES void DequantizeInt8Rows(const int8_t* q, const float* scales, Bits<D>* out,
                                              size_t rows, int dim) {
   for (size_t r = 0; r < rows; ++r) {
     const float scale = scales[r];
     const int8_t* src = q + r * dim;
-    Elem<D>* dst = out + r * dim;
+    Bits<D>* dst = out + r * dim;
     for (int d = 0; d < dim; ++d) dst[d] = Store<D>(static_cast<float>(src[d]) * scale);
   }
 }
 
 template <DType D>
-void DequantizeInt8(const BlockLayout& l, const uint8_t* in, Elem<D>* out) {
+void DequantizeInt8(const BlockLayout& l, const uint8_t* in, Bits<D>* out) {
   const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
   DequantizeInt8Rows<D>(reinterpret_cast<const int8_t*>(in),
                         reinterpret_cast<const float*>(in + EncodedScaleOffset(l)), out, rows,
@@ -137,13 +137,13 @@ void DequantizeInt8(const BlockLayout& l, const uint8_t* in, Elem<D>* out) {
 
 // One (layer, kv) plane: per-head amax over the block's tokens, then the codes.
 template <DType D>
-KVPOOL_VECTOR_CLONES void QuantizeFp8Plane(const Elem<D>* src, uint8_t* dst, float* scales,
-                                           int tokens, int heads, int dim, Elem<D>* amax,
+KVPOOL_VECTOR_CLONES void QuantizeFp8Plane(const Bits<D>* src, uint8_t* dst, float* scales,
+                                           int tokens, int heads, int dim, Bits<D>* amax,
                                            float* inv) {
   for (int h = 0; h < heads; ++h) amax[h] = 0;
   for (int t = 0; t < tokens; ++t) {
     for (int h = 0; h < heads; ++h) {
-      const Elem<D> m = AbsMaxBits(src + (static_cast<size_t>(t) * heads + h) * dim, dim);
+      const Bits<D> m = AbsMaxBits(src + (static_cast<size_t>(t) * heads + h) * dim, dim);
       amax[h] = m > amax[h] ? m : amax[h];
     }
   }
@@ -162,11 +162,11 @@ KVPOOL_VECTOR_CLONES void QuantizeFp8Plane(const Elem<D>* src, uint8_t* dst, flo
 }
 
 template <DType D>
-void QuantizeFp8(const BlockLayout& l, const Elem<D>* in, uint8_t* out) {
+void QuantizeFp8(const BlockLayout& l, const Bits<D>* in, uint8_t* out) {
   const size_t planes = static_cast<size_t>(l.num_layers) * 2;
   const size_t plane_elems = PlaneElements(l);
   auto* scales = reinterpret_cast<float*>(out + EncodedScaleOffset(l));
-  std::vector<Elem<D>> amax(l.num_kv_heads);
+  std::vector<Bits<D>> amax(l.num_kv_heads);
   std::vector<float> inv(l.num_kv_heads);
   for (size_t p = 0; p < planes; ++p) {
     QuantizeFp8Plane<D>(in + p * plane_elems, out + p * plane_elems, scales + p * l.num_kv_heads,
@@ -175,37 +175,37 @@ void QuantizeFp8(const BlockLayout& l, const Elem<D>* in, uint8_t* out) {
 }
 
 template <DType D>
-KVPOOL_VECTOR_CLONES void DequantizeFp8Rows(const uint8_t* in, const float* scales, Elem<D>* out,
+KVPOOL_VECTOR_CLONES void DequantizeFp8Rows(const uint8_t* in, const float* scales, Bits<D>* out,
                                             size_t rows, int heads, int dim, int tokens) {
   for (size_t r = 0; r < rows; ++r) {
     // Row r is (plane, token, head): its scale is (plane, head).
     const size_t plane = r / (static_cast<size_t>(tokens) * heads);
     const float s = scales[plane * heads + r % heads];
     const uint8_t* src = in + r * dim;
-    Elem<D>* dst = out + r * dim;
+    Bits<D>* dst = out + r * dim;
     for (int d = 0; d < dim; ++d) dst[d] = Store<D>(Fp8E4M3ToFloat(src[d]) * s);
   }
 }
 
 template <DType D>
-void DequantizeFp8(const BlockLayout& l, const uint8_t* in, Elem<D>* out) {
+void DequantizeFp8(const BlockLayout& l, const uint8_t* in, Bits<D>* out) {
   const size_t rows = static_cast<size_t>(l.num_layers) * 2 * l.tokens * l.num_kv_heads;
   DequantizeFp8Rows<D>(in, reinterpret_cast<const float*>(in + EncodedScaleOffset(l)), out, rows,
                        l.num_kv_heads, l.head_dim, l.tokens);
 }
 
 template <DType D, int G>
-KVPOOL_VECTOR_CLONES void QuantizeInt4Groups(const Elem<D>* in, uint8_t* out, uint16_t* params,
+KVPOOL_VECTOR_CLONES void QuantizeInt4Groups(const Bits<D>* in, uint8_t* out, uint16_t* params,
                                              size_t groups) {
   for (size_t gi = 0; gi < groups; ++gi) {
-    const Elem<D>* src = in + gi * G;
-    Elem<D> kmin = static_cast<Elem<D>>(~Elem<D>{0}), kmax = 0;
+    const Bits<D>* src = in + gi * G;
+    Bits<D> kmin = static_cast<Bits<D>>(~Bits<D>{0}), kmax = 0;
     for (int d = 0; d < G; ++d) {
-      const Elem<D> k = OrderKey(src[d]);
+      const Bits<D> k = OrderKey(src[d]);
       kmin = k < kmin ? k : kmin;
       kmax = k > kmax ? k : kmax;
     }
-    const Elem<D> mn_bits = FromOrderKey(kmin), mx_bits = FromOrderKey(kmax);
+    const Bits<D> mn_bits = FromOrderKey(kmin), mx_bits = FromOrderKey(kmax);
     const float mn = Load<D>(&mn_bits, 0), mx = Load<D>(&mx_bits, 0);
     const uint16_t s_bits = FloatToHalf(std::min((mx - mn) / 15.0f, kHalfMax));
     const uint16_t z_bits = FloatToHalf(std::min(std::max(mn, -kHalfMax), kHalfMax));
@@ -226,7 +226,7 @@ KVPOOL_VECTOR_CLONES void QuantizeInt4Groups(const Elem<D>* in, uint8_t* out, ui
 }
 
 template <DType D>
-void QuantizeInt4(const BlockLayout& l, const Elem<D>* in, uint8_t* out) {
+void QuantizeInt4(const BlockLayout& l, const Bits<D>* in, uint8_t* out) {
   auto* params = reinterpret_cast<uint16_t*>(out + EncodedScaleOffset(l));
   if (Int4GroupSize(l.encoding) == 32) {
     QuantizeInt4Groups<D, 32>(in, out, params, BlockElements(l) / 32);
@@ -237,12 +237,12 @@ void QuantizeInt4(const BlockLayout& l, const Elem<D>* in, uint8_t* out) {
 
 template <DType D, int G>
 KVPOOL_VECTOR_CLONES void DequantizeInt4Groups(const uint8_t* in, const uint16_t* params,
-                                               Elem<D>* out, size_t groups) {
+                                               Bits<D>* out, size_t groups) {
   for (size_t gi = 0; gi < groups; ++gi) {
     const float s = HalfToFloat(params[2 * gi]);
     const float z = HalfToFloat(params[2 * gi + 1]);
     const uint8_t* src = in + gi * (G / 2);
-    Elem<D>* dst = out + gi * G;
+    Bits<D>* dst = out + gi * G;
     for (int d = 0; d < G / 2; ++d) {
       const uint8_t b = src[d];
       dst[2 * d] = Store<D>(static_cast<float>(static_cast<int>(b & 0xf)) * s + z);
@@ -252,7 +252,7 @@ KVPOOL_VECTOR_CLONES void DequantizeInt4Groups(const uint8_t* in, const uint16_t
 }
 
 template <DType D>
-void DequantizeInt4(const BlockLayout& l, const uint8_t* in, Elem<D>* out) {
+void DequantizeInt4(const BlockLayout& l, const uint8_t* in, Bits<D>* out) {
   const auto* params = reinterpret_cast<const uint16_t*>(in + EncodedScaleOffset(l));
   if (Int4GroupSize(l.encoding) == 32) {
     DequantizeInt4Groups<D, 32>(in, params, out, BlockElements(l) / 32);
@@ -281,7 +281,7 @@ void QuantizeInt4Avx2(const BlockLayout& l, const uint16_t* in, uint8_t* out) {
 // simd: use the AVX2 paths (the caller checked avx2::Supported()).
 template <DType D>
 void QuantizeOne(const BlockLayout& l, const void* raw, void* enc, bool simd) {
-  const auto* in = static_cast<const Elem<D>*>(raw);
+  const auto* in = static_cast<const Bits<D>*>(raw);
   auto* out = static_cast<uint8_t*>(enc);
   // fp32 has no AVX2 path: its scalar loops (auto-vectorized) are the twin.
   switch (l.encoding) {
@@ -325,7 +325,7 @@ Status QuantizeBlocksCpuImpl(const BlockLayout& layout, const void* const* raw,
 template <DType D>
 void DequantizeOne(const BlockLayout& l, const void* enc, void* raw) {
   const auto* in = static_cast<const uint8_t*>(enc);
-  auto* out = static_cast<Elem<D>*>(raw);
+  auto* out = static_cast<Bits<D>*>(raw);
   switch (l.encoding) {
     case Encoding::kInt8:
       return DequantizeInt8<D>(l, in, out);

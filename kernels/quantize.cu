@@ -48,7 +48,7 @@ __global__ void QuantInt8Kernel(const QuantArgs a) {
   if (warp >= rows_per_block * a.num_blocks) return;
   const int b = static_cast<int>(warp / rows_per_block);
   const int64_t r = warp % rows_per_block;
-  const cuda::Elem<D>* src = static_cast<const cuda::Elem<D>*>(a.in[b]) + r * a.head_dim;
+  const Elem<D>* src = static_cast<const Elem<D>*>(a.in[b]) + r * a.head_dim;
   uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
   float amax = 0.0f;
   for (int d = lane; d < a.head_dim; d += 32) amax = fmaxf(amax, fabsf(cuda::LoadF<D>(src, d)));
@@ -72,7 +72,7 @@ __global__ void QuantFp8Kernel(const QuantArgs a) {
   const int plane = (blockIdx.x / a.heads) % a.planes;
   const int b = blockIdx.x / (a.heads * a.planes);
   const int64_t plane_elems = static_cast<int64_t>(a.tokens) * a.heads * a.head_dim;
-  const cuda::Elem<D>* src = static_cast<const cuda::Elem<D>*>(a.in[b]) + plane * plane_elems;
+  const Elem<D>* src = static_cast<const Elem<D>*>(a.in[b]) + plane * plane_elems;
   uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
   uint8_t* dst = enc + plane * plane_elems;
   const int per_head = a.tokens * a.head_dim;
@@ -113,7 +113,7 @@ __global__ void QuantInt4Kernel(const QuantArgs a) {
   if (gid >= groups * a.num_blocks) return;
   const int b = static_cast<int>(gid / groups);
   const int64_t g = gid % groups;
-  const cuda::Elem<D>* src = static_cast<const cuda::Elem<D>*>(a.in[b]) + g * a.group;
+  const Elem<D>* src = static_cast<const Elem<D>*>(a.in[b]) + g * a.group;
   uint8_t* enc = static_cast<uint8_t*>(a.out[b]);
   float mn = INFINITY, mx = -INFINITY;
   for (int d = 0; d < a.group; ++d) {
@@ -151,7 +151,7 @@ __global__ void DequantKernel(const QuantArgs a) {
   const int b = static_cast<int>(tid / pairs);
   const int64_t e = (tid % pairs) * 2;
   const uint8_t* enc = static_cast<const uint8_t*>(a.in[b]);
-  cuda::Elem<D>* out = static_cast<cuda::Elem<D>*>(a.out[b]);
+  Elem<D>* out = static_cast<Elem<D>*>(a.out[b]);
   float x0, x1;
   if constexpr (E == Encoding::kInt8) {
     const float* scales = reinterpret_cast<const float*>(enc + a.scale_offset);
