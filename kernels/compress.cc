@@ -18,7 +18,6 @@ namespace {
 
 bool UsesWindow(CompressMethod m) { return m != CompressMethod::kStreamingLlm; }
 
-
 template <DType D>
 inline float Load(const Elem<D>* p, size_t i) {
   if constexpr (D == DType::kFloat32) {
