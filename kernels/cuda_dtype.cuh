@@ -16,7 +16,6 @@ namespace kvpool {
 namespace kernels {
 namespace cuda {
 
-
 template <DType D>
 __device__ __forceinline__ float LoadF(const Elem<D>* p, size_t i) {
   if constexpr (D == DType::kFloat32) {

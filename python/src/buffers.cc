@@ -100,7 +100,7 @@ ElemKind KindOfFormat(const char* format) {
 ElemKind KindOfDlpack(const nb::dlpack::dtype& t) {
   switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
     case nb::dlpack::dtype_code::Float:
-      return t.bits == 16 ? ElemKind::kFloat16
+      return t.bits == 16   ? ElemKind::kFloat16
              : t.bits == 32 ? ElemKind::kFloat32
              : t.bits == 64 ? ElemKind::kFloat64
                             : ElemKind::kOther;
@@ -186,8 +186,9 @@ std::optional<Buffer> TryAcquire(nb::handle obj, bool writable, bool allow_cuda,
 Buffer Acquire(nb::handle obj, bool writable, bool allow_cuda, const std::string& what) {
   std::optional<Buffer> b = TryAcquire(obj, writable, allow_cuda, what);
   if (!b) {
-    throw nb::type_error((what + " must support the buffer protocol or DLPack (numpy array, "
-                                 "torch tensor, bytearray, memoryview), not " +
+    throw nb::type_error((what +
+                          " must support the buffer protocol or DLPack (numpy array, "
+                          "torch tensor, bytearray, memoryview), not " +
                           TypeName(obj))
                              .c_str());
   }
@@ -196,12 +197,14 @@ Buffer Acquire(nb::handle obj, bool writable, bool allow_cuda, const std::string
 
 std::vector<nb::handle> Items(nb::handle seq, const std::string& what, nb::object* keep) {
   if (PyUnicode_Check(seq.ptr()) || PyBytes_Check(seq.ptr()) || PyByteArray_Check(seq.ptr())) {
-    throw nb::type_error((what + " must be a sequence (list, tuple), not " + TypeName(seq)).c_str());
+    throw nb::type_error(
+        (what + " must be a sequence (list, tuple), not " + TypeName(seq)).c_str());
   }
   PyObject* fast = PySequence_Fast(seq.ptr(), "");
   if (fast == nullptr) {
     PyErr_Clear();
-    throw nb::type_error((what + " must be a sequence (list, tuple), not " + TypeName(seq)).c_str());
+    throw nb::type_error(
+        (what + " must be a sequence (list, tuple), not " + TypeName(seq)).c_str());
   }
   *keep = nb::steal(fast);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);

@@ -53,7 +53,7 @@ class Buffer {
   std::vector<int64_t> shape_;
   size_t itemsize_ = 1;
   ElemKind kind_ = ElemKind::kOther;
-  std::unique_ptr<Py_buffer> view_;  // buffer-protocol exporters
+  std::unique_ptr<Py_buffer> view_;            // buffer-protocol exporters
   std::optional<nb::ndarray<nb::ro>> dlpack_;  // a DLPack exporter's tensor
 };
 

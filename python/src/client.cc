@@ -309,7 +309,9 @@ class PyClient {
     return Unwrap(Call([&](Client& c) { return c.ListSessions(prefix, limit); }));
   }
 
-  nb::dict Stats() { return StatsDict(Unwrap(Call([](Client& c) { return c.Stats(); }))); }
+  nb::dict Stats() {
+    return StatsDict(Unwrap(Call([](Client& c) { return c.Stats(); })));
+  }
 
   nb::dict Cluster() {
     ClusterView v = Unwrap(Call([](Client& c) { return c.Cluster(); }));
@@ -429,8 +431,8 @@ void RegisterClient(nb::module_& m) {
       .def_ro("message", &PyGetResult::message)
       .def("__bool__", [](const PyGetResult& r) { return r.ok; })
       .def("__repr__", [](const PyGetResult& r) {
-        return r.ok ? "GetResult(ok, size=" + std::to_string(r.size) + ", tier=" +
-                          Quote(TierName(r.tier)) + ")"
+        return r.ok ? "GetResult(ok, size=" + std::to_string(r.size) +
+                          ", tier=" + Quote(TierName(r.tier)) + ")"
                     : "GetResult(" + r.code + ": " + r.message + ")";
       });
 
@@ -541,14 +543,15 @@ void RegisterClient(nb::module_& m) {
            "disk) or 'disk' (dropped). Returns {'evicted': n, 'skipped': n}.")
       .def("reconnect", &PyClient::Reconnect,
            "Drops the connection and connects again (also after close()).")
-      .def("close", &PyClient::Close, "Closes the connection; later calls raise "
+      .def("close", &PyClient::Close,
+           "Closes the connection; later calls raise "
            "FailedPrecondition until reconnect().")
       .def("__enter__", [](nb::handle self) { return self; })
-      .def(
-          "__exit__", [](PyClient& c, nb::args) { c.Close(); })
+      .def("__exit__", [](PyClient& c, nb::args) { c.Close(); })
       .def("__repr__", [](PyClient& c) {
-        return "Client(" + Quote(c.options().address) + ", namespace=" +
-               Quote(c.options().namespace_name) + (c.closed() ? ", closed" : "") + ")";
+        return "Client(" + Quote(c.options().address) +
+               ", namespace=" + Quote(c.options().namespace_name) + (c.closed() ? ", closed" : "") +
+               ")";
       });
 }
 

@@ -17,8 +17,8 @@ namespace nb = nanobind;
 
 // A Python str from bytes that should be UTF-8 (invalid sequences become U+FFFD).
 inline nb::str Text(std::string_view s) {
-  return nb::steal<nb::str>(PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()),
-                                                 "replace"));
+  return nb::steal<nb::str>(
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace"));
 }
 
 // Creates kvpool.Error and its subclasses in `m`.

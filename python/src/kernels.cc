@@ -25,9 +25,7 @@ using Params7 = std::array<int32_t, 7>;  // method, window, capacity, kernel, po
 
 constexpr int kDTypeFloat32 = 2;  // KVPOOL_DTYPE_FLOAT32 (include/kvpool/kernels.h)
 
-kvpool_block_layout ToLayout(const Layout6& a) {
-  return {a[0], a[1], a[2], a[3], a[4], a[5]};
-}
+kvpool_block_layout ToLayout(const Layout6& a) { return {a[0], a[1], a[2], a[3], a[4], a[5]}; }
 kvpool_attention_shape ToShape(const Shape6& a) { return {a[0], a[1], a[2], a[3], a[4], a[5]}; }
 kvpool_compress_params ToParams(const Params7& a) {
   return {a[0], a[1], a[2], a[3], a[4], a[5], a[6]};
@@ -46,9 +44,7 @@ size_t ElemSize(int32_t dtype) {
 }
 
 const char* DTypeName(int32_t dtype) {
-  return dtype == KVPOOL_DTYPE_FLOAT16    ? "fp16"
-         : dtype == KVPOOL_DTYPE_BFLOAT16 ? "bf16"
-                                          : "fp32";
+  return dtype == KVPOOL_DTYPE_FLOAT16 ? "fp16" : dtype == KVPOOL_DTYPE_BFLOAT16 ? "bf16" : "fp32";
 }
 
 // A floating-point buffer must hold `dtype`; integer or untyped buffers are raw storage (numpy
@@ -87,7 +83,7 @@ kvpool_exec ExecFor(const std::vector<const Buffer*>& buffers, uintptr_t stream)
   }
   kvpool_exec e{};
   e.device = first != nullptr && first->device() == Buffer::Device::kCuda ? KVPOOL_DEVICE_CUDA
-                                                                           : KVPOOL_DEVICE_CPU;
+                                                                          : KVPOOL_DEVICE_CPU;
   if (e.device == KVPOOL_DEVICE_CPU && stream != 0) {
     RaiseInvalid("a CUDA stream was given but the buffers are in host memory");
   }
@@ -153,8 +149,9 @@ void PreparePaged(PagedArgs& a, const kvpool_block_layout& layout, int32_t paged
     a.v = AcquireAll(v_layers, !gather, true, "v_layers");
     CheckCount(a.v.size(), a.k.size(), "v_layers");
   } else if (!v_layers.is_none()) {
-    RaiseInvalid("kv_first / kv_interleaved caches hold K and V in one tensor: v_layers must be "
-                 "None");
+    RaiseInvalid(
+        "kv_first / kv_interleaved caches hold K and V in one tensor: v_layers must be "
+        "None");
   }
   CheckCount(a.k.size(), static_cast<size_t>(layout.num_layers), "k_layers");
   if (a.k.empty()) RaiseInvalid("k_layers is empty");
@@ -190,14 +187,17 @@ void PreparePaged(PagedArgs& a, const kvpool_block_layout& layout, int32_t paged
     }
     CheckElem(b, layout.dtype, what);
   };
-  for (size_t i = 0; i < a.k.size(); ++i) check_layer(a.k[i], "k_layers[" + std::to_string(i) + "]");
-  for (size_t i = 0; i < a.v.size(); ++i) check_layer(a.v[i], "v_layers[" + std::to_string(i) + "]");
+  for (size_t i = 0; i < a.k.size(); ++i)
+    check_layer(a.k[i], "k_layers[" + std::to_string(i) + "]");
+  for (size_t i = 0; i < a.v.size(); ++i)
+    check_layer(a.v[i], "v_layers[" + std::to_string(i) + "]");
 
   a.payloads = AcquireAll(payloads, /*writable=*/gather, true, "payloads");
   const size_t raw = kvpool_kernel_raw_bytes(&layout);
-  if (raw == 0) RaiseInvalid(std::string("invalid block layout (positive sizes; int4 groups must divide "
-                               "head_dim; a known dtype and encoding) ") +
-                   kvpool_kernel_last_error());
+  if (raw == 0)
+    RaiseInvalid(std::string("invalid block layout (positive sizes; int4 groups must divide "
+                             "head_dim; a known dtype and encoding) ") +
+                 kvpool_kernel_last_error());
   for (size_t i = 0; i < a.payloads.size(); ++i) {
     CheckBytes(a.payloads[i], raw, "payloads[" + std::to_string(i) + "]");
     CheckElem(a.payloads[i], layout.dtype, "payloads[" + std::to_string(i) + "]");
@@ -256,7 +256,8 @@ Sizes CompressSizes(const kvpool_compress_params& p, const kvpool_attention_shap
   z.keep.resize(static_cast<size_t>(s.num_layers));
   const int rc = kvpool_kernel_compress_sizes(&p, &s, z.keep.data(), &z.total, &z.query_tokens,
                                               &z.scored_tokens);
-  if (rc != KVPOOL_KERNEL_OK) Raise(Status(static_cast<StatusCode>(rc), kvpool_kernel_last_error()));
+  if (rc != KVPOOL_KERNEL_OK)
+    Raise(Status(static_cast<StatusCode>(rc), kvpool_kernel_last_error()));
   return z;
 }
 
@@ -333,8 +334,8 @@ void RegisterKernels(nb::module_& m) {
       const size_t enc = kvpool_kernel_encoded_bytes(&layout);
       if (raw == 0 || enc == 0) {
         RaiseInvalid(std::string("invalid block layout (positive sizes; int4 groups must divide "
-                               "head_dim; a known dtype and encoding) ") +
-                   kvpool_kernel_last_error());
+                                 "head_dim; a known dtype and encoding) ") +
+                     kvpool_kernel_last_error());
       }
       const char* src_name = encode ? "raw" : "encoded";
       const char* dst_name = encode ? "encoded" : "raw";
@@ -373,8 +374,8 @@ void RegisterKernels(nb::module_& m) {
       [] {
         kvpool_compress_params p;
         kvpool_kernel_compress_params_default(&p);
-        return Params7{p.method, p.window_size, p.max_capacity_prompt, p.kernel_size,
-                       p.pooling, p.sink_size, p.beta};
+        return Params7{p.method,    p.window_size, p.max_capacity_prompt, p.kernel_size, p.pooling,
+                       p.sink_size, p.beta};
       },
       "The kernels' default compression parameters, as (method, window_size, "
       "max_capacity_prompt, kernel_size, pooling, sink_size, beta).");
@@ -396,32 +397,36 @@ void RegisterKernels(nb::module_& m) {
         const kvpool_attention_shape s = ToShape(sa);
         const Sizes z = CompressSizes(p, s);
         const size_t es = ElemSize(s.dtype);
-        const size_t q_bytes = size_t(s.num_layers) * z.query_tokens * s.num_q_heads * s.head_dim * es;
-        const size_t kv_bytes = size_t(s.num_layers) * 2 * s.seq_len * s.num_kv_heads * s.head_dim * es;
+        const size_t q_bytes =
+            size_t(s.num_layers) * z.query_tokens * s.num_q_heads * s.head_dim * es;
+        const size_t kv_bytes =
+            size_t(s.num_layers) * 2 * s.seq_len * s.num_kv_heads * s.head_dim * es;
         const size_t sc_bytes = size_t(s.num_layers) * s.num_kv_heads * z.scored_tokens * 4;
         std::optional<Buffer> q = Optional(q_obj, false, "q");
         Buffer kv = Acquire(kv_obj, false, true, "kv");
         std::optional<Buffer> sc = Optional(scores_obj, true, "scores");
-        if (q_bytes > 0 && !q) RaiseInvalid("q is needed: the method scores " +
-                                            std::to_string(z.query_tokens) + " queries");
+        if (q_bytes > 0 && !q)
+          RaiseInvalid("q is needed: the method scores " + std::to_string(z.query_tokens) +
+                       " queries");
         if (q) {
-          CheckBytes(*q, q_bytes, "q [layers, query_tokens=" + std::to_string(z.query_tokens) +
-                                      ", q_heads, head_dim]");
+          CheckBytes(
+              *q, q_bytes,
+              "q [layers, query_tokens=" + std::to_string(z.query_tokens) + ", q_heads, head_dim]");
           CheckElem(*q, s.dtype, "q");
         }
         CheckBytes(kv, kv_bytes, "kv [layers, 2, seq_len, kv_heads, head_dim]");
         CheckElem(kv, s.dtype, "kv");
         if (sc_bytes > 0 && !sc) RaiseInvalid("scores is needed");
         if (sc) {
-          CheckBytes(*sc, sc_bytes, "scores f32 [layers, kv_heads, scored_tokens=" +
-                                        std::to_string(z.scored_tokens) + "]");
+          CheckBytes(*sc, sc_bytes,
+                     "scores f32 [layers, kv_heads, scored_tokens=" +
+                         std::to_string(z.scored_tokens) + "]");
           if (sc->kind() != ElemKind::kFloat32 && sc->kind() != ElemKind::kOther &&
               sc->kind() != ElemKind::kUInt) {
             RaiseInvalid("scores must be float32, not " + sc->Describe());
           }
         }
-        const kvpool_exec exec =
-            ExecFor({q ? &*q : nullptr, &kv, sc ? &*sc : nullptr}, stream);
+        const kvpool_exec exec = ExecFor({q ? &*q : nullptr, &kv, sc ? &*sc : nullptr}, stream);
         const void* qp = q ? q->data() : nullptr;
         float* sp = sc ? static_cast<float*>(sc->data()) : nullptr;
         Run([&] { return kvpool_kernel_compute_scores(&exec, &p, &s, qp, kv.data(), sp); });

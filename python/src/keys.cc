@@ -20,7 +20,8 @@ std::string StrOrBytes(nb::handle obj, const char* what) {
     return std::string(s, static_cast<size_t>(n));
   }
   if (PyBytes_Check(obj.ptr())) {
-    return std::string(PyBytes_AS_STRING(obj.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(obj.ptr())));
+    return std::string(PyBytes_AS_STRING(obj.ptr()),
+                       static_cast<size_t>(PyBytes_GET_SIZE(obj.ptr())));
   }
   throw nb::type_error((std::string(what) + " must be str or bytes").c_str());
 }
@@ -172,8 +173,8 @@ void RegisterKeys(nb::module_& m) {
 
   m.def(
       "hash_chain",
-      [](nb::handle tokens, nb::handle secret, const std::string& layout,
-         uint32_t tokens_per_block, nb::handle parent) {
+      [](nb::handle tokens, nb::handle secret, const std::string& layout, uint32_t tokens_per_block,
+         nb::handle parent) {
         if (tokens_per_block == 0) RaiseInvalid("tokens_per_block must be positive");
         const std::string secret_bytes = StrOrBytes(secret, "secret");
         const BlockKey parent_key = ToParent(parent);
