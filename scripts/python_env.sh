@@ -5,7 +5,9 @@
 #
 # Builds the kvpool wheel once (pip wheel ./python -> build/wheels; the extension's CMake build
 # directory build/python/<wheel tag> persists, so a rebuild is incremental) and, for each name,
-# makes .venv/<name> (python3 -m venv), installs python/requirements/<name>.txt and then the
+# makes .venv/<name> (python3 -m venv), installs python/requirements/<name>.txt, then the optional
+# python/requirements/<name>.nodeps.txt with `pip install --no-deps` (for a package whose declared
+# deps are not wanted, e.g. an engine installed only for one interface module), and then the
 # wheel itself: a plain install, not an editable one, which proves the package works in a fresh
 # venv with nothing else from the build tree. Idempotent: the wheel is rebuilt only when a
 # source it is built from changed, a venv reinstalls only what changed (pip's cache does the
@@ -29,7 +31,9 @@ die() { echo "python_env.sh: $*" >&2; exit 1; }
 
 if (($# == 0)); then
   set --
-  for f in python/requirements/*.txt; do set -- "$@" "$(basename "$f" .txt)"; done
+  for f in python/requirements/*.txt; do
+    [[ $f == *.nodeps.txt ]] || set -- "$@" "$(basename "$f" .txt)"
+  done
 fi
 for name in "$@"; do
   [[ -f python/requirements/$name.txt ]] || die "no python/requirements/$name.txt"
@@ -72,10 +76,15 @@ for name in "$@"; do
     "$PYTHON" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip "${PIP_ARGS[@]}"
   fi
-  req_hash=$(sha256sum "$req" | cut -d' ' -f1)
+  nodeps=python/requirements/$name.nodeps.txt
+  req_hash=$(cat "$req" $([[ -f $nodeps ]] && echo "$nodeps") | sha256sum | cut -d' ' -f1)
   if [[ $(cat "$venv/.kvpool-requirements.sha256" 2>/dev/null) != "$req_hash" ]]; then
     log "$name: installing $req"
     "$venv/bin/python" -m pip install -q -r "$req" "${PIP_ARGS[@]}"
+    if [[ -f $nodeps ]]; then
+      log "$name: installing $nodeps (--no-deps)"
+      "$venv/bin/python" -m pip install -q --no-deps -r "$nodeps" "${PIP_ARGS[@]}"
+    fi
     echo "$req_hash" >"$venv/.kvpool-requirements.sha256"
   fi
   if [[ $(cat "$venv/.kvpool-wheel.sha256" 2>/dev/null) != "$wheel_hash" ]]; then
