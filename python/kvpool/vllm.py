@@ -1,0 +1,466 @@
+"""kvpool.vllm: a vLLM 0.33 KV connector (`KVConnectorBase_V1`) over kvpool.
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvpoolConnector",
+        "kv_connector_module_path": "kvpool.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"socket": "/run/kvpool/kvpool.sock",
+            "namespace": "default", "secret": "tenant salt", "model_id": "org/name@rev"}}'
+
+Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncake/store/):
+- Keys are kvpool's own (spec/block-keys.md): kvpool.hash_chain over the request's token ids
+  with the layout string of the model config (model id, KV dtype, layers, kv heads per rank,
+  head dim, tokens per block = vLLM's block size, tp rank and size, encoding raw). vLLM's own
+  block hashes are never used, so a prefix stored here is found by kvpool.hf or an SGLang
+  worker of the same layout. `model_id` (extra config; default: the model path and revision)
+  must name the weights.
+- A block's bytes are kvpool's raw payload [layer][k|v][token][kv_head][head_dim] in the
+  model's dtype, so other engines read the same bytes.
+- vLLM's per-layer KV is a 4-D view [num_blocks, kv_heads, block_size, head_size + head_size_v]
+  over one byte buffer in one of six physical orders (v1/kv_cache_layout.py). It is read and
+  written only through torch indexing on that view, i.e. by its strides; contiguity is never
+  assumed. Slot s (= block_id * block_size + offset) is view block s // N, offset s % N, with
+  N the view's tokens per block (smaller than block_size when vLLM splits kernel blocks).
+- Scheduler side: get_num_new_matched_tokens looks the prompt's full blocks up in kvpool (for
+  every tp rank's layout; the shortest hit wins) and offers whole blocks, fewer than the
+  prompt (vLLM must compute at least one token). build_connector_meta hands the workers the
+  token ids and vLLM block ids of the blocks to load, and of the prompt's newly computed full
+  blocks to save.
+- Worker side, synchronous: start_load_kv reads every block of the step (verified: OK and
+  exactly the layout's size) and scatters them before the forward; wait_for_save gathers the
+  step's full blocks from the paged KV after the forward and puts the ones kvpool lacks
+  (put-if-absent, lookup first). save_kv_layer and wait_for_layer_load have nothing to do.
+- kvpool failures never reach vLLM: kvpool.Error, OSError and TimeoutError are a miss
+  (0 matched tokens), a skipped store, or a failed load whose vLLM block ids are reported by
+  get_block_ids_with_load_errors (with kv_load_failure_policy "recompute" vLLM recomputes
+  them; with "fail", its default, it fails the request). Each outage is one warning on the
+  "kvpool.vllm" logger. The client uses a short timeout (2 s) and is made again after a
+  failure, so a restarted daemon is found.
+- Only the first KV cache group (uniform full-attention models) and fp16/bf16/fp32 KV; for
+  anything else (hybrid models, fp8 KV, MLA) the connector disables itself with a warning and
+  every request is a miss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+import kvpool
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = ["KvpoolConnector", "KvpoolConnectorMetadata", "BlockSpan", "layout_for"]
+
+log = logging.getLogger("kvpool.vllm")
+
+_KVPOOL_FAILURES = (kvpool.Error, OSError, TimeoutError)
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_PUT_CHUNK_BYTES = 32 << 20
+
+
+@dataclasses.dataclass
+class BlockSpan:
+    """Blocks [first, end) of a request: `token_ids` are its first end * block_size tokens
+    (what the keys are computed from), `block_ids` the vLLM blocks of [first, end)."""
+
+    req_id: str
+    token_ids: list[int]
+    first: int
+    end: int
+    block_ids: list[int]
+
+
+@dataclasses.dataclass
+class KvpoolConnectorMetadata(KVConnectorMetadata):
+    loads: list[BlockSpan] = dataclasses.field(default_factory=list)
+    saves: list[BlockSpan] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Tracker:
+    """Scheduler-side state of one running request."""
+
+    prompt: list[int]
+    block_ids: list[int]
+    saved_blocks: int   # prompt blocks known to be in kvpool or already handed to a save
+
+
+def layout_for(model_id: str, dtype: torch.dtype, layers: int, kv_heads: int, head_dim: int,
+               block_size: int, tp_rank: int = 0, tp_size: int = 1) -> str:
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"kvpool.vllm: unsupported KV dtype {dtype}")
+    return kvpool.layout_string(model=model_id, dtype=_DTYPE_NAMES[dtype], layers=layers,
+                                kv_heads=kv_heads, head_dim=head_dim,
+                                tokens_per_block=block_size, tp_rank=tp_rank, tp_size=tp_size,
+                                encoding="raw")
+
+
+def _layer_index(name: str) -> int:
+    nums = re.findall(r"\.(\d+)(?:\.|$)", name)
+    return int(nums[0]) if nums else -1
+
+
+class KvpoolConnector(KVConnectorBase_V1):
+    """vLLM KV connector over kvpoold. Extra config keys: socket (default: kvpool's default
+    socket), namespace ("default"), secret (the namespace secret salting every key; required),
+    model_id (default: the model path, "@revision" when set), timeout (seconds, 2.0),
+    client_factory (tests: a callable returning a kvpool.Client)."""
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+        self._block_size = int(cc.block_size)
+        self._tp_size = int(pc.tensor_parallel_size)
+        self._tp_rank = self._own_tp_rank() if role == KVConnectorRole.WORKER else 0
+        self._secret = extra.get("secret")
+        if not self._secret:
+            raise ValueError("kvpool.vllm: kv_connector_extra_config needs 'secret' (the "
+                             "namespace secret salting kvpool keys)")
+        model_id = extra.get("model_id") or (
+            f"{mc.model}@{mc.revision}" if getattr(mc, "revision", None) else str(mc.model))
+        self._disabled: str | None = None
+        self._dtype = self._kv_dtype(vllm_config)
+        self._layers = int(mc.get_num_layers(pc))
+        self._kv_heads = int(mc.get_num_kv_heads(pc))
+        self._head_dim = int(mc.get_head_size())
+        if self._dtype is None:
+            self._disabled = f"KV cache dtype {cc.cache_dtype!r} (kvpool.vllm: fp16/bf16/fp32)"
+        elif getattr(mc, "use_mla", False):
+            self._disabled = "MLA models"
+        elif kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) != 1:
+            self._disabled = "more than one KV cache group (hybrid models)"
+        self._layouts: list[str] = []
+        if self._disabled is None:
+            self._layouts = [layout_for(model_id, self._dtype, self._layers, self._kv_heads,
+                                        self._head_dim, self._block_size, r, self._tp_size)
+                             for r in range(self._tp_size)]
+            self.layout = self._layouts[self._tp_rank]
+        else:
+            log.warning("kvpool.vllm: disabled for %s; every request is a miss", self._disabled)
+            self.layout = ""
+        self._elem = torch.empty((), dtype=self._dtype or torch.float16).element_size()
+        self.block_bytes = (self._layers * 2 * self._block_size * self._kv_heads
+                            * self._head_dim * self._elem)
+        factory = extra.get("client_factory")
+        if factory is None:
+            address = extra.get("socket")
+            namespace = str(extra.get("namespace", "default"))
+            timeout = float(extra.get("timeout", 2.0))
+            factory = lambda: kvpool.Client(address, namespace=namespace,  # noqa: E731
+                                            timeout=timeout, connect_timeout=timeout)
+        self._factory: Callable[[], kvpool.Client] = factory
+        self._client: kvpool.Client | None = None
+        self._healthy = True
+        # scheduler side
+        self._trackers: dict[str, _Tracker] = {}
+        self._pending_load: dict[str, tuple[int, int]] = {}   # req_id -> (first, end) blocks
+        # worker side
+        self._kv_caches: list[torch.Tensor] = []
+        self._load_errors: set[int] = set()
+
+    # ---- config ----
+
+    @staticmethod
+    def _own_tp_rank() -> int:
+        try:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            return int(get_tensor_model_parallel_rank())
+        except (AssertionError, ImportError, AttributeError):  # no TP group: one rank
+            return 0
+
+    @staticmethod
+    def _kv_dtype(vllm_config: "VllmConfig") -> torch.dtype | None:
+        cache_dtype = str(vllm_config.cache_config.cache_dtype)
+        if cache_dtype == "auto":
+            dt = vllm_config.model_config.dtype
+        else:
+            dt = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+                  "float32": torch.float32, "float": torch.float32}.get(cache_dtype)
+        return dt if dt in _DTYPE_NAMES else None
+
+    def _keys(self, tokens: Sequence[int], layout: str | None = None) -> list[bytes]:
+        return kvpool.hash_chain(list(tokens), secret=self._secret, layout=layout or self.layout,
+                                 tokens_per_block=self._block_size)
+
+    # ---- failures ----
+
+    def _get_client(self) -> kvpool.Client:
+        if self._client is None:
+            self._client = self._factory()
+        return self._client
+
+    def _failed(self, what: str, e: BaseException) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001 - closing a broken client must not raise
+                pass
+            self._client = None
+        if self._healthy:
+            self._healthy = False
+            if isinstance(e, _KVPOOL_FAILURES):
+                log.warning("kvpool.vllm: %s failed (%s: %s); misses until kvpool answers "
+                            "again", what, type(e).__name__, e)
+            else:
+                log.warning("kvpool.vllm: %s failed unexpectedly; treated as a miss", what,
+                            exc_info=e)
+        else:
+            log.debug("kvpool.vllm: %s failed again (%s: %s)", what, type(e).__name__, e)
+
+    def _ok(self) -> None:
+        if not self._healthy:
+            self._healthy = True
+            log.info("kvpool.vllm: kvpool answers again")
+
+    # ==== scheduler side ====
+
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self._disabled:
+            return 0, False
+        prompt = list(request.prompt_token_ids or [])
+        B = self._block_size
+        usable = max(len(prompt) - 1, 0) // B   # vLLM must compute at least one token
+        if usable * B <= num_computed_tokens:
+            return 0, False
+        tokens = prompt[:usable * B]
+        try:
+            client = self._get_client()
+            hit = usable
+            for layout in self._layouts:   # every tp rank must find its blocks
+                hit = min(hit, client.lookup(self._keys(tokens, layout)).hit_blocks)
+                if hit == 0:
+                    break
+        except Exception as e:  # noqa: BLE001 - any failure is a miss
+            self._failed("lookup", e)
+            return 0, False
+        self._ok()
+        matched = hit * B
+        if matched <= num_computed_tokens:
+            return 0, False
+        self._pending_load[request.request_id] = (num_computed_tokens // B, hit)
+        return matched - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        if num_external_tokens == 0:
+            self._pending_load.pop(request.request_id, None)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = KvpoolConnectorMetadata()
+        for req_id in scheduler_output.finished_req_ids:
+            self._trackers.pop(req_id, None)
+            self._pending_load.pop(req_id, None)
+        if self._disabled:
+            return meta
+        B = self._block_size
+        for new in scheduler_output.scheduled_new_reqs:
+            prompt = list(new.prompt_token_ids or [])
+            tr = _Tracker(prompt=prompt, block_ids=list(new.block_ids[0]), saved_blocks=0)
+            self._trackers[new.req_id] = tr
+            load = self._pending_load.pop(new.req_id, None)
+            if load is not None:
+                first, end = load
+                meta.loads.append(BlockSpan(new.req_id, prompt[:end * B], first, end,
+                                            tr.block_ids[first:end]))
+                tr.saved_blocks = end
+            self._add_save(meta, new.req_id, tr, new.num_computed_tokens
+                           + scheduler_output.num_scheduled_tokens[new.req_id])
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            tr = self._trackers.get(req_id)
+            if tr is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:   # preempted: new_block_ids are all of them
+                tr.block_ids = list(new_ids[0]) if new_ids else []
+                tr.saved_blocks = 0
+                load = self._pending_load.pop(req_id, None)
+                if load is not None:
+                    first, end = load
+                    meta.loads.append(BlockSpan(req_id, tr.prompt[:end * B], first, end,
+                                                tr.block_ids[first:end]))
+                    tr.saved_blocks = end
+            elif new_ids:
+                tr.block_ids.extend(new_ids[0])
+            self._add_save(meta, req_id, tr, cached.num_computed_tokens[i]
+                           + scheduler_output.num_scheduled_tokens[req_id])
+        return meta
+
+    def _add_save(self, meta: KvpoolConnectorMetadata, req_id: str, tr: _Tracker,
+                  computed_after_step: int) -> None:
+        """The prompt's full blocks that this step completes (decode KV is not stored)."""
+        end = min(computed_after_step, len(tr.prompt)) // self._block_size
+        end = min(end, len(tr.block_ids))
+        if end > tr.saved_blocks:
+            meta.saves.append(BlockSpan(req_id, tr.prompt[:end * self._block_size],
+                                        tr.saved_blocks, end, tr.block_ids[tr.saved_blocks:end]))
+            tr.saved_blocks = end
+
+    def request_finished(self, request: "Request",
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._trackers.pop(request.request_id, None)
+        self._pending_load.pop(request.request_id, None)
+        return False, None   # saves are synchronous: the blocks may be freed now
+
+    # ==== worker side ====
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        names = sorted(kv_caches, key=_layer_index)
+        caches = [kv_caches[n] for n in names]
+        if self._disabled:
+            return
+        bad = None
+        if len(caches) != self._layers:
+            bad = f"{len(caches)} KV layers, the model config has {self._layers}"
+        for n, t in zip(names, caches):
+            if bad:
+                break
+            if (t.dim() != 4 or t.shape[1] != self._kv_heads or t.shape[3] != 2 * self._head_dim
+                    or t.dtype != self._dtype or self._block_size % t.shape[2]):
+                bad = (f"layer {n}: view {tuple(t.shape)} {t.dtype}, want [blocks, "
+                       f"{self._kv_heads}, N | {self._block_size}, {2 * self._head_dim}] "
+                       f"{self._dtype}")
+        if bad:
+            self._disabled = bad
+            log.warning("kvpool.vllm: disabled (%s); every request is a miss", bad)
+            return
+        self._kv_caches = caches
+
+    def _slots(self, block_ids: Sequence[int], view_tokens: int,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.tensor(list(block_ids), dtype=torch.int64)
+        slots = (ids[:, None] * self._block_size
+                 + torch.arange(self._block_size, dtype=torch.int64)[None, :]).flatten()
+        return (slots // view_tokens).to(device), (slots % view_tokens).to(device)
+
+    def _gather(self, block_ids: Sequence[int], out: torch.Tensor) -> None:
+        """Paged KV of block_ids -> out [n, layers, 2, B, H, D] (CPU)."""
+        n, B, H, D = len(block_ids), self._block_size, self._kv_heads, self._head_dim
+        for li, kv in enumerate(self._kv_caches):
+            vb, off = self._slots(block_ids, kv.shape[2], kv.device)
+            x = kv[vb, :, off].to("cpu")                 # [n*B, H, 2D], by the view's strides
+            out[:, li, 0].copy_(x[..., :D].reshape(n, B, H, D))
+            out[:, li, 1].copy_(x[..., D:].reshape(n, B, H, D))
+
+    def _scatter(self, block_ids: Sequence[int], src: torch.Tensor) -> None:
+        """src [n, layers, 2, B, H, D] (CPU) -> the paged KV of block_ids."""
+        n, B, H, D = len(block_ids), self._block_size, self._kv_heads, self._head_dim
+        for li, kv in enumerate(self._kv_caches):
+            vb, off = self._slots(block_ids, kv.shape[2], kv.device)
+            x = torch.cat([src[:, li, 0], src[:, li, 1]], dim=-1).reshape(n * B, H, 2 * D)
+            kv[vb, :, off] = x.to(kv.device)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvpoolConnectorMetadata)
+        for span in meta.loads:
+            good = self._load_span(span)
+            if good < len(span.block_ids):
+                self._load_errors.update(span.block_ids[good:])
+
+    def _load_span(self, span: BlockSpan) -> int:
+        """Loads the span's blocks; returns how many from its start were loaded."""
+        n = span.end - span.first
+        if self._disabled or not self._kv_caches or n <= 0:
+            return 0
+        keys = self._keys(span.token_ids)[span.first:span.end]
+        staging = torch.empty((n, self._layers, 2, self._block_size, self._kv_heads,
+                               self._head_dim), dtype=self._dtype)
+        try:
+            results = self._get_client().get_into(
+                keys, [staging[i].view(torch.uint8).numpy() for i in range(n)])
+        except Exception as e:  # noqa: BLE001 - a failed load is recomputed by vLLM
+            self._failed("load", e)
+            return 0
+        self._ok()
+        good = 0
+        for r in results:
+            if not r.ok or r.size != self.block_bytes:
+                log.warning("kvpool.vllm: request %s block %d: %s (%d bytes, want %d); "
+                            "recomputed from there", span.req_id, span.first + good,
+                            r.code if not r.ok else "SizeMismatch", r.size, self.block_bytes)
+                break
+            good += 1
+        if good:
+            self._scatter(span.block_ids[:good], staging[:good])
+        return good
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return   # start_load_kv is synchronous
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
+        return   # wait_for_save gathers every layer of a block at once (one kvpool block)
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvpoolConnectorMetadata)
+        if self._disabled or not self._kv_caches:
+            return
+        for span in meta.saves:
+            self._save_span(span)
+
+    def _save_span(self, span: BlockSpan) -> int:
+        keys = self._keys(span.token_ids)
+        try:
+            client = self._get_client()
+            have = client.lookup(keys[:span.end], prefetch=False).hit_blocks
+            stored = 0
+            i = max(have, span.first)
+            per_call = max(1, _PUT_CHUNK_BYTES // self.block_bytes)
+            while i < span.end:
+                n = min(per_call, span.end - i)
+                staging = torch.empty((n, self._layers, 2, self._block_size, self._kv_heads,
+                                       self._head_dim), dtype=self._dtype)
+                self._gather(span.block_ids[i - span.first:i - span.first + n], staging)
+                r = client.put(keys[i:i + n],
+                               [staging[j].view(torch.uint8).numpy() for j in range(n)],
+                               parent=keys[i - 1] if i else None)
+                stored += r.stored
+                if not r.all_ok():
+                    first = next((e for e in r.errors if e is not None), None)
+                    log.warning("kvpool.vllm: put of %d blocks of request %s: error %s", n,
+                                span.req_id, first)
+                    return stored
+                i += n
+        except Exception as e:  # noqa: BLE001 - a failed store is skipped, never raised
+            self._failed("store", e)
+            return 0
+        self._ok()
+        return stored
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
+                                                                set[str] | None]:
+        return None, None   # no asynchronous transfers
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._client = None

@@ -1,0 +1,121 @@
+"""vLLM's real classes on the CPU for kvpool.vllm's tests (the pattern of vLLM's
+tests/v1/kv_connector/unit/utils.py): a VllmConfig with a CPU device and a local config.json,
+vLLM's Scheduler with the connector loaded from kv_connector_module_path, vLLM Requests, and
+per-layer KV views laid out by vLLM's own compute_layout_strides / create_kv_cache_views."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        KVCacheTensor, compute_layout_strides,
+                                        create_kv_cache_views)
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from conftest import BLOCK, HEAD_DIM, KV_HEADS, LAYERS
+
+import kvpool.vllm
+
+LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+NUM_BLOCKS = 64
+_ids = itertools.count()
+
+
+def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "vllm-test",
+                model_id: str | None = None, block_size: int = BLOCK,
+                dtype: str = "bfloat16") -> VllmConfig:
+    extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 1.0}
+    if model_id is not None:
+        extra["model_id"] = model_id
+    return VllmConfig(
+        model_config=ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
+                                 dtype=dtype, max_model_len=2048, seed=0),
+        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=False),
+        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=2048,
+                                         max_model_len=2048, is_encoder_decoder=False),
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=KVTransferConfig(kv_connector="KvpoolConnector",
+                                            kv_connector_module_path="kvpool.vllm",
+                                            kv_role="kv_both",
+                                            kv_load_failure_policy="recompute",
+                                            kv_connector_extra_config=extra))
+
+
+def spec(block_size: int = BLOCK, dtype: torch.dtype = torch.bfloat16) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=KV_HEADS, head_size=HEAD_DIM,
+                             dtype=dtype)
+
+
+def kv_views(layout: KVCacheLayout, *, block_size: int = BLOCK, seed: int = 0,
+             num_blocks: int = NUM_BLOCKS):
+    """One flat int8 buffer viewed as vLLM's per-layer [B, H, N, C] caches in `layout`
+    (random bf16 contents), and the KVCacheConfig describing it."""
+    s = spec(block_size)
+    strides = compute_layout_strides(s, num_blocks, LAYERS, layout)
+    size = s.page_size_bytes * num_blocks * LAYERS
+    tensor = KVCacheTensor(size=size, layers=list(LAYER_NAMES), layer_stride=strides[0],
+                           block_stride=strides[1])
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randn(size // 2, generator=g).to(torch.bfloat16).view(torch.int8)
+    views = create_kv_cache_views(raw, s, num_blocks, layout, tensor)
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
+                        kv_cache_groups=[KVCacheGroupSpec(list(LAYER_NAMES), s)])
+    return dict(zip(LAYER_NAMES, views)), cfg
+
+
+def kv_config(block_size: int = BLOCK, num_blocks: int = NUM_BLOCKS) -> KVCacheConfig:
+    return kv_views(KVCacheLayout.LBHNC, block_size=block_size, num_blocks=num_blocks)[1]
+
+
+def scheduler(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Scheduler:
+    vllm_config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+    return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                     structured_output_manager=StructuredOutputManager(vllm_config),
+                     block_size=vllm_config.cache_config.block_size, log_stats=False)
+
+
+def worker(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
+           kv_caches: dict) -> kvpool.vllm.KvpoolConnector:
+    w = kvpool.vllm.KvpoolConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+    w.register_kv_caches(kv_caches)
+    return w
+
+
+def request(tokens: list[int], max_tokens: int = 4) -> Request:
+    return Request(request_id=f"req-{next(_ids)}", prompt_token_ids=list(tokens),
+                   sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None)
+
+
+def step(sched: Scheduler, w: kvpool.vllm.KvpoolConnector):
+    """One scheduler step and the worker connector's part of the forward around it (the model
+    itself does not run): bind metadata, load, save, unbind. Returns the SchedulerOutput."""
+    out = sched.schedule()
+    w.bind_connector_metadata(out.kv_connector_metadata)
+    w.start_load_kv(None)
+    for name in LAYER_NAMES:
+        w.wait_for_layer_load(name)
+    w.wait_for_save()
+    w.clear_connector_metadata()
+    return out
+
+
+def token_kv(views: dict, block_ids: list[int], n_tokens: int) -> torch.Tensor:
+    """KV of a sequence's first n_tokens read token by token from the views (reference):
+    [layers, tokens, H, 2D]."""
+    out = []
+    for name in LAYER_NAMES:
+        v = views[name]
+        rows = []
+        for t in range(n_tokens):
+            slot = block_ids[t // BLOCK] * BLOCK + t % BLOCK
+            rows.append(v[slot // v.shape[2], :, slot % v.shape[2], :])
+        out.append(torch.stack(rows))
+    return torch.stack(out)
