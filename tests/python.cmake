@@ -59,3 +59,6 @@ set_tests_properties(bench_hf_multiround_quick PROPERTIES
 # transformers < 5.3): kvpool's kept token sets against StreamingLLM-, SnapKV- and PyramidKVPress.
 kvpool_add_pytest(NAME python_kvpress VENV kvpress DIR python/tests/kvpress
   LABELS python model slow TIMEOUT 600)
+# Engine connectors, each in its engine's own venv.
+kvpool_add_pytest(NAME python_lmcache VENV lmcache DIR python/tests/lmcache
+  LABELS python integration TIMEOUT 600)
