@@ -13,15 +13,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-import kvpool  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+
 from kvpool.testing import Daemon  # noqa: E402
+
+from vllm_env import HEAD_DIM, HEADS, KV_HEADS, LAYERS  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 if "KVPOOL_KVPOOLD" not in os.environ and (REPO / "build/daemon/kvpoold").exists():
     os.environ["KVPOOL_KVPOOLD"] = str(REPO / "build/daemon/kvpoold")
 
-LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 2, 4, 2, 16, 16
-SECRET = "vllm-test-secret"
 
 
 @pytest.fixture

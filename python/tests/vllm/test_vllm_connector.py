@@ -14,8 +14,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 import kvpool
 import kvpool.vllm
-from conftest import BLOCK, SECRET
-from vllm_env import (kv_config, kv_views, make_config, request, scheduler, step, token_kv,
+from vllm_env import (BLOCK, SECRET, kv_config, kv_views, make_config, request, scheduler, step, token_kv,
                       worker)
 
 LAYOUTS = list(KVCacheLayout)
@@ -57,6 +56,7 @@ def test_store_then_load_into_other_blocks_and_layout(model_dir, daemon, src):
     cfg = make_config(model_dir, daemon.socket, secret=SECRET)
     views_b, kvc = kv_views(dst, seed=2)
     sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
+    assert isinstance(sched.connector, kvpool.vllm.KvpoolConnector)  # via the module path
     filler = request([5] * 40)
     prompt_b = PROMPT[:48] + [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
     req = request(prompt_b)
@@ -75,6 +75,30 @@ def test_store_then_load_into_other_blocks_and_layout(model_dir, daemon, src):
     assert torch.equal(got, want)                             # byte-identical per token
     assert not torch.equal(token_kv(views_b, blocks_b, 48),   # and it was not already there
                            token_kv(kv_views(dst, seed=2)[0], blocks_b, 48))
+
+
+def test_kernel_split_blocks(model_dir, daemon):
+    """vLLM splits a 16-token block into two 8-token kernel blocks (views [2 * blocks, H, 8,
+    C]): slots still map to the right rows, on store and on load."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    views_a, kvc = kv_views(KVCacheLayout.LBNHC, seed=4, kernel_block_size=8)
+    assert views_a["model.layers.0.self_attn.attn"].shape[2] == 8
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_a)
+    req = request(PROMPT)
+    sched.add_request(req)
+    blocks_a = list(step(sched, w).scheduled_new_reqs[0].block_ids[0])
+    views_b, _ = kv_views(KVCacheLayout.BHLNC, seed=5)
+    views_c, _ = kv_views(KVCacheLayout.LBHNC, seed=6, kernel_block_size=8)
+    for views in (views_b, views_c):
+        sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+        sched.add_request(request([4] * 20))
+        req = request(PROMPT + [3])
+        sched.add_request(req)
+        out = step(sched, w)
+        new = {r.req_id: r for r in out.scheduled_new_reqs}[req.request_id]
+        assert new.num_computed_tokens == 48
+        assert torch.equal(token_kv(views, list(new.block_ids[0]), 48).view(torch.int16),
+                           token_kv(views_a, blocks_a, 48).view(torch.int16))
 
 
 def test_matched_is_block_aligned_and_less_than_the_prompt(model_dir, daemon):

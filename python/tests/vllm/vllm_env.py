@@ -20,10 +20,10 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from conftest import BLOCK, HEAD_DIM, KV_HEADS, LAYERS
-
 import kvpool.vllm
 
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 2, 4, 2, 16, 16   # the tiny Llama of config.json
+SECRET = "vllm-test-secret"
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 NUM_BLOCKS = 64
 _ids = itertools.count()
@@ -55,17 +55,19 @@ def spec(block_size: int = BLOCK, dtype: torch.dtype = torch.bfloat16) -> FullAt
 
 
 def kv_views(layout: KVCacheLayout, *, block_size: int = BLOCK, seed: int = 0,
-             num_blocks: int = NUM_BLOCKS):
+             num_blocks: int = NUM_BLOCKS, kernel_block_size: int | None = None):
     """One flat int8 buffer viewed as vLLM's per-layer [B, H, N, C] caches in `layout`
-    (random bf16 contents), and the KVCacheConfig describing it."""
+    (random bf16 contents), and the KVCacheConfig describing it. kernel_block_size: vLLM's
+    split of each block into smaller kernel blocks (the views then have N < block_size)."""
     s = spec(block_size)
-    strides = compute_layout_strides(s, num_blocks, LAYERS, layout)
+    strides = compute_layout_strides(s, num_blocks, LAYERS, layout)  # manager-block strides
     size = s.page_size_bytes * num_blocks * LAYERS
     tensor = KVCacheTensor(size=size, layers=list(LAYER_NAMES), layer_stride=strides[0],
                            block_stride=strides[1])
     g = torch.Generator().manual_seed(seed)
     raw = torch.randn(size // 2, generator=g).to(torch.bfloat16).view(torch.int8)
-    views = create_kv_cache_views(raw, s, num_blocks, layout, tensor)
+    views = create_kv_cache_views(raw, s, num_blocks, layout, tensor,
+                                  kernel_block_size=kernel_block_size)
     cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
                         kv_cache_groups=[KVCacheGroupSpec(list(LAYER_NAMES), s)])
     return dict(zip(LAYER_NAMES, views)), cfg
