@@ -11,6 +11,7 @@ import pytest
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.outputs import ModelRunnerOutput
 
 import kvpool
 import kvpool.vllm
@@ -99,6 +100,42 @@ def test_kernel_split_blocks(model_dir, daemon):
         assert new.num_computed_tokens == 48
         assert torch.equal(token_kv(views, list(new.block_ids[0]), 48).view(torch.int16),
                            token_kv(views_a, blocks_a, 48).view(torch.int16))
+
+
+def test_chunked_prefill_saves_each_chunks_full_blocks(model_dir, daemon):
+    """A 50-token prompt prefilled in chunks of 32 tokens: the first step stores 2 blocks, the
+    second (a cached request in vLLM's SchedulerOutput) the third; decode KV is not stored."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, max_batched_tokens=32)
+    views_a, kvc = kv_views(KVCacheLayout.BHLNC, seed=7)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_a)
+    req = request(PROMPT, max_tokens=3)
+    sched.add_request(req)
+    rid = req.request_id
+    out = step(sched, w)
+    assert out.num_scheduled_tokens[rid] == 32
+    blocks_a = list(out.scheduled_new_reqs[0].block_ids[0])
+    assert _matched(model_dir, daemon, PROMPT + [1]) == (32, False)
+    sched.update_from_output(out, ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0},
+                                                    sampled_token_ids=[[]]))
+    out = step(sched, w)
+    assert out.num_scheduled_tokens[rid] == 18 and not out.scheduled_new_reqs
+    for ids in out.scheduled_cached_reqs.new_block_ids:
+        blocks_a += list(ids[0]) if ids else []
+    assert _matched(model_dir, daemon, PROMPT + [1]) == (48, False)
+    sched.update_from_output(out, ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0},
+                                                    sampled_token_ids=[[PROMPT[0]] ]))
+    step(sched, w)                                           # a decode step: nothing stored
+    assert _matched(model_dir, daemon, PROMPT + [PROMPT[0]] * 20) == (48, False)
+
+    views_b, kvc_b = kv_views(KVCacheLayout.LBNHC, seed=8)
+    sched, w = scheduler(make_config(model_dir, daemon.socket, secret=SECRET), kvc_b), \
+        worker(cfg, kvc_b, views_b)
+    req = request(PROMPT + [1])
+    sched.add_request(req)
+    new = step(sched, w).scheduled_new_reqs[0]
+    assert new.num_computed_tokens == 48
+    assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).view(torch.int16),
+                       token_kv(views_a, blocks_a, 48).view(torch.int16))
 
 
 def test_matched_is_block_aligned_and_less_than_the_prompt(model_dir, daemon):

@@ -31,7 +31,7 @@ _ids = itertools.count()
 
 def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "vllm-test",
                 model_id: str | None = None, block_size: int = BLOCK,
-                dtype: str = "bfloat16") -> VllmConfig:
+                dtype: str = "bfloat16", max_batched_tokens: int = 2048) -> VllmConfig:
     extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 1.0}
     if model_id is not None:
         extra["model_id"] = model_id
@@ -39,8 +39,10 @@ def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "v
         model_config=ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                                  dtype=dtype, max_model_len=2048, seed=0),
         cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=False),
-        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=2048,
-                                         max_model_len=2048, is_encoder_decoder=False),
+        scheduler_config=SchedulerConfig(max_num_seqs=4,
+                                         max_num_batched_tokens=max_batched_tokens,
+                                         enable_chunked_prefill=True, max_model_len=2048,
+                                         is_encoder_decoder=False),
         device_config=DeviceConfig("cpu"),
         kv_transfer_config=KVTransferConfig(kv_connector="KvpoolConnector",
                                             kv_connector_module_path="kvpool.vllm",
