@@ -123,7 +123,7 @@ def test_chunked_prefill_saves_each_chunks_full_blocks(model_dir, daemon):
         blocks_a += list(ids[0]) if ids else []
     assert _matched(model_dir, daemon, PROMPT + [1]) == (48, False)
     sched.update_from_output(out, ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0},
-                                                    sampled_token_ids=[[PROMPT[0]] ]))
+                                                    sampled_token_ids=[[PROMPT[0]]]))
     step(sched, w)                                           # a decode step: nothing stored
     assert _matched(model_dir, daemon, PROMPT + [PROMPT[0]] * 20) == (48, False)
 
