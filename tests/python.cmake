@@ -62,3 +62,5 @@ kvpool_add_pytest(NAME python_kvpress VENV kvpress DIR python/tests/kvpress
 # Engine connectors, each in its engine's own venv.
 kvpool_add_pytest(NAME python_lmcache VENV lmcache DIR python/tests/lmcache
   LABELS python integration TIMEOUT 600)
+kvpool_add_pytest(NAME python_vllm VENV vllm DIR python/tests/vllm
+  LABELS python integration TIMEOUT 600)
