@@ -64,3 +64,5 @@ kvpool_add_pytest(NAME python_lmcache VENV lmcache DIR python/tests/lmcache
   LABELS python integration TIMEOUT 600)
 kvpool_add_pytest(NAME python_vllm VENV vllm DIR python/tests/vllm
   LABELS python integration TIMEOUT 600)
+kvpool_add_pytest(NAME python_sglang VENV sglang DIR python/tests/sglang
+  LABELS python integration TIMEOUT 300)
