@@ -113,6 +113,8 @@ install(CODE "${_kvpool_dev_code}" COMPONENT dev)
 if(KVPOOL_BUILD_TESTS AND TARGET kvpoold)  # the test installs and runs the daemon too
   add_test(NAME install_test
     COMMAND ${PROJECT_SOURCE_DIR}/tests/install_test.sh ${PROJECT_BINARY_DIR})
+  # RUN_SERIAL: it installs into the machine's own root for a few seconds (dpkg -i, purge), and
+  # a failed link check seen once beside other tests could not be reproduced alone.
   set_tests_properties(install_test PROPERTIES LABELS install TIMEOUT 300
-    SKIP_RETURN_CODE 77)
+    SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endif()

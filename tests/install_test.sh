@@ -146,7 +146,9 @@ cc -std=c11 -Wall -Wextra -Werror -o "$WORK/c-consumer" "$WORK/c_consumer.c" \
   $(pkg-config --cflags --libs kvpool) -Wl,-rpath,"$(pkg-config --variable=libdir kvpool)" ||
   fail "cc with pkg-config --cflags --libs kvpool"
 if ldd "$WORK/quickstart-pc" | grep -q "$BUILD"; then fail "quickstart-pc links the build tree"; fi
-ldd "$WORK/quickstart-pc" | grep -q "$PREFIX/$libdir/libkvpool.so.0" || fail "quickstart-pc does not use $PREFIX's libkvpool"
+ldd "$WORK/quickstart-pc" | grep -q "$PREFIX/$libdir/libkvpool.so.0" ||
+  fail "quickstart-pc does not use $PREFIX's libkvpool: $(ldd "$WORK/quickstart-pc" | grep kvpool)" \
+    "(pkg-config libdir: $(pkg-config --variable=libdir kvpool))"
 
 step "the three run against the installed kvpoold"
 sock=$WORK/kvpool.sock
