@@ -55,9 +55,19 @@ case "${1:-}" in
     ;;
   test)
     install_deps
-    build
     # The Python venvs (.venv/<name>, the kvpool wheel installed in each) that the python-labelled
-    # tests run in; fast when nothing changed.
+    # tests run in; fast when nothing changed. Their requirements (GBs of downloads: torch, the
+    # engines) install while the C++ tree builds; the wheel and its installs follow the build.
+    mkdir -p "$BUILD_DIR"
+    scripts/python_env.sh --requirements-only >"$BUILD_DIR/python_env.log" 2>&1 &
+    requirements_pid=$!
+    build
+    if ! wait "$requirements_pid"; then
+      cat "$BUILD_DIR/python_env.log"
+      echo "dev.sh: installing the Python requirements failed (log above)" >&2
+      exit 1
+    fi
+    cat "$BUILD_DIR/python_env.log"
     scripts/python_env.sh
     # Integration tests start their own daemons on temp dirs: safe to run two at a time.
     # shellcheck disable=SC2086

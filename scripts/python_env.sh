@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Python environments for kvpool's tests and benches.
 #
-#   scripts/python_env.sh [name...]     default: every python/requirements/<name>.txt
+#   scripts/python_env.sh [--requirements-only] [name...]
+#                                       default: every python/requirements/<name>.txt
+#
+# --requirements-only stops after the requirements (the network-bound part, which needs no
+# wheel), so it can run while the C++ tree builds (scripts/dev.sh test does).
 #
 # Builds the kvpool wheel once (pip wheel ./python -> build/wheels; the extension's CMake build
 # directory build/python/<wheel tag> persists, so a rebuild is incremental) and, for each name,
@@ -22,6 +26,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PYTHON=${PYTHON:-python3}
+REQUIREMENTS_ONLY=0
+if [[ ${1:-} == --requirements-only ]]; then
+  REQUIREMENTS_ONLY=1
+  shift
+fi
 WHEEL_DIR=$ROOT/build/wheels
 LOCK=/tmp/kvpool-build.lock
 read -r -a PIP_ARGS <<<"${KVPOOL_PIP_ARGS:-}"
@@ -41,6 +50,31 @@ done
 
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null ||
   die "$PYTHON cannot make venvs (Debian: apt-get install python3-venv)"
+
+# --- one venv per requirements file (first: it needs the network, not the wheel) ------------
+for name in "$@"; do
+  venv=$ROOT/.venv/$name
+  req=python/requirements/$name.txt
+  t0=$(date +%s)
+  if [[ ! -x $venv/bin/python ]]; then
+    log "creating $venv"
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip "${PIP_ARGS[@]}"
+  fi
+  nodeps=python/requirements/$name.nodeps.txt
+  req_hash=$(cat "$req" $([[ -f $nodeps ]] && echo "$nodeps") | sha256sum | cut -d' ' -f1)
+  if [[ $(cat "$venv/.kvpool-requirements.sha256" 2>/dev/null) != "$req_hash" ]]; then
+    log "$name: installing $req"
+    "$venv/bin/python" -m pip install -q -r "$req" "${PIP_ARGS[@]}"
+    if [[ -f $nodeps ]]; then
+      log "$name: installing $nodeps (--no-deps)"
+      "$venv/bin/python" -m pip install -q --no-deps -r "$nodeps" "${PIP_ARGS[@]}"
+    fi
+    echo "$req_hash" >"$venv/.kvpool-requirements.sha256"
+  fi
+  log "$name: requirements ready in $(($(date +%s) - t0)) s"
+done
+((REQUIREMENTS_ONLY)) && exit 0
 
 # --- the wheel, once -------------------------------------------------------------------------
 # Everything the wheel is built from: the package, and the C++ it bundles.
@@ -66,27 +100,10 @@ else
 fi
 wheel_hash=$(sha256sum "$wheel" | cut -d' ' -f1)
 
-# --- one venv per requirements file -----------------------------------------------------------
+# --- the wheel into each venv ------------------------------------------------------------------
 for name in "$@"; do
   venv=$ROOT/.venv/$name
-  req=python/requirements/$name.txt
   t0=$(date +%s)
-  if [[ ! -x $venv/bin/python ]]; then
-    log "creating $venv"
-    "$PYTHON" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --upgrade pip "${PIP_ARGS[@]}"
-  fi
-  nodeps=python/requirements/$name.nodeps.txt
-  req_hash=$(cat "$req" $([[ -f $nodeps ]] && echo "$nodeps") | sha256sum | cut -d' ' -f1)
-  if [[ $(cat "$venv/.kvpool-requirements.sha256" 2>/dev/null) != "$req_hash" ]]; then
-    log "$name: installing $req"
-    "$venv/bin/python" -m pip install -q -r "$req" "${PIP_ARGS[@]}"
-    if [[ -f $nodeps ]]; then
-      log "$name: installing $nodeps (--no-deps)"
-      "$venv/bin/python" -m pip install -q --no-deps -r "$nodeps" "${PIP_ARGS[@]}"
-    fi
-    echo "$req_hash" >"$venv/.kvpool-requirements.sha256"
-  fi
   if [[ $(cat "$venv/.kvpool-wheel.sha256" 2>/dev/null) != "$wheel_hash" ]]; then
     log "$name: installing $(basename "$wheel")"
     "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel" "${PIP_ARGS[@]}"
