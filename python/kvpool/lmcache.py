@@ -57,13 +57,14 @@ from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import kvpool
+from kvpool._outage import KVPOOL_FAILURES, OutageLog
 
 __all__ = ["KvpoolConnector"]
 
 log = logging.getLogger("kvpool.lmcache")
 
 # What a kvpool call can raise when the daemon is down, slow or refuses.
-_KVPOOL_FAILURES = (kvpool.Error, OSError, TimeoutError)
+_KVPOOL_FAILURES = KVPOOL_FAILURES
 _MAGIC = b"KVPLMC01"
 _KEY_DOMAIN = b"kvpool.lmcache/1"
 T = TypeVar("T")
@@ -85,7 +86,7 @@ class KvpoolConnector(RemoteConnector):
         self._client: Optional[kvpool.Client] = client
         self._owns_client = client is None
         self._client_lock = threading.Lock()
-        self._healthy = True
+        self._outage = OutageLog(log, "kvpool.lmcache", "serving misses and skipping puts")
         # The chunk layout every key of this connector is salted with.
         self._layout = "|".join([
             self.meta_fmt.name,
@@ -124,21 +125,10 @@ class KvpoolConnector(RemoteConnector):
                     except Exception:  # noqa: BLE001 - closing a broken client must not raise
                         pass
                     self._client = None
-        if self._healthy:
-            self._healthy = False
-            if isinstance(e, _KVPOOL_FAILURES):
-                log.warning("kvpool.lmcache: %s failed (%s: %s); serving misses and skipping "
-                            "puts until kvpool answers again", what, type(e).__name__, e)
-            else:
-                log.warning("kvpool.lmcache: %s failed unexpectedly; treated as a miss", what,
-                            exc_info=e)
-        else:
-            log.debug("kvpool.lmcache: %s failed again (%s: %s)", what, type(e).__name__, e)
+        self._outage.failed(what, e)
 
     def _ok(self) -> None:
-        if not self._healthy:
-            self._healthy = True
-            log.info("kvpool.lmcache: kvpool answers again")
+        self._outage.answered()
 
     def _guarded(self, what: str, fn: Callable[[kvpool.Client], T], miss: T) -> T:
         try:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 import kvpool
+from kvpool._outage import KVPOOL_FAILURES, OutageLog
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -69,7 +70,7 @@ __all__ = ["KvpoolConnector", "KvpoolConnectorMetadata", "BlockSpan", "layout_fo
 
 log = logging.getLogger("kvpool.vllm")
 
-_KVPOOL_FAILURES = (kvpool.Error, OSError, TimeoutError)
+_KVPOOL_FAILURES = KVPOOL_FAILURES
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _PUT_CHUNK_BYTES = 32 << 20
 
@@ -168,7 +169,7 @@ class KvpoolConnector(KVConnectorBase_V1):
                                             timeout=timeout, connect_timeout=timeout)
         self._factory: Callable[[], kvpool.Client] = factory
         self._client: kvpool.Client | None = None
-        self._healthy = True
+        self._outage = OutageLog(log, "kvpool.vllm", "misses")
         # scheduler side
         self._trackers: dict[str, _Tracker] = {}
         self._pending_load: dict[str, tuple[int, int]] = {}   # req_id -> (first, end) blocks
@@ -215,21 +216,10 @@ class KvpoolConnector(KVConnectorBase_V1):
             except Exception:  # noqa: BLE001 - closing a broken client must not raise
                 pass
             self._client = None
-        if self._healthy:
-            self._healthy = False
-            if isinstance(e, _KVPOOL_FAILURES):
-                log.warning("kvpool.vllm: %s failed (%s: %s); misses until kvpool answers "
-                            "again", what, type(e).__name__, e)
-            else:
-                log.warning("kvpool.vllm: %s failed unexpectedly; treated as a miss", what,
-                            exc_info=e)
-        else:
-            log.debug("kvpool.vllm: %s failed again (%s: %s)", what, type(e).__name__, e)
+        self._outage.failed(what, e)
 
     def _ok(self) -> None:
-        if not self._healthy:
-            self._healthy = True
-            log.info("kvpool.vllm: kvpool answers again")
+        self._outage.answered()
 
     # ==== scheduler side ====
 

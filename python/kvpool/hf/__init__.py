@@ -62,6 +62,7 @@ import torch
 from transformers import DynamicCache
 
 import kvpool
+from kvpool._outage import KVPOOL_FAILURES, OutageLog
 
 __all__ = ["KvpoolHFCache", "weights_fingerprint", "layout_for", "LoadInfo"]
 
@@ -70,7 +71,7 @@ log = logging.getLogger("kvpool.hf")
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # What a kvpool call can raise when the daemon is down, slow or refuses. Anything else is a
 # bug in this module or the extension and is logged with its traceback (still a miss).
-_KVPOOL_FAILURES = (kvpool.Error, OSError, TimeoutError)
+_KVPOOL_FAILURES = KVPOOL_FAILURES
 _META_FORMAT = "kvpool.hf/1"
 # A put is split into calls of about this many payload bytes (each within the daemon's frame
 # and lease budgets; with shared memory no payload byte crosses the socket anyway).
@@ -210,7 +211,7 @@ class KvpoolHFCache:
             else:
                 raise TypeError("client: a kvpool.Client, a factory or an address")
             self._client = None
-        self._healthy = True
+        self._outage = OutageLog(log, "kvpool.hf", "serving misses and skipping stores")
         self._staging: torch.Tensor | None = None
 
     # ---- keys ----
@@ -239,21 +240,10 @@ class KvpoolHFCache:
                 except Exception:  # noqa: BLE001 - closing a broken client must not raise
                     pass
                 self._client = None
-        if self._healthy:
-            self._healthy = False
-            if isinstance(e, _KVPOOL_FAILURES):
-                log.warning("kvpool.hf: %s failed (%s: %s); serving misses and skipping stores "
-                            "until kvpool answers again", what, type(e).__name__, e)
-            else:
-                log.warning("kvpool.hf: %s failed unexpectedly; treated as a miss", what,
-                            exc_info=e)
-        else:
-            log.debug("kvpool.hf: %s failed again (%s: %s)", what, type(e).__name__, e)
+        self._outage.failed(what, e)
 
     def _ok(self) -> None:
-        if not self._healthy:
-            self._healthy = True
-            log.info("kvpool.hf: kvpool answers again")
+        self._outage.answered()
 
     # ---- packing ----
 

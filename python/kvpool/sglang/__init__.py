@@ -64,6 +64,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 import kvpool
+from kvpool._outage import OutageLog
 
 __all__ = ["KvpoolHiCacheStorage"]
 
@@ -97,7 +98,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._salt = kvpool.namespace_salt(secret)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._down = False  # a failure was logged and kvpool has not answered since
+        self._outage = OutageLog(log, "kvpool.sglang", "treated as a miss")
         self.mem_pool_host = None
         self.layout: Optional[str] = None  # the v1 (page buffer) layout, set by registration
         self.flat_layout: Optional[str] = None
@@ -189,15 +190,10 @@ class KvpoolHiCacheStorage(HiCacheStorage):
 
     def _failed(self, what: str, err: BaseException) -> None:
         self.close()  # the next call makes a new client
-        if not self._down:
-            self._down = True
-            log.warning("kvpool.sglang: %s failed (%s: %s); treated as a miss until kvpool "
-                        "answers again", what, type(err).__name__, err)
+        self._outage.failed(what, err)
 
     def _answered(self) -> None:
-        if self._down:
-            self._down = False
-            log.info("kvpool.sglang: kvpool answers again")
+        self._outage.answered()
 
     def _ready(self) -> bool:
         return self.layout is not None
