@@ -61,7 +61,7 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions optio
       StartThread(ThreadRole::kCluster, 1001, [raw] { raw->ReplicateLoop(); });
   for (int i = 0; i < std::max(1, node->options_.fanout_threads); ++i) {
     node->fanout_threads_.push_back(
-        StartThread(ThreadRole::kCluster, 1100 + i, [raw] { raw->FanoutLoop(); }));
+        StartThread(ThreadRole::kCluster, 200 + i, [raw] { raw->FanoutLoop(); }));
   }
   return node;
 }
