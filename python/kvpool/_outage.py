@@ -17,6 +17,16 @@ from kvpool import _native
 KVPOOL_FAILURES = (_native.Error, OSError, TimeoutError)
 
 
+def close_quietly(client: "_native.Client | None") -> None:
+    """Closes a client an adapter is dropping after a failure; a broken client must not raise."""
+    if client is None:
+        return
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001 - whatever a broken connection raises on close
+        pass
+
+
 class OutageLog:
     """`name` prefixes every line (e.g. "kvpool.vllm"); `consequence` says what the adapter does
     while kvpool is down (e.g. "serving misses and skipping stores")."""

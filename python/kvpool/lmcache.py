@@ -57,7 +57,7 @@ from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import kvpool
-from kvpool._outage import KVPOOL_FAILURES, OutageLog
+from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
 
 __all__ = ["KvpoolConnector"]
 
@@ -119,12 +119,8 @@ class KvpoolConnector(RemoteConnector):
     def _failed(self, what: str, e: BaseException) -> None:
         if self._owns_client and isinstance(e, (kvpool.Unavailable, OSError)):
             with self._client_lock:
-                if self._client is not None:
-                    try:
-                        self._client.close()
-                    except Exception:  # noqa: BLE001 - closing a broken client must not raise
-                        pass
-                    self._client = None
+                close_quietly(self._client)
+                self._client = None
         self._outage.failed(what, e)
 
     def _ok(self) -> None:
@@ -273,11 +269,8 @@ class KvpoolConnector(RemoteConnector):
 
     async def close(self) -> None:
         with self._client_lock:
-            if self._owns_client and self._client is not None:
-                try:
-                    self._client.close()
-                except Exception:  # noqa: BLE001 - closing must not raise into LMCache
-                    pass
+            if self._owns_client:
+                close_quietly(self._client)
             self._client = None
 
     def __repr__(self) -> str:

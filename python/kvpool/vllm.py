@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 import kvpool
-from kvpool._outage import KVPOOL_FAILURES, OutageLog
+from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -210,12 +210,8 @@ class KvpoolConnector(KVConnectorBase_V1):
         return self._client
 
     def _failed(self, what: str, e: BaseException) -> None:
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001 - closing a broken client must not raise
-                pass
-            self._client = None
+        close_quietly(self._client)
+        self._client = None
         self._outage.failed(what, e)
 
     def _ok(self) -> None:
@@ -448,9 +444,5 @@ class KvpoolConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self) -> None:
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self._client = None
+        close_quietly(self._client)
+        self._client = None

@@ -62,7 +62,7 @@ import torch
 from transformers import DynamicCache
 
 import kvpool
-from kvpool._outage import KVPOOL_FAILURES, OutageLog
+from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
 
 __all__ = ["KvpoolHFCache", "weights_fingerprint", "layout_for", "LoadInfo"]
 
@@ -234,11 +234,8 @@ class KvpoolHFCache:
 
     def _failed(self, what: str, e: BaseException) -> None:
         if isinstance(e, kvpool.Unavailable) or isinstance(e, OSError):
-            if self._owns_client and self._client is not None:
-                try:
-                    self._client.close()
-                except Exception:  # noqa: BLE001 - closing a broken client must not raise
-                    pass
+            if self._owns_client:
+                close_quietly(self._client)
                 self._client = None
         self._outage.failed(what, e)
 
@@ -567,9 +564,6 @@ class KvpoolHFCache:
         return out
 
     def close(self) -> None:
-        if self._owns_client and self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001
-                pass
+        if self._owns_client:
+            close_quietly(self._client)
             self._client = None
