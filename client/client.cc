@@ -1,28 +1,28 @@
 #include <kvpool/client.h>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <unordered_map>
 
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
-
+#include "client/control_connection.h"
+#include "client/segment_mappings.h"
+#include "client/ucx_data_path.h"
 #include "common/checksum.h"
-#include "common/hello_auth.h"
 #include "control.pb.h"
-#include "kernels/pinned_memory.h"
 #include "transport/address.h"
-#include "transport/control_channel.h"
 #include "transport/frame.h"
-#include "transport/ucx_engine.h"
+
+// kvpool::Client: the public facade. It composes the control connection
+// (client/control_connection.h), the shared-memory mappings (client/segment_mappings.h) and the
+// UCX data path (client/ucx_data_path.h), and holds what a call does with them: splitting batches
+// to the daemon's limits and choosing, per block, the path its bytes take.
 
 namespace kvpool {
 
-using transport::ControlChannel;
+using client::ControlConnection;
+using client::FromWire;
+using client::SegmentMappings;
+using client::UcxDataPath;
 using transport::Deadline;
 using transport::FrameHeader;
 
@@ -47,12 +47,6 @@ bool PutResult::all_ok() const {
 }
 
 namespace {
-
-Status FromWire(const wire::Status& s) {
-  if (s.code() == 0) return Status::OK();
-  return Status(static_cast<StatusCode>(s.code()), s.message());
-}
-
 Tier FromWire(int t) {
   switch (t) {
     case wire::TIER_GPU:
@@ -78,25 +72,40 @@ void PackKeys(std::span<const BlockKey> keys, std::string* out) {
   }
 }
 
+// MAP_SEGMENTS over the control connection, for SegmentMappings.
+class DaemonSegments final : public client::SegmentDescriptorSource {
+ public:
+  explicit DaemonSegments(ControlConnection& connection) : connection_(connection) {}
+
+  Status MapSegments(const wire::MapSegmentsRequest& req, wire::MapSegmentsResponse* resp,
+                     std::vector<int>* fds, Deadline deadline) override {
+    KVPOOL_RETURN_IF_ERROR(connection_.ExchangeOnce(wire::MAP_SEGMENTS, req, {}, resp, deadline));
+    *fds = connection_.TakeReceivedFds();
+    return Status::OK();
+  }
+
+ private:
+  ControlConnection& connection_;
+};
+
 }  // namespace
 
 class Client::Impl {
  public:
-  explicit Impl(ClientOptions options) : options_(std::move(options)) {
+  explicit Impl(ClientOptions options) : options_(std::move(options)), connection_(options_) {
     if (options_.address.empty()) options_.address = transport::DefaultSocketPath();
-    // Responses are bounded by what we ask for; accept any frame the protocol can express.
-    recv_limits_.max_body_bytes = 1u << 30;
-    recv_limits_.max_payload_bytes = UINT32_MAX;
   }
 
-  Deadline NewDeadline() const { return std::chrono::steady_clock::now() + options_.timeout; }
+  ~Impl() {
+    mappings_.UnmapAll();
+    ucx_.Disconnect();
+  }
 
   Status Connect() {
-    channel_.reset();
-    UnmapAll();  // segment numbers and generations belong to the daemon instance we talked to
-    const std::chrono::milliseconds connect_timeout =
-        options_.connect_timeout.count() > 0 ? options_.connect_timeout : options_.timeout;
-    KVPOOL_ASSIGN_OR_RETURN(channel_, ControlChannel::Connect(options_.address, connect_timeout));
+    // Segment numbers and generations belong to the daemon instance we talked to.
+    connection_.Close();
+    mappings_.UnmapAll();
+    KVPOOL_RETURN_IF_ERROR(connection_.Dial());
     wire::HelloRequest req;
     req.set_protocol_version(transport::kProtocolVersion);
     req.set_namespace_name(options_.namespace_name);
@@ -106,284 +115,43 @@ class Client::Impl {
                                    options_.data_path == DataPath::kSharedMemory));
     const bool want_ucx =
         options_.data_path == DataPath::kUcx || (options_.data_path == DataPath::kAuto && tcp);
-    if (want_ucx && ucx_ == nullptr) {
-      transport::UcxOptions uo;
-      uo.transports = options_.ucx_transports;
-      uo.net_devices = options_.ucx_net_devices;
-      Result<std::unique_ptr<transport::UcxEngine>> engine = transport::UcxEngine::Create(uo);
-      if (engine.ok()) {
-        ucx_ = std::move(*engine);
-      } else if (options_.data_path == DataPath::kUcx) {
-        channel_.reset();
-        return engine.status().WithContext("starting UCX");
+    if (want_ucx && !ucx_.started()) {
+      Status st = ucx_.Start(options_.ucx_transports, options_.ucx_net_devices);
+      if (!st.ok() && options_.data_path == DataPath::kUcx) {
+        connection_.Close();
+        return st.WithContext("starting UCX");
       }
     }
-    if (want_ucx && ucx_ != nullptr) req.set_ucx_worker_address(ucx_->WorkerAddress());
+    if (want_ucx && ucx_.started()) req.set_ucx_worker_address(ucx_.worker_address());
     wire::HelloResponse resp;
-    const auto hello_deadline = std::chrono::steady_clock::now() + connect_timeout;
-    Status st = ExchangeOnce(wire::HELLO, req, {}, &resp, hello_deadline);
-    if (st.ok() && !resp.challenge().empty() && resp.status().code() != 0) {
-      // The daemon (cluster mode, TCP) wants proof of the cluster secret.
-      if (options_.cluster_secret.empty()) {
-        channel_.reset();
-        return Status::PermissionDenied("kvpoold at " + options_.address +
-                                        " requires the cluster secret "
-                                        "(ClientOptions::cluster_secret)");
-      }
-      req.set_auth(HelloProof(options_.cluster_secret, resp.challenge(), options_.namespace_name));
-      resp.Clear();
-      st = ExchangeOnce(wire::HELLO, req, {}, &resp, hello_deadline);
-    }
-    if (!st.ok()) {
-      channel_.reset();
-      return st;
-    }
-    st = FromWire(resp.status());
-    if (!st.ok()) {
-      channel_.reset();
-      return st.WithContext("kvpoold refused the connection");
-    }
+    KVPOOL_RETURN_IF_ERROR(connection_.Hello(std::move(req), &resp));
     server_.node_id = resp.node_id();
     server_.daemon_version = resp.daemon_version();
     server_.max_block_bytes = resp.max_block_bytes();
     server_.max_payload_bytes = resp.max_payload_bytes();
     server_.max_batch_keys = std::max<uint32_t>(1, resp.max_batch_keys());
     server_.shared_memory = resp.shared_memory();
-    segment_bytes_ = resp.segment_bytes();
-    if (ucx_ep_ != 0) {
-      ucx_->Disconnect(ucx_ep_);
-      ucx_ep_ = 0;
-    }
-    server_.ucx = false;
-    if (resp.ucx() && ucx_ != nullptr) {
-      Result<transport::UcxEndpointId> ep = ucx_->Connect(resp.ucx_worker_address());
-      if (ep.ok()) {
-        ucx_ep_ = *ep;
-        ucx_tag_prefix_ = resp.ucx_tag_prefix();
-        server_.ucx = true;
-      }
-    }
+    mappings_.Reset(resp.segment_bytes());
+    ucx_.Disconnect();
+    server_.ucx = resp.ucx() && ucx_.started() &&
+                  ucx_.Connect(resp.ucx_worker_address(), resp.ucx_tag_prefix());
     if (options_.data_path == DataPath::kUcx && !server_.ucx) {
-      channel_.reset();
+      connection_.Close();
       return Status::FailedPrecondition("kvpoold did not grant the UCX data path");
     }
     if (options_.data_path == DataPath::kSharedMemory && !server_.shared_memory) {
-      channel_.reset();
+      connection_.Close();
       return Status::FailedPrecondition(
           "kvpoold did not grant the shared-memory data path (not a local Unix socket, or "
           "--shared_memory=false)");
     }
-    fresh_ = true;
     return Status::OK();
   }
 
-  ~Impl() {
-    UnmapAll();
-    if (ucx_ep_ != 0) ucx_->Disconnect(ucx_ep_);
-  }
-
-  // Waits for a set of asynchronous UCX operations.
-  struct UcxBatch {
-    absl::Mutex mu;
-    size_t left ABSL_GUARDED_BY(mu) = 0;
-    std::vector<Status> status ABSL_GUARDED_BY(mu);
-    std::vector<size_t> received ABSL_GUARDED_BY(mu);
-  };
-
-  // Waits until every operation of `batch` ended; past `deadline` cancels the rest (UCX lets go
-  // of their buffers before their callbacks run) and waits for those callbacks.
-  void WaitUcx(UcxBatch& batch, const std::vector<transport::UcxOpId>& ops, Deadline deadline) {
-    absl::MutexLock lock(&batch.mu);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch.mu) { return batch.left == 0; };
-    if (!batch.mu.AwaitWithDeadline(
-            absl::Condition(&done),
-            absl::FromChrono(std::chrono::system_clock::now() +
-                             (deadline - std::chrono::steady_clock::now())))) {
-      batch.mu.Unlock();
-      for (transport::UcxOpId op : ops) {
-        if (op != 0) ucx_->Cancel(op);
-      }
-      batch.mu.Lock();
-      batch.mu.Await(absl::Condition(&done));
-    }
-  }
-
-  void UnmapAll() {
-    for (auto* maps : {&read_maps_, &write_maps_}) {
-      for (auto& [seg, m] : *maps) Unmap(m);
-      maps->clear();
-    }
-  }
-
-  struct Mapping {
-    uint32_t generation = 0;
-    uint8_t* base = nullptr;
-    bool pinned = false;  // registered with CUDA
-  };
-
-  void Unmap(const Mapping& m) {
-    if (m.pinned) kernels::UnregisterHostMemory(m.base);
-    munmap(m.base, segment_bytes_);
-  }
-
-  // Maps the given (segment, generation) pairs, read-only or writable, asking the daemon for
-  // their descriptors. A cached mapping of an older generation is dropped. Returns the status of
-  // each pair in order.
-  Result<std::vector<Status>> EnsureMapped(const std::vector<std::pair<uint32_t, uint32_t>>& segs,
-                                           bool writable, Deadline deadline) {
-    auto& maps = writable ? write_maps_ : read_maps_;
-    std::vector<Status> out(segs.size());
-    std::vector<size_t> missing;
-    for (size_t i = 0; i < segs.size(); ++i) {
-      auto it = maps.find(segs[i].first);
-      if (it != maps.end() && it->second.generation == segs[i].second) continue;
-      if (it != maps.end()) {
-        Unmap(it->second);
-        maps.erase(it);
-      }
-      bool dup = false;
-      for (size_t j : missing) dup |= segs[j] == segs[i];
-      if (!dup) missing.push_back(i);
-    }
-    for (size_t start = 0; start < missing.size(); start += 64) {
-      const size_t end = std::min(missing.size(), start + 64);
-      wire::MapSegmentsRequest req;
-      for (size_t k = start; k < end; ++k) {
-        wire::SegmentRequest* r = req.add_segments();
-        r->set_segment(segs[missing[k]].first);
-        r->set_generation(segs[missing[k]].second);
-        r->set_writable(writable);
-      }
-      wire::MapSegmentsResponse resp;
-      KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::MAP_SEGMENTS, req, {}, &resp, deadline));
-      std::vector<int> fds = channel_->TakeReceivedFds();
-      KVPOOL_RETURN_IF_ERROR(FromWire(resp.status()));
-      size_t next_fd = 0;
-      for (size_t k = start; k < end; ++k) {
-        const size_t i = missing[k];
-        Status st = resp.results_size() > static_cast<int>(k - start)
-                        ? FromWire(resp.results(static_cast<int>(k - start)))
-                        : Status::Internal("MAP_SEGMENTS answered too few results");
-        if (st.ok()) {
-          if (next_fd >= fds.size()) {
-            st = Status::Internal("MAP_SEGMENTS answered without the descriptor");
-          } else {
-            const int fd = fds[next_fd++];
-            // MAP_POPULATE: fault the segment in once here, not one page at a time in the copies.
-            void* p = mmap(nullptr, segment_bytes_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                           MAP_SHARED | MAP_POPULATE, fd, 0);
-            ::close(fd);
-            if (p == MAP_FAILED) {
-              st = Status::FromErrno(errno, "mapping a host segment");
-            } else {
-              // Pinned for CUDA where a GPU is usable: a block then goes from the mapping to
-              // GPU memory with one cudaMemcpyAsync.
-              const bool pinned =
-                  kernels::CudaDeviceAvailable() &&
-                  kernels::RegisterHostMemory(p, segment_bytes_, /*read_only=*/!writable).ok();
-              maps[segs[i].first] = Mapping{segs[i].second, static_cast<uint8_t*>(p), pinned};
-            }
-          }
-        }
-        out[i] = st;
-      }
-      for (size_t f = next_fd; f < fds.size(); ++f) ::close(fds[f]);
-    }
-    for (size_t i = 0; i < segs.size(); ++i) {
-      auto it = maps.find(segs[i].first);
-      if (out[i].ok() && (it == maps.end() || it->second.generation != segs[i].second)) {
-        out[i] = Status::NotFound("host segment " + std::to_string(segs[i].first) + " not mapped");
-      }
-    }
-    return out;
-  }
-
-  // Sends a request the daemon does not answer (RELEASE).
-  template <typename Req>
-  Status SendOnly(uint16_t type, const Req& req, Deadline deadline) {
-    return SendRequest(type, req, {}, deadline).status();
-  }
-
-  // Runs `call` on a live connection. A connection that was already open before this call
-  // may have died idle (a daemon restart): on Unavailable, reconnect once and retry. Every
-  // kvpool request is idempotent (puts are put-if-absent), so the retry is safe.
+  // Runs `call` on a live connection, reconnecting as ControlConnection::Run decides.
   template <typename F>
   auto Run(F call) -> decltype(call()) {
-    if (channel_ == nullptr || channel_->broken()) {
-      if (!options_.auto_reconnect && channel_ != nullptr) {
-        return Status::Unavailable("connection to kvpoold is closed; call Reconnect()");
-      }
-      KVPOOL_RETURN_IF_ERROR(Connect());
-    }
-    const bool reused = !fresh_;
-    fresh_ = false;
-    auto result = call();
-    if (!result.ok() && result.status().code() == StatusCode::kUnavailable && reused &&
-        options_.auto_reconnect && (channel_ == nullptr || channel_->broken())) {
-      KVPOOL_RETURN_IF_ERROR(Connect());
-      fresh_ = false;
-      result = call();
-    }
-    return result;
-  }
-
-  // Sends one request and receives the response header and body. For a response with a
-  // payload, returns its header so the caller reads the payload; `payload_left` is set.
-  template <typename Req, typename Resp>
-  Status ExchangeOnce(uint16_t type, const Req& req, std::span<const iovec> payload, Resp* resp,
-                      Deadline deadline, FrameHeader* out_header = nullptr) {
-    KVPOOL_ASSIGN_OR_RETURN(uint64_t id, SendRequest(type, req, payload, deadline));
-    return ReceiveResponse(type, id, resp, deadline, out_header);
-  }
-
-  // Sends one request frame (the payload gathered from `payload`); returns its request id.
-  template <typename Req>
-  Result<uint64_t> SendRequest(uint16_t type, const Req& req, std::span<const iovec> payload,
-                               Deadline deadline) {
-    std::string body;
-    if (!req.SerializeToString(&body)) return Status::Internal("cannot serialize request");
-    FrameHeader h;
-    h.type = type;
-    h.request_id = next_request_id_++;
-    h.body_bytes = static_cast<uint32_t>(body.size());
-    uint64_t payload_bytes = 0;
-    for (const iovec& v : payload) payload_bytes += v.iov_len;
-    if (payload_bytes > UINT32_MAX) return Status::InvalidArgument("payload too large for a frame");
-    h.payload_bytes = static_cast<uint32_t>(payload_bytes);
-    KVPOOL_RETURN_IF_ERROR(channel_->Send(h, body, payload, deadline));
-    return h.request_id;
-  }
-
-  // Receives the response to request `id` and parses its body. With `out_header` the caller
-  // reads the response's payload; otherwise it is discarded.
-  template <typename Resp>
-  Status ReceiveResponse(uint16_t type, uint64_t id, Resp* resp, Deadline deadline,
-                         FrameHeader* out_header = nullptr) {
-    KVPOOL_ASSIGN_OR_RETURN(FrameHeader rh, channel_->ReceiveHeader(recv_limits_, deadline));
-    if (rh.type != type || rh.request_id != id) {
-      channel_.reset();
-      return Status::Internal("kvpoold answered another request (type " + std::to_string(rh.type) +
-                              ", id " + std::to_string(rh.request_id) + ")");
-    }
-    std::string rbody(rh.body_bytes, '\0');
-    KVPOOL_RETURN_IF_ERROR(channel_->ReceiveInto(rbody.data(), rbody.size(), deadline));
-    if (!resp->ParseFromString(rbody)) {
-      channel_.reset();
-      return Status::Internal("malformed response body from kvpoold");
-    }
-    if (out_header != nullptr) {
-      *out_header = rh;
-    } else if (rh.payload_bytes > 0) {
-      KVPOOL_RETURN_IF_ERROR(channel_->Discard(rh.payload_bytes, deadline));
-    }
-    return Status::OK();
-  }
-
-  // A request without payloads whose response's status decides the result.
-  template <typename Req, typename Resp>
-  Status Simple(uint16_t type, const Req& req, Resp* resp) {
-    KVPOOL_RETURN_IF_ERROR(ExchangeOnce(type, req, {}, resp, NewDeadline()));
-    return FromWire(resp->status());
+    return connection_.Run(call, [this] { return Connect(); });
   }
 
   // Where block i (of `size` bytes) goes: the caller's buffer, or one allocated on the spot.
@@ -407,11 +175,14 @@ class Client::Impl {
                      Deadline deadline) {
     std::vector<std::pair<uint32_t, uint32_t>> segs;
     for (const InPlace& b : blocks) segs.emplace_back(b.segment, b.generation);
-    Result<std::vector<Status>> mapped = EnsureMapped(segs, /*writable=*/false, deadline);
+    Result<std::vector<Status>> mapped =
+        mappings_.EnsureMapped(segs, /*writable=*/false, segment_source_, deadline);
     wire::ReleaseRequest release;
     for (const InPlace& b : blocks) release.add_lease_ids(b.lease_id);
     if (!mapped.ok()) {
-      if (!channel_->broken()) SendOnly(wire::RELEASE, release, deadline).IgnoreError();
+      if (!connection_.broken()) {
+        connection_.SendOnly(wire::RELEASE, release, deadline).IgnoreError();
+      }
       return mapped.status();
     }
     for (size_t k = 0; k < blocks.size(); ++k) {
@@ -420,7 +191,7 @@ class Client::Impl {
       const MutableBuffer buf = buffer_for(b.index, b.size);
       if (!(*mapped)[k].ok()) {
         r.status = (*mapped)[k];
-      } else if (b.offset + b.size > segment_bytes_) {
+      } else if (b.offset + b.size > mappings_.segment_bytes()) {
         r.status = Status::Internal("block slot outside its segment");
       } else if (buf.data == nullptr || buf.capacity < b.size) {
         r.status = Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
@@ -428,7 +199,7 @@ class Client::Impl {
                                            "-byte block");
         r.size = b.size;
       } else {
-        const uint8_t* src = read_maps_[b.segment].base + b.offset;
+        const uint8_t* src = mappings_.ReadBase(b.segment) + b.offset;
         if (CopyWithChecksum(buf.data, src, b.size) != b.checksum) {
           r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
                                         " changed while being read (lease expired?)");
@@ -439,7 +210,7 @@ class Client::Impl {
         }
       }
     }
-    return SendOnly(wire::RELEASE, release, deadline);
+    return connection_.SendOnly(wire::RELEASE, release, deadline);
   }
 
   // Counts a PUT_COMMIT's per-block results into `result`; blocks[j] is the caller's index of
@@ -470,66 +241,30 @@ class Client::Impl {
   };
 
   // Receives blocks the daemon sends as tagged UCX messages straight into the caller's buffers
-  // (or a scratch buffer when one is too small, so the message is drained) and verifies each.
+  // and verifies each.
   void ReceiveOverUcx(std::span<const BlockKey> keys, const BufferFor& buffer_for,
                       uint64_t tag_base, const std::vector<OverUcx>& blocks,
                       std::vector<GetResult>& out, Deadline deadline) {
-    UcxBatch batch;
-    std::vector<std::unique_ptr<uint8_t[]>> scratch(blocks.size());
-    std::vector<transport::UcxOpId> ops(blocks.size(), 0);
-    std::vector<MutableBuffer> targets(blocks.size());
-    {
-      absl::MutexLock lock(&batch.mu);
-      batch.left = blocks.size();
-      batch.status.assign(blocks.size(), Status::OK());
-      batch.received.assign(blocks.size(), 0);
-    }
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      targets[k] = buffer_for(blocks[k].index, blocks[k].size);
-      const MutableBuffer& buf = targets[k];
-      void* dst = buf.data;
-      if (dst == nullptr || buf.capacity < blocks[k].size) {
-        scratch[k].reset(new uint8_t[std::max<uint64_t>(1, blocks[k].size)]);
-        dst = scratch[k].get();
-      }
-      ops[k] = ucx_->ReceiveTagged(tag_base + blocks[k].position, dst, blocks[k].size,
-                                   [&batch, k](Status st, size_t n) {
-                                     absl::MutexLock lock(&batch.mu);
-                                     batch.status[k] = st;
-                                     batch.received[k] = n;
-                                     --batch.left;
-                                   });
-    }
-    WaitUcx(batch, ops, deadline);
-    absl::MutexLock lock(&batch.mu);
+    std::vector<UcxDataPath::IncomingBlock> incoming(blocks.size());
     for (size_t k = 0; k < blocks.size(); ++k) {
       const OverUcx& b = blocks[k];
-      GetResult& r = out[b.index];
-      if (!batch.status[k].ok()) {
-        r.status = batch.status[k].WithContext("UCX transfer of block " + keys[b.index].ShortHex());
-      } else if (scratch[k] != nullptr) {
-        r.status = Status::InvalidArgument("buffer of " + std::to_string(targets[k].capacity) +
-                                           " bytes is too small for the " + std::to_string(b.size) +
-                                           "-byte block");
-        r.size = b.size;
-      } else if (batch.received[k] != b.size ||
-                 BlockChecksum(targets[k].data, b.size) != b.checksum) {
-        r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
-                                      " failed its checksum in transfer");
-      } else {
-        r.status = Status::OK();
-        r.size = b.size;
-        r.tier = b.tier;
-      }
+      incoming[k] = {tag_base + b.position,
+                     keys[b.index],
+                     buffer_for(b.index, b.size),
+                     b.size,
+                     b.checksum,
+                     b.tier};
     }
+    std::vector<GetResult> results = ucx_.ReceiveBlocks(incoming, deadline);
+    for (size_t k = 0; k < blocks.size(); ++k) out[blocks[k].index] = std::move(results[k]);
   }
 
   // Sends reserved blocks as tagged UCX messages and commits them in one PUT_COMMIT.
   Status CommitOverUcx(std::span<const PutBlock> blocks,
                        const std::vector<std::pair<size_t, uint64_t>>& reserved,
                        PutResult& result) {
-    const Deadline deadline = NewDeadline();
-    const uint64_t tag_base = ucx_tag_prefix_ | ((++ucx_seq_ & 0xFFFFFF) << 16);
+    const Deadline deadline = connection_.NewDeadline();
+    const uint64_t tag_base = ucx_.NextPutTagBase();
     wire::PutCommitRequest commit;
     commit.set_via_ucx(true);
     commit.set_ucx_tag_base(tag_base);
@@ -538,26 +273,18 @@ class Client::Impl {
       commit.add_sizes(blocks[index].size);
     }
     KVPOOL_ASSIGN_OR_RETURN(uint64_t request_id,
-                            SendRequest(wire::PUT_COMMIT, commit, {}, deadline));
-    UcxBatch batch;
-    std::vector<transport::UcxOpId> ops(reserved.size(), 0);
-    {
-      absl::MutexLock lock(&batch.mu);
-      batch.left = reserved.size();
-      batch.status.assign(reserved.size(), Status::OK());
+                            connection_.SendRequest(wire::PUT_COMMIT, commit, {}, deadline));
+    std::vector<UcxDataPath::OutgoingBlock> bodies;
+    bodies.reserve(reserved.size());
+    for (const auto& [index, rid] : reserved) {
+      bodies.push_back({blocks[index].data, blocks[index].size});
     }
-    for (size_t k = 0; k < reserved.size(); ++k) {
-      const PutBlock& b = blocks[reserved[k].first];
-      ops[k] = ucx_->SendTagged(ucx_ep_, tag_base + k, b.data, b.size, [&batch, k](Status st) {
-        absl::MutexLock lock(&batch.mu);
-        batch.status[k] = st;
-        --batch.left;
-      });
-    }
-    WaitUcx(batch, ops, deadline);
-    // The daemon answers once its receives ended (a failed send fails that block there too).
+    // The daemon answers once its receives ended (a failed send fails that block there too), so
+    // each send's own status is not needed.
+    ucx_.SendBlocks(tag_base, bodies, deadline);
     wire::PutCommitResponse cresp;
-    KVPOOL_RETURN_IF_ERROR(ReceiveResponse(wire::PUT_COMMIT, request_id, &cresp, deadline));
+    KVPOOL_RETURN_IF_ERROR(
+        connection_.ReceiveResponse(wire::PUT_COMMIT, request_id, &cresp, deadline));
     std::vector<size_t> indices;
     for (const auto& [index, rid] : reserved) indices.push_back(index);
     return TallyCommit(cresp, indices, result);
@@ -577,22 +304,22 @@ class Client::Impl {
         for (size_t j = start; j < end; ++j) packed->append(keys[todo[j]].AsStringView());
         req.set_in_place(server_.shared_memory);
         const bool via_ucx = server_.ucx && !server_.shared_memory;
-        const uint64_t tag_base = (++ucx_seq_ & 0xFFFFFF) << 16;
+        const uint64_t tag_base = ucx_.NextGetTagBase();
         if (via_ucx) {
           req.set_via_ucx(true);
           req.set_ucx_tag_base(tag_base);
         }
         wire::GetResponse resp;
         FrameHeader rh;
-        const Deadline deadline = NewDeadline();
-        KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::GET, req, {}, &resp, deadline, &rh));
+        const Deadline deadline = connection_.NewDeadline();
+        KVPOOL_RETURN_IF_ERROR(connection_.ExchangeOnce(wire::GET, req, {}, &resp, deadline, &rh));
         Status st = FromWire(resp.status());
         if (!st.ok()) {
-          KVPOOL_RETURN_IF_ERROR(channel_->Discard(rh.payload_bytes, deadline));
+          KVPOOL_RETURN_IF_ERROR(connection_.DiscardPayload(rh.payload_bytes, deadline));
           return st;
         }
         if (resp.blocks_size() != static_cast<int>(end - start)) {
-          channel_.reset();
+          connection_.Close();
           return Status::Internal("kvpoold answered a GET with the wrong number of blocks");
         }
         uint64_t consumed = 0;
@@ -625,19 +352,19 @@ class Client::Impl {
           }
           consumed += size;
           if (consumed > rh.payload_bytes) {
-            channel_.reset();
+            connection_.Close();
             return Status::Internal("GET response payload shorter than its block list");
           }
           const MutableBuffer buf = buffer_for(i, size);
           if (buf.data == nullptr || buf.capacity < size) {
-            KVPOOL_RETURN_IF_ERROR(channel_->Discard(size, deadline));
+            KVPOOL_RETURN_IF_ERROR(connection_.DiscardPayload(size, deadline));
             r.status = Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
                                                " bytes is too small for the " +
                                                std::to_string(size) + "-byte block");
             r.size = size;
             continue;
           }
-          KVPOOL_RETURN_IF_ERROR(channel_->ReceiveInto(buf.data, size, deadline));
+          KVPOOL_RETURN_IF_ERROR(connection_.ReceivePayload(buf.data, size, deadline));
           if (BlockChecksum(buf.data, size) != info.checksum()) {
             r.status = Status::Corruption("block " + keys[i].ShortHex() +
                                           " failed its checksum in transfer");
@@ -648,7 +375,7 @@ class Client::Impl {
           r.tier = FromWire(info.tier());
         }
         if (consumed != rh.payload_bytes) {
-          channel_.reset();
+          connection_.Close();
           return Status::Internal("GET response payload longer than its block list");
         }
         if (!in_place.empty())
@@ -704,7 +431,7 @@ class Client::Impl {
       if (asked.empty()) continue;
       req.set_in_place(server_.shared_memory);
       wire::PutReserveResponse resp;
-      KVPOOL_RETURN_IF_ERROR(Simple(wire::PUT_RESERVE, req, &resp));
+      KVPOOL_RETURN_IF_ERROR(connection_.Simple(wire::PUT_RESERVE, req, &resp));
       if (resp.reservations_size() != static_cast<int>(asked.size())) {
         return Status::Internal("kvpoold answered a PUT_RESERVE with the wrong count");
       }
@@ -753,7 +480,8 @@ class Client::Impl {
           ++k;
         }
         wire::PutCommitResponse cresp;
-        KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::PUT_COMMIT, commit, iov, &cresp, NewDeadline()));
+        KVPOOL_RETURN_IF_ERROR(connection_.ExchangeOnce(wire::PUT_COMMIT, commit, iov, &cresp,
+                                                        connection_.NewDeadline()));
         KVPOOL_RETURN_IF_ERROR(TallyCommit(cresp, in_frame, result));
       }
     }
@@ -765,18 +493,19 @@ class Client::Impl {
   Status CommitInPlace(std::span<const PutBlock> blocks,
                        const std::vector<std::pair<size_t, uint64_t>>& reserved,
                        const std::vector<wire::SegmentSlot>& slots, PutResult& result) {
-    const Deadline deadline = NewDeadline();
+    const Deadline deadline = connection_.NewDeadline();
     std::vector<std::pair<uint32_t, uint32_t>> segs;
     for (const wire::SegmentSlot& s : slots) segs.emplace_back(s.segment(), s.generation());
-    KVPOOL_ASSIGN_OR_RETURN(std::vector<Status> mapped,
-                            EnsureMapped(segs, /*writable=*/true, deadline));
+    KVPOOL_ASSIGN_OR_RETURN(
+        std::vector<Status> mapped,
+        mappings_.EnsureMapped(segs, /*writable=*/true, segment_source_, deadline));
     wire::PutCommitRequest commit;
     commit.set_in_place(true);
     wire::PutAbortRequest abort;
     std::vector<size_t> in_frame;
     for (size_t k = 0; k < reserved.size(); ++k) {
       const PutBlock& b = blocks[reserved[k].first];
-      if (!mapped[k].ok() || slots[k].offset() + b.size > segment_bytes_) {
+      if (!mapped[k].ok() || slots[k].offset() + b.size > mappings_.segment_bytes()) {
         result.errors[reserved[k].first] =
             mapped[k].ok() ? Status::Internal("reserved slot outside its segment") : mapped[k];
         abort.add_reservation_ids(reserved[k].second);
@@ -784,34 +513,29 @@ class Client::Impl {
       }
       // One pass: copy into the slot and hash what was copied (the daemon verifies it again).
       commit.add_checksums(CopyWithChecksum(
-          write_maps_[slots[k].segment()].base + slots[k].offset(), b.data, b.size));
+          mappings_.WriteBase(slots[k].segment()) + slots[k].offset(), b.data, b.size));
       commit.add_reservation_ids(reserved[k].second);
       commit.add_sizes(b.size);
       in_frame.push_back(reserved[k].first);
     }
     if (abort.reservation_ids_size() > 0) {
       wire::PutAbortResponse aresp;
-      KVPOOL_RETURN_IF_ERROR(Simple(wire::PUT_ABORT, abort, &aresp));
+      KVPOOL_RETURN_IF_ERROR(connection_.Simple(wire::PUT_ABORT, abort, &aresp));
     }
     if (in_frame.empty()) return Status::OK();
     wire::PutCommitResponse cresp;
-    KVPOOL_RETURN_IF_ERROR(ExchangeOnce(wire::PUT_COMMIT, commit, {}, &cresp, NewDeadline()));
+    KVPOOL_RETURN_IF_ERROR(
+        connection_.ExchangeOnce(wire::PUT_COMMIT, commit, {}, &cresp, connection_.NewDeadline()));
     return TallyCommit(cresp, in_frame, result);
   }
 
   ClientOptions options_;
   ServerInfo server_;
-  uint64_t segment_bytes_ = 0;
-  std::unordered_map<uint32_t, Mapping> read_maps_;   // segment -> read-only mapping
-  std::unordered_map<uint32_t, Mapping> write_maps_;  // segment -> writable mapping
-  std::unique_ptr<transport::UcxEngine> ucx_;         // created at the first hello that wants UCX
-  transport::UcxEndpointId ucx_ep_ = 0;
-  uint64_t ucx_tag_prefix_ = 0;
-  uint64_t ucx_seq_ = 0;
-  std::unique_ptr<ControlChannel> channel_;
-  transport::FrameLimits recv_limits_;
-  uint64_t next_request_id_ = 1;
-  bool fresh_ = false;  // connected by the current call
+  // Destroyed last to first: the channel closes before the UCX engine goes.
+  SegmentMappings mappings_;
+  UcxDataPath ucx_;  // its engine is created at the first hello that wants UCX
+  ControlConnection connection_;
+  DaemonSegments segment_source_{connection_};
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -837,7 +561,7 @@ Result<LookupResult> Client::Lookup(std::span<const BlockKey> chain, bool prefet
       PackKeys(chain.subspan(start, end - start), req.mutable_packed_keys());
       req.set_no_prefetch(!prefetch);
       wire::LookupResponse resp;
-      KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::LOOKUP, req, &resp));
+      KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::LOOKUP, req, &resp));
       out.hit_blocks += resp.hit_blocks();
       for (int t : resp.tiers()) out.tiers.push_back(FromWire(t));
       if (resp.hit_blocks() < end - start) break;
@@ -899,7 +623,7 @@ Result<uint32_t> Client::Prefetch(std::span<const BlockKey> keys) {
       wire::PrefetchRequest req;
       for (size_t i = start; i < end; ++i) req.add_keys(KeyBytes(keys[i]));
       wire::PrefetchResponse resp;
-      KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::PREFETCH, req, &resp));
+      KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::PREFETCH, req, &resp));
       scheduled += resp.scheduled();
     }
     return scheduled;
@@ -916,7 +640,7 @@ Status Client::SaveSession(const Session& session) {
         r->set_token_count(session.token_count);
         for (const auto& [k, v] : session.metadata) (*r->mutable_metadata())[k] = v;
         wire::SessionSaveResponse resp;
-        KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_SAVE, req, &resp));
+        KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::SESSION_SAVE, req, &resp));
         return true;
       })
       .status();
@@ -928,7 +652,7 @@ Result<LoadedSession> Client::LoadSession(const std::string& session_id, bool pr
     req.set_session_id(session_id);
     req.set_no_prefetch(!prefetch);
     wire::SessionLoadResponse resp;
-    KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_LOAD, req, &resp));
+    KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::SESSION_LOAD, req, &resp));
     LoadedSession out;
     const wire::SessionRecord& r = resp.record();
     out.session.session_id = r.session_id();
@@ -952,7 +676,7 @@ Status Client::DeleteSession(const std::string& session_id) {
         wire::SessionDeleteRequest req;
         req.set_session_id(session_id);
         wire::SessionDeleteResponse resp;
-        KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_DELETE, req, &resp));
+        KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::SESSION_DELETE, req, &resp));
         return true;
       })
       .status();
@@ -965,7 +689,7 @@ Result<std::vector<SessionSummary>> Client::ListSessions(const std::string& pref
     req.set_prefix(prefix);
     req.set_limit(limit);
     wire::SessionListResponse resp;
-    KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::SESSION_LIST, req, &resp));
+    KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::SESSION_LIST, req, &resp));
     std::vector<SessionSummary> out;
     for (const wire::SessionSummary& s : resp.sessions()) {
       out.push_back(
@@ -979,7 +703,7 @@ Result<DaemonStats> Client::Stats() {
   return impl_->Run([&]() -> Result<DaemonStats> {
     wire::StatsRequest req;
     wire::StatsResponse r;
-    KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::STATS, req, &r));
+    KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::STATS, req, &r));
     DaemonStats s;
     s.node_id = r.node_id();
     s.version = r.version();
@@ -1021,8 +745,8 @@ Result<ClusterView> Client::Cluster() {
   return impl_->Run([&]() -> Result<ClusterView> {
     wire::ClusterMembersRequest req;
     wire::ClusterMembersResponse resp;
-    KVPOOL_RETURN_IF_ERROR(
-        impl_->ExchangeOnce(wire::CLUSTER_MEMBERS, req, {}, &resp, impl_->NewDeadline()));
+    KVPOOL_RETURN_IF_ERROR(impl_->connection_.ExchangeOnce(wire::CLUSTER_MEMBERS, req, {}, &resp,
+                                                           impl_->connection_.NewDeadline()));
     if (resp.status().code() != 0) return FromWire(resp.status());
     ClusterView v;
     v.state = resp.cluster_state();
@@ -1045,7 +769,7 @@ Result<std::vector<NodeLocation>> Client::Locate(std::span<const BlockKey> chain
       wire::LocateRequest req;
       PackKeys(chain.subspan(start, end - start), req.mutable_packed_keys());
       wire::LocateResponse resp;
-      KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::LOCATE, req, &resp));
+      KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::LOCATE, req, &resp));
       for (const wire::NodeLocation& n : resp.nodes()) {
         NodeLocation* loc = nullptr;
         for (NodeLocation& o : out) loc = o.node_id == n.node_id() ? &o : loc;
@@ -1074,7 +798,7 @@ Result<EvictResult> Client::Evict(Tier tier, std::span<const BlockKey> keys) {
     req.set_tier(tier == Tier::kHost ? wire::TIER_HOST : wire::TIER_DISK);
     for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
     wire::EvictResponse resp;
-    KVPOOL_RETURN_IF_ERROR(impl_->Simple(wire::EVICT, req, &resp));
+    KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::EVICT, req, &resp));
     return EvictResult{resp.evicted(), resp.skipped()};
   });
 }

@@ -1,0 +1,111 @@
+#include "client/control_connection.h"
+
+#include "common/hello_auth.h"
+
+namespace kvpool::client {
+
+using transport::ControlChannel;
+using transport::FrameHeader;
+
+Status FromWire(const wire::Status& s) {
+  if (s.code() == 0) return Status::OK();
+  return Status(static_cast<StatusCode>(s.code()), s.message());
+}
+
+ControlConnection::ControlConnection(const ClientOptions& options) : options_(options) {
+  // Responses are bounded by what we ask for; accept any frame the protocol can express.
+  recv_limits_.max_body_bytes = 1u << 30;
+  recv_limits_.max_payload_bytes = UINT32_MAX;
+}
+
+std::chrono::milliseconds ControlConnection::connect_timeout() const {
+  return options_.connect_timeout.count() > 0 ? options_.connect_timeout : options_.timeout;
+}
+
+Status ControlConnection::Dial() {
+  channel_.reset();
+  KVPOOL_ASSIGN_OR_RETURN(channel_, ControlChannel::Connect(options_.address, connect_timeout()));
+  return Status::OK();
+}
+
+Status ControlConnection::Hello(wire::HelloRequest req, wire::HelloResponse* resp) {
+  const auto hello_deadline = std::chrono::steady_clock::now() + connect_timeout();
+  Status st = ExchangeOnce(wire::HELLO, req, {}, resp, hello_deadline);
+  if (st.ok() && !resp->challenge().empty() && resp->status().code() != 0) {
+    // The daemon (cluster mode, TCP) wants proof of the cluster secret.
+    if (options_.cluster_secret.empty()) {
+      Close();
+      return Status::PermissionDenied("kvpoold at " + options_.address +
+                                      " requires the cluster secret "
+                                      "(ClientOptions::cluster_secret)");
+    }
+    req.set_auth(HelloProof(options_.cluster_secret, resp->challenge(), options_.namespace_name));
+    resp->Clear();
+    st = ExchangeOnce(wire::HELLO, req, {}, resp, hello_deadline);
+  }
+  if (!st.ok()) {
+    Close();
+    return st;
+  }
+  st = FromWire(resp->status());
+  if (!st.ok()) {
+    Close();
+    return st.WithContext("kvpoold refused the connection");
+  }
+  fresh_ = true;
+  return Status::OK();
+}
+
+void ControlConnection::Close() {
+  channel_.reset();
+  fresh_ = false;
+}
+
+Result<uint64_t> ControlConnection::SendFrame(uint16_t type, const std::string& body,
+                                              std::span<const iovec> payload, Deadline deadline) {
+  FrameHeader h;
+  h.type = type;
+  h.request_id = next_request_id_++;
+  h.body_bytes = static_cast<uint32_t>(body.size());
+  uint64_t payload_bytes = 0;
+  for (const iovec& v : payload) payload_bytes += v.iov_len;
+  if (payload_bytes > UINT32_MAX) return Status::InvalidArgument("payload too large for a frame");
+  h.payload_bytes = static_cast<uint32_t>(payload_bytes);
+  KVPOOL_RETURN_IF_ERROR(channel_->Send(h, body, payload, deadline));
+  return h.request_id;
+}
+
+Status ControlConnection::ReceiveFrame(uint16_t type, uint64_t id, std::string* body,
+                                       FrameHeader* header, Deadline deadline) {
+  KVPOOL_ASSIGN_OR_RETURN(*header, channel_->ReceiveHeader(recv_limits_, deadline));
+  if (header->type != type || header->request_id != id) {
+    const FrameHeader rh = *header;
+    Close();
+    return Status::Internal("kvpoold answered another request (type " + std::to_string(rh.type) +
+                            ", id " + std::to_string(rh.request_id) + ")");
+  }
+  body->assign(header->body_bytes, '\0');
+  return channel_->ReceiveInto(body->data(), body->size(), deadline);
+}
+
+Status ControlConnection::FinishResponse(const FrameHeader& header, FrameHeader* out_header,
+                                         Deadline deadline) {
+  if (out_header != nullptr) {
+    *out_header = header;
+  } else if (header.payload_bytes > 0) {
+    KVPOOL_RETURN_IF_ERROR(channel_->Discard(header.payload_bytes, deadline));
+  }
+  return Status::OK();
+}
+
+Status ControlConnection::ReceivePayload(void* dst, size_t n, Deadline deadline) {
+  return channel_->ReceiveInto(dst, n, deadline);
+}
+
+Status ControlConnection::DiscardPayload(size_t n, Deadline deadline) {
+  return channel_->Discard(n, deadline);
+}
+
+std::vector<int> ControlConnection::TakeReceivedFds() { return channel_->TakeReceivedFds(); }
+
+}  // namespace kvpool::client

@@ -1,0 +1,116 @@
+#include "client/segment_mappings.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+
+#include "client/control_connection.h"
+#include "kernels/pinned_memory.h"
+
+namespace kvpool::client {
+
+SegmentMappings::~SegmentMappings() { UnmapAll(); }
+
+void SegmentMappings::Reset(uint64_t segment_bytes) {
+  UnmapAll();
+  segment_bytes_ = segment_bytes;
+}
+
+void SegmentMappings::UnmapAll() {
+  for (Map* maps : {&read_maps_, &write_maps_}) {
+    for (auto& [seg, m] : *maps) Unmap(m);
+    maps->clear();
+  }
+}
+
+void SegmentMappings::Unmap(const Mapping& m) {
+  if (m.pinned) kernels::UnregisterHostMemory(m.base);
+  munmap(m.base, segment_bytes_);
+}
+
+const uint8_t* SegmentMappings::ReadBase(uint32_t segment) const {
+  auto it = read_maps_.find(segment);
+  return it == read_maps_.end() ? nullptr : it->second.base;
+}
+
+uint8_t* SegmentMappings::WriteBase(uint32_t segment) const {
+  auto it = write_maps_.find(segment);
+  return it == write_maps_.end() ? nullptr : it->second.base;
+}
+
+Status SegmentMappings::MapDescriptor(int fd, const SegmentId& seg, bool writable, Map& maps) {
+  // MAP_POPULATE: fault the segment in once here, not one page at a time in the copies.
+  void* p = mmap(nullptr, segment_bytes_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                 MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return Status::FromErrno(errno, "mapping a host segment");
+  // Pinned for CUDA where a GPU is usable: a block then goes from the mapping to GPU memory
+  // with one cudaMemcpyAsync.
+  const bool pinned = kernels::CudaDeviceAvailable() &&
+                      kernels::RegisterHostMemory(p, segment_bytes_, /*read_only=*/!writable).ok();
+  maps[seg.first] = Mapping{seg.second, static_cast<uint8_t*>(p), pinned};
+  return Status::OK();
+}
+
+Result<std::vector<Status>> SegmentMappings::EnsureMapped(const std::vector<SegmentId>& segs,
+                                                          bool writable,
+                                                          SegmentDescriptorSource& source,
+                                                          transport::Deadline deadline) {
+  Map& maps = writable ? write_maps_ : read_maps_;
+  std::vector<Status> out(segs.size());
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    auto it = maps.find(segs[i].first);
+    if (it != maps.end() && it->second.generation == segs[i].second) continue;
+    if (it != maps.end()) {
+      Unmap(it->second);
+      maps.erase(it);
+    }
+    bool dup = false;
+    for (size_t j : missing) dup |= segs[j] == segs[i];
+    if (!dup) missing.push_back(i);
+  }
+  for (size_t start = 0; start < missing.size(); start += 64) {
+    const size_t end = std::min(missing.size(), start + 64);
+    wire::MapSegmentsRequest req;
+    for (size_t k = start; k < end; ++k) {
+      wire::SegmentRequest* r = req.add_segments();
+      r->set_segment(segs[missing[k]].first);
+      r->set_generation(segs[missing[k]].second);
+      r->set_writable(writable);
+    }
+    wire::MapSegmentsResponse resp;
+    std::vector<int> fds;
+    KVPOOL_RETURN_IF_ERROR(source.MapSegments(req, &resp, &fds, deadline));
+    // (The daemon sends no descriptor with a refusal of the whole request.)
+    KVPOOL_RETURN_IF_ERROR(FromWire(resp.status()));
+    size_t next_fd = 0;
+    for (size_t k = start; k < end; ++k) {
+      const size_t i = missing[k];
+      Status st = resp.results_size() > static_cast<int>(k - start)
+                      ? FromWire(resp.results(static_cast<int>(k - start)))
+                      : Status::Internal("MAP_SEGMENTS answered too few results");
+      if (st.ok()) {
+        if (next_fd >= fds.size()) {
+          st = Status::Internal("MAP_SEGMENTS answered without the descriptor");
+        } else {
+          st = MapDescriptor(fds[next_fd++], segs[i], writable, maps);
+        }
+      }
+      out[i] = st;
+    }
+    for (size_t f = next_fd; f < fds.size(); ++f) ::close(fds[f]);
+  }
+  for (size_t i = 0; i < segs.size(); ++i) {
+    auto it = maps.find(segs[i].first);
+    if (out[i].ok() && (it == maps.end() || it->second.generation != segs[i].second)) {
+      out[i] = Status::NotFound("host segment " + std::to_string(segs[i].first) + " not mapped");
+    }
+  }
+  return out;
+}
+
+}  // namespace kvpool::client
