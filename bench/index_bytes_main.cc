@@ -1,5 +1,5 @@
 // kvpool-index-bytes: what one cached block costs in the daemon's BlockIndex
-// (daemon/block_index.h), as BlockIndex::MemoryBytes() / size() and as the process's resident
+// (tiers/block_index.h), as BlockIndex::MemoryBytes() / size() and as the process's resident
 // memory growth per entry, for N entries each with a host copy (so on an LRU list, as in the
 // daemon). Also times Insert and Find. Each N runs in a fresh child process so one measurement's
 // freed memory cannot hide the next one's growth. Figures recorded in docs/BENCHMARKS.md.
@@ -17,7 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/block_index.h"
+#include "tiers/block_index.h"
+#include "tiers/eviction_pools.h"
 
 DEFINE_string(entries, "1000000,10000000", "Index sizes to measure, comma separated.");
 DEFINE_bool(json, false, "One JSON object per size instead of a table row.");
@@ -25,9 +26,9 @@ DEFINE_bool(json, false, "One JSON object per size instead of a table row.");
 namespace {
 
 using kvpool::BlockKey;
-using kvpool::daemon::BlockIndex;
-using kvpool::daemon::EntryId;
-using kvpool::daemon::TierId;
+using kvpool::Tier;
+using kvpool::tiers::BlockIndex;
+using kvpool::tiers::EntryId;
 
 uint64_t SplitMix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -59,17 +60,18 @@ uint64_t ResidentBytes() {
 void Measure(uint64_t n) {
   const uint64_t rss0 = ResidentBytes();
   BlockIndex index;
+  kvpool::tiers::EvictionPools pools(index);  // the daemon's LRU order, as in production
   const auto t0 = std::chrono::steady_clock::now();
   for (uint64_t i = 0; i < n; ++i) {
     const EntryId id = index.Insert(/*ns=*/1, KeyOf(i));
     index.at(id).size = 1u << 20;
-    index.AddCopy(id, TierId::kHost);
+    index.AddCopy(id, Tier::kHost);
   }
   const auto t1 = std::chrono::steady_clock::now();
   const uint64_t finds = std::min<uint64_t>(n, 1000000);
   uint64_t found = 0;
   for (uint64_t i = 0; i < finds; ++i) {
-    found += index.Find(1, KeyOf(SplitMix(i ^ 0xf1d) % n)) != kvpool::daemon::kNoEntry;
+    found += index.Find(1, KeyOf(SplitMix(i ^ 0xf1d) % n)) != kvpool::tiers::kNoEntry;
   }
   const auto t2 = std::chrono::steady_clock::now();
   const uint64_t rss1 = ResidentBytes();
@@ -88,11 +90,11 @@ void Measure(uint64_t n) {
         "{\"entries\": %llu, \"sizeof_entry\": %zu, \"memory_bytes\": %zu, "
         "\"memory_bytes_per_entry\": %.1f, \"rss_delta_bytes\": %llu, "
         "\"rss_bytes_per_entry\": %.1f, \"insert_ns\": %.1f, \"find_ns\": %.1f}\n",
-        static_cast<unsigned long long>(n), sizeof(kvpool::daemon::Entry), index.MemoryBytes(),
+        static_cast<unsigned long long>(n), sizeof(kvpool::tiers::Entry), index.MemoryBytes(),
         mem_per, static_cast<unsigned long long>(rss1 - rss0), rss_per, insert_ns, find_ns);
   } else {
     std::printf("%12llu %12zu %16.1f %14.1f %12.1f %10.1f\n", static_cast<unsigned long long>(n),
-                sizeof(kvpool::daemon::Entry), mem_per, rss_per, insert_ns, find_ns);
+                sizeof(kvpool::tiers::Entry), mem_per, rss_per, insert_ns, find_ns);
   }
   std::fflush(stdout);
 }
@@ -110,7 +112,7 @@ int main(int argc, char** argv) {
     const std::string item = FLAGS_entries.substr(pos, comma - pos);
     char* end = nullptr;
     const unsigned long long v = std::strtoull(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v == 0 || v >= kvpool::daemon::kNoEntry) {
+    if (item.empty() || *end != '\0' || v == 0 || v >= kvpool::tiers::kNoEntry) {
       std::fprintf(stderr, "kvpool-index-bytes: bad --entries item '%s'\n", item.c_str());
       return 2;
     }

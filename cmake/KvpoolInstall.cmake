@@ -43,6 +43,7 @@ install(FILES
   ${PROJECT_SOURCE_DIR}/include/kvpool/kernels.h
   ${PROJECT_SOURCE_DIR}/include/kvpool/kvpool.h
   ${PROJECT_SOURCE_DIR}/include/kvpool/status.h
+  ${PROJECT_SOURCE_DIR}/include/kvpool/tier.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvpool COMPONENT dev)
 
 set(KVPOOL_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvpool)

@@ -81,13 +81,17 @@ Status DecodeKeysOf(const google::protobuf::RepeatedPtrField<std::string>& keys,
   return Status::OK();
 }
 
-wire::Tier ToWire(tiers::ServedFrom from) {
-  switch (from) {
-    case tiers::ServedFrom::kHost:
+wire::Tier ToWire(Tier tier) {
+  switch (tier) {
+    case Tier::kGpu:
+      return wire::TIER_GPU;
+    case Tier::kHost:
       return wire::TIER_HOST;
-    case tiers::ServedFrom::kDisk:
+    case Tier::kDisk:
       return wire::TIER_DISK;
-    case tiers::ServedFrom::kNone:
+    case Tier::kRemote:
+      return wire::TIER_REMOTE;
+    case Tier::kNone:
       break;
   }
   return wire::TIER_NONE;
@@ -390,7 +394,7 @@ Response BlockService::Lookup(Conn& c, std::string_view body) {
       lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
     }
     resp.set_hit_blocks(lr.hit_blocks);
-    for (tiers::ServedFrom t : lr.tiers) resp.add_tiers(ToWire(t));
+    for (Tier t : lr.tiers) resp.add_tiers(ToWire(t));
     metrics_.Add(metrics_.lookups);
     metrics_.Add(metrics_.lookup_blocks, keys.size());
     metrics_.Add(metrics_.lookup_hit_blocks, lr.hit_blocks);
@@ -949,8 +953,7 @@ Response BlockService::Evict(Conn& c, std::string_view body) {
   Status st = Parse(body, &req, "EVICT");
   if (st.ok()) st = DecodeKeys(req.keys(), UINT32_MAX, &keys);
   if (st.ok()) {
-    const daemon::TierId tier =
-        req.tier() == wire::TIER_HOST ? daemon::TierId::kHost : daemon::TierId::kDisk;
+    const Tier tier = req.tier() == wire::TIER_HOST ? Tier::kHost : Tier::kDisk;
     tiers::EvictOutcome o = tiers_.Evict(c.ns, tier, keys);
     resp.set_evicted(o.evicted);
     resp.set_skipped(o.skipped);
@@ -1027,7 +1030,7 @@ Response BlockService::Locate(Conn& c, std::string_view body) {
     self->set_node_id(options_.node_id);
     self->set_self(true);
     self->set_hit_blocks(lr.hit_blocks);
-    for (tiers::ServedFrom t : lr.tiers) self->add_tiers(ToWire(t));
+    for (Tier t : lr.tiers) self->add_tiers(ToWire(t));
     // A peer's LOCATE would fan out again: peers ask each other plain lookups only.
     if (cluster() != nullptr && !c.peer) cluster()->Locate(c.ns_name, keys, &resp);
   } else {

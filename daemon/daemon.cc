@@ -236,11 +236,13 @@ class DaemonImpl final : public Daemon {
                                        "' is not NS=POLICY");
       }
       KVPOOL_ASSIGN_OR_RETURN(NamespaceId ns, namespaces_->Resolve(item.substr(0, eq)));
-      KVPOOL_ASSIGN_OR_RETURN(auto write, tiers::CreateWritePolicy(item.substr(eq + 1)));
-      tiers_->SetNamespacePolicy(ns, tiers::NamespacePolicy{write});
+      KVPOOL_ASSIGN_OR_RETURN(tiers::NamespacePolicy policy,
+                              tiers::ComposePolicy("", item.substr(eq + 1), "", ""));
+      KVPOOL_RETURN_IF_ERROR(tiers_->SetNamespacePolicy(ns, std::move(policy)));
     }
-    tiers_->SetDefaultPolicy(tiers::NamespacePolicy{default_write_});
-    return Status::OK();
+    tiers::NamespacePolicy def = tiers::DefaultNamespacePolicy();
+    def.write = default_write_;
+    return tiers_->SetDefaultPolicy(std::move(def));
   }
 
   DaemonOptions options_;

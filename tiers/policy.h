@@ -1,25 +1,30 @@
 #pragma once
-// Placement strategies, composed per namespace and registered by name.
+// Placement strategies, composed per namespace and registered by name (the factory of DESIGN.md
+// section 3). A namespace's configuration names one strategy of each kind; a new strategy is
+// added by registering a factory with the kind's registry, without touching the tier manager.
 //
-// A namespace's configuration names one strategy of each kind; a new strategy is added by
-// registering a factory, without touching the tier manager. Kinds so far:
-//   write policy  when a committed block is written to disk:
-//                   "write-back"      on demotion only (default)
-//                   "write-through"   at commit, before the put returns
-//                   "write-through-after-2" (any N) once the block has been hit N times
-// Eviction order is LRU, tail first (daemon/block_index.h); it is not yet pluggable.
+//   eviction order  which candidate a full tier gives up first: "lru" (default), "s3fifo",
+//                   "lfu" (tiers/eviction_order.h). Always tail first.
+//   write policy    when a committed block is written to disk:
+//                     "write-back"             on demotion only (default)
+//                     "write-through"          at commit, before the put returns
+//                     "write-through-after-N"  once the block has been hit N times
+//   admission       which blocks disk takes (SSD wear; namespaces that must never touch disk):
+//                     "all" (default), "after-N-hits" (a block hit fewer than N times is
+//                     dropped from host instead of demoted), "none"
+//   read-ahead      on a get of a chain's block, how many following blocks of the same chain
+//                     start moving toward host: "none", "chain-N" (default "chain-2")
 //
-// Thread safety: strategies are immutable after creation; the registry is safe to use from
+// Thread safety: strategies are immutable after creation; the registries are safe to use from
 // any thread.
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "common/status.h"
+#include "tiers/strategy_registry.h"
 
 namespace kvpool::tiers {
 
@@ -33,21 +38,53 @@ class WritePolicy {
   virtual bool WriteAfterHits(uint32_t hits) const = 0;
 };
 
-using WritePolicyFactory =
-    std::function<Result<std::unique_ptr<WritePolicy>>(std::string_view name)>;
+class AdmissionPolicy {
+ public:
+  virtual ~AdmissionPolicy() = default;
+  virtual std::string name() const = 0;
+  // Whether disk takes a block that has been hit `hits` times (on demotion, write-through, a
+  // session save).
+  virtual bool Admit(uint32_t hits) const = 0;
+  // Whether disk takes anything at all.
+  virtual bool AdmitsAny() const = 0;
+};
 
-// Registers a factory for names starting with `prefix` (exact match when `prefix` does not end
-// in '-'). Later registrations win.
-void RegisterWritePolicy(std::string prefix, WritePolicyFactory factory);
-// InvalidArgument listing the known names when none matches.
+class ReadAheadPolicy {
+ public:
+  virtual ~ReadAheadPolicy() = default;
+  virtual std::string name() const = 0;
+  // Blocks after a read block along its chain to start promoting.
+  virtual uint32_t depth() const = 0;
+};
+
+StrategyRegistry<WritePolicy>& WritePolicyRegistry();
+StrategyRegistry<AdmissionPolicy>& AdmissionRegistry();
+StrategyRegistry<ReadAheadPolicy>& ReadAheadRegistry();
+
+// Shorthands: the registry's Create, shared.
 Result<std::shared_ptr<const WritePolicy>> CreateWritePolicy(std::string_view name);
+Result<std::shared_ptr<const AdmissionPolicy>> CreateAdmission(std::string_view name);
+Result<std::shared_ptr<const ReadAheadPolicy>> CreateReadAhead(std::string_view name);
 
 // A namespace's composed strategies.
 struct NamespacePolicy {
   std::shared_ptr<const WritePolicy> write;
+  std::shared_ptr<const AdmissionPolicy> admission;
+  std::shared_ptr<const ReadAheadPolicy> read_ahead;
+  // The eviction order's name (tiers/eviction_order.h); the tier manager instantiates it per
+  // tier. Empty: the default pool's order.
+  std::string eviction;
 };
 
-// The default composition: write-back.
+// The default composition: lru, write-back, all, chain-2.
 NamespacePolicy DefaultNamespacePolicy();
+
+// Composes a policy from names (empty: the default of that kind), checking each and the
+// combination (write-through needs a disk that admits blocks). InvalidArgument naming the kind.
+Result<NamespacePolicy> ComposePolicy(std::string_view eviction, std::string_view write,
+                                      std::string_view admission, std::string_view read_ahead);
+
+// "eviction=lru write=write-back admission=all read-ahead=chain-2".
+std::string DescribePolicy(const NamespacePolicy& policy);
 
 }  // namespace kvpool::tiers

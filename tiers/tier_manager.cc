@@ -10,12 +10,6 @@
 
 namespace kvpool::tiers {
 
-using daemon::Entry;
-using daemon::kBusyDemoting;
-using daemon::kBusyPromoting;
-using daemon::kBusyReading;
-using daemon::kFlagPrefetched;
-
 namespace {
 
 // Coarse allocation size of a block in the host arena (whole pages).
@@ -42,14 +36,31 @@ uint32_t TierManager::NowSeconds() const {
           .count());
 }
 
-void TierManager::SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy) {
+Status TierManager::SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy) {
   absl::MutexLock lock(&mu_);
+  KVPOOL_RETURN_IF_ERROR(pools_.SetOrder(ns, policy.eviction));
   policies_[ns] = std::move(policy);
+  return Status::OK();
 }
 
-void TierManager::SetDefaultPolicy(NamespacePolicy policy) {
+void TierManager::ClearNamespacePolicy(NamespaceId ns) {
   absl::MutexLock lock(&mu_);
+  pools_.SetOrder(ns, "").IgnoreError();  // back to the default pool: cannot fail
+  policies_.erase(ns);
+}
+
+Status TierManager::SetDefaultPolicy(NamespacePolicy policy) {
+  absl::MutexLock lock(&mu_);
+  KVPOOL_RETURN_IF_ERROR(pools_.SetDefaultOrder(policy.eviction.empty() ? "lru" : policy.eviction));
   default_policy_ = std::move(policy);
+  return Status::OK();
+}
+
+NamespacePolicy TierManager::PolicyOf(NamespaceId ns) const {
+  absl::MutexLock lock(&mu_);
+  NamespacePolicy p = PolicyLocked(ns);
+  p.eviction = pools_.OrderName(ns);
+  return p;
 }
 
 const NamespacePolicy& TierManager::PolicyLocked(NamespaceId ns) const {
@@ -114,7 +125,7 @@ Status TierManager::Recover() {
   }
   for (EntryId id : ids) {
     if (id == kNoEntry) continue;
-    index_.AddCopy(id, TierId::kDisk);
+    index_.AddCopy(id, Tier::kDisk);
     disk_used_ += index_.at(id).size;
     ++disk_blocks_;
   }
@@ -178,7 +189,10 @@ void TierManager::Shutdown() {
   std::vector<EntryId> host_only;
   index_.ForEach(kNoNamespace, [&](EntryId id) {
     const Entry& e = index_.at(id);
-    if (e.In(TierId::kHost) && !e.In(TierId::kDisk) && e.busy == 0) host_only.push_back(id);
+    if (e.In(Tier::kHost) && !e.In(Tier::kDisk) && e.busy == 0 &&
+        PolicyLocked(e.ns).admission->Admit(e.hits)) {
+      host_only.push_back(id);
+    }
   });
   for (size_t i = 0; i < host_only.size(); ++i) {
     Entry& e = index_.at(host_only[i]);
@@ -214,7 +228,7 @@ bool TierManager::HostAboveHighWatermarkLocked() const {
 void TierManager::DropHostCopyLocked(EntryId id) {
   Entry& e = index_.at(id);
   const HostSlot slot{e.host_offset, e.size};
-  index_.RemoveCopy(id, TierId::kHost);
+  index_.RemoveCopy(id, Tier::kHost);
   host_.Free(slot);
   --host_blocks_;
   MaybeEraseLocked(id);
@@ -233,7 +247,7 @@ void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
   }
   for (EntryId id : ids) {
     Entry& e = index_.at(id);
-    index_.RemoveCopy(id, TierId::kDisk);
+    index_.RemoveCopy(id, Tier::kDisk);
     disk_used_ -= e.size;
     --disk_blocks_;
     MaybeEraseLocked(id);
@@ -248,14 +262,8 @@ Status TierManager::ReserveDiskLocked(uint64_t bytes) {
   while (disk_used_ + bytes > options_.disk_capacity_bytes) {
     const uint64_t need = disk_used_ + bytes - options_.disk_capacity_bytes;
     std::vector<EntryId> victims;
-    uint64_t freed = 0;
-    for (EntryId id = index_.Coldest(TierId::kDisk); id != kNoEntry && freed < need;
-         id = index_.Hotter(TierId::kDisk, id)) {
-      const Entry& e = index_.at(id);
-      if (e.busy != 0) continue;
-      victims.push_back(id);
-      freed += e.size;
-    }
+    pools_.Victims(
+        Tier::kDisk, need, [&](EntryId id) { return index_.at(id).busy == 0; }, &victims);
     if (victims.empty()) {
       return Status::ResourceExhausted(
           "disk tier full (" + FormatBytes(disk_used_) + " of " +
@@ -304,10 +312,10 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_h
     Entry& e = index_.at(id);
     e.busy &= static_cast<uint8_t>(~kBusyDemoting);
     if (st.ok()) {
-      index_.AddCopy(id, TierId::kDisk);
+      index_.AddCopy(id, Tier::kDisk);
       ++disk_blocks_;
     }
-    if (drop_host && e.leases == 0 && e.In(TierId::kHost)) {
+    if (drop_host && e.leases == 0 && e.In(Tier::kHost)) {
       if (st.ok()) {
         ++host_counters_.demotions;
       } else {
@@ -325,23 +333,32 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget) {
   uint64_t released = 0;
   uint64_t demote_bytes = 0;
   std::vector<EntryId> to_demote;
-  EntryId id = index_.Coldest(TierId::kHost);
-  while (id != kNoEntry && released + demote_bytes < budget &&
-         demote_bytes < options_.demotion_batch_bytes) {
-    const EntryId next = index_.Hotter(TierId::kHost, id);
+  std::vector<EntryId> victims;
+  pools_.Victims(
+      Tier::kHost, budget,
+      [&](EntryId id) {
+        const Entry& e = index_.at(id);
+        return e.leases == 0 && e.busy == 0;
+      },
+      &victims);
+  for (EntryId id : victims) {
+    if (released + demote_bytes >= budget || demote_bytes >= options_.demotion_batch_bytes) break;
     Entry& e = index_.at(id);
-    if (e.leases == 0 && e.busy == 0) {
-      if (e.In(TierId::kDisk)) {
-        released += PagesBytes(e.size);
-        ++host_counters_.evictions;
-        DropHostCopyLocked(id);
-      } else {
-        e.busy |= kBusyDemoting;
-        to_demote.push_back(id);
-        demote_bytes += PagesBytes(e.size);
-      }
+    if (e.In(Tier::kDisk)) {
+      released += PagesBytes(e.size);
+      ++host_counters_.evictions;
+      DropHostCopyLocked(id);
+    } else if (!PolicyLocked(e.ns).admission->Admit(e.hits)) {
+      // The namespace's disk does not take it: it leaves the cache.
+      released += PagesBytes(e.size);
+      ++host_counters_.evictions;
+      ++blocks_not_admitted_;
+      DropHostCopyLocked(id);
+    } else {
+      e.busy |= kBusyDemoting;
+      to_demote.push_back(id);
+      demote_bytes += PagesBytes(e.size);
     }
-    id = next;
   }
   if (!to_demote.empty()) {
     WriteDownLocked(to_demote, /*drop_host=*/true, /*sync=*/false).IgnoreError();
@@ -389,12 +406,33 @@ std::shared_ptr<TierManager::Promotion> TierManager::StartPromotionLocked(EntryI
   return p;
 }
 
+void TierManager::ReadAheadLocked(EntryId id) {
+  const uint32_t depth = PolicyLocked(index_.at(id).ns).read_ahead->depth();
+  EntryId cur = id;
+  for (uint32_t d = 0; d < depth; ++d) {
+    // Follow the branch used last: the likeliest to be read next.
+    EntryId next = kNoEntry;
+    index_.ForEachChild(cur, [&](EntryId c) {
+      const Entry& ce = index_.at(c);
+      if (ce.tiers == 0) return;
+      if (next == kNoEntry || ce.last_use_s > index_.at(next).last_use_s) next = c;
+    });
+    if (next == kNoEntry) return;
+    const Entry& ne = index_.at(next);
+    if (!ne.In(Tier::kHost) && ne.In(Tier::kDisk) && ne.busy == 0 && !promotions_.contains(next)) {
+      StartPromotionLocked(next, /*prefetch=*/true);
+      ++read_aheads_;
+    }
+    cur = next;
+  }
+}
+
 void TierManager::HandleCorruptLocked(EntryId id, const Status& why) {
   ++checksum_failures_;
   Entry& e = index_.at(id);
   LOG(ERROR) << "dropping block " << e.key.ShortHex() << " of namespace " << e.ns
              << " from disk: " << why.ToString();
-  if (e.In(TierId::kDisk) && e.busy == 0) {
+  if (e.In(Tier::kDisk) && e.busy == 0) {
     ++disk_counters_.evictions;
     DropDiskCopiesLocked({id});
   }
@@ -404,7 +442,7 @@ void TierManager::PromoteOne(EntryId id) {
   Status st;
   {
     Entry& e = index_.at(id);
-    if (!e.In(TierId::kHost) && e.In(TierId::kDisk)) {
+    if (!e.In(Tier::kHost) && e.In(Tier::kDisk)) {
       const NamespaceId ns = e.ns;
       const BlockKey key = e.key;
       const DiskBlockMeta meta{e.size, e.checksum, {}};
@@ -420,7 +458,7 @@ void TierManager::PromoteOne(EntryId id) {
         Entry& e2 = index_.at(id);
         if (st.ok()) {
           e2.host_offset = slot->offset;
-          index_.AddCopy(id, TierId::kHost);
+          index_.AddCopy(id, Tier::kHost);
           ++host_blocks_;
           ++host_counters_.promotions;
         } else {
@@ -472,7 +510,7 @@ void TierManager::FlusherLoop() {
         const EntryId id = FindCachedLocked(k.ns, k.key);
         if (id == kNoEntry) continue;
         Entry& e = index_.at(id);
-        if (e.In(TierId::kDisk) || !e.In(TierId::kHost) || e.busy != 0) continue;
+        if (e.In(Tier::kDisk) || !e.In(Tier::kHost) || e.busy != 0) continue;
         e.busy |= kBusyDemoting;
         batch.push_back(id);
       }
@@ -499,10 +537,10 @@ LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain
     const EntryId id = FindCachedLocked(ns, key);
     if (id == kNoEntry) break;
     Entry& e = index_.at(id);
-    const bool in_host = e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0;
-    result.tiers.push_back(in_host ? ServedFrom::kHost : ServedFrom::kDisk);
+    const bool in_host = e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0;
+    result.tiers.push_back(in_host ? Tier::kHost : Tier::kDisk);
     index_.Touch(id, now);
-    if (prefetch && !e.In(TierId::kHost) && promotions_.find(id) == promotions_.end() &&
+    if (prefetch && !e.In(Tier::kHost) && promotions_.find(id) == promotions_.end() &&
         (e.busy & kBusyReading) == 0) {
       StartPromotionLocked(id, /*prefetch=*/true);
       ++result.promotions_started;
@@ -519,7 +557,7 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
     const EntryId id = FindCachedLocked(ns, key);
     if (id == kNoEntry) continue;
     Entry& e = index_.at(id);
-    if (e.In(TierId::kHost) || promotions_.contains(id) || (e.busy & kBusyReading)) continue;
+    if (e.In(Tier::kHost) || promotions_.contains(id) || (e.busy & kBusyReading)) continue;
     StartPromotionLocked(id, /*prefetch=*/true);
     ++started;
   }
@@ -534,7 +572,7 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
   const auto deadline = ttl.count() > 0 ? std::chrono::steady_clock::now() + ttl
                                         : std::chrono::steady_clock::time_point::max();
 
-  auto lease = [&](size_t i, EntryId id, ServedFrom from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto lease = [&](size_t i, EntryId id, Tier from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Entry& e = index_.at(id);
     ++e.leases;
     const uint64_t lease_id = next_lease_id_++;
@@ -552,15 +590,18 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
       e.flags &= static_cast<uint8_t>(~kFlagPrefetched);
       ++prefetches_useful_;
     }
-    if (from == ServedFrom::kHost) {
+    if (from == Tier::kHost) {
       ++host_counters_.hits;
     } else {
       ++disk_counters_.hits;
     }
-    if (!e.In(TierId::kDisk) && PolicyLocked(ns).write->WriteAfterHits(e.hits)) {
+    const NamespacePolicy& policy = PolicyLocked(ns);
+    if (!e.In(Tier::kDisk) && policy.write->WriteAfterHits(e.hits) &&
+        policy.admission->Admit(e.hits)) {
       write_queue_.push_back(KeyRef{ns, e.key});
       flusher_.Signal();
     }
+    if (policy.read_ahead->depth() > 0) ReadAheadLocked(id);
   };
 
   // Blocks not in host wait for a promotion (theirs or another reader's), then are leased.
@@ -577,8 +618,8 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
       continue;
     }
     const Entry& e = index_.at(id);
-    if (e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0) {
-      lease(i, id, ServedFrom::kHost);
+    if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
+      lease(i, id, Tier::kHost);
     } else if (e.busy & kBusyReading) {
       waits.push_back({i, nullptr, 0});
     } else {
@@ -614,8 +655,8 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
         continue;
       }
       Entry& e = index_.at(id);
-      if (e.In(TierId::kHost) && (e.busy & kBusyPromoting) == 0) {
-        lease(i, id, ServedFrom::kDisk);
+      if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
+        lease(i, id, Tier::kDisk);
         continue;
       }
       if (stopping_) {
@@ -667,7 +708,7 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
       }
       ++disk_counters_.hits;
       BlockRead& r = out[i];
-      r.from = ServedFrom::kDisk;
+      r.from = Tier::kDisk;
       r.size = meta.size;
       r.checksum = meta.checksum;
       r.owned = std::move(buf);
@@ -869,7 +910,7 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
   e.size = static_cast<uint32_t>(r.item.size);
   e.checksum = r.item.checksum;
   e.host_offset = r.slot.offset;
-  index_.AddCopy(id, TierId::kHost);
+  index_.AddCopy(id, Tier::kHost);
   index_.Touch(id, NowSeconds());
   ++host_blocks_;
   if (PolicyLocked(r.ns).write->WriteOnCommit()) {
@@ -879,9 +920,9 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
       // The namespace asked for blocks on disk before the put returns: take it back out of host
       // so a failed put is not half stored (unless a reader got to it meanwhile).
       const EntryId again = FindCachedLocked(r.ns, r.item.key);
-      if (again != kNoEntry && index_.at(again).In(TierId::kHost) &&
-          !index_.at(again).In(TierId::kDisk) && index_.at(again).leases == 0 &&
-          index_.at(again).busy == 0 && index_.at(again).children[0] == 0) {
+      if (again != kNoEntry && index_.at(again).In(Tier::kHost) &&
+          !index_.at(again).In(Tier::kDisk) && index_.at(again).leases == 0 &&
+          index_.at(again).busy == 0 && index_.at(again).children[TierSlot(Tier::kHost)] == 0) {
         ++host_counters_.evictions;
         DropHostCopyLocked(again);
       }
@@ -921,6 +962,12 @@ void TierManager::AbortOwner(uint64_t owner) {
 
 Result<uint64_t> TierManager::PinChain(NamespaceId ns, std::span<const BlockKey> chain) {
   absl::MutexLock lock(&mu_);
+  // A session asks for its blocks on disk explicitly: only a namespace whose disk takes nothing
+  // refuses it (after-N-hits admission is about demotion, not sessions).
+  if (!PolicyLocked(ns).admission->AdmitsAny()) {
+    return Status::FailedPrecondition(
+        "this namespace's disk admission is 'none': its sessions cannot be persisted");
+  }
   for (;;) {
     std::vector<EntryId> ids;
     std::vector<EntryId> to_write;
@@ -934,7 +981,7 @@ Result<uint64_t> TierManager::PinChain(NamespaceId ns, std::span<const BlockKey>
       }
       const Entry& e = index_.at(id);
       if (e.busy != 0) busy = true;
-      if (!e.In(TierId::kDisk)) to_write.push_back(id);
+      if (!e.In(Tier::kDisk)) to_write.push_back(id);
       ids.push_back(id);
     }
     if (busy) {
@@ -950,7 +997,7 @@ Result<uint64_t> TierManager::PinChain(NamespaceId ns, std::span<const BlockKey>
       // room, the next round would write them back and drop these, forever.
       std::vector<EntryId> held;
       for (EntryId id : ids) {
-        if (index_.at(id).In(TierId::kDisk)) {
+        if (index_.at(id).In(Tier::kDisk)) {
           index_.Pin(id);
           held.push_back(id);
         }
@@ -1015,7 +1062,7 @@ uint32_t TierManager::CountCached(NamespaceId ns, std::span<const BlockKey> chai
 // ---------------------------------------------------------------------------------------------
 // Admin
 
-EvictOutcome TierManager::Evict(NamespaceId ns, TierId tier, std::span<const BlockKey> keys) {
+EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const BlockKey> keys) {
   absl::MutexLock lock(&mu_);
   std::vector<EntryId> targets;
   if (keys.empty()) {
@@ -1062,8 +1109,8 @@ EvictOutcome TierManager::Evict(NamespaceId ns, TierId tier, std::span<const Blo
       continue;
     }
     bool done = false;
-    if (e.In(TierId::kHost) && e.children[static_cast<int>(TierId::kHost)] == 0) {
-      if (e.In(TierId::kDisk) || tier == TierId::kDisk) {
+    if (e.In(Tier::kHost) && e.children[TierSlot(Tier::kHost)] == 0) {
+      if (e.In(Tier::kDisk) || tier == Tier::kDisk || !PolicyLocked(ns).admission->Admit(e.hits)) {
         ++host_counters_.evictions;
         DropHostCopyLocked(id);
         done = true;
@@ -1072,15 +1119,15 @@ EvictOutcome TierManager::Evict(NamespaceId ns, TierId tier, std::span<const Blo
         WriteDownLocked({id}, /*drop_host=*/true, /*sync=*/false).IgnoreError();
         // Written down, or lost because the disk refused it: either way it left host.
         const EntryId after = FindCachedLocked(ns, key);
-        done = after == kNoEntry || !index_.at(after).In(TierId::kHost);
+        done = after == kNoEntry || !index_.at(after).In(Tier::kHost);
       }
     }
-    if (tier == TierId::kDisk) {
+    if (tier == Tier::kDisk) {
       const EntryId again = FindCachedLocked(ns, key);
       if (again != kNoEntry) {
         Entry& e2 = index_.at(again);
         done = false;
-        if (!e2.In(TierId::kHost) && e2.In(TierId::kDisk) && e2.pins == 0 &&
+        if (!e2.In(Tier::kHost) && e2.In(Tier::kDisk) && e2.pins == 0 &&
             e2.cached_children() == 0 && e2.busy == 0) {
           ++disk_counters_.evictions;
           DropDiskCopiesLocked({again});
@@ -1113,6 +1160,8 @@ TierManagerStats TierManager::GetStats() const {
   s.checksum_failures = checksum_failures_;
   s.disk_write_errors = disk_write_errors_;
   s.blocks_lost = blocks_lost_;
+  s.blocks_not_admitted = blocks_not_admitted_;
+  s.read_aheads = read_aheads_;
   return s;
 }
 

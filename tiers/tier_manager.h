@@ -5,8 +5,11 @@
 // Life of a block: Reserve (a host slot, not yet visible) -> the transport fills the slot ->
 // Commit (checksum verified, the block becomes visible in host) -> demoted to disk by the
 // flusher when host runs past its high watermark (or at commit for write-through namespaces,
-// or when a session pins it) -> promoted back to host on a disk hit -> dropped from disk, tail
-// first, when disk is full, unless a session pins it.
+// or when a session pins it), if the namespace's disk admission takes it (else dropped) ->
+// promoted back to host on a disk hit (and read ahead along its chain) -> dropped from disk,
+// tail first, when disk is full, unless a session pins it. Which candidate goes first is the
+// namespace's eviction order (tiers/eviction_pools.h); the rest of its composition is in
+// tiers/policy.h.
 //
 // Readers hold leases: a leased host copy is never freed or moved. A get that finds a block
 // mid-promotion waits for that promotion; it never reads the block twice. Every read from disk
@@ -34,18 +37,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
-#include "daemon/block_index.h"
+#include "tiers/block_index.h"
 #include "tiers/disk_tier.h"
+#include "tiers/eviction_pools.h"
 #include "tiers/host_tier.h"
 #include "tiers/policy.h"
 
 namespace kvpool::tiers {
-
-using daemon::EntryId;
-using daemon::kNoEntry;
-using daemon::TierId;
-
-enum class ServedFrom : uint8_t { kNone = 0, kHost, kDisk };
 
 struct TierManagerOptions {
   // Disk tier budget for block payloads. Default: 64 GiB.
@@ -69,8 +67,8 @@ struct TierManagerOptions {
 
 // One key's answer to a lookup.
 struct LookupResult {
-  uint32_t hit_blocks = 0;        // longest cached prefix
-  std::vector<ServedFrom> tiers;  // fastest tier of each hit block
+  uint32_t hit_blocks = 0;  // longest cached prefix
+  std::vector<Tier> tiers;  // fastest tier of each hit block
   uint32_t promotions_started = 0;
 };
 
@@ -78,8 +76,8 @@ struct LookupResult {
 // `arena_offset` and stays valid until the lease is released or expires) or bytes read straight
 // from disk (owned; lease_id 0).
 struct BlockRead {
-  Status status;  // OK, NotFound for a miss, or an error for this block only
-  ServedFrom from = ServedFrom::kNone;
+  Status status;            // OK, NotFound for a miss, or an error for this block only
+  Tier from = Tier::kNone;  // where the block was when asked for
   const uint8_t* data = nullptr;
   uint64_t size = 0;
   uint64_t checksum = 0;
@@ -137,7 +135,9 @@ struct TierManagerStats {
   uint64_t prefetches_useful = 0;
   uint64_t checksum_failures = 0;
   uint64_t disk_write_errors = 0;
-  uint64_t blocks_lost = 0;  // host-only blocks dropped because disk could not take them
+  uint64_t blocks_lost = 0;          // host-only blocks dropped because disk could not take them
+  uint64_t blocks_not_admitted = 0;  // host-only blocks dropped because disk admission said no
+  uint64_t read_aheads = 0;          // promotions started by read-ahead along a chain
 };
 
 struct EvictOutcome {
@@ -157,9 +157,15 @@ class TierManager {
   // Stops the threads; with flush_on_shutdown writes host-only blocks to disk first.
   void Shutdown();
 
-  void SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy);
+  // A namespace's strategies (tiers/policy.h). Its blocks stay: a new eviction order takes over
+  // its candidates. InvalidArgument for an eviction order no registry knows.
+  Status SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy);
+  // Back to the default composition.
+  void ClearNamespacePolicy(NamespaceId ns);
   // The composition for namespaces without their own. Default: DefaultNamespacePolicy().
-  void SetDefaultPolicy(NamespacePolicy policy);
+  Status SetDefaultPolicy(NamespacePolicy policy);
+  // The composition `ns` runs with, its eviction order named.
+  NamespacePolicy PolicyOf(NamespaceId ns) const;
 
   // Longest cached prefix of `chain`; with `prefetch`, starts promoting its disk hits.
   LookupResult Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch);
@@ -226,7 +232,7 @@ class TierManager {
   // Admin eviction of a namespace's blocks (all when `keys` is empty) from host (demoting
   // what disk does not have) or from the whole cache (tier == kDisk). Tail first: a block with
   // cached descendants that are not also evicted is skipped.
-  EvictOutcome Evict(NamespaceId ns, TierId tier, std::span<const BlockKey> keys);
+  EvictOutcome Evict(NamespaceId ns, Tier tier, std::span<const BlockKey> keys);
 
   TierManagerStats GetStats() const;
   uint64_t max_block_bytes() const { return host_.max_block_bytes(); }
@@ -288,6 +294,9 @@ class TierManager {
   uint64_t EvictHostLocked(uint64_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Promotion> StartPromotionLocked(EntryId id, bool prefetch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Read-ahead: starts promoting the disk-only blocks that follow `id` along its chain, up to
+  // the namespace's depth (the most recently used child at each step).
+  void ReadAheadLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PromoteOne(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCorruptLocked(EntryId id, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -305,7 +314,8 @@ class TierManager {
   const std::chrono::steady_clock::time_point start_;
 
   mutable absl::Mutex mu_;
-  daemon::BlockIndex index_ ABSL_GUARDED_BY(mu_);
+  BlockIndex index_ ABSL_GUARDED_BY(mu_);
+  EvictionPools pools_ ABSL_GUARDED_BY(mu_){index_};
   absl::flat_hash_map<NamespaceId, NamespacePolicy> policies_ ABSL_GUARDED_BY(mu_);
   NamespacePolicy default_policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
@@ -330,6 +340,8 @@ class TierManager {
   uint64_t checksum_failures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t disk_write_errors_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_lost_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t blocks_not_admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t read_aheads_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ = false;
 

@@ -157,7 +157,7 @@ class TierManagerTest : public ::testing::Test {
     BlockRead& r = reads[0];
     ASSERT_TRUE(r.status.ok()) << key.ShortHex() << ": " << r.status.ToString();
     ASSERT_NE(r.data, nullptr);
-    EXPECT_NE(r.from, ServedFrom::kNone);
+    EXPECT_NE(r.from, Tier::kNone);
     EXPECT_EQ(r.size, want.size());
     EXPECT_EQ(r.checksum, BlockChecksum(want.data(), want.size()));
     EXPECT_TRUE(r.size == want.size() && std::memcmp(r.data, want.data(), want.size()) == 0)
@@ -176,13 +176,13 @@ class TierManagerTest : public ::testing::Test {
 
   // Moves blocks out of host: each ends up on disk only.
   void DemoteAll(const std::vector<BlockKey>& keys, NamespaceId ns = kNs) {
-    EvictOutcome o = manager_->Evict(ns, TierId::kHost, keys);
+    EvictOutcome o = manager_->Evict(ns, Tier::kHost, keys);
     EXPECT_EQ(o.evicted, keys.size());
     EXPECT_EQ(o.skipped, 0u);
     manager_->WaitIdleForTest();
   }
 
-  std::vector<ServedFrom> TiersOf(const std::vector<BlockKey>& keys, NamespaceId ns = kNs) {
+  std::vector<Tier> TiersOf(const std::vector<BlockKey>& keys, NamespaceId ns = kNs) {
     return manager_->Lookup(ns, keys, /*prefetch=*/false).tiers;
   }
 
@@ -219,7 +219,7 @@ TEST_F(TierManagerTest, ReserveCommitAcquireIsByteIdentical) {
   EXPECT_TRUE(reads[0].status.ok());
   EXPECT_TRUE(reads[1].status.IsNotFound());
   EXPECT_TRUE(reads[2].status.ok());
-  EXPECT_EQ(reads[0].from, ServedFrom::kHost);
+  EXPECT_EQ(reads[0].from, Tier::kHost);
   EXPECT_EQ(std::memcmp(reads[2].data, expected_[{kNs, keys[5]}].data(), sizes[5]), 0);
   EXPECT_EQ(manager_->GetStats().leases_active, 2u);
   for (BlockRead& r : reads) manager_->Release(r);
@@ -431,7 +431,7 @@ TEST_F(TierManagerTest, HostOverflowDemotesTailFirstAndServesIdenticalBytes) {
   // A 6 MiB chain fits the 8 MiB host (below its high watermark) ...
   const std::vector<BlockKey> chain = PutChain(0, std::vector<uint64_t>(24, 256 * kKiB - 100));
   manager_->WaitIdleForTest();
-  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(24, ServedFrom::kHost));
+  EXPECT_EQ(TiersOf(chain), std::vector<Tier>(24, Tier::kHost));
   // ... then 4 MiB of unrelated blocks push part of it out.
   std::vector<BlockKey> others;
   for (int i = 0; i < 16; ++i) {
@@ -448,17 +448,16 @@ TEST_F(TierManagerTest, HostOverflowDemotesTailFirstAndServesIdenticalBytes) {
 
   // Every block is still cached; the host holds a prefix of the chain and the disk the rest:
   // the chain's last blocks went down first.
-  const std::vector<ServedFrom> tiers = TiersOf(chain);
+  const std::vector<Tier> tiers = TiersOf(chain);
   ASSERT_EQ(tiers.size(), chain.size());
   std::string picture;
-  for (ServedFrom f : tiers) picture += f == ServedFrom::kHost ? 'H' : 'D';
+  for (Tier f : tiers) picture += f == Tier::kHost ? 'H' : 'D';
   SCOPED_TRACE("tiers along the chain: " + picture);
-  const auto first_disk = std::find(tiers.begin(), tiers.end(), ServedFrom::kDisk);
+  const auto first_disk = std::find(tiers.begin(), tiers.end(), Tier::kDisk);
   ASSERT_NE(first_disk, tiers.end()) << "nothing of the chain was demoted";
   EXPECT_NE(first_disk, tiers.begin()) << "the chain's head left host before its tail";
-  EXPECT_TRUE(std::all_of(first_disk, tiers.end(), [](ServedFrom f) {
-    return f == ServedFrom::kDisk;
-  })) << "a block in the middle of the chain left host before its descendants";
+  EXPECT_TRUE(std::all_of(first_disk, tiers.end(), [](Tier f) { return f == Tier::kDisk; }))
+      << "a block in the middle of the chain left host before its descendants";
   EXPECT_EQ(manager_->CountCached(kNs, others), others.size());
 
   // Everything reads back byte-identical, promoted from disk where needed.
@@ -481,7 +480,7 @@ TEST_F(TierManagerTest, ALongChainThroughASmallHostStaysWhole) {
   const LookupResult l = manager_->Lookup(kNs, chain, /*prefetch=*/false);
   EXPECT_EQ(l.hit_blocks, chain.size());
   ASSERT_FALSE(l.tiers.empty());
-  EXPECT_EQ(l.tiers[0], ServedFrom::kHost);
+  EXPECT_EQ(l.tiers[0], Tier::kHost);
   // Read front to back and back to front (the promotions reshuffle the tiers in between).
   for (const BlockKey& k : chain) ExpectServed(k);
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) ExpectServed(*it);
@@ -502,7 +501,7 @@ TEST_F(TierManagerTest, LeasedBlocksStayPutWhileTheHostChurns) {
   EXPECT_EQ(held[0].data, data);
   const std::vector<uint8_t>& want = expected_[{kNs, leased_key}];
   EXPECT_EQ(std::memcmp(held[0].data, want.data(), want.size()), 0);
-  EXPECT_EQ(TiersOf({leased_key})[0], ServedFrom::kHost);
+  EXPECT_EQ(TiersOf({leased_key})[0], Tier::kHost);
   manager_->Release(held[0]);
   for (int i = 0; i < 96; i += 7) ExpectServed(KeyOf(i));
 }
@@ -510,19 +509,19 @@ TEST_F(TierManagerTest, LeasedBlocksStayPutWhileTheHostChurns) {
 TEST_F(TierManagerTest, LookupReportsTiersAndStartsPromotions) {
   Open();
   const std::vector<BlockKey> chain = PutChain(0, std::vector<uint64_t>(6, 200 * kKiB));
-  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(6, ServedFrom::kHost));
+  EXPECT_EQ(TiersOf(chain), std::vector<Tier>(6, Tier::kHost));
   DemoteAll(chain);
 
   LookupResult l = manager_->Lookup(kNs, chain, /*prefetch=*/false);
   EXPECT_EQ(l.hit_blocks, 6u);
-  EXPECT_EQ(l.tiers, std::vector<ServedFrom>(6, ServedFrom::kDisk));
+  EXPECT_EQ(l.tiers, std::vector<Tier>(6, Tier::kDisk));
   EXPECT_EQ(l.promotions_started, 0u);
 
   l = manager_->Lookup(kNs, chain, /*prefetch=*/true);
   EXPECT_EQ(l.hit_blocks, 6u);
   EXPECT_EQ(l.promotions_started, 6u);
   manager_->WaitIdleForTest();
-  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(6, ServedFrom::kHost));
+  EXPECT_EQ(TiersOf(chain), std::vector<Tier>(6, Tier::kHost));
   TierManagerStats s = manager_->GetStats();
   EXPECT_EQ(s.prefetches_issued, 6u);
   EXPECT_EQ(s.host_counters.promotions, 6u);
@@ -540,7 +539,7 @@ TEST_F(TierManagerTest, LookupReportsTiersAndStartsPromotions) {
   DemoteAll(chain);
   EXPECT_EQ(manager_->Prefetch(kNs, chain), 6u);
   manager_->WaitIdleForTest();
-  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(6, ServedFrom::kHost));
+  EXPECT_EQ(TiersOf(chain), std::vector<Tier>(6, Tier::kHost));
   EXPECT_EQ(manager_->Prefetch(kNs, chain), 0u);  // nothing left to promote
 }
 
@@ -548,18 +547,18 @@ TEST_F(TierManagerTest, AcquireOfDiskBlocksPromotesAndServesThem) {
   Open();
   const std::vector<BlockKey> chain = PutChain(0, {5000, 70000, 1, kMiB});
   DemoteAll(chain);
-  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(4, ServedFrom::kDisk));
+  EXPECT_EQ(TiersOf(chain), std::vector<Tier>(4, Tier::kDisk));
   std::vector<BlockRead> reads = manager_->Acquire(kNs, chain);
   for (size_t i = 0; i < chain.size(); ++i) {
     ASSERT_TRUE(reads[i].status.ok()) << i << ": " << reads[i].status.ToString();
-    EXPECT_EQ(reads[i].from, ServedFrom::kDisk);  // a disk hit, promoted on the way
+    EXPECT_EQ(reads[i].from, Tier::kDisk);  // a disk hit, promoted on the way
     const std::vector<uint8_t>& want = expected_[{kNs, chain[i]}];
     ASSERT_EQ(reads[i].size, want.size());
     EXPECT_EQ(std::memcmp(reads[i].data, want.data(), want.size()), 0) << i;
     manager_->Release(reads[i]);
   }
   EXPECT_EQ(manager_->GetStats().disk_counters.hits, 4u);
-  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(4, ServedFrom::kHost));
+  EXPECT_EQ(TiersOf(chain), std::vector<Tier>(4, Tier::kHost));
 }
 
 TEST_F(TierManagerTest, CorruptDiskBlockIsAMissNeverWrongBytes) {
@@ -597,9 +596,9 @@ TEST_F(TierManagerTest, CorruptDiskBlockIsAMissNeverWrongBytes) {
 TEST_F(TierManagerTest, WriteThroughNamespaceWritesAtCommit) {
   options_.flush_on_shutdown = false;
   Open();
-  Result<std::shared_ptr<const WritePolicy>> wt = CreateWritePolicy("write-through");
+  Result<NamespacePolicy> wt = ComposePolicy("", "write-through", "", "");
   ASSERT_TRUE(wt.ok()) << wt.status().ToString();
-  manager_->SetNamespacePolicy(2, NamespacePolicy{*wt});
+  ASSERT_TRUE(manager_->SetNamespacePolicy(2, *wt).ok());
   ASSERT_TRUE(Put(KeyOf(1), 5000, {}, /*ns=*/2).ok());
   ASSERT_TRUE(Put(KeyOf(2), 5000, {}, /*ns=*/kNs).ok());
   const TierManagerStats s = manager_->GetStats();
@@ -672,7 +671,7 @@ TEST_F(TierManagerTest, DiskFullOfPinnedBlocksRefusesOthersButKeepsThePinned) {
   DemoteAll(session);
   // Disk is full of pinned blocks: an unpinned block cannot go down.
   ASSERT_TRUE(Put(KeyOf(50), block).ok());
-  manager_->Evict(kNs, TierId::kHost, Keys{KeyOf(50)});
+  manager_->Evict(kNs, Tier::kHost, Keys{KeyOf(50)});
   manager_->WaitIdleForTest();
   const TierManagerStats s = manager_->GetStats();
   EXPECT_LE(s.disk_used_bytes, options_.disk_capacity_bytes);
@@ -690,7 +689,7 @@ TEST_F(TierManagerTest, PinChainLargerThanTheFreeDiskFailsInsteadOfLooping) {
   DemoteAll({chain[0]});
   ExpectServed(chain[0]);  // promoted back: host and disk
   ASSERT_TRUE(Put(chain[1], 256 * kKiB, chain[0]).ok());
-  ASSERT_EQ(TiersOf(chain), std::vector<ServedFrom>(2, ServedFrom::kHost));
+  ASSERT_EQ(TiersOf(chain), std::vector<Tier>(2, Tier::kHost));
   auto pinned = std::async(std::launch::async, [&] { return manager_->PinChain(kNs, chain); });
   if (pinned.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     ADD_FAILURE() << "PinChain never returned";
@@ -702,7 +701,7 @@ TEST_F(TierManagerTest, PinChainLargerThanTheFreeDiskFailsInsteadOfLooping) {
   // Nothing was lost on the way, and nothing stays pinned: the head can still leave disk.
   EXPECT_EQ(manager_->CountCached(kNs, chain), 2u);
   for (const BlockKey& k : chain) ExpectServed(k);
-  EXPECT_EQ(manager_->Evict(kNs, TierId::kDisk, chain).evicted, 2u);
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kDisk, chain).evicted, 2u);
 }
 
 TEST_F(TierManagerTest, PinChainNamingABlockTwiceWritesItOnce) {
@@ -717,10 +716,10 @@ TEST_F(TierManagerTest, PinChainNamingABlockTwiceWritesItOnce) {
   EXPECT_EQ(s.disk_used_bytes, 11000u);
   for (const BlockKey& k : chain) ExpectServed(k);
   // Pinned: not dropped from disk.
-  EXPECT_EQ(manager_->Evict(kNs, TierId::kDisk, chain).evicted, 0u);
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kDisk, chain).evicted, 0u);
   // Unpinning the same list releases every pin.
   manager_->UnpinChain(kNs, twice);
-  EXPECT_EQ(manager_->Evict(kNs, TierId::kDisk, chain).evicted, 2u);
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kDisk, chain).evicted, 2u);
   s = manager_->GetStats();
   EXPECT_EQ(s.disk_blocks, 0u);
   EXPECT_EQ(s.disk_used_bytes, 0u);
@@ -751,13 +750,13 @@ TEST_F(TierManagerTest, RecoverFindsEveryDiskBlockWithItsSizeAndServesIt) {
   EXPECT_EQ(s.host_blocks, 0u);
   LookupResult l = manager_->Lookup(kNs, chain, false);
   EXPECT_EQ(l.hit_blocks, chain.size());
-  EXPECT_EQ(l.tiers, std::vector<ServedFrom>(chain.size(), ServedFrom::kDisk));
+  EXPECT_EQ(l.tiers, std::vector<Tier>(chain.size(), Tier::kDisk));
   EXPECT_EQ(manager_->Lookup(2, other, false).hit_blocks, 2u);
   EXPECT_EQ(manager_->Lookup(2, chain, false).hit_blocks, 0u);
   for (const auto& [nk, bytes] : expected_) ExpectServed(nk.second, nk.first);
 
   // The chain's links came back too: its head cannot be evicted before its tail.
-  EvictOutcome o = manager_->Evict(kNs, TierId::kDisk, Keys{chain[0]});
+  EvictOutcome o = manager_->Evict(kNs, Tier::kDisk, Keys{chain[0]});
   EXPECT_EQ(o.evicted, 0u);
   EXPECT_EQ(manager_->CountCached(kNs, chain), chain.size());
 }
@@ -802,33 +801,33 @@ TEST_F(TierManagerTest, EvictRespectsTailFirst) {
   Open();
   const std::vector<BlockKey> chain = PutChain(0, {5000, 6000, 7000});  // A -> B -> C
   // A has cached descendants: not evicted alone.
-  EvictOutcome o = manager_->Evict(kNs, TierId::kHost, Keys{chain[0]});
+  EvictOutcome o = manager_->Evict(kNs, Tier::kHost, Keys{chain[0]});
   EXPECT_EQ(o.evicted, 0u);
   EXPECT_EQ(o.skipped, 1u);
-  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(3, ServedFrom::kHost));
+  EXPECT_EQ(TiersOf(chain), std::vector<Tier>(3, Tier::kHost));
   // A leased tail is not evicted, and so neither is the rest.
   std::vector<BlockRead> held = manager_->Acquire(kNs, {&chain[2], 1});
   ASSERT_TRUE(held[0].status.ok());
-  o = manager_->Evict(kNs, TierId::kHost, chain);
+  o = manager_->Evict(kNs, Tier::kHost, chain);
   EXPECT_EQ(o.evicted, 0u);
   EXPECT_EQ(o.skipped, 3u);
   manager_->Release(held[0]);
   // All three together: deepest first, so all go (to disk: host-only blocks are demoted).
-  o = manager_->Evict(kNs, TierId::kHost, chain);
+  o = manager_->Evict(kNs, Tier::kHost, chain);
   EXPECT_EQ(o.evicted, 3u);
   manager_->WaitIdleForTest();
-  EXPECT_EQ(TiersOf(chain), std::vector<ServedFrom>(3, ServedFrom::kDisk));
+  EXPECT_EQ(TiersOf(chain), std::vector<Tier>(3, Tier::kDisk));
   // From the whole cache: the head stays while its descendants are cached...
-  o = manager_->Evict(kNs, TierId::kDisk, Keys{chain[0], chain[1]});
+  o = manager_->Evict(kNs, Tier::kDisk, Keys{chain[0], chain[1]});
   EXPECT_EQ(o.evicted, 0u);
   EXPECT_EQ(manager_->CountCached(kNs, chain), 3u);
   // ...and the tail goes first.
-  o = manager_->Evict(kNs, TierId::kDisk, Keys{chain[2]});
+  o = manager_->Evict(kNs, Tier::kDisk, Keys{chain[2]});
   EXPECT_EQ(o.evicted, 1u);
   EXPECT_EQ(manager_->Lookup(kNs, chain, false).hit_blocks, 2u);
   // Everything of the namespace (empty key list), other namespaces untouched.
   ASSERT_TRUE(Put(KeyOf(50), 1000, {}, /*ns=*/2).ok());
-  o = manager_->Evict(kNs, TierId::kDisk, Keys{});
+  o = manager_->Evict(kNs, Tier::kDisk, Keys{});
   EXPECT_EQ(o.evicted, 2u);
   EXPECT_EQ(manager_->CountCached(kNs, chain), 0u);
   ExpectServed(KeyOf(50), 2);
@@ -877,7 +876,7 @@ TEST_F(TierManagerTest, CommitRacingAbortOwnerNeverPublishesAFreedSlot) {
       expected_[{kNs, key}] = bytes;
       ExpectServed(key);
       // Drop it from host again so the next rounds have room without disk writes.
-      EXPECT_EQ(manager_->Evict(kNs, TierId::kDisk, Keys{key}).evicted, 1u);
+      EXPECT_EQ(manager_->Evict(kNs, Tier::kDisk, Keys{key}).evicted, 1u);
     } else {
       ++aborted;
       if (st.code() == StatusCode::kAborted) ++mid_commit;
@@ -968,7 +967,7 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverSeeWrongBytes) {
         std::vector<BlockKey> chain(keys.begin() + start, keys.begin() + start + kChainLength);
         manager_->Lookup(kNs, chain, /*prefetch=*/true);
       } else {
-        manager_->Evict(kNs, TierId::kHost, {&keys[k], 1});
+        manager_->Evict(kNs, Tier::kHost, {&keys[k], 1});
       }
     }
   };

@@ -27,6 +27,7 @@
 
 #include <kvpool/block_key.h>
 #include <kvpool/status.h>
+#include <kvpool/tier.h>
 
 namespace kvpool {
 
@@ -63,9 +64,6 @@ struct ClientOptions {
   std::string ucx_transports;
   std::string ucx_net_devices;
 };
-
-enum class Tier : uint8_t { kNone = 0, kGpu = 1, kHost = 2, kDisk = 3, kRemote = 4 };
-const char* TierName(Tier tier);
 
 struct ServerInfo {
   std::string node_id;

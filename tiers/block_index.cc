@@ -1,10 +1,10 @@
-#include "daemon/block_index.h"
+#include "tiers/block_index.h"
 
 #include <glog/logging.h>
 
 #include <cstring>
 
-namespace kvpool::daemon {
+namespace kvpool::tiers {
 
 size_t BlockIndex::Hash::operator()(EntryId id) const {
   const Entry& e = index->at(id);
@@ -62,7 +62,17 @@ void BlockIndex::Erase(EntryId id) {
   Entry& e = at(id);
   CHECK(CanErase(id)) << "erasing entry " << e.key.ShortHex() << " still in use";
   set_.erase(id);
-  if (e.parent != kNoEntry) --at(e.parent).child_links;
+  if (e.parent != kNoEntry) {
+    Entry& p = at(e.parent);
+    --p.child_links;
+    // Unlink from the parent's children (siblings are few: the branches of one prefix).
+    EntryId* link = &p.first_child;
+    while (*link != id) {
+      CHECK_NE(*link, kNoEntry) << "entry missing from its parent's children";
+      link = &at(*link).next_sibling;
+    }
+    *link = e.next_sibling;
+  }
   e.live = false;
   free_ids_.push_back(id);
 }
@@ -72,52 +82,59 @@ size_t BlockIndex::MemoryBytes() const {
          free_ids_.capacity() * sizeof(EntryId);
 }
 
-bool BlockIndex::IsCandidate(const Entry& e, TierId tier) const {
+bool BlockIndex::ShouldBeCandidate(const Entry& e, Tier tier) const {
   if (!e.In(tier)) return false;
-  if (tier == TierId::kHost) return e.children[static_cast<int>(TierId::kHost)] == 0;
+  if (tier != Tier::kDisk) return e.children[TierSlot(tier)] == 0;
   // Dropping the disk copy of a block that only disk holds removes it from the cache: allowed
-  // only when no child is cached anywhere and no session pins it. A block also in host may lose
-  // its disk copy whenever its children have none on disk.
+  // only when no child is cached anywhere and no session pins it. A block also in a faster tier
+  // may lose its disk copy whenever its children have none on disk.
   if (e.pins > 0) return false;
-  if (e.In(TierId::kHost)) return e.children[static_cast<int>(TierId::kDisk)] == 0;
+  if (e.tiers != TierBit(Tier::kDisk)) return e.children[TierSlot(Tier::kDisk)] == 0;
   return e.cached_children() == 0;
 }
 
-void BlockIndex::Refresh(EntryId id, TierId tier, bool cold) {
+void BlockIndex::Refresh(EntryId id, Tier tier, bool after_child) {
   Entry& e = at(id);
-  const bool want = IsCandidate(e, tier);
-  const bool have = e.in_lru & TierBit(tier);
-  if (want == have) return;
+  const bool want = ShouldBeCandidate(e, tier);
+  if (want == e.CandidateOf(tier)) return;
   if (want) {
-    cold ? ListPushCold(tier, id) : ListPushHot(tier, id);
+    e.candidate |= TierBit(tier);
+    ++candidates_[TierSlot(tier)];
+    if (observer_ != nullptr) observer_->OnCandidate(id, tier, after_child);
   } else {
-    ListRemove(tier, id);
+    e.candidate &= static_cast<uint8_t>(~TierBit(tier));
+    --candidates_[TierSlot(tier)];
+    if (observer_ != nullptr) observer_->OnNotCandidate(id, tier);
   }
 }
 
-void BlockIndex::AddCopy(EntryId id, TierId tier) {
+void BlockIndex::RefreshAll(EntryId id, bool after_child) {
+  for (Tier t : kStoredTierList) Refresh(id, t, after_child);
+}
+
+void BlockIndex::AddCopy(EntryId id, Tier tier) {
   Entry& e = at(id);
+  CHECK(IsStoredTier(tier));
   CHECK(!e.In(tier));
   e.tiers |= TierBit(tier);
-  for (int t = 0; t < kNumTiers; ++t) Refresh(id, static_cast<TierId>(t), /*cold=*/false);
+  RefreshAll(id, /*after_child=*/false);
   if (e.parent != kNoEntry) {
     Entry& p = at(e.parent);
-    ++p.children[static_cast<int>(tier)];
-    for (int t = 0; t < kNumTiers; ++t) Refresh(e.parent, static_cast<TierId>(t), false);
+    ++p.children[TierSlot(tier)];
+    RefreshAll(e.parent, false);
   }
 }
 
-void BlockIndex::RemoveCopy(EntryId id, TierId tier) {
+void BlockIndex::RemoveCopy(EntryId id, Tier tier) {
   Entry& e = at(id);
   CHECK(e.In(tier));
   e.tiers &= static_cast<uint8_t>(~TierBit(tier));
-  for (int t = 0; t < kNumTiers; ++t) Refresh(id, static_cast<TierId>(t), false);
+  RefreshAll(id, false);
   if (e.parent != kNoEntry) {
     Entry& p = at(e.parent);
-    CHECK_GT(p.children[static_cast<int>(tier)], 0u);
-    --p.children[static_cast<int>(tier)];
-    // The parent was used with its child: it becomes the next candidate, at the cold end.
-    for (int t = 0; t < kNumTiers; ++t) Refresh(e.parent, static_cast<TierId>(t), /*cold=*/true);
+    CHECK_GT(p.children[TierSlot(tier)], 0u);
+    --p.children[TierSlot(tier)];
+    RefreshAll(e.parent, /*after_child=*/true);
   }
 }
 
@@ -126,73 +143,31 @@ void BlockIndex::SetParent(EntryId id, EntryId parent) {
   CHECK_EQ(e.tiers, 0) << "SetParent after a copy was added";
   CHECK_EQ(e.parent, kNoEntry) << "SetParent twice";
   e.parent = parent;
-  ++at(parent).child_links;
+  Entry& p = at(parent);
+  ++p.child_links;
+  e.next_sibling = p.first_child;
+  p.first_child = id;
 }
 
 void BlockIndex::Pin(EntryId id) {
   ++at(id).pins;
-  Refresh(id, TierId::kDisk, false);
+  Refresh(id, Tier::kDisk, false);
 }
 
 void BlockIndex::Unpin(EntryId id) {
   Entry& e = at(id);
   CHECK_GT(e.pins, 0u);
   --e.pins;
-  Refresh(id, TierId::kDisk, false);
+  Refresh(id, Tier::kDisk, false);
 }
 
 void BlockIndex::Touch(EntryId id, uint32_t now_s) {
   Entry& e = at(id);
   e.last_use_s = now_s;
-  for (int t = 0; t < kNumTiers; ++t) {
-    const auto tier = static_cast<TierId>(t);
-    if (e.in_lru & TierBit(tier)) {
-      ListRemove(tier, id);
-      ListPushHot(tier, id);
-    }
+  if (observer_ == nullptr) return;
+  for (Tier t : kStoredTierList) {
+    if (e.CandidateOf(t)) observer_->OnUse(id, t);
   }
 }
 
-void BlockIndex::ListPushHot(TierId tier, EntryId id) {
-  const int t = static_cast<int>(tier);
-  Entry& e = at(id);
-  e.lru_prev[t] = kNoEntry;
-  e.lru_next[t] = lru_head_[t];
-  if (lru_head_[t] != kNoEntry) at(lru_head_[t]).lru_prev[t] = id;
-  lru_head_[t] = id;
-  if (lru_tail_[t] == kNoEntry) lru_tail_[t] = id;
-  e.in_lru |= TierBit(tier);
-  ++lru_size_[t];
-}
-
-void BlockIndex::ListPushCold(TierId tier, EntryId id) {
-  const int t = static_cast<int>(tier);
-  Entry& e = at(id);
-  e.lru_next[t] = kNoEntry;
-  e.lru_prev[t] = lru_tail_[t];
-  if (lru_tail_[t] != kNoEntry) at(lru_tail_[t]).lru_next[t] = id;
-  lru_tail_[t] = id;
-  if (lru_head_[t] == kNoEntry) lru_head_[t] = id;
-  e.in_lru |= TierBit(tier);
-  ++lru_size_[t];
-}
-
-void BlockIndex::ListRemove(TierId tier, EntryId id) {
-  const int t = static_cast<int>(tier);
-  Entry& e = at(id);
-  if (e.lru_prev[t] != kNoEntry) {
-    at(e.lru_prev[t]).lru_next[t] = e.lru_next[t];
-  } else {
-    lru_head_[t] = e.lru_next[t];
-  }
-  if (e.lru_next[t] != kNoEntry) {
-    at(e.lru_next[t]).lru_prev[t] = e.lru_prev[t];
-  } else {
-    lru_tail_[t] = e.lru_prev[t];
-  }
-  e.lru_prev[t] = e.lru_next[t] = kNoEntry;
-  e.in_lru &= static_cast<uint8_t>(~TierBit(tier));
-  --lru_size_[t];
-}
-
-}  // namespace kvpool::daemon
+}  // namespace kvpool::tiers

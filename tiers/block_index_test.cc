@@ -1,7 +1,7 @@
 // BlockIndex: lookups per namespace, child counts, the per-tier eviction-candidate lists (tail
 // first by construction) and erasure rules, checked directly and against a brute-force model.
 
-#include "daemon/block_index.h"
+#include "tiers/block_index.h"
 
 #include <gtest/gtest.h>
 
@@ -12,11 +12,18 @@
 #include <set>
 #include <vector>
 
-namespace kvpool::daemon {
+#include "tiers/eviction_pools.h"
+
+namespace kvpool::tiers {
 namespace {
 
-constexpr TierId kHost = TierId::kHost;
-constexpr TierId kDisk = TierId::kDisk;
+constexpr Tier kHost = Tier::kHost;
+constexpr Tier kDisk = Tier::kDisk;
+constexpr int kH = TierSlot(kHost);
+constexpr int kD = TierSlot(kDisk);
+// The tiers these tests use, by position 0, 1.
+constexpr int kTestTiers = 2;
+Tier TierAt(int t) { return t == 0 ? kHost : kDisk; }
 
 BlockKey KeyOf(uint64_t n) {
   BlockKey k;
@@ -25,17 +32,16 @@ BlockKey KeyOf(uint64_t n) {
   return k;
 }
 
-// The candidate list of `tier`, coldest first, checking its links on the way.
-std::vector<EntryId> Candidates(const BlockIndex& index, TierId tier) {
+// The candidates of `tier` in the daemon's default (LRU) order, coldest first.
+std::vector<EntryId> Candidates(EvictionPools& pools, const BlockIndex& index, Tier tier) {
   std::vector<EntryId> out;
+  pools.Victims(
+      tier, UINT64_MAX, [](EntryId) { return true; }, &out);
   std::set<EntryId> seen;
-  for (EntryId id = index.Coldest(tier); id != kNoEntry; id = index.Hotter(tier, id)) {
-    if (!seen.insert(id).second) {
-      ADD_FAILURE() << "candidate list has a cycle";
-      break;
-    }
+  for (EntryId id : out) {
+    EXPECT_TRUE(seen.insert(id).second) << "a candidate ranked twice";
     EXPECT_TRUE(index.at(id).live);
-    out.push_back(id);
+    EXPECT_TRUE(index.at(id).CandidateOf(tier));
   }
   EXPECT_EQ(out.size(), index.CandidateCount(tier));
   return out;
@@ -43,12 +49,12 @@ std::vector<EntryId> Candidates(const BlockIndex& index, TierId tier) {
 
 // Inserts a chain of `n` blocks in `ns` (parent links set), each with a copy in `tiers`.
 std::vector<EntryId> MakeChain(BlockIndex& index, NamespaceId ns, uint64_t first_key, int n,
-                               std::initializer_list<TierId> tiers) {
+                               std::initializer_list<Tier> tiers) {
   std::vector<EntryId> ids;
   for (int i = 0; i < n; ++i) {
     const EntryId id = index.Insert(ns, KeyOf(first_key + i));
     if (!ids.empty()) index.SetParent(id, ids.back());
-    for (TierId t : tiers) index.AddCopy(id, t);
+    for (Tier t : tiers) index.AddCopy(id, t);
     ids.push_back(id);
   }
   return ids;
@@ -56,6 +62,7 @@ std::vector<EntryId> MakeChain(BlockIndex& index, NamespaceId ns, uint64_t first
 
 TEST(BlockIndexTest, InsertFindErasePerNamespace) {
   BlockIndex index;
+  EvictionPools pools(index);
   EXPECT_EQ(index.size(), 0u);
   EXPECT_EQ(index.Find(1, KeyOf(1)), kNoEntry);
   const EntryId a1 = index.Insert(1, KeyOf(1));
@@ -99,6 +106,7 @@ TEST(BlockIndexTest, InsertFindErasePerNamespace) {
 
 TEST(BlockIndexTest, ManyEntriesAcrossChunksStayFindable) {
   BlockIndex index;
+  EvictionPools pools(index);
   constexpr int kN = 70000;  // more than one chunk of entries
   std::vector<EntryId> ids;
   for (int i = 0; i < kN; ++i)
@@ -117,6 +125,7 @@ TEST(BlockIndexTest, ManyEntriesAcrossChunksStayFindable) {
 
 TEST(BlockIndexTest, MemoryBytesIsSane) {
   BlockIndex index;
+  EvictionPools pools(index);
   const size_t empty = index.MemoryBytes();
   EXPECT_LT(empty, 4096u);
   constexpr size_t kN = 10000;
@@ -131,21 +140,26 @@ TEST(BlockIndexTest, MemoryBytesIsSane) {
 
 TEST(BlockIndexTest, LruOrderFollowsTouch) {
   BlockIndex index;
+  EvictionPools pools(index);
   std::vector<EntryId> ids;
   for (int i = 0; i < 4; ++i) {
     ids.push_back(index.Insert(1, KeyOf(i)));
     index.AddCopy(ids.back(), kHost);
   }
   // Added in order 0..3: 0 is coldest.
-  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{ids[0], ids[1], ids[2], ids[3]}));
+  EXPECT_EQ(Candidates(pools, index, kHost),
+            (std::vector<EntryId>{ids[0], ids[1], ids[2], ids[3]}));
   index.Touch(ids[0], 5);
   EXPECT_EQ(index.at(ids[0]).last_use_s, 5u);
-  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{ids[1], ids[2], ids[3], ids[0]}));
+  EXPECT_EQ(Candidates(pools, index, kHost),
+            (std::vector<EntryId>{ids[1], ids[2], ids[3], ids[0]}));
   index.Touch(ids[2], 6);
-  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{ids[1], ids[3], ids[0], ids[2]}));
+  EXPECT_EQ(Candidates(pools, index, kHost),
+            (std::vector<EntryId>{ids[1], ids[3], ids[0], ids[2]}));
   // Touching the hottest keeps the order.
   index.Touch(ids[2], 7);
-  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{ids[1], ids[3], ids[0], ids[2]}));
+  EXPECT_EQ(Candidates(pools, index, kHost),
+            (std::vector<EntryId>{ids[1], ids[3], ids[0], ids[2]}));
   // A touch on a copy-less entry changes no list.
   const EntryId lone = index.Insert(1, KeyOf(99));
   index.Touch(lone, 8);
@@ -155,41 +169,43 @@ TEST(BlockIndexTest, LruOrderFollowsTouch) {
 
 TEST(BlockIndexTest, EvictsTailFirstAlongAChain) {
   BlockIndex index;
+  EvictionPools pools(index);
   const auto c = MakeChain(index, 1, 0, 3, {kHost});  // A -> B -> C
   const EntryId a = c[0], b = c[1], cc = c[2];
-  EXPECT_EQ(index.at(a).children[0], 1u);
-  EXPECT_EQ(index.at(b).children[0], 1u);
-  EXPECT_EQ(index.at(cc).children[0], 0u);
+  EXPECT_EQ(index.at(a).children[kH], 1u);
+  EXPECT_EQ(index.at(b).children[kH], 1u);
+  EXPECT_EQ(index.at(cc).children[kH], 0u);
   EXPECT_EQ(index.at(a).child_links, 1u);
   // Only the tail is a host candidate.
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{cc});
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{cc});
 
   // Touching the head does not make it evictable.
   index.Touch(a, 1);
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{cc});
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{cc});
 
   index.RemoveCopy(cc, kHost);
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{b});
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{b});
   index.RemoveCopy(b, kHost);
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{a});
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{a});
   index.RemoveCopy(a, kHost);
-  EXPECT_TRUE(Candidates(index, kHost).empty());
+  EXPECT_TRUE(Candidates(pools, index, kHost).empty());
 }
 
 TEST(BlockIndexTest, EvictsTailFirstParentBecomesColdestCandidate) {
   BlockIndex index;
+  EvictionPools pools(index);
   // An unrelated block, added first (cold), then the chain A -> B -> C, then another block.
   const EntryId x = index.Insert(1, KeyOf(100));
   index.AddCopy(x, kHost);
   const auto c = MakeChain(index, 1, 0, 3, {kHost});
   const EntryId y = index.Insert(1, KeyOf(101));
   index.AddCopy(y, kHost);
-  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{x, c[2], y}));
+  EXPECT_EQ(Candidates(pools, index, kHost), (std::vector<EntryId>{x, c[2], y}));
 
   // Evicting C exposes B, which goes to the cold end: used with C, it is next.
   index.RemoveCopy(c[2], kHost);
-  EXPECT_EQ(index.Coldest(kHost), c[1]);
-  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{c[1], x, y}));
+  EXPECT_EQ(Candidates(pools, index, kHost)[0], c[1]);
+  EXPECT_EQ(Candidates(pools, index, kHost), (std::vector<EntryId>{c[1], x, y}));
   // The entry itself stays as a copy-less leaf; it can be erased.
   EXPECT_TRUE(index.CanErase(c[2]));
   index.Erase(c[2]);
@@ -198,6 +214,7 @@ TEST(BlockIndexTest, EvictsTailFirstParentBecomesColdestCandidate) {
 
 TEST(BlockIndexTest, BranchingChainsKeepTheSharedPrefixUntilAllBranchesGo) {
   BlockIndex index;
+  EvictionPools pools(index);
   // P -> {L1, L2}
   const EntryId p = index.Insert(1, KeyOf(0));
   const EntryId l1 = index.Insert(1, KeyOf(1));
@@ -205,78 +222,82 @@ TEST(BlockIndexTest, BranchingChainsKeepTheSharedPrefixUntilAllBranchesGo) {
   index.SetParent(l1, p);
   index.SetParent(l2, p);
   for (EntryId id : {p, l1, l2}) index.AddCopy(id, kHost);
-  EXPECT_EQ(index.at(p).children[0], 2u);
+  EXPECT_EQ(index.at(p).children[kH], 2u);
   EXPECT_EQ(index.at(p).child_links, 2u);
-  EXPECT_EQ(Candidates(index, kHost), (std::vector<EntryId>{l1, l2}));
+  EXPECT_EQ(Candidates(pools, index, kHost), (std::vector<EntryId>{l1, l2}));
   index.RemoveCopy(l1, kHost);
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{l2});
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{l2});
   index.RemoveCopy(l2, kHost);
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{p});
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{p});
 }
 
 TEST(BlockIndexTest, HostCandidatesIgnoreChildrenOnlyOnDisk) {
   BlockIndex index;
+  EvictionPools pools(index);
   const auto c = MakeChain(index, 1, 0, 2, {kHost});
   // Demote the child: it leaves host for disk.
   index.AddCopy(c[1], kDisk);
   index.RemoveCopy(c[1], kHost);
   // The parent may now leave host (its child is not in host) ...
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{c[0]});
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{c[0]});
   // ... but the parent has no disk copy, so the child is the only disk candidate.
-  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[1]});
+  EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{c[1]});
 }
 
 TEST(BlockIndexTest, DiskCandidatesExcludePinnedEntriesAndEntriesWithCachedChildren) {
   BlockIndex index;
+  EvictionPools pools(index);
   const auto c = MakeChain(index, 1, 0, 3, {kDisk});  // A -> B -> C on disk only
-  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[2]});
-  EXPECT_TRUE(Candidates(index, kHost).empty());
+  EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{c[2]});
+  EXPECT_TRUE(Candidates(pools, index, kHost).empty());
 
   // A pinned tail is not a candidate; nothing else is either (it has a cached child).
   index.Pin(c[2]);
-  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  EXPECT_TRUE(Candidates(pools, index, kDisk).empty());
   index.Pin(c[2]);  // two sessions
   index.Unpin(c[2]);
-  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  EXPECT_TRUE(Candidates(pools, index, kDisk).empty());
   index.Unpin(c[2]);
-  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[2]});
+  EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{c[2]});
 
   // A disk-only block whose child is cached in host only is not a disk candidate either:
   // dropping it would lose the middle of the chain.
   index.AddCopy(c[2], kHost);
   index.RemoveCopy(c[2], kDisk);
-  EXPECT_TRUE(Candidates(index, kDisk).empty());
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{c[2]});
-  EXPECT_EQ(index.at(c[1]).children[0], 1u);
-  EXPECT_EQ(index.at(c[1]).children[1], 0u);
+  EXPECT_TRUE(Candidates(pools, index, kDisk).empty());
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{c[2]});
+  EXPECT_EQ(index.at(c[1]).children[kH], 1u);
+  EXPECT_EQ(index.at(c[1]).children[kD], 0u);
 
   // Once the child is gone from every tier, B is the disk candidate.
   index.RemoveCopy(c[2], kHost);
-  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[1]});
+  EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{c[1]});
   index.Pin(c[1]);
-  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  EXPECT_TRUE(Candidates(pools, index, kDisk).empty());
 }
 
 TEST(BlockIndexTest, DiskCopyOfABlockAlsoInHostMayGoWhileChildrenAreOnlyInHost) {
   BlockIndex index;
+  EvictionPools pools(index);
   const auto c = MakeChain(index, 1, 0, 2, {kHost, kDisk});
   // Both on both tiers: only the tail is a candidate anywhere.
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{c[1]});
-  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[1]});
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{c[1]});
+  EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{c[1]});
   // The child loses its disk copy: the parent's disk copy may go (the block stays in host).
   index.RemoveCopy(c[1], kDisk);
-  EXPECT_EQ(Candidates(index, kDisk), std::vector<EntryId>{c[0]});
+  EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{c[0]});
   // But not while a session pins it.
   index.Pin(c[0]);
-  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  EXPECT_TRUE(Candidates(pools, index, kDisk).empty());
   index.Unpin(c[0]);
   // Losing its host copy makes the parent disk-only with a child cached in host: it stays.
   index.RemoveCopy(c[0], kHost);
-  EXPECT_TRUE(Candidates(index, kDisk).empty());
+  EXPECT_TRUE(Candidates(pools, index, kDisk).empty());
 }
 
 TEST(BlockIndexTest, CanEraseRules) {
   BlockIndex index;
+  EvictionPools pools(index);
   const auto c = MakeChain(index, 1, 0, 2, {kHost});
   const EntryId a = c[0], b = c[1];
   // Entries with copies cannot be erased.
@@ -317,12 +338,13 @@ TEST(BlockIndexTest, CanEraseRules) {
 
 TEST(BlockIndexTest, GhostParentRegainingACopyIsNotACandidateWhileItsChildIsCached) {
   BlockIndex index;
+  EvictionPools pools(index);
   const auto c = MakeChain(index, 1, 0, 2, {kHost});
   index.RemoveCopy(c[0], kHost);  // ghost A, cached child B
   index.AddCopy(c[0], kDisk);     // A comes back, on disk
-  EXPECT_EQ(index.at(c[0]).children[0], 1u);
-  EXPECT_TRUE(Candidates(index, kDisk).empty());
-  EXPECT_EQ(Candidates(index, kHost), std::vector<EntryId>{c[1]});
+  EXPECT_EQ(index.at(c[0]).children[kH], 1u);
+  EXPECT_TRUE(Candidates(pools, index, kDisk).empty());
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{c[1]});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -333,8 +355,8 @@ TEST(BlockIndexTest, GhostParentRegainingACopyIsNotACandidateWhileItsChildIsCach
 // moves a candidate to the hot end.
 class OrderModel {
  public:
-  void Sync(const BlockIndex&, const std::set<EntryId>& want, TierId tier, bool cold) {
-    auto& l = lists_[static_cast<int>(tier)];
+  void Sync(const BlockIndex&, const std::set<EntryId>& want, Tier tier, bool cold) {
+    auto& l = lists_[tier == kHost ? 0 : 1];
     for (auto it = l.begin(); it != l.end();) {
       it = want.count(*it) ? std::next(it) : l.erase(it);
     }
@@ -352,24 +374,24 @@ class OrderModel {
       }
     }
   }
-  std::vector<EntryId> Order(TierId tier) const {
-    const auto& l = lists_[static_cast<int>(tier)];
+  std::vector<EntryId> Order(Tier tier) const {
+    const auto& l = lists_[tier == kHost ? 0 : 1];
     return {l.begin(), l.end()};  // coldest first
   }
 
  private:
-  std::array<std::list<EntryId>, kNumTiers> lists_;
+  std::array<std::list<EntryId>, kTestTiers> lists_;
 };
 
 // Candidates recomputed from scratch from the live entries, with child counts recomputed too.
 std::set<EntryId> BruteForceCandidates(const BlockIndex& index, const std::set<EntryId>& live,
-                                       TierId tier) {
-  std::map<EntryId, std::array<uint32_t, kNumTiers>> children;
+                                       Tier tier) {
+  std::map<EntryId, std::array<uint32_t, kStoredTiers>> children;
   for (EntryId id : live) {
     const Entry& e = index.at(id);
     if (e.parent == kNoEntry) continue;
-    for (int t = 0; t < kNumTiers; ++t) {
-      if (e.In(static_cast<TierId>(t))) ++children[e.parent][t];
+    for (int t = 0; t < kTestTiers; ++t) {
+      if (e.In(TierAt(t))) ++children[e.parent][TierSlot(TierAt(t))];
     }
   }
   std::set<EntryId> out;
@@ -379,13 +401,13 @@ std::set<EntryId> BruteForceCandidates(const BlockIndex& index, const std::set<E
     const auto ch = children[id];
     bool candidate;
     if (tier == kHost) {
-      candidate = ch[0] == 0;
+      candidate = ch[kH] == 0;
     } else if (e.pins > 0) {
       candidate = false;
     } else if (e.In(kHost)) {
-      candidate = ch[1] == 0;  // the block stays cached in host
+      candidate = ch[kD] == 0;  // the block stays cached in host
     } else {
-      candidate = ch[0] == 0 && ch[1] == 0;  // dropping it removes it from the cache
+      candidate = ch[kH] == 0 && ch[kD] == 0;  // dropping it removes it from the cache
     }
     if (candidate) out.insert(id);
   }
@@ -397,6 +419,7 @@ TEST(BlockIndexTest, RandomOperationsMatchABruteForceModel) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     BlockIndex index;
+    EvictionPools pools(index);
     OrderModel model;
     std::set<EntryId> live;
     std::vector<EntryId> live_vec;
@@ -419,11 +442,11 @@ TEST(BlockIndexTest, RandomOperationsMatchABruteForceModel) {
         refresh_live_vec();
       } else if (op < 50) {
         const EntryId id = pick();
-        const TierId t = static_cast<TierId>(rng() % 2);
+        const Tier t = TierAt(static_cast<int>(rng() % 2));
         if (!index.at(id).In(t)) index.AddCopy(id, t);
       } else if (op < 75) {
         const EntryId id = pick();
-        const TierId t = static_cast<TierId>(rng() % 2);
+        const Tier t = TierAt(static_cast<int>(rng() % 2));
         if (index.at(id).In(t)) {
           index.RemoveCopy(id, t);
           cold = true;
@@ -454,12 +477,12 @@ TEST(BlockIndexTest, RandomOperationsMatchABruteForceModel) {
         ASSERT_TRUE(e.live);
         ASSERT_EQ(index.Find(e.ns, e.key), id);
         uint32_t links = 0;
-        std::array<uint32_t, kNumTiers> ch{};
+        std::array<uint32_t, kStoredTiers> ch{};
         for (EntryId other : live) {
           const Entry& o = index.at(other);
           if (o.parent != id) continue;
           ++links;
-          for (int t = 0; t < kNumTiers; ++t) ch[t] += o.In(static_cast<TierId>(t));
+          for (int t = 0; t < kTestTiers; ++t) ch[TierSlot(TierAt(t))] += o.In(TierAt(t));
         }
         ASSERT_EQ(e.child_links, links) << "step " << step;
         ASSERT_EQ(e.children, ch) << "step " << step;
@@ -472,10 +495,10 @@ TEST(BlockIndexTest, RandomOperationsMatchABruteForceModel) {
       // one entry per tier newly qualifies per operation (the entry itself, or after a
       // RemoveCopy its parent), so the model's insertion order is unambiguous.
       if (touched != kNoEntry) model.Touch(touched);
-      for (int t = 0; t < kNumTiers; ++t) {
-        const TierId tier = static_cast<TierId>(t);
+      for (int t = 0; t < kTestTiers; ++t) {
+        const Tier tier = TierAt(t);
         const std::set<EntryId> want = BruteForceCandidates(index, live, tier);
-        const std::vector<EntryId> got = Candidates(index, tier);
+        const std::vector<EntryId> got = Candidates(pools, index, tier);
         ASSERT_EQ(std::set<EntryId>(got.begin(), got.end()), want)
             << "tier " << t << " step " << step;
         model.Sync(index, want, tier, cold);
@@ -486,4 +509,4 @@ TEST(BlockIndexTest, RandomOperationsMatchABruteForceModel) {
 }
 
 }  // namespace
-}  // namespace kvpool::daemon
+}  // namespace kvpool::tiers

@@ -1,0 +1,183 @@
+#pragma once
+// BlockIndex: the daemon's one source of truth about what is cached, owned by the tier manager.
+//
+// Maps (namespace, block key) to an Entry: size, checksum, which tiers hold a copy, leases,
+// session pins, the parent in its chain, its children (links for read-ahead) and, per tier, the
+// number of children that have a copy there. Entries live in fixed-size chunks addressed by a
+// 32-bit EntryId; the hash set stores only ids (4 bytes a slot) and hashes through the entry, so
+// a key is stored once. See docs/BENCHMARKS.md for the measured bytes per entry.
+//
+// Per tier it tracks which entries are *eviction candidates*: entries with a copy in the tier and
+// no child with a copy in it (for disk: no child cached anywhere, and no session pin). Removing a
+// candidate never strands a cached descendant, so any eviction order that picks only candidates
+// evicts tail first by construction. The index reports every change of candidacy, and every use
+// of a candidate, to its CandidateObserver (tiers/eviction_pools.h), which keeps the eviction
+// orders; the per-tier `order_*` fields of an entry belong to the order that holds it.
+//
+// Thread safety: none. The tier manager serializes all access under its mutex.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <kvpool/block_key.h>
+#include <kvpool/tier.h>
+
+#include "absl/container/flat_hash_set.h"
+#include "common/namespace_id.h"
+
+namespace kvpool::tiers {
+
+using EntryId = uint32_t;
+inline constexpr EntryId kNoEntry = UINT32_MAX;
+
+// The tiers an entry can have a copy in (remote copies are the cluster's business), each with a
+// slot in the per-tier arrays of an Entry.
+inline constexpr int kStoredTiers = 3;
+inline constexpr std::array<Tier, kStoredTiers> kStoredTierList{Tier::kGpu, Tier::kHost,
+                                                                Tier::kDisk};
+inline constexpr bool IsStoredTier(Tier t) {
+  return t == Tier::kGpu || t == Tier::kHost || t == Tier::kDisk;
+}
+inline constexpr int TierSlot(Tier t) { return static_cast<int>(t) - 1; }
+inline constexpr uint8_t TierBit(Tier t) { return static_cast<uint8_t>(1u << TierSlot(t)); }
+
+struct Entry {
+  BlockKey key;
+  NamespaceId ns = 0;
+  uint32_t size = 0;               // payload bytes (a block is at most 64 MiB)
+  uint64_t checksum = 0;           // xxh3-64 of the payload
+  uint64_t host_offset = 0;        // arena offset of the host copy, when kHost is in `tiers`
+  EntryId parent = kNoEntry;       // previous block of the chain, when it is cached
+  uint32_t leases = 0;             // readers holding the host copy; never evicted while > 0
+  uint32_t pins = 0;               // sessions that pin this block on disk
+  uint32_t last_use_s = 0;         // coarse clock, seconds since the daemon started
+  uint32_t hits = 0;               // gets served (saturating)
+  uint32_t child_links = 0;        // live entries whose parent is this one (with copies or not)
+  EntryId first_child = kNoEntry;  // the children: first_child, then each one's next_sibling
+  EntryId next_sibling = kNoEntry;
+  std::array<uint32_t, kStoredTiers> children{};  // children with a copy in each tier
+  // Owned by the eviction order holding this entry as a candidate of each tier.
+  std::array<EntryId, kStoredTiers> order_prev{kNoEntry, kNoEntry, kNoEntry};
+  std::array<EntryId, kStoredTiers> order_next{kNoEntry, kNoEntry, kNoEntry};
+  std::array<uint32_t, kStoredTiers> order_word{};
+  uint8_t tiers = 0;      // TierBit set
+  uint8_t candidate = 0;  // TierBit set: the tiers this entry is an eviction candidate of
+  uint8_t busy = 0;       // kBusy* flags: an I/O on this entry is in flight
+  uint8_t flags = 0;      // kFlag* bits
+  bool live = false;      // slot in use (false on the free list)
+
+  bool In(Tier t) const { return tiers & TierBit(t); }
+  bool CandidateOf(Tier t) const { return candidate & TierBit(t); }
+  uint32_t cached_children() const {
+    uint32_t n = 0;
+    for (uint32_t c : children) n += c;
+    return n;
+  }
+};
+
+inline constexpr uint8_t kBusyPromoting = 1;   // being read from disk into host
+inline constexpr uint8_t kBusyDemoting = 2;    // being written from host to disk
+inline constexpr uint8_t kBusyReading = 4;     // read straight from disk by a get
+inline constexpr uint8_t kFlagPrefetched = 1;  // promoted ahead of a get that has not come yet
+
+// Told of every change of candidacy (see above) and of every use of a candidate.
+class CandidateObserver {
+ public:
+  virtual ~CandidateObserver() = default;
+  // `id` became a candidate of `tier`. `after_child`: because its last child with a copy there
+  // left (it was used together with that child).
+  virtual void OnCandidate(EntryId id, Tier tier, bool after_child) = 0;
+  // `id` stopped being a candidate of `tier` (lost its copy, gained a child there, was pinned).
+  virtual void OnNotCandidate(EntryId id, Tier tier) = 0;
+  // A candidate of `tier` was used (looked up, read, put again).
+  virtual void OnUse(EntryId id, Tier tier) = 0;
+};
+
+class BlockIndex {
+ public:
+  BlockIndex();
+
+  // Where candidacy changes go; set before the first AddCopy and kept for the index's life.
+  void SetObserver(CandidateObserver* observer) { observer_ = observer; }
+
+  // The entry for (ns, key), or kNoEntry.
+  EntryId Find(NamespaceId ns, const BlockKey& key) const;
+  // Inserts a new, copy-less entry; the key must be absent.
+  EntryId Insert(NamespaceId ns, const BlockKey& key);
+  // Removes an entry that has no copies, leases, pins, cached children or I/O in flight.
+  // An entry that lost its last copy but still has cached children stays as a copy-less
+  // "ghost" (a miss for lookups) until they go; see CanErase.
+  void Erase(EntryId id);
+  bool CanErase(EntryId id) const;
+
+  Entry& at(EntryId id) { return Chunk(id)[id % kChunkEntries]; }
+  const Entry& at(EntryId id) const { return Chunk(id)[id % kChunkEntries]; }
+  size_t size() const { return set_.size(); }
+  // Bytes held by the index: entry chunks plus the hash set's slots.
+  size_t MemoryBytes() const;
+
+  // Adds or removes a copy in `tier`, keeping the parent's child counts and every affected
+  // LRU list right.
+  void AddCopy(EntryId id, Tier tier);
+  void RemoveCopy(EntryId id, Tier tier);
+  // Links `id` under `parent` (same namespace). Must be called before the first AddCopy.
+  void SetParent(EntryId id, EntryId parent);
+  void Pin(EntryId id);
+  void Unpin(EntryId id);
+  // Marks use: stamps the entry and tells the observer for each tier it is a candidate of.
+  void Touch(EntryId id, uint32_t now_s);
+
+  size_t CandidateCount(Tier tier) const { return candidates_[TierSlot(tier)]; }
+  // Calls fn(child) for each live entry whose parent is `id`.
+  template <typename Fn>
+  void ForEachChild(EntryId id, Fn fn) const {
+    for (EntryId c = at(id).first_child; c != kNoEntry; c = at(c).next_sibling) fn(c);
+  }
+
+  // Calls fn(id) for every live entry of namespace `ns` (kNoNamespace: every entry).
+  template <typename Fn>
+  void ForEach(NamespaceId ns, Fn fn) const {
+    for (EntryId id : set_) {
+      if (ns == kNoNamespace || at(id).ns == ns) fn(id);
+    }
+  }
+
+ private:
+  static constexpr uint32_t kChunkEntries = 1u << 16;
+
+  struct Probe {
+    NamespaceId ns;
+    const BlockKey* key;
+  };
+  struct Hash {
+    using is_transparent = void;
+    const BlockIndex* index;
+    size_t operator()(EntryId id) const;
+    size_t operator()(const Probe& p) const;
+  };
+  struct Eq {
+    using is_transparent = void;
+    const BlockIndex* index;
+    bool operator()(EntryId a, EntryId b) const { return a == b; }
+    bool operator()(EntryId a, const Probe& p) const;
+    bool operator()(const Probe& p, EntryId a) const { return (*this)(a, p); }
+  };
+
+  Entry* Chunk(EntryId id) const { return chunks_[id / kChunkEntries].get(); }
+  // True when `e` should be a candidate of `tier`.
+  bool ShouldBeCandidate(const Entry& e, Tier tier) const;
+  // Makes `id`'s candidacy of `tier` what ShouldBeCandidate says, telling the observer.
+  void Refresh(EntryId id, Tier tier, bool after_child);
+  void RefreshAll(EntryId id, bool after_child);
+
+  std::vector<std::unique_ptr<Entry[]>> chunks_;
+  std::vector<EntryId> free_ids_;
+  EntryId next_id_ = 0;
+  absl::flat_hash_set<EntryId, Hash, Eq> set_;
+  std::array<size_t, kStoredTiers> candidates_{};
+  CandidateObserver* observer_ = nullptr;
+};
+
+}  // namespace kvpool::tiers
