@@ -1,0 +1,308 @@
+#include "daemon/namespaces_file.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "daemon/namespace_registry.h"
+
+namespace kvpool::daemon {
+namespace {
+
+constexpr const char* kKnownPolicyKeys = "eviction, write, admission, read_ahead";
+
+std::string TypeName(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "nothing";
+    case YAML::NodeType::Scalar:
+      return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    default:
+      return "an undefined value";
+  }
+}
+
+// Keys for settings that belong to a later issue: refused with a clear line, never ignored.
+bool NotSupportedYet(const std::string& key) {
+  return key.find("quota") != std::string::npos || key.find("capacit") != std::string::npos ||
+         key == "encoding" || key == "max_blocks" || key == "max_bytes";
+}
+
+// Collects error lines "PATH:LINE: what" while walking the document.
+class Parser {
+ public:
+  Parser(const std::string& path, const PolicyNames& base) : path_(path), base_(base) {}
+
+  void Error(const YAML::Mark& mark, const std::string& what) {
+    if (mark.is_null()) {
+      errors_.push_back(path_ + ": " + what);
+    } else {
+      errors_.push_back(path_ + ":" + std::to_string(mark.line + 1) + ": " + what);
+    }
+  }
+
+  bool failed() const { return !errors_.empty(); }
+
+  Status ErrorStatus() const {
+    std::string joined;
+    for (const std::string& e : errors_) joined += (joined.empty() ? "" : "\n") + e;
+    return Status::InvalidArgument(std::move(joined));
+  }
+
+  // One composition: `what` names it in messages ("default", "namespace 'tenant-a'").
+  PolicyNames ParsePolicy(const YAML::Node& node, const std::string& what) {
+    PolicyNames names;
+    if (node.IsNull()) return names;  // "scratch:" alone: everything from the default
+    if (!node.IsMap()) {
+      Error(node.Mark(),
+            what + ": expected a mapping of " + kKnownPolicyKeys + ", got " + TypeName(node));
+      return names;
+    }
+    std::map<std::string, int> seen;
+    for (const auto& kv : node) {
+      const YAML::Node key = kv.first;
+      const YAML::Node value = kv.second;
+      if (!key.IsScalar()) {
+        Error(key.Mark(), what + ": expected a key (" + std::string(kKnownPolicyKeys) + "), got " +
+                              TypeName(key));
+        continue;
+      }
+      const std::string k = key.Scalar();
+      if (auto [first, inserted] = seen.emplace(k, key.Mark().line + 1); !inserted) {
+        Error(key.Mark(), what + ": '" + k + "' given twice (first on line " +
+                              std::to_string(first->second) + ")");
+        continue;
+      }
+      std::string* field = nullptr;
+      if (k == "eviction") field = &names.eviction;
+      if (k == "write") field = &names.write;
+      if (k == "admission") field = &names.admission;
+      if (k == "read_ahead") field = &names.read_ahead;
+      if (field == nullptr) {
+        if (NotSupportedYet(k)) {
+          Error(key.Mark(), what + ": '" + k +
+                                "' is not supported yet (per-namespace quotas, capacities and "
+                                "encodings come later); remove it");
+        } else if (k == "read-ahead" || k == "readahead") {
+          Error(key.Mark(), what + ": unknown key '" + k + "' (did you mean 'read_ahead'?)");
+        } else {
+          Error(key.Mark(), what + ": unknown key '" + k + "' (known: " + kKnownPolicyKeys + ")");
+        }
+        continue;
+      }
+      if (!value.IsScalar() || value.Scalar().empty()) {
+        Error(value.IsNull() ? key.Mark() : value.Mark(),
+              what + ": " + k + " must be a strategy name, got " + TypeName(value));
+        continue;
+      }
+      // Each name on its own, so that every bad one gets its line; the combination is checked
+      // once all are known.
+      PolicyNames one;
+      std::string* one_field = k == "eviction"    ? &one.eviction
+                               : k == "write"     ? &one.write
+                               : k == "admission" ? &one.admission
+                                                  : &one.read_ahead;
+      *one_field = value.Scalar();
+      Result<tiers::NamespacePolicy> checked =
+          tiers::ComposePolicy(one.eviction, one.write, one.admission, one.read_ahead);
+      if (!checked.ok()) {
+        Error(value.Mark(), what + ": " + checked.status().message());
+        continue;
+      }
+      *field = value.Scalar();
+    }
+    return names;
+  }
+
+  Result<NamespacesConfig> Parse(std::string_view yaml) {
+    NamespacesConfig config;
+    config.path = path_;
+    config.exists = true;
+    YAML::Node root;
+    try {
+      root = YAML::Load(std::string(yaml));
+    } catch (const YAML::ParserException& e) {
+      Error(e.mark, "YAML syntax error: " + e.msg);
+      return ErrorStatus();
+    } catch (const YAML::Exception& e) {
+      Error(e.mark, "cannot read YAML: " + e.msg);
+      return ErrorStatus();
+    }
+    try {
+      Walk(root, &config);
+    } catch (const YAML::Exception& e) {  // not expected: every access is type-checked
+      Error(e.mark, "cannot read YAML: " + e.msg);
+    }
+    if (failed()) return ErrorStatus();
+    return config;
+  }
+
+ private:
+  void Walk(const YAML::Node& root, NamespacesConfig* config) {
+    struct Pending {
+      std::string name;
+      YAML::Mark mark;
+      PolicyNames names;
+    };
+    std::vector<Pending> pending;
+    YAML::Mark default_mark = YAML::Mark::null_mark();
+    bool default_ok = true;
+    if (!root.IsNull()) {
+      if (!root.IsMap()) {
+        Error(root.Mark(),
+              "expected a mapping with 'default' and 'namespaces', got " + TypeName(root));
+        return;
+      }
+      std::map<std::string, int> seen;
+      for (const auto& kv : root) {
+        const YAML::Node key = kv.first;
+        const YAML::Node value = kv.second;
+        const std::string k = key.IsScalar() ? key.Scalar() : "";
+        if (k != "default" && k != "namespaces") {
+          if (!key.IsScalar()) {
+            Error(key.Mark(), "expected 'default' or 'namespaces', got " + TypeName(key));
+          } else if (NotSupportedYet(k)) {
+            Error(key.Mark(), "'" + k +
+                                  "' is not supported yet (per-namespace quotas, capacities and "
+                                  "encodings come later); remove it");
+          } else {
+            Error(key.Mark(), "unknown key '" + k + "' (known: default, namespaces)");
+          }
+          continue;
+        }
+        if (auto [first, inserted] = seen.emplace(k, key.Mark().line + 1); !inserted) {
+          Error(key.Mark(),
+                "'" + k + "' given twice (first on line " + std::to_string(first->second) + ")");
+          continue;
+        }
+        if (k == "default") {
+          const size_t before = errors_.size();
+          config->has_default = true;
+          default_mark = key.Mark();
+          config->default_names = ParsePolicy(value, "default");
+          default_ok = errors_.size() == before;
+          continue;
+        }
+        // namespaces
+        if (value.IsNull()) continue;
+        if (!value.IsMap()) {
+          Error(value.Mark(),
+                "namespaces: expected a mapping of namespace names to their "
+                "strategies, got " +
+                    TypeName(value));
+          continue;
+        }
+        std::map<std::string, int> names_seen;
+        for (const auto& ns : value) {
+          const YAML::Node name_node = ns.first;
+          if (!name_node.IsScalar()) {
+            Error(name_node.Mark(),
+                  "namespaces: expected a namespace name, got " + TypeName(name_node));
+            continue;
+          }
+          const std::string name = name_node.Scalar();
+          const std::string what = "namespace '" + name + "'";
+          if (Status st = NamespaceRegistry::ValidateName(name); !st.ok()) {
+            Error(name_node.Mark(), st.message().find(name) == std::string::npos || name.empty()
+                                        ? what + ": " + st.message()
+                                        : st.message());
+            continue;
+          }
+          if (auto [first, inserted] = names_seen.emplace(name, name_node.Mark().line + 1);
+              !inserted) {
+            Error(name_node.Mark(),
+                  what + " given twice (first on line " + std::to_string(first->second) + ")");
+            continue;
+          }
+          pending.push_back({name, name_node.Mark(), ParsePolicy(ns.second, what)});
+        }
+      }
+    }
+
+    // The compositions. A namespace lies over the default; its eviction order, when it names
+    // none, is the default pool's (empty), so that it shares that pool.
+    config->default_names = config->default_names.Over(base_);
+    const PolicyNames& d = config->default_names;
+    Result<tiers::NamespacePolicy> def =
+        tiers::ComposePolicy(d.eviction, d.write, d.admission, d.read_ahead);
+    if (!def.ok()) {
+      if (default_ok) {
+        Error(default_mark, std::string(config->has_default ? "default" : "the default") + ": " +
+                                def.status().message());
+      }
+      return;  // every namespace would repeat it
+    }
+    config->default_policy = std::move(*def);
+    // Named, so that what it reports is what runs (the tier manager's default order is lru).
+    if (config->default_policy.eviction.empty()) config->default_policy.eviction = "lru";
+    PolicyNames inherit = d;
+    inherit.eviction.clear();
+    for (Pending& p : pending) {
+      const PolicyNames n = p.names.Over(inherit);
+      Result<tiers::NamespacePolicy> policy =
+          tiers::ComposePolicy(n.eviction, n.write, n.admission, n.read_ahead);
+      if (!policy.ok()) {
+        // Only combinations fail here: each name was checked on its own.
+        Error(p.mark, "namespace '" + p.name + "': " + policy.status().message());
+        continue;
+      }
+      config->namespaces.push_back(
+          {std::move(p.name), p.mark.line + 1, std::move(p.names), std::move(*policy)});
+    }
+  }
+
+  const std::string& path_;
+  const PolicyNames& base_;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace
+
+PolicyNames PolicyNames::Over(const PolicyNames& under) const {
+  PolicyNames n = *this;
+  if (n.eviction.empty()) n.eviction = under.eviction;
+  if (n.write.empty()) n.write = under.write;
+  if (n.admission.empty()) n.admission = under.admission;
+  if (n.read_ahead.empty()) n.read_ahead = under.read_ahead;
+  return n;
+}
+
+Result<NamespacesConfig> ParseNamespacesConfig(std::string_view yaml, const std::string& path,
+                                               const PolicyNames& base) {
+  return Parser(path, base).Parse(yaml);
+}
+
+Result<NamespacesConfig> LoadNamespacesFile(const std::string& path, bool must_exist,
+                                            const PolicyNames& base) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return Status::IoError(path + ": is a directory, not a namespaces file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    if (err == ENOENT && !must_exist) {
+      // No file: the defaults (and the flags) alone.
+      Result<NamespacesConfig> empty = ParseNamespacesConfig("", path, base);
+      if (empty.ok()) empty->exists = false;
+      return empty;
+    }
+    if (err == ENOENT) return Status::NotFound(path + ": no such namespaces file");
+    return Status::IoError(path + ": cannot read the namespaces file: " + std::strerror(err));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::IoError(path + ": cannot read the namespaces file");
+  return ParseNamespacesConfig(text.str(), path, base);
+}
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,74 @@
+#pragma once
+// The namespaces file (kvpoold --namespaces_file, default /etc/kvpool/namespaces.yaml): which
+// strategies (tiers/policy.h) each namespace runs with, read at start and again on SIGHUP.
+//
+//   default: {eviction: lru, write: write-back, admission: all, read_ahead: chain-2}
+//   namespaces:
+//     tenant-a: {eviction: s3fifo, admission: after-2-hits}
+//     scratch:  {admission: none}
+//
+// Both sections are optional, and so is every key: a key the default omits keeps the built-in
+// default (or the --write_policy flag, see daemon/namespace_policies.h); a key a namespace omits
+// takes the file's default (its eviction order: the default pool's). The keys are eviction,
+// write, admission and read_ahead; a key for something the daemon cannot configure per
+// namespace yet (quotas, capacities, encoding on demotion) is an error, never silently ignored.
+//
+// Parsing validates everything and reports every problem found, one line each as
+// "PATH:LINE: what", in file order: YAML syntax, unknown keys, values of the wrong type,
+// namespace names the registry would refuse (NamespaceRegistry::ValidateName), unknown strategy
+// names (with the known ones), compositions that contradict themselves (write-through into a
+// disk that admits nothing). yaml-cpp's exceptions stop here.
+//
+// Thread safety: stateless functions, callable from any thread.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "tiers/policy.h"
+
+namespace kvpool::daemon {
+
+// Strategy names of one composition as written; empty: not given here.
+struct PolicyNames {
+  std::string eviction;
+  std::string write;
+  std::string admission;
+  std::string read_ahead;
+
+  // This, with what it leaves empty taken from `under`.
+  PolicyNames Over(const PolicyNames& under) const;
+  bool operator==(const PolicyNames&) const = default;
+};
+
+// A parsed and validated namespaces file.
+struct NamespacesConfig {
+  struct Namespace {
+    std::string name;
+    int line = 0;
+    PolicyNames names;              // as written in the file
+    tiers::NamespacePolicy policy;  // composed over the default
+  };
+
+  std::string path;           // as given: the messages' prefix and the policies' source
+  bool exists = false;        // false: an optional file that is not there
+  bool has_default = false;   // the file has a `default:` section
+  PolicyNames default_names;  // the file's default over the base it was parsed with
+  tiers::NamespacePolicy default_policy;
+  std::vector<Namespace> namespaces;  // in file order, names unique
+};
+
+// Parses `yaml`, reporting errors under `path`. `base`: what the file's default section lies
+// over (the flags' write policy, or nothing). InvalidArgument whose message is every error,
+// one "PATH:LINE: what" line each, joined by '\n'.
+Result<NamespacesConfig> ParseNamespacesConfig(std::string_view yaml, const std::string& path,
+                                               const PolicyNames& base = {});
+
+// Reads and parses the file at `path`. A file that does not exist is an empty configuration
+// (exists = false) unless `must_exist`, then NotFound; IoError when it cannot be read; else as
+// ParseNamespacesConfig.
+Result<NamespacesConfig> LoadNamespacesFile(const std::string& path, bool must_exist,
+                                            const PolicyNames& base = {});
+
+}  // namespace kvpool::daemon
