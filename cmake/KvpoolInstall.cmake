@@ -1,6 +1,7 @@
 # Install rules: what `cmake --install build [--prefix P]` and the Debian packages
 # (cmake/KvpoolPackaging.cmake) put in place, in three components:
-#   daemon   kvpoold, the kvpool CLI, the systemd unit, the sample flag file, the README
+#   daemon   kvpoold, the kvpool CLI, the systemd unit, the sample flag file, the README and
+#            the example namespaces file
 #   runtime  libkvpool.so.0 (the C++ client, the C API and the KV kernels in one library)
 #   dev      the headers, the libkvpool.so link, the CMake package (find_package(kvpool CONFIG):
 #            kvpool::client, kvpool::kernels) and kvpool.pc (pkg-config)
@@ -83,6 +84,10 @@ if(TARGET kvpoold)
   endif()
   install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR}
     COMPONENT daemon)
+  # The commented namespaces file: copied to /etc/kvpool/namespaces.yaml by whoever wants one (the
+  # daemon runs the defaults without it), so it is documentation, not a conffile.
+  install(FILES ${PROJECT_SOURCE_DIR}/examples/namespaces.yaml
+    DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT daemon)
   set(_kvpool_daemon_code "${_kvpool_install_code}")
   string(APPEND _kvpool_daemon_code [[
   configure_file("@PROJECT_SOURCE_DIR@/systemd/kvpoold.service.in"

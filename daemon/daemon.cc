@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "daemon/cluster/membership.h"
 #include "daemon/cluster_node.h"
 #include "daemon/metrics_http.h"
+#include "daemon/namespace_policies.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/session_store.h"
 #include "tiers/disk_tier.h"
@@ -77,7 +79,23 @@ class DaemonImpl final : public Daemon {
     to.disk_capacity_bytes = options_.disk_capacity_bytes;
     to.promotion_threads = options_.promotion_threads;
     tiers_ = std::make_unique<tiers::TierManager>(to, *host_, *disk_, *store_);
-    KVPOOL_RETURN_IF_ERROR(ConfigurePolicies());
+    NamespacePoliciesOptions po;
+    po.write_policy = options_.write_policy;
+    po.namespace_policies = options_.namespace_policies;
+    po.namespaces_file = options_.namespaces_file;
+    po.namespaces_file_required = options_.namespaces_file_required;
+    policies_ = std::make_unique<NamespacePolicies>(std::move(po), *tiers_, *namespaces_);
+    if (Status st = policies_->Configure(); !st.ok()) {
+      if (st.code() != StatusCode::kInvalidArgument || options_.namespaces_file.empty() ||
+          st.message().rfind(options_.namespaces_file + ":", 0) != 0) {
+        return st;
+      }
+      // The file's problems, one line each, below a line of their own.
+      const size_t n = std::count(st.message().begin(), st.message().end(), '\n') + 1;
+      return Status::InvalidArgument("invalid namespaces file " + options_.namespaces_file +
+                                     " (" + std::to_string(n) + (n == 1 ? " error" : " errors") +
+                                     "):\n" + st.message());
+    }
     KVPOOL_RETURN_IF_ERROR(tiers_->Recover());
 
     if (options_.ucx) {
@@ -146,6 +164,7 @@ class DaemonImpl final : public Daemon {
     ucx_.reset();  // ends in-flight UCX sends (their leases are released) before the tiers stop
     if (tiers_) tiers_->Shutdown();
     service_.reset();
+    policies_.reset();
     tiers_.reset();
     sessions_.reset();
     disk_.reset();
@@ -177,6 +196,11 @@ class DaemonImpl final : public Daemon {
     }
     if (!metrics_address().empty()) s << "\n  metrics: http://" << metrics_address() << "/metrics";
     return s.str();
+  }
+
+  Status ReloadNamespaces() override {
+    if (policies_ == nullptr) return Status::FailedPrecondition("the daemon is stopped");
+    return policies_->Reload();
   }
 
  private:
@@ -221,39 +245,15 @@ class DaemonImpl final : public Daemon {
     return Status::OK();
   }
 
-  Status ConfigurePolicies() {
-    KVPOOL_ASSIGN_OR_RETURN(auto default_write, tiers::CreateWritePolicy(options_.write_policy));
-    std::string_view rest = options_.namespace_policies;
-    // The default applies to namespaces not listed; listed ones are resolved (created) now.
-    default_write_ = default_write;
-    while (!rest.empty()) {
-      const size_t comma = rest.find(',');
-      std::string_view item = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-      const size_t eq = item.find('=');
-      if (eq == std::string_view::npos) {
-        return Status::InvalidArgument("--namespace-policy item '" + std::string(item) +
-                                       "' is not NS=POLICY");
-      }
-      KVPOOL_ASSIGN_OR_RETURN(NamespaceId ns, namespaces_->Resolve(item.substr(0, eq)));
-      KVPOOL_ASSIGN_OR_RETURN(tiers::NamespacePolicy policy,
-                              tiers::ComposePolicy("", item.substr(eq + 1), "", ""));
-      KVPOOL_RETURN_IF_ERROR(tiers_->SetNamespacePolicy(ns, std::move(policy)));
-    }
-    tiers::NamespacePolicy def = tiers::DefaultNamespacePolicy();
-    def.write = default_write_;
-    return tiers_->SetDefaultPolicy(std::move(def));
-  }
-
   DaemonOptions options_;
   std::string node_id_;
-  std::shared_ptr<const tiers::WritePolicy> default_write_;
   Metrics metrics_;
   std::unique_ptr<tiers::RocksStore> store_;
   std::unique_ptr<NamespaceRegistry> namespaces_;
   std::unique_ptr<tiers::HostTier> host_;
   std::unique_ptr<tiers::DiskTier> disk_;
   std::unique_ptr<tiers::TierManager> tiers_;
+  std::unique_ptr<NamespacePolicies> policies_;
   std::unique_ptr<transport::UcxEngine> ucx_;
   std::unique_ptr<SessionStore> sessions_;
   std::unique_ptr<BlockService> service_;

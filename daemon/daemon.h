@@ -1,7 +1,8 @@
 #pragma once
 // Daemon: kvpoold assembled from its parts, in start order: RocksDB store, namespace registry and
 // node identity, host and disk tiers, the tier manager (index rebuilt from disk), sessions
-// re-pinned, request handling, the control server, and the optional /metrics endpoint.
+// re-pinned, request handling, the control server, and the optional /metrics endpoint. The
+// namespaces' strategies come from the flags and the namespaces file, applied before recovery.
 // Stop() reverses it: stop accepting, flush what must be flushed, close RocksDB.
 //
 // Thread safety: Start and Stop from one thread.
@@ -39,6 +40,13 @@ struct DaemonOptions {
   std::string write_policy = "write-back";
   // Per-namespace write policies, "NS=POLICY[,NS=POLICY...]". Default: none.
   std::string namespace_policies;
+  // The namespaces file (daemon/namespaces_file.h): each namespace's strategies, over the two
+  // flags above (daemon/namespace_policies.h says how they combine); re-read by
+  // ReloadNamespaces. Default: none (kvpoold's --namespaces_file: /etc/kvpool/namespaces.yaml).
+  std::string namespaces_file;
+  // Whether a missing namespaces_file stops the start (given explicitly) or means the defaults
+  // (the default path). Default: false.
+  bool namespaces_file_required = false;
   int io_threads = 2;
   int worker_threads = 8;
   int promotion_threads = 2;
@@ -81,6 +89,10 @@ class Daemon {
   virtual std::string node_id() const = 0;
   // One line per listener and tier, for the startup banner.
   virtual std::string Describe() const = 0;
+  // Re-reads the namespaces file and applies it (SIGHUP); blocks stay. On any error the running
+  // configuration stays and the error lists every problem, one line each. Call from the thread
+  // that started the daemon.
+  virtual Status ReloadNamespaces() = 0;
 };
 
 }  // namespace kvpool::daemon

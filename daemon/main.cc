@@ -2,13 +2,15 @@
 //
 // Flags may also come from a flag file: `kvpoold --flagfile=/etc/kvpool/kvpoold.flags`.
 // SIGTERM or SIGINT stop it gracefully (host-only blocks are written to disk, RocksDB is closed);
-// under systemd it reports READY and pings the watchdog (Type=notify, WatchdogSec).
+// SIGHUP re-reads the namespaces file (an invalid one is logged and the running configuration
+// stays); under systemd it reports READY and pings the watchdog (Type=notify, WatchdogSec).
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -41,7 +43,13 @@ DEFINE_string(node_id, "",
 DEFINE_string(write_policy, "write-back",
               "When blocks reach disk: write-back (on demotion), write-through (at commit), "
               "write-through-after-N (after N hits).");
-DEFINE_string(namespace_policy, "", "Per-namespace write policies: NS=POLICY[,NS=POLICY...].");
+DEFINE_string(namespace_policy, "",
+              "Per-namespace write policies: NS=POLICY[,NS=POLICY...]. A namespace the "
+              "namespaces file names is configured by the file alone.");
+DEFINE_string(namespaces_file, "/etc/kvpool/namespaces.yaml",
+              "Each namespace's strategies (eviction, write, admission, read_ahead), YAML; "
+              "re-read on SIGHUP. Its default section wins over --write_policy. Missing at the "
+              "default path: the defaults; missing when given: an error. Empty: none.");
 DEFINE_int32(io_threads, 2, "Control-plane I/O threads.");
 DEFINE_int32(worker_threads, 8, "Request worker threads.");
 DEFINE_int32(promotion_threads, 2, "Threads promoting disk blocks to host.");
@@ -102,6 +110,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);  // not a stop: reloads the namespaces file
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -132,6 +141,8 @@ int main(int argc, char** argv) {
   o.node_id = FLAGS_node_id;
   o.write_policy = FLAGS_write_policy;
   o.namespace_policies = FLAGS_namespace_policy;
+  o.namespaces_file = FLAGS_namespaces_file;
+  o.namespaces_file_required = !gflags::GetCommandLineFlagInfoOrDie("namespaces_file").is_default;
   o.io_threads = FLAGS_io_threads;
   o.worker_threads = FLAGS_worker_threads;
   o.promotion_threads = FLAGS_promotion_threads;
@@ -176,6 +187,23 @@ int main(int argc, char** argv) {
   for (;;) {
     sig = sigtimedwait(&stop_signals, nullptr, &wait);
     if (sig == SIGTERM || sig == SIGINT) break;
+    if (sig == SIGHUP) {
+      sd_notify(0, "RELOADING=1");
+      LOG(INFO) << "received SIGHUP, reloading the namespaces file";
+      const kvpool::Status st = (*daemon)->ReloadNamespaces();
+      if (!st.ok()) {
+        // One log line per problem, as at start; what ran before keeps running.
+        LOG(ERROR) << "namespaces file not reloaded, the running configuration stays ("
+                   << kvpool::StatusCodeName(st.code()) << "):";
+        size_t begin = 0;
+        while (begin <= st.message().size()) {
+          const size_t end = std::min(st.message().find('\n', begin), st.message().size());
+          LOG(ERROR) << st.message().substr(begin, end - begin);
+          begin = end + 1;
+        }
+      }
+      sd_notify(0, "READY=1");
+    }
     if (watchdog) sd_notify(0, "WATCHDOG=1");
   }
   LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", stopping";

@@ -17,7 +17,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libboost-dev libboost-system-dev libgflags-dev libgoogle-glog-dev librocksdb-dev
   libprotobuf-dev protobuf-compiler libssl-dev libxxhash-dev libabsl-dev nlohmann-json3-dev
-  libsystemd-dev libgtest-dev libbenchmark-dev
+  libsystemd-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev
   libucx-dev ucx-utils libhiredis-dev redis-server etcd-server
   python3 python3-matplotlib python3-venv python3-dev python3-pip
 )
