@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/threads.h"
 #include "common/units.h"
 
@@ -25,15 +26,15 @@ TierManager::TierManager(const TierManagerOptions& options, HostTier& host, Disk
       host_(host),
       disk_(disk),
       store_(store),
-      start_(std::chrono::steady_clock::now()),
+      clock_(options.clock != nullptr ? *options.clock : RealClock()),
+      start_(clock_.Now()),
       default_policy_(DefaultNamespacePolicy()) {}
 
 TierManager::~TierManager() { Shutdown(); }
 
 uint32_t TierManager::NowSeconds() const {
   return static_cast<uint32_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start_)
-          .count());
+      std::chrono::duration_cast<std::chrono::seconds>(clock_.Now() - start_).count());
 }
 
 Status TierManager::SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy) {
@@ -499,8 +500,10 @@ void TierManager::PrefetcherLoop() {
 void TierManager::FlusherLoop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    flusher_.WaitWithTimeout(&mu_, absl::Milliseconds(200));
+    clock_.WaitFor(flusher_, mu_, std::chrono::milliseconds(200));
     if (stopping_) break;
+    ++flusher_rounds_;
+    changed_.SignalAll();  // WaitFlusherRoundForTest
     ExpireReservationsLocked();
     ExpireLeasesLocked();
     // Write-after-hits policy: copy hot host-only blocks down without dropping them.
@@ -569,8 +572,8 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
   std::vector<BlockRead> out(keys.size());
   absl::MutexLock lock(&mu_);
   const uint32_t now = NowSeconds();
-  const auto deadline = ttl.count() > 0 ? std::chrono::steady_clock::now() + ttl
-                                        : std::chrono::steady_clock::time_point::max();
+  const auto deadline =
+      ttl.count() > 0 ? clock_.Now() + ttl : std::chrono::steady_clock::time_point::max();
 
   auto lease = [&](size_t i, EntryId id, Tier from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Entry& e = index_.at(id);
@@ -754,7 +757,7 @@ void TierManager::ReleaseOwner(uint64_t owner) {
 }
 
 void TierManager::ExpireLeasesLocked() {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = clock_.Now();
   std::vector<uint64_t> expired;
   for (const auto& [id, l] : leases_) {
     if (l.deadline < now) expired.push_back(id);
@@ -816,7 +819,7 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
     r.ns = ns;
     r.item = item;
     r.slot = *slot;
-    r.deadline = std::chrono::steady_clock::now() + options_.reservation_timeout;
+    r.deadline = clock_.Now() + options_.reservation_timeout;
     reservations_.emplace(rid, r);
     reserved_keys_.emplace(KeyRef{ns, item.key}, rid);
     o.state = ReserveState::kReserved;
@@ -851,7 +854,7 @@ void TierManager::FreeReservationLocked(uint64_t rid) {
 }
 
 void TierManager::ExpireReservationsLocked() {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = clock_.Now();
   std::vector<uint64_t> expired;
   for (const auto& [rid, r] : reservations_) {
     if (r.deadline < now) expired.push_back(rid);
@@ -1163,6 +1166,13 @@ TierManagerStats TierManager::GetStats() const {
   s.blocks_not_admitted = blocks_not_admitted_;
   s.read_aheads = read_aheads_;
   return s;
+}
+
+void TierManager::WaitFlusherRoundForTest() {
+  absl::MutexLock lock(&mu_);
+  // A round that began after this call has ended once the counter moved twice.
+  const uint64_t target = flusher_rounds_ + 2;
+  while (flusher_rounds_ < target && !stopping_) changed_.Wait(&mu_);
 }
 
 void TierManager::WaitIdleForTest() {

@@ -36,6 +36,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "tiers/block_index.h"
 #include "tiers/disk_tier.h"
@@ -58,6 +59,9 @@ struct TierManagerOptions {
   std::chrono::milliseconds reservation_timeout{30000};
   // Bytes the flusher writes in one RocksDB batch. Default: 64 MiB.
   uint64_t demotion_batch_bytes = 64ull << 20;
+  // Time for leases, reservation expiry and the flusher's rounds; tests pass a ManualClock.
+  // Not owned; must outlive the manager. Default: RealClock().
+  Clock* clock = nullptr;
   // Write host-only blocks to disk at Shutdown (so a restart finds them). Default: true.
   bool flush_on_shutdown = true;
   // Bytes one Acquire may read straight from disk into memory when host cannot take the blocks;
@@ -240,6 +244,9 @@ class TierManager {
 
   // Test hook: waits until no promotion or demotion is in flight.
   void WaitIdleForTest();
+  // Test hook: waits until the flusher has run one whole round (expiring what is due on the
+  // clock) that began after this call.
+  void WaitFlusherRoundForTest();
 
  private:
   struct Reservation {
@@ -311,7 +318,8 @@ class TierManager {
   HostTier& host_;
   DiskTier& disk_;
   RocksStore& store_;
-  const std::chrono::steady_clock::time_point start_;
+  Clock& clock_;
+  const Clock::TimePoint start_;
 
   mutable absl::Mutex mu_;
   BlockIndex index_ ABSL_GUARDED_BY(mu_);
@@ -343,6 +351,7 @@ class TierManager {
   uint64_t blocks_not_admitted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t read_aheads_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t flusher_rounds_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ = false;
 
   std::vector<std::thread> threads_;

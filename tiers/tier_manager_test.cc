@@ -206,19 +206,19 @@ TEST_F(TierManagerTest, AbortOwnerReclaimsEverySlot) {
 }
 
 TEST_F(TierManagerTest, ExpiredReservationIsReclaimed) {
-  options_.reservation_timeout = std::chrono::milliseconds(1);
+  options_.clock = &clock_;
+  options_.reservation_timeout = std::chrono::seconds(30);
   Open();
   const uint64_t baseline = host_->allocated_bytes();
   const std::vector<uint8_t> bytes = BytesFor(KeyOf(1), 10000);
   const PutRequestItem item = ItemFor(KeyOf(1), bytes);
   auto r = manager_->Reserve(kNs, 1, {&item, 1});
   ASSERT_EQ(r[0].state, ReserveState::kReserved);
-  // The flusher reclaims it on one of its rounds; wait for that (bounded, generously).
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (manager_->GetStats().reservations_active != 0 &&
-         std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  clock_.Advance(std::chrono::seconds(29));
+  manager_->WaitFlusherRoundForTest();
+  EXPECT_EQ(manager_->GetStats().reservations_active, 1u) << "not due yet";
+  clock_.Advance(std::chrono::seconds(2));
+  manager_->WaitFlusherRoundForTest();
   EXPECT_EQ(manager_->GetStats().reservations_active, 0u);
   EXPECT_EQ(manager_->Commit(1, r[0].reservation_id).code(), StatusCode::kNotFound);
   EXPECT_EQ(host_->allocated_bytes(), baseline);
@@ -228,7 +228,8 @@ TEST_F(TierManagerTest, ExpiredReservationIsReclaimed) {
 TEST_F(TierManagerTest, ReservationBeingFilledDoesNotExpire) {
   // A slow client's payload may still be streaming into the slot: freeing it on expiry would
   // let another block take those pages and be overwritten.
-  options_.reservation_timeout = std::chrono::milliseconds(1);
+  options_.clock = &clock_;
+  options_.reservation_timeout = std::chrono::seconds(30);
   Open();
   const BlockKey key = KeyOf(1);
   const std::vector<uint8_t> bytes = BytesFor(key, 10000);
@@ -238,14 +239,37 @@ TEST_F(TierManagerTest, ReservationBeingFilledDoesNotExpire) {
   Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
   ASSERT_TRUE(t.ok());
   std::memcpy(t->data, bytes.data(), bytes.size() / 2);
-  // Several flusher rounds (each expires what is due) pass while the "client" stalls.
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  // An hour passes, flusher rounds (each expires what is due) run, while the "client" stalls.
+  clock_.Advance(std::chrono::hours(1));
+  manager_->WaitFlusherRoundForTest();
   EXPECT_EQ(manager_->GetStats().reservations_active, 1u);
   std::memcpy(t->data + bytes.size() / 2, bytes.data() + bytes.size() / 2,
               bytes.size() - bytes.size() / 2);
   ASSERT_TRUE(manager_->Commit(1, r[0].reservation_id).ok());
   expected_[{kNs, key}] = bytes;
   ExpectServed(key);
+}
+
+TEST_F(TierManagerTest, UnreleasedLeaseEndsWhenItsTtlPassesOnTheClock) {
+  options_.clock = &clock_;
+  Open();
+  const std::vector<BlockKey> chain = PutChain(1, {64 * kKiB});
+  std::vector<BlockRead> reads =
+      manager_->Acquire(kNs, chain, /*owner=*/7, std::chrono::seconds(10));
+  ASSERT_TRUE(reads[0].status.ok());
+  EXPECT_EQ(manager_->GetStats().leases_active, 1u);
+  clock_.Advance(std::chrono::seconds(9));
+  manager_->WaitFlusherRoundForTest();
+  EXPECT_EQ(manager_->GetStats().leases_active, 1u) << "not due yet";
+  // A leased block is never evicted...
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kDisk, chain).evicted, 0u);
+  clock_.Advance(std::chrono::seconds(2));
+  manager_->WaitFlusherRoundForTest();
+  EXPECT_EQ(manager_->GetStats().leases_active, 0u);
+  // ... and once its lease ended by itself, it can go.
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kDisk, chain).evicted, 1u);
+  // The client's late release of an expired lease is harmless.
+  manager_->ReleaseLeases(7, {&reads[0].lease_id, 1});
 }
 
 TEST_F(TierManagerTest, HostOverflowDemotesTailFirstAndServesIdenticalBytes) {

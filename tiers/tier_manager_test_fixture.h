@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 
 namespace kvpool::tiers {
 
@@ -194,6 +195,7 @@ class TierManagerTest : public ::testing::Test {
   }
 
   std::string dir_;
+  ManualClock clock_;  // tests that move time set options_.clock = &clock_
   TierManagerOptions options_;
   std::unique_ptr<RocksStore> store_;
   std::unique_ptr<DiskTier> disk_;
