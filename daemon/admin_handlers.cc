@@ -1,0 +1,160 @@
+#include "daemon/admin_handlers.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "control.pb.h"
+#include "daemon/request_codec.h"
+
+namespace kvpool::daemon {
+
+using transport::Response;
+
+AdminHandlers::AdminHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
+                             SessionStore& sessions, Metrics& metrics, const ClusterRef& cluster)
+    : options_(options),
+      tiers_(tiers),
+      sessions_(sessions),
+      metrics_(metrics),
+      cluster_(cluster),
+      started_(std::chrono::steady_clock::now()) {}
+
+uint64_t AdminHandlers::UptimeSeconds() const {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
+          .count());
+}
+
+void AdminHandlers::SetConnectionGauge(std::function<uint64_t()> gauge) {
+  absl::MutexLock lock(&mu_);
+  connections_ = std::move(gauge);
+}
+
+uint64_t AdminHandlers::Connections() const {
+  std::function<uint64_t()> gauge;
+  {
+    absl::MutexLock lock(&mu_);
+    gauge = connections_;
+  }
+  return gauge ? gauge() : 0;
+}
+
+Response AdminHandlers::Stats(Connection& c, std::string_view body) {
+  wire::StatsResponse resp;
+  const tiers::TierManagerStats t = tiers_.GetStats();
+  resp.set_node_id(options_.node_id);
+  resp.set_version(options_.version);
+  resp.set_uptime_s(UptimeSeconds());
+  wire::TierStats* host = resp.add_tiers();
+  host->set_name("host");
+  host->set_capacity_bytes(t.host.capacity_bytes);
+  host->set_used_bytes(t.host.payload_bytes);
+  host->set_blocks(t.host_blocks);
+  host->set_allocated_bytes(t.host.allocated_bytes);
+  host->set_fragmentation(t.host.fragmentation);
+  host->set_hits(t.host_counters.hits);
+  host->set_promotions(t.host_counters.promotions);
+  host->set_demotions(t.host_counters.demotions);
+  host->set_evictions(t.host_counters.evictions);
+  wire::TierStats* disk = resp.add_tiers();
+  disk->set_name("disk");
+  disk->set_capacity_bytes(t.disk_capacity_bytes);
+  disk->set_used_bytes(t.disk_used_bytes);
+  disk->set_blocks(t.disk_blocks);
+  disk->set_allocated_bytes(t.disk_bytes_on_device);
+  disk->set_hits(t.disk_counters.hits);
+  disk->set_promotions(t.disk_counters.promotions);
+  disk->set_demotions(t.disk_counters.demotions);
+  disk->set_evictions(t.disk_counters.evictions);
+  resp.set_index_entries(t.index_entries);
+  resp.set_index_bytes(t.index_bytes);
+  resp.set_sessions(sessions_.Count());
+  resp.set_connections(Connections());
+  resp.set_lookups(Metrics::Get(metrics_.lookups));
+  resp.set_lookup_blocks(Metrics::Get(metrics_.lookup_blocks));
+  resp.set_lookup_hit_blocks(Metrics::Get(metrics_.lookup_hit_blocks));
+  resp.set_gets(Metrics::Get(metrics_.gets));
+  resp.set_get_blocks_served(Metrics::Get(metrics_.get_blocks_served));
+  resp.set_get_misses(Metrics::Get(metrics_.get_misses));
+  resp.set_puts_offered(Metrics::Get(metrics_.puts_offered));
+  resp.set_puts_deduplicated(Metrics::Get(metrics_.puts_deduplicated));
+  resp.set_puts_committed(Metrics::Get(metrics_.puts_committed));
+  resp.set_bytes_in(Metrics::Get(metrics_.bytes_in));
+  resp.set_bytes_out(Metrics::Get(metrics_.bytes_out));
+  resp.set_prefetches_issued(t.prefetches_issued);
+  resp.set_prefetches_useful(t.prefetches_useful);
+  resp.set_checksum_failures(t.checksum_failures);
+  resp.set_leases_active(t.leases_active);
+  resp.set_reservations_active(t.reservations_active);
+  {
+    wire::ClusterMembersResponse view;
+    if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr) {
+      cluster->Fill(&view);
+    } else {
+      view.set_cluster_state("standalone");
+    }
+    resp.set_cluster_state(view.cluster_state());
+    resp.set_cluster_members(static_cast<uint32_t>(view.members_size()));
+    resp.set_cluster_reason(view.status().message());
+  }
+  resp.set_dedup_ratio(static_cast<double>(resp.puts_offered()) /
+                       static_cast<double>(std::max<uint64_t>(1, resp.puts_committed())));
+  return Reply(wire::STATS, resp, Status::OK());
+}
+
+Response AdminHandlers::Evict(Connection& c, std::string_view body) {
+  wire::EvictRequest req;
+  wire::EvictResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "EVICT");
+  if (st.ok()) st = DecodeKeys(req.keys(), UINT32_MAX, &keys);
+  if (st.ok()) {
+    const Tier tier = req.tier() == wire::TIER_HOST ? Tier::kHost : Tier::kDisk;
+    tiers::EvictOutcome o = tiers_.Evict(c.ns, tier, keys);
+    resp.set_evicted(o.evicted);
+    resp.set_skipped(o.skipped);
+    LOG(INFO) << "admin evict in namespace " << c.ns_name << " (" << (keys.empty() ? "all" : "some")
+              << " blocks, tier " << wire::Tier_Name(req.tier()) << "): " << o.evicted
+              << " evicted, " << o.skipped << " skipped";
+  }
+  return Reply(wire::EVICT, resp, st);
+}
+
+Response AdminHandlers::ClusterMembers(Connection& c, std::string_view body) {
+  wire::ClusterMembersResponse resp;
+  if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr) {
+    cluster->Fill(&resp);
+  } else {
+    resp.set_cluster_state("standalone");
+  }
+  // The fill may put a reason in the status message; the request itself succeeded.
+  const std::string reason = resp.status().message();
+  Response r = Reply(wire::CLUSTER_MEMBERS, resp, Status::OK());
+  if (!reason.empty()) {
+    resp.mutable_status()->set_message(reason);
+    resp.SerializeToString(&r.body);
+  }
+  return r;
+}
+
+std::string AdminHandlers::RenderMetrics() const {
+  std::string out = metrics_.RenderPrometheus(tiers_.GetStats(), sessions_.Count(), Connections(),
+                                              UptimeSeconds());
+  if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr) {
+    wire::ClusterMembersResponse view;
+    cluster->Fill(&view);
+    out +=
+        "# HELP kvpool_cluster_members Members in this daemon's view of the cluster.\n"
+        "# TYPE kvpool_cluster_members gauge\n"
+        "kvpool_cluster_members " +
+        std::to_string(view.members_size()) +
+        "\n# HELP kvpool_cluster_degraded 1 while this daemon cannot reach etcd (it serves "
+        "its local tiers).\n# TYPE kvpool_cluster_degraded gauge\nkvpool_cluster_degraded " +
+        (view.cluster_state() == "joined" ? "0" : "1") + "\n";
+  }
+  return out;
+}
+
+}  // namespace kvpool::daemon

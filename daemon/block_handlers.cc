@@ -1,0 +1,503 @@
+#include "daemon/block_handlers.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "common/hello_auth.h"
+#include "control.pb.h"
+#include "daemon/request_codec.h"
+#include "daemon/shm_delivery.h"
+#include "daemon/socket_delivery.h"
+#include "daemon/ucx_delivery.h"
+
+namespace kvpool::daemon {
+
+using transport::PayloadSink;
+using transport::Response;
+
+BlockHandlers::BlockHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
+                             NamespaceRegistry& namespaces, Metrics& metrics,
+                             transport::UcxEngine* ucx, const ClusterRef& cluster)
+    : options_(options),
+      tiers_(tiers),
+      namespaces_(namespaces),
+      metrics_(metrics),
+      ucx_(ucx),
+      cluster_(cluster) {}
+
+Response BlockHandlers::Hello(Connection& c, std::string_view body) {
+  wire::HelloRequest req;
+  wire::HelloResponse resp;
+  resp.set_protocol_version(transport::kProtocolVersion);
+  resp.set_daemon_version(options_.version);
+  resp.set_node_id(options_.node_id);
+  resp.set_max_block_bytes(tiers_.max_block_bytes());
+  // One frame's payload is also what a client reserves in the host tier at once: keep it to a
+  // quarter of the tier so reservations in flight never crowd out committed blocks.
+  resp.set_max_payload_bytes(std::max<uint64_t>(
+      tiers_.max_block_bytes(),
+      std::min<uint64_t>(options_.limits.max_payload_bytes, tiers_.host_capacity_bytes() / 4)));
+  resp.set_max_body_bytes(options_.limits.max_body_bytes);
+  resp.set_max_batch_keys(options_.max_batch_keys);
+  Status st = Parse(body, &req, "HELLO");
+  if (st.ok() && req.protocol_version() != transport::kProtocolVersion) {
+    st = Status::FailedPrecondition("client speaks protocol " +
+                                    std::to_string(req.protocol_version()) + ", daemon speaks " +
+                                    std::to_string(transport::kProtocolVersion));
+  }
+  if (st.ok() && c.hello && req.namespace_name() != c.ns_name) {
+    st = Status::PermissionDenied("a connection cannot change its namespace");
+  }
+  bool challenged = false;
+  if (st.ok() && !c.info.local && !options_.tcp_secret.empty() && !c.hello) {
+    // Cluster mode: a TCP client proves the cluster secret over this connection's challenge.
+    if (c.challenge.empty()) c.challenge = NewHelloChallenge();
+    if (req.auth().empty()) {
+      st = Status::PermissionDenied(
+          "this daemon requires the cluster secret on TCP connections: answer the challenge");
+      resp.set_challenge(c.challenge);
+      challenged = true;  // the client may answer on this connection
+    } else if (!VerifyHelloProof(options_.tcp_secret, c.challenge, req.namespace_name(),
+                                 req.auth())) {
+      st = Status::PermissionDenied("wrong cluster secret");
+    }
+  }
+  if (st.ok()) {
+    Result<NamespaceId> ns = namespaces_.Resolve(req.namespace_name());
+    if (ns.ok()) {
+      c.hello = true;
+      c.ns = *ns;
+      c.ns_name = req.namespace_name();
+      c.peer = req.client_name() == "kvpool-peer";
+      // The data paths, socket at the bottom (daemon/delivery.h).
+      const bool shm = req.shared_memory() && c.info.local && options_.shared_memory;
+      std::unique_ptr<BlockDelivery> delivery = std::make_unique<SocketDelivery>(tiers_, c.owner);
+      if (shm) {
+        delivery = std::make_unique<SharedMemoryDelivery>(tiers_, c.owner, options_.lease_timeout,
+                                                          std::move(delivery));
+      }
+      resp.set_shared_memory(shm);
+      resp.set_segment_bytes(tiers_.segment_bytes());
+      resp.set_lease_timeout_ms(static_cast<uint32_t>(options_.lease_timeout.count()));
+      if (c.ucx != nullptr) {
+        // A repeated hello: the UCX endpoint stays (it is not granted again).
+        c.ucx->ReplaceBelow(std::move(delivery));
+      } else {
+        if (!req.ucx_worker_address().empty() && ucx_ != nullptr) {
+          Result<std::unique_ptr<UcxDelivery>> u =
+              UcxDelivery::Connect(*ucx_, req.ucx_worker_address(), c.info.id, tiers_, c.owner,
+                                   options_.ucx_timeout, delivery);
+          if (u.ok()) {
+            c.ucx = u->get();
+            resp.set_ucx(true);
+            resp.set_ucx_worker_address(c.ucx->worker_address());
+            resp.set_ucx_tag_prefix(c.ucx->tag_prefix());
+            delivery = std::move(*u);
+          } else {
+            LOG(WARNING) << "connection " << c.info.id << ": cannot reach the client's UCX worker ("
+                         << u.status().ToString() << "); blocks stay on the socket";
+          }
+        }
+        c.delivery = std::move(delivery);
+      }
+    } else {
+      st = ns.status();
+    }
+  }
+  Response r = Reply(wire::HELLO, resp, st);
+  if (!st.ok() && !challenged) {
+    metrics_.Add(metrics_.requests_failed);
+    LOG(INFO) << "hello refused on connection " << c.info.id << " (" << c.info.peer
+              << "): " << st.ToString();
+    r.close_after = true;
+  }
+  return r;
+}
+
+Response BlockHandlers::Lookup(Connection& c, std::string_view body) {
+  wire::LookupRequest req;
+  wire::LookupResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "LOOKUP");
+  if (st.ok()) st = DecodeKeysOf(req.keys(), req.packed_keys(), options_.max_batch_keys, &keys);
+  if (st.ok()) {
+    tiers::LookupResult lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
+    ClusterHooks* cluster = cluster_.Get();
+    if (cluster != nullptr && !c.peer && lr.hit_blocks < keys.size() &&
+        cluster->FetchMissing(c.ns, c.ns_name,
+                              std::span<const BlockKey>(keys).subspan(lr.hit_blocks)) > 0) {
+      // Some of the rest came from the blocks' home nodes and are cached here now.
+      lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
+    }
+    resp.set_hit_blocks(lr.hit_blocks);
+    for (Tier t : lr.tiers) resp.add_tiers(ToWire(t));
+    metrics_.Add(metrics_.lookups);
+    metrics_.Add(metrics_.lookup_blocks, keys.size());
+    metrics_.Add(metrics_.lookup_hit_blocks, lr.hit_blocks);
+  } else {
+    metrics_.Add(metrics_.requests_failed);
+  }
+  return Reply(wire::LOOKUP, resp, st);
+}
+
+Response BlockHandlers::Get(Connection& c, std::string_view body) {
+  wire::GetRequest req;
+  wire::GetResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "GET");
+  if (st.ok()) st = DecodeKeysOf(req.keys(), req.packed_keys(), options_.max_batch_keys, &keys);
+  const PathAsk ask{req.in_place(), req.via_ucx(), req.ucx_tag_base()};
+  BlockDelivery& delivery = *c.delivery;
+  if (st.ok()) st = delivery.Check(ask);
+  if (!st.ok()) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::GET, resp, st);
+  }
+  delivery.BeginGet();
+  const LeaseTerms terms = delivery.TermsFor(ask);
+  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(
+      tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl));
+  if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !c.peer) {
+    std::vector<BlockKey> missing;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if ((*reads)[i].status.IsNotFound()) {
+        missing.push_back(keys[i]);
+        where.push_back(i);
+      }
+    }
+    if (!missing.empty() && cluster->FetchMissing(c.ns, c.ns_name, missing) > 0) {
+      std::vector<tiers::BlockRead> again = tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl);
+      for (size_t k = 0; k < where.size(); ++k) (*reads)[where[k]] = std::move(again[k]);
+    }
+  }
+  Response r;
+  uint64_t payload = 0;
+  uint64_t served = 0;
+  uint64_t misses = 0;
+  for (tiers::BlockRead& read : *reads) {
+    wire::BlockInfo* info = resp.add_blocks();
+    if (!read.status.ok()) {
+      info->set_code(static_cast<int32_t>(read.status.code()));
+      if (read.status.IsNotFound()) ++misses;
+      continue;
+    }
+    if (delivery.BoundedByFrame(ask) && payload + read.size > options_.limits.max_payload_bytes) {
+      // Past what one frame may carry: the client asks again for these.
+      info->set_code(static_cast<int32_t>(StatusCode::kResourceExhausted));
+      tiers_.Release(read);
+      read.owned.reset();
+      continue;
+    }
+    info->set_code(0);
+    info->set_size(read.size);
+    info->set_checksum(read.checksum);
+    info->set_tier(ToWire(read.from));
+    payload += delivery.Send(ask, static_cast<uint32_t>(resp.blocks_size() - 1), read, info, &r);
+    ++served;
+  }
+  metrics_.Add(metrics_.gets);
+  metrics_.Add(metrics_.get_blocks_served, served);
+  metrics_.Add(metrics_.get_misses, misses);
+  metrics_.Add(metrics_.bytes_out, payload);
+  SetStatus(resp.mutable_status(), Status::OK());
+  r.type = wire::GET;
+  resp.SerializeToString(&r.body);
+  // What the delivery did not take (in-frame leases, disk copies) ends once the frame is out.
+  tiers::TierManager* tiers = &tiers_;
+  r.release = [tiers, reads] {
+    for (tiers::BlockRead& read : *reads) tiers->Release(read);
+  };
+  return r;
+}
+
+Response BlockHandlers::PutReserve(Connection& c, std::string_view body) {
+  wire::PutReserveRequest req;
+  wire::PutReserveResponse resp;
+  Status st = Parse(body, &req, "PUT_RESERVE");
+  if (st.ok() && req.items_size() > static_cast<int>(options_.max_batch_keys)) {
+    st =
+        Status::InvalidArgument("request has " + std::to_string(req.items_size()) +
+                                " blocks; the limit is " + std::to_string(options_.max_batch_keys));
+  }
+  std::vector<tiers::PutRequestItem> items;
+  if (st.ok()) {
+    items.reserve(req.items_size());
+    for (int i = 0; i < req.items_size() && st.ok(); ++i) {
+      const wire::PutItem& in = req.items(i);
+      tiers::PutRequestItem item;
+      Result<BlockKey> key = BlockKey::FromBytes(in.key());
+      if (!key.ok()) {
+        st = key.status().WithContext("item " + std::to_string(i));
+        break;
+      }
+      item.key = *key;
+      if (!in.parent().empty()) {
+        Result<BlockKey> parent = BlockKey::FromBytes(in.parent());
+        if (!parent.ok()) {
+          st = parent.status().WithContext("parent of item " + std::to_string(i));
+          break;
+        }
+        item.parent = *parent;
+      }
+      item.size = in.size();
+      item.checksum = in.checksum();
+      items.push_back(item);
+    }
+  }
+  PathAsk ask;
+  ask.in_place = req.in_place();
+  if (st.ok()) st = c.delivery->Check(ask);
+  if (!st.ok()) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::PUT_RESERVE, resp, st);
+  }
+  std::vector<tiers::ReserveOutcome> outcomes = tiers_.Reserve(c.ns, c.owner, items);
+  uint64_t dedup = 0;
+  for (const tiers::ReserveOutcome& o : outcomes) {
+    wire::Reservation* out = resp.add_reservations();
+    switch (o.state) {
+      case tiers::ReserveState::kReserved:
+        out->set_state(wire::RESERVED);
+        out->set_reservation_id(o.reservation_id);
+        c.delivery->DescribeSlot(ask, o.arena_offset, out);
+        break;
+      case tiers::ReserveState::kPresent:
+        out->set_state(wire::PRESENT);
+        ++dedup;
+        break;
+      case tiers::ReserveState::kInProgress:
+        out->set_state(wire::IN_PROGRESS);
+        ++dedup;
+        break;
+      case tiers::ReserveState::kRefused:
+        out->set_state(wire::REFUSED);
+        out->set_code(static_cast<int32_t>(o.status.code()));
+        out->set_message(o.status.message());
+        break;
+    }
+  }
+  metrics_.Add(metrics_.puts_offered, items.size());
+  metrics_.Add(metrics_.puts_deduplicated, dedup);
+  return Reply(wire::PUT_RESERVE, resp, Status::OK());
+}
+
+Status BlockHandlers::PayloadSinks(Connection& c, std::string_view body,
+                                   std::vector<PayloadSink>* sinks) {
+  wire::PutCommitRequest req;
+  KVPOOL_RETURN_IF_ERROR(Parse(body, &req, "PUT_COMMIT"));
+  if (req.reservation_ids_size() != req.sizes_size()) {
+    return Status::InvalidArgument(
+        "PUT_COMMIT lists " + std::to_string(req.reservation_ids_size()) + " reservations but " +
+        std::to_string(req.sizes_size()) + " sizes");
+  }
+  c.commit.ids.assign(req.reservation_ids().begin(), req.reservation_ids().end());
+  c.commit.status.assign(c.commit.ids.size(), Status::OK());
+  sinks->clear();
+  for (int i = 0; i < req.reservation_ids_size(); ++i) {
+    const uint64_t size = req.sizes(i);
+    if (size > options_.limits.max_payload_bytes) {
+      return Status::InvalidArgument("PUT_COMMIT names a block larger than a frame may carry");
+    }
+    if (!c.hello) {
+      c.commit.status[i] = Status::FailedPrecondition("say hello first");
+      sinks->push_back(PayloadSink{nullptr, size});
+    } else {
+      sinks->push_back(c.delivery->InFrameSink(req.reservation_ids(i), size, &c.commit.status[i]));
+    }
+  }
+  return Status::OK();
+}
+
+Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
+  wire::PutCommitResponse resp;
+  PendingCommit& commit = c.commit;
+  // PayloadSinks parsed the body and received the bytes; a commit without payload bytes (all
+  // sizes zero is impossible: blocks are never empty) only arrives when the frame had none.
+  if (commit.ids.empty()) {
+    wire::PutCommitRequest req;
+    Status st = Parse(body, &req, "PUT_COMMIT");
+    const PathAsk ask{req.in_place(), req.via_ucx(), req.ucx_tag_base()};
+    const int n = req.reservation_ids_size();
+    if (st.ok() && n > 0) {
+      if (!req.in_place() && !req.via_ucx()) {
+        st = Status::InvalidArgument("PUT_COMMIT without the payload of its reservations");
+      } else if (!req.via_ucx()) {
+        PathAsk in_place;
+        in_place.in_place = true;
+        st = c.delivery->Check(in_place);
+      }
+      if (st.ok() && req.sizes_size() != n) {
+        st = Status::InvalidArgument("PUT_COMMIT lists reservations and sizes of different counts");
+      }
+    }
+    if (st.ok() && req.via_ucx()) {
+      PathAsk via_ucx;
+      via_ucx.via_ucx = true;
+      st = c.delivery->Check(via_ucx);
+    }
+    if (st.ok() && n > static_cast<int>(options_.max_batch_keys)) {
+      st = Status::InvalidArgument("PUT_COMMIT has more reservations than a batch may");
+    }
+    if (st.ok()) st = c.delivery->CheckReceive(ask, static_cast<size_t>(n));
+    if (!st.ok() || n == 0) return Reply(wire::PUT_COMMIT, resp, st);
+    // The client wrote (or sends) the bytes outside the frame: check the sizes, then commit.
+    commit.ids.assign(req.reservation_ids().begin(), req.reservation_ids().end());
+    commit.status.assign(commit.ids.size(), Status::OK());
+    if (req.checksums_size() > 0) {
+      if (!req.in_place() || req.checksums_size() != n) {
+        commit.Clear();
+        return Reply(wire::PUT_COMMIT, resp,
+                     Status::InvalidArgument("late checksums need in_place and one per block"));
+      }
+      commit.checksums.assign(req.checksums().begin(), req.checksums().end());
+    }
+    for (int i = 0; i < n; ++i) {
+      Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, req.reservation_ids(i));
+      if (!t.ok()) {
+        commit.status[i] = t.status();
+      } else if (t->size != req.sizes(i)) {
+        commit.status[i] = Status::InvalidArgument("reservation size mismatch");
+      }
+    }
+    c.delivery->Receive(
+        ask, commit,
+        std::span<const uint64_t>(req.sizes().data(), static_cast<size_t>(req.sizes_size())));
+  }
+  uint64_t committed = 0;
+  uint64_t bytes = 0;
+  ClusterHooks* cluster = cluster_.Get();
+  std::vector<std::pair<BlockKey, BlockKey>> replicate;  // committed blocks (key, parent)
+  for (size_t i = 0; i < commit.ids.size(); ++i) {
+    Status st = commit.status[i];
+    if (st.ok()) {
+      Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, commit.ids[i]);
+      const uint64_t size = t.ok() ? t->size : 0;
+      st = tiers_.Commit(
+          c.owner, commit.ids[i],
+          commit.checksums.empty() ? std::nullopt : std::optional<uint64_t>(commit.checksums[i]));
+      if (st.ok()) {
+        ++committed;
+        bytes += size;
+        if (t.ok() && cluster != nullptr && !c.peer) replicate.emplace_back(t->key, t->parent);
+      }
+    } else {
+      tiers_.Abort(c.owner, commit.ids[i]);
+    }
+    SetStatus(resp.add_results(), st);
+  }
+  commit.Clear();
+  if (!replicate.empty()) cluster->Replicate(c.ns, c.ns_name, std::move(replicate));
+  metrics_.Add(metrics_.puts_committed, committed);
+  metrics_.Add(metrics_.bytes_in, bytes);
+  return Reply(wire::PUT_COMMIT, resp, Status::OK());
+}
+
+Response BlockHandlers::PutAbort(Connection& c, std::string_view body) {
+  wire::PutAbortRequest req;
+  wire::PutAbortResponse resp;
+  Status st = Parse(body, &req, "PUT_ABORT");
+  if (st.ok()) {
+    for (uint64_t id : req.reservation_ids()) tiers_.Abort(c.owner, id);
+  }
+  return Reply(wire::PUT_ABORT, resp, st);
+}
+
+Response BlockHandlers::Prefetch(Connection& c, std::string_view body) {
+  wire::PrefetchRequest req;
+  wire::PrefetchResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "PREFETCH");
+  if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
+  if (st.ok()) resp.set_scheduled(tiers_.Prefetch(c.ns, keys));
+  return Reply(wire::PREFETCH, resp, st);
+}
+
+Response BlockHandlers::Release(Connection& c, std::string_view body) {
+  wire::ReleaseRequest req;
+  Response r;
+  r.type = wire::RELEASE;
+  r.no_reply = true;
+  if (Parse(body, &req, "RELEASE").ok()) {
+    tiers_.ReleaseLeases(c.owner,
+                         {req.lease_ids().data(), static_cast<size_t>(req.lease_ids_size())});
+  }
+  return r;
+}
+
+Response BlockHandlers::MapSegments(Connection& c, std::string_view body) {
+  wire::MapSegmentsRequest req;
+  wire::MapSegmentsResponse resp;
+  Status st = Parse(body, &req, "MAP_SEGMENTS");
+  if (st.ok()) {
+    PathAsk in_place;
+    in_place.in_place = true;
+    st = c.delivery->Check(in_place);
+  }
+  if (st.ok() && req.segments_size() > 64) {
+    st = Status::InvalidArgument("at most 64 segments per MAP_SEGMENTS request");
+  }
+  Response r;
+  if (st.ok()) {
+    for (const wire::SegmentRequest& sr : req.segments()) {
+      Status one;
+      if (sr.writable() && !tiers_.OwnerHasReservationIn(c.owner, sr.segment())) {
+        one = Status::PermissionDenied("a writable mapping needs an open reservation in segment " +
+                                       std::to_string(sr.segment()));
+      } else {
+        Result<int> fd = tiers_.ExportSegment(c.ns, sr.segment(), sr.generation(), sr.writable());
+        if (fd.ok()) {
+          r.fds.push_back(*fd);
+        } else {
+          one = fd.status();
+        }
+      }
+      SetStatus(resp.add_results(), one);
+    }
+  }
+  SetStatus(resp.mutable_status(), st);
+  r.type = wire::MAP_SEGMENTS;
+  resp.SerializeToString(&r.body);
+  return r;
+}
+
+Response BlockHandlers::Locate(Connection& c, std::string_view body) {
+  wire::LocateRequest req;
+  wire::LocateResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "LOCATE");
+  if (st.ok()) {
+    const google::protobuf::RepeatedPtrField<std::string> none;
+    st = DecodeKeysOf(none, req.packed_keys(), options_.max_batch_keys, &keys);
+  }
+  if (st.ok()) {
+    const tiers::LookupResult lr = tiers_.Lookup(c.ns, keys, /*prefetch=*/false);
+    wire::NodeLocation* self = resp.add_nodes();
+    self->set_node_id(options_.node_id);
+    self->set_self(true);
+    self->set_hit_blocks(lr.hit_blocks);
+    for (Tier t : lr.tiers) self->add_tiers(ToWire(t));
+    // A peer's LOCATE would fan out again: peers ask each other plain lookups only.
+    if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !c.peer) {
+      cluster->Locate(c.ns_name, keys, &resp);
+    }
+  } else {
+    metrics_.Add(metrics_.requests_failed);
+  }
+  return Reply(wire::LOCATE, resp, st);
+}
+
+void BlockHandlers::Disconnect(Connection& c) {
+  c.ucx = nullptr;
+  c.delivery.reset();  // UCX: cancels the connection's sends and closes its endpoint
+  tiers_.AbortOwner(c.owner);
+  tiers_.ReleaseOwner(c.owner);
+}
+
+}  // namespace kvpool::daemon

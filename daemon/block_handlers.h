@@ -1,0 +1,66 @@
+#pragma once
+// BlockHandlers: the requests about blocks: HELLO (which also picks the connection's data path),
+// LOOKUP, GET, PUT_RESERVE / PUT_COMMIT / PUT_ABORT, PREFETCH, RELEASE, MAP_SEGMENTS and LOCATE.
+// Each decodes and checks its body (namespace via hello, key counts, block and batch sizes),
+// runs it against the tier manager (and, in cluster mode, the cluster hooks: remote fetch on a
+// miss, replication of what was put, locate across members) and encodes the answer. Block
+// bodies move through the connection's delivery (daemon/delivery.h), never here.
+//
+// Called by BlockService (daemon/block_service.h), which routes by message type and has
+// already refused every request but HELLO on a connection that did not say hello.
+// Thread safety: called concurrently for different connections, never for one connection at
+// once; LOOKUP, LOCATE (standalone), PREFETCH and RELEASE run on the control I/O thread, the
+// rest on request workers.
+
+#include <string_view>
+#include <vector>
+
+#include "daemon/cluster_hooks.h"
+#include "daemon/connection.h"
+#include "daemon/metrics.h"
+#include "daemon/namespace_registry.h"
+#include "daemon/service_options.h"
+#include "tiers/tier_manager.h"
+#include "transport/control_server.h"
+#include "transport/ucx_engine.h"
+
+namespace kvpool::daemon {
+
+class BlockHandlers {
+ public:
+  // `ucx` may be null (no UCX data path). All references outlive the handlers.
+  BlockHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
+                NamespaceRegistry& namespaces, Metrics& metrics, transport::UcxEngine* ucx,
+                const ClusterRef& cluster);
+
+  // A refused hello closes the connection after its answer (unless the answer is a challenge).
+  transport::Response Hello(Connection& c, std::string_view body);
+  transport::Response Lookup(Connection& c, std::string_view body);
+  transport::Response Get(Connection& c, std::string_view body);
+  transport::Response PutReserve(Connection& c, std::string_view body);
+  // Where the payload of a PUT_COMMIT frame goes (into c.commit). Non-OK only for a body that
+  // cannot be parsed or does not match its payload (the server closes the connection); a
+  // reservation that cannot take its bytes gets a null sink and its error in c.commit.
+  Status PayloadSinks(Connection& c, std::string_view body,
+                      std::vector<transport::PayloadSink>* sinks);
+  transport::Response PutCommit(Connection& c, std::string_view body);
+  transport::Response PutAbort(Connection& c, std::string_view body);
+  transport::Response Prefetch(Connection& c, std::string_view body);
+  // No answer is sent.
+  transport::Response Release(Connection& c, std::string_view body);
+  transport::Response MapSegments(Connection& c, std::string_view body);
+  transport::Response Locate(Connection& c, std::string_view body);
+  // The connection closed: its delivery ends (UCX sends are cancelled), then its reservations
+  // and leases.
+  void Disconnect(Connection& c);
+
+ private:
+  const BlockServiceOptions& options_;
+  tiers::TierManager& tiers_;
+  NamespaceRegistry& namespaces_;
+  Metrics& metrics_;
+  transport::UcxEngine* const ucx_;
+  const ClusterRef& cluster_;
+};
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,75 @@
+#pragma once
+// UcxDelivery: block bodies as tagged UCX messages between the client's buffers and the host
+// tier's slots, granted at hello when the daemon's engine reaches the client's worker. A GET via
+// UCX sends block i with tag ucx_tag_base + i to the client's worker and answers at once; each
+// send holds its block's lease (owned by the send, not the connection) until it completes, and
+// one still running after `timeout` (or at disconnect) is cancelled, which ends its lease. A
+// PUT_COMMIT via UCX receives each body into its reservation on the daemon's worker, within this
+// connection's tag space, and answers once every receive ended (or `timeout` passed). The
+// receiver verifies each checksum: the client for gets, the commit for puts.
+//
+// This is the only code that calls UCX for a client connection's data. Requests that do not
+// ask via UCX go to the delivery below (daemon/delivery.h).
+//
+// Thread safety: called for one connection at a time; send and receive completions run on the
+// UCX progress thread and touch only their own state (the lease they hold, a shared tally).
+// Destruction cancels the connection's outstanding sends and closes its endpoint.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "daemon/delivery.h"
+#include "tiers/tier_manager.h"
+#include "transport/ucx_engine.h"
+
+namespace kvpool::daemon {
+
+class UcxDelivery final : public LayeredDelivery {
+ public:
+  // Reaches the client's worker at `client_worker_address`. On success the delivery takes
+  // `below` (for requests that do not ask via UCX); on failure (the engine's error) `below` is
+  // left as it was. `engine` and `tiers` outlive the delivery.
+  static Result<std::unique_ptr<UcxDelivery>> Connect(transport::UcxEngine& engine,
+                                                      std::string_view client_worker_address,
+                                                      uint64_t connection_id,
+                                                      tiers::TierManager& tiers, uint64_t owner,
+                                                      std::chrono::milliseconds timeout,
+                                                      std::unique_ptr<BlockDelivery>& below);
+  ~UcxDelivery() override;
+
+  // For the hello answer: the daemon's worker, and the prefix (upper 24 bits) of the tags this
+  // connection's client sends to it.
+  const std::string& worker_address() const { return engine_.WorkerAddress(); }
+  uint64_t tag_prefix() const { return tag_prefix_; }
+
+  // BlockDelivery
+  Status Check(const PathAsk& ask) const override;
+  void BeginGet() override;
+  LeaseTerms TermsFor(const PathAsk& ask) const override;
+  bool BoundedByFrame(const PathAsk& ask) const override;
+  uint64_t Send(const PathAsk& ask, uint32_t position, tiers::BlockRead& read,
+                wire::BlockInfo* info, transport::Response* response) override;
+  Status CheckReceive(const PathAsk& ask, size_t blocks) const override;
+  void Receive(const PathAsk& ask, PendingCommit& commit, std::span<const uint64_t> sizes) override;
+
+ private:
+  UcxDelivery(transport::UcxEngine& engine, transport::UcxEndpointId ep, uint64_t tag_prefix,
+              tiers::TierManager& tiers, uint64_t owner, std::chrono::milliseconds timeout,
+              std::unique_ptr<BlockDelivery> below);
+
+  transport::UcxEngine& engine_;
+  const transport::UcxEndpointId ep_;  // the client's worker
+  const uint64_t tag_prefix_;
+  tiers::TierManager& tiers_;
+  const uint64_t owner_;
+  const std::chrono::milliseconds timeout_;
+  // Sends of GET answers and when they must have finished.
+  std::deque<std::pair<transport::UcxOpId, std::chrono::steady_clock::time_point>> sends_;
+};
+
+}  // namespace kvpool::daemon
