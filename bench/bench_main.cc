@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_daemon.h"
 #include "bench/bench_target.h"
 #include "bench/block_data.h"
-#include "bench/daemon_process.h"
 #include "bench/kvpool_target.h"
 #include "bench/pinning.h"
 #include "bench/redis_target.h"
@@ -675,9 +675,7 @@ int Main(const std::string& command) {
     }
   }
   if (own_daemon) {
-    DaemonProcessOptions o;
-    o.binary = FindKvpoold();
-    o.listen_tcp_loopback = ucx;
+    uint64_t host_capacity = 0;
     if (!FLAGS_host_capacity.empty()) {
       Result<uint64_t> cap = ParseBytes(FLAGS_host_capacity);
       if (!cap.ok()) {
@@ -685,17 +683,18 @@ int Main(const std::string& command) {
                      cap.status().ToString().c_str());
         return 2;
       }
-      o.host_capacity_bytes = *cap;
+      host_capacity = *cap;
     } else {
-      o.host_capacity_bytes = NeededHostBytes(*config) * 3 / 2;
+      host_capacity = NeededHostBytes(*config) * 3 / 2;
     }
-    o.cpus = config->pin.daemon_cpus;
     // Demote only past 99.5%: no case comes near (the tier is 1.5x the largest working set), and
     // the fragmentation probe may fill every segment without the flusher moving blocks away.
-    o.extra_flags = {"--host_high_watermark=0.995", "--host_low_watermark=0.99"};
-    Progress("starting " + o.binary + " with a " + FormatBytes(o.host_capacity_bytes) +
-             " host tier");
-    Result<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(o);
+    DaemonProcessOptions o = BenchDaemonOptions(
+        FindKvpoold(), host_capacity, {"--host_high_watermark=0.995", "--host_low_watermark=0.99"});
+    o.listen_tcp_loopback = ucx;
+    o.cpus = config->pin.daemon_cpus;
+    Progress("starting " + o.binary + " with a " + FormatBytes(host_capacity) + " host tier");
+    Result<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Launch(std::move(o));
     if (!d.ok()) {
       std::fprintf(stderr, "kvpool-bench: %s\n", d.status().ToString().c_str());
       return 1;

@@ -47,10 +47,11 @@
 #include <kvpool/client.h>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_daemon.h"
 #include "bench/block_data.h"
-#include "bench/daemon_process.h"
 #include "common/units.h"
-#include "daemon/cluster/etcd_test_server.h"
+#include "tests/support/etcd_test_server.h"
+#include "tests/support/temp_dir.h"
 
 DEFINE_uint32(blocks, 1000, "Blocks in the chain.");
 DEFINE_string(block_size, "1MiB", "Bytes per block.");
@@ -73,7 +74,7 @@ namespace kvpool::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using daemon::cluster::EtcdTestServer;
+using testing::EtcdTestServer;
 
 constexpr const char* kLayout =
     "model=kvpool-cluster-bench;dtype=bf16;layers=1;kv_heads=1;head_dim=64;tokens_per_block=16;"
@@ -107,19 +108,10 @@ std::string LoadAverage() {
 // A temp dir holding the cluster secret (0600); removed with the object.
 class SecretDir {
  public:
-  SecretDir() {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "kvpool-cluster-bench-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) != nullptr) dir_ = tmpl;
-  }
-  ~SecretDir() {
-    std::error_code ec;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
-  }
   // Path of the secret file; empty when it could not be written.
   std::string Write(const std::string& secret) {
-    if (dir_.empty()) return "";
-    const std::string path = dir_ + "/secret";
+    if (!dir_.ok()) return "";
+    const std::string path = dir_.Join("secret");
     {
       std::ofstream out(path);
       out << secret << "\n";
@@ -130,7 +122,7 @@ class SecretDir {
   }
 
  private:
-  std::string dir_;
+  testing::TempDir dir_{"kvpool-cluster-bench"};
 };
 
 // "0-99,412,700-999"
@@ -325,17 +317,13 @@ int Run() {
   if (secret_file.empty()) return Fail("secret file", Status::Internal("could not write it"));
 
   auto start = [&](const std::string& id) {
-    DaemonProcessOptions o;
-    o.binary = FindKvpoold();
-    o.host_capacity_bytes = host;
+    DaemonProcessOptions o =
+        BenchDaemonOptions(FindKvpoold(), host,
+                           {"--cluster=" + (*etcd)->endpoint(), "--cluster_name=bench",
+                            "--node_id=" + id, "--cluster_secret_file=" + secret_file,
+                            "--replicas=0", "--v=" + std::to_string(FLAGS_daemon_vlog)});
     o.listen_tcp_loopback = true;  // --listen=tcp://127.0.0.1:0 --ucx_transports=tcp, lo
-    o.extra_flags = {"--cluster=" + (*etcd)->endpoint(),
-                     "--cluster_name=bench",
-                     "--node_id=" + id,
-                     "--cluster_secret_file=" + secret_file,
-                     "--replicas=0",
-                     "--v=" + std::to_string(FLAGS_daemon_vlog)};
-    return DaemonProcess::Start(o);
+    return DaemonProcess::Launch(std::move(o));
   };
   auto a = start("node-a");
   if (!a.ok()) return Fail("starting node-a", a.status());

@@ -20,6 +20,8 @@
 #include <thread>
 #include <utility>
 
+#include "tests/support/loopback.h"
+
 namespace kvpool::bench {
 namespace {
 
@@ -76,24 +78,6 @@ bool IsLoopback(const std::string& host) {
   if (host == "localhost" || host == "::1") return true;
   in_addr a{};
   return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
-}
-
-// A TCP port nobody listens on now (bind to port 0, read it back, close).
-Result<int> FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status::FromErrno(errno, "socket");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const int e = errno;
-    close(fd);
-    return Status::FromErrno(e, "binding a loopback port");
-  }
-  close(fd);
-  return static_cast<int>(ntohs(a.sin_port));
 }
 
 class RedisTarget : public BenchTarget {
@@ -184,10 +168,11 @@ Result<std::unique_ptr<RedisServer>> RedisServer::Start(const RedisServerOptions
   Status last = Status::Unavailable("not started");
   // The free port may be taken between our probe and redis's bind: try a few.
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "kvpool-bench-redis-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp");
-    KVPOOL_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
+    testing::TempDir dir("kvpool-bench-redis");
+    if (!dir.ok()) return dir.status();
+    const std::string tmpl = dir.path();
+    const int port = testing::FreeLoopbackPort();
+    if (port == 0) return Status::Unavailable("no free loopback port for redis-server");
     std::vector<std::string> args = {
         binary,         "--port",    std::to_string(port),
         "--bind",       "127.0.0.1", "--protected-mode",
@@ -223,7 +208,7 @@ Result<std::unique_ptr<RedisServer>> RedisServer::Start(const RedisServerOptions
       execv(argv[0], argv.data());
       _exit(127);
     }
-    std::unique_ptr<RedisServer> s(new RedisServer(pid, tmpl, port));
+    std::unique_ptr<RedisServer> s(new RedisServer(pid, std::move(dir), port));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     bool exited = false;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -261,7 +246,7 @@ Result<std::unique_ptr<RedisServer>> RedisServer::Start(const RedisServerOptions
 }
 
 std::string RedisServer::LogTail() const {
-  std::ifstream in(dir_ + "/redis.log");
+  std::ifstream in(dir_.Join("redis.log"));
   std::ostringstream s;
   s << in.rdbuf();
   const std::string t = s.str();
@@ -286,11 +271,7 @@ Status RedisServer::Stop() {
     }
     pid_ = -1;
   }
-  if (!dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    dir_.clear();
-  }
+  dir_.Remove();
   return st;
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench/bench_target.h"
+#include "tests/support/temp_dir.h"
 
 namespace kvpool::bench {
 
@@ -49,12 +50,12 @@ class RedisServer {
   Status Stop();
 
  private:
-  RedisServer(pid_t pid, std::string dir, int port)
+  RedisServer(pid_t pid, testing::TempDir dir, int port)
       : pid_(pid), dir_(std::move(dir)), port_(port) {}
   std::string LogTail() const;
 
   pid_t pid_ = -1;
-  std::string dir_;
+  testing::TempDir dir_;
   std::string host_ = "127.0.0.1";
   int port_ = 0;
   std::string description_;

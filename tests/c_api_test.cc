@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/daemon_process.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvpool::testing {
 namespace {
@@ -48,7 +49,7 @@ TEST(CApiTest, ConnectFailureHasAReadableError) {
 
 TEST(CApiTest, PutLookupGetSessionRoundTrip) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   kvpool_client* c = nullptr;
   ASSERT_EQ(kvpool_connect(d.socket_path().c_str(), "c-api", 5000, &c), KVPOOL_OK)
       << kvpool_last_error(nullptr);

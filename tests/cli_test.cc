@@ -7,7 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tests/daemon_process.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvpool::testing {
 namespace {
@@ -32,7 +33,7 @@ CliRun Cli(const std::string& args) {
 
 TEST(CliTest, CommandsAgainstALiveDaemon) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   const std::string sock = " --socket=" + d.socket_path();
   // Put a chain through the client, as a worker would.
   const std::vector<int32_t> tokens = Tokens(4, 16 * 6 + 3);

@@ -15,13 +15,12 @@
 #include <map>
 #include <thread>
 
-#include "daemon/cluster/etcd_test_server.h"
-#include "tests/daemon_process.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/etcd_test_server.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvpool::testing {
 namespace {
-
-using daemon::cluster::EtcdTestServer;
 
 std::string WriteSecret(const TempDir& dir, const std::string& name, const std::string& secret) {
   const std::string path = dir.path() + "/" + name;
@@ -105,9 +104,9 @@ TEST_F(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
   DaemonProcess a(Flags("node-a"));
   DaemonProcess b(Flags("node-b"));
   DaemonProcess c(Flags("node-c"));
-  a.Start();
-  b.Start();
-  c.Start();
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
   auto ca = a.Connect();
   ASSERT_NE(ca, nullptr);
   ClusterView v = WaitView(
@@ -124,7 +123,7 @@ TEST_F(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
 
   // A daemon with the wrong secret runs, but nobody admits it (nor does it admit them).
   DaemonProcess d(Flags("node-d", wrong));
-  d.Start();
+  ASSERT_OK(d.Start());
   auto cd = d.Connect();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   auto vd = cd->Cluster();
@@ -163,7 +162,7 @@ TEST_F(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
     ASSERT_TRUE(l.ok());
     EXPECT_EQ(l->hit_blocks, 0u) << "a daemon with the wrong secret read the cluster's blocks";
   }
-  d.Stop();
+  EXPECT_OK(d.Stop());
 
   // kill -9: node-c stops renewing its lease and leaves everyone's view within the bound.
   c.Kill();
@@ -243,9 +242,9 @@ TEST_F(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
   DaemonProcess a(Flags("node-a"));
   DaemonProcess b(Flags("node-b"));
   DaemonProcess c(Flags("node-c"));
-  a.Start();
-  b.Start();
-  c.Start();
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
   auto ca = a.Connect("tenant");
   auto cb = b.Connect("tenant");
   auto cc = c.Connect("tenant");
@@ -309,9 +308,9 @@ TEST_F(ClusterTest, LocateTellsARouterHowMuchOfAChainEachNodeHolds) {
   DaemonProcess a(flags("node-a"));
   DaemonProcess b(flags("node-b"));
   DaemonProcess c(flags("node-c"));
-  a.Start();
-  b.Start();
-  c.Start();
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
   auto ca = a.Connect("tenant");
   auto cb = b.Connect("tenant");
   auto cc = c.Connect("tenant");
@@ -374,9 +373,9 @@ TEST_F(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown)
   DaemonProcess a(Flags("node-a"));
   DaemonProcess b(Flags("node-b"));
   DaemonProcess c(Flags("node-c"));
-  a.Start();
-  b.Start();
-  c.Start();
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
   auto ca = a.Connect("tenant");
   auto cb = b.Connect("tenant");
   ASSERT_TRUE(AllSee({ca.get(), cb.get()}, 3));
@@ -394,7 +393,7 @@ TEST_F(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown)
   ASSERT_TRUE(ca->SaveSession(s).ok());
   // The copies go out in the background; then node A goes away (SIGTERM: it also leaves).
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  a.Stop();
+  EXPECT_OK(a.Stop());
   ASSERT_EQ(Alive(WaitView(
                 *cb, [](const ClusterView& v) { return Alive(v) == 2; }, 10)),
             2u);
@@ -422,9 +421,9 @@ TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
   DaemonProcess a(a_flags);
   DaemonProcess b(Flags("node-b"));
   DaemonProcess c(Flags("node-c"));
-  a.Start();
-  b.Start();
-  c.Start();
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
   {
     auto ca = a.Connect("tenant");
     ASSERT_TRUE(AllSee({ca.get()}, 3));
@@ -479,7 +478,7 @@ TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
   EXPECT_LT(worst_us.load(), 2'000'000) << "a reader waited on the dead node";
 
   // A restarts on its data dir, rejoins, and serves the chain from its own disk.
-  a.Start();
+  ASSERT_OK(a.Start());
   auto ca = a.Connect("tenant");
   ASSERT_TRUE(AllSee({ca.get()}, 3));
   auto l = ca->Lookup(keys, /*prefetch=*/false);
@@ -495,9 +494,9 @@ TEST_F(ClusterTest, WhenANodeLeavesItsBlocksAreCopiedAgainToKeepReplicasPlusOne)
   DaemonProcess a(Flags("node-a"));
   DaemonProcess b(Flags("node-b"));
   DaemonProcess c(Flags("node-c"));
-  a.Start();
-  b.Start();
-  c.Start();
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
   auto ca = a.Connect("tenant");
   auto cb = b.Connect("tenant");
   auto cc = c.Connect("tenant");
@@ -529,7 +528,7 @@ TEST_F(ClusterTest, WhenANodeLeavesItsBlocksAreCopiedAgainToKeepReplicasPlusOne)
 
 TEST_F(ClusterTest, ClusterModeNeedsASecretAndATcpListener) {
   // Without --listen the daemon refuses to start, saying why.
-  const std::string kvpoold = KVPOOL_KVPOOLD_PATH;
+  const std::string kvpoold = DefaultKvpooldPath();
   const std::string cmd = kvpoold + " --data_dir=" + dir_.path() + "/d --socket=" + dir_.path() +
                           "/s.sock --host_capacity=64MiB --host_segment_size=1MiB "
                           "--lock_memory=false --cluster=" +

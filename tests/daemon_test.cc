@@ -9,7 +9,8 @@
 #include <random>
 #include <thread>
 
-#include "tests/daemon_process.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvpool::testing {
 namespace {
@@ -67,7 +68,7 @@ std::vector<Tier> ExpectIdentical(Client& client, const Chain& c) {
 
 TEST(DaemonTest, PutLookupGetRoundTripIsByteIdentical) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   // Sizes that are not multiples of any page: 1 byte blocks up to ~700 KiB.
   for (size_t size : {size_t{1}, size_t{4095}, size_t{4097}, size_t{65536}, size_t{700001}}) {
@@ -88,7 +89,7 @@ TEST(DaemonTest, PutLookupGetRoundTripIsByteIdentical) {
 
 TEST(DaemonTest, LookupReturnsLongestCachedPrefix) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   Chain c = MakeChain(Tokens(7, 8 * kTokensPerBlock), 1000);
   Chain first_five;
@@ -114,7 +115,7 @@ TEST(DaemonTest, LookupReturnsLongestCachedPrefix) {
 
 TEST(DaemonTest, SharedSystemPromptIsStoredOnce) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   const std::vector<int32_t> system_prompt = Tokens(1, 4 * kTokensPerBlock);
   for (int i = 0; i < 100; ++i) {
@@ -140,7 +141,7 @@ TEST(DaemonTest, SharedSystemPromptIsStoredOnce) {
 TEST(DaemonTest, HostOverflowDemotesToDiskAndServesItBack) {
   // 8 MiB host, 1 MiB segments; 40 x 512 KiB = 20 MiB of blocks.
   DaemonProcess d({"--host_capacity=8MiB"});
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   Chain c = MakeChain(Tokens(3, 40 * kTokensPerBlock), 512 * 1024);
   PutResult p = PutAll(*client, c);
@@ -172,7 +173,7 @@ TEST(DaemonTest, HostOverflowDemotesToDiskAndServesItBack) {
 
 TEST(DaemonTest, SessionSurvivesGracefulRestart) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   Chain c = MakeChain(Tokens(11, 12 * kTokensPerBlock), 100000);
   {
     auto client = d.Connect();
@@ -184,8 +185,8 @@ TEST(DaemonTest, SessionSurvivesGracefulRestart) {
     s.metadata = {{"model", "test"}, {"user", "alice"}};
     ASSERT_TRUE(client->SaveSession(s).ok());
   }
-  EXPECT_EQ(d.Stop(), 0) << d.log();
-  d.Start();
+  EXPECT_OK(d.Stop());
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   auto loaded = client->LoadSession("chat-42");
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
@@ -202,7 +203,7 @@ TEST(DaemonTest, SessionSurvivesGracefulRestart) {
 
 TEST(DaemonTest, SavedSessionSurvivesKill9) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   Chain saved = MakeChain(Tokens(21, 6 * kTokensPerBlock), 30000);
   Chain unsaved = MakeChain(Tokens(22, 6 * kTokensPerBlock), 30000);
   {
@@ -216,7 +217,7 @@ TEST(DaemonTest, SavedSessionSurvivesKill9) {
     ASSERT_TRUE(client->SaveSession(s).ok());
   }
   d.Kill();
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   auto loaded = client->LoadSession("resume-me");
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
@@ -237,7 +238,7 @@ TEST(DaemonTest, SavedSessionSurvivesKill9) {
 
 TEST(DaemonTest, NamespacesCannotSeeEachOther) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto a = d.Connect("tenant-a");
   auto b = d.Connect("tenant-b");
   // Same keys in both namespaces (a client bug or an attack: the daemon must still separate).
@@ -270,7 +271,7 @@ TEST(DaemonTest, NamespacesCannotSeeEachOther) {
 
 TEST(DaemonTest, ConcurrentClientsNeverSeeWrongBytes) {
   DaemonProcess d({"--host_capacity=16MiB"});
-  d.Start();
+  ASSERT_OK(d.Start());
   // 64 shared chains of 4 blocks; 8 clients put, get and look up at random.
   std::vector<Chain> chains;
   for (int i = 0; i < 64; ++i) {
@@ -334,7 +335,7 @@ TEST(DaemonTest, ConcurrentClientsNeverSeeWrongBytes) {
 
 TEST(DaemonTest, ClientSeesErrorNotHangWhenDaemonDiesAndReconnectsAfterRestart) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   ClientOptions o = d.Options();
   o.timeout = std::chrono::milliseconds(2000);
   auto c = Client::Connect(o);
@@ -347,14 +348,14 @@ TEST(DaemonTest, ClientSeesErrorNotHangWhenDaemonDiesAndReconnectsAfterRestart) 
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-  d.Start();
+  ASSERT_OK(d.Start());
   auto again = (*c)->Lookup(chain.keys);  // reconnects by itself
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
 TEST(DaemonTest, OversizedBlockIsRefusedWithAClearError) {
   DaemonProcess d;  // 1 MiB segments: the largest block is 1 MiB
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   EXPECT_EQ(client->server().max_block_bytes, 1u << 20);
   std::vector<uint8_t> big((1u << 20) + 1, 7);
@@ -371,7 +372,7 @@ TEST(DaemonTest, OversizedBlockIsRefusedWithAClearError) {
 
 TEST(DaemonTest, SessionSaveRequiresCachedBlocks) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   Chain c = MakeChain(Tokens(77, 3 * kTokensPerBlock), 100);
   Session s;
@@ -385,7 +386,7 @@ TEST(DaemonTest, SessionSaveRequiresCachedBlocks) {
 TEST(DaemonTest, SessionDeleteUnpinsAndDiskFullDropsOnlyUnpinned) {
   // Disk 4 MiB, host 2 MiB: pinned session blocks must survive pressure; others may go.
   DaemonProcess d({"--host_capacity=2MiB", "--disk_capacity=4MiB"});
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   Chain pinned = MakeChain(Tokens(31, 4 * kTokensPerBlock), 256 * 1024);  // 1 MiB
   PutAll(*client, pinned);
@@ -410,7 +411,7 @@ TEST(DaemonTest, SessionDeleteUnpinsAndDiskFullDropsOnlyUnpinned) {
 
 TEST(DaemonTest, StatsAndEvictWork) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   Chain c = MakeChain(Tokens(41, 5 * kTokensPerBlock), 5000);
   PutAll(*client, c);
@@ -448,7 +449,7 @@ std::string Printed(const DaemonProcess& d, const std::string& scheme) {
 
 TEST(DaemonTest, ServesOverTcpWhenAsked) {
   DaemonProcess d({"--listen=tcp://127.0.0.1:0"});
-  d.Start();
+  ASSERT_OK(d.Start());
   const std::string address = Printed(d, "tcp://");
   ASSERT_FALSE(address.empty()) << d.log();
   ClientOptions o = d.Options();
@@ -463,7 +464,7 @@ TEST(DaemonTest, ServesOverTcpWhenAsked) {
 
 TEST(DaemonTest, ExposesPrometheusMetrics) {
   DaemonProcess d({"--metrics_listen=127.0.0.1:0"});
-  d.Start();
+  ASSERT_OK(d.Start());
   auto client = d.Connect();
   Chain chain = MakeChain(Tokens(62, 2 * kTokensPerBlock), 1000);
   PutAll(*client, chain);

@@ -6,7 +6,8 @@
 
 #include <cstdio>
 
-#include "tests/daemon_process.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvpool::testing {
 namespace {
@@ -25,7 +26,7 @@ std::string RunExample(const std::string& socket, int* status) {
 
 TEST(ExampleTest, QuickstartRunsAgainstADaemon) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   int status = -1;
   std::string out = RunExample(d.socket_path(), &status);
   EXPECT_EQ(status, 0) << out;

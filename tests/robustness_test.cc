@@ -14,7 +14,8 @@
 
 #include "common/checksum.h"
 #include "control.pb.h"
-#include "tests/daemon_process.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/status_matchers.h"
 #include "transport/frame.h"
 
 namespace kvpool::testing {
@@ -119,7 +120,7 @@ void ExpectHealthy(const DaemonProcess& d) {
 
 TEST(RobustnessTest, GarbageBytesCloseOnlyThatConnection) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto good = d.Connect();
   std::mt19937 rng(1);
   for (int i = 0; i < 50; ++i) {
@@ -139,7 +140,7 @@ TEST(RobustnessTest, GarbageBytesCloseOnlyThatConnection) {
 
 TEST(RobustnessTest, MalformedFramesAreRejected) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   struct Case {
     const char* what;
     std::string bytes;
@@ -183,7 +184,7 @@ TEST(RobustnessTest, MalformedFramesAreRejected) {
 
 TEST(RobustnessTest, MalformedBodyGetsAnErrorAndTheConnectionStaysUsable) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   const int fd = RawConnect(d.socket_path());
   ASSERT_GE(fd, 0);
   std::string hello = Hello("ns1");
@@ -221,7 +222,7 @@ TEST(RobustnessTest, MalformedBodyGetsAnErrorAndTheConnectionStaysUsable) {
 
 TEST(RobustnessTest, RequestsBeforeHelloAndBadNamespacesAreRefused) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   const int fd = RawConnect(d.socket_path());
   wire::StatsRequest stats;
   std::string f = Frame(wire::STATS, stats);
@@ -248,7 +249,7 @@ DaemonStats StatsOf(const DaemonProcess& d) {
 
 TEST(RobustnessTest, ClientKilledMidPutLeaksNothing) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   const DaemonStats before = StatsOf(d);
   // A child reserves 8 blocks, starts committing, sends half the payload and dies.
   const pid_t pid = fork();
@@ -298,7 +299,7 @@ TEST(RobustnessTest, ClientKilledMidPutLeaksNothing) {
 
 TEST(RobustnessTest, ClientKilledMidGetLeaksNoLease) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto c = d.Connect();
   ChainHasher hasher("s", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(5, 32 * 16));
@@ -333,7 +334,7 @@ TEST(RobustnessTest, ClientKilledMidGetLeaksNoLease) {
 
 TEST(RobustnessTest, AReaderThatStopsReadingLosesItsLeasesAfterTheFrameTimeout) {
   DaemonProcess d({"--frame_timeout_ms=500"});
-  d.Start();
+  ASSERT_OK(d.Start());
   auto c = d.Connect();
   ChainHasher hasher("s", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(6, 32 * 16));
@@ -358,7 +359,7 @@ TEST(RobustnessTest, AReaderThatStopsReadingLosesItsLeasesAfterTheFrameTimeout) 
 
 TEST(RobustnessTest, StalledFrameIsClosedAfterTheFrameTimeout) {
   DaemonProcess d({"--frame_timeout_ms=300"});
-  d.Start();
+  ASSERT_OK(d.Start());
   const int fd = RawConnect(d.socket_path());
   std::string hello = Hello("test");
   // Send only the header and half the body, then stall.
@@ -372,7 +373,7 @@ TEST(RobustnessTest, StalledFrameIsClosedAfterTheFrameTimeout) {
 
 TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   const int fd = RawHello(d.socket_path(), "test");
   std::string body;
   const std::vector<uint8_t> bytes = BlockBytes(9, 5000);

@@ -15,7 +15,8 @@
 
 #include "common/checksum.h"
 #include "control.pb.h"
-#include "tests/daemon_process.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/status_matchers.h"
 #include "transport/control_channel.h"
 #include "transport/frame.h"
 
@@ -44,7 +45,7 @@ BlockKey KeyOf(uint64_t i) {
 
 TEST(ShmTest, RoundTripsFromOneByteTo64MiB) {
   DaemonProcess d({"--host_capacity=320MiB", "--host_segment_size=64MiB"});
-  d.Start();
+  ASSERT_OK(d.Start());
   auto c = ShmClient(d);
   ASSERT_NE(c, nullptr);
   const std::vector<size_t> sizes = {
@@ -110,7 +111,7 @@ struct Raw {
 
 TEST(ShmTest, ANamespaceCannotMapAnotherNamespacesSegments) {
   DaemonProcess d;
-  d.Start();
+  ASSERT_OK(d.Start());
   auto a = ShmClient(d, "tenant-a");
   const std::vector<uint8_t> secret(5000, 0x5E);
   PutBlock b{KeyOf(1), secret.data(), secret.size(), {}};
@@ -167,7 +168,7 @@ TEST(ShmTest, ANamespaceCannotMapAnotherNamespacesSegments) {
 TEST(ShmTest, MappingKeptAfterSegmentReuseRevealsNothing) {
   // One 1 MiB segment: once tenant-a's blocks are gone, tenant-b gets the same segment.
   DaemonProcess d({"--host_capacity=1MiB", "--disk_capacity=64MiB"});
-  d.Start();
+  ASSERT_OK(d.Start());
   auto a = ShmClient(d, "tenant-a");
   const std::vector<uint8_t> mine = BlockBytes(1, 100000);
   PutBlock b{KeyOf(1), mine.data(), mine.size(), {}};
@@ -251,7 +252,7 @@ DaemonStats WaitFor(const DaemonProcess& d, Pred pred) {
 
 TEST(ShmTest, LeasesAndReservationsOfAStuckOrDeadClientAreReclaimed) {
   DaemonProcess d({"--lease_timeout_ms=300", "--reservation_timeout_ms=300"});
-  d.Start();
+  ASSERT_OK(d.Start());
   auto c = ShmClient(d);
   std::vector<std::vector<uint8_t>> blocks;
   for (uint64_t i = 0; i < 8; ++i) {
@@ -312,7 +313,7 @@ TEST(ShmTest, LeasesAndReservationsOfAStuckOrDeadClientAreReclaimed) {
 
 TEST(ShmTest, ReadersNeverSeeATornBlockWhileBlocksAreDemotedAndEvicted) {
   DaemonProcess d({"--host_capacity=4MiB", "--disk_capacity=64MiB"});
-  d.Start();
+  ASSERT_OK(d.Start());
   constexpr int kBlocks = 48;  // 48 x 96 KiB = 4.5 MiB: more than host holds
   std::vector<std::vector<uint8_t>> blocks;
   {

@@ -7,7 +7,8 @@
 
 #include <thread>
 
-#include "tests/daemon_process.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvpool::testing {
 namespace {
@@ -49,7 +50,7 @@ const std::vector<std::string> kUcxFlags = {"--listen=tcp://127.0.0.1:0", "--ucx
 
 TEST(UcxTest, RoundTripsFromOneByteTo64MiB) {
   DaemonProcess d(kUcxFlags);
-  d.Start();
+  ASSERT_OK(d.Start());
   auto c = UcxClient(d);
   ASSERT_NE(c, nullptr);
   const std::vector<size_t> sizes = {1, 4095, 4097, (1u << 20) + 3, 64u << 20};
@@ -101,7 +102,7 @@ TEST(UcxTest, RoundTripsFromOneByteTo64MiB) {
 
 TEST(UcxTest, TooSmallBufferIsAnErrorAndTheConnectionStaysUsable) {
   DaemonProcess d(kUcxFlags);
-  d.Start();
+  ASSERT_OK(d.Start());
   auto c = UcxClient(d);
   ASSERT_NE(c, nullptr);
   const std::vector<uint8_t> bytes = BlockBytes(3, 100000);
@@ -122,7 +123,7 @@ TEST(UcxTest, TooSmallBufferIsAnErrorAndTheConnectionStaysUsable) {
 
 TEST(UcxTest, DaemonKilledMidTransferIsAnErrorWithinTheDeadline) {
   DaemonProcess d(kUcxFlags);
-  d.Start();
+  ASSERT_OK(d.Start());
   auto c = UcxClient(d, std::chrono::seconds(5));
   ASSERT_NE(c, nullptr);
   std::vector<std::vector<uint8_t>> blocks;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "tests/support/temp_dir.h"
 
 namespace kvpool::tiers {
 namespace {
@@ -52,21 +53,17 @@ Block MakeBlock(NamespaceId ns, uint64_t n, size_t size, const BlockKey& parent 
 class DiskTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kvpool_disk_tier_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(dir_.ok()) << dir_.status().ToString();
     Open();
   }
   void TearDown() override {
     disk_.reset();
     store_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
   }
 
   void Open() {
     RocksStoreOptions o;
-    o.path = dir_ + "/rocksdb";
+    o.path = dir_.Join("rocksdb");
     o.block_cache_bytes = 8 << 20;
     Result<std::unique_ptr<RocksStore>> s = RocksStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -118,7 +115,7 @@ class DiskTierTest : public ::testing::Test {
     return out;
   }
 
-  std::string dir_;
+  ::kvpool::testing::TempDir dir_{"kvpool-disk-tier-test"};
   std::unique_ptr<RocksStore> store_;
   std::unique_ptr<DiskTier> disk_;
 };
@@ -340,14 +337,14 @@ TEST_F(DiskTierTest, DataSurvivesReopen) {
 
 TEST_F(DiskTierTest, SecondOpenOfTheSameDirectoryFails) {
   RocksStoreOptions o;
-  o.path = dir_ + "/rocksdb";
+  o.path = dir_.Join("rocksdb");
   Result<std::unique_ptr<RocksStore>> again = RocksStore::Open(o);
   ASSERT_FALSE(again.ok()) << "two stores opened one database";
   EXPECT_EQ(again.status().code(), StatusCode::kIoError) << again.status().ToString();
 }
 
 TEST_F(DiskTierTest, OpenOnAFileFails) {
-  const std::string file = dir_ + "/plain-file";
+  const std::string file = dir_.Join("plain-file");
   std::ofstream(file) << "x";
   RocksStoreOptions o;
   o.path = file;

@@ -1,4 +1,4 @@
-// EtcdClient against a real etcd (see etcd_test_server.h).
+// EtcdClient against a real etcd (see tests/support/etcd_test_server.h).
 #include "daemon/cluster/etcd_client.h"
 
 #include <gtest/gtest.h>
@@ -7,11 +7,13 @@
 #include <mutex>
 #include <thread>
 
-#include "daemon/cluster/etcd_test_server.h"
+#include "tests/support/etcd_test_server.h"
 
 namespace kvpool::daemon::cluster {
 namespace {
 
+using ::kvpool::testing::EtcdTestServer;
+using ::kvpool::testing::FreeLoopbackPort;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 

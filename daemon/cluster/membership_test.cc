@@ -1,5 +1,5 @@
-// Membership against a real etcd (see etcd_test_server.h): join, see each other, leave, die,
-// authentication, and etcd going away and coming back.
+// Membership against a real etcd (see tests/support/etcd_test_server.h): join, see each other,
+// leave, die, authentication, and etcd going away and coming back.
 #include "daemon/cluster/membership.h"
 
 #include <gtest/gtest.h>
@@ -8,11 +8,13 @@
 #include <set>
 #include <thread>
 
-#include "daemon/cluster/etcd_test_server.h"
+#include "tests/support/etcd_test_server.h"
 
 namespace kvpool::daemon::cluster {
 namespace {
 
+using ::kvpool::testing::EtcdTestServer;
+using ::kvpool::testing::FreeLoopbackPort;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 

@@ -8,6 +8,7 @@
 // only.
 //
 // Thread safety: one thread.
+// Ownership: owns the child process and its temp dir.
 
 #include <sys/types.h>
 
@@ -15,8 +16,10 @@
 #include <string>
 
 #include "common/status.h"
+#include "tests/support/loopback.h"  // FreeLoopbackPort, which its users also call
+#include "tests/support/temp_dir.h"
 
-namespace kvpool::daemon::cluster {
+namespace kvpool::testing {
 
 class EtcdTestServer {
  public:
@@ -40,14 +43,11 @@ class EtcdTestServer {
   EtcdTestServer() = default;
   Status Launch();
 
-  std::string dir_;
+  TempDir dir_{"kvpool-etcd"};
   uint16_t client_port_ = 0;
   uint16_t peer_port_ = 0;
   pid_t pid_ = -1;
   int launches_ = 0;
 };
 
-// A loopback TCP port that was free a moment ago.
-uint16_t FreeLoopbackPort();
-
-}  // namespace kvpool::daemon::cluster
+}  // namespace kvpool::testing

@@ -1,12 +1,9 @@
-#include "daemon/cluster/etcd_test_server.h"
+#include "tests/support/etcd_test_server.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,7 +16,10 @@
 
 #include "daemon/cluster/etcd_client.h"
 
-namespace kvpool::daemon::cluster {
+namespace kvpool::testing {
+
+using daemon::cluster::EtcdClient;
+using daemon::cluster::EtcdOptions;
 
 namespace {
 
@@ -35,22 +35,6 @@ std::string LogTail(const std::string& path) {
 
 }  // namespace
 
-uint16_t FreeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  uint16_t port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
-}
-
 std::string EtcdTestServer::BinaryPath() {
   const char* env = ::getenv("KVPOOL_ETCD");
   return env != nullptr && *env != '\0' ? env : "/usr/bin/etcd";
@@ -63,9 +47,7 @@ Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start() {
                             " (apt-get install etcd-server, or set KVPOOL_ETCD)");
   }
   std::unique_ptr<EtcdTestServer> server(new EtcdTestServer());
-  std::string tmpl = (std::filesystem::temp_directory_path() / "kvpool-etcd-XXXXXX").string();
-  if (::mkdtemp(tmpl.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp");
-  server->dir_ = tmpl;
+  if (!server->dir_.ok()) return server->dir_.status();
   server->client_port_ = FreeLoopbackPort();
   server->peer_port_ = FreeLoopbackPort();
   if (server->client_port_ == 0 || server->peer_port_ == 0) {
@@ -75,13 +57,7 @@ Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start() {
   return server;
 }
 
-EtcdTestServer::~EtcdTestServer() {
-  Kill();
-  if (!dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-}
+EtcdTestServer::~EtcdTestServer() { Kill(); }  // then dir_ removes the data
 
 std::string EtcdTestServer::endpoint() const {
   return "etcd://127.0.0.1:" + std::to_string(client_port_);
@@ -99,7 +75,7 @@ Status EtcdTestServer::Restart(bool wipe) {
   Kill();
   if (wipe) {
     std::error_code ec;
-    std::filesystem::remove_all(dir_ + "/data", ec);
+    std::filesystem::remove_all(dir_.Join("data"), ec);
     if (ec) return Status::IoError("wiping etcd data: " + ec.message());
   }
   return Launch();
@@ -108,10 +84,10 @@ Status EtcdTestServer::Restart(bool wipe) {
 Status EtcdTestServer::Launch() {
   const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
   const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
-  const std::string log = dir_ + "/etcd-" + std::to_string(launches_++) + ".log";
+  const std::string log = dir_.Join("etcd-" + std::to_string(launches_++) + ".log");
   std::vector<std::string> args = {BinaryPath(),
                                    "--name=kvpool-test",
-                                   "--data-dir=" + dir_ + "/data",
+                                   "--data-dir=" + dir_.Join("data"),
                                    "--listen-client-urls=" + client,
                                    "--advertise-client-urls=" + client,
                                    "--listen-peer-urls=" + peer,
@@ -160,4 +136,4 @@ Status EtcdTestServer::Launch() {
                              "); its log:\n" + LogTail(log));
 }
 
-}  // namespace kvpool::daemon::cluster
+}  // namespace kvpool::testing
