@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
@@ -22,13 +24,22 @@ Status FromRocks(const rocksdb::Status& s, const char* file, int line) {
   return Status::IoError(msg);
 }
 
+RocksStore::RocksStore() = default;
+
 Result<std::unique_ptr<RocksStore>> RocksStore::Open(const RocksStoreOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);
   if (ec) {
     return Status::IoError("cannot create " + options.path + ": " + ec.message());
   }
+  std::unique_ptr<RocksStore> store(new RocksStore());
   rocksdb::DBOptions db_options;
+  if (options.file_system != nullptr) {
+    // An Env whose file operations go to `file_system` and whose threads and clock are the
+    // default Env's.
+    store->env_ = rocksdb::NewCompositeEnv(options.file_system);
+    db_options.env = store->env_.get();
+  }
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   db_options.IncreaseParallelism(options.background_threads);
@@ -63,7 +74,6 @@ Result<std::unique_ptr<RocksStore>> RocksStore::Open(const RocksStoreOptions& op
   if (!s.ok()) {
     return KVPOOL_ROCKS_STATUS(s).WithContext("opening RocksDB at " + options.path);
   }
-  std::unique_ptr<RocksStore> store(new RocksStore());
   store->db_.reset(raw);
   store->default_cf_ = handles[0];
   store->blocks_cf_ = handles[1];

@@ -10,6 +10,8 @@
 // A block's body and its meta record are always written and deleted in one WriteBatch.
 //
 // Thread safety: RocksDB is thread-safe; so is this wrapper.
+// Ownership: owns the DB and, when options name a file system, the Env built on it; both live
+// until the destructor.
 
 #include <memory>
 #include <string>
@@ -19,6 +21,8 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
+class FileSystem;
 class Status;
 }  // namespace rocksdb
 
@@ -36,6 +40,10 @@ struct RocksStoreOptions {
   uint64_t block_cache_bytes = 64ull << 20;
   // Background compaction and flush threads. Default: 2.
   int background_threads = 2;
+  // The file system RocksDB does all its file I/O through: the seam for fault-injection tests
+  // (tests/support/fault_injection_fs.h). Null: the local disk (rocksdb::FileSystem::Default()).
+  // Default: null.
+  std::shared_ptr<rocksdb::FileSystem> file_system;
 };
 
 class RocksStore {
@@ -57,7 +65,9 @@ class RocksStore {
   uint64_t ApproximateDiskBytes() const;
 
  private:
-  RocksStore() = default;
+  RocksStore();
+  // Declared before db_: the DB is closed before the Env it runs on is destroyed.
+  std::unique_ptr<rocksdb::Env> env_;  // null: rocksdb::Env::Default()
   std::unique_ptr<rocksdb::DB> db_;
   rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;
   rocksdb::ColumnFamilyHandle* blocks_cf_ = nullptr;
