@@ -67,8 +67,16 @@ struct Entry {
   uint8_t busy = 0;       // kBusy* flags: an I/O on this entry is in flight
   uint8_t flags = 0;      // kFlag* bits
   bool live = false;      // slot in use (false on the free list)
+  // The disk copy's body: its kernels::Encoding (0: raw, the bytes as put) and, when encoded,
+  // its stored bytes (tiers/demotion_encoding.h).
+  uint8_t disk_encoding = 0;
+  // Non-zero: the host copy was decoded from a disk copy in this encoding (approximate bytes).
+  uint8_t lossy_encoding = 0;
+  uint32_t disk_size = 0;
 
   bool In(Tier t) const { return tiers & TierBit(t); }
+  // Bytes the disk copy takes.
+  uint64_t disk_bytes() const { return disk_encoding != 0 ? disk_size : size; }
   bool CandidateOf(Tier t) const { return candidate & TierBit(t); }
   uint32_t cached_children() const {
     uint32_t n = 0;

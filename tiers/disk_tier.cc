@@ -13,8 +13,13 @@ namespace {
 
 constexpr uint32_t kBodyMagic = 0x4B565042;  // "BPVK"
 constexpr size_t kBodyHeaderBytes = 20;
-constexpr uint8_t kMetaVersion = 1;
+// Version 1: {1, size, checksum, parent}. Version 2 (a body stored encoded) adds
+// {encoding, stored size, stored checksum}; raw blocks are still written as version 1.
+constexpr uint8_t kMetaVersion1 = 1;
+constexpr uint8_t kMetaVersion2 = 2;
 constexpr size_t kMetaBytes = 1 + 8 + 8 + BlockKey::kSize;
+constexpr size_t kMetaLayoutBytes = 4 * 4 + 1;  // layers, kv heads, head dim, tokens, dtype
+constexpr size_t kMetaBytesV2 = kMetaBytes + 1 + 8 + 8 + kMetaLayoutBytes;
 
 void PutLe(uint8_t* p, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -26,21 +31,54 @@ uint64_t GetLe(const uint8_t* p, int n) {
 }
 
 std::string EncodeMeta(const DiskBlockMeta& m) {
-  std::string s(kMetaBytes, '\0');
+  const bool v2 = m.encoding != 0;
+  std::string s(v2 ? kMetaBytesV2 : kMetaBytes, '\0');
   auto* p = reinterpret_cast<uint8_t*>(s.data());
-  p[0] = kMetaVersion;
+  p[0] = v2 ? kMetaVersion2 : kMetaVersion1;
   PutLe(p + 1, m.size, 8);
   PutLe(p + 9, m.checksum, 8);
   std::memcpy(p + 17, m.parent.bytes.data(), BlockKey::kSize);
+  if (v2) {
+    p[kMetaBytes] = m.encoding;
+    PutLe(p + kMetaBytes + 1, m.stored_size, 8);
+    PutLe(p + kMetaBytes + 9, m.stored_checksum, 8);
+    uint8_t* l = p + kMetaBytes + 17;
+    PutLe(l, static_cast<uint32_t>(m.layout.num_layers), 4);
+    PutLe(l + 4, static_cast<uint32_t>(m.layout.num_kv_heads), 4);
+    PutLe(l + 8, static_cast<uint32_t>(m.layout.head_dim), 4);
+    PutLe(l + 12, static_cast<uint32_t>(m.layout.tokens), 4);
+    l[16] = static_cast<uint8_t>(m.layout.dtype);
+  }
   return s;
 }
 
 bool DecodeMeta(std::string_view v, DiskBlockMeta* m) {
-  if (v.size() != kMetaBytes || static_cast<uint8_t>(v[0]) != kMetaVersion) return false;
+  if (v.empty()) return false;
+  const uint8_t version = static_cast<uint8_t>(v[0]);
+  if (!(version == kMetaVersion1 && v.size() == kMetaBytes) &&
+      !(version == kMetaVersion2 && v.size() == kMetaBytesV2)) {
+    return false;
+  }
   auto* p = reinterpret_cast<const uint8_t*>(v.data());
   m->size = GetLe(p + 1, 8);
   m->checksum = GetLe(p + 9, 8);
   std::memcpy(m->parent.bytes.data(), p + 17, BlockKey::kSize);
+  m->encoding = 0;
+  m->stored_size = 0;
+  m->stored_checksum = 0;
+  if (version == kMetaVersion2) {
+    m->encoding = p[kMetaBytes];
+    m->stored_size = GetLe(p + kMetaBytes + 1, 8);
+    m->stored_checksum = GetLe(p + kMetaBytes + 9, 8);
+    const uint8_t* l = p + kMetaBytes + 17;
+    m->layout.num_layers = static_cast<int>(GetLe(l, 4));
+    m->layout.num_kv_heads = static_cast<int>(GetLe(l + 4, 4));
+    m->layout.head_dim = static_cast<int>(GetLe(l + 8, 4));
+    m->layout.tokens = static_cast<int>(GetLe(l + 12, 4));
+    m->layout.dtype = static_cast<kernels::DType>(l[16]);
+    m->layout.encoding = static_cast<kernels::Encoding>(m->encoding);
+    if (m->encoding == 0 || !kernels::ValidateBlockLayout(m->layout).ok()) return false;
+  }
   return true;
 }
 
@@ -73,13 +111,13 @@ Status DiskTier::Write(std::span<const DiskWrite> blocks, bool sync) {
     const std::string key = EncodeKey(w.ns, w.key);
     uint8_t header[kBodyHeaderBytes];
     PutLe(header, kBodyMagic, 4);
-    PutLe(header + 4, w.meta.size, 8);
-    PutLe(header + 12, w.meta.checksum, 8);
+    PutLe(header + 4, w.meta.body_size(), 8);
+    PutLe(header + 12, w.meta.body_checksum(), 8);
     // The batch copies header and body once into its buffer: no intermediate string.
     const rocksdb::Slice key_slice(key);
     const rocksdb::Slice parts[2] = {
         rocksdb::Slice(reinterpret_cast<const char*>(header), kBodyHeaderBytes),
-        rocksdb::Slice(reinterpret_cast<const char*>(w.data), w.meta.size)};
+        rocksdb::Slice(reinterpret_cast<const char*>(w.data), w.meta.body_size())};
     KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(batch.Put(
         store_.blocks(), rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(parts, 2))));
     KVPOOL_RETURN_IF_ERROR(
@@ -103,17 +141,28 @@ Status DiskTier::Read(NamespaceId ns, const BlockKey& key, const DiskBlockMeta& 
   }
   const uint64_t size = GetLe(p + 4, 8);
   const uint64_t checksum = GetLe(p + 12, 8);
-  if (size != expected.size || value.size() != kBodyHeaderBytes + size ||
-      checksum != expected.checksum) {
+  if (size != expected.body_size() || value.size() != kBodyHeaderBytes + size ||
+      checksum != expected.body_checksum()) {
     return Status::Corruption("block " + key.ShortHex() + ": length or checksum on disk (" +
                               std::to_string(size) + " bytes) differs from the index (" +
-                              std::to_string(expected.size) + " bytes)");
+                              std::to_string(expected.body_size()) + " bytes)");
   }
-  if (BlockChecksum(p + kBodyHeaderBytes, size) != expected.checksum) {
+  if (BlockChecksum(p + kBodyHeaderBytes, size) != expected.body_checksum()) {
     return Status::Corruption("block " + key.ShortHex() + ": xxh3 checksum mismatch on disk");
   }
   std::memcpy(dst, p + kBodyHeaderBytes, size);
   return Status::OK();
+}
+
+Result<DiskBlockMeta> DiskTier::ReadMeta(NamespaceId ns, const BlockKey& key) const {
+  rocksdb::PinnableSlice value;
+  KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(
+      store_.db()->Get(rocksdb::ReadOptions(), store_.block_meta(), EncodeKey(ns, key), &value)));
+  DiskBlockMeta meta;
+  if (!DecodeMeta({value.data(), value.size()}, &meta)) {
+    return Status::Corruption("block " + key.ShortHex() + ": undecodable meta record on disk");
+  }
+  return meta;
 }
 
 Status DiskTier::Delete(std::span<const std::pair<NamespaceId, BlockKey>> blocks) {

@@ -202,7 +202,8 @@ Result<NamespacePolicy> ComposePolicy(std::string_view eviction, std::string_vie
 std::string DescribePolicy(const NamespacePolicy& policy) {
   return "eviction=" + (policy.eviction.empty() ? std::string("default") : policy.eviction) +
          " write=" + policy.write->name() + " admission=" + policy.admission->name() +
-         " read-ahead=" + policy.read_ahead->name();
+         " read-ahead=" + policy.read_ahead->name() +
+         " encoding=" + (policy.encoding ? policy.encoding->name() : std::string("raw"));
 }
 
 }  // namespace kvpool::tiers

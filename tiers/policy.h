@@ -14,6 +14,9 @@
 //                     dropped from host instead of demoted), "none"
 //   read-ahead      on a get of a chain's block, how many following blocks of the same chain
 //                     start moving toward host: "none", "chain-N" (default "chain-2")
+//   encoding        the form blocks take on disk: "raw" (default) or, for a namespace that
+//                     declares its block layout and accepts lossy copies, "int8", "fp8-e4m3",
+//                     "int4-g32", "int4-g64" (tiers/demotion_encoding.h)
 //
 // Thread safety: strategies are immutable after creation; the registries are safe to use from
 // any thread.
@@ -24,6 +27,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "tiers/demotion_encoding.h"
 #include "tiers/strategy_registry.h"
 
 namespace kvpool::tiers {
@@ -74,6 +78,8 @@ struct NamespacePolicy {
   // The eviction order's name (tiers/eviction_order.h); the tier manager instantiates it per
   // tier. Empty: the default pool's order.
   std::string eviction;
+  // Encoding on demotion (tiers/demotion_encoding.h). Null: raw, the bytes as put.
+  std::shared_ptr<const DemotionEncoding> encoding;
 };
 
 // The default composition: lru, write-back, all, chain-2.
@@ -84,7 +90,7 @@ NamespacePolicy DefaultNamespacePolicy();
 Result<NamespacePolicy> ComposePolicy(std::string_view eviction, std::string_view write,
                                       std::string_view admission, std::string_view read_ahead);
 
-// "eviction=lru write=write-back admission=all read-ahead=chain-2".
+// "eviction=lru write=write-back admission=all read-ahead=chain-2 encoding=raw".
 std::string DescribePolicy(const NamespacePolicy& policy);
 
 }  // namespace kvpool::tiers

@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/threads.h"
 #include "common/units.h"
+#include "tiers/demotion_encoding.h"
 
 namespace kvpool::tiers {
 
@@ -19,6 +20,10 @@ uint64_t PagesBytes(uint64_t size) {
 }
 
 }  // namespace
+
+TierManager::DiskCopy TierManager::DiskCopyOf(const Entry& e) {
+  return DiskCopy{e.ns, e.key, e.size, e.checksum, e.disk_encoding};
+}
 
 TierManager::TierManager(const TierManagerOptions& options, HostTier& host, DiskTier& disk,
                          RocksStore& store)
@@ -117,6 +122,8 @@ Status TierManager::Recover() {
     Entry& e = index_.at(id);
     e.size = static_cast<uint32_t>(l.meta.size);
     e.checksum = l.meta.checksum;
+    e.disk_encoding = l.meta.encoding;
+    e.disk_size = l.meta.encoding != 0 ? static_cast<uint32_t>(l.meta.stored_size) : 0;
     ids.push_back(id);
   }
   for (size_t i = 0; i < loaded.size(); ++i) {
@@ -127,7 +134,7 @@ Status TierManager::Recover() {
   for (EntryId id : ids) {
     if (id == kNoEntry) continue;
     index_.AddCopy(id, Tier::kDisk);
-    disk_used_ += index_.at(id).size;
+    disk_used_ += index_.at(id).disk_bytes();
     ++disk_blocks_;
   }
   if (!invalid.empty()) {
@@ -230,6 +237,7 @@ void TierManager::DropHostCopyLocked(EntryId id) {
   Entry& e = index_.at(id);
   const HostSlot slot{e.host_offset, e.size};
   index_.RemoveCopy(id, Tier::kHost);
+  e.lossy_encoding = 0;
   host_.Free(slot);
   --host_blocks_;
   MaybeEraseLocked(id);
@@ -249,7 +257,9 @@ void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
   for (EntryId id : ids) {
     Entry& e = index_.at(id);
     index_.RemoveCopy(id, Tier::kDisk);
-    disk_used_ -= e.size;
+    disk_used_ -= e.disk_bytes();
+    e.disk_encoding = 0;
+    e.disk_size = 0;
     --disk_blocks_;
     MaybeEraseLocked(id);
   }
@@ -279,11 +289,20 @@ Status TierManager::ReserveDiskLocked(uint64_t bytes) {
 }
 
 Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync) {
+  // What each block becomes on disk: its bytes as put, or encoded by its namespace's encoding.
+  std::vector<std::shared_ptr<const DemotionEncoding>> encodings;
+  encodings.reserve(ids.size());
   uint64_t total = 0;
-  for (EntryId id : ids) total += index_.at(id).size;
+  for (EntryId id : ids) {
+    const Entry& e = index_.at(id);
+    std::shared_ptr<const DemotionEncoding> enc = PolicyLocked(e.ns).encoding;
+    if (enc && !enc->Applies(e.size)) enc = nullptr;
+    total += enc ? enc->encoded_bytes() : e.size;
+    encodings.push_back(std::move(enc));
+  }
   Status st = ReserveDiskLocked(total);
+  std::vector<DiskWrite> writes;
   if (st.ok()) {
-    std::vector<DiskWrite> writes;
     writes.reserve(ids.size());
     for (EntryId id : ids) {
       const Entry& e = index_.at(id);
@@ -299,7 +318,20 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_h
     ++io_in_flight_;
     mu_.Unlock();
     // The entries are kBusyDemoting: nobody frees their host copies meanwhile.
-    st = disk_.Write(writes, sync);
+    std::vector<std::unique_ptr<uint8_t[]>> encoded(ids.size());
+    for (size_t i = 0; i < writes.size() && st.ok(); ++i) {
+      const DemotionEncoding* enc = encodings[i].get();
+      if (enc == nullptr) continue;
+      encoded[i].reset(new uint8_t[enc->encoded_bytes()]);
+      st = enc->Encode(writes[i].data, encoded[i].get());
+      DiskBlockMeta& m = writes[i].meta;
+      m.encoding = static_cast<uint8_t>(enc->encoding());
+      m.stored_size = enc->encoded_bytes();
+      m.stored_checksum = BlockChecksum(encoded[i].get(), m.stored_size);
+      m.layout = enc->layout();
+      writes[i].data = encoded[i].get();
+    }
+    if (st.ok()) st = disk_.Write(writes, sync);
     mu_.Lock();
     --io_in_flight_;
     if (!st.ok()) {
@@ -309,10 +341,14 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_h
                  << ") to disk: " << st.ToString();
     }
   }
-  for (EntryId id : ids) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const EntryId id = ids[i];
     Entry& e = index_.at(id);
     e.busy &= static_cast<uint8_t>(~kBusyDemoting);
     if (st.ok()) {
+      e.disk_encoding = writes[i].meta.encoding;
+      e.disk_size = e.disk_encoding != 0 ? static_cast<uint32_t>(writes[i].meta.stored_size) : 0;
+      if (e.disk_encoding != 0) ++encoded_writes_;
       index_.AddCopy(id, Tier::kDisk);
       ++disk_blocks_;
     }
@@ -328,6 +364,32 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_h
   }
   changed_.SignalAll();
   return st;
+}
+
+Status TierManager::ReadDiskCopy(const DiskCopy& copy, uint8_t* dst, uint64_t* checksum) const {
+  if (copy.encoding == 0) {
+    KVPOOL_RETURN_IF_ERROR(
+        disk_.Read(copy.ns, copy.key, DiskBlockMeta{copy.size, copy.checksum, {}}, dst));
+    *checksum = copy.checksum;
+    return Status::OK();
+  }
+  // Encoded: the meta record says how; the body is checked against it, then decoded.
+  KVPOOL_ASSIGN_OR_RETURN(DiskBlockMeta meta, disk_.ReadMeta(copy.ns, copy.key));
+  if (meta.encoding != copy.encoding || meta.size != copy.size) {
+    return Status::Corruption("block " + copy.key.ShortHex() +
+                              ": its meta record on disk differs from the index");
+  }
+  const DemotionEncoding enc(meta.layout);
+  if (enc.encoded_bytes() != meta.stored_size || enc.raw_bytes() != meta.size) {
+    return Status::Corruption("block " + copy.key.ShortHex() +
+                              ": encoded sizes on disk do not match its layout");
+  }
+  std::unique_ptr<uint8_t[]> body(new uint8_t[meta.stored_size]);
+  KVPOOL_RETURN_IF_ERROR(disk_.Read(copy.ns, copy.key, meta, body.get()));
+  KVPOOL_RETURN_IF_ERROR(
+      enc.Decode(body.get(), dst).WithContext("decoding " + copy.key.ShortHex()));
+  *checksum = BlockChecksum(dst, meta.size);
+  return Status::OK();
 }
 
 uint64_t TierManager::EvictHostLocked(uint64_t budget) {
@@ -444,20 +506,22 @@ void TierManager::PromoteOne(EntryId id) {
   {
     Entry& e = index_.at(id);
     if (!e.In(Tier::kHost) && e.In(Tier::kDisk)) {
-      const NamespaceId ns = e.ns;
-      const BlockKey key = e.key;
-      const DiskBlockMeta meta{e.size, e.checksum, {}};
-      Result<HostSlot> slot = AllocateHostLocked(ns, meta.size);
+      const DiskCopy copy = DiskCopyOf(e);
+      Result<HostSlot> slot = AllocateHostLocked(copy.ns, copy.size);
       if (!slot.ok()) {
         st = slot.status();
       } else {
         ++io_in_flight_;
         mu_.Unlock();
-        st = disk_.Read(ns, key, meta, host_.Data(*slot));
+        uint64_t checksum = 0;
+        st = ReadDiskCopy(copy, host_.Data(*slot), &checksum);
         mu_.Lock();
         --io_in_flight_;
         Entry& e2 = index_.at(id);
         if (st.ok()) {
+          // Decoded from an encoded copy: approximate bytes, with their own checksum.
+          e2.checksum = checksum;
+          e2.lossy_encoding = copy.encoding;
           e2.host_offset = slot->offset;
           index_.AddCopy(id, Tier::kHost);
           ++host_blocks_;
@@ -589,6 +653,7 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     r.data = host_.Data(HostSlot{e.host_offset, e.size});
     r.size = e.size;
     r.checksum = e.checksum;
+    r.lossy_encoding = e.lossy_encoding;
     if (e.flags & kFlagPrefetched) {
       e.flags &= static_cast<uint8_t>(~kFlagPrefetched);
       ++prefetches_useful_;
@@ -687,14 +752,13 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
         continue;
       }
       direct_bytes += e.size;
-      const NamespaceId ens = e.ns;
-      const BlockKey key = e.key;
-      const DiskBlockMeta meta{e.size, e.checksum, {}};
+      const DiskCopy copy = DiskCopyOf(e);
       e.busy |= kBusyReading;
-      auto buf = std::unique_ptr<uint8_t[]>(new uint8_t[meta.size]);
+      auto buf = std::unique_ptr<uint8_t[]>(new uint8_t[copy.size]);
       ++io_in_flight_;
       mu_.Unlock();
-      Status st = disk_.Read(ens, key, meta, buf.get());
+      uint64_t checksum = 0;
+      Status st = ReadDiskCopy(copy, buf.get(), &checksum);
       mu_.Lock();
       --io_in_flight_;
       index_.at(id).busy &= static_cast<uint8_t>(~kBusyReading);
@@ -712,8 +776,9 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
       ++disk_counters_.hits;
       BlockRead& r = out[i];
       r.from = Tier::kDisk;
-      r.size = meta.size;
-      r.checksum = meta.checksum;
+      r.size = copy.size;
+      r.checksum = checksum;
+      r.lossy_encoding = copy.encoding;
       r.owned = std::move(buf);
       r.data = r.owned.get();
     }
@@ -804,7 +869,15 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
       return false;
     };
     if (classify()) continue;
+    // Making room must not push out the block this one extends: the new block would be stored
+    // without its parent link (unreachable by lookups) when the parent leaves the cache.
+    const EntryId parent = item.parent.IsZero() ? kNoEntry : FindCachedLocked(ns, item.parent);
+    if (parent != kNoEntry) ++index_.at(parent).leases;
     Result<HostSlot> slot = AllocateHostLocked(ns, item.size);
+    if (parent != kNoEntry) {
+      --index_.at(parent).leases;
+      MaybeEraseLocked(parent);
+    }
     if (!slot.ok()) {
       o.status = slot.status();
       continue;
@@ -1165,6 +1238,7 @@ TierManagerStats TierManager::GetStats() const {
   s.blocks_lost = blocks_lost_;
   s.blocks_not_admitted = blocks_not_admitted_;
   s.read_aheads = read_aheads_;
+  s.encoded_writes = encoded_writes_;
   return s;
 }
 

@@ -87,6 +87,9 @@ struct BlockRead {
   uint64_t checksum = 0;
   uint64_t lease_id = 0;
   uint64_t arena_offset = 0;
+  // Non-zero: the bytes were decoded from a copy stored in this kernels::Encoding (the
+  // namespace's encoding on demotion): approximately, not exactly, what was put.
+  uint8_t lossy_encoding = 0;
   std::unique_ptr<uint8_t[]> owned;
 };
 
@@ -142,6 +145,7 @@ struct TierManagerStats {
   uint64_t blocks_lost = 0;          // host-only blocks dropped because disk could not take them
   uint64_t blocks_not_admitted = 0;  // host-only blocks dropped because disk admission said no
   uint64_t read_aheads = 0;          // promotions started by read-ahead along a chain
+  uint64_t encoded_writes = 0;       // blocks written to disk encoded (tiers/demotion_encoding.h)
 };
 
 struct EvictOutcome {
@@ -275,6 +279,19 @@ class TierManager {
     }
   };
 
+  // What reading a block's disk copy needs, taken under the lock.
+  struct DiskCopy {
+    NamespaceId ns;
+    BlockKey key;
+    uint64_t size;
+    uint64_t checksum;
+    uint8_t encoding;
+  };
+  static DiskCopy DiskCopyOf(const Entry& e);
+  // Reads (and for an encoded copy decodes) a disk copy into `dst` (copy.size bytes), without the
+  // lock; `checksum` gets the checksum of what `dst` holds. NotFound, Corruption, IoError.
+  Status ReadDiskCopy(const DiskCopy& copy, uint8_t* dst, uint64_t* checksum) const;
+
   uint32_t NowSeconds() const;
   const NamespacePolicy& PolicyLocked(NamespaceId ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A live entry with at least one copy, or kNoEntry.
@@ -350,6 +367,7 @@ class TierManager {
   uint64_t blocks_lost_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_not_admitted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t read_aheads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t encoded_writes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t flusher_rounds_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ = false;

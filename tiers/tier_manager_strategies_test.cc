@@ -5,8 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
+#include "kernels/dtype.h"
+#include "kernels/quantize.h"
 #include "tiers/tier_manager_test_fixture.h"
 
 namespace kvpool::tiers {
@@ -133,6 +138,132 @@ TEST_F(TierManagerTest, ChangingTheEvictionOrderKeepsEveryBlock) {
   bad.eviction = "arc";
   EXPECT_EQ(manager_->SetNamespacePolicy(kNs, bad).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(manager_->PolicyOf(kNs).eviction, "lru") << "a refused change changes nothing";
+}
+
+// A small model's block: 2 layers, 2 KV heads of 64, 16 tokens, fp16 (16 KiB raw).
+kernels::BlockLayout SmallLayout() {
+  kernels::BlockLayout l;
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.head_dim = 64;
+  l.tokens = 16;
+  l.dtype = kernels::DType::kFloat16;
+  return l;
+}
+
+// fp16 values like a KV cache's (roughly normal), from a seed.
+std::vector<uint8_t> KvBytes(const kernels::BlockLayout& l, uint64_t seed) {
+  std::vector<uint8_t> out(kernels::RawBytes(l));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  for (size_t i = 0; i + 1 < out.size(); i += 2) {
+    const uint16_t h = kernels::FloatToHalf(normal(rng));
+    std::memcpy(out.data() + i, &h, 2);
+  }
+  return out;
+}
+
+TEST_F(TierManagerTest, EncodingOnDemotionStoresFewerBytesAndServesTheDecodedBlock) {
+  Open();
+  const kernels::BlockLayout raw = SmallLayout();
+  NamespaceId ns = 10;  // one namespace per encoding: 11 int8, 12 fp8, 13 int4
+  for (const char* name : {"int8", "fp8-e4m3", "int4-g32"}) {
+    SCOPED_TRACE(name);
+    ++ns;
+    NamespacePolicy policy = Compose("", "", "", "none");
+    Result<std::shared_ptr<const DemotionEncoding>> enc = CreateDemotionEncoding(name, raw);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    policy.encoding = *enc;
+    ASSERT_TRUE(manager_->SetNamespacePolicy(ns, policy).ok());
+
+    // One block of the layout's size and one of another size (stays raw, exact).
+    const BlockKey kv_key = KeyOf(500 + ns);
+    const BlockKey other_key = KeyOf(600 + ns);
+    const std::vector<uint8_t> kv = KvBytes(raw, ns);
+    const PutRequestItem item = ItemFor(kv_key, kv);
+    std::vector<ReserveOutcome> r = manager_->Reserve(ns, 1, {&item, 1});
+    ASSERT_EQ(r[0].state, ReserveState::kReserved);
+    Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
+    ASSERT_TRUE(t.ok());
+    std::memcpy(t->data, kv.data(), kv.size());
+    ASSERT_TRUE(manager_->Commit(1, r[0].reservation_id).ok());
+    ASSERT_TRUE(Put(other_key, 5000, {}, ns).ok());
+
+    const uint64_t disk_before = manager_->GetStats().disk_used_bytes;
+    const std::vector<BlockKey> both = {kv_key, other_key};
+    DemoteAll(both, ns);
+    const TierManagerStats s = manager_->GetStats();
+    EXPECT_EQ(s.disk_used_bytes - disk_before, (*enc)->encoded_bytes() + 5000)
+        << "capacity counts the stored bytes";
+    EXPECT_LT((*enc)->encoded_bytes(), kv.size());
+
+    // The reference: the kernels' own round trip of the same bytes.
+    std::vector<uint8_t> encoded((*enc)->encoded_bytes());
+    std::vector<uint8_t> want(kv.size());
+    ASSERT_TRUE((*enc)->Encode(kv.data(), encoded.data()).ok());
+    ASSERT_TRUE((*enc)->Decode(encoded.data(), want.data()).ok());
+    for (int round = 0; round < 2; ++round) {  // straight from disk, then promoted into host
+      std::vector<BlockRead> reads = manager_->Acquire(ns, {&kv_key, 1});
+      ASSERT_TRUE(reads[0].status.ok()) << reads[0].status.ToString();
+      EXPECT_EQ(reads[0].lossy_encoding, static_cast<uint8_t>((*enc)->encoding()));
+      ASSERT_EQ(reads[0].size, want.size());
+      EXPECT_EQ(std::memcmp(reads[0].data, want.data(), want.size()), 0);
+      EXPECT_EQ(reads[0].checksum, BlockChecksum(want.data(), want.size()));
+      manager_->Release(reads[0]);
+      manager_->WaitIdleForTest();
+    }
+    ExpectServed(other_key, ns);  // raw: exact, not lossy
+    std::vector<BlockRead> other = manager_->Acquire(ns, {&other_key, 1});
+    EXPECT_EQ(other[0].lossy_encoding, 0);
+    manager_->Release(other[0]);
+  }
+  EXPECT_EQ(manager_->GetStats().encoded_writes, 3u);
+
+  // A restart finds the encoded copies from their meta records alone.
+  const uint64_t used = manager_->GetStats().disk_used_bytes;
+  Reopen();
+  EXPECT_EQ(manager_->GetStats().disk_used_bytes, used);
+  const BlockKey kv_key = KeyOf(500 + 11);  // the int8 one
+  std::vector<BlockRead> reads = manager_->Acquire(11, {&kv_key, 1});
+  ASSERT_TRUE(reads[0].status.ok()) << reads[0].status.ToString();
+  EXPECT_EQ(reads[0].lossy_encoding, static_cast<uint8_t>(kernels::Encoding::kInt8));
+  manager_->Release(reads[0]);
+}
+
+TEST_F(TierManagerTest, AnEncodedBodyDamagedOnDiskIsAMissNeverWrongBytes) {
+  Open();
+  const kernels::BlockLayout raw = SmallLayout();
+  NamespacePolicy policy = Compose("", "", "", "none");
+  policy.encoding = *CreateDemotionEncoding("int8", raw);
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, policy).ok());
+  const BlockKey key = KeyOf(7);
+  const std::vector<uint8_t> kv = KvBytes(raw, 7);
+  const PutRequestItem item = ItemFor(key, kv);
+  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, 1, {&item, 1});
+  Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
+  ASSERT_TRUE(t.ok());
+  std::memcpy(t->data, kv.data(), kv.size());
+  ASSERT_TRUE(manager_->Commit(1, r[0].reservation_id).ok());
+  DemoteAll({key});
+  ASSERT_TRUE(disk_->CorruptForTest(kNs, key).ok());
+  ExpectMiss(key);
+  EXPECT_EQ(manager_->GetStats().checksum_failures, 1u);
+}
+
+TEST(DemotionEncodingTest, NamesAndLayouts) {
+  const kernels::BlockLayout raw = SmallLayout();
+  Result<std::shared_ptr<const DemotionEncoding>> none = CreateDemotionEncoding("raw", raw);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+  EXPECT_FALSE(CreateDemotionEncoding("zstd", raw).ok());
+  kernels::BlockLayout odd = raw;
+  odd.head_dim = 48;  // not a multiple of int4's group of 64
+  EXPECT_FALSE(CreateDemotionEncoding("int4-g64", odd).ok());
+  Result<std::shared_ptr<const DemotionEncoding>> int8 = CreateDemotionEncoding("int8", raw);
+  ASSERT_TRUE(int8.ok());
+  EXPECT_EQ((*int8)->name(), "int8");
+  EXPECT_TRUE((*int8)->Applies(kernels::RawBytes(raw)));
+  EXPECT_FALSE((*int8)->Applies(kernels::RawBytes(raw) + 2));
 }
 
 }  // namespace
