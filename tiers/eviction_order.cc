@@ -205,7 +205,10 @@ class LfuOrder final : public EvictionOrder {
 
   void Add(EntryId id, bool /*after_child*/) override {
     const uint32_t hits = index_.at(id).hits;
-    const uint32_t seed = halvings_ >= 32 ? 0 : hits >> halvings_;
+    // Lifetime hits, capped at the highest count a candidate has now: a block with a long past
+    // starts among the hottest, not above them for ever (aging halves only current counts).
+    const uint32_t top = buckets_.empty() ? 1 : std::max<uint32_t>(buckets_.rbegin()->first, 1);
+    const uint32_t seed = std::min(hits, top);
     Insert(id, seed);
     ++count_;
   }
@@ -243,7 +246,6 @@ class LfuOrder final : public EvictionOrder {
   // Halves every count, keeping each bucket's recency order.
   void Age() {
     uses_since_aging_ = 0;
-    ++halvings_;
     std::vector<EntryId> order;
     order.reserve(count_);
     for (auto& [freq, list] : buckets_) {
@@ -258,7 +260,6 @@ class LfuOrder final : public EvictionOrder {
   std::map<uint32_t, CandidateList> buckets_;  // by use count; each front: least recent
   size_t count_ = 0;
   uint64_t uses_since_aging_ = 0;
-  uint32_t halvings_ = 0;
 };
 
 template <typename T>

@@ -14,8 +14,9 @@
 //             main FIFO, where a used block is reinserted once per use instead of evicted; a ghost
 //             list of recently evicted keys sends a returning block straight to main.
 //   "lfu"     least frequently used first, with aging: uses count per candidate (seeded from the
-//             block's hits), halved for all once the uses since the last halving exceed the
-//             candidate count, so yesterday's hot prefix does not stay forever; LRU among equals.
+//             block's hits, at most the highest current count), halved for all once the uses
+//             since the last halving exceed the candidate count, so yesterday's hot prefix does
+//             not stay forever; LRU among equals.
 // A new order is a class implementing this interface, registered with
 // EvictionOrderRegistry().Register("name", factory) (examples/custom_eviction.cc).
 //
