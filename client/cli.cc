@@ -6,6 +6,7 @@
 //   kvpool lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N] [--json]
 //   kvpool locate --tokens-file=F --layout=L [...]   (each cluster node's cached prefix)
 //   kvpool evict [--tier=host|disk]
+//   kvpool policies show [--namespace=NS] [--json]   (the strategies each namespace runs with)
 //
 // Every command takes --socket (a Unix socket path or tcp://HOST:PORT) and --namespace.
 // Exit status: 0 on success, 1 when the daemon answered with an error or cannot be reached,
@@ -15,6 +16,7 @@
 #include <kvpool/client.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -64,6 +66,8 @@ constexpr const char* kUsage =
     "                                 for routers: each node's cached prefix of it\n"
     "  evict [--tier=host|disk]       admin: evict the namespace's blocks\n"
     "  cluster members [--json]       the cluster as this daemon sees it\n"
+    "  policies show [--namespace=NS] [--json]\n"
+    "                                 strategies of every configured namespace (or of NS)\n"
     "common flags: --socket=PATH|tcp://HOST:PORT --namespace=NS --timeout_ms=MS";
 
 int Usage(const std::string& why) {
@@ -76,10 +80,11 @@ int Error(const kvpool::Status& st) {
   return 1;
 }
 
-kvpool::Result<std::unique_ptr<kvpool::Client>> Connect() {
+// As --namespace, or as `ns` (e.g. to ask about a namespace without creating it by saying hello).
+kvpool::Result<std::unique_ptr<kvpool::Client>> Connect(const std::string& ns = "") {
   kvpool::ClientOptions o;
   o.address = FLAGS_socket;
-  o.namespace_name = FLAGS_namespace_name;
+  o.namespace_name = ns.empty() ? FLAGS_namespace_name : ns;
   o.client_name = "kvpool-cli";
   o.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   if (!FLAGS_cluster_secret_file.empty()) {
@@ -451,6 +456,48 @@ int Evict() {
   return 0;
 }
 
+nlohmann::json PolicyJson(const kvpool::PolicyInfo& p) {
+  return {{"namespace", p.namespace_name}, {"eviction", p.eviction},     {"write", p.write},
+          {"admission", p.admission},      {"read_ahead", p.read_ahead}, {"source", p.source}};
+}
+
+int Policies(int argc, char** argv) {
+  if (argc < 3 || std::string(argv[2]) != "show") return Usage("policies needs 'show'");
+  // --namespace names the one to show; without it, every configured one. Asked through the
+  // default namespace, so that looking at a namespace does not create it.
+  const bool one = !gflags::GetCommandLineFlagInfoOrDie("namespace_name").is_default;
+  auto c = Connect("default");
+  if (!c.ok()) return Error(c.status());
+  auto v = (*c)->Policies(one ? FLAGS_namespace_name : "");
+  if (!v.ok()) return Error(v.status());
+  if (FLAGS_json) {
+    nlohmann::json namespaces = nlohmann::json::array();
+    for (const kvpool::PolicyInfo& p : v->namespaces) namespaces.push_back(PolicyJson(p));
+    nlohmann::json j = {{"default", PolicyJson(v->default_policy)}, {"namespaces", namespaces}};
+    j["default"].erase("namespace");
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::vector<kvpool::PolicyInfo> rows;
+  if (!one) {
+    rows.push_back(v->default_policy);
+    rows.back().namespace_name = "(default)";
+  }
+  rows.insert(rows.end(), v->namespaces.begin(), v->namespaces.end());
+  size_t width = std::string("namespace").size();
+  for (const kvpool::PolicyInfo& p : rows) width = std::max(width, p.namespace_name.size());
+  const int w = static_cast<int>(width);
+  std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %s\n", w, "namespace", "eviction", "write",
+              "admission", "read_ahead", "source");
+  for (const kvpool::PolicyInfo& p : rows) {
+    std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %s\n", w, p.namespace_name.c_str(),
+                p.eviction.c_str(), p.write.c_str(), p.admission.c_str(), p.read_ahead.c_str(),
+                p.source.c_str());
+  }
+  if (!one && v->namespaces.empty()) std::cout << "(no namespace has its own strategies)\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -477,6 +524,7 @@ int main(int argc, char** argv) {
   if (cmd == "locate") return Locate();
   if (cmd == "evict") return Evict();
   if (cmd == "cluster") return Cluster(argc, argv);
+  if (cmd == "policies") return Policies(argc, argv);
   if (cmd == "bench") {
     std::fprintf(stderr, "kvpool: the benchmark is its own tool: run kvpool-bench --help\n");
     return 2;

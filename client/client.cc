@@ -47,6 +47,10 @@ bool PutResult::all_ok() const {
 }
 
 namespace {
+PolicyInfo PolicyFromWire(const wire::NamespacePolicyInfo& p) {
+  return {p.namespace_name(), p.eviction(), p.write(), p.admission(), p.read_ahead(), p.source()};
+}
+
 Tier FromWire(int t) {
   switch (t) {
     case wire::TIER_GPU:
@@ -789,6 +793,21 @@ Result<std::vector<NodeLocation>> Client::Locate(std::span<const BlockKey> chain
       if (end >= chain.size()) break;
     }
     return out;
+  });
+}
+
+Result<PoliciesView> Client::Policies(const std::string& namespace_name) {
+  return impl_->Run([&]() -> Result<PoliciesView> {
+    wire::PoliciesRequest req;
+    req.set_all(namespace_name.empty());
+    req.set_namespace_name(namespace_name);
+    wire::PoliciesResponse resp;
+    KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::POLICIES, req, &resp));
+    PoliciesView v;
+    v.default_policy = PolicyFromWire(resp.default_policy());
+    for (const wire::NamespacePolicyInfo& p : resp.namespaces())
+      v.namespaces.push_back(PolicyFromWire(p));
+    return v;
   });
 }
 

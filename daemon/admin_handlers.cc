@@ -139,6 +139,44 @@ Response AdminHandlers::ClusterMembers(Connection& c, std::string_view body) {
   return r;
 }
 
+namespace {
+
+void ToWire(const PolicyInfo& p, wire::NamespacePolicyInfo* out) {
+  out->set_namespace_name(p.namespace_name);
+  out->set_eviction(p.eviction);
+  out->set_write(p.write);
+  out->set_admission(p.admission);
+  out->set_read_ahead(p.read_ahead);
+  out->set_source(p.source);
+}
+
+}  // namespace
+
+Response AdminHandlers::Policies(Connection& c, std::string_view body) {
+  wire::PoliciesRequest req;
+  wire::PoliciesResponse resp;
+  Status st = Parse(body, &req, "POLICIES");
+  if (st.ok() && policies_ == nullptr) {
+    st = Status::Unimplemented("this daemon reports no namespace policies");
+  }
+  if (st.ok()) {
+    const NamespacePolicies::Snapshot s = policies_->Show();
+    ToWire(s.default_policy, resp.mutable_default_policy());
+    if (req.all()) {
+      for (const PolicyInfo& p : s.namespaces) ToWire(p, resp.add_namespaces());
+    } else {
+      const std::string& name = req.namespace_name().empty() ? c.ns_name : req.namespace_name();
+      Result<PolicyInfo> one = policies_->ShowNamespace(name);
+      if (one.ok()) {
+        ToWire(*one, resp.add_namespaces());
+      } else {
+        st = one.status();
+      }
+    }
+  }
+  return Reply(wire::POLICIES, resp, st);
+}
+
 std::string AdminHandlers::RenderMetrics() const {
   std::string out = metrics_.RenderPrometheus(tiers_.GetStats(), sessions_.Count(), Connections(),
                                               UptimeSeconds());

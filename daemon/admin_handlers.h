@@ -1,10 +1,9 @@
 #pragma once
 // AdminHandlers: the operator's requests and views: STATS (the daemon's figures, `kvpool
 // stats`), EVICT (admin eviction of a namespace's blocks), CLUSTER_MEMBERS (`kvpool cluster
-// members`) and the Prometheus text behind /metrics. Requests that show or change how the
-// daemon runs, rather than what it caches, belong here too (POLICIES, message type 18, the
-// strategies each namespace runs with, is not handled yet: BlockService answers it as an
-// unsupported request type).
+// members`), POLICIES (the strategies each namespace runs with, `kvpool policies show`) and the
+// Prometheus text behind /metrics. Requests that show or change how the daemon runs, rather than
+// what it caches, belong here too.
 //
 // Called by BlockService (daemon/block_service.h) after hello, on request workers, and
 // RenderMetrics by the metrics endpoint's thread; everything here reads thread-safe sources
@@ -21,6 +20,7 @@
 #include "daemon/cluster_hooks.h"
 #include "daemon/connection.h"
 #include "daemon/metrics.h"
+#include "daemon/namespace_policies.h"
 #include "daemon/service_options.h"
 #include "daemon/session_store.h"
 #include "tiers/tier_manager.h"
@@ -37,10 +37,16 @@ class AdminHandlers {
   // Where stats and /metrics get the open-connection count from (0 until set). May be set
   // while requests run (the daemon sets it once its server is up).
   void SetConnectionGauge(std::function<uint64_t()> gauge) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where POLICIES gets the compositions from (Unimplemented until set). Set once, before the
+  // control server starts; `policies` outlives the handlers.
+  void SetPolicies(const NamespacePolicies* policies) { policies_ = policies; }
 
   transport::Response Stats(Connection& c, std::string_view body);
   transport::Response Evict(Connection& c, std::string_view body);
   transport::Response ClusterMembers(Connection& c, std::string_view body);
+  // `all`: the default and every configured namespace; else one namespace, the request's or the
+  // connection's own. InvalidArgument for a bad namespace name.
+  transport::Response Policies(Connection& c, std::string_view body);
   std::string RenderMetrics() const;
 
  private:
@@ -52,6 +58,7 @@ class AdminHandlers {
   SessionStore& sessions_;
   Metrics& metrics_;
   const ClusterRef& cluster_;
+  const NamespacePolicies* policies_ = nullptr;  // set before any request runs
   mutable absl::Mutex mu_;
   std::function<uint64_t()> connections_ ABSL_GUARDED_BY(mu_);
   const std::chrono::steady_clock::time_point started_;

@@ -135,6 +135,9 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
       case wire::CLUSTER_MEMBERS:
         r = admin_.ClusterMembers(c, body);
         break;
+      case wire::POLICIES:
+        r = admin_.Policies(c, body);
+        break;
       default: {
         wire::GetResponse any;
         r = Reply(header.type, any, Status::InvalidArgument("unsupported request type"));

@@ -6,7 +6,7 @@
 //  - blocks (daemon/block_handlers.h): hello, lookup, get, put reserve/commit/abort, prefetch,
 //    release, map segments, locate;
 //  - sessions (daemon/session_handlers.h): save, load, delete, list;
-//  - admin (daemon/admin_handlers.h): stats, evict, cluster members, /metrics.
+//  - admin (daemon/admin_handlers.h): stats, evict, cluster members, policies, /metrics.
 // A malformed body is answered with InvalidArgument and the connection stays usable; framing
 // errors never reach here (the server closes the connection). An unknown type is answered
 // InvalidArgument ("unsupported request type").
@@ -54,6 +54,8 @@ class BlockService final : public transport::RequestHandler {
   // Unset: standalone. `cluster` must outlive this service.
   void SetCluster(ClusterHooks* cluster) { cluster_.Set(cluster); }
   std::string RenderMetrics() const { return admin_.RenderMetrics(); }
+  // The namespaces' compositions POLICIES reports; set before the control server starts.
+  void SetPolicies(const NamespacePolicies* policies) { admin_.SetPolicies(policies); }
 
   // transport::RequestHandler
   std::unique_ptr<transport::ConnectionState> OnConnect(

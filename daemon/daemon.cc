@@ -92,9 +92,9 @@ class DaemonImpl final : public Daemon {
       }
       // The file's problems, one line each, below a line of their own.
       const size_t n = std::count(st.message().begin(), st.message().end(), '\n') + 1;
-      return Status::InvalidArgument("invalid namespaces file " + options_.namespaces_file +
-                                     " (" + std::to_string(n) + (n == 1 ? " error" : " errors") +
-                                     "):\n" + st.message());
+      return Status::InvalidArgument("invalid namespaces file " + options_.namespaces_file + " (" +
+                                     std::to_string(n) + (n == 1 ? " error" : " errors") + "):\n" +
+                                     st.message());
     }
     KVPOOL_RETURN_IF_ERROR(tiers_->Recover());
 
@@ -131,6 +131,7 @@ class DaemonImpl final : public Daemon {
     service_ =
         std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_, ucx_.get());
     KVPOOL_RETURN_IF_ERROR(service_->LoadSessions());
+    service_->SetPolicies(policies_.get());
     tiers_->Start();
 
     transport::ControlServerOptions so;

@@ -156,15 +156,21 @@ PolicyInfo NamespacePolicies::InfoLocked(NamespaceId ns, const std::string& name
   return info;
 }
 
+PolicyInfo NamespacePolicies::DefaultInfoLocked() const {
+  const tiers::NamespacePolicy& d = running_.default_policy;
+  PolicyInfo info;
+  info.eviction = d.eviction.empty() ? "lru" : d.eviction;
+  info.write = d.write->name();
+  info.admission = d.admission->name();
+  info.read_ahead = d.read_ahead->name();
+  info.source = running_.default_source;
+  return info;
+}
+
 NamespacePolicies::Snapshot NamespacePolicies::Show() const {
   absl::ReaderMutexLock lock(&mu_);
   Snapshot s;
-  const tiers::NamespacePolicy& d = running_.default_policy;
-  s.default_policy.eviction = d.eviction.empty() ? "lru" : d.eviction;
-  s.default_policy.write = d.write->name();
-  s.default_policy.admission = d.admission->name();
-  s.default_policy.read_ahead = d.read_ahead->name();
-  s.default_policy.source = running_.default_source;
+  s.default_policy = DefaultInfoLocked();
   for (const auto& [ns, c] : running_.namespaces) {
     s.namespaces.push_back(InfoLocked(ns, c.name, c.policy, c.source));
   }
@@ -174,13 +180,16 @@ NamespacePolicies::Snapshot NamespacePolicies::Show() const {
   return s;
 }
 
-PolicyInfo NamespacePolicies::ShowNamespace(NamespaceId ns, const std::string& name) const {
+Result<PolicyInfo> NamespacePolicies::ShowNamespace(const std::string& name) const {
+  KVPOOL_RETURN_IF_ERROR(NamespaceRegistry::ValidateName(name));
   absl::ReaderMutexLock lock(&mu_);
-  auto it = running_.namespaces.find(ns);
-  if (it != running_.namespaces.end()) {
-    return InfoLocked(ns, name, it->second.policy, it->second.source);
+  for (const auto& [ns, c] : running_.namespaces) {
+    if (c.name == name) return InfoLocked(ns, name, c.policy, c.source);
   }
-  return InfoLocked(ns, name, running_.default_policy, running_.default_source);
+  // Not configured: the default composition, in the default pool.
+  PolicyInfo info = DefaultInfoLocked();
+  info.namespace_name = name;
+  return info;
 }
 
 }  // namespace kvpool::daemon

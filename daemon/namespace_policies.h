@@ -61,7 +61,10 @@ class NamespacePolicies {
  public:
   NamespacePolicies(NamespacePoliciesOptions options, tiers::TierManager& tiers,
                     NamespaceRegistry& namespaces)
-      : options_(std::move(options)), tiers_(tiers), namespaces_(namespaces) {}
+      : options_(std::move(options)), tiers_(tiers), namespaces_(namespaces) {
+    running_.default_policy = tiers::DefaultNamespacePolicy();
+    running_.default_source = "default";
+  }
 
   // Parses the flags and the file and applies them. InvalidArgument (every error of the file,
   // one "PATH:LINE: what" line each), NotFound for a required file that is missing,
@@ -78,8 +81,10 @@ class NamespacePolicies {
     std::vector<PolicyInfo> namespaces;
   };
   Snapshot Show() const;
-  // One namespace's composition, configured or not (then the default's, under its name).
-  PolicyInfo ShowNamespace(NamespaceId ns, const std::string& name) const;
+  // One namespace's composition, configured or not (then the default's, under its name); a
+  // namespace nobody has used yet is not created. InvalidArgument for a name the registry
+  // would refuse.
+  Result<PolicyInfo> ShowNamespace(const std::string& name) const;
 
   const std::string& namespaces_file() const { return options_.namespaces_file; }
 
@@ -108,6 +113,7 @@ class NamespacePolicies {
   Status Apply(Layers next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PolicyInfo InfoLocked(NamespaceId ns, const std::string& name, const tiers::NamespacePolicy& p,
                         const std::string& source) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  PolicyInfo DefaultInfoLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const NamespacePoliciesOptions options_;
   tiers::TierManager& tiers_;

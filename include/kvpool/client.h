@@ -215,6 +215,22 @@ struct EvictResult {
   uint64_t skipped = 0;
 };
 
+// The strategies one namespace runs with, by the names the namespaces file uses (README,
+// "Namespaces and their strategies").
+struct PolicyInfo {
+  std::string namespace_name;  // empty for the default composition
+  std::string eviction;        // "lru", "s3fifo", "lfu" (or a registered custom order)
+  std::string write;           // "write-back", "write-through", "write-through-after-N"
+  std::string admission;       // "all", "after-N-hits", "none"
+  std::string read_ahead;      // "chain-N", "none"
+  std::string source;          // "default", "flags", or the namespaces file's path
+};
+
+struct PoliciesView {
+  PolicyInfo default_policy;  // for every namespace without its own
+  std::vector<PolicyInfo> namespaces;
+};
+
 class Client {
  public:
   // Connects and says hello. Unavailable when no daemon listens, PermissionDenied or
@@ -267,6 +283,11 @@ class Client {
   // Admin: evict this namespace's blocks (all when `keys` is empty) from host (kHost: demote to
   // disk) or from the cache (kDisk).
   Result<EvictResult> Evict(Tier tier, std::span<const BlockKey> keys = {});
+  // The strategies the daemon runs with now (they change when its namespaces file is reloaded):
+  // the default composition and every namespace configured by the flags or the file, sorted by
+  // name. With `namespace_name`, `namespaces` holds that namespace alone, configured or not (then
+  // with the default's strategies and source). Unimplemented from a daemon too old to know.
+  Result<PoliciesView> Policies(const std::string& namespace_name = "");
 
   // Drops the connection and connects again (also done by itself with auto_reconnect).
   Status Reconnect();
