@@ -457,8 +457,13 @@ int Evict() {
 }
 
 nlohmann::json PolicyJson(const kvpool::PolicyInfo& p) {
-  return {{"namespace", p.namespace_name}, {"eviction", p.eviction},     {"write", p.write},
-          {"admission", p.admission},      {"read_ahead", p.read_ahead}, {"source", p.source}};
+  return {{"namespace", p.namespace_name},
+          {"eviction", p.eviction},
+          {"write", p.write},
+          {"admission", p.admission},
+          {"read_ahead", p.read_ahead},
+          {"encoding", p.encoding},
+          {"source", p.source}};
 }
 
 int Policies(int argc, char** argv) {
@@ -487,12 +492,12 @@ int Policies(int argc, char** argv) {
   size_t width = std::string("namespace").size();
   for (const kvpool::PolicyInfo& p : rows) width = std::max(width, p.namespace_name.size());
   const int w = static_cast<int>(width);
-  std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %s\n", w, "namespace", "eviction", "write",
-              "admission", "read_ahead", "source");
+  std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %s\n", w, "namespace", "eviction", "write",
+              "admission", "read_ahead", "encoding", "source");
   for (const kvpool::PolicyInfo& p : rows) {
-    std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %s\n", w, p.namespace_name.c_str(),
+    std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %s\n", w, p.namespace_name.c_str(),
                 p.eviction.c_str(), p.write.c_str(), p.admission.c_str(), p.read_ahead.c_str(),
-                p.source.c_str());
+                p.encoding.c_str(), p.source.c_str());
   }
   if (!one && v->namespaces.empty()) std::cout << "(no namespace has its own strategies)\n";
   return 0;

@@ -48,7 +48,8 @@ bool PutResult::all_ok() const {
 
 namespace {
 PolicyInfo PolicyFromWire(const wire::NamespacePolicyInfo& p) {
-  return {p.namespace_name(), p.eviction(), p.write(), p.admission(), p.read_ahead(), p.source()};
+  return {p.namespace_name(), p.eviction(), p.write(), p.admission(),
+          p.read_ahead(),     p.encoding(), p.source()};
 }
 
 Tier FromWire(int t) {
@@ -260,7 +261,11 @@ class Client::Impl {
                      b.tier};
     }
     std::vector<GetResult> results = ucx_.ReceiveBlocks(incoming, deadline);
-    for (size_t k = 0; k < blocks.size(); ++k) out[blocks[k].index] = std::move(results[k]);
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      const int lossy = out[blocks[k].index].lossy_encoding;  // from the response, kept
+      out[blocks[k].index] = std::move(results[k]);
+      out[blocks[k].index].lossy_encoding = lossy;
+    }
   }
 
   // Sends reserved blocks as tagged UCX messages and commits them in one PUT_COMMIT.
@@ -344,6 +349,7 @@ class Client::Impl {
             continue;
           }
           const uint64_t size = info.size();
+          r.lossy_encoding = static_cast<int>(info.lossy_encoding());
           if (info.lease_id() != 0) {
             in_place.push_back({i, info.slot().segment(), info.slot().generation(),
                                 info.slot().offset(), size, info.checksum(), info.lease_id(),
@@ -594,6 +600,7 @@ Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> ke
   for (size_t i = 0; i < keys.size(); ++i) {
     out[i].status = results[i].status;
     out[i].tier = results[i].tier;
+    out[i].lossy_encoding = results[i].lossy_encoding;
     if (!out[i].status.ok()) out[i].bytes.clear();
   }
   return out;

@@ -147,6 +147,7 @@ void ToWire(const PolicyInfo& p, wire::NamespacePolicyInfo* out) {
   out->set_write(p.write);
   out->set_admission(p.admission);
   out->set_read_ahead(p.read_ahead);
+  out->set_encoding(p.encoding);
   out->set_source(p.source);
 }
 

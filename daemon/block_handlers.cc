@@ -199,6 +199,7 @@ Response BlockHandlers::Get(Connection& c, std::string_view body) {
     info->set_size(read.size);
     info->set_checksum(read.checksum);
     info->set_tier(ToWire(read.from));
+    info->set_lossy_encoding(read.lossy_encoding);
     payload += delivery.Send(ask, static_cast<uint32_t>(resp.blocks_size() - 1), read, info, &r);
     ++served;
   }

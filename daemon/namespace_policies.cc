@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <string_view>
 
+#include "kernels/dtype.h"
+
 namespace kvpool::daemon {
 namespace {
 
@@ -142,6 +144,19 @@ Status NamespacePolicies::Reload() {
   return Status::OK();
 }
 
+namespace {
+
+// "raw", or the encoding with the layout it applies to: "int8 (32x8x128, 16 tokens, bf16)".
+std::string EncodingName(const tiers::NamespacePolicy& p) {
+  if (!p.encoding) return "raw";
+  const kernels::BlockLayout& l = p.encoding->layout();
+  return p.encoding->name() + " (" + std::to_string(l.num_layers) + "x" +
+         std::to_string(l.num_kv_heads) + "x" + std::to_string(l.head_dim) + ", " +
+         std::to_string(l.tokens) + " tokens, " + kernels::DTypeName(l.dtype) + ")";
+}
+
+}  // namespace
+
 PolicyInfo NamespacePolicies::InfoLocked(NamespaceId ns, const std::string& name,
                                          const tiers::NamespacePolicy& p,
                                          const std::string& source) const {
@@ -152,6 +167,7 @@ PolicyInfo NamespacePolicies::InfoLocked(NamespaceId ns, const std::string& name
   info.write = p.write->name();
   info.admission = p.admission->name();
   info.read_ahead = p.read_ahead->name();
+  info.encoding = EncodingName(p);
   info.source = source;
   return info;
 }
@@ -163,6 +179,7 @@ PolicyInfo NamespacePolicies::DefaultInfoLocked() const {
   info.write = d.write->name();
   info.admission = d.admission->name();
   info.read_ahead = d.read_ahead->name();
+  info.encoding = EncodingName(d);
   info.source = running_.default_source;
   return info;
 }

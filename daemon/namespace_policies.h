@@ -54,7 +54,8 @@ struct PolicyInfo {
   std::string write;
   std::string admission;
   std::string read_ahead;
-  std::string source;  // "default", "flags", or the namespaces file's path
+  std::string encoding;  // "raw", or e.g. "int8 (32x8x128, 16 tokens, bf16)"
+  std::string source;    // "default", "flags", or the namespaces file's path
 };
 
 class NamespacePolicies {

@@ -1,5 +1,7 @@
 #include "daemon/namespaces_file.h"
 
+#include "tiers/demotion_encoding.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -10,11 +12,13 @@
 #include <sstream>
 
 #include "daemon/namespace_registry.h"
+#include "tiers/demotion_encoding.h"
 
 namespace kvpool::daemon {
 namespace {
 
-constexpr const char* kKnownPolicyKeys = "eviction, write, admission, read_ahead";
+constexpr const char* kKnownPolicyKeys =
+    "eviction, write, admission, read_ahead, encoding, layout, lossy";
 
 std::string TypeName(const YAML::Node& node) {
   switch (node.Type()) {
@@ -37,10 +41,29 @@ bool NotSupportedYet(const std::string& key) {
          key == "max_blocks" || key == "max_bytes";
 }
 
-// Encoding on demotion exists (tiers/demotion_encoding.h) but needs the namespace's block layout
-// and its consent to lossy copies, which this file cannot state yet.
-bool EncodingKey(const std::string& key) {
-  return key == "encoding" || key == "layout" || key == "lossy";
+// Whether `name` is an encoding on demotion at all (its layout is checked with the layout).
+Status CheckEncodingName(const std::string& name) {
+  kernels::BlockLayout any;  // fits every encoding
+  any.num_layers = any.num_kv_heads = any.tokens = 1;
+  any.head_dim = 64;
+  return tiers::DemotionEncodingRegistry().Create(name, any).status();
+}
+
+// Adds the encoding on demotion `n` names to `p`, checked: a lossy encoding needs the layout and
+// `lossy: true`. InvalidArgument saying what is missing.
+Status AddEncoding(const PolicyNames& n, tiers::NamespacePolicy* p) {
+  if (n.encoding.empty() || n.encoding == "raw") return Status::OK();
+  if (!n.layout.has_value()) {
+    return Status::InvalidArgument("encoding '" + n.encoding +
+                                   "' needs the namespace's block 'layout' (layers, kv_heads, "
+                                   "head_dim, tokens, dtype)");
+  }
+  if (!n.lossy.value_or(false)) {
+    return Status::InvalidArgument("encoding '" + n.encoding +
+                                   "' is lossy: add 'lossy: true' to accept approximate blocks");
+  }
+  KVPOOL_ASSIGN_OR_RETURN(p->encoding, tiers::CreateDemotionEncoding(n.encoding, *n.layout));
+  return Status::OK();
 }
 
 // Collects error lines "PATH:LINE: what" while walking the document.
@@ -88,8 +111,22 @@ class Parser {
                               std::to_string(first->second) + ")");
         continue;
       }
+      if (k == "lossy") {
+        if (!value.IsScalar() || (value.Scalar() != "true" && value.Scalar() != "false")) {
+          Error(value.IsNull() ? key.Mark() : value.Mark(),
+                what + ": lossy must be true or false, got " + TypeName(value));
+        } else {
+          names.lossy = value.Scalar() == "true";
+        }
+        continue;
+      }
+      if (k == "layout") {
+        names.layout = ParseLayout(value, what);
+        continue;
+      }
       std::string* field = nullptr;
       if (k == "eviction") field = &names.eviction;
+      if (k == "encoding") field = &names.encoding;
       if (k == "write") field = &names.write;
       if (k == "admission") field = &names.admission;
       if (k == "read_ahead") field = &names.read_ahead;
@@ -98,10 +135,6 @@ class Parser {
           Error(key.Mark(), what + ": '" + k +
                                 "' is not supported yet (per-namespace quotas and capacities come "
                                 "later); remove it");
-        } else if (EncodingKey(k)) {
-          Error(key.Mark(), what + ": '" + k +
-                                "' is not supported in the namespaces file yet (encoding on "
-                                "demotion needs the namespace's block layout); remove it");
         } else if (k == "read-ahead" || k == "readahead") {
           Error(key.Mark(), what + ": unknown key '" + k + "' (did you mean 'read_ahead'?)");
         } else {
@@ -120,17 +153,88 @@ class Parser {
       std::string* one_field = k == "eviction"    ? &one.eviction
                                : k == "write"     ? &one.write
                                : k == "admission" ? &one.admission
+                               : k == "encoding"  ? &one.encoding
                                                   : &one.read_ahead;
       *one_field = value.Scalar();
-      Result<tiers::NamespacePolicy> checked =
-          tiers::ComposePolicy(one.eviction, one.write, one.admission, one.read_ahead);
+      Status checked = k == "encoding" ? CheckEncodingName(value.Scalar())
+                                       : tiers::ComposePolicy(one.eviction, one.write,
+                                                              one.admission, one.read_ahead)
+                                             .status();
       if (!checked.ok()) {
-        Error(value.Mark(), what + ": " + checked.status().message());
+        Error(value.Mark(), what + ": " + checked.message());
         continue;
       }
       *field = value.Scalar();
     }
     return names;
+  }
+
+  // layout: {layers, kv_heads, head_dim, tokens, dtype}; nullopt (with its errors) when bad.
+  std::optional<kernels::BlockLayout> ParseLayout(const YAML::Node& node, const std::string& what) {
+    if (!node.IsMap()) {
+      Error(node.Mark(), what +
+                             ": layout must be a mapping of layers, kv_heads, head_dim, "
+                             "tokens, dtype, got " +
+                             TypeName(node));
+      return std::nullopt;
+    }
+    kernels::BlockLayout l;
+    bool ok = true;
+    bool has_dtype = false;
+    std::map<std::string, int*> ints = {{"layers", &l.num_layers},
+                                        {"kv_heads", &l.num_kv_heads},
+                                        {"head_dim", &l.head_dim},
+                                        {"tokens", &l.tokens}};
+    for (const auto& kv : node) {
+      const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "";
+      const YAML::Node v = kv.second;
+      if (k == "dtype") {
+        const std::string d = v.IsScalar() ? v.Scalar() : "";
+        has_dtype = true;
+        if (d == "fp16" || d == "float16") {
+          l.dtype = kernels::DType::kFloat16;
+        } else if (d == "bf16" || d == "bfloat16") {
+          l.dtype = kernels::DType::kBFloat16;
+        } else if (d == "fp32" || d == "float32") {
+          l.dtype = kernels::DType::kFloat32;
+        } else {
+          Error(v.Mark(), what + ": layout dtype must be fp16, bf16 or fp32");
+          ok = false;
+        }
+        continue;
+      }
+      auto it = ints.find(k);
+      if (it == ints.end()) {
+        Error(kv.first.Mark(), what + ": unknown layout key '" + k +
+                                   "' (known: layers, kv_heads, head_dim, tokens, dtype)");
+        ok = false;
+        continue;
+      }
+      int value = 0;
+      if (!v.IsScalar() || !YAML::convert<int>::decode(v, value) || value <= 0) {
+        Error(v.IsNull() ? kv.first.Mark() : v.Mark(),
+              what + ": layout " + k + " must be a positive integer");
+        ok = false;
+        continue;
+      }
+      *it->second = value;
+      ints.erase(it);
+    }
+    if (ok && (!ints.empty() || !has_dtype)) {
+      std::string missing;
+      for (const auto& [k, p] : ints) missing += (missing.empty() ? "" : ", ") + k;
+      if (!has_dtype) missing += std::string(missing.empty() ? "" : ", ") + "dtype";
+      Error(node.Mark(), what + ": layout is missing " + missing);
+      ok = false;
+    }
+    if (ok) {
+      if (Status st = kernels::ValidateBlockLayout(l); !st.ok()) {
+        Error(node.Mark(), what + ": layout: " + st.message());
+        ok = false;
+      }
+    }
+    if (!ok) return std::nullopt;
+    return l;
   }
 
   Result<NamespacesConfig> Parse(std::string_view yaml) {
@@ -251,6 +355,10 @@ class Parser {
       }
       return;  // every namespace would repeat it
     }
+    if (Status st = AddEncoding(d, &*def); !st.ok()) {
+      if (default_ok) Error(default_mark, "default: " + st.message());
+      return;
+    }
     config->default_policy = std::move(*def);
     // Named, so that what it reports is what runs (the tier manager's default order is lru).
     if (config->default_policy.eviction.empty()) config->default_policy.eviction = "lru";
@@ -263,6 +371,10 @@ class Parser {
       if (!policy.ok()) {
         // Only combinations fail here: each name was checked on its own.
         Error(p.mark, "namespace '" + p.name + "': " + policy.status().message());
+        continue;
+      }
+      if (Status st = AddEncoding(n, &*policy); !st.ok()) {
+        Error(p.mark, "namespace '" + p.name + "': " + st.message());
         continue;
       }
       config->namespaces.push_back(
@@ -283,7 +395,23 @@ PolicyNames PolicyNames::Over(const PolicyNames& under) const {
   if (n.write.empty()) n.write = under.write;
   if (n.admission.empty()) n.admission = under.admission;
   if (n.read_ahead.empty()) n.read_ahead = under.read_ahead;
+  if (n.encoding.empty()) n.encoding = under.encoding;
+  if (!n.layout.has_value()) n.layout = under.layout;
+  if (!n.lossy.has_value()) n.lossy = under.lossy;
   return n;
+}
+
+bool PolicyNames::operator==(const PolicyNames& o) const {
+  auto same_layout = [](const std::optional<kernels::BlockLayout>& a,
+                        const std::optional<kernels::BlockLayout>& b) {
+    if (a.has_value() != b.has_value()) return false;
+    return !a.has_value() ||
+           (a->num_layers == b->num_layers && a->num_kv_heads == b->num_kv_heads &&
+            a->head_dim == b->head_dim && a->tokens == b->tokens && a->dtype == b->dtype);
+  };
+  return eviction == o.eviction && write == o.write && admission == o.admission &&
+         read_ahead == o.read_ahead && encoding == o.encoding && lossy == o.lossy &&
+         same_layout(layout, o.layout);
 }
 
 Result<NamespacesConfig> ParseNamespacesConfig(std::string_view yaml, const std::string& path,

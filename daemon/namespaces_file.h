@@ -10,8 +10,14 @@
 // Both sections are optional, and so is every key: a key the default omits keeps the built-in
 // default (or the --write_policy flag, see daemon/namespace_policies.h); a key a namespace omits
 // takes the file's default (its eviction order: the default pool's). The keys are eviction,
-// write, admission and read_ahead; a key for something the daemon cannot configure per
-// namespace yet (quotas, capacities, encoding on demotion) is an error, never silently ignored.
+// write, admission, read_ahead, and for encoding on demotion encoding, layout and lossy:
+//
+//     llama-8b: {encoding: int8, lossy: true,
+//                layout: {layers: 32, kv_heads: 8, head_dim: 128, tokens: 16, dtype: bf16}}
+//
+// (a lossy encoding needs both; blocks of any other size stay raw). A key for something the
+// daemon cannot configure per namespace yet (quotas, capacities) is an error, never silently
+// ignored.
 //
 // Parsing validates everything and reports every problem found, one line each as
 // "PATH:LINE: what", in file order: YAML syntax, unknown keys, values of the wrong type,
@@ -21,11 +27,13 @@
 //
 // Thread safety: stateless functions, callable from any thread.
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/block_layout.h"
 #include "tiers/policy.h"
 
 namespace kvpool::daemon {
@@ -36,10 +44,15 @@ struct PolicyNames {
   std::string write;
   std::string admission;
   std::string read_ahead;
+  // Encoding on demotion (tiers/demotion_encoding.h) and what it needs: the namespace's raw
+  // block layout, and its consent to approximate copies.
+  std::string encoding;
+  std::optional<kernels::BlockLayout> layout;
+  std::optional<bool> lossy;
 
   // This, with what it leaves empty taken from `under`.
   PolicyNames Over(const PolicyNames& under) const;
-  bool operator==(const PolicyNames&) const = default;
+  bool operator==(const PolicyNames& o) const;
 };
 
 // A parsed and validated namespaces file.

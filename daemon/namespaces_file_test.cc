@@ -153,10 +153,10 @@ TEST(NamespacesFileTest, UnknownKeysAndBadTypesOneLineEach) {
   EXPECT_EQ(e[0], "namespaces.yaml:1: unknown key 'defaults' (known: default, namespaces)");
   EXPECT_EQ(e[1],
             "namespaces.yaml:2: default: expected a mapping of eviction, write, admission, "
-            "read_ahead, got a list");
+            "read_ahead, encoding, layout, lossy, got a list");
   EXPECT_EQ(e[2],
             "namespaces.yaml:4: namespace 'a': unknown key 'evict' (known: eviction, write, "
-            "admission, read_ahead)");
+            "admission, read_ahead, encoding, layout, lossy)");
   EXPECT_EQ(e[3],
             "namespaces.yaml:5: namespace 'b': unknown key 'read-ahead' (did you mean "
             "'read_ahead'?)");
@@ -164,7 +164,7 @@ TEST(NamespacesFileTest, UnknownKeysAndBadTypesOneLineEach) {
   EXPECT_EQ(e[5], "namespaces.yaml:7: namespace 'd': write must be a strategy name, got nothing");
   EXPECT_EQ(e[6],
             "namespaces.yaml:8: namespace 'e': expected a mapping of eviction, write, admission, "
-            "read_ahead, got 'lru'");
+            "read_ahead, encoding, layout, lossy, got 'lru'");
   EXPECT_EQ(e[7], "namespaces.yaml:9: namespace 'f': 'eviction' given twice (first on line 9)");
 }
 
@@ -174,22 +174,62 @@ TEST(NamespacesFileTest, QuotasAndCapacitiesAreRefusedNotIgnored) {
       "  a: {host_quota: 4GiB, eviction: lru}\n"
       "  b:\n"
       "    disk_capacity: 100GiB\n"
-      "    encoding: int8\n"
       "quotas: {a: 1GiB}\n");
-  ASSERT_EQ(e.size(), 4u) << ::testing::PrintToString(e);
+  ASSERT_EQ(e.size(), 3u) << ::testing::PrintToString(e);
   EXPECT_EQ(e[0].rfind("namespaces.yaml:2: namespace 'a': 'host_quota' is not supported yet", 0),
             0u)
       << e[0];
   EXPECT_EQ(e[1].rfind("namespaces.yaml:4: namespace 'b': 'disk_capacity' is not supported yet", 0),
             0u)
       << e[1];
-  EXPECT_EQ(
-      e[2].rfind("namespaces.yaml:5: namespace 'b': 'encoding' is not supported in the namespaces "
-                 "file yet",
-                 0),
-      0u)
+  EXPECT_EQ(e[2].rfind("namespaces.yaml:5: 'quotas' is not supported yet", 0), 0u) << e[2];
+}
+
+TEST(NamespacesFileTest, EncodingOnDemotionNeedsALayoutAndConsentToLossyCopies) {
+  Result<NamespacesConfig> c = ParseNamespacesConfig(
+      "namespaces:\n"
+      "  llama:\n"
+      "    encoding: int8\n"
+      "    lossy: true\n"
+      "    layout: {layers: 32, kv_heads: 8, head_dim: 128, tokens: 16, dtype: bf16}\n"
+      "  plain: {}\n",
+      "namespaces.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->namespaces.size(), 2u);
+  ASSERT_NE(c->namespaces[0].policy.encoding, nullptr);
+  EXPECT_EQ(c->namespaces[0].policy.encoding->name(), "int8");
+  EXPECT_EQ(c->namespaces[0].policy.encoding->raw_bytes(), 32u * 2 * 16 * 8 * 128 * 2);
+  EXPECT_EQ(c->namespaces[1].policy.encoding, nullptr) << "raw unless asked";
+
+  std::vector<std::string> e = Errors(
+      "namespaces:\n"
+      "  a: {encoding: int8, layout: {layers: 2, kv_heads: 2, head_dim: 64, tokens: 16, "
+      "dtype: fp16}}\n"                                                      // 2: no lossy
+      "  b: {encoding: fp8-e4m3, lossy: true}\n"                             // 3: no layout
+      "  c: {encoding: zstd}\n"                                              // 4: unknown
+      "  d: {lossy: maybe}\n"                                                // 5: not a bool
+      "  e: {layout: {layers: 2, kv_heads: 2, head_dim: 64, dtype: fp8}}\n"  // 6: dtype, tokens
+      "  f: {encoding: int4-g64, lossy: true, layout: {layers: 1, kv_heads: 1, head_dim: 48, "
+      "tokens: 4, dtype: fp16}}\n");  // 7: head_dim
+  ASSERT_EQ(e.size(), 6u) << ::testing::PrintToString(e);
+  EXPECT_NE(e[0].find("namespaces.yaml:4: namespace 'c': unknown encoding on demotion 'zstd'"),
+            std::string::npos)
+      << e[0];
+  EXPECT_NE(e[1].find("namespaces.yaml:5: namespace 'd': lossy must be true or false"),
+            std::string::npos)
+      << e[1];
+  EXPECT_NE(e[2].find("namespaces.yaml:6: namespace 'e': layout dtype must be fp16, bf16 or fp32"),
+            std::string::npos)
       << e[2];
-  EXPECT_EQ(e[3].rfind("namespaces.yaml:6: 'quotas' is not supported yet", 0), 0u) << e[3];
+  EXPECT_NE(e[3].find("namespaces.yaml:2: namespace 'a': encoding 'int8' is lossy: add "
+                      "'lossy: true'"),
+            std::string::npos)
+      << e[3];
+  EXPECT_NE(e[4].find("namespaces.yaml:3: namespace 'b': encoding 'fp8-e4m3' needs the "
+                      "namespace's block 'layout'"),
+            std::string::npos)
+      << e[4];
+  EXPECT_NE(e[5].find("namespaces.yaml:7: namespace 'f':"), std::string::npos) << e[5];
 }
 
 TEST(NamespacesFileTest, BadAndDuplicateNamespaceNamesUseTheRegistrysRules) {

@@ -13,6 +13,11 @@
 #include <sstream>
 #include <thread>
 
+#include <kvpool/kernels.h>
+
+#include "kernels/block_layout.h"
+#include "kernels/dtype.h"
+#include "kernels/quantize.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/temp_dir.h"
@@ -255,6 +260,64 @@ std::pair<int, std::string> RunKvpoold(const TempDir& dir, const std::string& fl
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, text.str()};
 }
 
+TEST_F(NamespacesReloadTest, AnEncodedNamespaceServesTheDecodedBlockAndSaysItIsLossy) {
+  WriteFile(path_,
+            "namespaces:\n"
+            "  small-model:\n"
+            "    encoding: int8\n"
+            "    lossy: true\n"
+            "    layout: {layers: 2, kv_heads: 2, head_dim: 64, tokens: 16, dtype: fp16}\n");
+  DaemonProcess d(std::vector<std::string>{"--namespaces_file=" + path_});
+  ASSERT_OK(d.Start());
+  auto client = d.Connect("small-model");
+  ASSERT_NE(client, nullptr);
+  auto v = client->Policies("small-model");
+  ASSERT_OK(v);
+  ASSERT_EQ(v->namespaces.size(), 1u);
+  EXPECT_EQ(v->namespaces[0].encoding, "int8 (2x2x64, 16 tokens, fp16)");
+
+  // One block of the layout (16 KiB of fp16 KV) and one of another size.
+  kernels::BlockLayout layout;
+  layout.num_layers = 2;
+  layout.num_kv_heads = 2;
+  layout.head_dim = 64;
+  layout.tokens = 16;
+  layout.dtype = kernels::DType::kFloat16;
+  Chain c = MakeChain(5, 2, kernels::RawBytes(layout));
+  c.blocks[1].resize(5000);
+  for (size_t i = 0; i < c.blocks[0].size(); i += 2) {
+    const uint16_t h = kernels::FloatToHalf(static_cast<float>((i * 37) % 200) / 50.0f - 2.0f);
+    std::memcpy(c.blocks[0].data() + i, &h, 2);
+  }
+  Put(*client, c);
+  auto evicted = client->Evict(Tier::kHost, c.keys);
+  ASSERT_OK(evicted);
+  EXPECT_EQ(evicted->evicted, 2u);
+
+  // What kvpool must serve: the kernels' own int8 round trip of the block.
+  kernels::BlockLayout encoded = layout;
+  encoded.encoding = kernels::Encoding::kInt8;
+  std::vector<uint8_t> mid(kernels::EncodedBytes(encoded));
+  std::vector<uint8_t> want(c.blocks[0].size());
+  const void* in = c.blocks[0].data();
+  void* out = mid.data();
+  ASSERT_OK(kernels::QuantizeBlocksCpu(encoded, &in, &out, 1));
+  const void* cmid = mid.data();
+  void* back = want.data();
+  ASSERT_OK(kernels::DequantizeBlocksCpu(encoded, &cmid, &back, 1));
+  ASSERT_NE(want, c.blocks[0]) << "test bug: int8 should not be exact on these values";
+
+  auto got = client->GetBlocks(c.keys);
+  ASSERT_OK(got);
+  ASSERT_OK((*got)[0].status);
+  EXPECT_EQ((*got)[0].lossy_encoding, KVPOOL_ENCODING_INT8);
+  EXPECT_EQ((*got)[0].bytes, want);
+  ASSERT_OK((*got)[1].status);
+  EXPECT_EQ((*got)[1].lossy_encoding, 0) << "another size stays raw";
+  EXPECT_EQ((*got)[1].bytes, c.blocks[1]);
+  ASSERT_OK(d.Stop());
+}
+
 TEST_F(NamespacesReloadTest, InvalidFileAtStartStopsTheDaemonWithEveryErrorLine) {
   WriteFile(path_,
             "default: {write: write-through}\n"
@@ -270,7 +333,7 @@ TEST_F(NamespacesReloadTest, InvalidFileAtStartStopsTheDaemonWithEveryErrorLine)
        {path_ + ":3: namespace 'tenant-a': unknown eviction order 'arc' (known: lru, s3fifo, lfu)",
         path_ + ":4: namespace name 'bad name' may only hold letters, digits and . _ - :",
         path_ + ":6: namespace 'other': unknown key 'evict' (known: eviction, write, admission, "
-                "read_ahead)",
+                "read_ahead, encoding, layout, lossy)",
         path_ + ":5: namespace 'scratch': write policy 'write-through' writes blocks to disk "
                 "that admission 'none' does not take"}) {
     EXPECT_NE(out.find("\n" + line + "\n"), std::string::npos) << line << "\nnot in:\n" << out;

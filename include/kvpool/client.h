@@ -90,6 +90,10 @@ struct GetResult {
   Status status;    // OK; NotFound for a miss; InvalidArgument if the buffer was too small
   size_t size = 0;  // bytes written into the buffer
   Tier tier = Tier::kNone;
+  // Non-zero: the bytes were decoded from a copy the daemon stored in this encoding on demotion
+  // (KVPOOL_ENCODING_* of <kvpool/kernels.h>; the namespace accepted lossy copies): close to,
+  // not exactly, what was put. 0: exactly what was put.
+  int lossy_encoding = 0;
 };
 
 // A block read into memory the library allocated.
@@ -97,6 +101,7 @@ struct FetchedBlock {
   Status status;  // OK; NotFound for a miss
   std::vector<uint8_t> bytes;
   Tier tier = Tier::kNone;
+  int lossy_encoding = 0;  // as GetResult::lossy_encoding
 };
 
 struct PutBlock {
@@ -223,6 +228,7 @@ struct PolicyInfo {
   std::string write;           // "write-back", "write-through", "write-through-after-N"
   std::string admission;       // "all", "after-N-hits", "none"
   std::string read_ahead;      // "chain-N", "none"
+  std::string encoding;        // on demotion: "raw", or e.g. "int8 (32x8x128, 16 tokens, bf16)"
   std::string source;          // "default", "flags", or the namespaces file's path
 };
 
