@@ -45,6 +45,7 @@ class GetResult:
     ok: bool
     size: int                # bytes written (0 unless ok)
     tier: str | None         # where it was served from
+    lossy: str | None        # None: exactly what was put; else the encoding it was decoded from
     code: str                # "OK", "NotFound", "Corruption", "InvalidArgument" (buffer too small)
     message: str
     def __bool__(self) -> bool: ...  # ok

@@ -18,6 +18,7 @@
 
 #include "buffers.h"
 #include "errors.h"
+#include "kernels/block_layout.h"
 #include "keys.h"
 #include "transport/address.h"
 
@@ -38,6 +39,7 @@ struct PyGetResult {
   bool ok = false;
   size_t size = 0;
   Tier tier = Tier::kNone;
+  int lossy_encoding = 0;
   std::string code;
   std::string message;
 };
@@ -225,6 +227,7 @@ class PyClient {
       out[i].ok = r[i].status.ok();
       out[i].size = r[i].status.ok() ? r[i].size : 0;
       out[i].tier = r[i].tier;
+      out[i].lossy_encoding = r[i].lossy_encoding;
       out[i].code = StatusCodeName(r[i].status.code());
       out[i].message = r[i].status.message();
     }
@@ -426,6 +429,15 @@ void RegisterClient(nb::module_& m) {
       .def_prop_ro(
           "tier", [](const PyGetResult& r) { return TierOrNone(r.tier); },
           "Where the block was served from, None for a miss.")
+      .def_prop_ro(
+          "lossy",
+          [](const PyGetResult& r) -> nb::object {
+            if (r.lossy_encoding == 0) return nb::none();
+            return nb::str(kernels::EncodingName(static_cast<kernels::Encoding>(r.lossy_encoding)));
+          },
+          "None when the bytes are exactly what was put; else the encoding ('int8', 'fp8_e4m3', "
+          "'int4_g32', 'int4_g64') the namespace stored the block in on disk, which it was "
+          "decoded from: close to, not exactly, what was put.")
       .def_ro("code", &PyGetResult::code,
               "'OK', 'NotFound' (a miss), 'Corruption', 'InvalidArgument' (buffer too small), ...")
       .def_ro("message", &PyGetResult::message)
