@@ -84,7 +84,9 @@ Row Measure(const std::string& name, const kernels::BlockLayout& layout) {
     if (!host.ok()) Fail("host tier: " + host.status().ToString());
     tiers::TierManagerOptions mo;
     mo.flush_on_shutdown = false;
-    tiers::TierManager manager(mo, **host, disk, **store);
+    Result<tiers::TierStack> stack = tiers::TierStack::Create({host->get(), &disk});
+    if (!stack.ok()) Fail("tier stack: " + stack.status().ToString());
+    tiers::TierManager manager(mo, std::move(*stack));
     if (Status st = manager.Recover(); !st.ok()) Fail(st.ToString());
     manager.Start();
     Result<tiers::NamespacePolicy> policy = tiers::ComposePolicy("", "", "", "none");

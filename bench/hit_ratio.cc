@@ -244,7 +244,9 @@ ReplayResult Replay(const ChatTrace& trace, uint64_t capacity, const std::string
     mo.host_low_watermark = 1.0;
     mo.promotion_threads = 1;
     mo.flush_on_shutdown = false;
-    tiers::TierManager manager(mo, **host, disk, **store);
+    Result<tiers::TierStack> stack = tiers::TierStack::Create({host->get(), &disk});
+    if (!stack.ok()) Fail("tier stack: " + stack.status().ToString());
+    tiers::TierManager manager(mo, std::move(*stack));
     Status st = manager.Recover();
     if (!st.ok()) Fail("recover: " + st.ToString());
     manager.Start();

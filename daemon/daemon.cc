@@ -78,7 +78,9 @@ class DaemonImpl final : public Daemon {
     tiers::TierManagerOptions to = options_.tiers;
     to.disk_capacity_bytes = options_.disk_capacity_bytes;
     to.promotion_threads = options_.promotion_threads;
-    tiers_ = std::make_unique<tiers::TierManager>(to, *host_, *disk_, *store_);
+    KVPOOL_ASSIGN_OR_RETURN(tiers::TierStack stack,
+                            tiers::TierStack::Create({host_.get(), disk_.get()}));
+    tiers_ = std::make_unique<tiers::TierManager>(to, std::move(stack));
     NamespacePoliciesOptions po;
     po.write_policy = options_.write_policy;
     po.namespace_policies = options_.namespace_policies;

@@ -66,7 +66,10 @@ TEST(NamespacesFileTest, ComposesTheDocumentedExample) {
 TEST(NamespacesFileTest, TheShippedExampleIsValid) {
   Result<NamespacesConfig> r = LoadNamespacesFile(KVPOOL_EXAMPLE_NAMESPACES, /*must_exist=*/true);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->namespaces.size(), 2u);
+  ASSERT_EQ(r->namespaces.size(), 3u);
+  EXPECT_EQ(r->namespaces[2].name, "llama-8b");
+  ASSERT_NE(r->namespaces[2].policy.encoding, nullptr);
+  EXPECT_EQ(r->namespaces[2].policy.encoding->name(), "int8");
 }
 
 TEST(NamespacesFileTest, NamespacesInheritTheFilesDefault) {

@@ -43,7 +43,8 @@ class TierStackForTest {
     host_ = std::move(host).value();
     tiers::TierManagerOptions to;
     to.disk_capacity_bytes = 64 << 20;
-    manager_ = std::make_unique<tiers::TierManager>(to, *host_, *disk_, *store_);
+    manager_ = std::make_unique<tiers::TierManager>(
+        to, tiers::TierStack::Create({host_.get(), disk_.get()}).value());
     Status st = manager_->Recover();
     EXPECT_TRUE(st.ok()) << st.ToString();
     manager_->Start();

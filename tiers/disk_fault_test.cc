@@ -78,7 +78,8 @@ class DiskFaultTest : public ::testing::Test {
     Result<std::unique_ptr<HostTier>> host = HostTier::Create(ho);
     ASSERT_TRUE(host.ok()) << host.status().ToString();
     host_ = std::move(host).value();
-    manager_ = std::make_unique<TierManager>(options_, *host_, *disk_, *store_);
+    manager_ = std::make_unique<TierManager>(options_,
+                                             TierStack::Create({host_.get(), disk_.get()}).value());
     Status st = manager_->Recover();
     ASSERT_TRUE(st.ok()) << st.ToString();
     manager_->Start();

@@ -128,8 +128,16 @@ Status DiskTier::Write(std::span<const DiskWrite> blocks, bool sync) {
   return KVPOOL_ROCKS_STATUS(store_.db()->Write(wo, &batch));
 }
 
-Status DiskTier::Read(NamespaceId ns, const BlockKey& key, const DiskBlockMeta& expected,
-                      uint8_t* dst) const {
+uint64_t DiskTier::bytes_on_device() const { return store_.ApproximateDiskBytes(); }
+
+std::unique_ptr<PendingRead> DiskTier::StartRead(NamespaceId ns, const BlockKey& key,
+                                                 const DiskBlockMeta& expected,
+                                                 uint8_t* dst) const {
+  return std::make_unique<ReadyRead>(ReadNow(ns, key, expected, dst));
+}
+
+Status DiskTier::ReadNow(NamespaceId ns, const BlockKey& key, const DiskBlockMeta& expected,
+                         uint8_t* dst) const {
   rocksdb::PinnableSlice value;
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;

@@ -19,59 +19,41 @@
 #include <kvpool/block_key.h>
 
 #include "common/status.h"
-#include "kernels/block_layout.h"
-#include "tiers/host_tier.h"
 #include "tiers/rocks_store.h"
+#include "tiers/tier.h"
 
 namespace kvpool::tiers {
 
-struct DiskBlockMeta {
-  uint64_t size = 0;      // the block's bytes as put
-  uint64_t checksum = 0;  // xxh3-64 of those
-  BlockKey parent;        // zero when the block starts a chain or its parent is unknown
-  // How the stored body is encoded (kernels::Encoding; 0: raw, the bytes as put) and, when it is
-  // encoded, its length and checksum. See tiers/demotion_encoding.h.
-  uint8_t encoding = 0;
-  uint64_t stored_size = 0;
-  uint64_t stored_checksum = 0;
-  kernels::BlockLayout layout;  // when encoded: what the body decodes with (its encoding too)
-
-  // The body's length and checksum, as stored.
-  uint64_t body_size() const { return encoding != 0 ? stored_size : size; }
-  uint64_t body_checksum() const { return encoding != 0 ? stored_checksum : checksum; }
-};
-
-struct DiskWrite {
-  NamespaceId ns = 0;
-  BlockKey key;
-  DiskBlockMeta meta;
-  const uint8_t* data = nullptr;  // meta.body_size() bytes
-};
-
-class DiskTier {
+class DiskTier final : public BlockStore {
  public:
   explicit DiskTier(RocksStore& store);
 
+  // StorageTier
+  Tier id() const override { return Tier::kDisk; }
+
+  // BlockStore
   // Writes blocks atomically (all or none). `sync`: fsync the WAL before returning.
   // IoError or ResourceExhausted (disk full) from RocksDB.
-  Status Write(std::span<const DiskWrite> blocks, bool sync);
+  Status Write(std::span<const DiskWrite> blocks, bool sync) override;
   // Reads a block's stored body into `dst` (expected.body_size() bytes) and verifies it against
-  // its header and `expected` (stored length and checksum). NotFound, Corruption (length or
-  // checksum mismatch), IoError.
-  Status Read(NamespaceId ns, const BlockKey& key, const DiskBlockMeta& expected,
-              uint8_t* dst) const;
-  // A block's meta record. NotFound, Corruption (undecodable), IoError.
-  Result<DiskBlockMeta> ReadMeta(NamespaceId ns, const BlockKey& key) const;
+  // its header and `expected` (stored length and checksum): NotFound, Corruption (length or
+  // checksum mismatch), IoError. RocksDB's Get is synchronous: the read is done when handed back.
+  std::unique_ptr<PendingRead> StartRead(NamespaceId ns, const BlockKey& key,
+                                         const DiskBlockMeta& expected,
+                                         uint8_t* dst) const override;
+  Result<DiskBlockMeta> ReadMeta(NamespaceId ns, const BlockKey& key) const override;
   // Deletes blocks (body and meta) atomically.
-  Status Delete(std::span<const std::pair<NamespaceId, BlockKey>> blocks);
+  Status Delete(std::span<const std::pair<NamespaceId, BlockKey>> blocks) override;
   // Visits every block's meta record without reading bodies. Stops at the first non-OK
   // status the visitor returns; Corruption for an undecodable record is passed to `visit`'s
   // caller via `bad`, which receives the raw key so the caller can delete it.
   Status ForEachMeta(
       const std::function<void(NamespaceId, const BlockKey&, const DiskBlockMeta&)>& visit,
-      const std::function<void(std::string_view raw_key)>& bad) const;
+      const std::function<void(std::string_view raw_key)>& bad) const override;
   // Deletes a record whose key could not be decoded (see ForEachMeta).
-  Status DeleteRaw(std::string_view raw_key);
+  Status DeleteRaw(std::string_view raw_key) override;
+  // RocksDB's SST and blob files.
+  uint64_t bytes_on_device() const override;
 
   // Test hook: overwrites the stored body's bytes (keeps its header) to simulate bit rot.
   Status CorruptForTest(NamespaceId ns, const BlockKey& key);
@@ -79,6 +61,9 @@ class DiskTier {
   static std::string EncodeKey(NamespaceId ns, const BlockKey& key);
 
  private:
+  Status ReadNow(NamespaceId ns, const BlockKey& key, const DiskBlockMeta& expected,
+                 uint8_t* dst) const;
+
   RocksStore& store_;
 };
 

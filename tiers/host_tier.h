@@ -34,23 +34,13 @@
 #include "absl/synchronization/mutex.h"
 #include "common/namespace_id.h"
 #include "common/status.h"
+#include "tiers/tier.h"
 
 namespace kvpool::tiers {
 
-// Where a block's bytes sit in the arena.
-struct HostSlot {
-  uint64_t offset = 0;  // from the arena start, page aligned
-  uint64_t length = 0;  // the block's bytes (the allocation is rounded up to pages)
-  bool valid() const { return length > 0; }
-};
-
-// Where a slot sits, as a client maps it: segment, its current memfd generation, and the offset
-// inside the segment.
-struct SegmentLocation {
-  uint32_t segment = 0;
-  uint32_t generation = 0;
-  uint64_t offset = 0;
-};
+// The host tier's slots and statistics are the memory tiers' (tiers/tier.h).
+using HostSlot = MemorySlot;
+using HostTierStats = MemoryTierStats;
 
 struct HostTierOptions {
   // Arena size; rounded down to whole segments (at least one). Default: 1 GiB.
@@ -61,24 +51,8 @@ struct HostTierOptions {
   bool lock_memory = true;
 };
 
-struct HostTierStats {
-  uint64_t capacity_bytes = 0;
-  uint64_t allocated_bytes = 0;  // pages handed out
-  uint64_t payload_bytes = 0;    // bytes of the blocks in them
-  uint64_t blocks = 0;
-  uint64_t free_segments = 0;
-  uint64_t segments = 0;
-  uint64_t largest_free_run = 0;  // bytes, in any single segment (free segments included)
-  // 1 - largest_free_run / min(free bytes, segment size): 0 when the largest possible block (or
-  // everything free) fits in one run, near 1 when free space is scattered pages; 0 when full.
-  double fragmentation = 0;
-  bool locked = false;
-};
-
-class HostTier {
+class HostTier final : public MemoryTier {
  public:
-  static constexpr uint64_t kPageBytes = 4096;
-
   // Creates and maps the arena. ResourceExhausted when the memory cannot be had.
   static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& options);
   ~HostTier();
@@ -88,27 +62,32 @@ class HostTier {
   // Allocates `length` bytes for a block of namespace `ns` in one of its segments, taking a free
   // segment when none has room. InvalidArgument for 0 or more than a segment;
   // ResourceExhausted when nothing fits (the caller evicts and retries).
-  Result<HostSlot> Allocate(NamespaceId ns, uint64_t length);
+  Result<HostSlot> Allocate(NamespaceId ns, uint64_t length) override;
   // Returns a slot's pages. The slot must come from Allocate and not be freed twice.
-  void Free(const HostSlot& slot);
+  void Free(const HostSlot& slot) override;
 
-  uint8_t* Data(const HostSlot& slot) const { return base_ + slot.offset; }
-  uint64_t capacity_bytes() const { return segment_bytes_ * segment_count_; }
-  uint64_t segment_bytes() const { return segment_bytes_; }
-  uint64_t max_block_bytes() const { return segment_bytes_; }
+  // StorageTier
+  Tier id() const override { return Tier::kHost; }
+
+  // MemoryTier
+  uint64_t capacity_bytes() const override { return segment_bytes_ * segment_count_; }
+  uint8_t* Data(const HostSlot& slot) const override { return base_ + slot.offset; }
+  uint64_t segment_bytes() const override { return segment_bytes_; }
+  uint64_t max_block_bytes() const override { return segment_bytes_; }
   // Namespace owning the segment that holds `offset`, kNoNamespace if free.
   NamespaceId OwnerOf(uint64_t offset) const;
   // The segment, generation and in-segment offset of an arena offset.
-  SegmentLocation Locate(uint64_t offset) const;
+  SegmentLocation Locate(uint64_t offset) const override;
   // A new file descriptor for segment `index` (the caller closes it): read-only unless
   // `writable`. PermissionDenied unless `ns` owns the segment; NotFound when the segment's
   // generation is no longer `generation` (it was recycled: ask again).
-  Result<int> ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns, bool writable);
+  Result<int> ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
+                            bool writable) override;
 
   // Cheap: pages handed out, in bytes.
-  uint64_t allocated_bytes() const;
+  uint64_t allocated_bytes() const override;
   // Walks every segment's bitmap for the fragmentation figures: not for hot paths.
-  HostTierStats GetStats() const;
+  HostTierStats GetStats() const override;
 
  private:
   struct Segment {

@@ -25,12 +25,11 @@ TierManager::DiskCopy TierManager::DiskCopyOf(const Entry& e) {
   return DiskCopy{e.ns, e.key, e.size, e.checksum, e.disk_encoding};
 }
 
-TierManager::TierManager(const TierManagerOptions& options, HostTier& host, DiskTier& disk,
-                         RocksStore& store)
+TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
     : options_(options),
-      host_(host),
-      disk_(disk),
-      store_(store),
+      stack_(std::move(stack)),
+      host_(stack_.host()),
+      disk_(stack_.disk()),
       clock_(options.clock != nullptr ? *options.clock : RealClock()),
       start_(clock_.Now()),
       default_policy_(DefaultNamespacePolicy()) {}
@@ -1219,7 +1218,7 @@ EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const Block
 TierManagerStats TierManager::GetStats() const {
   TierManagerStats s;
   s.host = host_.GetStats();
-  s.disk_bytes_on_device = store_.ApproximateDiskBytes();
+  s.disk_bytes_on_device = disk_.bytes_on_device();
   absl::MutexLock lock(&mu_);
   s.host_blocks = host_blocks_;
   s.disk_capacity_bytes = options_.disk_capacity_bytes;

@@ -43,6 +43,7 @@
 #include "tiers/eviction_pools.h"
 #include "tiers/host_tier.h"
 #include "tiers/policy.h"
+#include "tiers/tier.h"
 
 namespace kvpool::tiers {
 
@@ -155,7 +156,9 @@ struct EvictOutcome {
 
 class TierManager {
  public:
-  TierManager(const TierManagerOptions& options, HostTier& host, DiskTier& disk, RocksStore& store);
+  // Runs `stack` (tiers/tier.h): blocks land in and are served from its host memory tier and are
+  // written down to its disk block store. The tiers must outlive the manager.
+  TierManager(const TierManagerOptions& options, TierStack stack);
   ~TierManager();  // calls Shutdown()
 
   // Rebuilds the index from the disk tier's meta records (no block body is read) and trims
@@ -332,9 +335,9 @@ class TierManager {
   bool HostAboveHighWatermarkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TierManagerOptions options_;
-  HostTier& host_;
-  DiskTier& disk_;
-  RocksStore& store_;
+  const TierStack stack_;
+  MemoryTier& host_;  // stack_.host()
+  BlockStore& disk_;  // stack_.disk()
   Clock& clock_;
   const Clock::TimePoint start_;
 

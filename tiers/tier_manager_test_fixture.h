@@ -100,7 +100,9 @@ class TierManagerTest : public ::testing::Test {
     Result<std::unique_ptr<HostTier>> host = HostTier::Create(ho);
     ASSERT_TRUE(host.ok()) << host.status().ToString();
     host_ = std::move(host).value();
-    manager_ = std::make_unique<TierManager>(options_, *host_, *disk_, *store_);
+    Result<TierStack> stack = TierStack::Create({host_.get(), disk_.get()});
+    ASSERT_TRUE(stack.ok()) << stack.status().ToString();
+    manager_ = std::make_unique<TierManager>(options_, std::move(*stack));
     Status st = manager_->Recover();
     ASSERT_TRUE(st.ok()) << st.ToString();
     manager_->Start();

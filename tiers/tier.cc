@@ -1,0 +1,65 @@
+#include "tiers/tier.h"
+
+namespace kvpool::tiers {
+namespace {
+
+// For messages: the client library owns kvpool::TierName, which the daemon's libraries do not
+// link.
+const char* Name(Tier t) {
+  switch (t) {
+    case Tier::kGpu:
+      return "gpu";
+    case Tier::kHost:
+      return "host";
+    case Tier::kDisk:
+      return "disk";
+    case Tier::kRemote:
+      return "remote";
+    case Tier::kNone:
+      break;
+  }
+  return "none";
+}
+
+}  // namespace
+
+Result<TierStack> TierStack::Create(std::vector<StorageTier*> tiers) {
+  TierStack stack;
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    StorageTier* t = tiers[i];
+    if (t == nullptr)
+      return Status::InvalidArgument("tier stack: tier " + std::to_string(i) + " is null");
+    if (i > 0 && static_cast<int>(t->id()) <= static_cast<int>(tiers[i - 1]->id())) {
+      return Status::InvalidArgument(std::string("tier stack: ") + Name(t->id()) + " after " +
+                                     Name(tiers[i - 1]->id()) +
+                                     "; tiers go fastest first, each once");
+    }
+    switch (t->id()) {
+      case Tier::kHost:
+        stack.host_ = dynamic_cast<MemoryTier*>(t);
+        if (stack.host_ == nullptr) {
+          return Status::InvalidArgument("tier stack: the host tier must be a memory tier");
+        }
+        break;
+      case Tier::kDisk:
+        stack.disk_ = dynamic_cast<BlockStore*>(t);
+        if (stack.disk_ == nullptr) {
+          return Status::InvalidArgument("tier stack: the disk tier must be a block store");
+        }
+        break;
+      case Tier::kGpu:
+      case Tier::kRemote:
+        return Status::Unimplemented(std::string("tier stack: the ") + Name(t->id()) +
+                                     " tier is not part of the tier manager yet");
+      case Tier::kNone:
+        return Status::InvalidArgument("tier stack: a tier without a place");
+    }
+  }
+  if (stack.host_ == nullptr || stack.disk_ == nullptr) {
+    return Status::InvalidArgument("tier stack: needs a host memory tier and a disk block store");
+  }
+  stack.tiers_ = std::move(tiers);
+  return stack;
+}
+
+}  // namespace kvpool::tiers
