@@ -868,15 +868,11 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
       return false;
     };
     if (classify()) continue;
-    // Making room must not push out the block this one extends: the new block would be stored
-    // without its parent link (unreachable by lookups) when the parent leaves the cache.
-    const EntryId parent = item.parent.IsZero() ? kNoEntry : FindCachedLocked(ns, item.parent);
-    if (parent != kNoEntry) ++index_.at(parent).leases;
+    // (Making room may push out the block this one extends; in a namespace whose disk takes
+    // nothing the new block is then stored without its parent link, unreachable by lookups,
+    // until it ages out. Holding the parent instead would leave a chain longer than the host
+    // tier nothing to evict, tail first.)
     Result<HostSlot> slot = AllocateHostLocked(ns, item.size);
-    if (parent != kNoEntry) {
-      --index_.at(parent).leases;
-      MaybeEraseLocked(parent);
-    }
     if (!slot.ok()) {
       o.status = slot.status();
       continue;
