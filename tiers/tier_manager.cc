@@ -184,9 +184,7 @@ void TierManager::Shutdown() {
     }
   }
   promotion_queue_.clear();
-  std::vector<uint64_t> open;
-  for (const auto& [rid, r] : reservations_) open.push_back(rid);
-  for (uint64_t rid : open) FreeReservationLocked(rid);
+  for (uint64_t rid : reservations_.All()) FreeReservationLocked(rid);
   changed_.SignalAll();
   if (!options_.flush_on_shutdown || !started_) return;
   // Write down every host-only block so a restart serves it again.
@@ -641,8 +639,7 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
   auto lease = [&](size_t i, EntryId id, Tier from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Entry& e = index_.at(id);
     ++e.leases;
-    const uint64_t lease_id = next_lease_id_++;
-    leases_.emplace(lease_id, Lease{id, owner, deadline});
+    const uint64_t lease_id = leases_.Add(id, owner, deadline);
     if (e.hits < UINT32_MAX) ++e.hits;
     index_.Touch(id, now);
     BlockRead& r = out[i];
@@ -786,19 +783,16 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
   return out;
 }
 
-void TierManager::EndLeaseLocked(uint64_t lease_id) {
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return;
-  Entry& e = index_.at(it->second.entry);
+void TierManager::EndLeaseLocked(EntryId entry) {
+  Entry& e = index_.at(entry);
   CHECK_GT(e.leases, 0u);
   --e.leases;
-  leases_.erase(it);
 }
 
 void TierManager::Release(BlockRead& read) {
   if (read.lease_id == 0) return;
   absl::MutexLock lock(&mu_);
-  EndLeaseLocked(read.lease_id);
+  if (std::optional<EntryId> e = leases_.End(read.lease_id)) EndLeaseLocked(*e);
   read.lease_id = 0;
   read.data = nullptr;
 }
@@ -806,30 +800,21 @@ void TierManager::Release(BlockRead& read) {
 void TierManager::ReleaseLeases(uint64_t owner, std::span<const uint64_t> lease_ids) {
   absl::MutexLock lock(&mu_);
   for (uint64_t id : lease_ids) {
-    auto it = leases_.find(id);
-    if (it != leases_.end() && it->second.owner == owner) EndLeaseLocked(id);
+    if (std::optional<EntryId> e = leases_.EndIfOwned(id, owner)) EndLeaseLocked(*e);
   }
 }
 
 void TierManager::ReleaseOwner(uint64_t owner) {
   absl::MutexLock lock(&mu_);
-  std::vector<uint64_t> mine;
-  for (const auto& [id, l] : leases_) {
-    if (l.owner == owner) mine.push_back(id);
-  }
-  for (uint64_t id : mine) EndLeaseLocked(id);
+  for (EntryId e : leases_.EndOwner(owner)) EndLeaseLocked(e);
 }
 
 void TierManager::ExpireLeasesLocked() {
-  const auto now = clock_.Now();
-  std::vector<uint64_t> expired;
-  for (const auto& [id, l] : leases_) {
-    if (l.deadline < now) expired.push_back(id);
-  }
+  const std::vector<EntryId> expired = leases_.EndExpired(clock_.Now());
   if (!expired.empty()) {
     LOG(WARNING) << expired.size() << " leases expired unreleased (a client died or forgot them)";
   }
-  for (uint64_t id : expired) EndLeaseLocked(id);
+  for (EntryId e : expired) EndLeaseLocked(e);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -861,7 +846,7 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
         o.state = ReserveState::kPresent;
         return true;
       }
-      if (reserved_keys_.contains(KeyRef{ns, item.key})) {
+      if (reservations_.Reserved(ns, item.key)) {
         o.state = ReserveState::kInProgress;
         return true;
       }
@@ -881,15 +866,13 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
       host_.Free(*slot);
       continue;
     }
-    const uint64_t rid = next_reservation_id_++;
     Reservation r;
     r.owner = owner;
     r.ns = ns;
     r.item = item;
     r.slot = *slot;
     r.deadline = clock_.Now() + options_.reservation_timeout;
-    reservations_.emplace(rid, r);
-    reserved_keys_.emplace(KeyRef{ns, item.key}, rid);
+    const uint64_t rid = reservations_.Add(r);
     o.state = ReserveState::kReserved;
     o.reservation_id = rid;
     o.arena_offset = slot->offset;
@@ -899,35 +882,26 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
 
 Result<ReservationTarget> TierManager::TargetOf(uint64_t owner, uint64_t reservation_id) {
   absl::MutexLock lock(&mu_);
-  auto it = reservations_.find(reservation_id);
-  if (it == reservations_.end() || it->second.owner != owner) {
+  Reservation* found = reservations_.FindOwned(reservation_id, owner);
+  if (found == nullptr) {
     return Status::NotFound("reservation " + std::to_string(reservation_id) +
                             " is unknown or expired");
   }
-  Reservation& r = it->second;
+  Reservation& r = *found;
   // The caller now writes through a raw pointer, maybe for a while (a slow client's payload):
   // expiry must not free the slot under it, where another block (of any namespace) could be
   // placed and then overwritten. From here only Commit, Abort or AbortOwner release it.
-  r.deadline = std::chrono::steady_clock::time_point::max();
+  r.deadline = Clock::TimePoint::max();
   return ReservationTarget{host_.Data(r.slot), r.item.size, r.slot.offset, r.item.key,
                            r.item.parent};
 }
 
 void TierManager::FreeReservationLocked(uint64_t rid) {
-  auto it = reservations_.find(rid);
-  if (it == reservations_.end()) return;
-  host_.Free(it->second.slot);
-  reserved_keys_.erase(KeyRef{it->second.ns, it->second.item.key});
-  reservations_.erase(it);
+  if (std::optional<Reservation> r = reservations_.Remove(rid)) host_.Free(r->slot);
 }
 
 void TierManager::ExpireReservationsLocked() {
-  const auto now = clock_.Now();
-  std::vector<uint64_t> expired;
-  for (const auto& [rid, r] : reservations_) {
-    if (r.deadline < now) expired.push_back(rid);
-  }
-  for (uint64_t rid : expired) {
+  for (uint64_t rid : reservations_.Expired(clock_.Now())) {
     LOG(WARNING) << "reservation " << rid << " expired uncommitted; reclaiming its slot";
     FreeReservationLocked(rid);
   }
@@ -938,28 +912,25 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
   Reservation r;
   {
     absl::MutexLock lock(&mu_);
-    auto it = reservations_.find(reservation_id);
-    if (it == reservations_.end() || it->second.owner != owner) {
+    Reservation* found = reservations_.FindOwned(reservation_id, owner);
+    if (found == nullptr) {
       return Status::NotFound("reservation " + std::to_string(reservation_id) +
                               " is unknown or expired");
     }
-    it->second.deadline = std::chrono::steady_clock::time_point::max();  // committing
-    if (checksum.has_value()) it->second.item.checksum = *checksum;
-    r = it->second;
+    found->deadline = Clock::TimePoint::max();  // committing
+    if (checksum.has_value()) found->item.checksum = *checksum;
+    r = *found;
   }
   // Expiry skips a committing reservation, but Abort, AbortOwner (the connection closed) and
   // Shutdown may still free it while we hash: the result is then discarded below.
   const uint64_t actual = BlockChecksum(host_.Data(r.slot), r.item.size);
 
   absl::MutexLock lock(&mu_);
-  auto it = reservations_.find(reservation_id);
-  if (it == reservations_.end()) {
+  if (!reservations_.Remove(reservation_id).has_value()) {
     // Its slot was freed (and may be reused): publishing it would serve or free foreign bytes.
     return Status::Aborted("reservation " + std::to_string(reservation_id) +
                            " was aborted while committing");
   }
-  reserved_keys_.erase(KeyRef{r.ns, r.item.key});
-  reservations_.erase(it);
   if (actual != r.item.checksum) {
     host_.Free(r.slot);
     ++checksum_failures_;
@@ -1006,26 +977,18 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
 
 void TierManager::Abort(uint64_t owner, uint64_t reservation_id) {
   absl::MutexLock lock(&mu_);
-  auto it = reservations_.find(reservation_id);
-  if (it == reservations_.end() || it->second.owner != owner) return;
+  if (reservations_.FindOwned(reservation_id, owner) == nullptr) return;
   FreeReservationLocked(reservation_id);
 }
 
 bool TierManager::OwnerHasReservationIn(uint64_t owner, uint32_t segment) const {
   absl::MutexLock lock(&mu_);
-  for (const auto& [rid, r] : reservations_) {
-    if (r.owner == owner && r.slot.offset / host_.segment_bytes() == segment) return true;
-  }
-  return false;
+  return reservations_.OwnerHasSlotIn(owner, segment, host_.segment_bytes());
 }
 
 void TierManager::AbortOwner(uint64_t owner) {
   absl::MutexLock lock(&mu_);
-  std::vector<uint64_t> mine;
-  for (const auto& [rid, r] : reservations_) {
-    if (r.owner == owner) mine.push_back(rid);
-  }
-  for (uint64_t rid : mine) FreeReservationLocked(rid);
+  for (uint64_t rid : reservations_.OwnedBy(owner)) FreeReservationLocked(rid);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@
 #include "tiers/disk_tier.h"
 #include "tiers/eviction_pools.h"
 #include "tiers/host_tier.h"
+#include "tiers/leases.h"
 #include "tiers/policy.h"
 #include "tiers/tier.h"
 
@@ -92,13 +93,6 @@ struct BlockRead {
   // namespace's encoding on demotion): approximately, not exactly, what was put.
   uint8_t lossy_encoding = 0;
   std::unique_ptr<uint8_t[]> owned;
-};
-
-struct PutRequestItem {
-  BlockKey key;
-  uint64_t size = 0;
-  uint64_t checksum = 0;
-  BlockKey parent;  // zero: first block of a chain
 };
 
 enum class ReserveState : uint8_t { kReserved, kPresent, kInProgress, kRefused };
@@ -256,18 +250,6 @@ class TierManager {
   void WaitFlusherRoundForTest();
 
  private:
-  struct Reservation {
-    uint64_t owner = 0;
-    NamespaceId ns = 0;
-    PutRequestItem item;
-    HostSlot slot;
-    std::chrono::steady_clock::time_point deadline;
-  };
-  struct Lease {
-    EntryId entry = kNoEntry;
-    uint64_t owner = 0;
-    std::chrono::steady_clock::time_point deadline;  // max(): until released
-  };
   struct Promotion {
     bool done = false;
     Status status;
@@ -328,7 +310,8 @@ class TierManager {
   void HandleCorruptLocked(EntryId id, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndLeaseLocked(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a lease the table handed back: the entry's count drops.
+  void EndLeaseLocked(EntryId entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeReservationLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlusherLoop();
   void PrefetcherLoop();
@@ -346,9 +329,7 @@ class TierManager {
   EvictionPools pools_ ABSL_GUARDED_BY(mu_){index_};
   absl::flat_hash_map<NamespaceId, NamespacePolicy> policies_ ABSL_GUARDED_BY(mu_);
   NamespacePolicy default_policy_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<KeyRef, uint64_t> reserved_keys_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_reservation_id_ ABSL_GUARDED_BY(mu_) = 1;
+  ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<EntryId, std::shared_ptr<Promotion>> promotions_ ABSL_GUARDED_BY(mu_);
   std::deque<EntryId> promotion_queue_ ABSL_GUARDED_BY(mu_);
   std::vector<KeyRef> write_queue_ ABSL_GUARDED_BY(mu_);  // write-after-hits candidates
@@ -358,8 +339,7 @@ class TierManager {
   uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes on disk + in flight
   uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint32_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   TierCounters host_counters_ ABSL_GUARDED_BY(mu_);
   TierCounters disk_counters_ ABSL_GUARDED_BY(mu_);
