@@ -1,7 +1,6 @@
 #pragma once
-// Test-only: a small real tier stack (a RocksStore in a fresh temporary directory, an 8 MiB
-// host arena of 1 MiB segments, the disk tier and a started TierManager), built the way
-// tiers/tier_manager_test.cc builds one, for the daemon's unit tests. Removes its directory
+// Test-only: the small real tier stack of tiers/test_tier_stack.h in a fresh temporary directory,
+// with helpers to put blocks, for the daemon's unit tests. Removes its directory
 // when destroyed. One test thread at a time.
 
 #include <gtest/gtest.h>
@@ -17,6 +16,7 @@
 #include <kvpool/block_key.h>
 
 #include "common/checksum.h"
+#include "tiers/test_tier_stack.h"
 #include "tiers/tier_manager.h"
 
 namespace kvpool::daemon {
@@ -27,39 +27,19 @@ class TierStackForTest {
     char tmpl[] = "/tmp/kvpool_daemon_test.XXXXXX";
     EXPECT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    tiers::RocksStoreOptions ro;
-    ro.path = dir_ + "/rocksdb";
-    ro.block_cache_bytes = 8 << 20;
-    Result<std::unique_ptr<tiers::RocksStore>> store = tiers::RocksStore::Open(ro);
-    EXPECT_TRUE(store.ok()) << store.status().ToString();
-    store_ = std::move(store).value();
-    disk_ = std::make_unique<tiers::DiskTier>(*store_);
-    tiers::HostTierOptions ho;
-    ho.capacity_bytes = 8 << 20;
-    ho.segment_bytes = 1 << 20;
-    ho.lock_memory = false;
-    Result<std::unique_ptr<tiers::HostTier>> host = tiers::HostTier::Create(ho);
-    EXPECT_TRUE(host.ok()) << host.status().ToString();
-    host_ = std::move(host).value();
     tiers::TierManagerOptions to;
     to.disk_capacity_bytes = 64 << 20;
-    manager_ = std::make_unique<tiers::TierManager>(
-        to, tiers::TierStack::Create({host_.get(), disk_.get()}).value());
-    Status st = manager_->Recover();
+    Status st = stack_.Open(dir_, to);
     EXPECT_TRUE(st.ok()) << st.ToString();
-    manager_->Start();
   }
   ~TierStackForTest() {
-    manager_.reset();
-    disk_.reset();
-    host_.reset();
-    store_.reset();
+    stack_.Close();
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
 
-  tiers::TierManager& manager() { return *manager_; }
-  tiers::RocksStore& store() { return *store_; }
+  tiers::TierManager& manager() { return *stack_.manager; }
+  tiers::RocksStore& store() { return *stack_.store; }
 
   static BlockKey KeyOf(uint64_t n) {
     BlockKey k;
@@ -81,24 +61,21 @@ class TierStackForTest {
     item.key = KeyOf(n);
     item.size = bytes.size();
     item.checksum = BlockChecksum(bytes.data(), bytes.size());
-    return manager_->Reserve(ns, owner, {&item, 1})[0];
+    return stack_.manager->Reserve(ns, owner, {&item, 1})[0];
   }
   // Puts block `n` of `bytes` (reserve, copy, commit) as owner 999.
   void Put(NamespaceId ns, uint64_t n, const std::vector<uint8_t>& bytes) {
     const tiers::ReserveOutcome o = Reserve(ns, 999, n, bytes);
     ASSERT_EQ(o.state, tiers::ReserveState::kReserved);
-    Result<tiers::ReservationTarget> t = manager_->TargetOf(999, o.reservation_id);
+    Result<tiers::ReservationTarget> t = stack_.manager->TargetOf(999, o.reservation_id);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     std::memcpy(t->data, bytes.data(), bytes.size());
-    ASSERT_TRUE(manager_->Commit(999, o.reservation_id).ok());
+    ASSERT_TRUE(stack_.manager->Commit(999, o.reservation_id).ok());
   }
 
  private:
   std::string dir_;
-  std::unique_ptr<tiers::RocksStore> store_;
-  std::unique_ptr<tiers::DiskTier> disk_;
-  std::unique_ptr<tiers::HostTier> host_;
-  std::unique_ptr<tiers::TierManager> manager_;
+  tiers::TestTierStack stack_;
 };
 
 }  // namespace kvpool::daemon

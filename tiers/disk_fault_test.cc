@@ -21,6 +21,7 @@
 #include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
 #include "tiers/rocks_store.h"
+#include "tiers/test_tier_stack.h"
 #include "tiers/tier_manager.h"
 
 namespace kvpool::tiers {
@@ -63,34 +64,11 @@ class DiskFaultTest : public ::testing::Test {
   }
 
   void Open() {
-    RocksStoreOptions ro;
-    ro.path = dir_.Join("rocksdb");
-    ro.block_cache_bytes = 8 * kMiB;
-    ro.file_system = fs_;
-    Result<std::unique_ptr<RocksStore>> store = RocksStore::Open(ro);
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    store_ = std::move(store).value();
-    disk_ = std::make_unique<DiskTier>(*store_);
-    HostTierOptions ho;
-    ho.capacity_bytes = 8 * kMiB;
-    ho.segment_bytes = 1 * kMiB;
-    ho.lock_memory = false;
-    Result<std::unique_ptr<HostTier>> host = HostTier::Create(ho);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
-    host_ = std::move(host).value();
-    manager_ = std::make_unique<TierManager>(options_,
-                                             TierStack::Create({host_.get(), disk_.get()}).value());
-    Status st = manager_->Recover();
+    Status st = stack_.Open(dir_.path(), options_, fs_);
     ASSERT_TRUE(st.ok()) << st.ToString();
-    manager_->Start();
   }
 
-  void Close() {
-    manager_.reset();
-    disk_.reset();
-    host_.reset();
-    store_.reset();
-  }
+  void Close() { stack_.Close(); }
 
   // Puts block `n` (reserve -> fill -> commit) and keeps a copy of its bytes.
   Status Put(uint64_t n, uint64_t size = kBlockBytes) {
@@ -173,10 +151,8 @@ class DiskFaultTest : public ::testing::Test {
   ::kvpool::testing::TempDir dir_{"kvpool-disk-fault-test"};
   std::shared_ptr<FaultInjectionFileSystem> fs_;
   TierManagerOptions options_;
-  std::unique_ptr<RocksStore> store_;
-  std::unique_ptr<DiskTier> disk_;
-  std::unique_ptr<HostTier> host_;
-  std::unique_ptr<TierManager> manager_;
+  TestTierStack stack_;
+  std::unique_ptr<TierManager>& manager_ = stack_.manager;
   std::map<uint64_t, std::vector<uint8_t>> expected_;  // block number -> the bytes put
 };
 
@@ -233,7 +209,7 @@ TEST_F(DiskFaultTest, ReadsFailingAreMissesNotWrongBytes) {
   const EvictOutcome ev = manager_->Evict(kNs, Tier::kHost, keys);
   EXPECT_EQ(ev.evicted, keys.size());
   manager_->WaitIdleForTest();
-  ASSERT_TRUE(store_->Flush().ok());
+  ASSERT_TRUE(stack_.store->Flush().ok());
   ASSERT_EQ(manager_->GetStats().disk_blocks, keys.size());
   ASSERT_EQ(manager_->GetStats().host_blocks, 0u);
 

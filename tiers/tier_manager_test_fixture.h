@@ -4,6 +4,7 @@
 // and check every read against an independent copy. Used by tier_manager_test.cc and
 // tier_manager_strategies_test.cc; test-only.
 
+#include "tiers/test_tier_stack.h"
 #include "tiers/tier_manager.h"
 
 #include <gtest/gtest.h>
@@ -86,35 +87,12 @@ class TierManagerTest : public ::testing::Test {
 
   // Opens the store, the tiers and a manager (recovering from the store), and starts it.
   void Open() {
-    RocksStoreOptions ro;
-    ro.path = dir_ + "/rocksdb";
-    ro.block_cache_bytes = 8 * kMiB;
-    Result<std::unique_ptr<RocksStore>> store = RocksStore::Open(ro);
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    store_ = std::move(store).value();
-    disk_ = std::make_unique<DiskTier>(*store_);
-    HostTierOptions ho;
-    ho.capacity_bytes = 8 * kMiB;
-    ho.segment_bytes = 1 * kMiB;
-    ho.lock_memory = false;
-    Result<std::unique_ptr<HostTier>> host = HostTier::Create(ho);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
-    host_ = std::move(host).value();
-    Result<TierStack> stack = TierStack::Create({host_.get(), disk_.get()});
-    ASSERT_TRUE(stack.ok()) << stack.status().ToString();
-    manager_ = std::make_unique<TierManager>(options_, std::move(*stack));
-    Status st = manager_->Recover();
+    Status st = stack_.Open(dir_, options_);
     ASSERT_TRUE(st.ok()) << st.ToString();
-    manager_->Start();
   }
 
   // Destroys the manager (Shutdown: flushes when configured), then the tiers and the store.
-  void Close() {
-    manager_.reset();
-    disk_.reset();
-    host_.reset();
-    store_.reset();
-  }
+  void Close() { stack_.Close(); }
 
   void Reopen() {
     Close();
@@ -199,10 +177,11 @@ class TierManagerTest : public ::testing::Test {
   std::string dir_;
   ManualClock clock_;  // tests that move time set options_.clock = &clock_
   TierManagerOptions options_;
-  std::unique_ptr<RocksStore> store_;
-  std::unique_ptr<DiskTier> disk_;
-  std::unique_ptr<HostTier> host_;
-  std::unique_ptr<TierManager> manager_;
+  TestTierStack stack_;
+  std::unique_ptr<RocksStore>& store_ = stack_.store;
+  std::unique_ptr<DiskTier>& disk_ = stack_.disk;
+  std::unique_ptr<HostTier>& host_ = stack_.host;
+  std::unique_ptr<TierManager>& manager_ = stack_.manager;
   std::map<std::pair<NamespaceId, BlockKey>, std::vector<uint8_t>> expected_;
 };
 

@@ -1,0 +1,54 @@
+#pragma once
+// TestTierStack (test-only): the small real tier stack the tier manager's tests and the daemon's
+// unit tests run on: a RocksStore under a directory (on a given rocksdb::FileSystem, e.g. the
+// fault-injecting one of tests/support, when set), an 8 MiB host arena of 1 MiB segments, the
+// disk tier, and a TierManager over them, recovered and started. Close() takes it down in order
+// (the manager first: its Shutdown flushes when configured). One test thread at a time.
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "tiers/disk_tier.h"
+#include "tiers/host_tier.h"
+#include "tiers/rocks_store.h"
+#include "tiers/tier_manager.h"
+
+namespace kvpool::tiers {
+
+struct TestTierStack {
+  std::unique_ptr<RocksStore> store;
+  std::unique_ptr<DiskTier> disk;
+  std::unique_ptr<HostTier> host;
+  std::unique_ptr<TierManager> manager;
+
+  // Opens every part (RocksDB at `dir`/rocksdb); the first error.
+  Status Open(const std::string& dir, const TierManagerOptions& options,
+              std::shared_ptr<rocksdb::FileSystem> file_system = nullptr) {
+    RocksStoreOptions ro;
+    ro.path = dir + "/rocksdb";
+    ro.block_cache_bytes = 8ull << 20;
+    ro.file_system = std::move(file_system);
+    KVPOOL_ASSIGN_OR_RETURN(store, RocksStore::Open(ro));
+    disk = std::make_unique<DiskTier>(*store);
+    HostTierOptions ho;
+    ho.capacity_bytes = 8ull << 20;
+    ho.segment_bytes = 1ull << 20;
+    ho.lock_memory = false;
+    KVPOOL_ASSIGN_OR_RETURN(host, HostTier::Create(ho));
+    KVPOOL_ASSIGN_OR_RETURN(TierStack stack, TierStack::Create({host.get(), disk.get()}));
+    manager = std::make_unique<TierManager>(options, std::move(stack));
+    KVPOOL_RETURN_IF_ERROR(manager->Recover());
+    manager->Start();
+    return Status::OK();
+  }
+
+  void Close() {
+    manager.reset();
+    disk.reset();
+    host.reset();
+    store.reset();
+  }
+};
+
+}  // namespace kvpool::tiers
