@@ -8,6 +8,8 @@
 #include "client/segment_mappings.h"
 #include "client/ucx_data_path.h"
 #include "common/checksum.h"
+#include "common/tier_names.h"
+#include "common/tier_names.h"
 #include "control.pb.h"
 #include "transport/address.h"
 #include "transport/frame.h"
@@ -26,21 +28,7 @@ using client::UcxDataPath;
 using transport::Deadline;
 using transport::FrameHeader;
 
-const char* TierName(Tier tier) {
-  switch (tier) {
-    case Tier::kNone:
-      return "none";
-    case Tier::kGpu:
-      return "gpu";
-    case Tier::kHost:
-      return "host";
-    case Tier::kDisk:
-      return "disk";
-    case Tier::kRemote:
-      return "remote";
-  }
-  return "unknown";
-}
+const char* TierName(Tier tier) { return TierNameOf(tier); }
 
 bool PutResult::all_ok() const {
   return std::all_of(errors.begin(), errors.end(), [](const Status& s) { return s.ok(); });

@@ -53,7 +53,7 @@ std::vector<EntryId> LeaseTable::EndExpired(Clock::TimePoint now) {
 uint64_t ReservationTable::Add(const Reservation& r) {
   const uint64_t id = next_id_++;
   reservations_.emplace(id, r);
-  const bool fresh = by_key_.emplace(KeyRef{r.ns, r.item.key}, id).second;
+  const bool fresh = by_key_.emplace(NamespacedKey{r.ns, r.item.key}, id).second;
   CHECK(fresh) << "block " << r.item.key.ShortHex() << " reserved twice";
   return id;
 }
@@ -65,7 +65,7 @@ Reservation* ReservationTable::FindOwned(uint64_t id, uint64_t owner) {
 }
 
 bool ReservationTable::Reserved(NamespaceId ns, const BlockKey& key) const {
-  return by_key_.contains(KeyRef{ns, key});
+  return by_key_.contains(NamespacedKey{ns, key});
 }
 
 std::optional<Reservation> ReservationTable::Remove(uint64_t id) {
@@ -73,7 +73,7 @@ std::optional<Reservation> ReservationTable::Remove(uint64_t id) {
   if (it == reservations_.end()) return std::nullopt;
   Reservation r = std::move(it->second);
   reservations_.erase(it);
-  by_key_.erase(KeyRef{r.ns, r.item.key});
+  by_key_.erase(NamespacedKey{r.ns, r.item.key});
   return r;
 }
 

@@ -53,6 +53,17 @@ class LeaseTable {
   uint64_t next_id_ = 1;
 };
 
+// A block key within its namespace, hashable.
+struct NamespacedKey {
+  NamespaceId ns;
+  BlockKey key;
+  bool operator==(const NamespacedKey& o) const { return ns == o.ns && key == o.key; }
+  template <typename H>
+  friend H AbslHashValue(H h, const NamespacedKey& k) {
+    return H::combine(std::move(h), k.ns, BlockKeyHash()(k.key));
+  }
+};
+
 // One block a writer wants to put.
 struct PutRequestItem {
   BlockKey key;
@@ -90,17 +101,8 @@ class ReservationTable {
   size_t size() const { return reservations_.size(); }
 
  private:
-  struct KeyRef {
-    NamespaceId ns;
-    BlockKey key;
-    bool operator==(const KeyRef& o) const { return ns == o.ns && key == o.key; }
-    template <typename H>
-    friend H AbslHashValue(H h, const KeyRef& k) {
-      return H::combine(std::move(h), k.ns, BlockKeyHash()(k.key));
-    }
-  };
   absl::flat_hash_map<uint64_t, Reservation> reservations_;
-  absl::flat_hash_map<KeyRef, uint64_t> by_key_;
+  absl::flat_hash_map<NamespacedKey, uint64_t> by_key_;
   uint64_t next_id_ = 1;
 };
 

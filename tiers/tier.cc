@@ -1,27 +1,8 @@
 #include "tiers/tier.h"
 
+#include "common/tier_names.h"
+
 namespace kvpool::tiers {
-namespace {
-
-// For messages: the client library owns kvpool::TierName, which the daemon's libraries do not
-// link.
-const char* Name(Tier t) {
-  switch (t) {
-    case Tier::kGpu:
-      return "gpu";
-    case Tier::kHost:
-      return "host";
-    case Tier::kDisk:
-      return "disk";
-    case Tier::kRemote:
-      return "remote";
-    case Tier::kNone:
-      break;
-  }
-  return "none";
-}
-
-}  // namespace
 
 Result<TierStack> TierStack::Create(std::vector<StorageTier*> tiers) {
   TierStack stack;
@@ -30,8 +11,8 @@ Result<TierStack> TierStack::Create(std::vector<StorageTier*> tiers) {
     if (t == nullptr)
       return Status::InvalidArgument("tier stack: tier " + std::to_string(i) + " is null");
     if (i > 0 && static_cast<int>(t->id()) <= static_cast<int>(tiers[i - 1]->id())) {
-      return Status::InvalidArgument(std::string("tier stack: ") + Name(t->id()) + " after " +
-                                     Name(tiers[i - 1]->id()) +
+      return Status::InvalidArgument(std::string("tier stack: ") + TierNameOf(t->id()) + " after " +
+                                     TierNameOf(tiers[i - 1]->id()) +
                                      "; tiers go fastest first, each once");
     }
     switch (t->id()) {
@@ -49,7 +30,7 @@ Result<TierStack> TierStack::Create(std::vector<StorageTier*> tiers) {
         break;
       case Tier::kGpu:
       case Tier::kRemote:
-        return Status::Unimplemented(std::string("tier stack: the ") + Name(t->id()) +
+        return Status::Unimplemented(std::string("tier stack: the ") + TierNameOf(t->id()) +
                                      " tier is not part of the tier manager yet");
       case Tier::kNone:
         return Status::InvalidArgument("tier stack: a tier without a place");

@@ -570,7 +570,7 @@ void TierManager::FlusherLoop() {
     // Write-after-hits policy: copy hot host-only blocks down without dropping them.
     if (!write_queue_.empty()) {
       std::vector<EntryId> batch;
-      for (const KeyRef& k : write_queue_) {
+      for (const NamespacedKey& k : write_queue_) {
         const EntryId id = FindCachedLocked(k.ns, k.key);
         if (id == kNoEntry) continue;
         Entry& e = index_.at(id);
@@ -662,7 +662,7 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     const NamespacePolicy& policy = PolicyLocked(ns);
     if (!e.In(Tier::kDisk) && policy.write->WriteAfterHits(e.hits) &&
         policy.admission->Admit(e.hits)) {
-      write_queue_.push_back(KeyRef{ns, e.key});
+      write_queue_.push_back(NamespacedKey{ns, e.key});
       flusher_.Signal();
     }
     if (policy.read_ahead->depth() > 0) ReadAheadLocked(id);

@@ -254,15 +254,6 @@ class TierManager {
     bool done = false;
     Status status;
   };
-  struct KeyRef {
-    NamespaceId ns;
-    BlockKey key;
-    bool operator==(const KeyRef& o) const { return ns == o.ns && key == o.key; }
-    template <typename H>
-    friend H AbslHashValue(H h, const KeyRef& k) {
-      return H::combine(std::move(h), k.ns, BlockKeyHash()(k.key));
-    }
-  };
 
   // What reading a block's disk copy needs, taken under the lock.
   struct DiskCopy {
@@ -332,9 +323,9 @@ class TierManager {
   ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<EntryId, std::shared_ptr<Promotion>> promotions_ ABSL_GUARDED_BY(mu_);
   std::deque<EntryId> promotion_queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<KeyRef> write_queue_ ABSL_GUARDED_BY(mu_);  // write-after-hits candidates
-  absl::CondVar changed_;                                 // an I/O finished or a busy flag cleared
-  absl::CondVar work_;                                    // promotion_queue_ gained an item
+  std::vector<NamespacedKey> write_queue_ ABSL_GUARDED_BY(mu_);  // write-after-hits candidates
+  absl::CondVar changed_;  // an I/O finished or a busy flag cleared
+  absl::CondVar work_;     // promotion_queue_ gained an item
   absl::CondVar flusher_;  // host passed its high watermark, or write_queue_ grew
   uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes on disk + in flight
   uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
