@@ -18,7 +18,6 @@ namespace kvpool::daemon::cluster {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 constexpr int kRecordVersion = 1;
 constexpr std::chrono::milliseconds kClaimRetry{250};
@@ -189,6 +188,7 @@ Result<std::string> ReadClusterSecretFile(const std::string& path) {
 
 Membership::Membership(MembershipOptions options, std::unique_ptr<EtcdClient> etcd)
     : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : RealClock()),
       prefix_(MembersPrefix(options_.cluster_name)),
       key_(MemberKey(options_.cluster_name, options_.node_id)),
       etcd_(std::move(etcd)) {
@@ -250,7 +250,7 @@ Result<std::unique_ptr<Membership>> Membership::Join(MembershipOptions o) {
                    << ": member list not loaded yet; it will follow";
     }
   }
-  m->next_occupancy_ = Clock::now() + m->options_.occupancy_interval;
+  m->next_occupancy_ = m->clock_.Now() + m->options_.occupancy_interval;
   m->keepalive_thread_ =
       StartThread(kClusterThreadRole, NextClusterThreadIndex(), [raw] { raw->KeepAliveLoop(); });
   LOG(INFO) << "joined cluster " << m->options_.cluster_name << " as " << m->options_.node_id
@@ -277,7 +277,7 @@ Status Membership::Claim(const char* why) {
   }
   const auto revoke = [&] { etcd_->RevokeLease(grant.id).IgnoreError(); };
   const auto deadline =
-      Clock::now() + (at_join ? options_.claim_wait : std::chrono::milliseconds(0));
+      clock_.Now() + (at_join ? options_.claim_wait : std::chrono::milliseconds(0));
   while (true) {
     const MemberRecord record = CurrentRecord();
     const std::string value = EncodeMemberRecord(record);
@@ -299,7 +299,7 @@ Status Membership::Claim(const char* why) {
       }
       break;
     }
-    if (Clock::now() >= deadline) {
+    if (clock_.Now() >= deadline) {
       revoke();
       if (!valid) {
         LOG(ERROR) << "refusing to " << why << " cluster " << options_.cluster_name << " as "
@@ -322,7 +322,10 @@ Status Membership::Claim(const char* why) {
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
-      stopping = mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(kClaimRetry));
+      const Clock::TimePoint until = clock_.Now() + kClaimRetry;
+      while (!stopping_ && !clock_.WaitUntil(stop_cv_, mu_, until)) {
+      }
+      stopping = stopping_;
     }
     if (stopping) {
       revoke();
@@ -337,7 +340,7 @@ Status Membership::Claim(const char* why) {
   }
   absl::MutexLock lock(&mu_);
   lease_ = grant.id;
-  last_renewal_ = Clock::now();
+  last_renewal_ = clock_.Now();
   consecutive_failures_ = 0;
   published_used_ = self_.used_bytes;
   return Status::OK();
@@ -357,18 +360,18 @@ Status Membership::Publish(const char* why) {
 }
 
 void Membership::KeepAliveLoop() {
-  auto next = Clock::now() + options_.keepalive_interval;
+  auto next = clock_.Now() + options_.keepalive_interval;
   while (true) {
     bool paused;
     {
       absl::MutexLock lock(&mu_);
-      const auto wait = std::max(next - Clock::now(), Clock::duration::zero());
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(wait));
+      while (!stopping_ && !clock_.WaitUntil(stop_cv_, mu_, next)) {
+      }
       if (stopping_) return;
       paused = paused_;
     }
     next += options_.keepalive_interval;
-    if (next < Clock::now()) next = Clock::now() + options_.keepalive_interval;
+    if (next < clock_.Now()) next = clock_.Now() + options_.keepalive_interval;
     if (!paused) Tick();
   }
 }
@@ -381,7 +384,7 @@ void Membership::Tick() {
     lease = lease_;
     state = state_;
   }
-  const auto now = Clock::now();
+  const auto now = clock_.Now();
   auto renewed = etcd_->KeepAliveOnce(lease);
   if (renewed.ok()) {
     last_renewal_ = now;
@@ -577,6 +580,7 @@ void Membership::Leave() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    stop_cv_.SignalAll();
   }
   if (keepalive_thread_.joinable()) keepalive_thread_.join();
   if (watch_) watch_->Stop();

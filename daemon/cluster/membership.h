@@ -38,6 +38,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/cluster/rendezvous.h"
@@ -128,6 +129,10 @@ struct MembershipOptions {
   // lease_ttl + 0.5 s. etcd raises TTLs under its minimum (2 s with default heartbeat).
   // Default: 2 s.
   std::chrono::seconds lease_ttl{2};
+  // Time for the keepalive rounds, renewal ages, occupancy updates and the claim's waits; tests may
+  // pass a ManualClock (etcd's own lease TTLs still run in real time). Not owned; must outlive the
+  // membership. Default: RealClock().
+  Clock* clock = nullptr;
   // Keepalive period. Default (0): lease_ttl / 3.
   std::chrono::milliseconds keepalive_interval{0};
   // How often occupancy is re-published when it changed. Default: 5 s.
@@ -185,6 +190,7 @@ class Membership {
   MemberRecord CurrentRecord() const;
 
   const MembershipOptions options_;
+  Clock& clock_;
   const std::string prefix_;
   const std::string key_;
   const std::unique_ptr<EtcdClient> etcd_;
@@ -202,6 +208,7 @@ class Membership {
   bool have_snapshot_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const Ring> ring_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar stop_cv_;  // signalled when stopping_ is set
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t keepalive_failures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejoins_ ABSL_GUARDED_BY(mu_) = 0;
@@ -209,8 +216,8 @@ class Membership {
 
   // Keepalive-thread only.
   int consecutive_failures_ = 0;
-  std::chrono::steady_clock::time_point last_renewal_;
-  std::chrono::steady_clock::time_point next_occupancy_;
+  Clock::TimePoint last_renewal_;
+  Clock::TimePoint next_occupancy_;
   uint64_t published_used_ = 0;
 
   absl::Mutex callback_mu_;  // serializes on_change; never taken with mu_ held
