@@ -1176,9 +1176,11 @@ EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const Block
 
 TierManagerStats TierManager::GetStats() const {
   TierManagerStats s;
-  s.host = host_.GetStats();
   s.disk_bytes_on_device = disk_.bytes_on_device();
   absl::MutexLock lock(&mu_);
+  // Under the lock, so the arena's figures and the counters below describe the same moment (a
+  // reservation freed in between would show as gone from one and still allocated in the other).
+  s.host = host_.GetStats();
   s.host_blocks = host_blocks_;
   s.disk_capacity_bytes = options_.disk_capacity_bytes;
   s.disk_used_bytes = disk_used_;
