@@ -9,7 +9,6 @@
 #include "client/ucx_data_path.h"
 #include "common/checksum.h"
 #include "common/tier_names.h"
-#include "common/tier_names.h"
 #include "control.pb.h"
 #include "transport/address.h"
 #include "transport/frame.h"
