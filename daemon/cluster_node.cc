@@ -190,6 +190,11 @@ bool ClusterNode::StoreLocal(NamespaceId ns, const BlockKey& key, const BlockKey
   item.parent = parent;
   std::vector<tiers::ReserveOutcome> r = tiers_.Reserve(ns, kClusterOwner, {&item, 1});
   if (r[0].state == tiers::ReserveState::kPresent) return true;
+  if (r[0].state == tiers::ReserveState::kInProgress) {
+    // Another writer (a replica pushed here, a client's put) is storing it right now: the block
+    // counts once that put commits, so the lookup after this fetch does not stop short at it.
+    return tiers_.AwaitInFlightPut(ns, key, options_.peer_timeout);
+  }
   if (r[0].state != tiers::ReserveState::kReserved) return false;
   Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r[0].reservation_id);
   if (!t.ok()) return false;

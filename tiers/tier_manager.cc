@@ -897,7 +897,10 @@ Result<ReservationTarget> TierManager::TargetOf(uint64_t owner, uint64_t reserva
 }
 
 void TierManager::FreeReservationLocked(uint64_t rid) {
-  if (std::optional<Reservation> r = reservations_.Remove(rid)) host_.Free(r->slot);
+  if (std::optional<Reservation> r = reservations_.Remove(rid)) {
+    host_.Free(r->slot);
+    changed_.SignalAll();  // AwaitInFlightPut
+  }
 }
 
 void TierManager::ExpireReservationsLocked() {
@@ -926,6 +929,7 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
   const uint64_t actual = BlockChecksum(host_.Data(r.slot), r.item.size);
 
   absl::MutexLock lock(&mu_);
+  changed_.SignalAll();  // AwaitInFlightPut: whatever happens below, this reservation ends
   if (!reservations_.Remove(reservation_id).has_value()) {
     // Its slot was freed (and may be reused): publishing it would serve or free foreign bytes.
     return Status::Aborted("reservation " + std::to_string(reservation_id) +
@@ -979,6 +983,14 @@ void TierManager::Abort(uint64_t owner, uint64_t reservation_id) {
   absl::MutexLock lock(&mu_);
   if (reservations_.FindOwned(reservation_id, owner) == nullptr) return;
   FreeReservationLocked(reservation_id);
+}
+
+bool TierManager::AwaitInFlightPut(NamespaceId ns, const BlockKey& key, Clock::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const Clock::TimePoint deadline = clock_.Now() + timeout;
+  while (reservations_.Reserved(ns, key) && !clock_.WaitUntil(changed_, mu_, deadline)) {
+  }
+  return FindCachedLocked(ns, key) != kNoEntry;
 }
 
 bool TierManager::OwnerHasReservationIn(uint64_t owner, uint32_t segment) const {

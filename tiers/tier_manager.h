@@ -215,6 +215,11 @@ class TierManager {
   bool OwnerHasReservationIn(uint64_t owner, uint32_t segment) const;
   // Aborts every reservation of `owner` (its connection closed).
   void AbortOwner(uint64_t owner);
+  // Waits up to `timeout` while another writer's reservation of (ns, key) is open (Reserve said
+  // kInProgress); true when the block is cached once it ends. A second writer of the same block
+  // (a cluster fetch racing a replica's push) uses it to report the block as stored only once
+  // a lookup would find it.
+  bool AwaitInFlightPut(NamespaceId ns, const BlockKey& key, Clock::Duration timeout);
 
   // Writes each block of `chain` to disk if it is not there yet and pins it (sessions).
   // FailedPrecondition naming the first block that is not cached. Returns the chain's bytes.

@@ -89,6 +89,37 @@ TEST_F(TierManagerTest, PutIfAbsent) {
   ExpectHostAccountingConsistent();
 }
 
+TEST_F(TierManagerTest, ASecondWriterWaitsForTheFirstOnesPut) {
+  Open();
+  const BlockKey key = KeyOf(1);
+  const std::vector<uint8_t> bytes = BytesFor(key, 5000);
+  const PutRequestItem item = ItemFor(key, bytes);
+  // Nobody is writing it: nothing to wait for, and it is not cached.
+  EXPECT_FALSE(manager_->AwaitInFlightPut(kNs, key, std::chrono::seconds(0)));
+
+  // The first writer aborts: the second learns the block is still absent.
+  auto r1 = manager_->Reserve(kNs, /*owner=*/1, {&item, 1});
+  ASSERT_EQ(r1[0].state, ReserveState::kReserved);
+  ASSERT_EQ(manager_->Reserve(kNs, 2, {&item, 1})[0].state, ReserveState::kInProgress);
+  std::thread aborter([&] { manager_->Abort(1, r1[0].reservation_id); });
+  EXPECT_FALSE(manager_->AwaitInFlightPut(kNs, key, std::chrono::seconds(30)));
+  aborter.join();
+
+  // The first writer commits while the second waits: the block is there when the wait ends.
+  r1 = manager_->Reserve(kNs, 1, {&item, 1});
+  ASSERT_EQ(r1[0].state, ReserveState::kReserved);
+  std::thread committer([&] {
+    Result<ReservationTarget> t = manager_->TargetOf(1, r1[0].reservation_id);
+    ASSERT_TRUE(t.ok());
+    std::memcpy(t->data, bytes.data(), bytes.size());
+    ASSERT_TRUE(manager_->Commit(1, r1[0].reservation_id).ok());
+  });
+  EXPECT_TRUE(manager_->AwaitInFlightPut(kNs, key, std::chrono::seconds(30)));
+  committer.join();
+  expected_[{kNs, key}] = bytes;
+  ExpectServed(key);
+}
+
 TEST_F(TierManagerTest, ReserveOfABatchAnswersEachItem) {
   Open();
   ASSERT_TRUE(Put(KeyOf(1), 1000).ok());

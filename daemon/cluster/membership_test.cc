@@ -222,6 +222,12 @@ TEST_F(MembershipTest, StalledMemberRejoinsWhenItWakes) {
   ASSERT_LE(WaitUntil([&] { return Ids(*a).count("node-b") == 0; }, 4000ms), 4000ms);
   b->PauseKeepAliveForTesting(false);
   EXPECT_LE(WaitUntil([&] { return Ids(*a).count("node-b") == 1; }, 3000ms), 3000ms);
+  // A sees B's new record as soon as B's claim writes it, a moment before B counts the re-join
+  // and reports itself joined again.
+  EXPECT_LE(
+      WaitUntil([&] { return b->health().rejoins == 1 && b->state() == ClusterState::kJoined; },
+                1000ms),
+      1000ms);
   EXPECT_EQ(b->state(), ClusterState::kJoined);
   EXPECT_EQ(b->health().rejoins, 1u);
 }
