@@ -15,7 +15,13 @@
 // mid-promotion waits for that promotion; it never reads the block twice. Every read from disk
 // is verified; a block that fails is dropped, logged and reported as a miss.
 //
-// Threads: one flusher (ThreadRole::kTierFlusher) and `promotion_threads` prefetchers
+// Parts: the index (tiers/block_index.h) and eviction pools, leases and reservations
+// (tiers/leases.h), the per-namespace policy (tiers/policy.h); the mover (tiers/mover.h), whose
+// flusher and promoters run this class's rounds and promotions in the background; and the copy
+// of bytes between tiers, encoded or not (tiers/tier_copy.h). This class decides what moves
+// where and keeps the books.
+//
+// Threads: the mover's flusher (ThreadRole::kTierFlusher) and `promotion_threads` promoters
 // (ThreadRole::kPrefetcher), started by Start() and joined by Shutdown().
 // Thread safety: every public method may be called from any thread; one mutex guards the index
 // and all bookkeeping, and no disk I/O or block copy runs under it, except RocksDB deletes of
@@ -23,7 +29,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,8 +48,10 @@
 #include "tiers/eviction_pools.h"
 #include "tiers/host_tier.h"
 #include "tiers/leases.h"
+#include "tiers/mover.h"
 #include "tiers/policy.h"
 #include "tiers/tier.h"
+#include "tiers/tier_copy.h"
 
 namespace kvpool::tiers {
 
@@ -260,18 +267,7 @@ class TierManager {
     Status status;
   };
 
-  // What reading a block's disk copy needs, taken under the lock.
-  struct DiskCopy {
-    NamespaceId ns;
-    BlockKey key;
-    uint64_t size;
-    uint64_t checksum;
-    uint8_t encoding;
-  };
   static DiskCopy DiskCopyOf(const Entry& e);
-  // Reads (and for an encoded copy decodes) a disk copy into `dst` (copy.size bytes), without the
-  // lock; `checksum` gets the checksum of what `dst` holds. NotFound, Corruption, IoError.
-  Status ReadDiskCopy(const DiskCopy& copy, uint8_t* dst, uint64_t* checksum) const;
 
   uint32_t NowSeconds() const;
   const NamespacePolicy& PolicyLocked(NamespaceId ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -309,8 +305,10 @@ class TierManager {
   // Ends a lease the table handed back: the entry's count drops.
   void EndLeaseLocked(EntryId entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeReservationLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FlusherLoop();
-  void PrefetcherLoop();
+  // The mover's work: one flusher round (expiry, write-after-hits, demotion to the low
+  // watermark), and a promotion it will never run.
+  void FlushRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbandonPromotionLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HostAboveHighWatermarkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TierManagerOptions options_;
@@ -327,11 +325,8 @@ class TierManager {
   NamespacePolicy default_policy_ ABSL_GUARDED_BY(mu_);
   ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<EntryId, std::shared_ptr<Promotion>> promotions_ ABSL_GUARDED_BY(mu_);
-  std::deque<EntryId> promotion_queue_ ABSL_GUARDED_BY(mu_);
   std::vector<NamespacedKey> write_queue_ ABSL_GUARDED_BY(mu_);  // write-after-hits candidates
-  absl::CondVar changed_;  // an I/O finished or a busy flag cleared
-  absl::CondVar work_;     // promotion_queue_ gained an item
-  absl::CondVar flusher_;  // host passed its high watermark, or write_queue_ grew
+  absl::CondVar changed_;                        // an I/O finished or a busy flag cleared
   uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes on disk + in flight
   uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
@@ -348,10 +343,9 @@ class TierManager {
   uint64_t read_aheads_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t encoded_writes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t flusher_rounds_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ = false;
 
-  std::vector<std::thread> threads_;
+  Mover mover_;  // the flusher and promoters; runs the callbacks above under mu_
 };
 
 }  // namespace kvpool::tiers

@@ -1,0 +1,87 @@
+#pragma once
+// Mover: the tier manager's background workers, which move blocks between tiers while nobody
+// waits for them: one flusher, which runs a round every `flusher_interval` or when woken (expire
+// what is due, write down what the write policy queued, demote to the low watermark), and
+// `promotion_threads` promoters, which read queued blocks up from disk (prefetches, read-ahead
+// and the reads a get waits for).
+//
+// The mover decides when, its owner what: each round and each promotion is a callback run with
+// the owner's mutex held, which it may release while it does I/O. The queue of promotions is
+// kept here, guarded by that same mutex, so queueing one is part of the owner's critical section.
+//
+// Thread safety: Enqueue, WakeFlusher and the accessors need the owner's mutex held; Start,
+// Stop and WaitFlusherRound must be called without it. Start once, Stop once (later Stops do
+// nothing); the callbacks are never called after Stop returns.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "tiers/block_index.h"
+
+namespace kvpool::tiers {
+
+struct MoverOptions {
+  int promotion_threads = 2;  // at least one runs
+  Clock::Duration flusher_interval = std::chrono::milliseconds(200);
+};
+
+struct MoverWork {
+  // One flusher round.
+  std::function<void()> flush_round;
+  // Reads entry `id` up to a faster tier (it was queued by Enqueue).
+  std::function<void(EntryId id)> promote;
+  // At Stop, for each entry queued but never promoted: its waiters must learn it will not be.
+  std::function<void(EntryId id)> abandon;
+};
+
+class Mover {
+ public:
+  Mover(absl::Mutex& mu, Clock& clock, MoverOptions options, MoverWork work);
+  ~Mover();  // Stops
+  Mover(const Mover&) = delete;
+  Mover& operator=(const Mover&) = delete;
+
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
+  // Wakes and joins the workers (a round or promotion in progress finishes first), then abandons
+  // what is still queued.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Queues a promotion of `id`; one promoter runs it, in queueing order.
+  void Enqueue(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a flusher round now instead of at the end of its nap.
+  void WakeFlusher() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t queued() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.size(); }
+  bool stopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; }
+
+  // Asks for a flusher round now and waits until it has ended (or Stop): a whole round that
+  // began after this call, so what was due on the clock when it was called has been done.
+  void WaitFlusherRound() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void FlusherLoop();
+  void PromoterLoop();
+
+  absl::Mutex& mu_;
+  Clock& clock_;
+  const MoverOptions options_;
+  const MoverWork work_;
+  std::deque<EntryId> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_requested_ ABSL_GUARDED_BY(mu_) = false;  // kept while a round runs
+  uint64_t rounds_started_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rounds_done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::CondVar queued_;              // queue_ gained an entry, or stopping
+  absl::CondVar wake_;                // the flusher is asked for a round, or stopping
+  absl::CondVar round_done_;          // a flusher round ended, or stopping
+  std::vector<std::thread> threads_;  // touched by Start and Stop only
+};
+
+}  // namespace kvpool::tiers

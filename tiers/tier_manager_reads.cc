@@ -1,0 +1,242 @@
+// TierManager, part of tiers/tier_manager.h: reads (lookup, prefetch, acquire and the leases
+// they hand out).
+
+#include "tiers/tier_manager.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "common/checksum.h"
+#include "common/units.h"
+
+namespace kvpool::tiers {
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch) {
+  LookupResult result;
+  absl::MutexLock lock(&mu_);
+  const uint32_t now = NowSeconds();
+  for (const BlockKey& key : chain) {
+    const EntryId id = FindCachedLocked(ns, key);
+    if (id == kNoEntry) break;
+    Entry& e = index_.at(id);
+    const bool in_host = e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0;
+    result.tiers.push_back(in_host ? Tier::kHost : Tier::kDisk);
+    index_.Touch(id, now);
+    if (prefetch && !e.In(Tier::kHost) && promotions_.find(id) == promotions_.end() &&
+        (e.busy & kBusyReading) == 0) {
+      StartPromotionLocked(id, /*prefetch=*/true);
+      ++result.promotions_started;
+    }
+  }
+  result.hit_blocks = static_cast<uint32_t>(result.tiers.size());
+  return result;
+}
+
+uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
+  absl::MutexLock lock(&mu_);
+  uint32_t started = 0;
+  for (const BlockKey& key : keys) {
+    const EntryId id = FindCachedLocked(ns, key);
+    if (id == kNoEntry) continue;
+    Entry& e = index_.at(id);
+    if (e.In(Tier::kHost) || promotions_.contains(id) || (e.busy & kBusyReading)) continue;
+    StartPromotionLocked(id, /*prefetch=*/true);
+    ++started;
+  }
+  return started;
+}
+
+std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys,
+                                            uint64_t owner, std::chrono::milliseconds ttl) {
+  std::vector<BlockRead> out(keys.size());
+  absl::MutexLock lock(&mu_);
+  const uint32_t now = NowSeconds();
+  const auto deadline =
+      ttl.count() > 0 ? clock_.Now() + ttl : std::chrono::steady_clock::time_point::max();
+
+  auto lease = [&](size_t i, EntryId id, Tier from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Entry& e = index_.at(id);
+    ++e.leases;
+    const uint64_t lease_id = leases_.Add(id, owner, deadline);
+    if (e.hits < UINT32_MAX) ++e.hits;
+    index_.Touch(id, now);
+    BlockRead& r = out[i];
+    r.from = from;
+    r.lease_id = lease_id;
+    r.arena_offset = e.host_offset;
+    r.data = host_.Data(HostSlot{e.host_offset, e.size});
+    r.size = e.size;
+    r.checksum = e.checksum;
+    r.lossy_encoding = e.lossy_encoding;
+    if (e.flags & kFlagPrefetched) {
+      e.flags &= static_cast<uint8_t>(~kFlagPrefetched);
+      ++prefetches_useful_;
+    }
+    if (from == Tier::kHost) {
+      ++host_counters_.hits;
+    } else {
+      ++disk_counters_.hits;
+    }
+    const NamespacePolicy& policy = PolicyLocked(ns);
+    if (!e.In(Tier::kDisk) && policy.write->WriteAfterHits(e.hits) &&
+        policy.admission->Admit(e.hits)) {
+      write_queue_.push_back(NamespacedKey{ns, e.key});
+      mover_.WakeFlusher();
+    }
+    if (policy.read_ahead->depth() > 0) ReadAheadLocked(id);
+  };
+
+  // Blocks not in host wait for a promotion (theirs or another reader's), then are leased.
+  struct Wait {
+    size_t i;
+    std::shared_ptr<Promotion> promotion;  // null: another get reads it straight from disk
+    int rounds;
+  };
+  std::vector<Wait> waits;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const EntryId id = FindCachedLocked(ns, keys[i]);
+    if (id == kNoEntry) {
+      out[i].status = Status::NotFound("not cached");
+      continue;
+    }
+    const Entry& e = index_.at(id);
+    if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
+      lease(i, id, Tier::kHost);
+    } else if (e.busy & kBusyReading) {
+      waits.push_back({i, nullptr, 0});
+    } else {
+      waits.push_back({i, StartPromotionLocked(id, /*prefetch=*/false), 1});
+    }
+  }
+
+  auto pending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Wait& w : waits) {
+      if (w.promotion && !w.promotion->done) return true;
+      if (!w.promotion) {
+        const EntryId id = FindCachedLocked(ns, keys[w.i]);
+        if (id != kNoEntry && (index_.at(id).busy & kBusyReading)) return true;
+      }
+    }
+    return false;
+  };
+  // A block demoted again before this get leased it is promoted again; one that cannot be
+  // placed in host (every host block leased) is read straight from disk.
+  constexpr int kMaxPromotionRounds = 3;
+  uint64_t direct_bytes = 0;  // read straight from disk by this call
+  while (!waits.empty()) {
+    while (pending() && !stopping_) changed_.Wait(&mu_);
+    std::vector<Wait> again;
+    for (const Wait& w : waits) {
+      const size_t i = w.i;
+      const EntryId id = FindCachedLocked(ns, keys[i]);
+      if (id == kNoEntry) {
+        const Status& ps = w.promotion ? w.promotion->status : Status::OK();
+        out[i].status = (!ps.ok() && !ps.IsNotFound() && ps.code() != StatusCode::kCorruption)
+                            ? ps
+                            : Status::NotFound("not cached");
+        continue;
+      }
+      Entry& e = index_.at(id);
+      if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
+        lease(i, id, Tier::kDisk);
+        continue;
+      }
+      if (stopping_) {
+        out[i].status = Status::Unavailable("daemon shutting down");
+        continue;
+      }
+      if (e.busy & kBusyPromoting) {  // another reader's promotion: wait for it
+        auto it = promotions_.find(id);
+        again.push_back({i, it != promotions_.end() ? it->second : nullptr, w.rounds});
+        continue;
+      }
+      if (e.busy & kBusyReading) {
+        again.push_back({i, nullptr, w.rounds});
+        continue;
+      }
+      const bool promotion_failed = w.promotion && w.promotion->done && !w.promotion->status.ok();
+      if (!promotion_failed && w.rounds < kMaxPromotionRounds) {
+        again.push_back({i, StartPromotionLocked(id, /*prefetch=*/false), w.rounds + 1});
+        continue;
+      }
+      // Read it directly into a buffer the reader owns, within a memory budget per call: the
+      // rest are deferred (the client asks for them again) rather than buffered all at once.
+      if (direct_bytes + e.size > options_.direct_read_budget_bytes && direct_bytes > 0) {
+        out[i].status = Status::ResourceExhausted("deferred: direct-read budget of this request");
+        continue;
+      }
+      direct_bytes += e.size;
+      const DiskCopy copy = DiskCopyOf(e);
+      e.busy |= kBusyReading;
+      auto buf = std::unique_ptr<uint8_t[]>(new uint8_t[copy.size]);
+      ++io_in_flight_;
+      mu_.Unlock();
+      uint64_t checksum = 0;
+      Status st = ReadUp(disk_, copy, buf.get(), &checksum);
+      mu_.Lock();
+      --io_in_flight_;
+      index_.at(id).busy &= static_cast<uint8_t>(~kBusyReading);
+      changed_.SignalAll();
+      if (!st.ok()) {
+        if (st.code() == StatusCode::kCorruption || st.IsNotFound()) {
+          HandleCorruptLocked(id, st);
+          out[i].status = Status::NotFound("failed verification; dropped");
+        } else {
+          out[i].status = st;
+        }
+        MaybeEraseLocked(id);
+        continue;
+      }
+      ++disk_counters_.hits;
+      BlockRead& r = out[i];
+      r.from = Tier::kDisk;
+      r.size = copy.size;
+      r.checksum = checksum;
+      r.lossy_encoding = copy.encoding;
+      r.owned = std::move(buf);
+      r.data = r.owned.get();
+    }
+    waits = std::move(again);
+  }
+  return out;
+}
+
+void TierManager::EndLeaseLocked(EntryId entry) {
+  Entry& e = index_.at(entry);
+  CHECK_GT(e.leases, 0u);
+  --e.leases;
+}
+
+void TierManager::Release(BlockRead& read) {
+  if (read.lease_id == 0) return;
+  absl::MutexLock lock(&mu_);
+  if (std::optional<EntryId> e = leases_.End(read.lease_id)) EndLeaseLocked(*e);
+  read.lease_id = 0;
+  read.data = nullptr;
+}
+
+void TierManager::ReleaseLeases(uint64_t owner, std::span<const uint64_t> lease_ids) {
+  absl::MutexLock lock(&mu_);
+  for (uint64_t id : lease_ids) {
+    if (std::optional<EntryId> e = leases_.EndIfOwned(id, owner)) EndLeaseLocked(*e);
+  }
+}
+
+void TierManager::ReleaseOwner(uint64_t owner) {
+  absl::MutexLock lock(&mu_);
+  for (EntryId e : leases_.EndOwner(owner)) EndLeaseLocked(e);
+}
+
+void TierManager::ExpireLeasesLocked() {
+  const std::vector<EntryId> expired = leases_.EndExpired(clock_.Now());
+  if (!expired.empty()) {
+    LOG(WARNING) << expired.size() << " leases expired unreleased (a client died or forgot them)";
+  }
+  for (EntryId e : expired) EndLeaseLocked(e);
+}
+
+}  // namespace kvpool::tiers

@@ -1,0 +1,346 @@
+// TierManager, part of tiers/tier_manager.h: host and disk space (write-down, eviction, the
+// flusher's rounds) and promotion, the work the mover (tiers/mover.h) runs in the background.
+
+#include "tiers/tier_manager.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "common/checksum.h"
+#include "common/units.h"
+
+namespace kvpool::tiers {
+
+namespace {
+
+// Coarse allocation size of a block in the host arena (whole pages).
+uint64_t PagesBytes(uint64_t size) {
+  return (size + HostTier::kPageBytes - 1) / HostTier::kPageBytes * HostTier::kPageBytes;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Host and disk space
+
+bool TierManager::HostAboveHighWatermarkLocked() const {
+  return static_cast<double>(host_.allocated_bytes()) >
+         options_.host_high_watermark * static_cast<double>(host_.capacity_bytes());
+}
+
+void TierManager::DropHostCopyLocked(EntryId id) {
+  Entry& e = index_.at(id);
+  const HostSlot slot{e.host_offset, e.size};
+  index_.RemoveCopy(id, Tier::kHost);
+  e.lossy_encoding = 0;
+  host_.Free(slot);
+  --host_blocks_;
+  MaybeEraseLocked(id);
+}
+
+void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
+  if (ids.empty()) return;
+  std::vector<std::pair<NamespaceId, BlockKey>> keys;
+  keys.reserve(ids.size());
+  for (EntryId id : ids) keys.emplace_back(index_.at(id).ns, index_.at(id).key);
+  Status st = disk_.Delete(keys);
+  if (!st.ok()) {
+    // The index forgets them either way; a record left behind is valid data and is served
+    // again (verified) after a restart.
+    LOG(ERROR) << "deleting " << ids.size() << " blocks from disk: " << st.ToString();
+  }
+  for (EntryId id : ids) {
+    Entry& e = index_.at(id);
+    index_.RemoveCopy(id, Tier::kDisk);
+    disk_used_ -= e.disk_bytes();
+    e.disk_encoding = 0;
+    e.disk_size = 0;
+    --disk_blocks_;
+    MaybeEraseLocked(id);
+  }
+}
+
+Status TierManager::ReserveDiskLocked(uint64_t bytes) {
+  if (bytes > options_.disk_capacity_bytes) {
+    return Status::ResourceExhausted(FormatBytes(bytes) + " exceeds the disk tier capacity of " +
+                                     FormatBytes(options_.disk_capacity_bytes));
+  }
+  while (disk_used_ + bytes > options_.disk_capacity_bytes) {
+    const uint64_t need = disk_used_ + bytes - options_.disk_capacity_bytes;
+    std::vector<EntryId> victims;
+    pools_.Victims(
+        Tier::kDisk, need, [&](EntryId id) { return index_.at(id).busy == 0; }, &victims);
+    if (victims.empty()) {
+      return Status::ResourceExhausted(
+          "disk tier full (" + FormatBytes(disk_used_) + " of " +
+          FormatBytes(options_.disk_capacity_bytes) +
+          "): the rest is pinned by sessions, has cached descendants or is in use");
+    }
+    disk_counters_.evictions += victims.size();
+    DropDiskCopiesLocked(victims);
+  }
+  disk_used_ += bytes;
+  return Status::OK();
+}
+
+Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync) {
+  // What each block becomes on disk: its bytes as put, or encoded by its namespace's encoding.
+  std::vector<std::shared_ptr<const DemotionEncoding>> encodings;  // kept alive while writing
+  std::vector<const DemotionEncoding*> encoding_of;
+  encodings.reserve(ids.size());
+  encoding_of.reserve(ids.size());
+  uint64_t total = 0;
+  for (EntryId id : ids) {
+    const Entry& e = index_.at(id);
+    std::shared_ptr<const DemotionEncoding> enc = PolicyLocked(e.ns).encoding;
+    if (enc && !enc->Applies(e.size)) enc = nullptr;
+    total += enc ? enc->encoded_bytes() : e.size;
+    encoding_of.push_back(enc.get());
+    encodings.push_back(std::move(enc));
+  }
+  Status st = ReserveDiskLocked(total);
+  std::vector<DiskWrite> writes;
+  if (st.ok()) {
+    writes.reserve(ids.size());
+    for (EntryId id : ids) {
+      const Entry& e = index_.at(id);
+      DiskWrite w;
+      w.ns = e.ns;
+      w.key = e.key;
+      w.meta.size = e.size;
+      w.meta.checksum = e.checksum;
+      if (e.parent != kNoEntry) w.meta.parent = index_.at(e.parent).key;
+      w.data = host_.Data(HostSlot{e.host_offset, e.size});
+      writes.push_back(w);
+    }
+    ++io_in_flight_;
+    mu_.Unlock();
+    // The entries are kBusyDemoting: nobody frees their host copies meanwhile.
+    st = WriteDown(disk_, writes, encoding_of, sync);
+    mu_.Lock();
+    --io_in_flight_;
+    if (!st.ok()) {
+      disk_used_ -= total;
+      ++disk_write_errors_;
+      LOG(ERROR) << "writing " << ids.size() << " blocks (" << FormatBytes(total)
+                 << ") to disk: " << st.ToString();
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const EntryId id = ids[i];
+    Entry& e = index_.at(id);
+    e.busy &= static_cast<uint8_t>(~kBusyDemoting);
+    if (st.ok()) {
+      e.disk_encoding = writes[i].meta.encoding;
+      e.disk_size = e.disk_encoding != 0 ? static_cast<uint32_t>(writes[i].meta.stored_size) : 0;
+      if (e.disk_encoding != 0) ++encoded_writes_;
+      index_.AddCopy(id, Tier::kDisk);
+      ++disk_blocks_;
+    }
+    if (drop_host && e.leases == 0 && e.In(Tier::kHost)) {
+      if (st.ok()) {
+        ++host_counters_.demotions;
+      } else {
+        ++host_counters_.evictions;
+        ++blocks_lost_;
+      }
+      DropHostCopyLocked(id);
+    }
+  }
+  changed_.SignalAll();
+  return st;
+}
+
+uint64_t TierManager::EvictHostLocked(uint64_t budget) {
+  uint64_t released = 0;
+  uint64_t demote_bytes = 0;
+  std::vector<EntryId> to_demote;
+  std::vector<EntryId> victims;
+  pools_.Victims(
+      Tier::kHost, budget,
+      [&](EntryId id) {
+        const Entry& e = index_.at(id);
+        return e.leases == 0 && e.busy == 0;
+      },
+      &victims);
+  for (EntryId id : victims) {
+    if (released + demote_bytes >= budget || demote_bytes >= options_.demotion_batch_bytes) break;
+    Entry& e = index_.at(id);
+    if (e.In(Tier::kDisk)) {
+      released += PagesBytes(e.size);
+      ++host_counters_.evictions;
+      DropHostCopyLocked(id);
+    } else if (!PolicyLocked(e.ns).admission->Admit(e.hits)) {
+      // The namespace's disk does not take it: it leaves the cache.
+      released += PagesBytes(e.size);
+      ++host_counters_.evictions;
+      ++blocks_not_admitted_;
+      DropHostCopyLocked(id);
+    } else {
+      e.busy |= kBusyDemoting;
+      to_demote.push_back(id);
+      demote_bytes += PagesBytes(e.size);
+    }
+  }
+  if (!to_demote.empty()) {
+    WriteDownLocked(to_demote, /*drop_host=*/true, /*sync=*/false).IgnoreError();
+  }
+  return released + demote_bytes;
+}
+
+Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes) {
+  for (;;) {
+    Result<HostSlot> slot = host_.Allocate(ns, bytes);
+    if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    // Other namespaces' free pages do not help this one: free at least a segment's worth.
+    const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());
+    if (EvictHostLocked(budget) == 0) {
+      // Nothing to evict now; if a write-down or read is in flight, its end frees or unblocks
+      // a block (e.g. the chain tail the flusher is demoting): wait for it and try again.
+      if (io_in_flight_ > 0 && !stopping_) {
+        changed_.Wait(&mu_);
+        continue;
+      }
+      return Status::ResourceExhausted(
+          "host tier full (" + FormatBytes(host_.capacity_bytes()) +
+          "): every block is leased, being written, or has a leased descendant");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Promotion
+
+std::shared_ptr<TierManager::Promotion> TierManager::StartPromotionLocked(EntryId id,
+                                                                          bool prefetch) {
+  auto it = promotions_.find(id);
+  if (it != promotions_.end()) return it->second;
+  Entry& e = index_.at(id);
+  e.busy |= kBusyPromoting;
+  if (prefetch) {
+    e.flags |= kFlagPrefetched;
+    ++prefetches_issued_;
+  }
+  auto p = std::make_shared<Promotion>();
+  promotions_.emplace(id, p);
+  mover_.Enqueue(id);
+  return p;
+}
+
+void TierManager::AbandonPromotionLocked(EntryId id) {
+  index_.at(id).busy &= static_cast<uint8_t>(~kBusyPromoting);
+  auto it = promotions_.find(id);
+  if (it != promotions_.end()) {
+    it->second->status = Status::Aborted("daemon shutting down");
+    it->second->done = true;
+    promotions_.erase(it);
+  }
+  changed_.SignalAll();
+}
+
+void TierManager::ReadAheadLocked(EntryId id) {
+  const uint32_t depth = PolicyLocked(index_.at(id).ns).read_ahead->depth();
+  EntryId cur = id;
+  for (uint32_t d = 0; d < depth; ++d) {
+    // Follow the branch used last: the likeliest to be read next.
+    EntryId next = kNoEntry;
+    index_.ForEachChild(cur, [&](EntryId c) {
+      const Entry& ce = index_.at(c);
+      if (ce.tiers == 0) return;
+      if (next == kNoEntry || ce.last_use_s > index_.at(next).last_use_s) next = c;
+    });
+    if (next == kNoEntry) return;
+    const Entry& ne = index_.at(next);
+    if (!ne.In(Tier::kHost) && ne.In(Tier::kDisk) && ne.busy == 0 && !promotions_.contains(next)) {
+      StartPromotionLocked(next, /*prefetch=*/true);
+      ++read_aheads_;
+    }
+    cur = next;
+  }
+}
+
+void TierManager::HandleCorruptLocked(EntryId id, const Status& why) {
+  ++checksum_failures_;
+  Entry& e = index_.at(id);
+  LOG(ERROR) << "dropping block " << e.key.ShortHex() << " of namespace " << e.ns
+             << " from disk: " << why.ToString();
+  if (e.In(Tier::kDisk) && e.busy == 0) {
+    ++disk_counters_.evictions;
+    DropDiskCopiesLocked({id});
+  }
+}
+
+void TierManager::PromoteOne(EntryId id) {
+  Status st;
+  {
+    Entry& e = index_.at(id);
+    if (!e.In(Tier::kHost) && e.In(Tier::kDisk)) {
+      const DiskCopy copy = DiskCopyOf(e);
+      Result<HostSlot> slot = AllocateHostLocked(copy.ns, copy.size);
+      if (!slot.ok()) {
+        st = slot.status();
+      } else {
+        ++io_in_flight_;
+        mu_.Unlock();
+        uint64_t checksum = 0;
+        st = ReadUp(disk_, copy, host_.Data(*slot), &checksum);
+        mu_.Lock();
+        --io_in_flight_;
+        Entry& e2 = index_.at(id);
+        if (st.ok()) {
+          // Decoded from an encoded copy: approximate bytes, with their own checksum.
+          e2.checksum = checksum;
+          e2.lossy_encoding = copy.encoding;
+          e2.host_offset = slot->offset;
+          index_.AddCopy(id, Tier::kHost);
+          ++host_blocks_;
+          ++host_counters_.promotions;
+        } else {
+          host_.Free(*slot);
+        }
+      }
+    }
+  }
+  index_.at(id).busy &= static_cast<uint8_t>(~kBusyPromoting);
+  if (st.code() == StatusCode::kCorruption || st.code() == StatusCode::kNotFound) {
+    HandleCorruptLocked(id, st);
+  } else if (!st.ok()) {
+    LOG(WARNING) << "promotion of " << index_.at(id).key.ShortHex() << ": " << st.ToString();
+  }
+  auto it = promotions_.find(id);
+  if (it != promotions_.end()) {
+    it->second->status = st;
+    it->second->done = true;
+    promotions_.erase(it);
+  }
+  MaybeEraseLocked(id);
+  changed_.SignalAll();
+}
+
+void TierManager::FlushRoundLocked() {
+  ExpireReservationsLocked();
+  ExpireLeasesLocked();
+  // Write-after-hits policy: copy hot host-only blocks down without dropping them.
+  if (!write_queue_.empty()) {
+    std::vector<EntryId> batch;
+    for (const NamespacedKey& k : write_queue_) {
+      const EntryId id = FindCachedLocked(k.ns, k.key);
+      if (id == kNoEntry) continue;
+      Entry& e = index_.at(id);
+      if (e.In(Tier::kDisk) || !e.In(Tier::kHost) || e.busy != 0) continue;
+      e.busy |= kBusyDemoting;
+      batch.push_back(id);
+    }
+    write_queue_.clear();
+    if (!batch.empty()) WriteDownLocked(batch, /*drop_host=*/false, false).IgnoreError();
+  }
+  while (!stopping_ && HostAboveHighWatermarkLocked()) {
+    const double low = options_.host_low_watermark * static_cast<double>(host_.capacity_bytes());
+    const double allocated = static_cast<double>(host_.allocated_bytes());
+    if (allocated <= low) break;
+    if (EvictHostLocked(static_cast<uint64_t>(allocated - low)) == 0) break;
+  }
+}
+
+}  // namespace kvpool::tiers

@@ -1,0 +1,303 @@
+// TierManager, part of tiers/tier_manager.h: writes (reserve, commit, abort) and sessions'
+// pins.
+
+#include "tiers/tier_manager.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "common/checksum.h"
+#include "common/units.h"
+
+namespace kvpool::tiers {
+
+// ---------------------------------------------------------------------------------------------
+// Writes
+
+std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
+                                                 std::span<const PutRequestItem> items) {
+  std::vector<ReserveOutcome> out(items.size());
+  absl::MutexLock lock(&mu_);
+  const uint32_t now = NowSeconds();
+  const uint64_t max_block = max_block_bytes();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PutRequestItem& item = items[i];
+    ReserveOutcome& o = out[i];
+    if (item.size == 0) {
+      o.status = Status::InvalidArgument("block " + item.key.ShortHex() + " is empty");
+      continue;
+    }
+    if (item.size > max_block) {
+      o.status =
+          Status::InvalidArgument("block " + item.key.ShortHex() + " of " + FormatBytes(item.size) +
+                                  " exceeds the " + FormatBytes(max_block) + " block size limit");
+      continue;
+    }
+    auto classify = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const EntryId id = FindCachedLocked(ns, item.key);
+      if (id != kNoEntry) {
+        index_.Touch(id, now);
+        o.state = ReserveState::kPresent;
+        return true;
+      }
+      if (reservations_.Reserved(ns, item.key)) {
+        o.state = ReserveState::kInProgress;
+        return true;
+      }
+      return false;
+    };
+    if (classify()) continue;
+    // (Making room may push out the block this one extends; in a namespace whose disk takes
+    // nothing the new block is then stored without its parent link, unreachable by lookups,
+    // until it ages out. Holding the parent instead would leave a chain longer than the host
+    // tier nothing to evict, tail first.)
+    Result<HostSlot> slot = AllocateHostLocked(ns, item.size);
+    if (!slot.ok()) {
+      o.status = slot.status();
+      continue;
+    }
+    if (classify()) {  // the lock was released while making room
+      host_.Free(*slot);
+      continue;
+    }
+    Reservation r;
+    r.owner = owner;
+    r.ns = ns;
+    r.item = item;
+    r.slot = *slot;
+    r.deadline = clock_.Now() + options_.reservation_timeout;
+    const uint64_t rid = reservations_.Add(r);
+    o.state = ReserveState::kReserved;
+    o.reservation_id = rid;
+    o.arena_offset = slot->offset;
+  }
+  return out;
+}
+
+Result<ReservationTarget> TierManager::TargetOf(uint64_t owner, uint64_t reservation_id) {
+  absl::MutexLock lock(&mu_);
+  Reservation* found = reservations_.FindOwned(reservation_id, owner);
+  if (found == nullptr) {
+    return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                            " is unknown or expired");
+  }
+  Reservation& r = *found;
+  // The caller now writes through a raw pointer, maybe for a while (a slow client's payload):
+  // expiry must not free the slot under it, where another block (of any namespace) could be
+  // placed and then overwritten. From here only Commit, Abort or AbortOwner release it.
+  r.deadline = Clock::TimePoint::max();
+  return ReservationTarget{host_.Data(r.slot), r.item.size, r.slot.offset, r.item.key,
+                           r.item.parent};
+}
+
+void TierManager::FreeReservationLocked(uint64_t rid) {
+  if (std::optional<Reservation> r = reservations_.Remove(rid)) {
+    host_.Free(r->slot);
+    changed_.SignalAll();  // AwaitInFlightPut
+  }
+}
+
+void TierManager::ExpireReservationsLocked() {
+  for (uint64_t rid : reservations_.Expired(clock_.Now())) {
+    LOG(WARNING) << "reservation " << rid << " expired uncommitted; reclaiming its slot";
+    FreeReservationLocked(rid);
+  }
+}
+
+Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
+                           std::optional<uint64_t> checksum) {
+  Reservation r;
+  {
+    absl::MutexLock lock(&mu_);
+    Reservation* found = reservations_.FindOwned(reservation_id, owner);
+    if (found == nullptr) {
+      return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                              " is unknown or expired");
+    }
+    found->deadline = Clock::TimePoint::max();  // committing
+    if (checksum.has_value()) found->item.checksum = *checksum;
+    r = *found;
+  }
+  // Expiry skips a committing reservation, but Abort, AbortOwner (the connection closed) and
+  // Shutdown may still free it while we hash: the result is then discarded below.
+  const uint64_t actual = BlockChecksum(host_.Data(r.slot), r.item.size);
+
+  absl::MutexLock lock(&mu_);
+  changed_.SignalAll();  // AwaitInFlightPut: whatever happens below, this reservation ends
+  if (!reservations_.Remove(reservation_id).has_value()) {
+    // Its slot was freed (and may be reused): publishing it would serve or free foreign bytes.
+    return Status::Aborted("reservation " + std::to_string(reservation_id) +
+                           " was aborted while committing");
+  }
+  if (actual != r.item.checksum) {
+    host_.Free(r.slot);
+    ++checksum_failures_;
+    return Status::Corruption("block " + r.item.key.ShortHex() +
+                              ": payload does not match its checksum (damaged in transfer)");
+  }
+  EntryId id = index_.Find(r.ns, r.item.key);
+  if (id != kNoEntry && index_.at(id).tiers != 0) {
+    host_.Free(r.slot);  // cannot happen while reserved; harmless if it does
+    return Status::OK();
+  }
+  if (id == kNoEntry) id = index_.Insert(r.ns, r.item.key);
+  // A new entry, or a copy-less one (a session's pin kept it) that has no parent link yet.
+  if (index_.at(id).parent == kNoEntry && !r.item.parent.IsZero()) {
+    const EntryId parent = index_.Find(r.ns, r.item.parent);
+    if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
+  }
+  Entry& e = index_.at(id);
+  e.size = static_cast<uint32_t>(r.item.size);
+  e.checksum = r.item.checksum;
+  e.host_offset = r.slot.offset;
+  index_.AddCopy(id, Tier::kHost);
+  index_.Touch(id, NowSeconds());
+  ++host_blocks_;
+  if (PolicyLocked(r.ns).write->WriteOnCommit()) {
+    e.busy |= kBusyDemoting;
+    Status st = WriteDownLocked({id}, /*drop_host=*/false, /*sync=*/false);
+    if (!st.ok()) {
+      // The namespace asked for blocks on disk before the put returns: take it back out of host
+      // so a failed put is not half stored (unless a reader got to it meanwhile).
+      const EntryId again = FindCachedLocked(r.ns, r.item.key);
+      if (again != kNoEntry && index_.at(again).In(Tier::kHost) &&
+          !index_.at(again).In(Tier::kDisk) && index_.at(again).leases == 0 &&
+          index_.at(again).busy == 0 && index_.at(again).children[TierSlot(Tier::kHost)] == 0) {
+        ++host_counters_.evictions;
+        DropHostCopyLocked(again);
+      }
+      return st.WithContext("write-through of block " + r.item.key.ShortHex());
+    }
+  }
+  if (HostAboveHighWatermarkLocked()) mover_.WakeFlusher();
+  return Status::OK();
+}
+
+void TierManager::Abort(uint64_t owner, uint64_t reservation_id) {
+  absl::MutexLock lock(&mu_);
+  if (reservations_.FindOwned(reservation_id, owner) == nullptr) return;
+  FreeReservationLocked(reservation_id);
+}
+
+bool TierManager::AwaitInFlightPut(NamespaceId ns, const BlockKey& key, Clock::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const Clock::TimePoint deadline = clock_.Now() + timeout;
+  while (reservations_.Reserved(ns, key) && !clock_.WaitUntil(changed_, mu_, deadline)) {
+  }
+  return FindCachedLocked(ns, key) != kNoEntry;
+}
+
+bool TierManager::OwnerHasReservationIn(uint64_t owner, uint32_t segment) const {
+  absl::MutexLock lock(&mu_);
+  return reservations_.OwnerHasSlotIn(owner, segment, host_.segment_bytes());
+}
+
+void TierManager::AbortOwner(uint64_t owner) {
+  absl::MutexLock lock(&mu_);
+  for (uint64_t rid : reservations_.OwnedBy(owner)) FreeReservationLocked(rid);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+Result<uint64_t> TierManager::PinChain(NamespaceId ns, std::span<const BlockKey> chain) {
+  absl::MutexLock lock(&mu_);
+  // A session asks for its blocks on disk explicitly: only a namespace whose disk takes nothing
+  // refuses it (after-N-hits admission is about demotion, not sessions).
+  if (!PolicyLocked(ns).admission->AdmitsAny()) {
+    return Status::FailedPrecondition(
+        "this namespace's disk admission is 'none': its sessions cannot be persisted");
+  }
+  for (;;) {
+    std::vector<EntryId> ids;
+    std::vector<EntryId> to_write;
+    bool busy = false;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const EntryId id = FindCachedLocked(ns, chain[i]);
+      if (id == kNoEntry) {
+        return Status::FailedPrecondition("block " + std::to_string(i) + " of the chain (" +
+                                          chain[i].ShortHex() +
+                                          ") is not cached; put it before saving the session");
+      }
+      const Entry& e = index_.at(id);
+      if (e.busy != 0) busy = true;
+      if (!e.In(Tier::kDisk)) to_write.push_back(id);
+      ids.push_back(id);
+    }
+    if (busy) {
+      changed_.Wait(&mu_);
+      if (stopping_) return Status::Aborted("daemon shutting down");
+      continue;
+    }
+    if (!to_write.empty()) {
+      // Each block once, however often the chain names it (a second disk copy is a bug).
+      std::sort(to_write.begin(), to_write.end());
+      to_write.erase(std::unique(to_write.begin(), to_write.end()), to_write.end());
+      // Hold the chain's blocks already on disk while making room for the rest: were they the
+      // room, the next round would write them back and drop these, forever.
+      std::vector<EntryId> held;
+      for (EntryId id : ids) {
+        if (index_.at(id).In(Tier::kDisk)) {
+          index_.Pin(id);
+          held.push_back(id);
+        }
+      }
+      for (EntryId id : to_write) index_.at(id).busy |= kBusyDemoting;
+      Status st = WriteDownLocked(to_write, /*drop_host=*/false, /*sync=*/true);
+      for (EntryId id : held) index_.Unpin(id);
+      if (!st.ok()) return st.WithContext("writing the session's blocks to disk");
+      continue;  // re-check: the lock was released
+    }
+    uint64_t bytes = 0;
+    for (EntryId id : ids) {
+      index_.Pin(id);
+      bytes += index_.at(id).size;
+    }
+    return bytes;
+  }
+}
+
+void TierManager::PinExisting(NamespaceId ns, std::span<const BlockKey> chain) {
+  absl::MutexLock lock(&mu_);
+  for (const BlockKey& key : chain) {
+    // Every key of the session gets its one pin, also a key whose block is gone (a copy-less
+    // entry holds the pin): a later UnpinChain then takes exactly this session's pins.
+    EntryId id = index_.Find(ns, key);
+    if (id == kNoEntry) id = index_.Insert(ns, key);
+    index_.Pin(id);
+  }
+}
+
+void TierManager::UnpinChain(NamespaceId ns, std::span<const BlockKey> chain) {
+  absl::MutexLock lock(&mu_);
+  for (const BlockKey& key : chain) {
+    const EntryId id = index_.Find(ns, key);
+    if (id == kNoEntry || index_.at(id).pins == 0) continue;
+    index_.Unpin(id);
+    MaybeEraseLocked(id);
+  }
+}
+
+std::vector<TierManager::CachedBlock> TierManager::SnapshotCached() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<CachedBlock> out;
+  out.reserve(index_.size());
+  index_.ForEach(kNoNamespace, [&](EntryId id) {
+    const Entry& e = index_.at(id);
+    if (e.tiers == 0) return;
+    out.push_back({e.ns, e.key, e.parent != kNoEntry ? index_.at(e.parent).key : BlockKey{}});
+  });
+  return out;
+}
+
+uint32_t TierManager::CountCached(NamespaceId ns, std::span<const BlockKey> chain) {
+  absl::MutexLock lock(&mu_);
+  uint32_t n = 0;
+  for (const BlockKey& key : chain) {
+    if (FindCachedLocked(ns, key) != kNoEntry) ++n;
+  }
+  return n;
+}
+
+}  // namespace kvpool::tiers
