@@ -90,6 +90,14 @@ void EvictionPools::Victims(Tier tier, uint64_t bytes, const VictimFilter& evict
   }
 }
 
+void EvictionPools::VictimsOf(NamespaceId ns, Tier tier, uint64_t bytes,
+                              const VictimFilter& evictable, std::vector<EntryId>* out) {
+  Pool& pool = PoolOf(ns);
+  if (pool.count[TierSlot(tier)] == 0) return;
+  pool.orders[TierSlot(tier)]->Victims(
+      bytes, [&](EntryId id) { return index_.at(id).ns == ns && evictable(id); }, out);
+}
+
 void EvictionPools::OnCandidate(EntryId id, Tier tier, bool after_child) {
   Pool& pool = PoolOf(index_.at(id).ns);
   pool.orders[TierSlot(tier)]->Add(id, after_child);

@@ -40,6 +40,11 @@ class EvictionPools final : public CandidateObserver {
   // Appends victims of `tier` that `evictable` accepts to `out`, until their bytes reach `bytes`:
   // from the pool with the most candidate bytes there first.
   void Victims(Tier tier, uint64_t bytes, const VictimFilter& evictable, std::vector<EntryId>* out);
+  // The same, from namespace `ns`'s candidates only (a namespace over its quota gives up its
+  // own blocks, never another's), in the order of its pool. In the shared default pool this walks
+  // past the other namespaces' candidates.
+  void VictimsOf(NamespaceId ns, Tier tier, uint64_t bytes, const VictimFilter& evictable,
+                 std::vector<EntryId>* out);
 
   // CandidateObserver
   void OnCandidate(EntryId id, Tier tier, bool after_child) override;

@@ -146,6 +146,10 @@ Status HostTier::MapSegmentLocked(uint32_t index) {
 }
 
 void HostTier::RecycleSegmentLocked(uint32_t index) {
+  // Empty: it no longer counts towards its owner's quota, whatever becomes of it.
+  if (auto held = segments_of_.find(segments_[index].owner); held != segments_of_.end()) {
+    if (--held->second == 0) segments_of_.erase(held);
+  }
   Status st = MapSegmentLocked(index);
   if (!st.ok()) {
     // The old memfd was never remapped or closed: the segment may not go to any namespace.
@@ -271,13 +275,42 @@ Result<HostSlot> HostTier::Allocate(NamespaceId ns, uint64_t length) {
     int64_t first = FindRun(seg, pages);
     if (first >= 0) return take(i, first);
   }
+  if (auto limit = segment_limit_.find(ns);
+      limit != segment_limit_.end() && segments_of_[ns] >= limit->second) {
+    return Status::ResourceExhausted("namespace holds its quota of " +
+                                     std::to_string(limit->second) + " host segments");
+  }
   if (free_segments_.empty()) {
     return Status::ResourceExhausted("host arena full");
   }
   const uint32_t fresh = free_segments_.back();
   free_segments_.pop_back();
   segments_[fresh].owner = ns;
+  ++segments_of_[ns];
   return take(fresh, 0);
+}
+
+void HostTier::SetSegmentLimit(NamespaceId ns, uint32_t max_segments) {
+  absl::MutexLock lock(&mu_);
+  if (max_segments == 0) {
+    segment_limit_.erase(ns);
+  } else {
+    segment_limit_[ns] = max_segments;
+  }
+}
+
+uint32_t HostTier::SegmentsOf(NamespaceId ns) const {
+  absl::MutexLock lock(&mu_);
+  auto it = segments_of_.find(ns);
+  return it == segments_of_.end() ? 0 : it->second;
+}
+
+bool HostTier::AtSegmentLimit(NamespaceId ns) const {
+  absl::MutexLock lock(&mu_);
+  auto limit = segment_limit_.find(ns);
+  if (limit == segment_limit_.end()) return false;
+  auto held = segments_of_.find(ns);
+  return held != segments_of_.end() && held->second >= limit->second;
 }
 
 void HostTier::Free(const HostSlot& slot) {

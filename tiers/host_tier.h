@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/namespace_id.h"
 #include "common/status.h"
@@ -86,6 +87,9 @@ class HostTier final : public MemoryTier {
 
   // Cheap: pages handed out, in bytes.
   uint64_t allocated_bytes() const override;
+  void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
+  uint32_t SegmentsOf(NamespaceId ns) const override;
+  bool AtSegmentLimit(NamespaceId ns) const override;
   // Walks every segment's bitmap for the fragmentation figures: not for hot paths.
   HostTierStats GetStats() const override;
 
@@ -121,6 +125,8 @@ class HostTier final : public MemoryTier {
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_segments_ ABSL_GUARDED_BY(mu_);
   uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<NamespaceId, uint32_t> segments_of_ ABSL_GUARDED_BY(mu_);  // held now
+  absl::flat_hash_map<NamespaceId, uint32_t> segment_limit_ ABSL_GUARDED_BY(mu_);
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;          // segments that could not be recycled

@@ -130,6 +130,35 @@ TEST(HostTierTest, AllocatesPageAlignedSlotsInsideTheArena) {
   EXPECT_EQ(tier->GetStats().blocks, 0u);
 }
 
+TEST(HostTierTest, ASegmentLimitBoundsTheSegmentsANamespaceHolds) {
+  auto tier = MakeTier();
+  ASSERT_NE(tier, nullptr);
+  tier->SetSegmentLimit(1, 2);
+  // One small block in each segment would pin many segments: the limit stops at two.
+  HostSlot a = MustAllocate(*tier, 1, kSegment);
+  HostSlot b = MustAllocate(*tier, 1, kSegment);
+  EXPECT_EQ(tier->SegmentsOf(1), 2u);
+  EXPECT_TRUE(tier->AtSegmentLimit(1));
+  Result<HostSlot> over = tier->Allocate(1, kPage);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("quota"), std::string::npos);
+  // Others are not limited by it.
+  HostSlot other = MustAllocate(*tier, 2, kSegment);
+  EXPECT_FALSE(tier->AtSegmentLimit(2));
+  // A segment that empties no longer counts.
+  tier->Free(a);
+  EXPECT_EQ(tier->SegmentsOf(1), 1u);
+  HostSlot c = MustAllocate(*tier, 1, kPage);
+  EXPECT_EQ(tier->SegmentsOf(1), 2u);
+  // No limit again.
+  tier->SetSegmentLimit(1, 0);
+  HostSlot d = MustAllocate(*tier, 1, kSegment);
+  EXPECT_EQ(tier->SegmentsOf(1), 3u);
+  for (const HostSlot& s : {b, other, c, d}) tier->Free(s);
+  EXPECT_EQ(tier->SegmentsOf(1), 0u);
+  EXPECT_EQ(tier->allocated_bytes(), 0u);
+}
+
 TEST(HostTierTest, RefusesZeroAndTooLargeBlocks) {
   auto tier = MakeTier();
   Result<HostSlot> zero = tier->Allocate(1, 0);

@@ -2,6 +2,7 @@
 
 #include <charconv>
 
+#include "common/units.h"
 #include "tiers/eviction_order.h"
 
 namespace kvpool::tiers {
@@ -203,7 +204,9 @@ std::string DescribePolicy(const NamespacePolicy& policy) {
   return "eviction=" + (policy.eviction.empty() ? std::string("default") : policy.eviction) +
          " write=" + policy.write->name() + " admission=" + policy.admission->name() +
          " read-ahead=" + policy.read_ahead->name() +
-         " encoding=" + (policy.encoding ? policy.encoding->name() : std::string("raw"));
+         " encoding=" + (policy.encoding ? policy.encoding->name() : std::string("raw")) +
+         (policy.host_quota_bytes ? " host-quota=" + FormatBytes(policy.host_quota_bytes) : "") +
+         (policy.disk_quota_bytes ? " disk-quota=" + FormatBytes(policy.disk_quota_bytes) : "");
 }
 
 }  // namespace kvpool::tiers

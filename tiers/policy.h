@@ -80,6 +80,13 @@ struct NamespacePolicy {
   std::string eviction;
   // Encoding on demotion (tiers/demotion_encoding.h). Null: raw, the bytes as put.
   std::shared_ptr<const DemotionEncoding> encoding;
+  // Quotas (0: none), per namespace only. Host: the bytes of host segments the namespace may
+  // hold (rounded up to whole segments), so holding a few pages of many segments counts in full.
+  // Disk: the bytes it stores there (encoded bytes for encoded blocks). Over quota, a namespace
+  // gives up its own coldest blocks, never another's; what it cannot (leased, pinned) makes its
+  // own writes fail with ResourceExhausted.
+  uint64_t host_quota_bytes = 0;
+  uint64_t disk_quota_bytes = 0;
 };
 
 // The default composition: lru, write-back, all, chain-2.

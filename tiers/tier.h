@@ -94,6 +94,14 @@ class MemoryTier : public StorageTier {
   virtual uint64_t max_block_bytes() const = 0;
   // Pages handed out, in bytes; cheap.
   virtual uint64_t allocated_bytes() const = 0;
+  // A namespace's quota (tiers/policy.h): at most `max_segments` segments of its own (0: no
+  // limit); Allocate then refuses to take another one for it (ResourceExhausted; the caller
+  // evicts that namespace's own blocks). Segments it holds beyond a lowered limit are kept until
+  // they empty.
+  virtual void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) = 0;
+  // Segments `ns` holds now, and whether it may take no more.
+  virtual uint32_t SegmentsOf(NamespaceId ns) const = 0;
+  virtual bool AtSegmentLimit(NamespaceId ns) const = 0;
   virtual SegmentLocation Locate(uint64_t offset) const = 0;
   // A new file descriptor a same-node client maps segment `index` with (the caller closes it):
   // read-only unless `writable`. PermissionDenied unless `ns` owns the segment; NotFound when

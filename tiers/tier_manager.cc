@@ -39,18 +39,30 @@ uint32_t TierManager::NowSeconds() const {
 Status TierManager::SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy) {
   absl::MutexLock lock(&mu_);
   KVPOOL_RETURN_IF_ERROR(pools_.SetOrder(ns, policy.eviction));
+  const uint64_t seg = host_.segment_bytes();
+  host_.SetSegmentLimit(ns, static_cast<uint32_t>(std::min<uint64_t>(
+                                (policy.host_quota_bytes + seg - 1) / seg, UINT32_MAX)));
   policies_[ns] = std::move(policy);
+  // A lowered disk quota applies at once; a lowered host quota as the namespace's segments
+  // empty (its next allocations evict its own blocks).
+  if (Status st = EnforceDiskQuotaLocked(ns, 0); !st.ok()) {
+    LOG(WARNING) << "namespace " << ns << ": " << st.ToString();
+  }
   return Status::OK();
 }
 
 void TierManager::ClearNamespacePolicy(NamespaceId ns) {
   absl::MutexLock lock(&mu_);
   pools_.SetOrder(ns, "").IgnoreError();  // back to the default pool: cannot fail
+  host_.SetSegmentLimit(ns, 0);
   policies_.erase(ns);
 }
 
 Status TierManager::SetDefaultPolicy(NamespacePolicy policy) {
   absl::MutexLock lock(&mu_);
+  if (policy.host_quota_bytes != 0 || policy.disk_quota_bytes != 0) {
+    return Status::InvalidArgument("quotas are per namespace, not part of the default policy");
+  }
   KVPOOL_RETURN_IF_ERROR(pools_.SetDefaultOrder(policy.eviction.empty() ? "lru" : policy.eviction));
   default_policy_ = std::move(policy);
   return Status::OK();
@@ -129,6 +141,7 @@ Status TierManager::Recover() {
     if (id == kNoEntry) continue;
     index_.AddCopy(id, Tier::kDisk);
     disk_used_ += index_.at(id).disk_bytes();
+    disk_used_of_[index_.at(id).ns] += index_.at(id).disk_bytes();
     ++disk_blocks_;
   }
   if (!invalid.empty()) {
@@ -304,9 +317,19 @@ TierManagerStats TierManager::GetStats() const {
   s.disk_write_errors = disk_write_errors_;
   s.blocks_lost = blocks_lost_;
   s.blocks_not_admitted = blocks_not_admitted_;
+  s.blocks_over_quota = blocks_over_quota_;
   s.read_aheads = read_aheads_;
   s.encoded_writes = encoded_writes_;
   return s;
+}
+
+TierManager::NamespaceUsage TierManager::UsageOf(NamespaceId ns) const {
+  absl::MutexLock lock(&mu_);
+  NamespaceUsage u;
+  u.host_segment_bytes = static_cast<uint64_t>(host_.SegmentsOf(ns)) * host_.segment_bytes();
+  auto it = disk_used_of_.find(ns);
+  u.disk_bytes = it == disk_used_of_.end() ? 0 : it->second;
+  return u;
 }
 
 void TierManager::WaitFlusherRoundForTest() { mover_.WaitFlusherRound(); }

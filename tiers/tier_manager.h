@@ -146,6 +146,7 @@ struct TierManagerStats {
   uint64_t disk_write_errors = 0;
   uint64_t blocks_lost = 0;          // host-only blocks dropped because disk could not take them
   uint64_t blocks_not_admitted = 0;  // host-only blocks dropped because disk admission said no
+  uint64_t blocks_over_quota = 0;    // copies a namespace gave up (or could not write) over quota
   uint64_t read_aheads = 0;          // promotions started by read-ahead along a chain
   uint64_t encoded_writes = 0;       // blocks written to disk encoded (tiers/demotion_encoding.h)
 };
@@ -252,6 +253,12 @@ class TierManager {
   EvictOutcome Evict(NamespaceId ns, Tier tier, std::span<const BlockKey> keys);
 
   TierManagerStats GetStats() const;
+  // What namespace `ns` holds against its quotas (tiers/policy.h).
+  struct NamespaceUsage {
+    uint64_t host_segment_bytes = 0;  // bytes of the host segments it holds
+    uint64_t disk_bytes = 0;          // stored bytes on disk
+  };
+  NamespaceUsage UsageOf(NamespaceId ns) const;
   uint64_t max_block_bytes() const { return host_.max_block_bytes(); }
   uint64_t host_capacity_bytes() const { return host_.capacity_bytes(); }
 
@@ -292,7 +299,12 @@ class TierManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Picks up to `budget` bytes of coldest host candidates; drops those with a disk copy, and
   // demotes the rest. Returns bytes released or scheduled.
-  uint64_t EvictHostLocked(uint64_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With `only`, from that namespace's candidates alone (it holds its quota).
+  uint64_t EvictHostLocked(uint64_t budget, NamespaceId only = kNoNamespace)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes room for `extra` more disk bytes of `ns` within its disk quota (if it has one) by
+  // dropping its own coldest disk copies. ResourceExhausted when it cannot.
+  Status EnforceDiskQuotaLocked(NamespaceId ns, uint64_t extra) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Promotion> StartPromotionLocked(EntryId id, bool prefetch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Read-ahead: starts promoting the disk-only blocks that follow `id` along its chain, up to
@@ -329,6 +341,8 @@ class TierManager {
   absl::CondVar changed_;                        // an I/O finished or a busy flag cleared
   uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes on disk + in flight
   uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<NamespaceId, uint64_t> disk_used_of_ ABSL_GUARDED_BY(mu_);  // per namespace
+  uint64_t blocks_over_quota_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint32_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

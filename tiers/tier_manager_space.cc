@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/checksum.h"
 #include "common/units.h"
 
@@ -54,6 +55,10 @@ void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
     Entry& e = index_.at(id);
     index_.RemoveCopy(id, Tier::kDisk);
     disk_used_ -= e.disk_bytes();
+    if (auto it = disk_used_of_.find(e.ns); it != disk_used_of_.end()) {
+      it->second -= std::min(it->second, e.disk_bytes());
+      if (it->second == 0) disk_used_of_.erase(it);
+    }
     e.disk_encoding = 0;
     e.disk_size = 0;
     --disk_blocks_;
@@ -84,7 +89,89 @@ Status TierManager::ReserveDiskLocked(uint64_t bytes) {
   return Status::OK();
 }
 
-Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync) {
+Status TierManager::EnforceDiskQuotaLocked(NamespaceId ns, uint64_t extra) {
+  const uint64_t quota = PolicyLocked(ns).disk_quota_bytes;
+  if (quota == 0) return Status::OK();
+  if (extra > quota) {
+    return Status::ResourceExhausted(
+        FormatBytes(extra) + " exceeds the namespace's disk quota of " + FormatBytes(quota));
+  }
+  for (;;) {
+    auto it = disk_used_of_.find(ns);
+    const uint64_t used = it == disk_used_of_.end() ? 0 : it->second;
+    if (used + extra <= quota) return Status::OK();
+    std::vector<EntryId> victims;
+    pools_.VictimsOf(
+        ns, Tier::kDisk, used + extra - quota, [&](EntryId id) { return index_.at(id).busy == 0; },
+        &victims);
+    if (victims.empty()) {
+      return Status::ResourceExhausted("namespace over its disk quota (" + FormatBytes(used) +
+                                       " of " + FormatBytes(quota) +
+                                       "): the rest of its blocks are pinned by sessions, have "
+                                       "cached descendants or are in use");
+    }
+    disk_counters_.evictions += victims.size();
+    blocks_over_quota_ += victims.size();
+    DropDiskCopiesLocked(victims);
+  }
+}
+
+Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool drop_host,
+                                    bool sync) {
+  // A namespace over its disk quota first gives up its own coldest disk blocks; the blocks of
+  // one that cannot are not written (and, when `drop_host`, leave the cache).
+  std::vector<EntryId> ids;
+  Status quota_status;
+  {
+    // Per namespace with a quota: what this batch adds, keeping the last blocks of the batch (the
+    // hottest, victims come coldest first) when the batch alone exceeds the quota.
+    absl::flat_hash_map<NamespaceId, uint64_t> adding;
+    absl::flat_hash_set<EntryId> refused;
+    for (size_t i = all_ids.size(); i-- > 0;) {
+      const Entry& e = index_.at(all_ids[i]);
+      const NamespacePolicy& policy = PolicyLocked(e.ns);
+      if (policy.disk_quota_bytes == 0) continue;
+      const uint64_t bytes = policy.encoding && policy.encoding->Applies(e.size)
+                                 ? policy.encoding->encoded_bytes()
+                                 : e.size;
+      uint64_t& sum = adding[e.ns];
+      if (sum + bytes > policy.disk_quota_bytes) {
+        refused.insert(all_ids[i]);
+        if (quota_status.ok()) {
+          quota_status = Status::ResourceExhausted("block " + e.key.ShortHex() +
+                                                   " does not fit the namespace's disk quota of " +
+                                                   FormatBytes(policy.disk_quota_bytes));
+        }
+      } else {
+        sum += bytes;
+      }
+    }
+    absl::flat_hash_set<NamespaceId> full;
+    for (const auto& [ns, bytes] : adding) {
+      if (Status st = EnforceDiskQuotaLocked(ns, bytes); !st.ok()) {
+        full.insert(ns);
+        if (quota_status.ok()) quota_status = std::move(st);
+      }
+    }
+    ids.reserve(all_ids.size());
+    for (EntryId id : all_ids) {
+      Entry& e = index_.at(id);
+      if (!refused.contains(id) && !full.contains(e.ns)) {
+        ids.push_back(id);
+        continue;
+      }
+      e.busy &= static_cast<uint8_t>(~kBusyDemoting);
+      if (drop_host && e.leases == 0 && e.In(Tier::kHost) && !e.In(Tier::kDisk)) {
+        ++host_counters_.evictions;
+        ++blocks_over_quota_;
+        DropHostCopyLocked(id);
+      }
+    }
+    if (ids.empty()) {
+      changed_.SignalAll();
+      return quota_status;
+    }
+  }
   // What each block becomes on disk: its bytes as put, or encoded by its namespace's encoding.
   std::vector<std::shared_ptr<const DemotionEncoding>> encodings;  // kept alive while writing
   std::vector<const DemotionEncoding*> encoding_of;
@@ -135,6 +222,7 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_h
       e.disk_encoding = writes[i].meta.encoding;
       e.disk_size = e.disk_encoding != 0 ? static_cast<uint32_t>(writes[i].meta.stored_size) : 0;
       if (e.disk_encoding != 0) ++encoded_writes_;
+      disk_used_of_[e.ns] += e.disk_bytes();
       index_.AddCopy(id, Tier::kDisk);
       ++disk_blocks_;
     }
@@ -149,21 +237,23 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& ids, bool drop_h
     }
   }
   changed_.SignalAll();
-  return st;
+  return st.ok() ? quota_status : st;
 }
 
-uint64_t TierManager::EvictHostLocked(uint64_t budget) {
+uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only) {
   uint64_t released = 0;
   uint64_t demote_bytes = 0;
   std::vector<EntryId> to_demote;
   std::vector<EntryId> victims;
-  pools_.Victims(
-      Tier::kHost, budget,
-      [&](EntryId id) {
-        const Entry& e = index_.at(id);
-        return e.leases == 0 && e.busy == 0;
-      },
-      &victims);
+  auto evictable = [&](EntryId id) {
+    const Entry& e = index_.at(id);
+    return e.leases == 0 && e.busy == 0;
+  };
+  if (only == kNoNamespace) {
+    pools_.Victims(Tier::kHost, budget, evictable, &victims);
+  } else {
+    pools_.VictimsOf(only, Tier::kHost, budget, evictable, &victims);
+  }
   for (EntryId id : victims) {
     if (released + demote_bytes >= budget || demote_bytes >= options_.demotion_batch_bytes) break;
     Entry& e = index_.at(id);
@@ -193,14 +283,22 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes)
   for (;;) {
     Result<HostSlot> slot = host_.Allocate(ns, bytes);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
-    // Other namespaces' free pages do not help this one: free at least a segment's worth.
+    // Other namespaces' free pages do not help this one: free at least a segment's worth. A
+    // namespace that holds its quota of segments frees its own.
     const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());
-    if (EvictHostLocked(budget) == 0) {
+    const bool over_quota = host_.AtSegmentLimit(ns);
+    if (EvictHostLocked(budget, over_quota ? ns : kNoNamespace) == 0) {
       // Nothing to evict now; if a write-down or read is in flight, its end frees or unblocks
       // a block (e.g. the chain tail the flusher is demoting): wait for it and try again.
       if (io_in_flight_ > 0 && !stopping_) {
         changed_.Wait(&mu_);
         continue;
+      }
+      if (over_quota) {
+        return Status::ResourceExhausted(
+            "namespace holds its host quota (" + FormatBytes(PolicyLocked(ns).host_quota_bytes) +
+            ", " + std::to_string(host_.SegmentsOf(ns)) +
+            " segments): every block of it is leased, being written, or has a leased descendant");
       }
       return Status::ResourceExhausted(
           "host tier full (" + FormatBytes(host_.capacity_bytes()) +

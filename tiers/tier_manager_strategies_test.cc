@@ -250,6 +250,108 @@ TEST_F(TierManagerTest, AnEncodedBodyDamagedOnDiskIsAMissNeverWrongBytes) {
   EXPECT_EQ(manager_->GetStats().checksum_failures, 1u);
 }
 
+// Quotas: the fixture's host tier is 8 MiB of 1 MiB segments.
+NamespacePolicy WithQuotas(uint64_t host, uint64_t disk) {
+  NamespacePolicy p = DefaultNamespacePolicy();
+  p.host_quota_bytes = host;
+  p.disk_quota_bytes = disk;
+  return p;
+}
+
+TEST_F(TierManagerTest, AHostQuotaKeepsANamespaceToItsSegmentsAndItEvictsOnlyItsOwn) {
+  Open();
+  constexpr NamespaceId kOther = 2;
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, WithQuotas(2 * kMiB, 0)).ok());
+  std::vector<BlockKey> others;
+  for (int i = 0; i < 12; ++i) {  // 3 MiB, no quota
+    others.push_back(KeyOf(1000 + i));
+    ASSERT_TRUE(Put(others.back(), 256 * kKiB, {}, kOther).ok());
+  }
+  std::vector<BlockKey> mine;
+  for (int i = 0; i < 16; ++i) {  // 4 MiB into a 2 MiB quota: its older blocks make room
+    mine.push_back(KeyOf(i));
+    ASSERT_TRUE(Put(mine.back(), 256 * kKiB).ok()) << i;
+    EXPECT_LE(manager_->UsageOf(kNs).host_segment_bytes, 2 * kMiB) << i;
+  }
+  manager_->WaitIdleForTest();
+  for (const BlockKey& k : others) {
+    EXPECT_EQ(TiersOf({k}, kOther), std::vector<Tier>{Tier::kHost}) << "another's block moved";
+  }
+  EXPECT_EQ(TiersOf({mine.back()}), std::vector<Tier>{Tier::kHost});
+  EXPECT_EQ(TiersOf({mine.front()}), std::vector<Tier>{Tier::kDisk}) << "demoted, not lost";
+  for (const BlockKey& k : mine) ExpectServed(k);
+  for (const BlockKey& k : others) ExpectServed(k, kOther);
+  EXPECT_EQ(manager_->GetStats().blocks_lost, 0u);
+  ExpectHostAccountingConsistent();
+}
+
+TEST_F(TierManagerTest, ANamespaceWhoseQuotaIsAllLeasedIsRefusedAndOnlyIt) {
+  Open();
+  constexpr NamespaceId kOther = 2;
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, WithQuotas(1 * kMiB, 0)).ok());
+  std::vector<BlockKey> mine;
+  for (int i = 0; i < 4; ++i) {  // exactly its one segment
+    mine.push_back(KeyOf(i));
+    ASSERT_TRUE(Put(mine.back(), 256 * kKiB).ok());
+  }
+  std::vector<BlockRead> held = manager_->Acquire(kNs, mine);
+  for (const BlockRead& r : held) ASSERT_TRUE(r.status.ok());
+  Status refused = Put(KeyOf(9), 256 * kKiB);
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("host quota"), std::string::npos) << refused.ToString();
+  EXPECT_TRUE(Put(KeyOf(100), 256 * kKiB, {}, kOther).ok()) << "others are not refused";
+  for (BlockRead& r : held) manager_->Release(r);
+  EXPECT_TRUE(Put(KeyOf(9), 256 * kKiB).ok()) << "once its leases end it makes room again";
+  for (const BlockKey& k : mine) ExpectServed(k);
+}
+
+TEST_F(TierManagerTest, ADiskQuotaDropsTheNamespacesOwnColdestDiskBlocks) {
+  Open();
+  constexpr NamespaceId kOther = 2;
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, WithQuotas(0, 1 * kMiB)).ok());
+  std::vector<BlockKey> others;
+  for (int i = 0; i < 4; ++i) {
+    others.push_back(KeyOf(1000 + i));
+    ASSERT_TRUE(Put(others.back(), 256 * kKiB, {}, kOther).ok());
+  }
+  DemoteAll(others, kOther);
+  std::vector<BlockKey> mine;
+  for (int i = 0; i < 8; ++i) {  // 2 MiB through a 1 MiB disk quota, one at a time
+    mine.push_back(KeyOf(i));
+    ASSERT_TRUE(Put(mine.back(), 256 * kKiB).ok());
+    DemoteAll({mine.back()});
+    EXPECT_LE(manager_->UsageOf(kNs).disk_bytes, 1 * kMiB) << i;
+  }
+  EXPECT_EQ(manager_->UsageOf(kNs).disk_bytes, 1 * kMiB);
+  EXPECT_EQ(manager_->UsageOf(kOther).disk_bytes, 1 * kMiB);
+  for (int i = 0; i < 4; ++i) ExpectMiss(mine[i]);  // the coldest went
+  for (int i = 4; i < 8; ++i) ExpectServed(mine[i]);
+  for (const BlockKey& k : others) ExpectServed(k, kOther);
+  EXPECT_EQ(manager_->GetStats().blocks_over_quota, 4u);
+
+  // A batch larger than the quota keeps its hottest (last) blocks that fit; the rest leave.
+  std::vector<BlockKey> batch;
+  for (int i = 0; i < 6; ++i) {
+    batch.push_back(KeyOf(20 + i));
+    ASSERT_TRUE(Put(batch.back(), 256 * kKiB).ok());
+  }
+  manager_->Evict(kNs, Tier::kHost, batch);
+  manager_->WaitIdleForTest();
+  EXPECT_LE(manager_->UsageOf(kNs).disk_bytes, 1 * kMiB);
+  for (int i = 2; i < 6; ++i) ExpectServed(batch[i]);
+  for (const BlockKey& k : others) ExpectServed(k, kOther);
+  EXPECT_EQ(manager_->GetStats().blocks_lost, 0u);
+}
+
+TEST_F(TierManagerTest, QuotasArePerNamespaceNotTheDefaults) {
+  Open();
+  EXPECT_EQ(manager_->SetDefaultPolicy(WithQuotas(kMiB, 0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(DescribePolicy(WithQuotas(2 * kMiB, 3 * kMiB))
+                .find("host-quota=2.00 MiB disk-quota=3.00 MiB"),
+            std::string::npos)
+      << DescribePolicy(WithQuotas(2 * kMiB, 3 * kMiB));
+}
+
 TEST(DemotionEncodingTest, NamesAndLayouts) {
   const kernels::BlockLayout raw = SmallLayout();
   Result<std::shared_ptr<const DemotionEncoding>> none = CreateDemotionEncoding("raw", raw);
