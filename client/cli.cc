@@ -463,6 +463,8 @@ nlohmann::json PolicyJson(const kvpool::PolicyInfo& p) {
           {"admission", p.admission},
           {"read_ahead", p.read_ahead},
           {"encoding", p.encoding},
+          {"host_quota_bytes", p.host_quota_bytes},
+          {"disk_quota_bytes", p.disk_quota_bytes},
           {"source", p.source}};
 }
 
@@ -492,12 +494,17 @@ int Policies(int argc, char** argv) {
   size_t width = std::string("namespace").size();
   for (const kvpool::PolicyInfo& p : rows) width = std::max(width, p.namespace_name.size());
   const int w = static_cast<int>(width);
-  std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %s\n", w, "namespace", "eviction", "write",
-              "admission", "read_ahead", "encoding", "source");
+  auto quota = [](uint64_t bytes) {
+    return bytes == 0 ? std::string("-") : kvpool::FormatBytes(bytes);
+  };
+  std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %-10s  %-10s  %s\n", w, "namespace",
+              "eviction", "write", "admission", "read_ahead", "encoding", "host_quota",
+              "disk_quota", "source");
   for (const kvpool::PolicyInfo& p : rows) {
-    std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %s\n", w, p.namespace_name.c_str(),
-                p.eviction.c_str(), p.write.c_str(), p.admission.c_str(), p.read_ahead.c_str(),
-                p.encoding.c_str(), p.source.c_str());
+    std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %-10s  %-10s  %s\n", w,
+                p.namespace_name.c_str(), p.eviction.c_str(), p.write.c_str(), p.admission.c_str(),
+                p.read_ahead.c_str(), p.encoding.c_str(), quota(p.host_quota_bytes).c_str(),
+                quota(p.disk_quota_bytes).c_str(), p.source.c_str());
   }
   if (!one && v->namespaces.empty()) std::cout << "(no namespace has its own strategies)\n";
   return 0;

@@ -149,6 +149,8 @@ void ToWire(const PolicyInfo& p, wire::NamespacePolicyInfo* out) {
   out->set_read_ahead(p.read_ahead);
   out->set_encoding(p.encoding);
   out->set_source(p.source);
+  out->set_host_quota_bytes(p.host_quota_bytes);
+  out->set_disk_quota_bytes(p.disk_quota_bytes);
 }
 
 }  // namespace

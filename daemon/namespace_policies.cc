@@ -169,6 +169,8 @@ PolicyInfo NamespacePolicies::InfoLocked(NamespaceId ns, const std::string& name
   info.read_ahead = p.read_ahead->name();
   info.encoding = EncodingName(p);
   info.source = source;
+  info.host_quota_bytes = p.host_quota_bytes;
+  info.disk_quota_bytes = p.disk_quota_bytes;
   return info;
 }
 

@@ -54,8 +54,10 @@ struct PolicyInfo {
   std::string write;
   std::string admission;
   std::string read_ahead;
-  std::string encoding;  // "raw", or e.g. "int8 (32x8x128, 16 tokens, bf16)"
-  std::string source;    // "default", "flags", or the namespaces file's path
+  std::string encoding;           // "raw", or e.g. "int8 (32x8x128, 16 tokens, bf16)"
+  std::string source;             // "default", "flags", or the namespaces file's path
+  uint64_t host_quota_bytes = 0;  // 0: none
+  uint64_t disk_quota_bytes = 0;
 };
 
 class NamespacePolicies {

@@ -1,7 +1,5 @@
 #include "daemon/namespaces_file.h"
 
-#include "tiers/demotion_encoding.h"
-
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -11,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/units.h"
 #include "daemon/namespace_registry.h"
 #include "tiers/demotion_encoding.h"
 
@@ -18,7 +17,7 @@ namespace kvpool::daemon {
 namespace {
 
 constexpr const char* kKnownPolicyKeys =
-    "eviction, write, admission, read_ahead, encoding, layout, lossy";
+    "eviction, write, admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota";
 
 std::string TypeName(const YAML::Node& node) {
   switch (node.Type()) {
@@ -35,7 +34,8 @@ std::string TypeName(const YAML::Node& node) {
   }
 }
 
-// Keys for settings that belong to a later issue: refused with a clear line, never ignored.
+// Keys for settings the daemon cannot configure per namespace: refused with a clear line, never
+// ignored (a gpu quota comes with the GPU tier; tier capacities are the daemon's flags).
 bool NotSupportedYet(const std::string& key) {
   return key.find("quota") != std::string::npos || key.find("capacit") != std::string::npos ||
          key == "max_blocks" || key == "max_bytes";
@@ -124,6 +124,23 @@ class Parser {
         names.layout = ParseLayout(value, what);
         continue;
       }
+      if (k == "host_quota" || k == "disk_quota") {
+        if (what == "default") {
+          Error(key.Mark(),
+                "default: quotas are per namespace; give " + k + " under the namespaces it limits");
+          continue;
+        }
+        Result<uint64_t> bytes =
+            value.IsScalar() ? ParseBytes(value.Scalar()) : Status::InvalidArgument("not a size");
+        if (!bytes.ok() || *bytes == 0) {
+          Error(value.IsNull() ? key.Mark() : value.Mark(),
+                what + ": " + k + " must be a size above zero such as 512MiB or 20GiB, got " +
+                    TypeName(value));
+          continue;
+        }
+        (k == "host_quota" ? names.host_quota : names.disk_quota) = *bytes;
+        continue;
+      }
       std::string* field = nullptr;
       if (k == "eviction") field = &names.eviction;
       if (k == "encoding") field = &names.encoding;
@@ -133,8 +150,9 @@ class Parser {
       if (field == nullptr) {
         if (NotSupportedYet(k)) {
           Error(key.Mark(), what + ": '" + k +
-                                "' is not supported yet (per-namespace quotas and capacities come "
-                                "later); remove it");
+                                "' is not supported (the quotas a namespace takes are host_quota "
+                                "and disk_quota; tier capacities are the daemon's flags); remove "
+                                "it");
         } else if (k == "read-ahead" || k == "readahead") {
           Error(key.Mark(), what + ": unknown key '" + k + "' (did you mean 'read_ahead'?)");
         } else {
@@ -286,8 +304,9 @@ class Parser {
             Error(key.Mark(), "expected 'default' or 'namespaces', got " + TypeName(key));
           } else if (NotSupportedYet(k)) {
             Error(key.Mark(), "'" + k +
-                                  "' is not supported yet (per-namespace quotas and capacities "
-                                  "come later); remove it");
+                                  "' is not supported: quotas are given per namespace "
+                                  "(host_quota, disk_quota), tier capacities by the daemon's "
+                                  "flags; remove it");
           } else {
             Error(key.Mark(), "unknown key '" + k + "' (known: default, namespaces)");
           }
@@ -377,6 +396,8 @@ class Parser {
         Error(p.mark, "namespace '" + p.name + "': " + st.message());
         continue;
       }
+      policy->host_quota_bytes = p.names.host_quota.value_or(0);
+      policy->disk_quota_bytes = p.names.disk_quota.value_or(0);
       config->namespaces.push_back(
           {std::move(p.name), p.mark.line + 1, std::move(p.names), std::move(*policy)});
     }
@@ -411,7 +432,7 @@ bool PolicyNames::operator==(const PolicyNames& o) const {
   };
   return eviction == o.eviction && write == o.write && admission == o.admission &&
          read_ahead == o.read_ahead && encoding == o.encoding && lossy == o.lossy &&
-         same_layout(layout, o.layout);
+         host_quota == o.host_quota && disk_quota == o.disk_quota && same_layout(layout, o.layout);
 }
 
 Result<NamespacesConfig> ParseNamespacesConfig(std::string_view yaml, const std::string& path,

@@ -15,9 +15,13 @@
 //     llama-8b: {encoding: int8, lossy: true,
 //                layout: {layers: 32, kv_heads: 8, head_dim: 128, tokens: 16, dtype: bf16}}
 //
-// (a lossy encoding needs both; blocks of any other size stay raw). A key for something the
-// daemon cannot configure per namespace yet (quotas, capacities) is an error, never silently
-// ignored.
+// (a lossy encoding needs both; blocks of any other size stay raw). A namespace may have quotas,
+// sizes like 512MiB (see tiers/policy.h for what they bound):
+//
+//     tenant-b: {host_quota: 2GiB, disk_quota: 50GiB}
+//
+// A key for something the daemon cannot configure per namespace (a gpu quota, tier capacities)
+// is an error, never silently ignored.
 //
 // Parsing validates everything and reports every problem found, one line each as
 // "PATH:LINE: what", in file order: YAML syntax, unknown keys, values of the wrong type,
@@ -49,6 +53,9 @@ struct PolicyNames {
   std::string encoding;
   std::optional<kernels::BlockLayout> layout;
   std::optional<bool> lossy;
+  // Quotas in bytes (tiers/policy.h), a namespace's own: never taken from the default.
+  std::optional<uint64_t> host_quota;
+  std::optional<uint64_t> disk_quota;
 
   // This, with what it leaves empty taken from `under`.
   PolicyNames Over(const PolicyNames& under) const;

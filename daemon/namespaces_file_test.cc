@@ -66,10 +66,13 @@ TEST(NamespacesFileTest, ComposesTheDocumentedExample) {
 TEST(NamespacesFileTest, TheShippedExampleIsValid) {
   Result<NamespacesConfig> r = LoadNamespacesFile(KVPOOL_EXAMPLE_NAMESPACES, /*must_exist=*/true);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->namespaces.size(), 3u);
-  EXPECT_EQ(r->namespaces[2].name, "llama-8b");
-  ASSERT_NE(r->namespaces[2].policy.encoding, nullptr);
-  EXPECT_EQ(r->namespaces[2].policy.encoding->name(), "int8");
+  ASSERT_EQ(r->namespaces.size(), 4u);
+  EXPECT_EQ(r->namespaces[2].name, "tenant-b");
+  EXPECT_EQ(r->namespaces[2].policy.host_quota_bytes, 2ull << 30);
+  EXPECT_EQ(r->namespaces[2].policy.disk_quota_bytes, 50ull << 30);
+  EXPECT_EQ(r->namespaces[3].name, "llama-8b");
+  ASSERT_NE(r->namespaces[3].policy.encoding, nullptr);
+  EXPECT_EQ(r->namespaces[3].policy.encoding->name(), "int8");
 }
 
 TEST(NamespacesFileTest, NamespacesInheritTheFilesDefault) {
@@ -156,10 +159,10 @@ TEST(NamespacesFileTest, UnknownKeysAndBadTypesOneLineEach) {
   EXPECT_EQ(e[0], "namespaces.yaml:1: unknown key 'defaults' (known: default, namespaces)");
   EXPECT_EQ(e[1],
             "namespaces.yaml:2: default: expected a mapping of eviction, write, admission, "
-            "read_ahead, encoding, layout, lossy, got a list");
+            "read_ahead, encoding, layout, lossy, host_quota, disk_quota, got a list");
   EXPECT_EQ(e[2],
             "namespaces.yaml:4: namespace 'a': unknown key 'evict' (known: eviction, write, "
-            "admission, read_ahead, encoding, layout, lossy)");
+            "admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota)");
   EXPECT_EQ(e[3],
             "namespaces.yaml:5: namespace 'b': unknown key 'read-ahead' (did you mean "
             "'read_ahead'?)");
@@ -167,25 +170,53 @@ TEST(NamespacesFileTest, UnknownKeysAndBadTypesOneLineEach) {
   EXPECT_EQ(e[5], "namespaces.yaml:7: namespace 'd': write must be a strategy name, got nothing");
   EXPECT_EQ(e[6],
             "namespaces.yaml:8: namespace 'e': expected a mapping of eviction, write, admission, "
-            "read_ahead, encoding, layout, lossy, got 'lru'");
+            "read_ahead, encoding, layout, lossy, host_quota, disk_quota, got 'lru'");
   EXPECT_EQ(e[7], "namespaces.yaml:9: namespace 'f': 'eviction' given twice (first on line 9)");
 }
 
-TEST(NamespacesFileTest, QuotasAndCapacitiesAreRefusedNotIgnored) {
-  std::vector<std::string> e = Errors(
+TEST(NamespacesFileTest, QuotasArePerNamespaceSizes) {
+  Result<NamespacesConfig> c = ParseNamespacesConfig(
       "namespaces:\n"
       "  a: {host_quota: 4GiB, eviction: lru}\n"
+      "  b: {disk_quota: 512MiB}\n"
+      "  c: {}\n",
+      "namespaces.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->namespaces.size(), 3u);
+  EXPECT_EQ(c->namespaces[0].policy.host_quota_bytes, 4ull << 30);
+  EXPECT_EQ(c->namespaces[0].policy.disk_quota_bytes, 0u);
+  EXPECT_EQ(c->namespaces[1].policy.disk_quota_bytes, 512ull << 20);
+  EXPECT_EQ(c->namespaces[2].policy.host_quota_bytes, 0u);
+  EXPECT_EQ(c->namespaces[2].policy.disk_quota_bytes, 0u);
+  EXPECT_EQ(c->default_policy.host_quota_bytes, 0u);
+}
+
+TEST(NamespacesFileTest, BadQuotasAndCapacitiesAreRefusedNotIgnored) {
+  std::vector<std::string> e = Errors(
+      "default: {host_quota: 1GiB}\n"
+      "namespaces:\n"
+      "  a: {host_quota: lots, disk_quota: 0}\n"
       "  b:\n"
       "    disk_capacity: 100GiB\n"
+      "  c: {gpu_quota: 1GiB, disk_quota: [1]}\n"
       "quotas: {a: 1GiB}\n");
-  ASSERT_EQ(e.size(), 3u) << ::testing::PrintToString(e);
-  EXPECT_EQ(e[0].rfind("namespaces.yaml:2: namespace 'a': 'host_quota' is not supported yet", 0),
-            0u)
-      << e[0];
-  EXPECT_EQ(e[1].rfind("namespaces.yaml:4: namespace 'b': 'disk_capacity' is not supported yet", 0),
-            0u)
-      << e[1];
-  EXPECT_EQ(e[2].rfind("namespaces.yaml:5: 'quotas' is not supported yet", 0), 0u) << e[2];
+  ASSERT_EQ(e.size(), 7u) << ::testing::PrintToString(e);
+  EXPECT_EQ(e[0],
+            "namespaces.yaml:1: default: quotas are per namespace; give host_quota under the "
+            "namespaces it limits");
+  EXPECT_EQ(e[1],
+            "namespaces.yaml:3: namespace 'a': host_quota must be a size above zero such as "
+            "512MiB or 20GiB, got 'lots'");
+  EXPECT_EQ(e[2],
+            "namespaces.yaml:3: namespace 'a': disk_quota must be a size above zero such as "
+            "512MiB or 20GiB, got '0'");
+  EXPECT_EQ(e[3].rfind("namespaces.yaml:5: namespace 'b': 'disk_capacity' is not supported", 0), 0u)
+      << e[3];
+  EXPECT_EQ(e[4].rfind("namespaces.yaml:6: namespace 'c': 'gpu_quota' is not supported", 0), 0u)
+      << e[4];
+  EXPECT_EQ(e[5].rfind("namespaces.yaml:6: namespace 'c': disk_quota must be a size", 0), 0u)
+      << e[5];
+  EXPECT_EQ(e[6].rfind("namespaces.yaml:7: 'quotas' is not supported", 0), 0u) << e[6];
 }
 
 TEST(NamespacesFileTest, EncodingOnDemotionNeedsALayoutAndConsentToLossyCopies) {

@@ -212,7 +212,7 @@ TEST_F(NamespacesReloadTest, InvalidFileOnSighupIsLoggedAndTheRunningOneStays) {
   WriteFile(path_,
             "namespaces:\n"
             "  tenant-a: {eviction: arc, admission: after-2-hits}\n"
-            "  tenant-b: {host_quota: 1GiB}\n");
+            "  tenant-b: {disk_capacity: 1GiB}\n");
   ASSERT_EQ(kill(d.pid(), SIGHUP), 0);
   ASSERT_TRUE(WaitFor([&] { return d.log().find("not reloaded") != std::string::npos; }))
       << d.LogTail();
@@ -221,7 +221,7 @@ TEST_F(NamespacesReloadTest, InvalidFileOnSighupIsLoggedAndTheRunningOneStays) {
                              "s3fifo, lfu)"),
             std::string::npos)
       << log;
-  EXPECT_NE(log.find(path_ + ":3: namespace 'tenant-b': 'host_quota' is not supported yet"),
+  EXPECT_NE(log.find(path_ + ":3: namespace 'tenant-b': 'disk_capacity' is not supported"),
             std::string::npos)
       << log;
 
@@ -333,7 +333,7 @@ TEST_F(NamespacesReloadTest, InvalidFileAtStartStopsTheDaemonWithEveryErrorLine)
        {path_ + ":3: namespace 'tenant-a': unknown eviction order 'arc' (known: lru, s3fifo, lfu)",
         path_ + ":4: namespace name 'bad name' may only hold letters, digits and . _ - :",
         path_ + ":6: namespace 'other': unknown key 'evict' (known: eviction, write, admission, "
-                "read_ahead, encoding, layout, lossy)",
+                "read_ahead, encoding, layout, lossy, host_quota, disk_quota)",
         path_ + ":5: namespace 'scratch': write policy 'write-through' writes blocks to disk "
                 "that admission 'none' does not take"}) {
     EXPECT_NE(out.find("\n" + line + "\n"), std::string::npos) << line << "\nnot in:\n" << out;
@@ -345,6 +345,45 @@ TEST_F(NamespacesReloadTest, AnExplicitFileMustExist) {
   auto [rc, out] = RunKvpoold(dir_, "--namespaces_file=" + dir_.Join("missing.yaml"));
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("missing.yaml: no such namespaces file"), std::string::npos) << out;
+}
+
+TEST_F(NamespacesReloadTest, AHostQuotaKeepsATenantToItsShareAndOthersKeepTheirs) {
+  // 64 MiB of 1 MiB host segments (the test daemon's); tenant-b may hold two of them.
+  WriteFile(path_, "namespaces:\n  tenant-b: {host_quota: 2MiB, disk_quota: 1GiB}\n");
+  DaemonProcess d(std::vector<std::string>{"--namespaces_file=" + path_});
+  ASSERT_OK(d.Start());
+  auto a = d.Connect("tenant-a");
+  auto b = d.Connect("tenant-b");
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  auto v = b->Policies("tenant-b");
+  ASSERT_OK(v);
+  ASSERT_EQ(v->namespaces.size(), 1u);
+  EXPECT_EQ(v->namespaces[0].host_quota_bytes, 2u << 20);
+  EXPECT_EQ(v->namespaces[0].disk_quota_bytes, 1u << 30);
+
+  std::vector<Chain> mine, theirs;
+  for (uint64_t i = 0; i < 3; ++i) {
+    theirs.push_back(MakeChain(100 + i, 4, 256 << 10));
+    Put(*a, theirs.back());
+  }
+  for (uint64_t i = 0; i < 4; ++i) {  // 4 MiB through a 2 MiB quota
+    mine.push_back(MakeChain(200 + i, 4, 256 << 10));
+    Put(*b, mine.back());
+  }
+  size_t mine_on_disk = 0;
+  for (const Chain& c : mine) {
+    auto l = b->Lookup(c.keys, /*prefetch=*/false);
+    ASSERT_OK(l);
+    for (Tier t : l->tiers) mine_on_disk += t == Tier::kDisk;
+  }
+  EXPECT_GE(mine_on_disk, 8u) << "tenant-b holds at most 2 MiB of host";
+  for (const Chain& c : theirs) {
+    auto l = a->Lookup(c.keys, /*prefetch=*/false);
+    ASSERT_OK(l);
+    EXPECT_EQ(l->tiers, std::vector<Tier>(4, Tier::kHost)) << "tenant-a's blocks were not touched";
+  }
+  for (const Chain& c : theirs) ExpectAllServed(*a, c);
+  for (const Chain& c : mine) ExpectAllServed(*b, c);
 }
 
 }  // namespace

@@ -223,13 +223,15 @@ struct EvictResult {
 // The strategies one namespace runs with, by the names the namespaces file uses (README,
 // "Namespaces and their strategies").
 struct PolicyInfo {
-  std::string namespace_name;  // empty for the default composition
-  std::string eviction;        // "lru", "s3fifo", "lfu" (or a registered custom order)
-  std::string write;           // "write-back", "write-through", "write-through-after-N"
-  std::string admission;       // "all", "after-N-hits", "none"
-  std::string read_ahead;      // "chain-N", "none"
-  std::string encoding;        // on demotion: "raw", or e.g. "int8 (32x8x128, 16 tokens, bf16)"
-  std::string source;          // "default", "flags", or the namespaces file's path
+  std::string namespace_name;     // empty for the default composition
+  std::string eviction;           // "lru", "s3fifo", "lfu" (or a registered custom order)
+  std::string write;              // "write-back", "write-through", "write-through-after-N"
+  std::string admission;          // "all", "after-N-hits", "none"
+  std::string read_ahead;         // "chain-N", "none"
+  std::string encoding;           // on demotion: "raw", or e.g. "int8 (32x8x128, 16 tokens, bf16)"
+  std::string source;             // "default", "flags", or the namespaces file's path
+  uint64_t host_quota_bytes = 0;  // host segments it may hold, in bytes; 0: no quota
+  uint64_t disk_quota_bytes = 0;  // bytes it may store on disk; 0: no quota
 };
 
 struct PoliciesView {
