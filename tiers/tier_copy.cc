@@ -28,16 +28,10 @@ Status WriteDown(BlockStore& store, std::span<DiskWrite> writes,
   return store.Write(writes, sync);
 }
 
-Status ReadUp(const BlockStore& store, const DiskCopy& copy, uint8_t* dst, uint64_t* checksum) {
-  if (copy.encoding == 0) {
-    DiskBlockMeta expected;
-    expected.size = copy.size;
-    expected.checksum = copy.checksum;
-    KVPOOL_RETURN_IF_ERROR(store.Read(copy.ns, copy.key, expected, dst));
-    *checksum = copy.checksum;
-    return Status::OK();
-  }
-  // Encoded: the meta record says how; the body is checked against it, then decoded.
+namespace {
+
+// The meta record of encoded copy `copy`, checked against the index and its layout.
+Result<DiskBlockMeta> EncodedMeta(const BlockStore& store, const DiskCopy& copy) {
   KVPOOL_ASSIGN_OR_RETURN(DiskBlockMeta meta, store.ReadMeta(copy.ns, copy.key));
   if (meta.encoding != copy.encoding || meta.size != copy.size) {
     return Status::Corruption("block " + copy.key.ShortHex() +
@@ -48,8 +42,35 @@ Status ReadUp(const BlockStore& store, const DiskCopy& copy, uint8_t* dst, uint6
     return Status::Corruption("block " + copy.key.ShortHex() +
                               ": encoded sizes on disk do not match its layout");
   }
-  std::unique_ptr<uint8_t[]> body(new uint8_t[meta.stored_size]);
-  KVPOOL_RETURN_IF_ERROR(store.Read(copy.ns, copy.key, meta, body.get()));
+  return meta;
+}
+
+}  // namespace
+
+Result<DiskBlockMeta> ReadEncoded(const BlockStore& store, const DiskCopy& copy,
+                                  std::unique_ptr<uint8_t[]>* body) {
+  if (copy.encoding == 0) {
+    return Status::InvalidArgument("block " + copy.key.ShortHex() + " is stored raw");
+  }
+  KVPOOL_ASSIGN_OR_RETURN(DiskBlockMeta meta, EncodedMeta(store, copy));
+  body->reset(new uint8_t[meta.stored_size]);
+  KVPOOL_RETURN_IF_ERROR(store.Read(copy.ns, copy.key, meta, body->get()));
+  return meta;
+}
+
+Status ReadUp(const BlockStore& store, const DiskCopy& copy, uint8_t* dst, uint64_t* checksum) {
+  if (copy.encoding == 0) {
+    DiskBlockMeta expected;
+    expected.size = copy.size;
+    expected.checksum = copy.checksum;
+    KVPOOL_RETURN_IF_ERROR(store.Read(copy.ns, copy.key, expected, dst));
+    *checksum = copy.checksum;
+    return Status::OK();
+  }
+  // Encoded: the meta record says how; the body is checked against it, then decoded.
+  std::unique_ptr<uint8_t[]> body;
+  KVPOOL_ASSIGN_OR_RETURN(DiskBlockMeta meta, ReadEncoded(store, copy, &body));
+  const DemotionEncoding enc(meta.layout);
   KVPOOL_RETURN_IF_ERROR(
       enc.Decode(body.get(), dst).WithContext("decoding " + copy.key.ShortHex()));
   *checksum = BlockChecksum(dst, meta.size);

@@ -38,4 +38,10 @@ Status WriteDown(BlockStore& store, std::span<DiskWrite> writes,
 // or its meta record does not verify), IoError.
 Status ReadUp(const BlockStore& store, const DiskCopy& copy, uint8_t* dst, uint64_t* checksum);
 
+// Reads an encoded copy's body as stored, not decoded, into a new `body` (meta.stored_size bytes),
+// verified against its meta record, which it returns (layout, stored size and checksum).
+// InvalidArgument for a raw copy; otherwise as ReadUp.
+Result<DiskBlockMeta> ReadEncoded(const BlockStore& store, const DiskCopy& copy,
+                                  std::unique_ptr<uint8_t[]>* body);
+
 }  // namespace kvpool::tiers

@@ -111,6 +111,15 @@ TEST_F(TierCopyTest, RawAndEncodedBlocksComeBackAsPutOrAsTheKernelsRoundTrip) {
   EXPECT_EQ(out, reference);
   EXPECT_NE(out, b) << "int8 is lossy: the bytes are approximate";
   EXPECT_EQ(checksum, BlockChecksum(reference.data(), reference.size()));
+
+  // As stored: the encoded body itself, with the record that decodes it.
+  std::unique_ptr<uint8_t[]> body;
+  Result<DiskBlockMeta> meta = ReadEncoded(*disk_, encoded_copy, &body);
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  ASSERT_EQ(meta->stored_size, encoded.size());
+  EXPECT_EQ(std::memcmp(body.get(), encoded.data(), encoded.size()), 0);
+  EXPECT_EQ(meta->layout.encoding, kernels::Encoding::kInt8);
+  EXPECT_EQ(ReadEncoded(*disk_, raw_copy, &body).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(TierCopyTest, ACopyThatDoesNotMatchTheIndexIsRefused) {

@@ -99,6 +99,11 @@ struct BlockRead {
   // Non-zero: the bytes were decoded from a copy stored in this kernels::Encoding (the
   // namespace's encoding on demotion): approximately, not exactly, what was put.
   uint8_t lossy_encoding = 0;
+  // Non-zero (only when the read asked to keep encodings): `data` holds the disk copy as stored,
+  // in this kernels::Encoding; `layout` decodes it (kernels::DequantizeBlocksCpu) to the block as
+  // put, approximately. `size` and `checksum` are those of the encoded bytes.
+  uint8_t encoding = 0;
+  kernels::BlockLayout layout;
   std::unique_ptr<uint8_t[]> owned;
 };
 
@@ -183,9 +188,12 @@ class TierManager {
   // Longest cached prefix of `chain`; with `prefetch`, starts promoting its disk hits.
   LookupResult Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch);
   // Leases or reads each block. Waits for promotions in flight. Each lease belongs to `owner`
-  // (e.g. a connection) and expires by itself after `ttl` (zero: only Release ends it).
+  // (e.g. a connection) and expires by itself after `ttl` (zero: only Release ends it). With
+  // `keep_encoding`, a block only on disk whose copy there is encoded is read as stored (not
+  // promoted, not decoded: BlockRead::encoding says so), for a reader that decodes it itself.
   std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys, uint64_t owner = 0,
-                                 std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
+                                 std::chrono::milliseconds ttl = std::chrono::milliseconds(0),
+                                 bool keep_encoding = false);
   // Ends a read's lease (no-op for disk reads and released leases).
   void Release(BlockRead& read);
   // Ends `owner`'s leases among `lease_ids`; unknown ids (expired, or another owner's) are

@@ -51,7 +51,8 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
 }
 
 std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys,
-                                            uint64_t owner, std::chrono::milliseconds ttl) {
+                                            uint64_t owner, std::chrono::milliseconds ttl,
+                                            bool keep_encoding) {
   std::vector<BlockRead> out(keys.size());
   absl::MutexLock lock(&mu_);
   const uint32_t now = NowSeconds();
@@ -97,6 +98,18 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     int rounds;
   };
   std::vector<Wait> waits;
+  auto wait_for = [&](size_t i, EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Entry& e = index_.at(id);
+    if (e.busy & kBusyReading) {
+      waits.push_back({i, nullptr, 0});
+    } else if (auto it = promotions_.find(id); it != promotions_.end()) {
+      waits.push_back({i, it->second, 1});
+    } else {
+      waits.push_back({i, StartPromotionLocked(id, /*prefetch=*/false), 1});
+    }
+  };
+  // Disk-only blocks stored encoded, for a reader that keeps encodings: read as stored below.
+  std::vector<size_t> as_stored;
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryId id = FindCachedLocked(ns, keys[i]);
     if (id == kNoEntry) {
@@ -106,11 +119,68 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     const Entry& e = index_.at(id);
     if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
       lease(i, id, Tier::kHost);
-    } else if (e.busy & kBusyReading) {
-      waits.push_back({i, nullptr, 0});
+    } else if (keep_encoding && !e.In(Tier::kHost) && e.disk_encoding != 0 && e.busy == 0) {
+      as_stored.push_back(i);
     } else {
-      waits.push_back({i, StartPromotionLocked(id, /*prefetch=*/false), 1});
+      wait_for(i, id);
     }
+  }
+
+  uint64_t direct_bytes = 0;  // read straight from disk by this call
+  for (size_t i : as_stored) {
+    const EntryId id = FindCachedLocked(ns, keys[i]);
+    if (id == kNoEntry) {
+      out[i].status = Status::NotFound("not cached");
+      continue;
+    }
+    Entry& e = index_.at(id);
+    if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {  // promoted meanwhile
+      lease(i, id, Tier::kHost);
+      continue;
+    }
+    if (e.busy != 0 || e.disk_encoding == 0 || stopping_) {
+      wait_for(i, id);
+      continue;
+    }
+    const DiskCopy copy = DiskCopyOf(e);
+    const uint64_t stored = e.disk_bytes();
+    if (direct_bytes + stored > options_.direct_read_budget_bytes && direct_bytes > 0) {
+      out[i].status = Status::ResourceExhausted("deferred: direct-read budget of this request");
+      continue;
+    }
+    direct_bytes += stored;
+    e.busy |= kBusyReading;
+    ++io_in_flight_;
+    mu_.Unlock();
+    std::unique_ptr<uint8_t[]> body;
+    Result<DiskBlockMeta> meta = ReadEncoded(disk_, copy, &body);
+    mu_.Lock();
+    --io_in_flight_;
+    index_.at(id).busy &= static_cast<uint8_t>(~kBusyReading);
+    changed_.SignalAll();
+    if (!meta.ok()) {
+      if (meta.status().code() == StatusCode::kCorruption || meta.status().IsNotFound()) {
+        HandleCorruptLocked(id, meta.status());
+        out[i].status = Status::NotFound("failed verification; dropped");
+      } else {
+        out[i].status = meta.status();
+      }
+      MaybeEraseLocked(id);
+      continue;
+    }
+    ++disk_counters_.hits;
+    Entry& after = index_.at(id);
+    if (after.hits < UINT32_MAX) ++after.hits;
+    index_.Touch(id, now);
+    BlockRead& r = out[i];
+    r.from = Tier::kDisk;
+    r.size = meta->stored_size;
+    r.checksum = meta->stored_checksum;
+    r.lossy_encoding = copy.encoding;
+    r.encoding = copy.encoding;
+    r.layout = meta->layout;
+    r.owned = std::move(body);
+    r.data = r.owned.get();
   }
 
   auto pending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -126,7 +196,6 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
   // A block demoted again before this get leased it is promoted again; one that cannot be
   // placed in host (every host block leased) is read straight from disk.
   constexpr int kMaxPromotionRounds = 3;
-  uint64_t direct_bytes = 0;  // read straight from disk by this call
   while (!waits.empty()) {
     while (pending() && !stopping_) changed_.Wait(&mu_);
     std::vector<Wait> again;

@@ -202,6 +202,25 @@ TEST_F(TierManagerTest, EncodingOnDemotionStoresFewerBytesAndServesTheDecodedBlo
     std::vector<uint8_t> want(kv.size());
     ASSERT_TRUE((*enc)->Encode(kv.data(), encoded.data()).ok());
     ASSERT_TRUE((*enc)->Decode(encoded.data(), want.data()).ok());
+    {
+      // A reader that keeps encodings gets the stored bytes as they are, and the block stays on
+      // disk only; the raw block beside it comes as always.
+      std::vector<BlockRead> stored =
+          manager_->Acquire(ns, both, 0, std::chrono::milliseconds(0), /*keep_encoding=*/true);
+      ASSERT_TRUE(stored[0].status.ok()) << stored[0].status.ToString();
+      EXPECT_EQ(stored[0].encoding, static_cast<uint8_t>((*enc)->encoding()));
+      EXPECT_EQ(stored[0].layout.encoding, (*enc)->encoding());
+      EXPECT_EQ(stored[0].layout.num_layers, raw.num_layers);
+      ASSERT_EQ(stored[0].size, encoded.size());
+      EXPECT_EQ(std::memcmp(stored[0].data, encoded.data(), encoded.size()), 0);
+      EXPECT_EQ(stored[0].checksum, BlockChecksum(encoded.data(), encoded.size()));
+      ASSERT_TRUE(stored[1].status.ok());
+      EXPECT_EQ(stored[1].encoding, 0);
+      EXPECT_EQ(stored[1].size, 5000u);
+      for (BlockRead& r : stored) manager_->Release(r);
+      manager_->WaitIdleForTest();
+      EXPECT_EQ(TiersOf({kv_key}, ns), std::vector<Tier>{Tier::kDisk});
+    }
     for (int round = 0; round < 2; ++round) {  // straight from disk, then promoted into host
       std::vector<BlockRead> reads = manager_->Acquire(ns, {&kv_key, 1});
       ASSERT_TRUE(reads[0].status.ok()) << reads[0].status.ToString();
