@@ -250,9 +250,12 @@ class Client::Impl {
     }
     std::vector<GetResult> results = ucx_.ReceiveBlocks(incoming, deadline);
     for (size_t k = 0; k < blocks.size(); ++k) {
-      const int lossy = out[blocks[k].index].lossy_encoding;  // from the response, kept
-      out[blocks[k].index] = std::move(results[k]);
-      out[blocks[k].index].lossy_encoding = lossy;
+      GetResult& r = out[blocks[k].index];
+      const GetResult described = r;  // what the response said of it, kept
+      r = std::move(results[k]);
+      r.lossy_encoding = described.lossy_encoding;
+      r.encoding = described.encoding;
+      r.layout = described.layout;
     }
   }
 
@@ -287,7 +290,8 @@ class Client::Impl {
     return TallyCommit(cresp, indices, result);
   }
 
-  Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for) {
+  Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for,
+                                     bool accept_encoded) {
     std::vector<GetResult> out(keys.size());
     std::vector<size_t> todo(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
@@ -300,6 +304,7 @@ class Client::Impl {
         packed->reserve((end - start) * BlockKey::kSize);
         for (size_t j = start; j < end; ++j) packed->append(keys[todo[j]].AsStringView());
         req.set_in_place(server_.shared_memory);
+        req.set_accept_encoded(accept_encoded);
         const bool via_ucx = server_.ucx && !server_.shared_memory;
         const uint64_t tag_base = ucx_.NextGetTagBase();
         if (via_ucx) {
@@ -338,6 +343,12 @@ class Client::Impl {
           }
           const uint64_t size = info.size();
           r.lossy_encoding = static_cast<int>(info.lossy_encoding());
+          r.encoding = static_cast<int>(info.encoding());
+          if (r.encoding != 0) {
+            const wire::BlockLayout& l = info.layout();
+            r.layout = {l.layers(), l.kv_heads(), l.head_dim(),
+                        l.tokens(), l.dtype(),    l.encoding()};
+          }
           if (info.lease_id() != 0) {
             in_place.push_back({i, info.slot().segment(), info.slot().generation(),
                                 info.slot().offset(), size, info.checksum(), info.lease_id(),
@@ -568,27 +579,81 @@ Result<LookupResult> Client::Lookup(std::span<const BlockKey> chain, bool prefet
   });
 }
 
+namespace {
+
+// Decodes the `r.size` encoded bytes at `encoded` into `raw` (capacity bytes) by r.layout, with
+// the kernels' CPU twin; r then describes the decoded block. `encoded` and `raw` may be the same
+// buffer. Corruption when the layout the daemon sent does not describe those bytes;
+// InvalidArgument when the decoded block does not fit.
+Status DecodeBlock(GetResult& r, const uint8_t* encoded, uint8_t* raw, size_t capacity) {
+  const size_t raw_bytes = kvpool_kernel_raw_bytes(&r.layout);
+  if (raw_bytes == 0 || r.layout.encoding != r.encoding ||
+      kvpool_kernel_encoded_bytes(&r.layout) != r.size) {
+    return Status::Corruption("kvpoold sent an encoded block whose layout does not describe it");
+  }
+  if (raw == nullptr || capacity < raw_bytes) {
+    return Status::InvalidArgument("buffer of " + std::to_string(capacity) +
+                                   " bytes is too small for the decoded " +
+                                   std::to_string(raw_bytes) + "-byte block");
+  }
+  const std::vector<uint8_t> copy(encoded, encoded + r.size);  // the output overlaps the input
+  const void* in[1] = {copy.data()};
+  void* outs[1] = {raw};
+  const kvpool_exec cpu{KVPOOL_DEVICE_CPU, nullptr};
+  if (int rc = kvpool_kernel_dequantize(&cpu, &r.layout, in, outs, 1); rc != 0) {
+    return Status(static_cast<StatusCode>(rc), kvpool_kernel_last_error());
+  }
+  r.size = raw_bytes;
+  r.encoding = 0;
+  r.layout = {};
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
-                                           std::span<const MutableBuffer> buffers) {
+                                           std::span<const MutableBuffer> buffers,
+                                           const GetOptions& options) {
   if (buffers.size() != keys.size()) {
     return Status::InvalidArgument("Get needs one buffer per key");
   }
   const Impl::BufferFor caller = [&](size_t i, uint64_t) { return buffers[i]; };
-  return impl_->Run([&] { return impl_->Get(keys, caller); });
+  KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> out, impl_->Run([&] {
+    return impl_->Get(keys, caller, options.accept_encoded);
+  }));
+  if (options.decode) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      GetResult& r = out[i];
+      if (!r.status.ok() || r.encoding == 0) continue;
+      uint8_t* buf = static_cast<uint8_t*>(buffers[i].data);
+      r.status = DecodeBlock(r, buf, buf, buffers[i].capacity);
+    }
+  }
+  return out;
 }
 
-Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> keys) {
+Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> keys,
+                                                    const GetOptions& options) {
   std::vector<FetchedBlock> out(keys.size());
   const Impl::BufferFor allocate = [&](size_t i, uint64_t size) {
     out[i].bytes.resize(size);
     return MutableBuffer{out[i].bytes.data(), out[i].bytes.size()};
   };
-  KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> results,
-                          impl_->Run([&] { return impl_->Get(keys, allocate); }));
+  KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> results, impl_->Run([&] {
+    return impl_->Get(keys, allocate, options.accept_encoded);
+  }));
   for (size_t i = 0; i < keys.size(); ++i) {
-    out[i].status = results[i].status;
-    out[i].tier = results[i].tier;
-    out[i].lossy_encoding = results[i].lossy_encoding;
+    GetResult& r = results[i];
+    if (r.status.ok() && r.encoding != 0 && options.decode) {
+      std::vector<uint8_t> raw(kvpool_kernel_raw_bytes(&r.layout));
+      r.status = DecodeBlock(r, out[i].bytes.data(), raw.data(), raw.size());
+      if (r.status.ok()) out[i].bytes = std::move(raw);
+    }
+    out[i].status = r.status;
+    out[i].tier = r.tier;
+    out[i].lossy_encoding = r.lossy_encoding;
+    out[i].encoding = r.encoding;
+    out[i].layout = r.layout;
     if (!out[i].status.ok()) out[i].bytes.clear();
   }
   return out;

@@ -162,7 +162,7 @@ Response BlockHandlers::Get(Connection& c, std::string_view body) {
   delivery.BeginGet();
   const LeaseTerms terms = delivery.TermsFor(ask);
   auto reads = std::make_shared<std::vector<tiers::BlockRead>>(
-      tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl));
+      tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl, req.accept_encoded()));
   if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !c.peer) {
     std::vector<BlockKey> missing;
     std::vector<size_t> where;
@@ -173,7 +173,8 @@ Response BlockHandlers::Get(Connection& c, std::string_view body) {
       }
     }
     if (!missing.empty() && cluster->FetchMissing(c.ns, c.ns_name, missing) > 0) {
-      std::vector<tiers::BlockRead> again = tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl);
+      std::vector<tiers::BlockRead> again =
+          tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl, req.accept_encoded());
       for (size_t k = 0; k < where.size(); ++k) (*reads)[where[k]] = std::move(again[k]);
     }
   }
@@ -200,6 +201,16 @@ Response BlockHandlers::Get(Connection& c, std::string_view body) {
     info->set_checksum(read.checksum);
     info->set_tier(ToWire(read.from));
     info->set_lossy_encoding(read.lossy_encoding);
+    if (read.encoding != 0) {
+      info->set_encoding(read.encoding);
+      wire::BlockLayout* l = info->mutable_layout();
+      l->set_layers(read.layout.num_layers);
+      l->set_kv_heads(read.layout.num_kv_heads);
+      l->set_head_dim(read.layout.head_dim);
+      l->set_tokens(read.layout.tokens);
+      l->set_dtype(static_cast<int32_t>(read.layout.dtype));
+      l->set_encoding(static_cast<int32_t>(read.layout.encoding));
+    }
     payload += delivery.Send(ask, static_cast<uint32_t>(resp.blocks_size() - 1), read, info, &r);
     ++served;
   }

@@ -307,6 +307,40 @@ TEST_F(NamespacesReloadTest, AnEncodedNamespaceServesTheDecodedBlockAndSaysItIsL
   ASSERT_OK(kernels::DequantizeBlocksCpu(encoded, &cmid, &back, 1));
   ASSERT_NE(want, c.blocks[0]) << "test bug: int8 should not be exact on these values";
 
+  // A client that accepts encodings gets the stored bytes (and their layout) when it asks not to
+  // decode, and the same decoded block as the daemon's when it decodes; the block stays on disk.
+  auto as_stored = client->GetBlocks(c.keys, GetOptions{.accept_encoded = true, .decode = false});
+  ASSERT_OK(as_stored);
+  ASSERT_OK((*as_stored)[0].status);
+  EXPECT_EQ((*as_stored)[0].encoding, KVPOOL_ENCODING_INT8);
+  EXPECT_EQ((*as_stored)[0].layout.encoding, KVPOOL_ENCODING_INT8);
+  EXPECT_EQ((*as_stored)[0].layout.head_dim, 64);
+  EXPECT_EQ((*as_stored)[0].bytes, mid);
+  ASSERT_OK((*as_stored)[1].status);
+  EXPECT_EQ((*as_stored)[1].encoding, 0) << "another size is stored raw";
+  EXPECT_EQ((*as_stored)[1].bytes, c.blocks[1]);
+  auto decoded_here = client->GetBlocks(c.keys, GetOptions{.accept_encoded = true});
+  ASSERT_OK(decoded_here);
+  ASSERT_OK((*decoded_here)[0].status);
+  EXPECT_EQ((*decoded_here)[0].encoding, 0);
+  EXPECT_EQ((*decoded_here)[0].lossy_encoding, KVPOOL_ENCODING_INT8);
+  EXPECT_EQ((*decoded_here)[0].bytes, want);
+  // Into the caller's buffer: too small for the decoded block is an error for that block only.
+  std::vector<uint8_t> small(mid.size()), full(want.size());
+  std::vector<MutableBuffer> bufs = {{small.data(), small.size()}, {full.data(), full.size()}};
+  const BlockKey first = c.keys[0];
+  auto too_small = client->Get({&first, 1}, {bufs.data(), 1}, GetOptions{.accept_encoded = true});
+  ASSERT_OK(too_small);
+  EXPECT_EQ((*too_small)[0].status.code(), StatusCode::kInvalidArgument);
+  auto into = client->Get({&first, 1}, {bufs.data() + 1, 1}, GetOptions{.accept_encoded = true});
+  ASSERT_OK(into);
+  ASSERT_OK((*into)[0].status);
+  EXPECT_EQ((*into)[0].size, want.size());
+  EXPECT_EQ(full, want);
+  auto where = client->Lookup(c.keys, /*prefetch=*/false);
+  ASSERT_OK(where);
+  EXPECT_EQ(where->tiers[0], Tier::kDisk) << "read as stored, not promoted";
+
   auto got = client->GetBlocks(c.keys);
   ASSERT_OK(got);
   ASSERT_OK((*got)[0].status);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <kvpool/block_key.h>
+#include <kvpool/kernels.h>
 #include <kvpool/status.h>
 #include <kvpool/tier.h>
 
@@ -94,6 +95,11 @@ struct GetResult {
   // (KVPOOL_ENCODING_* of <kvpool/kernels.h>; the namespace accepted lossy copies): close to,
   // not exactly, what was put. 0: exactly what was put.
   int lossy_encoding = 0;
+  // Non-zero only with GetOptions{.accept_encoded = true, .decode = false}: the bytes are the
+  // daemon's stored copy in this KVPOOL_ENCODING_*, and `layout` decodes them
+  // (kvpool_kernel_dequantize, on the CPU or the GPU) into the block's dtype.
+  int encoding = 0;
+  kvpool_block_layout layout{};
 };
 
 // A block read into memory the library allocated.
@@ -102,6 +108,19 @@ struct FetchedBlock {
   std::vector<uint8_t> bytes;
   Tier tier = Tier::kNone;
   int lossy_encoding = 0;  // as GetResult::lossy_encoding
+  int encoding = 0;        // as GetResult::encoding
+  kvpool_block_layout layout{};
+};
+
+// How a get treats the blocks a namespace stores encoded on disk (its encoding on demotion).
+struct GetOptions {
+  // The daemon may send such a block, when it is only on disk, as stored: a half to a quarter of
+  // the bytes, and no promotion into host memory. Blocks in memory always come as put.
+  bool accept_encoded = false;
+  // With accept_encoded: decode those here (the kernels' CPU twin) so the caller sees the block
+  // in its dtype as always; false: hand the caller the encoded bytes and their layout
+  // (GetResult::encoding) to decode where it likes, e.g. on the GPU after the copy.
+  bool decode = true;
 };
 
 struct PutBlock {
@@ -256,10 +275,12 @@ class Client {
   // cannot be reached; per-block misses and errors are in the results. Every block's checksum is
   // verified on receipt; a block that fails is reported as Corruption, never returned.
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
-                                     std::span<const MutableBuffer> buffers);
+                                     std::span<const MutableBuffer> buffers,
+                                     const GetOptions& options = {});
 
   // As Get, into buffers the library allocates to each block's size.
-  Result<std::vector<FetchedBlock>> GetBlocks(std::span<const BlockKey> keys);
+  Result<std::vector<FetchedBlock>> GetBlocks(std::span<const BlockKey> keys,
+                                              const GetOptions& options = {});
 
   // Stores blocks, put-if-absent: a block already cached costs no payload transfer.
   Result<PutResult> Put(std::span<const PutBlock> blocks);

@@ -112,6 +112,31 @@ class Daemon:
         self._proc = None
         return code
 
+    def pause(self, timeout: float = 10.0) -> None:
+        """SIGSTOP, then waits until every thread of the daemon has stopped (the signal takes
+        effect asynchronously): from then on it answers nothing, as a hung daemon would."""
+        assert self._proc is not None and self._proc.poll() is None, "kvpoold is not running"
+        os.kill(self._proc.pid, signal.SIGSTOP)
+        tasks = pathlib.Path(f"/proc/{self._proc.pid}/task")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for stat in tasks.glob("*/stat"):
+                try:
+                    # "pid (comm) S ...": the state follows the last ')'.
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+                except (FileNotFoundError, IndexError):
+                    continue
+            if states and all(s in ("T", "t") for s in states):
+                return
+            time.sleep(0.005)
+        raise TimeoutError(f"kvpoold did not stop within {timeout} s")
+
+    def resume(self) -> None:
+        """SIGCONT: the paused daemon answers again."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL and wait: what a crash does."""
         if self._proc and self._proc.poll() is None:

@@ -48,12 +48,12 @@ def test_gil_is_released_while_a_call_waits(own_daemon, make_keys):
 def test_a_stopped_daemon_gives_deadline_exceeded_not_a_hang(own_daemon, make_keys):
     keys = make_keys(1)
     with kvpool.Client(own_daemon.socket, namespace="test", timeout=1) as c:
-        os.kill(own_daemon.pid, signal.SIGSTOP)
+        own_daemon.pause()
         try:
             with pytest.raises((kvpool.DeadlineExceeded, kvpool.Unavailable)):
                 c.lookup(keys)
         finally:
-            os.kill(own_daemon.pid, signal.SIGCONT)
+            own_daemon.resume()
         assert c.lookup(keys).hit_blocks == 0  # and it recovers
 
 

@@ -3,8 +3,6 @@ is down, stalled (SIGSTOP: slow) or killed in the middle of a generation is a mi
 skipped store, logged once as a warning; the model recomputes and the output stays correct."""
 
 import logging
-import os
-import signal
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -41,13 +39,13 @@ def test_stalled_daemon_times_out_to_a_miss_then_recovers(model, mid, caplog):
     with Daemon() as d:
         kv = adapter(d.socket, model, mid, timeout=0.5)
         kv_greedy(kv, model, torch.tensor(PROMPT))             # blocks stored
-        os.kill(d.pid, signal.SIGSTOP)                         # alive, answering nothing
+        d.pause()                                              # alive, answering nothing
         try:
             got, _ = kv_greedy(kv, model, torch.tensor(OTHER))
             assert kv.last_load.cached_tokens == 0, kv.last_load
             assert kv.last_load.error
         finally:
-            os.kill(d.pid, signal.SIGCONT)
+            d.resume()
         ref, _, _ = greedy(model, torch.tensor(OTHER))
         assert got.tolist() == ref.tolist()
         assert len(warnings_of(caplog)) == 1
