@@ -21,6 +21,7 @@ struct TestTierStack {
   std::unique_ptr<DiskTier> disk;
   std::unique_ptr<HostTier> host;
   std::unique_ptr<TierManager> manager;
+  uint64_t host_segment_bytes = 1ull << 20;  // what the next Open uses
 
   // Opens every part (RocksDB at `dir`/rocksdb); the first error.
   Status Open(const std::string& dir, const TierManagerOptions& options,
@@ -33,7 +34,7 @@ struct TestTierStack {
     disk = std::make_unique<DiskTier>(*store);
     HostTierOptions ho;
     ho.capacity_bytes = 8ull << 20;
-    ho.segment_bytes = 1ull << 20;
+    ho.segment_bytes = host_segment_bytes;
     ho.lock_memory = false;
     KVPOOL_ASSIGN_OR_RETURN(host, HostTier::Create(ho));
     KVPOOL_ASSIGN_OR_RETURN(TierStack stack, TierStack::Create({host.get(), disk.get()}));

@@ -118,12 +118,16 @@ Status TierManager::Recover() {
   std::vector<EntryId> ids;
   ids.reserve(loaded.size());
   std::vector<std::pair<NamespaceId, BlockKey>> invalid;
+  uint64_t oversize = 0;
   for (const Loaded& l : loaded) {
-    if (l.meta.size == 0 || l.meta.size > max_block_bytes()) {
+    // Sizes no daemon writes: corrupt records. (A block larger than a host segment is not: it was
+    // put under a larger --host_segment_size, and stays, served by direct reads.)
+    if (l.meta.size == 0 || l.meta.size > UINT32_MAX) {
       invalid.emplace_back(l.ns, l.key);
       ids.push_back(kNoEntry);
       continue;
     }
+    if (l.meta.size > max_block_bytes()) ++oversize;
     const EntryId id = index_.Insert(l.ns, l.key);
     Entry& e = index_.at(id);
     e.size = static_cast<uint32_t>(l.meta.size);
@@ -147,6 +151,12 @@ Status TierManager::Recover() {
   if (!invalid.empty()) {
     LOG(ERROR) << "dropping " << invalid.size() << " disk blocks with an impossible size";
     disk_.Delete(invalid).IgnoreError();
+  }
+  if (oversize > 0) {
+    LOG(WARNING) << oversize << " disk blocks are larger than a host segment ("
+                 << FormatBytes(max_block_bytes())
+                 << ": --host_segment_size is smaller than when they were put); they stay on disk "
+                    "and are served by direct reads, never promoted to host";
   }
   LOG(INFO) << "recovered " << disk_blocks_ << " disk blocks (" << FormatBytes(disk_used_)
             << ") from RocksDB meta records without reading their bodies";

@@ -283,6 +283,11 @@ class TierManager {
   };
 
   static DiskCopy DiskCopyOf(const Entry& e);
+  // Whether a copy of `e` fits the host tier (a block put under a larger segment size does not:
+  // it is read straight from disk).
+  bool PromotableLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return e.size <= host_.max_block_bytes();
+  }
 
   uint32_t NowSeconds() const;
   const NamespacePolicy& PolicyLocked(NamespaceId ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -27,7 +27,7 @@ LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain
     result.tiers.push_back(in_host ? Tier::kHost : Tier::kDisk);
     index_.Touch(id, now);
     if (prefetch && !e.In(Tier::kHost) && promotions_.find(id) == promotions_.end() &&
-        (e.busy & kBusyReading) == 0) {
+        (e.busy & kBusyReading) == 0 && PromotableLocked(e)) {
       StartPromotionLocked(id, /*prefetch=*/true);
       ++result.promotions_started;
     }
@@ -43,7 +43,10 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
     const EntryId id = FindCachedLocked(ns, key);
     if (id == kNoEntry) continue;
     Entry& e = index_.at(id);
-    if (e.In(Tier::kHost) || promotions_.contains(id) || (e.busy & kBusyReading)) continue;
+    if (e.In(Tier::kHost) || promotions_.contains(id) || (e.busy & kBusyReading) ||
+        !PromotableLocked(e)) {
+      continue;
+    }
     StartPromotionLocked(id, /*prefetch=*/true);
     ++started;
   }
@@ -98,9 +101,12 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     int rounds;
   };
   std::vector<Wait> waits;
+  constexpr int kMaxPromotionRounds = 3;
   auto wait_for = [&](size_t i, EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Entry& e = index_.at(id);
-    if (e.busy & kBusyReading) {
+    if (!PromotableLocked(e)) {
+      waits.push_back({i, nullptr, kMaxPromotionRounds});  // straight to a direct read
+    } else if (e.busy & kBusyReading) {
       waits.push_back({i, nullptr, 0});
     } else if (auto it = promotions_.find(id); it != promotions_.end()) {
       waits.push_back({i, it->second, 1});
@@ -195,7 +201,6 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
   };
   // A block demoted again before this get leased it is promoted again; one that cannot be
   // placed in host (every host block leased) is read straight from disk.
-  constexpr int kMaxPromotionRounds = 3;
   while (!waits.empty()) {
     while (pending() && !stopping_) changed_.Wait(&mu_);
     std::vector<Wait> again;

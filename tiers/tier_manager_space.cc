@@ -350,7 +350,8 @@ void TierManager::ReadAheadLocked(EntryId id) {
     });
     if (next == kNoEntry) return;
     const Entry& ne = index_.at(next);
-    if (!ne.In(Tier::kHost) && ne.In(Tier::kDisk) && ne.busy == 0 && !promotions_.contains(next)) {
+    if (!ne.In(Tier::kHost) && ne.In(Tier::kDisk) && ne.busy == 0 && !promotions_.contains(next) &&
+        PromotableLocked(ne)) {
       StartPromotionLocked(next, /*prefetch=*/true);
       ++read_aheads_;
     }

@@ -638,6 +638,35 @@ TEST_F(TierManagerTest, RecoverFindsEveryDiskBlockWithItsSizeAndServesIt) {
   EXPECT_EQ(manager_->CountCached(kNs, chain), chain.size());
 }
 
+TEST_F(TierManagerTest, ASmallerHostSegmentSizeKeepsLargerDiskBlocksAndServesThemFromDisk) {
+  // Issue 12's integrity hole 1: a restart with a smaller --host_segment_size used to delete every
+  // larger disk block at recovery, session-pinned ones too, gone for good.
+  options_.flush_on_shutdown = false;
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, {1 * kMiB, 100 * kKiB, 1 * kMiB});
+  DemoteAll(chain);
+  ASSERT_TRUE(manager_->PinChain(kNs, chain).ok());
+
+  stack_.host_segment_bytes = 512 * kKiB;
+  Reopen();
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 3u);
+  LookupResult l = manager_->Lookup(kNs, chain, /*prefetch=*/true);
+  EXPECT_EQ(l.hit_blocks, 3u);
+  EXPECT_EQ(l.promotions_started, 1u) << "only the block that fits a segment moves to host";
+  for (const BlockKey& k : chain) ExpectServed(k);
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(TiersOf(chain), (std::vector<Tier>{Tier::kDisk, Tier::kHost, Tier::kDisk}));
+  EXPECT_EQ(manager_->GetStats().checksum_failures, 0u);
+
+  // Back to the old size: nothing was lost, and they fit in host again.
+  stack_.host_segment_bytes = 1 * kMiB;
+  Reopen();
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 3u);
+  for (const BlockKey& k : chain) ExpectServed(k);
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(TiersOf({chain[0]}), std::vector<Tier>{Tier::kHost});
+}
+
 TEST_F(TierManagerTest, RecoverIntoASmallerDiskKeepsChainPrefixes) {
   options_.flush_on_shutdown = false;
   Open();
