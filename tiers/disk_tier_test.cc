@@ -127,6 +127,19 @@ const std::vector<size_t>& Sizes() {
   return kSizes;
 }
 
+TEST_F(DiskTierTest, TheBlockCacheIsTheSizeAskedFor) {
+  // OptimizeForPointLookup used to replace the table options set just before it: a 64 MiB
+  // block cache silently became 8 MiB (issue 12, integrity hole 7).
+  EXPECT_EQ(store_->BlockCacheCapacity(), 8u << 20);  // what Open() above asks for
+  Close();
+  RocksStoreOptions o;
+  o.path = dir_.Join("rocksdb");
+  o.block_cache_bytes = 64ull << 20;
+  Result<std::unique_ptr<RocksStore>> s = RocksStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ((*s)->BlockCacheCapacity(), 64ull << 20);
+}
+
 TEST_F(DiskTierTest, WritesAndReadsBackByteIdentical) {
   std::vector<Block> blocks;
   for (size_t i = 0; i < Sizes().size(); ++i) blocks.push_back(MakeBlock(1, i, Sizes()[i]));

@@ -63,6 +63,8 @@ class RocksStore {
   Status Flush();
   // Approximate bytes on disk: SST files plus live blob files.
   uint64_t ApproximateDiskBytes() const;
+  // The block cache's capacity, as RocksDB reports it (the one cache every family shares).
+  uint64_t BlockCacheCapacity() const;
 
  private:
   RocksStore();
