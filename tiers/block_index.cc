@@ -2,7 +2,12 @@
 
 #include <glog/logging.h>
 
+#include <sys/random.h>
+
 #include <cstring>
+#include <string_view>
+
+#include "absl/hash/hash.h"
 
 namespace kvpool::tiers {
 
@@ -12,10 +17,29 @@ size_t BlockIndex::Hash::operator()(EntryId id) const {
 }
 
 size_t BlockIndex::Hash::operator()(const Probe& p) const {
-  // Keys are SHA-256 output, uniform already; mix in the namespace.
-  uint64_t h;
-  std::memcpy(&h, p.key->bytes.data(), sizeof(h));
-  return static_cast<size_t>(h ^ (static_cast<uint64_t>(p.ns) * 0x9E3779B97F4A7C15ull));
+  // Keys come from clients, who may choose them: the whole key, the namespace and this index's
+  // random seed, so that nobody can aim many keys at one bucket.
+  const std::string_view key(reinterpret_cast<const char*>(p.key->bytes.data()),
+                             p.key->bytes.size());
+  return absl::HashOf(index->seed_, p.ns, key);
+}
+
+namespace {
+
+uint64_t RandomSeed() {
+  uint64_t seed = 0;
+  if (getrandom(&seed, sizeof(seed), 0) != static_cast<ssize_t>(sizeof(seed))) {
+    // Not expected (the kernel's pool is ready long before a daemon starts); absl's per-process
+    // seed still varies the hash.
+    LOG(WARNING) << "getrandom failed; the block index hash is seeded by the process alone";
+  }
+  return seed;
+}
+
+}  // namespace
+
+uint64_t BlockIndex::HashForTest(NamespaceId ns, const BlockKey& key) const {
+  return Hash{this}(Probe{ns, &key});
 }
 
 bool BlockIndex::Eq::operator()(EntryId a, const Probe& p) const {
@@ -23,7 +47,7 @@ bool BlockIndex::Eq::operator()(EntryId a, const Probe& p) const {
   return e.ns == p.ns && e.key == *p.key;
 }
 
-BlockIndex::BlockIndex() : set_(0, Hash{this}, Eq{this}) {}
+BlockIndex::BlockIndex() : seed_(RandomSeed()), set_(0, Hash{this}, Eq{this}) {}
 
 EntryId BlockIndex::Find(NamespaceId ns, const BlockKey& key) const {
   auto it = set_.find(Probe{ns, &key});

@@ -5,7 +5,8 @@
 // session pins, the parent in its chain, its children (links for read-ahead) and, per tier, the
 // number of children that have a copy there. Entries live in fixed-size chunks addressed by a
 // 32-bit EntryId; the hash set stores only ids (4 bytes a slot) and hashes through the entry, so
-// a key is stored once. See docs/BENCHMARKS.md for the measured bytes per entry.
+// a key is stored once. See docs/BENCHMARKS.md for the measured bytes per entry. Keys come from
+// clients, so the set's hash is keyed by a random seed per index: nobody can aim keys at a bucket.
 //
 // Per tier it tracks which entries are *eviction candidates*: entries with a copy in the tier and
 // no child with a copy in it (for disk: no child cached anywhere, and no session pin). Removing a
@@ -123,6 +124,9 @@ class BlockIndex {
   Entry& at(EntryId id) { return Chunk(id)[id % kChunkEntries]; }
   const Entry& at(EntryId id) const { return Chunk(id)[id % kChunkEntries]; }
   size_t size() const { return set_.size(); }
+  // The bucket hash of a key: keyed by a random seed per index (clients choose keys).
+  uint64_t HashForTest(NamespaceId ns, const BlockKey& key) const;
+
   // Bytes held by the index: entry chunks plus the hash set's slots.
   size_t MemoryBytes() const;
 
@@ -183,6 +187,7 @@ class BlockIndex {
   std::vector<std::unique_ptr<Entry[]>> chunks_;
   std::vector<EntryId> free_ids_;
   EntryId next_id_ = 0;
+  const uint64_t seed_;
   absl::flat_hash_set<EntryId, Hash, Eq> set_;
   std::array<size_t, kStoredTiers> candidates_{};
   CandidateObserver* observer_ = nullptr;

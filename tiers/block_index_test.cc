@@ -60,6 +60,28 @@ std::vector<EntryId> MakeChain(BlockIndex& index, NamespaceId ns, uint64_t first
   return ids;
 }
 
+TEST(BlockIndexTest, TheBucketHashIsKeyedAndCoversTheWholeKey) {
+  // Issue 12, integrity hole 4: it hashed a key by its first 8 bytes, so a tenant could flood one
+  // bucket with keys it chose.
+  BlockIndex a, b;
+  BlockKey k1, k2;
+  for (size_t i = 0; i < k1.bytes.size(); ++i) k1.bytes[i] = k2.bytes[i] = static_cast<uint8_t>(i);
+  k2.bytes[31] ^= 1;  // the same first 8 bytes
+  EXPECT_NE(a.HashForTest(1, k1), a.HashForTest(1, k2));
+  EXPECT_NE(a.HashForTest(1, k1), a.HashForTest(2, k1)) << "the namespace is part of it";
+  EXPECT_EQ(a.HashForTest(1, k1), a.HashForTest(1, k1));
+  EXPECT_NE(a.HashForTest(1, k1), b.HashForTest(1, k1)) << "each index has its own seed";
+  // Many keys that differ only past byte 8 spread over the buckets.
+  std::set<uint64_t> low_bits;
+  for (int i = 0; i < 1000; ++i) {
+    BlockKey k = k1;
+    k.bytes[20] = static_cast<uint8_t>(i);
+    k.bytes[21] = static_cast<uint8_t>(i >> 8);
+    low_bits.insert(a.HashForTest(1, k) & 1023);
+  }
+  EXPECT_GT(low_bits.size(), 500u);
+}
+
 TEST(BlockIndexTest, InsertFindErasePerNamespace) {
   BlockIndex index;
   EvictionPools pools(index);
