@@ -190,7 +190,7 @@ int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const v
     kvpool::BlockKey p;
     if (parent != nullptr) std::memcpy(p.bytes.data(), parent->bytes, 32);
     for (size_t i = 0; i < n; ++i) {
-      blocks[i] = {k[i], data[i], sizes[i], i == 0 ? p : k[i - 1]};
+      blocks[i] = {k[i], data[i], sizes[i], i == 0 ? p : k[i - 1], std::nullopt};
     }
     auto r = c->client->Put(blocks);
     if (!r.ok()) return Fail(c, r.status());

@@ -412,7 +412,7 @@ class Client::Impl {
             " bytes exceeds the daemon's limit of " + std::to_string(server_.max_block_bytes));
       } else if (!server_.shared_memory) {
         // In place, the block is hashed while it is copied into its slot instead.
-        checksums[i] = BlockChecksum(blocks[i].data, blocks[i].size);
+        checksums[i] = blocks[i].checksum.value_or(BlockChecksum(blocks[i].data, blocks[i].size));
       }
     }
     // Rounds of at most max_batch_keys blocks and max_payload_bytes bytes: what one round
@@ -520,9 +520,11 @@ class Client::Impl {
         abort.add_reservation_ids(reserved[k].second);
         continue;
       }
-      // One pass: copy into the slot and hash what was copied (the daemon verifies it again).
-      commit.add_checksums(CopyWithChecksum(
-          mappings_.WriteBase(slots[k].segment()) + slots[k].offset(), b.data, b.size));
+      // One pass: copy into the slot and hash what was copied (the daemon verifies it again,
+      // against the caller's checksum when it gave one).
+      const uint64_t copied = CopyWithChecksum(
+          mappings_.WriteBase(slots[k].segment()) + slots[k].offset(), b.data, b.size);
+      commit.add_checksums(b.checksum.value_or(copied));
       commit.add_reservation_ids(reserved[k].second);
       commit.add_sizes(b.size);
       in_frame.push_back(reserved[k].first);

@@ -430,8 +430,16 @@ void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
   std::vector<tiers::BlockRead> reads = tiers_.Acquire(ns, keys, kClusterOwner);
   std::vector<PutBlock> puts;
   for (size_t k = 0; k < keys.size(); ++k) {
-    if (reads[k].status.ok())
-      puts.push_back({keys[k], reads[k].data, reads[k].size, blocks[k].second});
+    const tiers::BlockRead& read = reads[k];
+    if (!read.status.ok()) continue;
+    // Checked here and, with the stored checksum sent along, again by the peer: a damaged copy
+    // is never passed on under a fresh hash.
+    if (BlockChecksum(read.data, read.size) != read.checksum) {
+      LOG(ERROR) << "not replicating block " << keys[k].ShortHex() << " of namespace " << ns_name
+                 << " to " << address << ": its copy here does not match its checksum";
+      continue;
+    }
+    puts.push_back({keys[k], read.data, read.size, blocks[k].second, read.checksum});
   }
   std::unique_ptr<Client> c = puts.empty() ? nullptr : Checkout(address, ns_name);
   // About kFetchChunkBytes per call, so each finishes within the per-request peer deadline.
@@ -446,6 +454,13 @@ void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
     if (!r.ok()) {
       VLOG(1) << "replication to " << address << ": " << r.status().ToString();
       ok = false;
+      continue;
+    }
+    for (size_t k = 0; k < r->errors.size(); ++k) {
+      if (r->errors[k].code() == StatusCode::kCorruption) {
+        LOG(ERROR) << "replica of block " << puts[start + k].key.ShortHex() << " refused by "
+                   << address << ": " << r->errors[k].ToString();
+      }
     }
   }
   if (ok) Return(address, ns_name, std::move(c));

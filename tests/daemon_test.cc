@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "common/checksum.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/status_matchers.h"
 
@@ -368,6 +369,30 @@ TEST(DaemonTest, OversizedBlockIsRefusedWithAClearError) {
   EXPECT_EQ(r->stored, 0u);
   EXPECT_EQ(r->errors[0].code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r->errors[0].message().find("exceeds"), std::string::npos) << r->errors[0].message();
+}
+
+TEST(DaemonTest, APutWhoseBytesDoNotMatchTheChecksumGivenIsRefused) {
+  // A copy from another store (a replica) comes with the checksum it was stored under: bytes
+  // damaged at the source are refused, not stored under a fresh hash (issue 12, hole 3).
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  auto client = d.Connect();
+  const auto keys = MakeChain(Tokens(2, 32), 2).keys;
+  std::vector<uint8_t> good = BlockBytes(1, 5000), damaged = good;
+  damaged[123] ^= 0x40;
+  PutBlock b[2];
+  b[0] = {keys[0], damaged.data(), damaged.size(), {}, BlockChecksum(good.data(), good.size())};
+  b[1] = {keys[1], good.data(), good.size(), keys[0], BlockChecksum(good.data(), good.size())};
+  auto r = client->Put(std::span(b, 2));
+  ASSERT_OK(r);
+  EXPECT_EQ(r->errors[0].code(), StatusCode::kCorruption) << r->errors[0].ToString();
+  EXPECT_OK(r->errors[1]);
+  EXPECT_EQ(r->stored, 1u);
+  auto got = client->GetBlocks(keys);
+  ASSERT_OK(got);
+  EXPECT_TRUE((*got)[0].status.IsNotFound()) << "the damaged copy was not stored";
+  ASSERT_OK((*got)[1].status);
+  EXPECT_EQ((*got)[1].bytes, good);
 }
 
 TEST(DaemonTest, SessionSaveRequiresCachedBlocks) {

@@ -78,12 +78,12 @@ TEST(ExampleTest, ACustomEvictionOrderIsNamedInTheNamespacesFile) {
   const std::vector<uint8_t> small_bytes(16 << 10, 0x5a), large_bytes(512 << 10, 0xa5);
   for (int i = 0; i < 16; ++i) {
     small.push_back(RandomKey(rng));
-    PutBlock b{small.back(), small_bytes.data(), small_bytes.size(), {}};
+    PutBlock b{small.back(), small_bytes.data(), small_bytes.size(), {}, {}};
     ASSERT_OK(client->Put({&b, 1}));
   }
   for (int i = 0; i < 20; ++i) {
     large.push_back(RandomKey(rng));
-    PutBlock b{large.back(), large_bytes.data(), large_bytes.size(), {}};
+    PutBlock b{large.back(), large_bytes.data(), large_bytes.size(), {}, {}};
     ASSERT_OK(client->Put({&b, 1}));
   }
   int large_cached = 0;

@@ -52,7 +52,7 @@ TEST(ShmTest, RoundTripsFromOneByteTo64MiB) {
       1, 7, 4095, 4096, 4097, 65537, (1u << 20) + 3, (8u << 20) - 1, 64u << 20};
   for (size_t i = 0; i < sizes.size(); ++i) {
     const std::vector<uint8_t> bytes = BlockBytes(i, sizes[i]);
-    PutBlock b{KeyOf(i), bytes.data(), bytes.size(), {}};
+    PutBlock b{KeyOf(i), bytes.data(), bytes.size(), {}, {}};
     auto put = c->Put(std::span(&b, 1));
     ASSERT_TRUE(put.ok()) << put.status().ToString();
     ASSERT_TRUE(put->all_ok()) << sizes[i] << ": " << put->errors[0].ToString();
@@ -114,7 +114,7 @@ TEST(ShmTest, ANamespaceCannotMapAnotherNamespacesSegments) {
   ASSERT_OK(d.Start());
   auto a = ShmClient(d, "tenant-a");
   const std::vector<uint8_t> secret(5000, 0x5E);
-  PutBlock b{KeyOf(1), secret.data(), secret.size(), {}};
+  PutBlock b{KeyOf(1), secret.data(), secret.size(), {}, {}};
   ASSERT_TRUE(a->Put(std::span(&b, 1)).ok());
   // Find where tenant-a's block sits (tenant-a may learn that; tenant-b must not use it).
   Raw ra(d, "tenant-a");
@@ -171,7 +171,7 @@ TEST(ShmTest, MappingKeptAfterSegmentReuseRevealsNothing) {
   ASSERT_OK(d.Start());
   auto a = ShmClient(d, "tenant-a");
   const std::vector<uint8_t> mine = BlockBytes(1, 100000);
-  PutBlock b{KeyOf(1), mine.data(), mine.size(), {}};
+  PutBlock b{KeyOf(1), mine.data(), mine.size(), {}, {}};
   ASSERT_TRUE(a->Put(std::span(&b, 1)).ok());
   Raw ra(d, "tenant-a");
   wire::GetRequest get;
@@ -218,7 +218,7 @@ TEST(ShmTest, MappingKeptAfterSegmentReuseRevealsNothing) {
   // tenant-b fills the (only) segment with its secret.
   auto bcl = ShmClient(d, "tenant-b");
   const std::vector<uint8_t> secret(200000, 0x5E);
-  PutBlock sb{KeyOf(2), secret.data(), secret.size(), {}};
+  PutBlock sb{KeyOf(2), secret.data(), secret.size(), {}, {}};
   auto p = bcl->Put(std::span(&sb, 1));
   ASSERT_TRUE(p.ok() && p->all_ok());
   for (size_t i = 0; i < seg; ++i) ASSERT_NE(kept[i], 0x5E) << "tenant-b's bytes seen at " << i;
@@ -257,7 +257,7 @@ TEST(ShmTest, LeasesAndReservationsOfAStuckOrDeadClientAreReclaimed) {
   std::vector<std::vector<uint8_t>> blocks;
   for (uint64_t i = 0; i < 8; ++i) {
     blocks.push_back(BlockBytes(i, 50000));
-    PutBlock b{KeyOf(i), blocks.back().data(), blocks.back().size(), {}};
+    PutBlock b{KeyOf(i), blocks.back().data(), blocks.back().size(), {}, {}};
     ASSERT_TRUE(c->Put(std::span(&b, 1)).ok());
   }
   const DaemonStats before = StatsOf(d);
@@ -320,7 +320,7 @@ TEST(ShmTest, ReadersNeverSeeATornBlockWhileBlocksAreDemotedAndEvicted) {
     auto c = ShmClient(d);
     for (int i = 0; i < kBlocks; ++i) {
       blocks.push_back(BlockBytes(1000 + i, 96 * 1024));
-      PutBlock b{KeyOf(i), blocks.back().data(), blocks.back().size(), {}};
+      PutBlock b{KeyOf(i), blocks.back().data(), blocks.back().size(), {}, {}};
       auto p = c->Put(std::span(&b, 1));
       ASSERT_TRUE(p.ok() && p->all_ok());
     }

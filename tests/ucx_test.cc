@@ -56,7 +56,7 @@ TEST(UcxTest, RoundTripsFromOneByteTo64MiB) {
   const std::vector<size_t> sizes = {1, 4095, 4097, (1u << 20) + 3, 64u << 20};
   for (size_t i = 0; i < sizes.size(); ++i) {
     const std::vector<uint8_t> bytes = BlockBytes(i + 50, sizes[i]);
-    PutBlock b{KeyOf(i), bytes.data(), bytes.size(), {}};
+    PutBlock b{KeyOf(i), bytes.data(), bytes.size(), {}, {}};
     auto put = c->Put(std::span(&b, 1));
     ASSERT_TRUE(put.ok()) << put.status().ToString();
     ASSERT_TRUE(put->all_ok()) << sizes[i] << ": " << put->errors[0].ToString();
@@ -76,7 +76,7 @@ TEST(UcxTest, RoundTripsFromOneByteTo64MiB) {
   std::vector<PutBlock> puts;
   for (uint64_t i = 0; i < 16; ++i) blocks.push_back(BlockBytes(900 + i, 256 * 1024));
   for (uint64_t i = 0; i < 16; ++i) {
-    puts.push_back({KeyOf(100 + i), blocks[i].data(), blocks[i].size(), {}});
+    puts.push_back({KeyOf(100 + i), blocks[i].data(), blocks[i].size(), {}, {}});
   }
   auto put = c->Put(puts);
   ASSERT_TRUE(put.ok() && put->all_ok());
@@ -106,7 +106,7 @@ TEST(UcxTest, TooSmallBufferIsAnErrorAndTheConnectionStaysUsable) {
   auto c = UcxClient(d);
   ASSERT_NE(c, nullptr);
   const std::vector<uint8_t> bytes = BlockBytes(3, 100000);
-  PutBlock b{KeyOf(3), bytes.data(), bytes.size(), {}};
+  PutBlock b{KeyOf(3), bytes.data(), bytes.size(), {}, {}};
   ASSERT_TRUE(c->Put(std::span(&b, 1)).ok());
   std::vector<uint8_t> small(1000);
   const BlockKey key = KeyOf(3);
@@ -130,7 +130,7 @@ TEST(UcxTest, DaemonKilledMidTransferIsAnErrorWithinTheDeadline) {
   std::vector<PutBlock> puts;
   for (uint64_t i = 0; i < 32; ++i) blocks.push_back(BlockBytes(i, 4 << 20));
   for (uint64_t i = 0; i < 32; ++i)
-    puts.push_back({KeyOf(i), blocks[i].data(), blocks[i].size(), {}});
+    puts.push_back({KeyOf(i), blocks[i].data(), blocks[i].size(), {}, {}});
   auto put = c->Put(puts);
   ASSERT_TRUE(put.ok() && put->all_ok());
   std::vector<std::vector<uint8_t>> outs(32, std::vector<uint8_t>(4 << 20, 0));

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -128,6 +129,10 @@ struct PutBlock {
   const void* data = nullptr;
   size_t size = 0;
   BlockKey parent;  // previous key of the chain; zero for the first block
+  // The block's checksum (xxh3-64) when the caller already knows it, e.g. a copy taken from
+  // another store: the daemon then checks the bytes it receives against it, so damage at the
+  // source or on the way is refused (Corruption) instead of stored under a fresh hash.
+  std::optional<uint64_t> checksum;
 };
 
 struct PutResult {
