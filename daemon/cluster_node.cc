@@ -25,7 +25,7 @@ constexpr const char* kPeerClientName = "kvpool-peer";
 }  // namespace
 
 ClusterNode::ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers)
-    : options_(std::move(options)), tiers_(tiers) {}
+    : options_(std::move(options)), tiers_(tiers), memory_(options_.fetch_memory) {}
 
 Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions options,
                                                         tiers::TierManager& tiers) {
@@ -219,17 +219,28 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
     }
   }
   std::vector<bool> found(keys.size(), false);
+  // Keys no member held a moment ago are misses without asking again (fetch_memory.h); a key
+  // some member could not be asked about is not known to be absent.
+  std::vector<bool> skip(keys.size(), false);
+  std::vector<bool> inconclusive(keys.size(), false);
+  for (size_t i = 0; i < keys.size(); ++i) skip[i] = memory_.KnownAbsent(ns, keys[i]);
   size_t stored = 0;
   for (size_t round = 0; round < kMaxRounds; ++round) {
     std::map<std::string, std::vector<size_t>> by_node;
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (!found[i] && round < order[i].size()) by_node[order[i][round]].push_back(i);
+      if (!found[i] && !skip[i] && round < order[i].size()) by_node[order[i][round]].push_back(i);
     }
     if (by_node.empty()) break;
     for (const auto& [node, indices] : by_node) {
       const std::string& address = addresses[node];
-      std::unique_ptr<Client> c = Checkout(address, ns_name);
-      if (c == nullptr) continue;
+      // A peer that failed a moment ago would cost its timeout again: its keys are misses.
+      const bool skipped = memory_.Skip(address);
+      std::unique_ptr<Client> c = skipped ? nullptr : Checkout(address, ns_name);
+      if (c == nullptr) {
+        if (!skipped) memory_.Failed(address);  // could not connect
+        for (size_t i : indices) inconclusive[i] = true;
+        continue;
+      }
       // The peer deadline bounds each request, so requests stay small enough to finish well
       // within it: one block first to learn the size, then about kFetchChunkBytes at a time.
       size_t chunk = 1;
@@ -242,6 +253,7 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
         if (!got.ok()) {
           VLOG(1) << "fetch from " << node << ": " << got.status().ToString();
           failed = true;  // a dead or slow peer: its remaining blocks are misses this round
+          for (size_t k = start; k < indices.size(); ++k) inconclusive[indices[k]] = true;
           break;
         }
         uint64_t bytes = 0, blocks = 0;
@@ -260,7 +272,18 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
               std::clamp<size_t>(kFetchChunkBytes / std::max<uint64_t>(1, bytes / blocks), 1, 256);
         }
       }
-      if (!failed) Return(address, ns_name, std::move(c));
+      if (failed) {
+        memory_.Failed(address);
+      } else {
+        memory_.Answered(address);
+        Return(address, ns_name, std::move(c));
+      }
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    // Asked of every other member, and none had it.
+    if (!found[i] && !skip[i] && !inconclusive[i] && order[i].size() <= kMaxRounds) {
+      memory_.Absent(ns, keys[i]);
     }
   }
   return stored;

@@ -34,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/block_service.h"
+#include "daemon/cluster/fetch_memory.h"
 #include "daemon/cluster/membership.h"
 #include "tiers/tier_manager.h"
 
@@ -53,6 +54,9 @@ struct ClusterNodeOptions {
   std::string ucx_net_devices;
   // Threads asking peers at once for Locate. Default: 4.
   int fanout_threads = 4;
+  // How long a failed peer is skipped and a key no member held is a miss without asking
+  // (daemon/cluster/fetch_memory.h). Defaults: 2 s, 500 ms.
+  cluster::FetchMemoryOptions fetch_memory;
 };
 
 class ClusterNode final : public ClusterHooks {
@@ -121,6 +125,7 @@ class ClusterNode final : public ClusterHooks {
   const ClusterNodeOptions options_;
   tiers::TierManager& tiers_;
 
+  cluster::FetchMemory memory_;  // of FetchMissing: peers in backoff, keys known absent
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::unique_ptr<cluster::Membership> membership_ ABSL_GUARDED_BY(mu_);
