@@ -84,12 +84,18 @@ uint64_t UcxDelivery::Send(const PathAsk& ask, uint32_t position, tiers::BlockRe
   auto held = std::make_shared<tiers::BlockRead>(std::move(read));
   read.lease_id = 0;  // the send's now: it ends the lease
   read.data = nullptr;
+  // Bounded in time even if this connection never sends another request: a receiver that does
+  // not take the block gets its send cancelled at the deadline, which ends the lease (or frees
+  // the disk copy).
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
   const transport::UcxOpId op = engine_.SendTagged(
-      ep_, ask.ucx_tag_base + position, held->data, held->size, [tiers, held](Status st) {
+      ep_, ask.ucx_tag_base + position, held->data, held->size,
+      [tiers, held](Status st) {
         if (!st.ok()) VLOG(1) << "UCX send of a block: " << st.ToString();
         tiers->Release(*held);
-      });
-  sends_.emplace_back(op, std::chrono::steady_clock::now() + timeout_);
+      },
+      deadline);
+  sends_.emplace_back(op, deadline);
   return held->size;
 }
 

@@ -22,10 +22,13 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -172,6 +175,10 @@ class UcxEngine::Impl {
   void DoReceive(UcxOpId id, uint64_t tag, void* data, size_t capacity,
                  std::function<void(Status, size_t)> done);
   void DoCancel(UcxOpId id);
+  // Cancels op `id` at `deadline` unless it finished.
+  void AddDeadline(UcxOpId id, std::chrono::steady_clock::time_point deadline) {
+    deadlines_.emplace(deadline, id);
+  }
   // After ucp_*_nbx returned `req` for op `id`: records the request, or completes the op.
   void Posted(UcxOpId id, void* req, const char* what);
   Result<std::string> DoEndpointTransports(UcxEndpointId id);
@@ -207,6 +214,9 @@ class UcxEngine::Impl {
 
   void Complete(Op* op, Status st, size_t len);
   void ForceClose(Endpoint& e, Status why);
+  // Cancels (as DoCancel) the operations whose deadline has passed; returns how long until the
+  // next one is due (capped at `cap`).
+  std::chrono::milliseconds ExpireDeadlines(std::chrono::milliseconds cap);
   void ProgressLoop();
   void Shutdown();
   bool RunQueued();  // true if anything ran
@@ -231,7 +241,23 @@ class UcxEngine::Impl {
   std::unordered_map<UcxEndpointId, std::unique_ptr<Endpoint>> eps_;
   std::vector<void*> closing_;             // ucp_ep_close_nbx requests still in flight
   std::vector<UcxEndpointId> failed_eps_;  // reported by ErrorCallback, to be force-closed
+  // Sends given a deadline; entries of operations that finished first are dropped when due.
+  std::multimap<std::chrono::steady_clock::time_point, UcxOpId> deadlines_;
 };
+
+std::chrono::milliseconds UcxEngine::Impl::ExpireDeadlines(std::chrono::milliseconds cap) {
+  const auto now = std::chrono::steady_clock::now();
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    const UcxOpId id = deadlines_.begin()->second;
+    deadlines_.erase(deadlines_.begin());
+    if (ops_.count(id) != 0) DoCancel(id);
+  }
+  if (deadlines_.empty()) return cap;
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadlines_.begin()->first - now) +
+      std::chrono::milliseconds(1);
+  return std::min(cap, left);
+}
 
 Status UcxEngine::Impl::Init() {
   ucp_config_t* config = nullptr;
@@ -357,6 +383,7 @@ void UcxEngine::Impl::ProgressLoop() {
     bool worked = RunQueued();
     while (ucp_worker_progress(worker_) != 0) worked = true;
     ReapCloses();
+    const std::chrono::milliseconds next_deadline = ExpireDeadlines(std::chrono::milliseconds(100));
     auto now = Clock::now();
     if (worked) {
       last_work = now;
@@ -365,8 +392,9 @@ void UcxEngine::Impl::ProgressLoop() {
     if (now - last_work < options_.spin_before_sleep) continue;
     ucs_status_t st = ucp_worker_arm(worker_);
     if (st == UCS_ERR_BUSY) continue;  // events pending: progress again
-    // A 100 ms cap keeps the loop alive should a transport miss a wake-up.
-    int n = epoll_wait(epoll_fd_, events, 2, 100);
+    // A 100 ms cap keeps the loop alive should a transport miss a wake-up; a send's deadline
+    // may come sooner.
+    int n = epoll_wait(epoll_fd_, events, 2, static_cast<int>(next_deadline.count()));
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == wake_fd_) {
         uint64_t v;
@@ -699,14 +727,19 @@ void UcxEngine::Disconnect(UcxEndpointId ep) {
 }
 
 UcxOpId UcxEngine::SendTagged(UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
-                              std::function<void(Status)> done) {
+                              std::function<void(Status)> done,
+                              std::chrono::steady_clock::time_point deadline) {
   Impl* impl = impl_.get();
   UcxOpId id = impl->NextOpId();
   // Shared so that whichever of run/abort happens gets the callback.
   auto cb = std::make_shared<std::function<void(Status)>>(std::move(done));
-  impl->Post(
-      {[impl, id, ep, tag, data, len, cb] { impl->DoSend(id, ep, tag, data, len, std::move(*cb)); },
-       [cb] { (*cb)(Status::Aborted("UCX engine shut down")); }});
+  impl->Post({[impl, id, ep, tag, data, len, cb, deadline] {
+                impl->DoSend(id, ep, tag, data, len, std::move(*cb));
+                if (deadline != std::chrono::steady_clock::time_point::max()) {
+                  impl->AddDeadline(id, deadline);
+                }
+              },
+              [cb] { (*cb)(Status::Aborted("UCX engine shut down")); }});
   return id;
 }
 

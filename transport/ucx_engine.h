@@ -94,10 +94,14 @@ class UcxEngine {
   void Disconnect(UcxEndpointId ep);
 
   // Sends `len` bytes tagged `tag`. `done` runs once when `data` may be reused (OK) or the send
-  // failed: Unavailable (peer gone, endpoint failed), Aborted (cancelled, engine destroyed),
-  // NotFound (unknown endpoint).
+  // failed: Unavailable (peer gone, endpoint failed), Aborted (cancelled, engine destroyed,
+  // `deadline` passed), NotFound (unknown endpoint). A send still outstanding at `deadline` is
+  // cancelled as by Cancel (its endpoint is force-closed), so a receiver that never takes it
+  // cannot hold `data` for longer.
   UcxOpId SendTagged(UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
-                     std::function<void(Status)> done);
+                     std::function<void(Status)> done,
+                     std::chrono::steady_clock::time_point deadline =
+                         std::chrono::steady_clock::time_point::max());
 
   // Receives the next message tagged exactly `tag` from any peer into `data`. A message sent
   // before this call waits in UCX's unexpected queue and is matched here. `done` gets the

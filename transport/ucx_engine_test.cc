@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace kvpool::transport {
@@ -332,6 +333,24 @@ TEST_F(UcxEngineTest, LargeSendNobodyReceivesMeetsItsDeadlineAndBreaksTheEndpoin
   ASSERT_TRUE(a_->SendTaggedSync(*ep, 79, &x, 1, Clock::now() + seconds(10)).ok());
   uint8_t y = 0;
   ASSERT_TRUE(b_->ReceiveTaggedSync(79, &y, 1, Clock::now() + seconds(10)).ok());
+}
+
+TEST_F(UcxEngineTest, AnAsynchronousSendNobodyReceivesEndsAtItsDeadlineByItself) {
+  // A daemon's UCX send of a block holds its lease until the send ends: with a deadline it ends
+  // even if nobody ever cancels it (issue 12, hole 5: an idle connection's send never did).
+  std::vector<uint8_t> src(16u << 20, 1);
+  absl::Notification done;
+  Status result;
+  a_->SendTagged(
+      a_to_b_, 91, src.data(), src.size(),
+      [&](Status st) {
+        result = st;
+        done.Notify();
+      },
+      Clock::now() + milliseconds(300));
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "the send outlived its deadline";
+  EXPECT_EQ(result.code(), StatusCode::kAborted) << result.ToString();
 }
 
 TEST_F(UcxEngineTest, UnknownEndpointIsNotFound) {
