@@ -581,6 +581,27 @@ Result<LookupResult> Client::Lookup(std::span<const BlockKey> chain, bool prefet
   });
 }
 
+Result<std::vector<Tier>> Client::Where(std::span<const BlockKey> keys) {
+  return impl_->Run([&]() -> Result<std::vector<Tier>> {
+    std::vector<Tier> out;
+    out.reserve(keys.size());
+    for (size_t start = 0; start < keys.size(); start += impl_->server_.max_batch_keys) {
+      const size_t end = std::min(keys.size(), start + impl_->server_.max_batch_keys);
+      wire::LookupRequest req;
+      PackKeys(keys.subspan(start, end - start), req.mutable_packed_keys());
+      req.set_each_key(true);
+      req.set_no_prefetch(true);
+      wire::LookupResponse resp;
+      KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::LOOKUP, req, &resp));
+      if (resp.tiers_size() != static_cast<int>(end - start)) {
+        return Status::Internal("kvpoold answered a per-key LOOKUP with the wrong count");
+      }
+      for (int t : resp.tiers()) out.push_back(FromWire(t));
+    }
+    return out;
+  });
+}
+
 namespace {
 
 // Decodes the `r.size` encoded bytes at `encoded` into `raw` (capacity bytes) by r.layout, with

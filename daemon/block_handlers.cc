@@ -126,6 +126,16 @@ Response BlockHandlers::Lookup(Connection& c, std::string_view body) {
   std::vector<BlockKey> keys;
   Status st = Parse(body, &req, "LOOKUP");
   if (st.ok()) st = DecodeKeysOf(req.keys(), req.packed_keys(), options_.max_batch_keys, &keys);
+  if (st.ok() && req.each_key()) {
+    uint32_t cached = 0;
+    for (Tier t : tiers_.Where(c.ns, keys)) {
+      resp.add_tiers(ToWire(t));
+      cached += t != Tier::kNone;
+    }
+    resp.set_hit_blocks(cached);
+    metrics_.Add(metrics_.lookups);
+    return Reply(wire::LOOKUP, resp, st);
+  }
   if (st.ok()) {
     tiers::LookupResult lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
     ClusterHooks* cluster = cluster_.Get();

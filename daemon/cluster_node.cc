@@ -447,7 +447,26 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
 }
 
 void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
-                             const std::vector<std::pair<BlockKey, BlockKey>>& blocks) {
+                             const std::vector<std::pair<BlockKey, BlockKey>>& all,
+                             bool offer_first) {
+  std::unique_ptr<Client> c = Checkout(address, ns_name);
+  if (c == nullptr) return;
+  std::vector<std::pair<BlockKey, BlockKey>> blocks;
+  if (offer_first) {
+    // Keys first: the peer is sent (and this node reads, from disk too) only what it lacks.
+    std::vector<BlockKey> offered;
+    for (const auto& [k, p] : all) offered.push_back(k);
+    Result<std::vector<Tier>> there = c->Where(offered);
+    if (!there.ok()) {
+      VLOG(1) << "replication to " << address << ": " << there.status().ToString();
+      return;
+    }
+    for (size_t k = 0; k < all.size(); ++k) {
+      if ((*there)[k] == Tier::kNone) blocks.push_back(all[k]);
+    }
+  } else {
+    blocks = all;
+  }
   std::vector<BlockKey> keys;
   for (const auto& [k, p] : blocks) keys.push_back(k);
   std::vector<tiers::BlockRead> reads = tiers_.Acquire(ns, keys, kClusterOwner);
@@ -464,9 +483,8 @@ void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
     }
     puts.push_back({keys[k], read.data, read.size, blocks[k].second, read.checksum});
   }
-  std::unique_ptr<Client> c = puts.empty() ? nullptr : Checkout(address, ns_name);
   // About kFetchChunkBytes per call, so each finishes within the per-request peer deadline.
-  bool ok = c != nullptr;
+  bool ok = true;
   for (size_t start = 0, end = 0; ok && start < puts.size(); start = end) {
     uint64_t bytes = 0;
     end = start;
@@ -525,6 +543,7 @@ void ClusterNode::Rereplicate() {
       Job job;
       job.ns = ns;
       job.ns_name = name;
+      job.offer_first = true;
       job.blocks.assign(list.begin() + start, list.begin() + std::min(list.size(), start + 1024));
       RunBlocks(job);
       pushed += job.blocks.size();
@@ -583,7 +602,7 @@ void ClusterNode::RunBlocks(const Job& job) {
     }
   }
   for (const auto& [node, blocks] : by_node)
-    PushBlocks(job.ns, job.ns_name, addresses[node], blocks);
+    PushBlocks(job.ns, job.ns_name, addresses[node], blocks, job.offer_first);
 }
 
 void ClusterNode::RunSession(const Job& job) {
@@ -606,7 +625,7 @@ void ClusterNode::RunSession(const Job& job) {
         chain.emplace_back(*k, parent);
         parent = *k;
       }
-      PushBlocks(job.ns, job.ns_name, it->second, chain);
+      PushBlocks(job.ns, job.ns_name, it->second, chain, /*offer_first=*/true);
     }
     std::unique_ptr<Client> c = Checkout(it->second, job.ns_name);
     if (c == nullptr) continue;

@@ -91,7 +91,10 @@ class ClusterNode final : public ClusterHooks {
     enum class Kind { kBlocks, kSaveSession, kDeleteSession } kind = Kind::kBlocks;
     NamespaceId ns = 0;
     std::string ns_name;
-    std::vector<std::pair<BlockKey, BlockKey>> blocks;   // key, parent
+    std::vector<std::pair<BlockKey, BlockKey>> blocks;  // key, parent
+    // Ask the peer which it lacks before reading and sending any (re-replication: peers hold
+    // most already). New puts skip the round trip: nobody has them yet.
+    bool offer_first = false;
     std::shared_ptr<const wire::SessionRecord> session;  // save
     std::string session_id;                              // delete
   };
@@ -103,7 +106,7 @@ class ClusterNode final : public ClusterHooks {
   void RunSession(const Job& job);
   // Copies `keys` (with parents) from the local tiers to the peer at `address`.
   void PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
-                  const std::vector<std::pair<BlockKey, BlockKey>>& blocks);
+                  const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);
 
   ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers);
   void JoinLoop();

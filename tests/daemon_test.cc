@@ -395,6 +395,26 @@ TEST(DaemonTest, APutWhoseBytesDoNotMatchTheChecksumGivenIsRefused) {
   EXPECT_EQ((*got)[1].bytes, good);
 }
 
+TEST(DaemonTest, WhereAnswersForEachKeyOnItsOwn) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  auto client = d.Connect();
+  const auto c = MakeChain(Tokens(3, 48), 3);
+  std::vector<std::vector<uint8_t>> bytes = {BlockBytes(1, 4000), BlockBytes(2, 4000)};
+  std::vector<std::span<const uint8_t>> spans(bytes.begin(), bytes.end());
+  ASSERT_OK(client->PutChain(std::span(c.keys).first(2), spans));
+  const BlockKey second = c.keys[1];
+  ASSERT_OK(client->Evict(Tier::kHost, {&second, 1}));  // on disk only now
+  // A missing key in the middle does not hide the one after it (Lookup would stop there).
+  const std::vector<BlockKey> asked = {c.keys[0], c.keys[2], c.keys[1]};
+  auto where = client->Where(asked);
+  ASSERT_OK(where);
+  EXPECT_EQ(*where, (std::vector<Tier>{Tier::kHost, Tier::kNone, Tier::kDisk}));
+  auto again = client->Where(asked);
+  ASSERT_OK(again);
+  EXPECT_EQ((*again)[2], Tier::kDisk) << "asking moves nothing";
+}
+
 TEST(DaemonTest, SessionSaveRequiresCachedBlocks) {
   DaemonProcess d;
   ASSERT_OK(d.Start());

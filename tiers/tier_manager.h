@@ -254,6 +254,8 @@ class TierManager {
   std::vector<CachedBlock> SnapshotCached() const;
   // Number of blocks of `chain` that are cached now.
   uint32_t CountCached(NamespaceId ns, std::span<const BlockKey> chain);
+  // The fastest tier holding each key now (kNone: not cached); moves nothing, touches nothing.
+  std::vector<Tier> Where(NamespaceId ns, std::span<const BlockKey> keys) const;
 
   // Admin eviction of a namespace's blocks (all when `keys` is empty) from host (demoting
   // what disk does not have) or from the whole cache (tier == kDisk). Tail first: a block with

@@ -291,6 +291,23 @@ std::vector<TierManager::CachedBlock> TierManager::SnapshotCached() const {
   return out;
 }
 
+std::vector<Tier> TierManager::Where(NamespaceId ns, std::span<const BlockKey> keys) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Tier> out;
+  out.reserve(keys.size());
+  for (const BlockKey& key : keys) {
+    const EntryId id = FindCachedLocked(ns, key);
+    if (id == kNoEntry) {
+      out.push_back(Tier::kNone);
+    } else {
+      const Entry& e = index_.at(id);
+      out.push_back(e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0 ? Tier::kHost
+                                                                        : Tier::kDisk);
+    }
+  }
+  return out;
+}
+
 uint32_t TierManager::CountCached(NamespaceId ns, std::span<const BlockKey> chain) {
   absl::MutexLock lock(&mu_);
   uint32_t n = 0;

@@ -275,6 +275,9 @@ class Client {
   // Longest cached prefix of `chain`. With `prefetch`, the daemon starts promoting the hits that
   // sit on disk toward host at once.
   Result<LookupResult> Lookup(std::span<const BlockKey> chain, bool prefetch = true);
+  // Where each key is cached on this daemon, each on its own (no prefix rule): Tier::kNone when
+  // it is not. Moves nothing and asks no other node.
+  Result<std::vector<Tier>> Where(std::span<const BlockKey> keys);
 
   // Reads blocks into the caller's buffers (one per key). The call fails only when the daemon
   // cannot be reached; per-block misses and errors are in the results. Every block's checksum is
