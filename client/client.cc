@@ -668,7 +668,9 @@ Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> ke
   for (size_t i = 0; i < keys.size(); ++i) {
     GetResult& r = results[i];
     if (r.status.ok() && r.encoding != 0 && options.decode) {
-      std::vector<uint8_t> raw(kvpool_kernel_raw_bytes(&r.layout));
+      // Sized from the layout only once it describes the bytes received (DecodeBlock checks).
+      const bool plausible = kvpool_kernel_encoded_bytes(&r.layout) == r.size;
+      std::vector<uint8_t> raw(plausible ? kvpool_kernel_raw_bytes(&r.layout) : 0);
       r.status = DecodeBlock(r, out[i].bytes.data(), raw.data(), raw.size());
       if (r.status.ok()) out[i].bytes = std::move(raw);
     }

@@ -200,10 +200,16 @@ Response BlockHandlers::Get(Connection& c, std::string_view body) {
       continue;
     }
     if (delivery.BoundedByFrame(ask) && payload + read.size > options_.limits.max_payload_bytes) {
-      // Past what one frame may carry: the client asks again for these.
-      info->set_code(static_cast<int32_t>(StatusCode::kResourceExhausted));
       tiers_.Release(read);
       read.owned.reset();
+      if (payload == 0) {
+        // Alone it does not fit a frame (a block put under a larger --host_segment_size): asking
+        // again would not help.
+        info->set_code(static_cast<int32_t>(StatusCode::kInvalidArgument));
+        continue;
+      }
+      // Past what one frame may carry: the client asks again for these.
+      info->set_code(static_cast<int32_t>(StatusCode::kResourceExhausted));
       continue;
     }
     info->set_code(0);

@@ -259,7 +259,11 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
         uint64_t bytes = 0, blocks = 0;
         for (size_t k = start; k < end; ++k) {
           const FetchedBlock& b = (*got)[k - start];
-          if (!b.status.ok()) continue;
+          if (!b.status.ok()) {
+            // Only a miss says the peer lacks it; an error there or on the way says nothing.
+            if (!b.status.IsNotFound()) inconclusive[indices[k]] = true;
+            continue;
+          }
           const size_t i = indices[k];
           found[i] = true;
           bytes += b.bytes.size();

@@ -207,7 +207,11 @@ void TierManager::Shutdown() {
     batch_bytes += e.size;
     if (batch_bytes >= options_.demotion_batch_bytes || i + 1 == host_only.size()) {
       Status st = WriteDownLocked(batch, /*drop_host=*/false, /*sync=*/false);
-      if (!st.ok()) {
+      if (st.code() == StatusCode::kResourceExhausted) {
+        // A namespace over its disk quota (or a full disk): the rest of the batch was written,
+        // and other namespaces' blocks may still fit.
+        LOG(WARNING) << "flush at shutdown: " << st.ToString();
+      } else if (!st.ok()) {
         LOG(ERROR) << "flush at shutdown: " << st.ToString();
         // Unmark what remains and stop: the disk refuses.
         for (size_t j = i + 1; j < host_only.size(); ++j) {

@@ -187,6 +187,17 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
     encodings.push_back(std::move(enc));
   }
   Status st = ReserveDiskLocked(total);
+  // Each namespace is charged at once (as the tier is, above), so that concurrent write-downs of
+  // one namespace see each other's bytes against its quota; a failed write gives them back.
+  auto charge = [&](bool add) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Entry& e = index_.at(ids[i]);
+      const uint64_t bytes = encodings[i] ? encodings[i]->encoded_bytes() : e.size;
+      uint64_t& used = disk_used_of_[e.ns];
+      used = add ? used + bytes : used - std::min(used, bytes);
+    }
+  };
+  if (st.ok()) charge(true);
   std::vector<DiskWrite> writes;
   if (st.ok()) {
     writes.reserve(ids.size());
@@ -209,6 +220,7 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
     --io_in_flight_;
     if (!st.ok()) {
       disk_used_ -= total;
+      charge(false);
       ++disk_write_errors_;
       LOG(ERROR) << "writing " << ids.size() << " blocks (" << FormatBytes(total)
                  << ") to disk: " << st.ToString();
@@ -222,7 +234,6 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
       e.disk_encoding = writes[i].meta.encoding;
       e.disk_size = e.disk_encoding != 0 ? static_cast<uint32_t>(writes[i].meta.stored_size) : 0;
       if (e.disk_encoding != 0) ++encoded_writes_;
-      disk_used_of_[e.ns] += e.disk_bytes();
       index_.AddCopy(id, Tier::kDisk);
       ++disk_blocks_;
     }
@@ -314,6 +325,13 @@ std::shared_ptr<TierManager::Promotion> TierManager::StartPromotionLocked(EntryI
                                                                           bool prefetch) {
   auto it = promotions_.find(id);
   if (it != promotions_.end()) return it->second;
+  if (stopping_) {
+    // The mover has stopped (or is stopping): nobody would run it, nor clear its busy flag.
+    auto p = std::make_shared<Promotion>();
+    p->done = true;
+    p->status = Status::Aborted("daemon shutting down");
+    return p;
+  }
   Entry& e = index_.at(id);
   e.busy |= kBusyPromoting;
   if (prefetch) {

@@ -362,6 +362,23 @@ TEST_F(TierManagerTest, ADiskQuotaDropsTheNamespacesOwnColdestDiskBlocks) {
   EXPECT_EQ(manager_->GetStats().blocks_lost, 0u);
 }
 
+TEST_F(TierManagerTest, TheShutdownFlushGoesOnPastANamespaceOverItsDiskQuota) {
+  options_.flush_on_shutdown = true;
+  options_.demotion_batch_bytes = 64 * kKiB;  // a batch per block
+  Open();
+  constexpr NamespaceId kOther = 2;
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, WithQuotas(0, 100 * kKiB)).ok());
+  ASSERT_TRUE(Put(KeyOf(1), 200 * kKiB).ok());  // alone larger than its namespace's quota
+  std::vector<BlockKey> others;
+  for (int i = 0; i < 3; ++i) {
+    others.push_back(KeyOf(100 + i));
+    ASSERT_TRUE(Put(others.back(), 100 * kKiB, {}, kOther).ok());
+  }
+  Reopen();  // shuts down (flushing host-only blocks) and recovers from disk
+  for (const BlockKey& k : others) ExpectServed(k, kOther);
+  ExpectMiss(KeyOf(1));
+}
+
 TEST_F(TierManagerTest, QuotasArePerNamespaceNotTheDefaults) {
   Open();
   EXPECT_EQ(manager_->SetDefaultPolicy(WithQuotas(kMiB, 0)).code(), StatusCode::kInvalidArgument);
