@@ -17,6 +17,7 @@
 #include "tests/support/temp_dir.h"
 #include "tiers/disk_tier.h"
 #include "tiers/rocks_store.h"
+#include "tiers/test_kv_blocks.h"
 
 namespace kvpool::tiers {
 namespace {
@@ -26,28 +27,6 @@ BlockKey KeyOf(uint64_t n) {
   std::mt19937_64 rng(n * 7919 + 3);
   for (auto& b : k.bytes) b = static_cast<uint8_t>(rng());
   return k;
-}
-
-// 2 layers, 2 KV heads of 64, 16 tokens, fp16: 16 KiB raw.
-kernels::BlockLayout SmallLayout() {
-  kernels::BlockLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.tokens = 16;
-  l.dtype = kernels::DType::kFloat16;
-  return l;
-}
-
-std::vector<uint8_t> KvBytes(size_t size, uint64_t seed) {
-  std::vector<uint8_t> out(size);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.5f);
-  for (size_t i = 0; i + 1 < out.size(); i += 2) {
-    const uint16_t h = kernels::FloatToHalf(normal(rng));
-    std::memcpy(out.data() + i, &h, 2);
-  }
-  return out;
 }
 
 class TierCopyTest : public ::testing::Test {
@@ -82,8 +61,8 @@ TEST_F(TierCopyTest, RawAndEncodedBlocksComeBackAsPutOrAsTheKernelsRoundTrip) {
   const kernels::BlockLayout raw = SmallLayout();
   Result<std::shared_ptr<const DemotionEncoding>> int8 = CreateDemotionEncoding("int8", raw);
   ASSERT_TRUE(int8.ok()) << int8.status().ToString();
-  const std::vector<uint8_t> a = KvBytes((*int8)->raw_bytes(), 1);
-  const std::vector<uint8_t> b = KvBytes((*int8)->raw_bytes(), 2);
+  const std::vector<uint8_t> a = KvBytes(raw, 1);
+  const std::vector<uint8_t> b = KvBytes(raw, 2);
   std::vector<DiskWrite> writes = {WriteOf(1, KeyOf(1), a), WriteOf(1, KeyOf(2), b)};
   const std::vector<const DemotionEncoding*> encodings = {nullptr, int8->get()};
   ASSERT_TRUE(WriteDown(*disk_, writes, encodings, /*sync=*/true).ok());
@@ -126,7 +105,7 @@ TEST_F(TierCopyTest, ACopyThatDoesNotMatchTheIndexIsRefused) {
   const kernels::BlockLayout raw = SmallLayout();
   Result<std::shared_ptr<const DemotionEncoding>> int8 = CreateDemotionEncoding("int8", raw);
   ASSERT_TRUE(int8.ok());
-  const std::vector<uint8_t> a = KvBytes((*int8)->raw_bytes(), 3);
+  const std::vector<uint8_t> a = KvBytes(raw, 3);
   std::vector<DiskWrite> writes = {WriteOf(1, KeyOf(3), a)};
   const std::vector<const DemotionEncoding*> encodings = {int8->get()};
   ASSERT_TRUE(WriteDown(*disk_, writes, encodings, true).ok());

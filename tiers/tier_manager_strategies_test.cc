@@ -12,6 +12,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/quantize.h"
+#include "tiers/test_kv_blocks.h"
 #include "tiers/tier_manager_test_fixture.h"
 
 namespace kvpool::tiers {
@@ -138,29 +139,6 @@ TEST_F(TierManagerTest, ChangingTheEvictionOrderKeepsEveryBlock) {
   bad.eviction = "arc";
   EXPECT_EQ(manager_->SetNamespacePolicy(kNs, bad).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(manager_->PolicyOf(kNs).eviction, "lru") << "a refused change changes nothing";
-}
-
-// A small model's block: 2 layers, 2 KV heads of 64, 16 tokens, fp16 (16 KiB raw).
-kernels::BlockLayout SmallLayout() {
-  kernels::BlockLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.tokens = 16;
-  l.dtype = kernels::DType::kFloat16;
-  return l;
-}
-
-// fp16 values like a KV cache's (roughly normal), from a seed.
-std::vector<uint8_t> KvBytes(const kernels::BlockLayout& l, uint64_t seed) {
-  std::vector<uint8_t> out(kernels::RawBytes(l));
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.5f);
-  for (size_t i = 0; i + 1 < out.size(); i += 2) {
-    const uint16_t h = kernels::FloatToHalf(normal(rng));
-    std::memcpy(out.data() + i, &h, 2);
-  }
-  return out;
 }
 
 TEST_F(TierManagerTest, EncodingOnDemotionStoresFewerBytesAndServesTheDecodedBlock) {
