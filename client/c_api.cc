@@ -160,15 +160,19 @@ int kvpool_locate(kvpool_client* c, const kvpool_key* keys, size_t n, kvpool_nod
   });
 }
 
-int kvpool_get(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buffers,
-               const size_t* capacities, size_t* sizes, int* codes) {
+namespace {
+
+// kvpool_get and kvpool_get_device: every buffer in `memory`.
+int GetInto(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buffers,
+            const size_t* capacities, size_t* sizes, int* codes, kvpool::Memory memory,
+            void* cuda_stream) {
   if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
   KVPOOL_C_REQUIRE(n == 0 || (keys && buffers && capacities && sizes && codes), c,
                    "kvpool_get: every array argument is required");
   return Guard(c, [&] {
     std::vector<kvpool::MutableBuffer> bufs(n);
-    for (size_t i = 0; i < n; ++i) bufs[i] = {buffers[i], capacities[i]};
-    auto r = c->client->Get(Keys(keys, n), bufs);
+    for (size_t i = 0; i < n; ++i) bufs[i] = {buffers[i], capacities[i], memory};
+    auto r = c->client->Get(Keys(keys, n), bufs, {.cuda_stream = cuda_stream});
     if (!r.ok()) return Fail(c, r.status());
     for (size_t i = 0; i < n; ++i) {
       sizes[i] = (*r)[i].size;
@@ -178,9 +182,10 @@ int kvpool_get(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* 
   });
 }
 
-int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const void* const* data,
-                     const size_t* sizes, const kvpool_key* parent, uint32_t* stored,
-                     uint32_t* present) {
+// kvpool_put_chain and kvpool_put_chain_device: every block in `memory`.
+int PutChainFrom(kvpool_client* c, const kvpool_key* keys, size_t n, const void* const* data,
+                 const size_t* sizes, const kvpool_key* parent, uint32_t* stored,
+                 uint32_t* present, kvpool::Memory memory, void* cuda_stream) {
   if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
   KVPOOL_C_REQUIRE(n == 0 || (keys && data && sizes), c,
                    "kvpool_put_chain: keys, data and sizes are required");
@@ -190,9 +195,9 @@ int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const v
     kvpool::BlockKey p;
     if (parent != nullptr) std::memcpy(p.bytes.data(), parent->bytes, 32);
     for (size_t i = 0; i < n; ++i) {
-      blocks[i] = {k[i], data[i], sizes[i], i == 0 ? p : k[i - 1], std::nullopt};
+      blocks[i] = {k[i], data[i], sizes[i], i == 0 ? p : k[i - 1], std::nullopt, memory};
     }
-    auto r = c->client->Put(blocks);
+    auto r = c->client->Put(blocks, {.cuda_stream = cuda_stream});
     if (!r.ok()) return Fail(c, r.status());
     if (stored) *stored = r->stored;
     if (present) *present = r->already_present + r->in_progress;
@@ -201,6 +206,34 @@ int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const v
     }
     return Ok(c);
   });
+}
+
+}  // namespace
+
+int kvpool_get(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buffers,
+               const size_t* capacities, size_t* sizes, int* codes) {
+  return GetInto(c, keys, n, buffers, capacities, sizes, codes, kvpool::Memory::kHost, nullptr);
+}
+
+int kvpool_get_device(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buffers,
+                      const size_t* capacities, void* cuda_stream, size_t* sizes, int* codes) {
+  return GetInto(c, keys, n, buffers, capacities, sizes, codes, kvpool::Memory::kCuda,
+                 cuda_stream);
+}
+
+int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const void* const* data,
+                     const size_t* sizes, const kvpool_key* parent, uint32_t* stored,
+                     uint32_t* present) {
+  return PutChainFrom(c, keys, n, data, sizes, parent, stored, present, kvpool::Memory::kHost,
+                      nullptr);
+}
+
+int kvpool_put_chain_device(kvpool_client* c, const kvpool_key* keys, size_t n,
+                            const void* const* data, const size_t* sizes,
+                            const kvpool_key* parent, void* cuda_stream, uint32_t* stored,
+                            uint32_t* present) {
+  return PutChainFrom(c, keys, n, data, sizes, parent, stored, present, kvpool::Memory::kCuda,
+                      cuda_stream);
 }
 
 int kvpool_prefetch(kvpool_client* c, const kvpool_key* keys, size_t n, uint32_t* started) {

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "client/control_connection.h"
+#include "client/device_buffers.h"
 #include "client/segment_mappings.h"
 #include "client/ucx_data_path.h"
 #include "common/checksum.h"
@@ -22,6 +23,8 @@ namespace kvpool {
 
 using client::ControlConnection;
 using client::FromWire;
+using client::GetStaging;
+using client::StageToHost;
 using client::SegmentMappings;
 using client::UcxDataPath;
 using transport::Deadline;
@@ -150,6 +153,17 @@ class Client::Impl {
   // Where block i (of `size` bytes) goes: the caller's buffer, or one allocated on the spot.
   using BufferFor = std::function<MutableBuffer(size_t index, uint64_t size)>;
 
+  // The engine device buffers are copied with: the CUDA runtime's unless a test gave one.
+  Result<kernels::DeviceCopyEngine*> DeviceEngine() {
+    if (device_engine_ == nullptr) {
+      KVPOOL_ASSIGN_OR_RETURN(device_engine_, kernels::CudaCopyEngine());
+    }
+    return device_engine_;
+  }
+  static void UseCopyEngine(Client& client, kernels::DeviceCopyEngine* engine) {
+    client.impl_->device_engine_ = engine;
+  }
+
   struct InPlace {
     size_t index;
     uint32_t segment;
@@ -162,10 +176,11 @@ class Client::Impl {
   };
 
   // Copies leased blocks from the shared segments into the caller's buffers, verifying each
-  // one's checksum on the way, then releases the leases (no round trip).
+  // one's checksum on the way, then releases the leases (no round trip). A device buffer gets
+  // its block by one host-to-device copy from the mapping, verified while the copies run.
   Status CopyInPlace(std::span<const BlockKey> keys, const BufferFor& buffer_for,
                      const std::vector<InPlace>& blocks, std::vector<GetResult>& out,
-                     Deadline deadline) {
+                     GetStaging& staging, Deadline deadline) {
     std::vector<std::pair<uint32_t, uint32_t>> segs;
     for (const InPlace& b : blocks) segs.emplace_back(b.segment, b.generation);
     Result<std::vector<Status>> mapped =
@@ -178,6 +193,7 @@ class Client::Impl {
       }
       return mapped.status();
     }
+    std::vector<size_t> to_device;  // indices into `blocks` whose copy is queued
     for (size_t k = 0; k < blocks.size(); ++k) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];
@@ -191,6 +207,12 @@ class Client::Impl {
                                            " bytes is too small for the " + std::to_string(b.size) +
                                            "-byte block");
         r.size = b.size;
+      } else if (buf.memory == Memory::kCuda) {
+        const uint8_t* src = mappings_.ReadBase(b.segment) + b.offset;
+        r.status = staging.engine()->CopyAsync(buf.data, src, b.size,
+                                               kernels::CopyDirection::kHostToDevice,
+                                               staging.stream());
+        if (r.status.ok()) to_device.push_back(k);
       } else {
         const uint8_t* src = mappings_.ReadBase(b.segment) + b.offset;
         if (CopyWithChecksum(buf.data, src, b.size) != b.checksum) {
@@ -203,7 +225,31 @@ class Client::Impl {
         }
       }
     }
+    if (!to_device.empty()) FinishToDevice(keys, blocks, to_device, out, staging);
     return connection_.SendOnly(wire::RELEASE, release, deadline);
+  }
+
+  // The leased sources of the queued device copies are hashed while the copies run (the lease
+  // keeps them unchanged until the release); then waits for the copies.
+  void FinishToDevice(std::span<const BlockKey> keys, const std::vector<InPlace>& blocks,
+                      const std::vector<size_t>& to_device, std::vector<GetResult>& out,
+                      GetStaging& staging) {
+    for (size_t k : to_device) {
+      const InPlace& b = blocks[k];
+      GetResult& r = out[b.index];
+      if (BlockChecksum(mappings_.ReadBase(b.segment) + b.offset, b.size) != b.checksum) {
+        r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
+                                      " changed while being read (lease expired?)");
+      } else {
+        r.size = b.size;
+        r.tier = b.tier;
+      }
+    }
+    const Status done = staging.engine()->Wait(staging.stream());
+    for (size_t k : to_device) {
+      GetResult& r = out[blocks[k].index];
+      if (!done.ok()) r.status = done.WithContext("copying to the device");
+    }
   }
 
   // Counts a PUT_COMMIT's per-block results into `result`; blocks[j] is the caller's index of
@@ -290,8 +336,12 @@ class Client::Impl {
     return TallyCommit(cresp, indices, result);
   }
 
+  // `staging` takes the blocks meant for device buffers that do not come through shared memory.
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for,
-                                     bool accept_encoded) {
+                                     bool accept_encoded, GetStaging& staging) {
+    const BufferFor host_buffer_for = [&](size_t i, uint64_t size) {
+      return staging.HostTarget(i, buffer_for(i, size));
+    };
     std::vector<GetResult> out(keys.size());
     std::vector<size_t> todo(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
@@ -364,7 +414,7 @@ class Client::Impl {
             connection_.Close();
             return Status::Internal("GET response payload shorter than its block list");
           }
-          const MutableBuffer buf = buffer_for(i, size);
+          const MutableBuffer buf = host_buffer_for(i, size);
           if (buf.data == nullptr || buf.capacity < size) {
             KVPOOL_RETURN_IF_ERROR(connection_.DiscardPayload(size, deadline));
             r.status = Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
@@ -388,8 +438,10 @@ class Client::Impl {
           return Status::Internal("GET response payload longer than its block list");
         }
         if (!in_place.empty())
-          KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffer_for, in_place, out, deadline));
-        if (!over_ucx.empty()) ReceiveOverUcx(keys, buffer_for, tag_base, over_ucx, out, deadline);
+          KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffer_for, in_place, out, staging, deadline));
+        if (!over_ucx.empty()) {
+          ReceiveOverUcx(keys, host_buffer_for, tag_base, over_ucx, out, deadline);
+        }
       }
       if (deferred.size() == todo.size()) {
         return Status::Internal("kvpoold deferred every block of a GET");
@@ -399,7 +451,16 @@ class Client::Impl {
     return out;
   }
 
-  Result<PutResult> Put(std::span<const PutBlock> blocks) {
+  // `device`: the engine for the blocks in device memory (nullptr when there are none).
+  Result<PutResult> Put(std::span<const PutBlock> blocks, kernels::DeviceCopyEngine* device,
+                        void* stream) {
+    if (device != nullptr && !server_.shared_memory) {
+      // Only the shared-memory path copies device memory into its slot directly.
+      std::vector<std::vector<uint8_t>> storage;
+      KVPOOL_ASSIGN_OR_RETURN(std::vector<PutBlock> host,
+                              StageToHost(*device, stream, blocks, storage));
+      return Put(host, nullptr, nullptr);
+    }
     PutResult result;
     result.errors.assign(blocks.size(), Status::OK());
     std::vector<uint64_t> checksums(blocks.size());
@@ -464,7 +525,7 @@ class Client::Impl {
         }
       }
       if (server_.shared_memory && !reserved.empty()) {
-        KVPOOL_RETURN_IF_ERROR(CommitInPlace(blocks, reserved, slots, result));
+        KVPOOL_RETURN_IF_ERROR(CommitInPlace(blocks, reserved, slots, result, device, stream));
         continue;
       }
       if (server_.ucx && !reserved.empty()) {
@@ -498,10 +559,12 @@ class Client::Impl {
   }
 
   // Writes reserved blocks straight into their slots through writable mappings of this
-  // namespace's segments, then commits them; the daemon verifies each checksum.
+  // namespace's segments, then commits them; the daemon verifies each checksum. A block in device
+  // memory is copied into its slot on `stream` by `device` and hashed once the copies are done.
   Status CommitInPlace(std::span<const PutBlock> blocks,
                        const std::vector<std::pair<size_t, uint64_t>>& reserved,
-                       const std::vector<wire::SegmentSlot>& slots, PutResult& result) {
+                       const std::vector<wire::SegmentSlot>& slots, PutResult& result,
+                       kernels::DeviceCopyEngine* device, void* stream) {
     const Deadline deadline = connection_.NewDeadline();
     std::vector<std::pair<uint32_t, uint32_t>> segs;
     for (const wire::SegmentSlot& s : slots) segs.emplace_back(s.segment(), s.generation());
@@ -512,22 +575,49 @@ class Client::Impl {
     commit.set_in_place(true);
     wire::PutAbortRequest abort;
     std::vector<size_t> in_frame;
-    for (size_t k = 0; k < reserved.size(); ++k) {
+    const auto fail = [&](size_t k, Status why) {
+      result.errors[reserved[k].first] = std::move(why);
+      abort.add_reservation_ids(reserved[k].second);
+    };
+    const auto add = [&](size_t k, uint64_t copied) {
       const PutBlock& b = blocks[reserved[k].first];
-      if (!mapped[k].ok() || slots[k].offset() + b.size > mappings_.segment_bytes()) {
-        result.errors[reserved[k].first] =
-            mapped[k].ok() ? Status::Internal("reserved slot outside its segment") : mapped[k];
-        abort.add_reservation_ids(reserved[k].second);
-        continue;
-      }
-      // One pass: copy into the slot and hash what was copied (the daemon verifies it again,
-      // against the caller's checksum when it gave one).
-      const uint64_t copied = CopyWithChecksum(
-          mappings_.WriteBase(slots[k].segment()) + slots[k].offset(), b.data, b.size);
       commit.add_checksums(b.checksum.value_or(copied));
       commit.add_reservation_ids(reserved[k].second);
       commit.add_sizes(b.size);
       in_frame.push_back(reserved[k].first);
+    };
+    std::vector<size_t> from_device;  // indices into `reserved` whose copy is queued
+    for (size_t k = 0; k < reserved.size(); ++k) {
+      const PutBlock& b = blocks[reserved[k].first];
+      if (!mapped[k].ok() || slots[k].offset() + b.size > mappings_.segment_bytes()) {
+        fail(k, mapped[k].ok() ? Status::Internal("reserved slot outside its segment") : mapped[k]);
+        continue;
+      }
+      uint8_t* slot = mappings_.WriteBase(slots[k].segment()) + slots[k].offset();
+      if (b.memory == Memory::kCuda) {
+        Status st =
+            device->CopyAsync(slot, b.data, b.size, kernels::CopyDirection::kDeviceToHost, stream);
+        if (st.ok()) {
+          from_device.push_back(k);
+        } else {
+          fail(k, std::move(st));
+        }
+        continue;
+      }
+      // One pass: copy into the slot and hash what was copied (the daemon verifies it again,
+      // against the caller's checksum when it gave one).
+      add(k, CopyWithChecksum(slot, b.data, b.size));
+    }
+    if (!from_device.empty()) {
+      const Status done = device->Wait(stream);
+      for (size_t k : from_device) {
+        if (!done.ok()) {
+          fail(k, done.WithContext("copying from the device"));
+          continue;
+        }
+        const PutBlock& b = blocks[reserved[k].first];
+        add(k, BlockChecksum(mappings_.WriteBase(slots[k].segment()) + slots[k].offset(), b.size));
+      }
     }
     if (abort.reservation_ids_size() > 0) {
       wire::PutAbortResponse aresp;
@@ -547,6 +637,7 @@ class Client::Impl {
   UcxDataPath ucx_;  // its engine is created at the first hello that wants UCX
   ControlConnection connection_;
   DaemonSegments segment_source_{connection_};
+  kernels::DeviceCopyEngine* device_engine_ = nullptr;  // set at the first device buffer
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -557,6 +648,12 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   KVPOOL_RETURN_IF_ERROR(impl->Connect());
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
+
+namespace client {
+void UseCopyEngineForTest(Client& client, kernels::DeviceCopyEngine* engine) {
+  Client::Impl::UseCopyEngine(client, engine);
+}
+}  // namespace client
 
 Status Client::Reconnect() { return impl_->Connect(); }
 const ServerInfo& Client::server() const { return impl_->server_; }
@@ -640,18 +737,32 @@ Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
   if (buffers.size() != keys.size()) {
     return Status::InvalidArgument("Get needs one buffer per key");
   }
+  kernels::DeviceCopyEngine* device = nullptr;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].memory != Memory::kCuda) continue;
+    if (device == nullptr) {
+      KVPOOL_ASSIGN_OR_RETURN(device, impl_->DeviceEngine());
+    }
+    KVPOOL_RETURN_IF_ERROR(
+        client::CheckDeviceRange(*device, buffers[i].data, buffers[i].capacity,
+                                 "buffer " + std::to_string(i) + " (Memory::kCuda)"));
+  }
+  client::GetStaging staging(device, options.cuda_stream);
   const Impl::BufferFor caller = [&](size_t i, uint64_t) { return buffers[i]; };
   KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> out, impl_->Run([&] {
-    return impl_->Get(keys, caller, options.accept_encoded);
+    return impl_->Get(keys, caller, options.accept_encoded, staging);
   }));
   if (options.decode) {
     for (size_t i = 0; i < out.size(); ++i) {
       GetResult& r = out[i];
       if (!r.status.ok() || r.encoding == 0) continue;
-      uint8_t* buf = static_cast<uint8_t*>(buffers[i].data);
+      // An encoded block never comes through shared memory: a device target's bytes are staged.
+      uint8_t* staged = staging.Staged(i);
+      uint8_t* buf = staged != nullptr ? staged : static_cast<uint8_t*>(buffers[i].data);
       r.status = DecodeBlock(r, buf, buf, buffers[i].capacity);
     }
   }
+  staging.Finish(buffers, out);
   return out;
 }
 
@@ -662,8 +773,9 @@ Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> ke
     out[i].bytes.resize(size);
     return MutableBuffer{out[i].bytes.data(), out[i].bytes.size()};
   };
+  client::GetStaging no_device(nullptr, nullptr);  // the library's buffers are host memory
   KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> results, impl_->Run([&] {
-    return impl_->Get(keys, allocate, options.accept_encoded);
+    return impl_->Get(keys, allocate, options.accept_encoded, no_device);
   }));
   for (size_t i = 0; i < keys.size(); ++i) {
     GetResult& r = results[i];
@@ -684,8 +796,18 @@ Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> ke
   return out;
 }
 
-Result<PutResult> Client::Put(std::span<const PutBlock> blocks) {
-  return impl_->Run([&] { return impl_->Put(blocks); });
+Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions& options) {
+  kernels::DeviceCopyEngine* device = nullptr;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i].memory != Memory::kCuda) continue;
+    if (device == nullptr) {
+      KVPOOL_ASSIGN_OR_RETURN(device, impl_->DeviceEngine());
+    }
+    KVPOOL_RETURN_IF_ERROR(
+        client::CheckDeviceRange(*device, blocks[i].data, blocks[i].size,
+                                 "block " + std::to_string(i) + " (Memory::kCuda)"));
+  }
+  return impl_->Run([&] { return impl_->Put(blocks, device, options.cuda_stream); });
 }
 
 Result<PutResult> Client::PutChain(std::span<const BlockKey> keys,

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/compress.h"
+#include "kernels/device_copy.h"
 #include "kernels/paged_copy.h"
 #include "kernels/pinned_memory.h"
 #include "kernels/quantize.h"
@@ -46,6 +47,7 @@ Status CompactKvCuda(const AttentionShape&, const int*, const int32_t*, const vo
 bool CudaDeviceAvailable() { return false; }
 Status RegisterHostMemory(void*, size_t, bool) { return NoCuda("RegisterHostMemory"); }
 void UnregisterHostMemory(void*) {}
+Result<DeviceCopyEngine*> CudaCopyEngine() { return NoCuda("CudaCopyEngine"); }
 
 }  // namespace kernels
 }  // namespace kvpool

@@ -82,10 +82,21 @@ struct LookupResult {
   std::vector<Tier> tiers;  // fastest tier of each hit block
 };
 
+// Where caller memory is.
+enum class Memory : uint8_t {
+  kHost = 0,  // host memory of any kind (pageable, pinned, mapped)
+  kCuda = 1,  // CUDA device memory (cudaMalloc'd, e.g. a torch CUDA tensor's storage)
+};
+
 // Caller memory a block is read into.
 struct MutableBuffer {
   void* data = nullptr;
   size_t capacity = 0;
+  // kCuda: `data` is device memory. A block in the same-node shared-memory arena is copied
+  // there by one host-to-device cudaMemcpyAsync from the pinned mapping, on
+  // GetOptions::cuda_stream; a block that comes another way (socket, UCX, decoded) passes
+  // through a host buffer first.
+  Memory memory = Memory::kHost;
 };
 
 struct GetResult {
@@ -122,6 +133,10 @@ struct GetOptions {
   // in its dtype as always; false: hand the caller the encoded bytes and their layout
   // (GetResult::encoding) to decode where it likes, e.g. on the GPU after the copy.
   bool decode = true;
+  // The cudaStream_t the copies into Memory::kCuda buffers are queued on (nullptr: the legacy
+  // default stream). They run after the work queued there before the call, and Get returns once
+  // they are done.
+  void* cuda_stream = nullptr;
 };
 
 struct PutBlock {
@@ -133,6 +148,17 @@ struct PutBlock {
   // another store: the daemon then checks the bytes it receives against it, so damage at the
   // source or on the way is refused (Corruption) instead of stored under a fresh hash.
   std::optional<uint64_t> checksum;
+  // kCuda: `data` is device memory. On the same-node shared-memory path the block is copied
+  // straight into its reserved slot of the host arena by one device-to-host cudaMemcpyAsync on
+  // PutOptions::cuda_stream; other paths copy it to a host buffer first.
+  Memory memory = Memory::kHost;
+};
+
+struct PutOptions {
+  // The cudaStream_t the copies out of Memory::kCuda blocks are queued on (nullptr: the legacy
+  // default stream): after the work queued there before the call, e.g. the kernel that wrote
+  // the block. Put returns once they are done.
+  void* cuda_stream = nullptr;
 };
 
 struct PutResult {
@@ -282,6 +308,8 @@ class Client {
   // Reads blocks into the caller's buffers (one per key). The call fails only when the daemon
   // cannot be reached; per-block misses and errors are in the results. Every block's checksum is
   // verified on receipt; a block that fails is reported as Corruption, never returned.
+  // Buffers may be device memory (MutableBuffer::memory); InvalidArgument, before anything is
+  // asked of the daemon, when one that says so is not, and Unavailable without CUDA.
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
                                      std::span<const MutableBuffer> buffers,
                                      const GetOptions& options = {});
@@ -291,7 +319,7 @@ class Client {
                                               const GetOptions& options = {});
 
   // Stores blocks, put-if-absent: a block already cached costs no payload transfer.
-  Result<PutResult> Put(std::span<const PutBlock> blocks);
+  Result<PutResult> Put(std::span<const PutBlock> blocks, const PutOptions& options = {});
   // Convenience for a chain: keys[i]'s bytes are blocks[i]; parents follow the chain order
   // (the first block's parent is `parent`).
   Result<PutResult> PutChain(std::span<const BlockKey> keys,

@@ -339,17 +339,30 @@ class KvpoolConnector(KVConnectorBase_V1):
                  + torch.arange(self._block_size, dtype=torch.int64)[None, :]).flatten()
         return (slots // view_tokens).to(device), (slots % view_tokens).to(device)
 
+    def _staging(self, n: int) -> torch.Tensor:
+        """Room for n blocks [n, layers, 2, B, H, D] where the KV cache is: on a GPU the blocks
+        move between it and kvpool's shared memory by one copy each, with no host buffer."""
+        return torch.empty((n, self._layers, 2, self._block_size, self._kv_heads,
+                            self._head_dim), dtype=self._dtype, device=self._kv_caches[0].device)
+
+    @staticmethod
+    def _block_buffers(staging: torch.Tensor) -> list[Any]:
+        """Each staged block's bytes, as kvpool takes them (CUDA tensors by DLPack)."""
+        if staging.is_cuda:
+            return [staging[i].view(torch.uint8) for i in range(staging.shape[0])]
+        return [staging[i].view(torch.uint8).numpy() for i in range(staging.shape[0])]
+
     def _gather(self, block_ids: Sequence[int], out: torch.Tensor) -> None:
-        """Paged KV of block_ids -> out [n, layers, 2, B, H, D] (CPU)."""
+        """Paged KV of block_ids -> out [n, layers, 2, B, H, D] (on out's device)."""
         n, B, H, D = len(block_ids), self._block_size, self._kv_heads, self._head_dim
         for li, kv in enumerate(self._kv_caches):
             vb, off = self._slots(block_ids, kv.shape[2], kv.device)
-            x = kv[vb, :, off].to("cpu")                 # [n*B, H, 2D], by the view's strides
+            x = kv[vb, :, off].to(out.device)            # [n*B, H, 2D], by the view's strides
             out[:, li, 0].copy_(x[..., :D].reshape(n, B, H, D))
             out[:, li, 1].copy_(x[..., D:].reshape(n, B, H, D))
 
     def _scatter(self, block_ids: Sequence[int], src: torch.Tensor) -> None:
-        """src [n, layers, 2, B, H, D] (CPU) -> the paged KV of block_ids."""
+        """src [n, layers, 2, B, H, D] -> the paged KV of block_ids."""
         n, B, H, D = len(block_ids), self._block_size, self._kv_heads, self._head_dim
         for li, kv in enumerate(self._kv_caches):
             vb, off = self._slots(block_ids, kv.shape[2], kv.device)
@@ -370,11 +383,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         if self._disabled or not self._kv_caches or n <= 0:
             return 0
         keys = self._keys(span.token_ids)[span.first:span.end]
-        staging = torch.empty((n, self._layers, 2, self._block_size, self._kv_heads,
-                               self._head_dim), dtype=self._dtype)
+        staging = self._staging(n)
         try:
-            results = self._get_client().get_into(
-                keys, [staging[i].view(torch.uint8).numpy() for i in range(n)])
+            results = self._get_client().get_into(keys, self._block_buffers(staging))
         except Exception as e:  # noqa: BLE001 - a failed load is recomputed by vLLM
             self._failed("load", e)
             return 0
@@ -416,11 +427,9 @@ class KvpoolConnector(KVConnectorBase_V1):
             per_call = max(1, _PUT_CHUNK_BYTES // self.block_bytes)
             while i < span.end:
                 n = min(per_call, span.end - i)
-                staging = torch.empty((n, self._layers, 2, self._block_size, self._kv_heads,
-                                       self._head_dim), dtype=self._dtype)
+                staging = self._staging(n)
                 self._gather(span.block_ids[i - span.first:i - span.first + n], staging)
-                r = client.put(keys[i:i + n],
-                               [staging[j].view(torch.uint8).numpy() for j in range(n)],
+                r = client.put(keys[i:i + n], self._block_buffers(staging),
                                parent=keys[i - 1] if i else None)
                 stored += r.stored
                 if not r.all_ok():

@@ -134,6 +134,30 @@ nb::dict StatsDict(const DaemonStats& s) {
   return d;
 }
 
+// Where a buffer's memory is, for the client.
+Memory MemoryOf(const Buffer& b) {
+  return b.device() == Buffer::Device::kCuda ? Memory::kCuda : Memory::kHost;
+}
+
+// The cudaStream_t for copies into or out of `buffers`: `stream` as given (an int, or an object
+// with a `cuda_stream` attribute such as torch.cuda.Stream); None: torch's current stream of
+// the first CUDA buffer's device when torch is loaded, else the legacy default stream.
+void* CudaStream(nb::handle stream, const std::vector<Buffer>& buffers) {
+  if (!stream.is_none()) {
+    if (nb::hasattr(stream, "cuda_stream")) stream = stream.attr("cuda_stream");
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(stream));
+  }
+  for (const Buffer& b : buffers) {
+    if (b.device() != Buffer::Device::kCuda) continue;
+    nb::module_ sys = nb::module_::import_("sys");
+    if (!nb::cast<bool>(sys.attr("modules").attr("__contains__")("torch"))) return nullptr;
+    nb::object current = nb::module_::import_("torch").attr("cuda").attr("current_stream")(
+        b.device_id());
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(current.attr("cuda_stream")));
+  }
+  return nullptr;
+}
+
 class PyClient {
  public:
   PyClient(std::optional<std::string> address, const std::string& ns, double timeout,
@@ -212,16 +236,22 @@ class PyClient {
     return out;
   }
 
-  std::vector<PyGetResult> GetInto(nb::handle keys_obj, nb::handle buffers_obj) {
+  std::vector<PyGetResult> GetInto(nb::handle keys_obj, nb::handle buffers_obj,
+                                   nb::handle stream_obj) {
     std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
-    std::vector<Buffer> buffers = AcquireAll(buffers_obj, /*writable=*/true, false, "buffers");
+    std::vector<Buffer> buffers =
+        AcquireAll(buffers_obj, /*writable=*/true, /*allow_cuda=*/true, "buffers");
     if (buffers.size() != keys.size()) {
       RaiseInvalid("get_into: " + std::to_string(keys.size()) + " keys but " +
                    std::to_string(buffers.size()) + " buffers");
     }
     std::vector<MutableBuffer> mb(buffers.size());
-    for (size_t i = 0; i < buffers.size(); ++i) mb[i] = {buffers[i].data(), buffers[i].nbytes()};
-    std::vector<GetResult> r = Unwrap(Call([&](Client& c) { return c.Get(keys, mb); }));
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      mb[i] = {buffers[i].data(), buffers[i].nbytes(), MemoryOf(buffers[i])};
+    }
+    GetOptions options;
+    options.cuda_stream = CudaStream(stream_obj, buffers);
+    std::vector<GetResult> r = Unwrap(Call([&](Client& c) { return c.Get(keys, mb, options); }));
     std::vector<PyGetResult> out(r.size());
     for (size_t i = 0; i < r.size(); ++i) {
       out[i].ok = r[i].status.ok();
@@ -248,19 +278,27 @@ class PyClient {
     return out;
   }
 
-  PyPutResult Put(nb::handle keys_obj, nb::handle blocks_obj, nb::handle parent_obj) {
+  PyPutResult Put(nb::handle keys_obj, nb::handle blocks_obj, nb::handle parent_obj,
+                  nb::handle stream_obj) {
     std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
     const BlockKey parent = ToParent(parent_obj);
-    std::vector<Buffer> blocks = AcquireAll(blocks_obj, /*writable=*/false, false, "blocks");
+    std::vector<Buffer> blocks =
+        AcquireAll(blocks_obj, /*writable=*/false, /*allow_cuda=*/true, "blocks");
     if (blocks.size() != keys.size()) {
       RaiseInvalid("put: " + std::to_string(keys.size()) + " keys but " +
                    std::to_string(blocks.size()) + " blocks");
     }
-    std::vector<std::span<const uint8_t>> spans(blocks.size());
+    std::vector<PutBlock> puts(blocks.size());
     for (size_t i = 0; i < blocks.size(); ++i) {
-      spans[i] = {static_cast<const uint8_t*>(blocks[i].data()), blocks[i].nbytes()};
+      puts[i].key = keys[i];
+      puts[i].data = blocks[i].data();
+      puts[i].size = blocks[i].nbytes();
+      puts[i].parent = i == 0 ? parent : keys[i - 1];
+      puts[i].memory = MemoryOf(blocks[i]);
     }
-    PutResult r = Unwrap(Call([&](Client& c) { return c.PutChain(keys, spans, parent); }));
+    PutOptions options;
+    options.cuda_stream = CudaStream(stream_obj, blocks);
+    PutResult r = Unwrap(Call([&](Client& c) { return c.Put(puts, options); }));
     PyPutResult out;
     out.stored = r.stored;
     out.already_present = r.already_present;
@@ -516,16 +554,22 @@ void RegisterClient(nb::module_& m) {
            "Longest cached prefix of the chain `keys`. With prefetch, hits on disk start moving "
            "to host at once.")
       .def("get_into", &PyClient::GetInto, nb::arg("keys"), nb::arg("buffers"),
-           "Reads block i into buffers[i] (writable, C-contiguous host memory: numpy array, "
-           "torch CPU tensor, bytearray, memoryview), without an intermediate copy. Returns one "
-           "GetResult per key; raises only when the daemon cannot be reached.")
+           nb::arg("stream") = nb::none(),
+           "Reads block i into buffers[i] (writable, C-contiguous: numpy array, torch tensor on "
+           "the CPU or a CUDA device, bytearray, memoryview), without an intermediate copy. A "
+           "CUDA buffer gets its block by one host-to-device copy from the daemon's shared "
+           "memory, on `stream` (a torch.cuda.Stream, a cudaStream_t as int, or None: torch's "
+           "current stream of that device), done when the call returns. Returns one GetResult "
+           "per key; raises only when the daemon cannot be reached.")
       .def("get", &PyClient::Get, nb::arg("keys"),
            "Each block as new bytes; None for a miss (or a block that failed its checksum).")
       .def("put", &PyClient::Put, nb::arg("keys"), nb::arg("blocks"),
-           nb::arg("parent") = nb::none(),
-           "Put-if-absent of a chain: blocks[i] (any buffer, read-only ones included, taken "
-           "without a copy) holds keys[i]'s bytes; parents follow chain order, the first "
-           "block's is `parent`. Per-block errors are in PutResult.errors.")
+           nb::arg("parent") = nb::none(), nb::arg("stream") = nb::none(),
+           "Put-if-absent of a chain: blocks[i] (any buffer, read-only ones included, or a CUDA "
+           "tensor, taken without a copy) holds keys[i]'s bytes; parents follow chain order, "
+           "the first block's is `parent`. A CUDA block is copied device-to-host straight into "
+           "the daemon's shared memory on `stream` (as in get_into). Per-block errors are in "
+           "PutResult.errors.")
       .def("prefetch", &PyClient::Prefetch, nb::arg("keys"),
            "Hint: promote these toward host. Returns how many promotions started.")
       .def("save_session", &PyClient::SaveSession, nb::arg("session_id"), nb::arg("keys"),

@@ -1,0 +1,47 @@
+#pragma once
+// DeviceCopyEngine: how block bytes move between host memory and CUDA device memory, on a
+// caller's stream. The client copies a block between its shared-memory mapping of the daemon's
+// host arena (pinned: registered with CUDA, kernels/pinned_memory.h) and an engine's device
+// buffer with one copy each way, never through a private host buffer.
+//
+// CudaCopyEngine() is the CUDA runtime's (cudaMemcpyAsync, events). Tests that have no GPU use a
+// test double with the same contract (tests/support/fake_device.h); it is never a shipped path.
+//
+// Thread safety: an engine's methods may be called from any thread; copies on one stream run
+// in the order they were enqueued.
+
+#include <cstddef>
+
+#include "common/status.h"
+
+namespace kvpool::kernels {
+
+enum class CopyDirection : uint8_t {
+  kHostToDevice = 1,
+  kDeviceToHost = 2,
+};
+
+class DeviceCopyEngine {
+ public:
+  virtual ~DeviceCopyEngine() = default;
+
+  // The device `ptr` points into. InvalidArgument when it is not device memory (host memory,
+  // managed memory, or no allocation at all), so a host pointer handed in as a device buffer
+  // gets a clear error instead of a copy to the wrong place.
+  virtual Result<int> DeviceOf(const void* ptr) const = 0;
+  // Enqueues a copy of `bytes` on `stream` (a cudaStream_t; nullptr: the legacy default stream)
+  // and returns at once. The host side should be pinned for the copy to run at full speed and
+  // to overlap the caller's work; it must stay valid until Wait returns.
+  virtual Status CopyAsync(void* dst, const void* src, size_t bytes, CopyDirection direction,
+                           void* stream) = 0;
+  // Waits until the work enqueued on `stream` so far is done (an event recorded after it), so
+  // only the calling thread blocks; the device's other streams run on. Internal with CUDA's
+  // reason when a copy failed.
+  virtual Status Wait(void* stream) = 0;
+};
+
+// The CUDA runtime's engine, one per process. Unavailable without a usable device; Unimplemented
+// in a build without CUDA.
+Result<DeviceCopyEngine*> CudaCopyEngine();
+
+}  // namespace kvpool::kernels

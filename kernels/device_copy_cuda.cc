@@ -1,0 +1,62 @@
+// CUDA build of kernels/device_copy.h: cudaMemcpyAsync on the caller's stream, and an event
+// per Wait.
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kernels/cuda_check.h"
+#include "kernels/device_copy.h"
+#include "kernels/pinned_memory.h"
+
+namespace kvpool::kernels {
+namespace {
+
+class CudaEngine final : public DeviceCopyEngine {
+ public:
+  Result<int> DeviceOf(const void* ptr) const override {
+    cudaPointerAttributes attrs{};
+    const cudaError_t err = cudaPointerGetAttributes(&attrs, ptr);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return Status::InvalidArgument(std::string("not a CUDA pointer: ") + cudaGetErrorString(err));
+    }
+    if (attrs.type != cudaMemoryTypeDevice) {
+      return Status::InvalidArgument(
+          attrs.type == cudaMemoryTypeManaged
+              ? "managed memory is not a device buffer (kvpool copies to device memory only)"
+              : "host memory passed as a device buffer");
+    }
+    return attrs.device;
+  }
+
+  Status CopyAsync(void* dst, const void* src, size_t bytes, CopyDirection direction,
+                   void* stream) override {
+    const cudaMemcpyKind kind = direction == CopyDirection::kHostToDevice
+                                    ? cudaMemcpyHostToDevice
+                                    : cudaMemcpyDeviceToHost;
+    KVPOOL_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream)));
+    return Status::OK();
+  }
+
+  Status Wait(void* stream) override {
+    cudaEvent_t done = nullptr;
+    KVPOOL_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cudaError_t err = cudaEventRecord(done, static_cast<cudaStream_t>(stream));
+    if (err == cudaSuccess) err = cudaEventSynchronize(done);
+    cudaEventDestroy(done);
+    KVPOOL_CUDA_CHECK(err);
+    return Status::OK();
+  }
+};
+
+}  // namespace
+
+Result<DeviceCopyEngine*> CudaCopyEngine() {
+  if (!CudaDeviceAvailable()) return Status::Unavailable("no usable CUDA device in this process");
+  static CudaEngine* engine = new CudaEngine();  // never destroyed: used until exit
+  return static_cast<DeviceCopyEngine*>(engine);
+}
+
+}  // namespace kvpool::kernels

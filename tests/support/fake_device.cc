@@ -1,0 +1,137 @@
+#include "tests/support/fake_device.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace kvpool::testing {
+namespace {
+
+[[noreturn]] void Die(const char* what) {
+  std::perror(what);
+  std::abort();
+}
+
+}  // namespace
+
+FakeDevice::~FakeDevice() {
+  for (auto& [addr, a] : allocations_) {
+    munmap(a.device, a.bytes);
+    munmap(a.view, a.bytes);
+  }
+}
+
+void* FakeDevice::Alloc(size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t rounded = (bytes + page - 1) / page * page;
+  const int fd = memfd_create("kvpool-fake-device", MFD_CLOEXEC);
+  if (fd < 0) Die("FakeDevice: memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(rounded)) != 0) Die("FakeDevice: ftruncate");
+  void* device = mmap(nullptr, rounded, PROT_NONE, MAP_SHARED, fd, 0);
+  void* view = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (device == MAP_FAILED || view == MAP_FAILED) Die("FakeDevice: mmap");
+  std::lock_guard<std::mutex> lock(mu_);
+  allocations_[reinterpret_cast<uintptr_t>(device)] = {static_cast<uint8_t*>(device),
+                                                       static_cast<uint8_t*>(view), rounded};
+  return device;
+}
+
+void FakeDevice::Free(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocations_.end()) return;
+  munmap(it->second.device, it->second.bytes);
+  munmap(it->second.view, it->second.bytes);
+  allocations_.erase(it);
+}
+
+uint8_t* FakeDevice::ViewOfLocked(const void* ptr, size_t bytes) const {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = allocations_.upper_bound(p);
+  if (it == allocations_.begin()) return nullptr;
+  --it;
+  const Allocation& a = it->second;
+  if (p + bytes > it->first + a.bytes) return nullptr;
+  return a.view + (p - it->first);
+}
+
+void FakeDevice::Write(void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint8_t* view = ViewOfLocked(dst, bytes);
+  if (view == nullptr) Die("FakeDevice::Write outside an allocation");
+  std::memcpy(view, src, bytes);
+}
+
+std::vector<uint8_t> FakeDevice::Read(const void* src, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint8_t* view = ViewOfLocked(src, bytes);
+  if (view == nullptr) Die("FakeDevice::Read outside an allocation");
+  return std::vector<uint8_t>(view, view + bytes);
+}
+
+void FakeDevice::FailNextWait(Status why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_next_wait_ = std::move(why);
+}
+
+FakeDevice::Counters FakeDevice::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+std::vector<const void*> FakeDevice::host_sides() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return host_sides_;
+}
+
+Result<int> FakeDevice::DeviceOf(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ViewOfLocked(ptr, 1) == nullptr) {
+    return Status::InvalidArgument("host memory passed as a device buffer");
+  }
+  return device_;
+}
+
+Status FakeDevice::CopyAsync(void* dst, const void* src, size_t bytes,
+                             kernels::CopyDirection direction, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool to_device = direction == kernels::CopyDirection::kHostToDevice;
+  const void* device_side = to_device ? dst : src;
+  const void* host_side = to_device ? src : dst;
+  uint8_t* view = ViewOfLocked(device_side, bytes);
+  if (view == nullptr) return Status::InvalidArgument("FakeDevice: device side outside memory");
+  if (ViewOfLocked(host_side, 1) != nullptr) {
+    return Status::InvalidArgument("FakeDevice: host side is device memory");
+  }
+  host_sides_.push_back(host_side);
+  if (to_device) {
+    queued_[stream].push_back({view, static_cast<const uint8_t*>(src), bytes});
+    ++counters_.to_device_copies;
+    counters_.to_device_bytes += bytes;
+  } else {
+    queued_[stream].push_back({static_cast<uint8_t*>(dst), view, bytes});
+    ++counters_.to_host_copies;
+    counters_.to_host_bytes += bytes;
+  }
+  return Status::OK();
+}
+
+Status FakeDevice::Wait(void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.waits;
+  std::vector<Copy> copies = std::move(queued_[stream]);
+  queued_.erase(stream);
+  if (fail_next_wait_) {
+    Status why = std::move(*fail_next_wait_);
+    fail_next_wait_.reset();
+    return why;
+  }
+  for (const Copy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+  return Status::OK();
+}
+
+}  // namespace kvpool::testing

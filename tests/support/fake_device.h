@@ -1,0 +1,85 @@
+#pragma once
+// FakeDevice: a test double of one CUDA device, for tests on machines without a GPU: memory the
+// host cannot touch, and a kernels::DeviceCopyEngine that reaches it. Never a shipped path: the
+// client and daemon use kernels::CudaCopyEngine().
+//
+// Alloc maps a memfd twice: the address handed out (the "device pointer") with no access, so
+// host code that reads or writes it directly crashes as it would on a real device pointer, and a
+// private read-write view only this class uses. Copies are queued per stream and run at Wait, in
+// the order they were queued, so code that touches a copy's host side before waiting for it sees
+// the old bytes, as it may on a GPU.
+//
+// Thread safety: every method may be called from any thread.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/device_copy.h"
+
+namespace kvpool::testing {
+
+class FakeDevice final : public kernels::DeviceCopyEngine {
+ public:
+  explicit FakeDevice(int device = 0) : device_(device) {}
+  ~FakeDevice() override;
+  FakeDevice(const FakeDevice&) = delete;
+  FakeDevice& operator=(const FakeDevice&) = delete;
+
+  // `bytes` of device memory (whole pages, zeroed). Aborts when the host cannot map them.
+  void* Alloc(size_t bytes);
+  void Free(void* ptr);
+  // The test's own access to device bytes (no copy counted).
+  void Write(void* dst, const void* src, size_t bytes);
+  std::vector<uint8_t> Read(const void* src, size_t bytes) const;
+
+  // The next Wait fails with `why`, and the copies queued on its stream are dropped.
+  void FailNextWait(Status why);
+
+  struct Counters {
+    uint64_t to_device_copies = 0;
+    uint64_t to_device_bytes = 0;
+    uint64_t to_host_copies = 0;
+    uint64_t to_host_bytes = 0;
+    uint64_t waits = 0;
+  };
+  Counters counters() const;
+  // The host side of every copy queued so far (where the bytes came from or went).
+  std::vector<const void*> host_sides() const;
+
+  // kernels::DeviceCopyEngine. CopyAsync refuses (InvalidArgument) a device side that is not
+  // inside one allocation and a host side that is inside one.
+  Result<int> DeviceOf(const void* ptr) const override;
+  Status CopyAsync(void* dst, const void* src, size_t bytes, kernels::CopyDirection direction,
+                   void* stream) override;
+  Status Wait(void* stream) override;
+
+ private:
+  struct Allocation {
+    uint8_t* device = nullptr;  // PROT_NONE
+    uint8_t* view = nullptr;    // read-write
+    size_t bytes = 0;
+  };
+  struct Copy {
+    uint8_t* dst;
+    const uint8_t* src;
+    size_t bytes;
+  };
+
+  // The view address of [ptr, ptr + bytes) when it lies in one allocation, else nullptr.
+  uint8_t* ViewOfLocked(const void* ptr, size_t bytes) const;
+
+  const int device_;
+  mutable std::mutex mu_;
+  std::map<uintptr_t, Allocation> allocations_;  // by device address
+  std::map<void*, std::vector<Copy>> queued_;    // by stream
+  std::optional<Status> fail_next_wait_;
+  std::vector<const void*> host_sides_;
+  Counters counters_;
+};
+
+}  // namespace kvpool::testing
