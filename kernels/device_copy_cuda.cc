@@ -32,11 +32,9 @@ class CudaEngine final : public DeviceCopyEngine {
 
   Status CopyAsync(void* dst, const void* src, size_t bytes, CopyDirection direction,
                    void* stream) override {
-    const cudaMemcpyKind kind = direction == CopyDirection::kHostToDevice
-                                    ? cudaMemcpyHostToDevice
-                                    : cudaMemcpyDeviceToHost;
-    KVPOOL_CUDA_CHECK(
-        cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream)));
+    const cudaMemcpyKind kind =
+        direction == CopyDirection::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    KVPOOL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream)));
     return Status::OK();
   }
 

@@ -137,5 +137,41 @@ TEST(CApiTest, PutLookupGetSessionRoundTrip) {
   kvpool_close(c);
 }
 
+TEST(CApiTest, DeviceCallsRefuseHostMemoryAndLeaveTheConnectionUsable) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  kvpool_client* c = nullptr;
+  ASSERT_EQ(kvpool_connect(d.socket_path().c_str(), "c-api", 5000, &c), KVPOOL_OK);
+  kvpool_key key{};
+  key.bytes[0] = 9;
+  std::vector<uint8_t> host(4096, 3);
+  const void* data[1] = {host.data()};
+  const size_t sizes[1] = {host.size()};
+  uint32_t stored = 0, present = 0;
+  // Host memory named as device memory: refused (INVALID_ARGUMENT with a GPU; without one,
+  // UNAVAILABLE, or UNIMPLEMENTED in a build without CUDA), with a reason, and nothing stored.
+  const int put = kvpool_put_chain_device(c, &key, 1, data, sizes, nullptr, nullptr, &stored,
+                                          &present);
+  EXPECT_TRUE(put == KVPOOL_INVALID_ARGUMENT || put == KVPOOL_UNAVAILABLE ||
+              put == KVPOOL_UNIMPLEMENTED)
+      << kvpool_code_name(put);
+  EXPECT_STRNE(kvpool_last_error(c), "");
+  void* bufs[1] = {host.data()};
+  const size_t caps[1] = {host.size()};
+  size_t got = 0;
+  int code = 0;
+  const int get = kvpool_get_device(c, &key, 1, bufs, caps, nullptr, &got, &code);
+  EXPECT_EQ(get, put) << kvpool_last_error(c);
+  // The connection is fine: the same block from host memory goes in and comes back.
+  ASSERT_EQ(kvpool_put_chain(c, &key, 1, data, sizes, nullptr, &stored, &present), KVPOOL_OK);
+  EXPECT_EQ(stored, 1u);
+  std::vector<uint8_t> back(4096);
+  void* back_bufs[1] = {back.data()};
+  ASSERT_EQ(kvpool_get(c, &key, 1, back_bufs, caps, &got, &code), KVPOOL_OK);
+  EXPECT_EQ(code, KVPOOL_OK);
+  EXPECT_EQ(back, host);
+  kvpool_close(c);
+}
+
 }  // namespace
 }  // namespace kvpool::testing

@@ -8,7 +8,10 @@
 #    exact; scores within 1e-4 relative; selection identical to the twin's on the same scores;
 #    outputs poisoned twice so an unwritten byte shows; no NaN), then times each kernel with CUDA
 #    events (median after warm-up) beside a device-to-device copy of the same bytes.
-# 3. Prints one short table last: paste it into docs/BENCHMARKS.md with the date and the card.
+# 3. Runs kvpool-device-copy-check: the client's device-buffer copies (kernels/device_copy.h)
+#    between device memory and a registered shared mapping, as a same-node client maps the host
+#    arena, checked byte exact and timed beside cudaMemcpyAsync from cudaMallocHost memory.
+# 4. Prints the short tables last: paste them into docs/BENCHMARKS.md with the date and the card.
 #
 # Usage: bench/gpu/device_check.sh [--quick] [kvpool-kernel-check flags]
 # Env:   KVPOOL_GPU_BUILD_DIR (default /tmp/kvpool-gpu-check), CUDA_ARCH (default: the card's),
@@ -44,7 +47,8 @@ if ! cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DKVPOOL_KERNELS_ONLY=ON -DKVPOOL_
   echo "device_check: cmake configure failed" >&2
   exit 2
 fi
-if ! cmake --build "$BUILD" -j"$(nproc)" --target kvpool-kernel-check >"$BUILD.build.log" 2>&1; then
+if ! cmake --build "$BUILD" -j"$(nproc)" --target kvpool-kernel-check kvpool-device-copy-check \
+    >"$BUILD.build.log" 2>&1; then
   tail -50 "$BUILD.build.log" >&2
   echo "device_check: build failed" >&2
   exit 2
@@ -60,6 +64,11 @@ if [ "$RC" -eq 124 ]; then
   echo "device_check: kvpool-kernel-check timed out after ${REMAINING} s" >&2
 fi
 
+COPY_LOG="$BUILD/device_copy_check.log"
+timeout 120 "$BUILD/kernels/kvpool-device-copy-check" 2>&1 | tee "$COPY_LOG"
+COPY_RC=${PIPESTATUS[0]}
+[ "$RC" -eq 0 ] && RC=$COPY_RC
+
 TABLE="$BUILD/kernel_check_table.md"
 {
   echo
@@ -67,9 +76,14 @@ TABLE="$BUILD/kernel_check_table.md"
   echo
   grep '^|' "$LOG"
   grep '^RESULT' "$LOG" || echo "RESULT: INCOMPLETE (exit $RC)"
+  echo
+  echo "Client device-buffer copies (kvpool-device-copy-check; ratio = copy / the same copy from cudaMallocHost memory)"
+  echo
+  grep '^|' "$COPY_LOG"
+  grep '^RESULT' "$COPY_LOG" || echo "RESULT: INCOMPLETE (exit $COPY_RC)"
 } >"$TABLE"
 if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
-  cp "$LOG" "$TABLE" "$BUILD.build.log" "$OUT"/ 2>/dev/null || true
+  cp "$LOG" "$COPY_LOG" "$TABLE" "$BUILD.build.log" "$OUT"/ 2>/dev/null || true
 fi
 echo "device_check: finished in $((SECONDS - START)) s, exit $RC"
 cat "$TABLE"
