@@ -14,14 +14,6 @@
 #include "kernels/pinned_memory.h"
 
 namespace kvpool::tiers {
-namespace {
-
-uint32_t PagesFor(uint64_t length) {
-  return static_cast<uint32_t>((length + HostTier::kPageBytes - 1) / HostTier::kPageBytes);
-}
-
-}  // namespace
-
 Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options) {
   if (options.segment_bytes < kPageBytes || options.segment_bytes % kPageBytes != 0) {
     return Status::InvalidArgument("host segment size must be a positive multiple of 4 KiB, got " +
@@ -69,13 +61,10 @@ HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count
     : base_(base),
       segment_bytes_(segment_bytes),
       segment_count_(segment_count),
-      pages_per_segment_(static_cast<uint32_t>(segment_bytes / kPageBytes)),
-      lock_(lock) {
+      lock_(lock),
+      pages_("host", segment_bytes, segment_count) {
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
-  for (auto& s : segments_) s.bitmap.assign((pages_per_segment_ + 63) / 64, 0);
-  free_segments_.reserve(segment_count);
-  for (uint32_t i = segment_count; i > 0; --i) free_segments_.push_back(i - 1);
 }
 
 HostTier::~HostTier() {
@@ -146,21 +135,13 @@ Status HostTier::MapSegmentLocked(uint32_t index) {
 }
 
 void HostTier::RecycleSegmentLocked(uint32_t index) {
-  // Empty: it no longer counts towards its owner's quota, whatever becomes of it.
-  if (auto held = segments_of_.find(segments_[index].owner); held != segments_of_.end()) {
-    if (--held->second == 0) segments_of_.erase(held);
-  }
   Status st = MapSegmentLocked(index);
   if (!st.ok()) {
     // The old memfd was never remapped or closed: the segment may not go to any namespace.
-    segments_[index].quarantined = true;
-    ++quarantined_;
     LOG(ERROR) << "host segment " << index << " could not get a fresh memfd (" << st.ToString()
                << "); it stays out of use";
-    return;
   }
-  segments_[index].owner = kNoNamespace;
-  free_segments_.push_back(index);
+  pages_.Recycled(index, st.ok());
 }
 
 SegmentLocation HostTier::Locate(uint64_t offset) const {
@@ -178,7 +159,7 @@ Result<int> HostTier::ExportSegment(uint32_t index, uint32_t generation, Namespa
   if (seg.generation != generation) {
     return Status::NotFound("host segment " + std::to_string(index) + " was recycled");
   }
-  if (seg.owner != ns || seg.owner == kNoNamespace) {
+  if (pages_.OwnerOf(index) != ns || ns == kNoNamespace) {
     return Status::PermissionDenied("host segment " + std::to_string(index) +
                                     " does not belong to this namespace");
   }
@@ -194,173 +175,45 @@ Result<int> HostTier::ExportSegment(uint32_t index, uint32_t generation, Namespa
   return fd;
 }
 
-int64_t HostTier::FindRun(const Segment& seg, uint32_t pages) const {
-  uint32_t run_start = 0;
-  uint32_t run_len = 0;
-  const uint32_t words = static_cast<uint32_t>(seg.bitmap.size());
-  for (uint32_t w = 0; w < words; ++w) {
-    const uint64_t word = seg.bitmap[w];
-    const uint32_t base = w * 64;
-    if (word == ~0ull) {
-      run_len = 0;
-      continue;
-    }
-    if (word == 0 && base + 64 <= pages_per_segment_) {
-      if (run_len == 0) run_start = base;
-      run_len += 64;
-      if (run_len >= pages) return run_start;
-      continue;
-    }
-    for (uint32_t b = 0; b < 64 && base + b < pages_per_segment_; ++b) {
-      if (word >> b & 1) {
-        run_len = 0;
-      } else {
-        if (run_len == 0) run_start = base + b;
-        if (++run_len >= pages) return run_start;
-      }
-    }
-  }
-  return -1;
-}
-
-uint32_t HostTier::LargestRun(const Segment& seg) const {
-  uint32_t best = 0, run = 0;
-  for (uint32_t p = 0; p < pages_per_segment_; ++p) {
-    if (seg.bitmap[p / 64] >> (p % 64) & 1) {
-      run = 0;
-    } else {
-      best = std::max(best, ++run);
-    }
-  }
-  return best;
-}
-
-void HostTier::MarkRun(Segment& seg, uint32_t first, uint32_t pages, bool used) {
-  for (uint32_t p = first; p < first + pages; ++p) {
-    const uint64_t bit = 1ull << (p % 64);
-    if (used) {
-      seg.bitmap[p / 64] |= bit;
-    } else {
-      seg.bitmap[p / 64] &= ~bit;
-    }
-  }
-}
-
 Result<HostSlot> HostTier::Allocate(NamespaceId ns, uint64_t length) {
-  if (length == 0) return Status::InvalidArgument("cannot allocate an empty block");
-  if (length > segment_bytes_) {
-    return Status::InvalidArgument("block of " + FormatBytes(length) +
-                                   " exceeds the host segment size of " +
-                                   FormatBytes(segment_bytes_));
-  }
-  const uint32_t pages = PagesFor(length);
   absl::MutexLock lock(&mu_);
-  auto take = [&](uint32_t seg_index, int64_t first) {
-    Segment& seg = segments_[seg_index];
-    MarkRun(seg, static_cast<uint32_t>(first), pages, true);
-    seg.used_pages += pages;
-    allocated_bytes_ += pages * kPageBytes;
-    payload_bytes_ += length;
-    ++blocks_;
-    HostSlot slot;
-    slot.offset = seg_index * segment_bytes_ + static_cast<uint64_t>(first) * kPageBytes;
-    slot.length = length;
-    return slot;
-  };
-  for (uint32_t i = 0; i < segment_count_; ++i) {
-    Segment& seg = segments_[i];
-    if (seg.owner != ns || seg.quarantined || pages_per_segment_ - seg.used_pages < pages) {
-      continue;
-    }
-    int64_t first = FindRun(seg, pages);
-    if (first >= 0) return take(i, first);
-  }
-  if (auto limit = segment_limit_.find(ns);
-      limit != segment_limit_.end() && segments_of_[ns] >= limit->second) {
-    return Status::ResourceExhausted("namespace holds its quota of " +
-                                     std::to_string(limit->second) + " host segments");
-  }
-  if (free_segments_.empty()) {
-    return Status::ResourceExhausted("host arena full");
-  }
-  const uint32_t fresh = free_segments_.back();
-  free_segments_.pop_back();
-  segments_[fresh].owner = ns;
-  ++segments_of_[ns];
-  return take(fresh, 0);
+  return pages_.Allocate(ns, length);
 }
 
 void HostTier::SetSegmentLimit(NamespaceId ns, uint32_t max_segments) {
   absl::MutexLock lock(&mu_);
-  if (max_segments == 0) {
-    segment_limit_.erase(ns);
-  } else {
-    segment_limit_[ns] = max_segments;
-  }
+  pages_.SetSegmentLimit(ns, max_segments);
 }
 
 uint32_t HostTier::SegmentsOf(NamespaceId ns) const {
   absl::MutexLock lock(&mu_);
-  auto it = segments_of_.find(ns);
-  return it == segments_of_.end() ? 0 : it->second;
+  return pages_.SegmentsOf(ns);
 }
 
 bool HostTier::AtSegmentLimit(NamespaceId ns) const {
   absl::MutexLock lock(&mu_);
-  auto limit = segment_limit_.find(ns);
-  if (limit == segment_limit_.end()) return false;
-  auto held = segments_of_.find(ns);
-  return held != segments_of_.end() && held->second >= limit->second;
+  return pages_.AtSegmentLimit(ns);
 }
 
 void HostTier::Free(const HostSlot& slot) {
-  const uint32_t seg_index = static_cast<uint32_t>(slot.offset / segment_bytes_);
-  const uint32_t first = static_cast<uint32_t>(slot.offset % segment_bytes_ / kPageBytes);
-  const uint32_t pages = PagesFor(slot.length);
   absl::MutexLock lock(&mu_);
-  CHECK_LT(seg_index, segment_count_) << "host slot outside the arena";
-  Segment& seg = segments_[seg_index];
-  CHECK_GE(seg.used_pages, pages) << "host slot freed twice";
-  MarkRun(seg, first, pages, false);
-  seg.used_pages -= pages;
-  allocated_bytes_ -= pages * kPageBytes;
-  payload_bytes_ -= slot.length;
-  --blocks_;
-  if (seg.used_pages == 0) RecycleSegmentLocked(seg_index);
+  if (pages_.Free(slot)) RecycleSegmentLocked(pages_.SegmentOf(slot.offset));
 }
 
 NamespaceId HostTier::OwnerOf(uint64_t offset) const {
   absl::MutexLock lock(&mu_);
-  return segments_[offset / segment_bytes_].owner;
+  return pages_.OwnerOf(pages_.SegmentOf(offset));
 }
 
 uint64_t HostTier::allocated_bytes() const {
   absl::MutexLock lock(&mu_);
-  return allocated_bytes_;
+  return pages_.allocated_bytes();
 }
 
 HostTierStats HostTier::GetStats() const {
   absl::MutexLock lock(&mu_);
-  HostTierStats s;
-  s.capacity_bytes = capacity_bytes();
-  s.allocated_bytes = allocated_bytes_;
-  s.payload_bytes = payload_bytes_;
-  s.blocks = blocks_;
-  s.segments = segment_count_;
-  s.free_segments = free_segments_.size();
+  HostTierStats s = pages_.Stats();
   s.locked = locked_;
-  uint64_t largest_pages = free_segments_.empty() ? 0 : pages_per_segment_;
-  for (const Segment& seg : segments_) {
-    if (seg.owner == kNoNamespace || seg.used_pages == pages_per_segment_) continue;
-    largest_pages = std::max<uint64_t>(largest_pages, LargestRun(seg));
-  }
-  s.largest_free_run = largest_pages * kPageBytes;
-  // No block is larger than a segment, so free space is unfragmented when a segment-sized run
-  // (or all of it, when less is free) is one run: an empty arena reports 0, not 1 - 1/segments.
-  const uint64_t free_bytes = s.capacity_bytes - s.allocated_bytes;
-  const uint64_t usable_run = std::min(free_bytes, segment_bytes_);
-  s.fragmentation =
-      usable_run == 0 ? 0.0 : 1.0 - static_cast<double>(s.largest_free_run) / usable_run;
   return s;
 }
 

@@ -3,10 +3,9 @@
 //
 // The arena is cut into fixed-size segments. Each segment is its own memfd (shared memory),
 // mapped into one contiguous range of the daemon's address space, mlocked when the limit
-// allows, and registered with CUDA as pinned memory when a GPU is usable. A segment belongs to at
-// most one namespace at a time, and a block lives entirely inside one segment of its own namespace.
-// Inside a segment space is handed out in pages (4 KiB) from a bitmap: no per-block malloc, fixed
-// metadata (one bit per page), and every block is page aligned.
+// allows, and registered with CUDA as pinned memory when a GPU is usable. Segments and their
+// pages are kept by tiers/segment_pages.h: a segment belongs to at most one namespace at a time,
+// a block lives entirely inside one segment of its own namespace, in whole 4 KiB pages.
 //
 // Sharing with clients (the same-node data path): ExportSegment hands out a file descriptor of
 // one segment, read-only or writable, only to the namespace that owns it. (A read-only
@@ -35,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/namespace_id.h"
 #include "common/status.h"
+#include "tiers/segment_pages.h"
 #include "tiers/tier.h"
 
 namespace kvpool::tiers {
@@ -94,13 +94,10 @@ class HostTier final : public MemoryTier {
   HostTierStats GetStats() const override;
 
  private:
+  // The memory behind a segment (SegmentPages keeps its pages and owner).
   struct Segment {
-    NamespaceId owner = kNoNamespace;
-    uint32_t used_pages = 0;
-    std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
-    int fd = -1;                   // this segment's memfd
-    uint32_t generation = 0;       // bumped each time the segment gets a fresh memfd
-    bool quarantined = false;      // could not get a fresh memfd: never allocated from again
+    int fd = -1;              // this segment's memfd
+    uint32_t generation = 0;  // bumped each time the segment gets a fresh memfd
   };
 
   HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock);
@@ -109,27 +106,16 @@ class HostTier final : public MemoryTier {
   // Gives an emptied segment a fresh memfd and releases the old one's pages; on failure the
   // segment is kept out of the pool (logged) rather than risk handing its old memfd on.
   void RecycleSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // First run of `pages` free pages in `seg`, or -1.
-  int64_t FindRun(const Segment& seg, uint32_t pages) const;
-  void MarkRun(Segment& seg, uint32_t first, uint32_t pages, bool used);
-  uint32_t LargestRun(const Segment& seg) const;
 
   uint8_t* const base_;
   const uint64_t segment_bytes_;
   const uint32_t segment_count_;
-  const uint32_t pages_per_segment_;
   const bool lock_;
   bool locked_ ABSL_GUARDED_BY(mu_) = false;
 
   mutable absl::Mutex mu_;
+  SegmentPages pages_ ABSL_GUARDED_BY(mu_);
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_segments_ ABSL_GUARDED_BY(mu_);
-  uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<NamespaceId, uint32_t> segments_of_ ABSL_GUARDED_BY(mu_);  // held now
-  absl::flat_hash_map<NamespaceId, uint32_t> segment_limit_ ABSL_GUARDED_BY(mu_);
-  uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t blocks_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;          // segments that could not be recycled
   std::vector<bool> seg_registered_ ABSL_GUARDED_BY(mu_);  // pinned with CUDA
 };
 

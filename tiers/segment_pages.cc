@@ -1,0 +1,195 @@
+#include "tiers/segment_pages.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "common/units.h"
+
+namespace kvpool::tiers {
+namespace {
+
+constexpr uint64_t kPage = MemoryTier::kPageBytes;
+
+uint32_t PagesFor(uint64_t length) { return static_cast<uint32_t>((length + kPage - 1) / kPage); }
+
+}  // namespace
+
+SegmentPages::SegmentPages(std::string tier_name, uint64_t segment_bytes, uint32_t segment_count)
+    : tier_name_(std::move(tier_name)),
+      segment_bytes_(segment_bytes),
+      segment_count_(segment_count),
+      pages_per_segment_(static_cast<uint32_t>(segment_bytes / kPage)),
+      segments_(segment_count) {
+  for (Segment& s : segments_) s.bitmap.assign((pages_per_segment_ + 63) / 64, 0);
+  free_segments_.reserve(segment_count);
+  for (uint32_t i = segment_count; i > 0; --i) free_segments_.push_back(i - 1);
+}
+
+int64_t SegmentPages::FindRun(const Segment& seg, uint32_t pages) const {
+  uint32_t run_start = 0;
+  uint32_t run_len = 0;
+  const uint32_t words = static_cast<uint32_t>(seg.bitmap.size());
+  for (uint32_t w = 0; w < words; ++w) {
+    const uint64_t word = seg.bitmap[w];
+    const uint32_t base = w * 64;
+    if (word == ~0ull) {
+      run_len = 0;
+      continue;
+    }
+    if (word == 0 && base + 64 <= pages_per_segment_) {
+      if (run_len == 0) run_start = base;
+      run_len += 64;
+      if (run_len >= pages) return run_start;
+      continue;
+    }
+    for (uint32_t b = 0; b < 64 && base + b < pages_per_segment_; ++b) {
+      if (word >> b & 1) {
+        run_len = 0;
+      } else {
+        if (run_len == 0) run_start = base + b;
+        if (++run_len >= pages) return run_start;
+      }
+    }
+  }
+  return -1;
+}
+
+uint32_t SegmentPages::LargestRun(const Segment& seg) const {
+  uint32_t best = 0, run = 0;
+  for (uint32_t p = 0; p < pages_per_segment_; ++p) {
+    if (seg.bitmap[p / 64] >> (p % 64) & 1) {
+      run = 0;
+    } else {
+      best = std::max(best, ++run);
+    }
+  }
+  return best;
+}
+
+void SegmentPages::MarkRun(Segment& seg, uint32_t first, uint32_t pages, bool used) {
+  for (uint32_t p = first; p < first + pages; ++p) {
+    const uint64_t bit = 1ull << (p % 64);
+    if (used) {
+      seg.bitmap[p / 64] |= bit;
+    } else {
+      seg.bitmap[p / 64] &= ~bit;
+    }
+  }
+}
+
+Result<MemorySlot> SegmentPages::Allocate(NamespaceId ns, uint64_t length) {
+  if (length == 0) return Status::InvalidArgument("cannot allocate an empty block");
+  if (length > segment_bytes_) {
+    return Status::InvalidArgument("block of " + FormatBytes(length) + " exceeds the " +
+                                   tier_name_ + " segment size of " + FormatBytes(segment_bytes_));
+  }
+  const uint32_t pages = PagesFor(length);
+  auto take = [&](uint32_t seg_index, int64_t first) {
+    Segment& seg = segments_[seg_index];
+    MarkRun(seg, static_cast<uint32_t>(first), pages, true);
+    seg.used_pages += pages;
+    allocated_bytes_ += pages * kPage;
+    payload_bytes_ += length;
+    ++blocks_;
+    MemorySlot slot;
+    slot.offset = seg_index * segment_bytes_ + static_cast<uint64_t>(first) * kPage;
+    slot.length = length;
+    return slot;
+  };
+  for (uint32_t i = 0; i < segment_count_; ++i) {
+    Segment& seg = segments_[i];
+    if (seg.owner != ns || seg.quarantined || pages_per_segment_ - seg.used_pages < pages) {
+      continue;
+    }
+    int64_t first = FindRun(seg, pages);
+    if (first >= 0) return take(i, first);
+  }
+  if (auto limit = segment_limit_.find(ns);
+      limit != segment_limit_.end() && segments_of_[ns] >= limit->second) {
+    return Status::ResourceExhausted("namespace holds its quota of " +
+                                     std::to_string(limit->second) + " " + tier_name_ +
+                                     " segments");
+  }
+  if (free_segments_.empty()) return Status::ResourceExhausted(tier_name_ + " arena full");
+  const uint32_t fresh = free_segments_.back();
+  free_segments_.pop_back();
+  segments_[fresh].owner = ns;
+  ++segments_of_[ns];
+  return take(fresh, 0);
+}
+
+bool SegmentPages::Free(const MemorySlot& slot) {
+  const uint32_t seg_index = SegmentOf(slot.offset);
+  const uint32_t first = static_cast<uint32_t>(slot.offset % segment_bytes_ / kPage);
+  const uint32_t pages = PagesFor(slot.length);
+  CHECK_LT(seg_index, segment_count_) << tier_name_ << " slot outside the arena";
+  Segment& seg = segments_[seg_index];
+  CHECK_GE(seg.used_pages, pages) << tier_name_ << " slot freed twice";
+  MarkRun(seg, first, pages, false);
+  seg.used_pages -= pages;
+  allocated_bytes_ -= pages * kPage;
+  payload_bytes_ -= slot.length;
+  --blocks_;
+  if (seg.used_pages != 0) return false;
+  // Empty: it no longer counts towards its owner's quota, whatever becomes of it.
+  if (auto held = segments_of_.find(seg.owner); held != segments_of_.end()) {
+    if (--held->second == 0) segments_of_.erase(held);
+  }
+  return true;
+}
+
+void SegmentPages::Recycled(uint32_t index, bool renewed) {
+  Segment& seg = segments_[index];
+  if (!renewed) {
+    seg.quarantined = true;
+    return;
+  }
+  seg.owner = kNoNamespace;
+  free_segments_.push_back(index);
+}
+
+void SegmentPages::SetSegmentLimit(NamespaceId ns, uint32_t max_segments) {
+  if (max_segments == 0) {
+    segment_limit_.erase(ns);
+  } else {
+    segment_limit_[ns] = max_segments;
+  }
+}
+
+uint32_t SegmentPages::SegmentsOf(NamespaceId ns) const {
+  auto it = segments_of_.find(ns);
+  return it == segments_of_.end() ? 0 : it->second;
+}
+
+bool SegmentPages::AtSegmentLimit(NamespaceId ns) const {
+  auto limit = segment_limit_.find(ns);
+  if (limit == segment_limit_.end()) return false;
+  auto held = segments_of_.find(ns);
+  return held != segments_of_.end() && held->second >= limit->second;
+}
+
+MemoryTierStats SegmentPages::Stats() const {
+  MemoryTierStats s;
+  s.capacity_bytes = segment_bytes_ * segment_count_;
+  s.allocated_bytes = allocated_bytes_;
+  s.payload_bytes = payload_bytes_;
+  s.blocks = blocks_;
+  s.segments = segment_count_;
+  s.free_segments = free_segments_.size();
+  uint64_t largest_pages = free_segments_.empty() ? 0 : pages_per_segment_;
+  for (const Segment& seg : segments_) {
+    if (seg.owner == kNoNamespace || seg.used_pages == pages_per_segment_) continue;
+    largest_pages = std::max<uint64_t>(largest_pages, LargestRun(seg));
+  }
+  s.largest_free_run = largest_pages * kPage;
+  // No block is larger than a segment, so free space is unfragmented when a segment-sized run
+  // (or all of it, when less is free) is one run: an empty arena reports 0, not 1 - 1/segments.
+  const uint64_t free_bytes = s.capacity_bytes - s.allocated_bytes;
+  const uint64_t usable_run = std::min(free_bytes, segment_bytes_);
+  s.fragmentation =
+      usable_run == 0 ? 0.0 : 1.0 - static_cast<double>(s.largest_free_run) / usable_run;
+  return s;
+}
+
+}  // namespace kvpool::tiers
