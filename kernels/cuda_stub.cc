@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/compress.h"
+#include "kernels/device_arena.h"
 #include "kernels/device_copy.h"
 #include "kernels/paged_copy.h"
 #include "kernels/pinned_memory.h"
@@ -48,6 +49,9 @@ bool CudaDeviceAvailable() { return false; }
 Status RegisterHostMemory(void*, size_t, bool) { return NoCuda("RegisterHostMemory"); }
 void UnregisterHostMemory(void*) {}
 Result<DeviceCopyEngine*> CudaCopyEngine() { return NoCuda("CudaCopyEngine"); }
+Result<std::unique_ptr<DeviceArena>> CreateCudaDeviceArena(int, uint64_t, uint32_t) {
+  return NoCuda("CreateCudaDeviceArena");
+}
 
 }  // namespace kernels
 }  // namespace kvpool

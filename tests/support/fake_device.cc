@@ -1,5 +1,6 @@
 #include "tests/support/fake_device.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -19,9 +20,89 @@ namespace {
 
 FakeDevice::~FakeDevice() {
   for (auto& [addr, a] : allocations_) {
+    if (!a.owned) continue;
     munmap(a.device, a.bytes);
     munmap(a.view, a.bytes);
   }
+}
+
+int FakeDevice::MapFresh(uint8_t* device, size_t bytes) {
+  const int fd = memfd_create("kvpool-fake-gpu-segment", MFD_CLOEXEC);
+  if (fd < 0) Die("FakeDevice: memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) Die("FakeDevice: ftruncate");
+  if (mmap(device, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    Die("FakeDevice: mmap segment");
+  }
+  void* view = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (view == MAP_FAILED) Die("FakeDevice: mmap view");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocations_.find(reinterpret_cast<uintptr_t>(device));
+  if (it != allocations_.end()) munmap(it->second.view, it->second.bytes);
+  allocations_[reinterpret_cast<uintptr_t>(device)] = {device, static_cast<uint8_t*>(view), bytes,
+                                                       /*owned=*/false};
+  return fd;
+}
+
+void FakeDevice::Unregister(uint8_t* device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocations_.find(reinterpret_cast<uintptr_t>(device));
+  if (it == allocations_.end()) return;
+  munmap(it->second.view, it->second.bytes);
+  allocations_.erase(it);
+}
+
+class FakeDevice::Arena final : public kernels::DeviceArena {
+ public:
+  Arena(FakeDevice& device, uint64_t segment_bytes, uint32_t segment_count)
+      : device_(device),
+        segment_bytes_(segment_bytes),
+        segment_count_(segment_count),
+        fds_(segment_count, -1) {
+    void* p = mmap(nullptr, segment_bytes * segment_count, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) Die("FakeDevice: reserving an arena");
+    base_ = static_cast<uint8_t*>(p);
+    for (uint32_t i = 0; i < segment_count; ++i) Renew(i).IgnoreError();
+  }
+  ~Arena() override {
+    for (uint32_t i = 0; i < segment_count_; ++i) {
+      device_.Unregister(base_ + i * segment_bytes_);
+      if (fds_[i] >= 0) close(fds_[i]);
+    }
+    munmap(base_, segment_bytes_ * segment_count_);
+  }
+
+  int device() const override { return device_.device_; }
+  uint8_t* base() const override { return base_; }
+  uint64_t segment_bytes() const override { return segment_bytes_; }
+  uint32_t segment_count() const override { return segment_count_; }
+  kernels::DeviceCopyEngine& copies() override { return device_; }
+
+  Status Renew(uint32_t index) override {
+    const int fd = device_.MapFresh(base_ + index * segment_bytes_, segment_bytes_);
+    if (fds_[index] >= 0) close(fds_[index]);
+    fds_[index] = fd;
+    return Status::OK();
+  }
+
+  Result<int> ExportSegment(uint32_t index) override {
+    if (index >= segment_count_) return Status::InvalidArgument("no such segment");
+    const int fd = fcntl(fds_[index], F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return Status::FromErrno(errno, "dup");
+    return fd;
+  }
+
+ private:
+  FakeDevice& device_;
+  const uint64_t segment_bytes_;
+  const uint32_t segment_count_;
+  uint8_t* base_ = nullptr;
+  std::vector<int> fds_;
+};
+
+std::unique_ptr<kernels::DeviceArena> FakeDevice::CreateArena(uint64_t segment_bytes,
+                                                              uint32_t segment_count) {
+  return std::make_unique<Arena>(*this, segment_bytes, segment_count);
 }
 
 void* FakeDevice::Alloc(size_t bytes) {
@@ -36,7 +117,8 @@ void* FakeDevice::Alloc(size_t bytes) {
   if (device == MAP_FAILED || view == MAP_FAILED) Die("FakeDevice: mmap");
   std::lock_guard<std::mutex> lock(mu_);
   allocations_[reinterpret_cast<uintptr_t>(device)] = {static_cast<uint8_t*>(device),
-                                                       static_cast<uint8_t*>(view), rounded};
+                                                       static_cast<uint8_t*>(view), rounded,
+                                                       /*owned=*/true};
   return device;
 }
 

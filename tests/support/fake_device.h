@@ -9,6 +9,10 @@
 // the order they were queued, so code that touches a copy's host side before waiting for it sees
 // the old bytes, as it may on a GPU.
 //
+// CreateArena makes a kernels::DeviceArena of this device the same way: each segment its own
+// memfd, mapped with no access at the arena's address and read-write in a private view; Renew
+// maps a fresh memfd, ExportSegment hands out a descriptor of the current one.
+//
 // Thread safety: every method may be called from any thread.
 
 #include <cstddef>
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/device_arena.h"
 #include "kernels/device_copy.h"
 
 namespace kvpool::testing {
@@ -32,6 +37,8 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
 
   // `bytes` of device memory (whole pages, zeroed). Aborts when the host cannot map them.
   void* Alloc(size_t bytes);
+  // An arena of `segment_count` segments on this device (it must outlive the arena).
+  std::unique_ptr<kernels::DeviceArena> CreateArena(uint64_t segment_bytes, uint32_t segment_count);
   void Free(void* ptr);
   // The test's own access to device bytes (no copy counted).
   void Write(void* dst, const void* src, size_t bytes);
@@ -59,11 +66,17 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   Status Wait(void* stream) override;
 
  private:
+  class Arena;
   struct Allocation {
     uint8_t* device = nullptr;  // PROT_NONE
     uint8_t* view = nullptr;    // read-write
     size_t bytes = 0;
+    bool owned = true;  // Alloc's (unmapped here); an arena's segments are the arena's
   };
+  // Maps a fresh memfd of `bytes` at `device` (MAP_FIXED, no access) and in a new view; returns
+  // the memfd, registered as an allocation (replacing the one at `device`).
+  int MapFresh(uint8_t* device, size_t bytes);
+  void Unregister(uint8_t* device);
   struct Copy {
     uint8_t* dst;
     const uint8_t* src;

@@ -1,0 +1,208 @@
+// CUDA build of kernels/device_arena.h: CUDA virtual memory management through driver entry
+// points the runtime hands out (no link against libcuda).
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_check.h"
+#include "kernels/device_arena.h"
+#include "kernels/pinned_memory.h"
+
+namespace kvpool::kernels {
+namespace {
+
+// The driver's virtual memory management calls, as of their CUDA 10.2 ABI.
+struct Vmm {
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemExportToShareableHandle_v10020 export_handle = nullptr;
+
+  template <typename F>
+  static Status Load(const char* name, F* out) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion(name, &fn, 10020, cudaEnableDefault, &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      cudaGetLastError();
+      return Status::Unavailable(std::string("the CUDA driver has no ") + name);
+    }
+    *out = reinterpret_cast<F>(fn);
+    return Status::OK();
+  }
+
+  Status LoadAll() {
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemGetAllocationGranularity", &granularity));
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemAddressReserve", &reserve));
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemAddressFree", &address_free));
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemCreate", &create));
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemRelease", &release));
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemMap", &map));
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemUnmap", &unmap));
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemSetAccess", &set_access));
+    return Load("cuMemExportToShareableHandle", &export_handle);
+  }
+};
+
+Status DriverStatus(CUresult r, const std::string& what) {
+  if (r == CUDA_SUCCESS) return Status::OK();
+  const StatusCode code =
+      r == CUDA_ERROR_OUT_OF_MEMORY ? StatusCode::kResourceExhausted : StatusCode::kInternal;
+  return Status(code, what + ": CUDA driver error " + std::to_string(static_cast<int>(r)));
+}
+
+class CudaDeviceArena final : public DeviceArena {
+ public:
+  CudaDeviceArena(Vmm vmm, int device, uint64_t segment_bytes, uint32_t segment_count,
+                  DeviceCopyEngine* copies)
+      : vmm_(vmm),
+        device_(device),
+        segment_bytes_(segment_bytes),
+        segment_count_(segment_count),
+        copies_(copies),
+        handles_(segment_count, 0) {
+    prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop_.location.id = device;
+    prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  }
+
+  ~CudaDeviceArena() override {
+    for (uint32_t i = 0; i < segment_count_; ++i) {
+      if (handles_[i] == 0) continue;
+      vmm_.unmap(Address(i), segment_bytes_);
+      vmm_.release(handles_[i]);
+    }
+    if (base_ != 0) vmm_.address_free(base_, segment_bytes_ * segment_count_);
+  }
+
+  Status Init() {
+    KVPOOL_CUDA_CHECK(cudaSetDevice(device_));
+    KVPOOL_CUDA_CHECK(cudaFree(nullptr));  // the primary context
+    size_t granularity = 0;
+    KVPOOL_RETURN_IF_ERROR(DriverStatus(
+        vmm_.granularity(&granularity, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "granularity"));
+    if (granularity == 0 || segment_bytes_ % granularity != 0) {
+      return Status::InvalidArgument("gpu segment size " + std::to_string(segment_bytes_) +
+                                     " is not a multiple of device " + std::to_string(device_) +
+                                     "'s allocation granularity (" + std::to_string(granularity) +
+                                     " bytes)");
+    }
+    KVPOOL_RETURN_IF_ERROR(
+        DriverStatus(vmm_.reserve(&base_, segment_bytes_ * segment_count_, granularity, 0, 0),
+                     "reserving the gpu arena's addresses"));
+    // Every device this one can reach peer to peer may read and write the arena (a client copies
+    // to its own GPU); the arena's device always.
+    int devices = 0;
+    KVPOOL_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    for (int d = 0; d < devices; ++d) {
+      int can = d == device_;
+      if (d != device_ && cudaDeviceCanAccessPeer(&can, d, device_) != cudaSuccess) can = 0;
+      if (!can) continue;
+      CUmemAccessDesc a{};
+      a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      a.location.id = d;
+      a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      access_.push_back(a);
+    }
+    cudaGetLastError();
+    KVPOOL_CUDA_CHECK(cudaStreamCreateWithFlags(&zero_stream_, cudaStreamNonBlocking));
+    for (uint32_t i = 0; i < segment_count_; ++i) KVPOOL_RETURN_IF_ERROR(Renew(i));
+    return Status::OK();
+  }
+
+  int device() const override { return device_; }
+  uint8_t* base() const override { return reinterpret_cast<uint8_t*>(base_); }
+  uint64_t segment_bytes() const override { return segment_bytes_; }
+  uint32_t segment_count() const override { return segment_count_; }
+  DeviceCopyEngine& copies() override { return *copies_; }
+
+  Status Renew(uint32_t index) override {
+    CUmemGenericAllocationHandle fresh = 0;
+    KVPOOL_RETURN_IF_ERROR(DriverStatus(vmm_.create(&fresh, segment_bytes_, &prop_, 0),
+                                        "allocating gpu segment " + std::to_string(index)));
+    const CUdeviceptr at = Address(index);
+    if (handles_[index] != 0) {
+      vmm_.unmap(at, segment_bytes_);
+      vmm_.release(handles_[index]);
+      handles_[index] = 0;
+    }
+    Status st = DriverStatus(vmm_.map(at, segment_bytes_, 0, fresh, 0), "mapping gpu segment");
+    if (st.ok()) {
+      st = DriverStatus(vmm_.set_access(at, segment_bytes_, access_.data(), access_.size()),
+                        "granting access to gpu segment");
+    }
+    if (!st.ok()) {
+      vmm_.unmap(at, segment_bytes_);
+      vmm_.release(fresh);
+      return st;
+    }
+    handles_[index] = fresh;
+    // Fresh physical memory may hold what this process freed before: another namespace's blocks.
+    KVPOOL_CUDA_CHECK(cudaSetDevice(device_));
+    KVPOOL_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(at), 0, segment_bytes_, zero_stream_));
+    KVPOOL_CUDA_CHECK(cudaStreamSynchronize(zero_stream_));
+    return Status::OK();
+  }
+
+  Result<int> ExportSegment(uint32_t index) override {
+    if (index >= segment_count_ || handles_[index] == 0) {
+      return Status::InvalidArgument("no gpu segment " + std::to_string(index));
+    }
+    int fd = -1;
+    KVPOOL_RETURN_IF_ERROR(DriverStatus(
+        vmm_.export_handle(&fd, handles_[index], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        "exporting gpu segment " + std::to_string(index)));
+    return fd;
+  }
+
+ private:
+  CUdeviceptr Address(uint32_t index) const {
+    return base_ + static_cast<CUdeviceptr>(index) * segment_bytes_;
+  }
+
+  const Vmm vmm_;
+  const int device_;
+  const uint64_t segment_bytes_;
+  const uint32_t segment_count_;
+  DeviceCopyEngine* const copies_;
+  CUmemAllocationProp prop_{};
+  std::vector<CUmemAccessDesc> access_;
+  CUdeviceptr base_ = 0;
+  std::vector<CUmemGenericAllocationHandle> handles_;
+  cudaStream_t zero_stream_ = nullptr;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceArena>> CreateCudaDeviceArena(int device, uint64_t segment_bytes,
+                                                           uint32_t segment_count) {
+  KVPOOL_ASSIGN_OR_RETURN(DeviceCopyEngine * copies, CudaCopyEngine());
+  if (segment_count == 0 || segment_bytes == 0) {
+    return Status::InvalidArgument("a gpu arena needs at least one non-empty segment");
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || device < 0 || device >= devices) {
+    cudaGetLastError();
+    return Status::InvalidArgument("no CUDA device " + std::to_string(device) + " (this machine has " +
+                                   std::to_string(devices) + ")");
+  }
+  Vmm vmm;
+  KVPOOL_RETURN_IF_ERROR(vmm.LoadAll());
+  auto arena =
+      std::make_unique<CudaDeviceArena>(vmm, device, segment_bytes, segment_count, copies);
+  KVPOOL_RETURN_IF_ERROR(arena->Init());
+  return std::unique_ptr<DeviceArena>(std::move(arena));
+}
+
+}  // namespace kvpool::kernels

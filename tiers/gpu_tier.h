@@ -1,0 +1,75 @@
+#pragma once
+// GpuTier: one GPU's share of the gpu tier, above host in the tier stack (DESIGN.md section 9).
+//
+// Its memory is a kernels::DeviceArena allocated once at start (CUDA virtual memory management,
+// never managed memory), cut into segments kept by tiers/segment_pages.h exactly like the host
+// arena: a segment belongs to one namespace at a time, a block lives in whole pages of one
+// segment of its namespace, quotas count segments. Data() is a device pointer: only copies on the
+// device's copy engine (DeviceArena::copies) or kernels touch the bytes.
+//
+// Sharing with clients: ExportSegment hands out a file descriptor of one segment's physical
+// allocation, only to the namespace that owns it (a client imports it with
+// cuMemImportFromShareableHandle and maps it). The descriptor reaches that segment and nothing
+// else; it cannot be made read-only, so treat a client as able to write its own namespace's
+// segments, as with the host arena. When a segment's last page is freed it is renewed (fresh,
+// zeroed memory; its generation changes) before another namespace may have it: a client that
+// kept the old one sees its own namespace's old bytes, never another namespace's blocks.
+//
+// Thread safety: every method may be called from any thread (one internal mutex).
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/namespace_id.h"
+#include "common/status.h"
+#include "kernels/device_arena.h"
+#include "tiers/segment_pages.h"
+#include "tiers/tier.h"
+
+namespace kvpool::tiers {
+
+class GpuTier final : public MemoryTier {
+ public:
+  // Runs over `arena` (whole segments of it; the arena's segment size is the largest block).
+  explicit GpuTier(std::unique_ptr<kernels::DeviceArena> arena);
+  GpuTier(const GpuTier&) = delete;
+  GpuTier& operator=(const GpuTier&) = delete;
+
+  int device() const { return arena_->device(); }
+  // The copies between this tier's memory and host memory.
+  kernels::DeviceCopyEngine& copies() { return arena_->copies(); }
+
+  // StorageTier
+  Tier id() const override { return Tier::kGpu; }
+
+  // MemoryTier
+  uint64_t capacity_bytes() const override { return segment_bytes_ * segment_count_; }
+  Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) override;
+  void Free(const MemorySlot& slot) override;
+  uint8_t* Data(const MemorySlot& slot) const override { return arena_->base() + slot.offset; }
+  uint64_t segment_bytes() const override { return segment_bytes_; }
+  uint64_t max_block_bytes() const override { return segment_bytes_; }
+  uint64_t allocated_bytes() const override;
+  void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
+  uint32_t SegmentsOf(NamespaceId ns) const override;
+  bool AtSegmentLimit(NamespaceId ns) const override;
+  SegmentLocation Locate(uint64_t offset) const override;
+  // `writable` is not enforceable for device memory (see above) and is ignored.
+  Result<int> ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
+                            bool writable) override;
+  MemoryTierStats GetStats() const override;
+
+ private:
+  const std::unique_ptr<kernels::DeviceArena> arena_;
+  const uint64_t segment_bytes_;
+  const uint32_t segment_count_;
+
+  mutable absl::Mutex mu_;
+  SegmentPages pages_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> generations_ ABSL_GUARDED_BY(mu_);  // bumped at each renewal
+};
+
+}  // namespace kvpool::tiers
