@@ -52,6 +52,9 @@ Result<DeviceCopyEngine*> CudaCopyEngine() { return NoCuda("CudaCopyEngine"); }
 Result<std::unique_ptr<DeviceArena>> CreateCudaDeviceArena(int, uint64_t, uint32_t) {
   return NoCuda("CreateCudaDeviceArena");
 }
+Result<std::unique_ptr<ImportedSegment>> ImportCudaSegment(int, uint64_t, int) {
+  return NoCuda("ImportCudaSegment");
+}
 
 }  // namespace kernels
 }  // namespace kvpool

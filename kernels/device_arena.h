@@ -43,6 +43,20 @@ class DeviceArena {
   virtual DeviceCopyEngine& copies() = 0;
 };
 
+// A segment another process exported (DeviceArena::ExportSegment), mapped into this process's
+// device address space for `device`; unmapped when destroyed.
+class ImportedSegment {
+ public:
+  virtual ~ImportedSegment() = default;
+  virtual uint8_t* data() const = 0;  // device memory
+  virtual uint64_t bytes() const = 0;
+};
+
+// Imports the segment behind `fd` (`bytes` long; the descriptor is not kept, the caller closes
+// it) and maps it for device `device`: InvalidArgument for a descriptor that is not a CUDA
+// allocation of that size; Unavailable / Unimplemented as CreateCudaDeviceArena.
+Result<std::unique_ptr<ImportedSegment>> ImportCudaSegment(int fd, uint64_t bytes, int device);
+
 // `segment_count` segments of `segment_bytes` on CUDA device `device`. InvalidArgument when the
 // segment size is not a multiple of the device's allocation granularity (2 MiB on current
 // GPUs); ResourceExhausted when the device has not that much free memory; Unavailable without a

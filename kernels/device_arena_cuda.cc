@@ -2,8 +2,8 @@
 // points the runtime hands out (no link against libcuda).
 
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include <string>
 #include <vector>
@@ -26,6 +26,7 @@ struct Vmm {
   PFN_cuMemUnmap_v10020 unmap = nullptr;
   PFN_cuMemSetAccess_v10020 set_access = nullptr;
   PFN_cuMemExportToShareableHandle_v10020 export_handle = nullptr;
+  PFN_cuMemImportFromShareableHandle_v10020 import_handle = nullptr;
 
   template <typename F>
   static Status Load(const char* name, F* out) {
@@ -50,6 +51,7 @@ struct Vmm {
     KVPOOL_RETURN_IF_ERROR(Load("cuMemMap", &map));
     KVPOOL_RETURN_IF_ERROR(Load("cuMemUnmap", &unmap));
     KVPOOL_RETURN_IF_ERROR(Load("cuMemSetAccess", &set_access));
+    KVPOOL_RETURN_IF_ERROR(Load("cuMemImportFromShareableHandle", &import_handle));
     return Load("cuMemExportToShareableHandle", &export_handle);
   }
 };
@@ -150,7 +152,8 @@ class CudaDeviceArena final : public DeviceArena {
     handles_[index] = fresh;
     // Fresh physical memory may hold what this process freed before: another namespace's blocks.
     KVPOOL_CUDA_CHECK(cudaSetDevice(device_));
-    KVPOOL_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(at), 0, segment_bytes_, zero_stream_));
+    KVPOOL_CUDA_CHECK(
+        cudaMemsetAsync(reinterpret_cast<void*>(at), 0, segment_bytes_, zero_stream_));
     KVPOOL_CUDA_CHECK(cudaStreamSynchronize(zero_stream_));
     return Status::OK();
   }
@@ -183,7 +186,58 @@ class CudaDeviceArena final : public DeviceArena {
   cudaStream_t zero_stream_ = nullptr;
 };
 
+class CudaImportedSegment final : public ImportedSegment {
+ public:
+  CudaImportedSegment(const Vmm& vmm, uint64_t bytes) : vmm_(vmm), bytes_(bytes) {}
+  ~CudaImportedSegment() override {
+    if (mapped_) vmm_.unmap(address_, bytes_);
+    if (handle_ != 0) vmm_.release(handle_);
+    if (address_ != 0) vmm_.address_free(address_, bytes_);
+  }
+
+  Status Init(int fd, int device) {
+    KVPOOL_CUDA_CHECK(cudaSetDevice(device));
+    KVPOOL_CUDA_CHECK(cudaFree(nullptr));
+    KVPOOL_RETURN_IF_ERROR(DriverStatus(
+        vmm_.import_handle(&handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+        "importing a gpu segment"));
+    KVPOOL_RETURN_IF_ERROR(
+        DriverStatus(vmm_.reserve(&address_, bytes_, 0, 0, 0), "reserving addresses"));
+    KVPOOL_RETURN_IF_ERROR(DriverStatus(vmm_.map(address_, bytes_, 0, handle_, 0),
+                                        "mapping an imported gpu segment (is its size right?)"));
+    mapped_ = true;
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = device;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return DriverStatus(vmm_.set_access(address_, bytes_, &a, 1), "granting access");
+  }
+
+  uint8_t* data() const override { return reinterpret_cast<uint8_t*>(address_); }
+  uint64_t bytes() const override { return bytes_; }
+
+ private:
+  const Vmm vmm_;
+  const uint64_t bytes_;
+  CUmemGenericAllocationHandle handle_ = 0;
+  CUdeviceptr address_ = 0;
+  bool mapped_ = false;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<ImportedSegment>> ImportCudaSegment(int fd, uint64_t bytes, int device) {
+  if (!CudaDeviceAvailable()) return Status::Unavailable("no usable CUDA device in this process");
+  Vmm vmm;
+  KVPOOL_RETURN_IF_ERROR(vmm.LoadAll());
+  auto seg = std::make_unique<CudaImportedSegment>(vmm, bytes);
+  Status st = seg->Init(fd, device);
+  if (!st.ok()) {
+    return st.code() == StatusCode::kInternal ? Status::InvalidArgument(st.message()) : st;
+  }
+  return std::unique_ptr<ImportedSegment>(std::move(seg));
+}
 
 Result<std::unique_ptr<DeviceArena>> CreateCudaDeviceArena(int device, uint64_t segment_bytes,
                                                            uint32_t segment_count) {
@@ -194,13 +248,12 @@ Result<std::unique_ptr<DeviceArena>> CreateCudaDeviceArena(int device, uint64_t 
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || device < 0 || device >= devices) {
     cudaGetLastError();
-    return Status::InvalidArgument("no CUDA device " + std::to_string(device) + " (this machine has " +
-                                   std::to_string(devices) + ")");
+    return Status::InvalidArgument("no CUDA device " + std::to_string(device) +
+                                   " (this machine has " + std::to_string(devices) + ")");
   }
   Vmm vmm;
   KVPOOL_RETURN_IF_ERROR(vmm.LoadAll());
-  auto arena =
-      std::make_unique<CudaDeviceArena>(vmm, device, segment_bytes, segment_count, copies);
+  auto arena = std::make_unique<CudaDeviceArena>(vmm, device, segment_bytes, segment_count, copies);
   KVPOOL_RETURN_IF_ERROR(arena->Init());
   return std::unique_ptr<DeviceArena>(std::move(arena));
 }

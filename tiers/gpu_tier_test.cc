@@ -53,7 +53,8 @@ TEST_F(GpuTierTest, SlotsAreDeviceMemoryAndRoundTripExactly) {
   EXPECT_EQ(tier_.capacity_bytes(), 4 * kSegment);
   std::vector<MemorySlot> slots;
   std::vector<std::vector<uint8_t>> ref;
-  for (uint64_t size : {uint64_t{1}, uint64_t{4095}, uint64_t{4096}, uint64_t{70000}, kSegment / 2}) {
+  for (uint64_t size :
+       {uint64_t{1}, uint64_t{4095}, uint64_t{4096}, uint64_t{70000}, kSegment / 2}) {
     auto slot = tier_.Allocate(/*ns=*/1, size);
     ASSERT_TRUE(slot.ok()) << slot.status().ToString();
     EXPECT_EQ(slot->offset % MemoryTier::kPageBytes, 0u);
