@@ -50,6 +50,7 @@ struct Entry {
   uint32_t size = 0;               // payload bytes (a block is at most 64 MiB)
   uint64_t checksum = 0;           // xxh3-64 of the payload
   uint64_t host_offset = 0;        // arena offset of the host copy, when kHost is in `tiers`
+  uint32_t gpu_page = 0;           // with kGpu in `tiers`: the gpu copy's offset / 4 KiB ...
   EntryId parent = kNoEntry;       // previous block of the chain, when it is cached
   uint32_t leases = 0;             // readers holding the host copy; never evicted while > 0
   uint32_t pins = 0;               // sessions that pin this block on disk
@@ -73,6 +74,7 @@ struct Entry {
   uint8_t disk_encoding = 0;
   // Non-zero: the host copy was decoded from a disk copy in this encoding (approximate bytes).
   uint8_t lossy_encoding = 0;
+  uint8_t gpu_device = 0;  // ... in the gpu tier of this CUDA device
   uint32_t disk_size = 0;
 
   bool In(Tier t) const { return tiers & TierBit(t); }
@@ -89,6 +91,7 @@ struct Entry {
 inline constexpr uint8_t kBusyPromoting = 1;   // being read from disk into host
 inline constexpr uint8_t kBusyDemoting = 2;    // being written from host to disk
 inline constexpr uint8_t kBusyReading = 4;     // read straight from disk by a get
+inline constexpr uint8_t kBusyToGpu = 8;       // its host copy is being copied into a gpu tier
 inline constexpr uint8_t kFlagPrefetched = 1;  // promoted ahead of a get that has not come yet
 
 // Told of every change of candidacy (see above) and of every use of a candidate.

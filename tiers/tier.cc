@@ -1,6 +1,7 @@
 #include "tiers/tier.h"
 
 #include "common/tier_names.h"
+#include "tiers/gpu_tier.h"
 
 namespace kvpool::tiers {
 
@@ -10,7 +11,9 @@ Result<TierStack> TierStack::Create(std::vector<StorageTier*> tiers) {
     StorageTier* t = tiers[i];
     if (t == nullptr)
       return Status::InvalidArgument("tier stack: tier " + std::to_string(i) + " is null");
-    if (i > 0 && static_cast<int>(t->id()) <= static_cast<int>(tiers[i - 1]->id())) {
+    const bool another_gpu = i > 0 && t->id() == Tier::kGpu && tiers[i - 1]->id() == Tier::kGpu;
+    if (i > 0 && !another_gpu &&
+        static_cast<int>(t->id()) <= static_cast<int>(tiers[i - 1]->id())) {
       return Status::InvalidArgument(std::string("tier stack: ") + TierNameOf(t->id()) + " after " +
                                      TierNameOf(tiers[i - 1]->id()) +
                                      "; tiers go fastest first, each once");
@@ -28,7 +31,19 @@ Result<TierStack> TierStack::Create(std::vector<StorageTier*> tiers) {
           return Status::InvalidArgument("tier stack: the disk tier must be a block store");
         }
         break;
-      case Tier::kGpu:
+      case Tier::kGpu: {
+        GpuTier* gpu = dynamic_cast<GpuTier*>(t);
+        if (gpu == nullptr)
+          return Status::InvalidArgument("tier stack: a gpu tier must be a GpuTier");
+        for (const GpuTier* other : stack.gpus_) {
+          if (other->device() == gpu->device()) {
+            return Status::InvalidArgument("tier stack: two gpu tiers on device " +
+                                           std::to_string(gpu->device()));
+          }
+        }
+        stack.gpus_.push_back(gpu);
+        break;
+      }
       case Tier::kRemote:
         return Status::Unimplemented(std::string("tier stack: the ") + TierNameOf(t->id()) +
                                      " tier is not part of the tier manager yet");

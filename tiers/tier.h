@@ -13,8 +13,9 @@
 //                prefetcher threads or a reader's, never under its mutex.
 //
 // TierStack orders them, fastest first. The tier manager places blocks in, and serves them from,
-// the stack's host memory tier, and writes them down to its block store; what it does with a
-// second memory tier (the GPU tier) comes with that tier.
+// the stack's host memory tier, and writes them down to its block store. Above host there may be
+// one gpu tier per GPU (tiers/gpu_tier.h), which holds copies of host blocks moved there on a
+// hint (TierManager::PromoteToGpu).
 //
 // Thread safety: every implementation's methods may be called from any thread.
 
@@ -35,6 +36,8 @@
 #include "kernels/block_layout.h"
 
 namespace kvpool::tiers {
+
+class GpuTier;
 
 class StorageTier {
  public:
@@ -194,20 +197,24 @@ class BlockStore : public StorageTier {
 
 class TierStack {
  public:
-  // `tiers`, fastest first: memory tiers, then block stores, each kind at most once. The tier
-  // manager needs a host memory tier and a disk block store; InvalidArgument for any other
-  // order, and Unimplemented for a gpu or remote tier (they come with their own changes).
+  // `tiers`, fastest first: memory tiers, then block stores, each kind once except gpu (one
+  // GpuTier per device, each device once). The tier manager needs a host memory tier and a disk
+  // block store; InvalidArgument for any other order, and Unimplemented for a remote tier (it
+  // comes with its own change).
   static Result<TierStack> Create(std::vector<StorageTier*> tiers);
 
   // The memory tier blocks land in and are served from.
   MemoryTier& host() const { return *host_; }
   // The block store below it.
   BlockStore& disk() const { return *disk_; }
+  // The gpu tiers, in the order given (none without GPUs).
+  std::span<GpuTier* const> gpus() const { return gpus_; }
   // Every tier, fastest first.
   std::span<StorageTier* const> tiers() const { return tiers_; }
 
  private:
   std::vector<StorageTier*> tiers_;
+  std::vector<GpuTier*> gpus_;
   MemoryTier* host_ = nullptr;
   BlockStore* disk_ = nullptr;
 };

@@ -19,6 +19,7 @@ TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
     : options_(options),
       stack_(std::move(stack)),
       host_(stack_.host()),
+      gpus_(stack_.gpus().begin(), stack_.gpus().end()),
       disk_(stack_.disk()),
       clock_(options.clock != nullptr ? *options.clock : RealClock()),
       start_(clock_.Now()),
@@ -27,7 +28,10 @@ TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
              MoverWork{[this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { FlushRoundLocked(); },
                        [this](EntryId id) ABSL_NO_THREAD_SAFETY_ANALYSIS { PromoteOne(id); },
                        [this](EntryId id)
-                           ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonPromotionLocked(id); }}) {}
+                           ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonPromotionLocked(id); }}) {
+  absl::MutexLock lock(&mu_);
+  gpu_blocks_.assign(gpus_.size(), 0);
+}
 
 TierManager::~TierManager() { Shutdown(); }
 
@@ -272,8 +276,19 @@ EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const Block
     const EntryId id = FindCachedLocked(ns, key);
     if (id == kNoEntry) continue;
     Entry& e = index_.at(id);
+    if (tier == Tier::kGpu && !e.In(Tier::kGpu)) continue;  // nothing of it there
     if (e.leases > 0 || e.busy != 0) {
       ++outcome.skipped;
+      continue;
+    }
+    if (tier == Tier::kGpu) {  // only the gpu copy goes: host still holds the block
+      if (e.children[TierSlot(Tier::kGpu)] == 0) {
+        ++gpu_counters_.evictions;
+        DropGpuCopyLocked(id);
+        ++outcome.evicted;
+      } else {
+        ++outcome.skipped;
+      }
       continue;
     }
     bool done = false;
@@ -321,6 +336,10 @@ TierManagerStats TierManager::GetStats() const {
   s.disk_blocks = disk_blocks_;
   s.host_counters = host_counters_;
   s.disk_counters = disk_counters_;
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    s.gpus.push_back({gpus_[i]->device(), gpus_[i]->GetStats(), gpu_blocks_[i]});
+  }
+  s.gpu_counters = gpu_counters_;
   s.index_entries = index_.size();
   s.index_bytes = index_.MemoryBytes();
   s.leases_active = leases_.size();

@@ -11,6 +11,10 @@
 // namespace's eviction order (tiers/eviction_pools.h); the rest of its composition is in
 // tiers/policy.h.
 //
+// GPU tiers (one per device, above host) hold copies of host blocks, made on a hint
+// (PromoteToGpu): a gpu copy exists only while its host copy does, so dropping a host copy drops
+// its gpu copy, and making room in a gpu tier drops gpu copies alone, tail first.
+//
 // Readers hold leases: a leased host copy is never freed or moved. A get that finds a block
 // mid-promotion waits for that promotion; it never reads the block twice. Every read from disk
 // is verified; a block that fails is dropped, logged and reported as a miss.
@@ -46,6 +50,7 @@
 #include "tiers/block_index.h"
 #include "tiers/disk_tier.h"
 #include "tiers/eviction_pools.h"
+#include "tiers/gpu_tier.h"
 #include "tiers/host_tier.h"
 #include "tiers/leases.h"
 #include "tiers/mover.h"
@@ -132,8 +137,16 @@ struct TierCounters {
   uint64_t evictions = 0;
 };
 
+struct GpuTierUsage {
+  int device = 0;
+  MemoryTierStats memory;
+  uint64_t blocks = 0;
+};
+
 struct TierManagerStats {
   HostTierStats host;
+  std::vector<GpuTierUsage> gpus;  // one per gpu tier
+  TierCounters gpu_counters;       // all gpu tiers: promotions into them, evictions from them
   uint64_t host_blocks = 0;
   uint64_t disk_capacity_bytes = 0;
   uint64_t disk_used_bytes = 0;
@@ -210,6 +223,12 @@ class TierManager {
   uint64_t segment_bytes() const { return host_.segment_bytes(); }
   // Starts promoting disk-only blocks of `keys` toward host; returns how many were started.
   uint32_t Prefetch(NamespaceId ns, std::span<const BlockKey> keys);
+  // Copies the blocks of `keys` that are in host into the gpu tier of CUDA device `device` (a
+  // reader will want them there), making room there tail first; returns how many gained a gpu
+  // copy. A key not in host (prefetch it first), already in gpu or busy is skipped. Each copy is
+  // verified at its source once done. NotFound when no gpu tier runs on `device`; a failed copy
+  // fails the call after undoing what it had placed.
+  Result<uint32_t> PromoteToGpu(NamespaceId ns, std::span<const BlockKey> keys, int device);
 
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
   // connection) until committed, aborted or expired.
@@ -257,9 +276,10 @@ class TierManager {
   // The fastest tier holding each key now (kNone: not cached); moves nothing, touches nothing.
   std::vector<Tier> Where(NamespaceId ns, std::span<const BlockKey> keys) const;
 
-  // Admin eviction of a namespace's blocks (all when `keys` is empty) from host (demoting
-  // what disk does not have) or from the whole cache (tier == kDisk). Tail first: a block with
-  // cached descendants that are not also evicted is skipped.
+  // Admin eviction of a namespace's blocks (all when `keys` is empty) from the gpu tiers (their
+  // gpu copies only), from host (demoting what disk does not have; their gpu copies go too) or
+  // from the whole cache (tier == kDisk). Tail first: a block with cached descendants that are
+  // not also evicted is skipped.
   EvictOutcome Evict(NamespaceId ns, Tier tier, std::span<const BlockKey> keys);
 
   TierManagerStats GetStats() const;
@@ -272,6 +292,9 @@ class TierManager {
   uint64_t max_block_bytes() const { return host_.max_block_bytes(); }
   uint64_t host_capacity_bytes() const { return host_.capacity_bytes(); }
 
+  // Test hook: the gpu copy of (ns, key), its device and slot; nullopt when it has none.
+  std::optional<std::pair<int, MemorySlot>> GpuCopyForTest(NamespaceId ns,
+                                                           const BlockKey& key) const;
   // Test hook: waits until no promotion or demotion is in flight.
   void WaitIdleForTest();
   // Test hook: waits until the flusher has run one whole round (expiring what is due on the
@@ -285,6 +308,11 @@ class TierManager {
   };
 
   static DiskCopy DiskCopyOf(const Entry& e);
+  // Where a reader finds a cached entry fastest (a block mid-promotion counts as on disk).
+  static Tier FastestTier(const Entry& e) {
+    if (e.In(Tier::kGpu)) return Tier::kGpu;
+    return e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0 ? Tier::kHost : Tier::kDisk;
+  }
   // Whether a copy of `e` fits the host tier (a block put under a larger segment size does not:
   // it is read straight from disk).
   bool PromotableLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -298,7 +326,15 @@ class TierManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases `id` and then its copy-less ancestors while nothing holds them.
   void MaybeEraseLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the host copy, and the gpu copy with it.
   void DropHostCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropGpuCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The gpu tier of `device`, or null.
+  GpuTier* GpuOf(int device) const;
+  // A slot in `gpu` for `ns`, dropping cold gpu copies of that device (its own when it holds
+  // its quota there) until one fits.
+  Result<MemorySlot> AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes the disk copy (RocksDB) of each id and updates the index.
   void DropDiskCopiesLocked(const std::vector<EntryId>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes disk room for `bytes` more by dropping cold candidates, and accounts them as used.
@@ -340,8 +376,9 @@ class TierManager {
 
   const TierManagerOptions options_;
   const TierStack stack_;
-  MemoryTier& host_;  // stack_.host()
-  BlockStore& disk_;  // stack_.disk()
+  MemoryTier& host_;                  // stack_.host()
+  const std::vector<GpuTier*> gpus_;  // stack_.gpus()
+  BlockStore& disk_;                  // stack_.disk()
   Clock& clock_;
   const Clock::TimePoint start_;
 
@@ -359,6 +396,8 @@ class TierManager {
   absl::flat_hash_map<NamespaceId, uint64_t> disk_used_of_ ABSL_GUARDED_BY(mu_);  // per namespace
   uint64_t blocks_over_quota_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> gpu_blocks_ ABSL_GUARDED_BY(mu_);  // parallel to gpus_
+  TierCounters gpu_counters_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint32_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   TierCounters host_counters_ ABSL_GUARDED_BY(mu_);

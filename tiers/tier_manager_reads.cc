@@ -23,8 +23,7 @@ LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain
     const EntryId id = FindCachedLocked(ns, key);
     if (id == kNoEntry) break;
     Entry& e = index_.at(id);
-    const bool in_host = e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0;
-    result.tiers.push_back(in_host ? Tier::kHost : Tier::kDisk);
+    result.tiers.push_back(FastestTier(e));
     index_.Touch(id, now);
     if (prefetch && !e.In(Tier::kHost) && promotions_.find(id) == promotions_.end() &&
         (e.busy & kBusyReading) == 0 && PromotableLocked(e)) {

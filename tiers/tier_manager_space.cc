@@ -32,6 +32,7 @@ bool TierManager::HostAboveHighWatermarkLocked() const {
 
 void TierManager::DropHostCopyLocked(EntryId id) {
   Entry& e = index_.at(id);
+  if (e.In(Tier::kGpu)) DropGpuCopyLocked(id);
   const HostSlot slot{e.host_offset, e.size};
   index_.RemoveCopy(id, Tier::kHost);
   e.lossy_encoding = 0;

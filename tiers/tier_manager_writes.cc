@@ -300,9 +300,7 @@ std::vector<Tier> TierManager::Where(NamespaceId ns, std::span<const BlockKey> k
     if (id == kNoEntry) {
       out.push_back(Tier::kNone);
     } else {
-      const Entry& e = index_.at(id);
-      out.push_back(e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0 ? Tier::kHost
-                                                                        : Tier::kDisk);
+      out.push_back(FastestTier(index_.at(id)));
     }
   }
   return out;

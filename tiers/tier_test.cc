@@ -59,7 +59,7 @@ TEST_F(TierStackTest, HostThenDiskIsTheStack) {
   EXPECT_EQ(s->tiers()[1]->id(), Tier::kDisk);
 }
 
-TEST_F(TierStackTest, RefusesWrongOrdersKindsAndTiersItDoesNotRunYet) {
+TEST_F(TierStackTest, RefusesWrongOrdersKindsAndTheRemoteTierItDoesNotRunYet) {
   EXPECT_EQ(TierStack::Create({disk_.get(), host_.get()}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(TierStack::Create({host_.get()}).status().code(), StatusCode::kInvalidArgument);
@@ -68,10 +68,14 @@ TEST_F(TierStackTest, RefusesWrongOrdersKindsAndTiersItDoesNotRunYet) {
   PlacedOnly not_memory(Tier::kHost);
   EXPECT_EQ(TierStack::Create({&not_memory, disk_.get()}).status().code(),
             StatusCode::kInvalidArgument);
-  PlacedOnly gpu(Tier::kGpu);
-  Result<TierStack> with_gpu = TierStack::Create({&gpu, host_.get(), disk_.get()});
-  EXPECT_EQ(with_gpu.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(with_gpu.status().message().find("gpu"), std::string::npos);
+  PlacedOnly not_a_gpu_tier(Tier::kGpu);
+  Result<TierStack> with_gpu = TierStack::Create({&not_a_gpu_tier, host_.get(), disk_.get()});
+  EXPECT_EQ(with_gpu.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(with_gpu.status().message().find("GpuTier"), std::string::npos);
+  PlacedOnly remote(Tier::kRemote);
+  Result<TierStack> with_remote = TierStack::Create({host_.get(), disk_.get(), &remote});
+  EXPECT_EQ(with_remote.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(with_remote.status().message().find("remote"), std::string::npos);
 }
 
 TEST_F(TierStackTest, TheDiskTiersReadHandleIsDoneWhenHandedBack) {

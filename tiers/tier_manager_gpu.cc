@@ -1,0 +1,144 @@
+// TierManager, part of tiers/tier_manager.h: the gpu tiers. A gpu copy is a second copy of a
+// host block in one GPU's memory, made on a hint and dropped first when that GPU needs room or
+// with its host copy.
+
+#include <glog/logging.h>
+
+#include "common/checksum.h"
+#include "tiers/tier_manager.h"
+
+namespace kvpool::tiers {
+
+GpuTier* TierManager::GpuOf(int device) const {
+  for (GpuTier* g : gpus_) {
+    if (g->device() == device) return g;
+  }
+  return nullptr;
+}
+
+void TierManager::DropGpuCopyLocked(EntryId id) {
+  Entry& e = index_.at(id);
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    if (gpus_[i]->device() != e.gpu_device) continue;
+    index_.RemoveCopy(id, Tier::kGpu);
+    gpus_[i]->Free({uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size});
+    --gpu_blocks_[i];
+    return;
+  }
+  LOG(DFATAL) << "block " << e.key.ShortHex() << " has a copy on gpu " << int{e.gpu_device}
+              << ", which runs no gpu tier";
+}
+
+Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes) {
+  const int device = gpu.device();
+  for (;;) {
+    Result<MemorySlot> slot = gpu.Allocate(ns, bytes);
+    if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    // Other namespaces' free pages do not help this one: free at least a segment's worth.
+    const uint64_t budget = std::max(bytes, gpu.segment_bytes());
+    auto evictable = [&](EntryId id) {
+      const Entry& e = index_.at(id);
+      return e.gpu_device == device && e.leases == 0 && e.busy == 0;
+    };
+    std::vector<EntryId> victims;
+    if (gpu.AtSegmentLimit(ns)) {
+      pools_.VictimsOf(ns, Tier::kGpu, budget, evictable, &victims);
+    } else {
+      pools_.Victims(Tier::kGpu, budget, evictable, &victims);
+    }
+    if (victims.empty()) return slot;
+    for (EntryId id : victims) {
+      ++gpu_counters_.evictions;
+      DropGpuCopyLocked(id);
+    }
+  }
+}
+
+Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const BlockKey> keys,
+                                           int device) {
+  GpuTier* gpu = GpuOf(device);
+  if (gpu == nullptr) {
+    return Status::NotFound("no gpu tier on CUDA device " + std::to_string(device));
+  }
+  struct Copy {
+    EntryId id;
+    MemorySlot slot;
+    const uint8_t* src;
+    uint64_t checksum;
+  };
+  std::vector<Copy> copies;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return Status::Unavailable("the tier manager is stopping");
+    for (const BlockKey& key : keys) {
+      const EntryId id = FindCachedLocked(ns, key);
+      if (id == kNoEntry) continue;
+      Entry& e = index_.at(id);
+      if (!e.In(Tier::kHost) || e.In(Tier::kGpu) || e.busy != 0 ||
+          e.size > gpu->max_block_bytes()) {
+        continue;
+      }
+      Result<MemorySlot> slot = AllocateGpuLocked(*gpu, ns, e.size);
+      if (!slot.ok()) break;  // no room left there
+      // Busy: its host copy stays where it is (eviction and demotion skip busy entries).
+      e.busy |= kBusyToGpu;
+      copies.push_back({id, *slot, host_.Data({e.host_offset, e.size}), e.checksum});
+    }
+  }
+  // The copies run outside the mutex, on the device's copy engine.
+  Status st = Status::OK();
+  for (const Copy& c : copies) {
+    st = gpu->copies().CopyAsync(gpu->Data(c.slot), c.src, c.slot.length,
+                                 kernels::CopyDirection::kHostToDevice, nullptr);
+    if (!st.ok()) break;
+  }
+  if (st.ok() && !copies.empty()) st = gpu->copies().Wait(nullptr);
+  // Verified at the source once copied: the host copy was verified when put and does not change
+  // while busy, so a mismatch is memory gone bad under the copy.
+  std::vector<bool> good(copies.size(), false);
+  if (st.ok()) {
+    for (size_t i = 0; i < copies.size(); ++i) {
+      good[i] = BlockChecksum(copies[i].src, copies[i].slot.length) == copies[i].checksum;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  uint32_t placed = 0;
+  size_t gpu_index = 0;
+  while (gpus_[gpu_index] != gpu) ++gpu_index;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const Copy& c = copies[i];
+    Entry& e = index_.at(c.id);
+    e.busy &= static_cast<uint8_t>(~kBusyToGpu);
+    if (!good[i] || stopping_ || !e.In(Tier::kHost)) {
+      if (st.ok() && !good[i]) {
+        ++checksum_failures_;
+        LOG(ERROR) << "block " << e.key.ShortHex() << " changed in host memory while copied to gpu "
+                   << device;
+      }
+      gpu->Free(c.slot);
+      MaybeEraseLocked(c.id);
+      continue;
+    }
+    e.gpu_page = static_cast<uint32_t>(c.slot.offset / MemoryTier::kPageBytes);
+    e.gpu_device = static_cast<uint8_t>(device);
+    index_.AddCopy(c.id, Tier::kGpu);
+    ++gpu_blocks_[gpu_index];
+    ++gpu_counters_.promotions;
+    ++placed;
+  }
+  changed_.SignalAll();
+  if (!st.ok()) return st.WithContext("copying blocks to gpu " + std::to_string(device));
+  return placed;
+}
+
+std::optional<std::pair<int, MemorySlot>> TierManager::GpuCopyForTest(NamespaceId ns,
+                                                                      const BlockKey& key) const {
+  absl::MutexLock lock(&mu_);
+  const EntryId id = FindCachedLocked(ns, key);
+  if (id == kNoEntry || !index_.at(id).In(Tier::kGpu)) return std::nullopt;
+  const Entry& e = index_.at(id);
+  return std::make_pair(int{e.gpu_device},
+                        MemorySlot{uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size});
+}
+
+}  // namespace kvpool::tiers

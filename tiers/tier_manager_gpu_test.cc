@@ -1,0 +1,152 @@
+// The tier manager with gpu tiers, on the device double of tests/support/fake_device.h (device
+// memory the host cannot touch, copies that run when waited for): blocks copied from host into a
+// GPU's tier byte for byte on a hint, reported as in gpu, dropped tail first when that GPU needs
+// room and with their host copies, evicted alone by an admin, and a failed copy leaves nothing
+// placed.
+
+#include "tests/support/fake_device.h"
+#include "tiers/tier_manager_test_fixture.h"
+
+namespace kvpool::tiers {
+namespace {
+
+using testing::FakeDevice;
+
+class TierManagerGpuTest : public TierManagerTest {
+ protected:
+  void SetUp() override {
+    TierManagerTest::SetUp();
+    // gpu 0: 2 segments of 1 MiB; gpu 1: one.
+    stack_.gpu_arenas.push_back([this] { return gpu0_.CreateArena(kMiB, 2); });
+    stack_.gpu_arenas.push_back([this] { return gpu1_.CreateArena(kMiB, 1); });
+    Open();
+  }
+
+  // The gpu copy of `key` holds exactly the bytes put for it.
+  void ExpectOnGpu(const BlockKey& key, int device) {
+    auto copy = manager_->GpuCopyForTest(kNs, key);
+    ASSERT_TRUE(copy.has_value()) << key.ShortHex() << " has no gpu copy";
+    EXPECT_EQ(copy->first, device);
+    FakeDevice& dev = device == 0 ? gpu0_ : gpu1_;
+    GpuTier& tier = *stack_.gpus[device];
+    const std::vector<uint8_t>& want = expected_[{kNs, key}];
+    EXPECT_EQ(dev.Read(tier.Data(copy->second), copy->second.length), want)
+        << "wrong bytes on gpu " << device << " for " << key.ShortHex();
+  }
+
+  uint64_t GpuBlocks(int device) { return manager_->GetStats().gpus[device].blocks; }
+
+  FakeDevice gpu0_{0};
+  FakeDevice gpu1_{1};
+};
+
+TEST_F(TierManagerGpuTest, CopiesHostBlocksIntoTheGpuOnAHint) {
+  const Keys keys = PutChain(10, {100 * kKiB, 100 * kKiB, 4097, 1});
+  auto placed = manager_->PromoteToGpu(kNs, keys, 0);
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ(*placed, 4u);
+  for (const BlockKey& k : keys) ExpectOnGpu(k, 0);
+  EXPECT_EQ(TiersOf(keys), std::vector<Tier>(4, Tier::kGpu));
+  EXPECT_EQ(manager_->Where(kNs, keys), std::vector<Tier>(4, Tier::kGpu));
+  const TierManagerStats s = manager_->GetStats();
+  ASSERT_EQ(s.gpus.size(), 2u);
+  EXPECT_EQ(s.gpus[0].device, 0);
+  EXPECT_EQ(s.gpus[0].blocks, 4u);
+  EXPECT_EQ(s.gpus[0].memory.blocks, 4u);
+  EXPECT_EQ(s.gpus[1].blocks, 0u);
+  EXPECT_EQ(s.gpu_counters.promotions, 4u);
+  // Host still serves them, byte exact; promoting again places nothing twice.
+  for (const BlockKey& k : keys) ExpectServed(k);
+  EXPECT_EQ(manager_->PromoteToGpu(kNs, keys, 0).value(), 0u);
+  // Another device takes its own copies only of what it has not... each block has one gpu copy.
+  EXPECT_EQ(manager_->PromoteToGpu(kNs, keys, 1).value(), 0u);
+}
+
+TEST_F(TierManagerGpuTest, SkipsWhatIsNotInHostAndUnknownDevices) {
+  const Keys keys = PutChain(20, {64 * kKiB, 64 * kKiB});
+  DemoteAll({keys[1]});
+  EXPECT_EQ(manager_->PromoteToGpu(kNs, keys, 0).value(), 1u);  // keys[1] is on disk only
+  EXPECT_EQ(TiersOf(keys), (std::vector<Tier>{Tier::kGpu, Tier::kDisk}));
+  auto none = manager_->PromoteToGpu(kNs, keys, 7);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  const Keys unknown = {KeyOf(999)};
+  EXPECT_EQ(manager_->PromoteToGpu(kNs, unknown, 1).value(), 0u);
+}
+
+TEST_F(TierManagerGpuTest, AFullGpuDropsItsColdestTailsFirst) {
+  // 300 KiB blocks: three fit a 1 MiB segment, six fill gpu 0.
+  const Keys a = PutChain(100, std::vector<uint64_t>(6, 300 * kKiB));
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, a, 0).value(), 6u);
+  const Keys b = PutChain(200, std::vector<uint64_t>(3, 300 * kKiB));
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, b, 0).value(), 3u);
+  // A's tail left the gpu, tail first; its head and all of B are there, byte exact.
+  EXPECT_EQ(TiersOf(a), (std::vector<Tier>{Tier::kGpu, Tier::kGpu, Tier::kGpu, Tier::kHost,
+                                           Tier::kHost, Tier::kHost}));
+  for (int i = 0; i < 3; ++i) ExpectOnGpu(a[i], 0);
+  for (const BlockKey& k : b) ExpectOnGpu(k, 0);
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.gpu_counters.evictions, 3u);
+  EXPECT_EQ(s.gpus[0].blocks, 6u);
+  EXPECT_LE(s.gpus[0].memory.allocated_bytes, s.gpus[0].memory.capacity_bytes);
+  for (const BlockKey& k : a) ExpectServed(k);  // nothing left the cache
+}
+
+TEST_F(TierManagerGpuTest, GpuCopiesGoWithTheirHostCopies) {
+  const Keys keys = PutChain(30, {128 * kKiB, 128 * kKiB, 128 * kKiB});
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, keys, 1).value(), 3u);
+  EXPECT_EQ(GpuBlocks(1), 3u);
+  DemoteAll(keys);  // host -> disk: the gpu copies go too
+  EXPECT_EQ(TiersOf(keys), std::vector<Tier>(3, Tier::kDisk));
+  EXPECT_EQ(GpuBlocks(1), 0u);
+  EXPECT_EQ(manager_->GetStats().gpus[1].memory.allocated_bytes, 0u);
+  for (const BlockKey& k : keys) ExpectServed(k);
+}
+
+TEST_F(TierManagerGpuTest, AdminEvictionFromGpuKeepsTheHostCopyAndGoesTailFirst) {
+  const Keys keys = PutChain(40, {64 * kKiB, 64 * kKiB, 64 * kKiB});
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, keys, 0).value(), 3u);
+  // The head alone: its children hold gpu copies, so it stays.
+  EvictOutcome head = manager_->Evict(kNs, Tier::kGpu, {&keys[0], 1});
+  EXPECT_EQ(head.evicted, 0u);
+  EXPECT_EQ(head.skipped, 1u);
+  EvictOutcome all = manager_->Evict(kNs, Tier::kGpu, {});
+  EXPECT_EQ(all.evicted, 3u);
+  EXPECT_EQ(TiersOf(keys), std::vector<Tier>(3, Tier::kHost));
+  EXPECT_EQ(GpuBlocks(0), 0u);
+  for (const BlockKey& k : keys) ExpectServed(k);
+}
+
+TEST_F(TierManagerGpuTest, AFailedCopyPlacesNothing) {
+  const Keys keys = PutChain(50, {64 * kKiB, 64 * kKiB});
+  gpu0_.FailNextWait(Status::Internal("injected: DMA error"));
+  auto placed = manager_->PromoteToGpu(kNs, keys, 0);
+  ASSERT_FALSE(placed.ok());
+  EXPECT_NE(placed.status().message().find("injected"), std::string::npos);
+  EXPECT_EQ(TiersOf(keys), std::vector<Tier>(2, Tier::kHost));
+  EXPECT_EQ(GpuBlocks(0), 0u);
+  EXPECT_EQ(manager_->GetStats().gpus[0].memory.allocated_bytes, 0u);
+  // Nothing stays busy: the blocks still move as usual.
+  DemoteAll(keys);
+  for (const BlockKey& k : keys) ExpectServed(k);
+  // And the next hint works (the reads above brought them back into host).
+  EXPECT_EQ(manager_->PromoteToGpu(kNs, keys, 0).value(), 2u);
+  for (const BlockKey& k : keys) ExpectOnGpu(k, 0);
+}
+
+TEST_F(TierManagerGpuTest, NamespacesGetTheirOwnGpuSegments) {
+  const Keys mine = PutChain(60, {8 * kKiB});
+  const Keys theirs = PutChain(70, {8 * kKiB}, /*ns=*/2);
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, mine, 0).value(), 1u);
+  ASSERT_EQ(manager_->PromoteToGpu(2, theirs, 0).value(), 1u);
+  auto a = manager_->GpuCopyForTest(kNs, mine[0]);
+  auto b = manager_->GpuCopyForTest(2, theirs[0]);
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(a->second.offset / kMiB, b->second.offset / kMiB) << "one segment, two namespaces";
+  EXPECT_EQ(stack_.gpus[0]->SegmentsOf(kNs), 1u);
+  EXPECT_EQ(stack_.gpus[0]->SegmentsOf(2), 1u);
+  // A namespace never sees another's gpu copy.
+  EXPECT_FALSE(manager_->GpuCopyForTest(kNs, theirs[0]).has_value());
+}
+
+}  // namespace
+}  // namespace kvpool::tiers
