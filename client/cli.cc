@@ -5,7 +5,7 @@
 //   kvpool sessions ls [--prefix=P] | show ID | rm ID
 //   kvpool lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N] [--json]
 //   kvpool locate --tokens-file=F --layout=L [...]   (each cluster node's cached prefix)
-//   kvpool evict [--tier=host|disk]
+//   kvpool evict [--tier=gpu|host|disk]
 //   kvpool policies show [--namespace=NS] [--json]   (the strategies each namespace runs with)
 //
 // Every command takes --socket (a Unix socket path or tcp://HOST:PORT) and --namespace.
@@ -47,7 +47,9 @@ DEFINE_string(secret, "",
               "namespace name.");
 DEFINE_string(layout, "", "lookup: canonical layout string, e.g. model=llama-3-8b;dtype=bf16;...");
 DEFINE_uint32(tokens_per_block, 16, "lookup: tokens per block.");
-DEFINE_string(tier, "host", "evict: host (demote to disk) or disk (drop from the cache).");
+DEFINE_string(tier, "host",
+              "evict: gpu (drop the gpu tier's copies), host (demote to disk) or disk (drop from "
+              "the cache).");
 DEFINE_string(cluster_secret_file, "",
               "File holding the cluster secret, for tcp:// daemons in cluster mode.");
 
@@ -64,7 +66,7 @@ constexpr const char* kUsage =
     "                                 longest cached prefix of a token sequence\n"
     "  locate --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N] [--json]\n"
     "                                 for routers: each node's cached prefix of it\n"
-    "  evict [--tier=host|disk]       admin: evict the namespace's blocks\n"
+    "  evict [--tier=gpu|host|disk]   admin: evict the namespace's blocks\n"
     "  cluster members [--json]       the cluster as this daemon sees it\n"
     "  policies show [--namespace=NS] [--json]\n"
     "                                 strategies of every configured namespace (or of NS)\n"
@@ -440,12 +442,14 @@ int Cluster(int argc, char** argv) {
 
 int Evict() {
   kvpool::Tier tier;
-  if (FLAGS_tier == "host") {
+  if (FLAGS_tier == "gpu") {
+    tier = kvpool::Tier::kGpu;
+  } else if (FLAGS_tier == "host") {
     tier = kvpool::Tier::kHost;
   } else if (FLAGS_tier == "disk") {
     tier = kvpool::Tier::kDisk;
   } else {
-    return Usage("--tier must be host or disk");
+    return Usage("--tier must be gpu, host or disk");
   }
   auto c = Connect();
   if (!c.ok()) return Error(c.status());

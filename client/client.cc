@@ -1,8 +1,11 @@
 #include <kvpool/client.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <map>
 
 #include "client/control_connection.h"
 #include "client/device_buffers.h"
@@ -24,8 +27,8 @@ namespace kvpool {
 using client::ControlConnection;
 using client::FromWire;
 using client::GetStaging;
-using client::StageToHost;
 using client::SegmentMappings;
+using client::StageToHost;
 using client::UcxDataPath;
 using transport::Deadline;
 using transport::FrameHeader;
@@ -128,6 +131,11 @@ class Client::Impl {
     server_.max_batch_keys = std::max<uint32_t>(1, resp.max_batch_keys());
     server_.shared_memory = resp.shared_memory();
     mappings_.Reset(resp.segment_bytes());
+    gpu_mappings_.clear();
+    server_.gpu_tiers.clear();
+    for (const wire::GpuTierInfo& g : resp.gpu_tiers()) {
+      server_.gpu_tiers.push_back({g.device(), g.segment_bytes(), g.capacity_bytes()});
+    }
     ucx_.Disconnect();
     server_.ucx = resp.ucx() && ucx_.started() &&
                   ucx_.Connect(resp.ucx_worker_address(), resp.ucx_tag_prefix());
@@ -173,6 +181,8 @@ class Client::Impl {
     uint64_t checksum;
     uint64_t lease_id;
     Tier tier;
+    bool gpu;  // the slot is in the daemon's gpu tier on `gpu_device`
+    int gpu_device;
   };
 
   // Copies leased blocks from the shared segments into the caller's buffers, verifying each
@@ -181,10 +191,20 @@ class Client::Impl {
   Status CopyInPlace(std::span<const BlockKey> keys, const BufferFor& buffer_for,
                      const std::vector<InPlace>& blocks, std::vector<GetResult>& out,
                      GetStaging& staging, Deadline deadline) {
+    // Host slots through the segment mappings; gpu slots through imported gpu segments.
     std::vector<std::pair<uint32_t, uint32_t>> segs;
-    for (const InPlace& b : blocks) segs.emplace_back(b.segment, b.generation);
-    Result<std::vector<Status>> mapped =
-        mappings_.EnsureMapped(segs, /*writable=*/false, segment_source_, deadline);
+    std::vector<size_t> gpu_blocks;
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      if (blocks[k].gpu) {
+        gpu_blocks.push_back(k);
+      } else {
+        segs.emplace_back(blocks[k].segment, blocks[k].generation);
+      }
+    }
+    Result<std::vector<Status>> mapped = std::vector<Status>{};
+    if (!segs.empty()) {
+      mapped = mappings_.EnsureMapped(segs, /*writable=*/false, segment_source_, deadline);
+    }
     wire::ReleaseRequest release;
     for (const InPlace& b : blocks) release.add_lease_ids(b.lease_id);
     if (!mapped.ok()) {
@@ -194,24 +214,24 @@ class Client::Impl {
       return mapped.status();
     }
     std::vector<size_t> to_device;  // indices into `blocks` whose copy is queued
+    size_t host_k = 0;              // the next host block's place in `mapped`
     for (size_t k = 0; k < blocks.size(); ++k) {
       const InPlace& b = blocks[k];
+      if (b.gpu) continue;
+      const Status& seg_status = (*mapped)[host_k++];
       GetResult& r = out[b.index];
       const MutableBuffer buf = buffer_for(b.index, b.size);
-      if (!(*mapped)[k].ok()) {
-        r.status = (*mapped)[k];
+      if (!seg_status.ok()) {
+        r.status = seg_status;
       } else if (b.offset + b.size > mappings_.segment_bytes()) {
         r.status = Status::Internal("block slot outside its segment");
       } else if (buf.data == nullptr || buf.capacity < b.size) {
-        r.status = Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
-                                           " bytes is too small for the " + std::to_string(b.size) +
-                                           "-byte block");
+        r.status = TooSmall(buf, b.size);
         r.size = b.size;
       } else if (buf.memory == Memory::kCuda) {
         const uint8_t* src = mappings_.ReadBase(b.segment) + b.offset;
-        r.status = staging.engine()->CopyAsync(buf.data, src, b.size,
-                                               kernels::CopyDirection::kHostToDevice,
-                                               staging.stream());
+        r.status = staging.engine()->CopyAsync(
+            buf.data, src, b.size, kernels::CopyDirection::kHostToDevice, staging.stream());
         if (r.status.ok()) to_device.push_back(k);
       } else {
         const uint8_t* src = mappings_.ReadBase(b.segment) + b.offset;
@@ -225,21 +245,122 @@ class Client::Impl {
         }
       }
     }
-    if (!to_device.empty()) FinishToDevice(keys, blocks, to_device, out, staging);
+    std::vector<size_t> from_gpu =
+        CopyFromGpu(buffer_for, blocks, gpu_blocks, out, staging, deadline);
+    if (!to_device.empty() || !from_gpu.empty()) {
+      FinishToDevice(keys, blocks, to_device, from_gpu, out, buffer_for, staging);
+    }
     return connection_.SendOnly(wire::RELEASE, release, deadline);
   }
 
-  // The leased sources of the queued device copies are hashed while the copies run (the lease
-  // keeps them unchanged until the release); then waits for the copies.
+  static Status TooSmall(const MutableBuffer& buf, uint64_t size) {
+    return Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
+                                   " bytes is too small for the " + std::to_string(size) +
+                                   "-byte block");
+  }
+
+  bool HasGpuTier(int device) const {
+    for (const GpuTierInfo& g : server_.gpu_tiers) {
+      if (g.device == device) return true;
+    }
+    return false;
+  }
+
+  // The device address of gpu segment (device, segment, generation), imported on first use.
+  Result<uint8_t*> GpuSegment(int device, uint32_t segment, uint32_t generation,
+                              Deadline deadline) {
+    auto it = gpu_mappings_.find({device, segment});
+    if (it != gpu_mappings_.end() && it->second.generation == generation) {
+      return it->second.segment->data();
+    }
+    uint64_t bytes = 0;
+    for (const GpuTierInfo& g : server_.gpu_tiers) {
+      if (g.device == device) bytes = g.segment_bytes;
+    }
+    wire::MapSegmentsRequest req;
+    req.set_gpu(true);
+    req.set_gpu_device(device);
+    wire::SegmentRequest* sr = req.add_segments();
+    sr->set_segment(segment);
+    sr->set_generation(generation);
+    wire::MapSegmentsResponse resp;
+    std::vector<int> fds;
+    KVPOOL_RETURN_IF_ERROR(segment_source_.MapSegments(req, &resp, &fds, deadline));
+    KVPOOL_RETURN_IF_ERROR(FromWire(resp.status()));
+    if (resp.results_size() != 1) {
+      for (int fd : fds) close(fd);
+      return Status::Internal("kvpoold answered a gpu MAP_SEGMENTS with the wrong count");
+    }
+    if (Status one = FromWire(resp.results(0)); !one.ok()) {
+      for (int fd : fds) close(fd);
+      return one;
+    }
+    if (fds.size() != 1) {
+      for (int fd : fds) close(fd);
+      return Status::Internal("kvpoold sent no descriptor for a gpu segment");
+    }
+    Result<std::unique_ptr<kernels::ImportedSegment>> imported =
+        device_engine_->ImportSegment(fds[0], bytes, device);
+    close(fds[0]);
+    if (!imported.ok()) return imported.status().WithContext("importing a gpu segment");
+    GpuMapping& m = gpu_mappings_[{device, segment}];
+    m.generation = generation;
+    m.segment = std::move(imported).value();
+    return m.segment->data();
+  }
+
+  // Queues the copies out of gpu slots (device to device, or device to host for a host buffer);
+  // returns the indices into `blocks` of those queued.
+  std::vector<size_t> CopyFromGpu(const BufferFor& buffer_for, const std::vector<InPlace>& blocks,
+                                  const std::vector<size_t>& gpu_blocks,
+                                  std::vector<GetResult>& out, GetStaging& staging,
+                                  Deadline deadline) {
+    std::vector<size_t> queued;
+    for (size_t k : gpu_blocks) {
+      const InPlace& b = blocks[k];
+      GetResult& r = out[b.index];
+      const MutableBuffer buf = buffer_for(b.index, b.size);
+      if (staging.engine() == nullptr) {
+        r.status = Status::Internal("kvpoold sent a gpu slot to a get without device buffers");
+        continue;
+      }
+      if (buf.data == nullptr || buf.capacity < b.size) {
+        r.status = TooSmall(buf, b.size);
+        r.size = b.size;
+        continue;
+      }
+      Result<uint8_t*> base = GpuSegment(b.gpu_device, b.segment, b.generation, deadline);
+      if (!base.ok()) {
+        r.status = base.status();
+        continue;
+      }
+      r.status = staging.engine()->CopyAsync(buf.data, *base + b.offset, b.size,
+                                             buf.memory == Memory::kCuda
+                                                 ? kernels::CopyDirection::kDeviceToDevice
+                                                 : kernels::CopyDirection::kDeviceToHost,
+                                             staging.stream());
+      if (r.status.ok()) queued.push_back(k);
+    }
+    return queued;
+  }
+
+  // The leased sources of the queued host-to-device copies are hashed while the copies run (the
+  // lease keeps them unchanged until the release); then waits for every queued copy. A copy out
+  // of a gpu slot into host memory is verified once done; one into device memory cannot be
+  // hashed here (its source, the gpu copy, was verified when it was made).
   void FinishToDevice(std::span<const BlockKey> keys, const std::vector<InPlace>& blocks,
-                      const std::vector<size_t>& to_device, std::vector<GetResult>& out,
+                      const std::vector<size_t>& to_device, const std::vector<size_t>& from_gpu,
+                      std::vector<GetResult>& out, const BufferFor& buffer_for,
                       GetStaging& staging) {
+    const auto changed = [&](const InPlace& b) {
+      return Status::Corruption("block " + keys[b.index].ShortHex() +
+                                " changed while being read (lease expired?)");
+    };
     for (size_t k : to_device) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];
       if (BlockChecksum(mappings_.ReadBase(b.segment) + b.offset, b.size) != b.checksum) {
-        r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
-                                      " changed while being read (lease expired?)");
+        r.status = changed(b);
       } else {
         r.size = b.size;
         r.tier = b.tier;
@@ -247,8 +368,21 @@ class Client::Impl {
     }
     const Status done = staging.engine()->Wait(staging.stream());
     for (size_t k : to_device) {
-      GetResult& r = out[blocks[k].index];
-      if (!done.ok()) r.status = done.WithContext("copying to the device");
+      if (!done.ok()) out[blocks[k].index].status = done.WithContext("copying to the device");
+    }
+    for (size_t k : from_gpu) {
+      const InPlace& b = blocks[k];
+      GetResult& r = out[b.index];
+      const MutableBuffer buf = buffer_for(b.index, b.size);
+      if (!done.ok()) {
+        r.status = done.WithContext("copying from the gpu tier");
+      } else if (buf.memory != Memory::kCuda &&
+                 BlockChecksum(static_cast<const uint8_t*>(buf.data), b.size) != b.checksum) {
+        r.status = changed(b);
+      } else {
+        r.size = b.size;
+        r.tier = b.tier;
+      }
     }
   }
 
@@ -337,8 +471,11 @@ class Client::Impl {
   }
 
   // `staging` takes the blocks meant for device buffers that do not come through shared memory.
+  // `gpu_device` >= 0: the device buffers are on that device; blocks in the daemon's gpu tier
+  // there come as gpu slots and are copied device to device.
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for,
-                                     bool accept_encoded, GetStaging& staging) {
+                                     bool accept_encoded, GetStaging& staging, int gpu_device) {
+    const bool ask_gpu = gpu_device >= 0 && server_.shared_memory && HasGpuTier(gpu_device);
     const BufferFor host_buffer_for = [&](size_t i, uint64_t size) {
       return staging.HostTarget(i, buffer_for(i, size));
     };
@@ -355,6 +492,10 @@ class Client::Impl {
         for (size_t j = start; j < end; ++j) packed->append(keys[todo[j]].AsStringView());
         req.set_in_place(server_.shared_memory);
         req.set_accept_encoded(accept_encoded);
+        if (ask_gpu) {
+          req.set_to_gpu(true);
+          req.set_gpu_device(gpu_device);
+        }
         const bool via_ucx = server_.ucx && !server_.shared_memory;
         const uint64_t tag_base = ucx_.NextGetTagBase();
         if (via_ucx) {
@@ -402,7 +543,8 @@ class Client::Impl {
           if (info.lease_id() != 0) {
             in_place.push_back({i, info.slot().segment(), info.slot().generation(),
                                 info.slot().offset(), size, info.checksum(), info.lease_id(),
-                                FromWire(info.tier())});
+                                FromWire(info.tier()), info.slot().gpu(),
+                                info.slot().gpu_device()});
             continue;
           }
           if (via_ucx) {
@@ -638,6 +780,12 @@ class Client::Impl {
   ControlConnection connection_;
   DaemonSegments segment_source_{connection_};
   kernels::DeviceCopyEngine* device_engine_ = nullptr;  // set at the first device buffer
+  // Gpu segments imported through device_engine_, by (device, segment).
+  struct GpuMapping {
+    uint32_t generation = 0;
+    std::unique_ptr<kernels::ImportedSegment> segment;
+  };
+  std::map<std::pair<int, uint32_t>, GpuMapping> gpu_mappings_;
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -738,19 +886,21 @@ Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
     return Status::InvalidArgument("Get needs one buffer per key");
   }
   kernels::DeviceCopyEngine* device = nullptr;
+  int gpu = -1;  // the device of every Memory::kCuda buffer, -2 when they differ
   for (size_t i = 0; i < buffers.size(); ++i) {
     if (buffers[i].memory != Memory::kCuda) continue;
     if (device == nullptr) {
       KVPOOL_ASSIGN_OR_RETURN(device, impl_->DeviceEngine());
     }
-    KVPOOL_RETURN_IF_ERROR(
-        client::CheckDeviceRange(*device, buffers[i].data, buffers[i].capacity,
-                                 "buffer " + std::to_string(i) + " (Memory::kCuda)"));
+    KVPOOL_ASSIGN_OR_RETURN(
+        int on, client::CheckDeviceRange(*device, buffers[i].data, buffers[i].capacity,
+                                         "buffer " + std::to_string(i) + " (Memory::kCuda)"));
+    if (on >= 0) gpu = gpu == -1 || gpu == on ? on : -2;
   }
   client::GetStaging staging(device, options.cuda_stream);
   const Impl::BufferFor caller = [&](size_t i, uint64_t) { return buffers[i]; };
   KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> out, impl_->Run([&] {
-    return impl_->Get(keys, caller, options.accept_encoded, staging);
+    return impl_->Get(keys, caller, options.accept_encoded, staging, std::max(gpu, -1));
   }));
   if (options.decode) {
     for (size_t i = 0; i < out.size(); ++i) {
@@ -775,7 +925,7 @@ Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> ke
   };
   client::GetStaging no_device(nullptr, nullptr);  // the library's buffers are host memory
   KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> results, impl_->Run([&] {
-    return impl_->Get(keys, allocate, options.accept_encoded, no_device);
+    return impl_->Get(keys, allocate, options.accept_encoded, no_device, /*gpu_device=*/-1);
   }));
   for (size_t i = 0; i < keys.size(); ++i) {
     GetResult& r = results[i];
@@ -805,7 +955,8 @@ Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions
     }
     KVPOOL_RETURN_IF_ERROR(
         client::CheckDeviceRange(*device, blocks[i].data, blocks[i].size,
-                                 "block " + std::to_string(i) + " (Memory::kCuda)"));
+                                 "block " + std::to_string(i) + " (Memory::kCuda)")
+            .status());
   }
   return impl_->Run([&] { return impl_->Put(blocks, device, options.cuda_stream); });
 }
@@ -827,17 +978,28 @@ Result<PutResult> Client::PutChain(std::span<const BlockKey> keys,
 }
 
 Result<uint32_t> Client::Prefetch(std::span<const BlockKey> keys) {
-  return impl_->Run([&]() -> Result<uint32_t> {
-    uint32_t scheduled = 0;
+  KVPOOL_ASSIGN_OR_RETURN(PrefetchResult r, Prefetch(keys, PrefetchOptions{}));
+  return r.scheduled;
+}
+
+Result<PrefetchResult> Client::Prefetch(std::span<const BlockKey> keys,
+                                        const PrefetchOptions& options) {
+  return impl_->Run([&]() -> Result<PrefetchResult> {
+    PrefetchResult out;
     for (size_t start = 0; start < keys.size(); start += impl_->server_.max_batch_keys) {
       const size_t end = std::min(keys.size(), start + impl_->server_.max_batch_keys);
       wire::PrefetchRequest req;
       for (size_t i = start; i < end; ++i) req.add_keys(KeyBytes(keys[i]));
+      if (options.gpu_device >= 0) {
+        req.set_to_gpu(true);
+        req.set_gpu_device(options.gpu_device);
+      }
       wire::PrefetchResponse resp;
       KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::PREFETCH, req, &resp));
-      scheduled += resp.scheduled();
+      out.scheduled += resp.scheduled();
+      out.gpu_placed += resp.gpu_placed();
     }
-    return scheduled;
+    return out;
   });
 }
 
@@ -1021,7 +1183,9 @@ Result<PoliciesView> Client::Policies(const std::string& namespace_name) {
 Result<EvictResult> Client::Evict(Tier tier, std::span<const BlockKey> keys) {
   return impl_->Run([&]() -> Result<EvictResult> {
     wire::EvictRequest req;
-    req.set_tier(tier == Tier::kHost ? wire::TIER_HOST : wire::TIER_DISK);
+    req.set_tier(tier == Tier::kHost  ? wire::TIER_HOST
+                 : tier == Tier::kGpu ? wire::TIER_GPU
+                                      : wire::TIER_DISK);
     for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
     wire::EvictResponse resp;
     KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::EVICT, req, &resp));

@@ -4,9 +4,9 @@
 
 namespace kvpool::client {
 
-Status CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void* data, size_t bytes,
-                        const std::string& what) {
-  if (data == nullptr || bytes == 0) return Status::OK();  // the empty/too-small checks say why
+Result<int> CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void* data,
+                             size_t bytes, const std::string& what) {
+  if (data == nullptr || bytes == 0) return -1;  // the empty/too-small checks say why
   Result<int> first = engine.DeviceOf(data);
   if (!first.ok()) return Status::InvalidArgument(what + ": " + first.status().message());
   Result<int> last = engine.DeviceOf(static_cast<const uint8_t*>(data) + bytes - 1);
@@ -14,7 +14,7 @@ Status CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void* dat
     return Status::InvalidArgument(what + ": its " + std::to_string(bytes) +
                                    " bytes do not lie in one device allocation");
   }
-  return Status::OK();
+  return *first;
 }
 
 MutableBuffer GetStaging::HostTarget(size_t index, const MutableBuffer& caller) {

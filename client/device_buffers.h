@@ -22,10 +22,10 @@
 
 namespace kvpool::client {
 
-// InvalidArgument naming `what` unless all of [data, data + bytes) is device memory of one
-// device.
-Status CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void* data, size_t bytes,
-                        const std::string& what);
+// The device of [data, data + bytes): InvalidArgument naming `what` unless all of it is device
+// memory of one device. -1 for an empty range (the empty/too-small checks say why).
+Result<int> CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void* data,
+                             size_t bytes, const std::string& what);
 
 // Bounce buffers of one get, for device targets a path cannot fill directly.
 class GetStaging {

@@ -47,6 +47,21 @@ Response AdminHandlers::Stats(Connection& c, std::string_view body) {
   resp.set_node_id(options_.node_id);
   resp.set_version(options_.version);
   resp.set_uptime_s(UptimeSeconds());
+  for (const tiers::GpuTierUsage& g : t.gpus) {
+    wire::TierStats* gpu = resp.add_tiers();
+    gpu->set_name("gpu" + std::to_string(g.device));
+    gpu->set_capacity_bytes(g.memory.capacity_bytes);
+    gpu->set_used_bytes(g.memory.payload_bytes);
+    gpu->set_blocks(g.blocks);
+    gpu->set_allocated_bytes(g.memory.allocated_bytes);
+    gpu->set_fragmentation(g.memory.fragmentation);
+  }
+  if (!t.gpus.empty()) {  // the gpu tiers' counters, all devices together, on the first one
+    wire::TierStats* first = resp.mutable_tiers(0);
+    first->set_hits(t.gpu_counters.hits);
+    first->set_promotions(t.gpu_counters.promotions);
+    first->set_evictions(t.gpu_counters.evictions);
+  }
   wire::TierStats* host = resp.add_tiers();
   host->set_name("host");
   host->set_capacity_bytes(t.host.capacity_bytes);
@@ -111,7 +126,9 @@ Response AdminHandlers::Evict(Connection& c, std::string_view body) {
   Status st = Parse(body, &req, "EVICT");
   if (st.ok()) st = DecodeKeys(req.keys(), UINT32_MAX, &keys);
   if (st.ok()) {
-    const Tier tier = req.tier() == wire::TIER_HOST ? Tier::kHost : Tier::kDisk;
+    const Tier tier = req.tier() == wire::TIER_HOST  ? Tier::kHost
+                      : req.tier() == wire::TIER_GPU ? Tier::kGpu
+                                                     : Tier::kDisk;
     tiers::EvictOutcome o = tiers_.Evict(c.ns, tier, keys);
     resp.set_evicted(o.evicted);
     resp.set_skipped(o.skipped);

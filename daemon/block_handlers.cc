@@ -84,6 +84,14 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
       }
       resp.set_shared_memory(shm);
       resp.set_segment_bytes(tiers_.segment_bytes());
+      if (shm) {
+        for (const tiers::GpuTier* g : tiers_.gpu_tiers()) {
+          wire::GpuTierInfo* info = resp.add_gpu_tiers();
+          info->set_device(g->device());
+          info->set_segment_bytes(g->segment_bytes());
+          info->set_capacity_bytes(g->capacity_bytes());
+        }
+      }
       resp.set_lease_timeout_ms(static_cast<uint32_t>(options_.lease_timeout.count()));
       if (c.ucx != nullptr) {
         // A repeated hello: the UCX endpoint stays (it is not granted again).
@@ -171,8 +179,10 @@ Response BlockHandlers::Get(Connection& c, std::string_view body) {
   }
   delivery.BeginGet();
   const LeaseTerms terms = delivery.TermsFor(ask);
+  // Gpu slots only in place (the shared-memory path checked above names them to the client).
+  const int gpu_device = req.to_gpu() && ask.in_place ? req.gpu_device() : -1;
   auto reads = std::make_shared<std::vector<tiers::BlockRead>>(
-      tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl, req.accept_encoded()));
+      tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl, req.accept_encoded(), gpu_device));
   if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !c.peer) {
     std::vector<BlockKey> missing;
     std::vector<size_t> where;
@@ -184,7 +194,7 @@ Response BlockHandlers::Get(Connection& c, std::string_view body) {
     }
     if (!missing.empty() && cluster->FetchMissing(c.ns, c.ns_name, missing) > 0) {
       std::vector<tiers::BlockRead> again =
-          tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl, req.accept_encoded());
+          tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl, req.accept_encoded(), gpu_device);
       for (size_t k = 0; k < where.size(); ++k) (*reads)[where[k]] = std::move(again[k]);
     }
   }
@@ -444,6 +454,14 @@ Response BlockHandlers::Prefetch(Connection& c, std::string_view body) {
   Status st = Parse(body, &req, "PREFETCH");
   if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
   if (st.ok()) resp.set_scheduled(tiers_.Prefetch(c.ns, keys));
+  if (st.ok() && req.to_gpu()) {
+    Result<uint32_t> placed = tiers_.PromoteToGpu(c.ns, keys, req.gpu_device());
+    if (placed.ok()) {
+      resp.set_gpu_placed(*placed);
+    } else {
+      st = placed.status();
+    }
+  }
   return Reply(wire::PREFETCH, resp, st);
 }
 
@@ -475,11 +493,14 @@ Response BlockHandlers::MapSegments(Connection& c, std::string_view body) {
   if (st.ok()) {
     for (const wire::SegmentRequest& sr : req.segments()) {
       Status one;
-      if (sr.writable() && !tiers_.OwnerHasReservationIn(c.owner, sr.segment())) {
+      if (sr.writable() && !req.gpu() && !tiers_.OwnerHasReservationIn(c.owner, sr.segment())) {
         one = Status::PermissionDenied("a writable mapping needs an open reservation in segment " +
                                        std::to_string(sr.segment()));
       } else {
-        Result<int> fd = tiers_.ExportSegment(c.ns, sr.segment(), sr.generation(), sr.writable());
+        Result<int> fd =
+            req.gpu()
+                ? tiers_.ExportGpuSegment(c.ns, req.gpu_device(), sr.segment(), sr.generation())
+                : tiers_.ExportSegment(c.ns, sr.segment(), sr.generation(), sr.writable());
         if (fd.ok()) {
           r.fds.push_back(*fd);
         } else {

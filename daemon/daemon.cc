@@ -74,12 +74,16 @@ class DaemonImpl final : public Daemon {
     ho.lock_memory = options_.lock_memory;
     KVPOOL_ASSIGN_OR_RETURN(host_, tiers::HostTier::Create(ho));
     disk_ = std::make_unique<tiers::DiskTier>(*store_);
+    std::vector<tiers::StorageTier*> stack_tiers;
+    KVPOOL_RETURN_IF_ERROR(CreateGpuTiers());
+    for (auto& g : gpus_) stack_tiers.push_back(g.get());
+    stack_tiers.push_back(host_.get());
+    stack_tiers.push_back(disk_.get());
 
     tiers::TierManagerOptions to = options_.tiers;
     to.disk_capacity_bytes = options_.disk_capacity_bytes;
     to.promotion_threads = options_.promotion_threads;
-    KVPOOL_ASSIGN_OR_RETURN(tiers::TierStack stack,
-                            tiers::TierStack::Create({host_.get(), disk_.get()}));
+    KVPOOL_ASSIGN_OR_RETURN(tiers::TierStack stack, tiers::TierStack::Create(stack_tiers));
     tiers_ = std::make_unique<tiers::TierManager>(to, std::move(stack));
     NamespacePoliciesOptions po;
     po.write_policy = options_.write_policy;
@@ -172,6 +176,7 @@ class DaemonImpl final : public Daemon {
     sessions_.reset();
     disk_.reset();
     host_.reset();
+    gpus_.clear();
     namespaces_.reset();
     store_.reset();  // flushes memtables and closes RocksDB
     LOG(INFO) << "kvpoold stopped cleanly";
@@ -191,6 +196,11 @@ class DaemonImpl final : public Daemon {
     if (!tcp_address().empty()) s << " and tcp://" << tcp_address();
     s << "\n  host tier: " << FormatBytes(h.capacity_bytes) << " in " << h.segments << " segments"
       << (h.locked ? " (mlocked)" : " (not mlocked)");
+    for (const auto& g : gpus_) {
+      const tiers::MemoryTierStats gs = g->GetStats();
+      s << "\n  gpu tier: " << FormatBytes(gs.capacity_bytes) << " on CUDA device " << g->device()
+        << " in " << gs.segments << " segments";
+    }
     s << "\n  disk tier: " << FormatBytes(options_.disk_capacity_bytes) << " under "
       << options_.data_dir << "/rocksdb";
     if (ucx_) s << "\n  UCX data path: " << ucx_->transports_in_use();
@@ -207,6 +217,32 @@ class DaemonImpl final : public Daemon {
   }
 
  private:
+  // One gpu tier per --gpu_devices entry, each of --gpu_capacity.
+  Status CreateGpuTiers() {
+    if (options_.gpu_devices.empty()) return Status::OK();
+    const uint64_t seg = options_.gpu_segment_bytes;
+    if (seg == 0 || seg % (2ull << 20) != 0) {
+      return Status::InvalidArgument("--gpu_segment_size must be a positive multiple of 2MiB");
+    }
+    const uint64_t count = options_.gpu_capacity_bytes / seg;
+    if (count == 0 || count > UINT32_MAX) {
+      return Status::InvalidArgument("--gpu_capacity (" + FormatBytes(options_.gpu_capacity_bytes) +
+                                     ") must hold at least one --gpu_segment_size segment (" +
+                                     FormatBytes(seg) + ")");
+    }
+    for (int device : options_.gpu_devices) {
+      Result<std::unique_ptr<kernels::DeviceArena>> arena =
+          options_.gpu_arena
+              ? options_.gpu_arena(device, seg, static_cast<uint32_t>(count))
+              : kernels::CreateCudaDeviceArena(device, seg, static_cast<uint32_t>(count));
+      if (!arena.ok()) {
+        return arena.status().WithContext("gpu tier on CUDA device " + std::to_string(device));
+      }
+      gpus_.push_back(std::make_unique<tiers::GpuTier>(std::move(arena).value()));
+    }
+    return Status::OK();
+  }
+
   // Joins the cluster (see daemon/cluster_node.h): an unreachable etcd does not stop the start,
   // a refused join (wrong secret, a live twin with this node id, bad options) does.
   Status StartCluster() {
@@ -253,6 +289,7 @@ class DaemonImpl final : public Daemon {
   Metrics metrics_;
   std::unique_ptr<tiers::RocksStore> store_;
   std::unique_ptr<NamespaceRegistry> namespaces_;
+  std::vector<std::unique_ptr<tiers::GpuTier>> gpus_;  // destroyed after the tier manager
   std::unique_ptr<tiers::HostTier> host_;
   std::unique_ptr<tiers::DiskTier> disk_;
   std::unique_ptr<tiers::TierManager> tiers_;

@@ -7,10 +7,13 @@
 //
 // Thread safety: Start and Stop from one thread.
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
+#include "kernels/device_arena.h"
 #include "tiers/policy.h"
 #include "tiers/tier_manager.h"
 #include "transport/frame.h"
@@ -30,6 +33,17 @@ struct DaemonOptions {
   uint64_t host_capacity_bytes = 0;
   // Segment size of the host arena; also the largest block. Default: 64 MiB.
   uint64_t host_segment_bytes = 64ull << 20;
+  // The gpu tier: CUDA devices it runs on (one arena each, above host), and per device its
+  // capacity and segment size (a multiple of 2 MiB; also the largest block kept there).
+  // Default: no devices, no gpu tier.
+  std::vector<int> gpu_devices;
+  uint64_t gpu_capacity_bytes = 0;
+  uint64_t gpu_segment_bytes = 64ull << 20;
+  // How a gpu tier's memory is made: kernels::CreateCudaDeviceArena when empty (kvpoold). Tests
+  // without a GPU pass the device double of tests/support/fake_device.h.
+  std::function<Result<std::unique_ptr<kernels::DeviceArena>>(int device, uint64_t segment_bytes,
+                                                              uint32_t segments)>
+      gpu_arena;
   // Disk tier budget. Default (0): 64 GiB or 80% of the free space under data_dir, the smaller.
   uint64_t disk_capacity_bytes = 0;
   // mlock the host arena. Default: true.

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 
 #include "build_info.h"  // generated: cmake/build_info.h.in
 #include "common/units.h"
@@ -36,6 +37,14 @@ DEFINE_string(
     "Host (pinned shared memory) tier size, e.g. 4GiB. Default: 1/8 of RAM, at most 16GiB.");
 DEFINE_string(host_segment_size, "64MiB",
               "Host arena segment: the unit given to one namespace and the largest block.");
+DEFINE_string(gpu_devices, "",
+              "CUDA devices the gpu tier runs on, e.g. 0,1 (one arena each, above host). Default: "
+              "none, no gpu tier.");
+DEFINE_string(gpu_capacity, "",
+              "Gpu tier memory per device, e.g. 8GiB. Required with --gpu_devices.");
+DEFINE_string(gpu_segment_size, "64MiB",
+              "Gpu tier segment (a multiple of 2MiB): the unit a namespace owns on a GPU and the "
+              "largest block kept there.");
 DEFINE_string(disk_capacity, "",
               "Disk tier budget for block bytes, e.g. 500GiB. Default: 64GiB or 80% of the free "
               "space under --data-dir, whichever is smaller.");
@@ -136,6 +145,27 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
       FLAGS_host_high_watermark > 1) {
     return Fail(kvpool::Status::InvalidArgument(
         "watermarks must satisfy 0 < --host-low-watermark <= --host-high-watermark <= 1"));
+  }
+  if (!FLAGS_gpu_devices.empty()) {
+    auto gpu_capacity = SizeFlag("gpu-capacity", FLAGS_gpu_capacity);
+    auto gpu_segment = SizeFlag("gpu-segment-size", FLAGS_gpu_segment_size);
+    if (!gpu_capacity.ok()) return Fail(gpu_capacity.status());
+    if (!gpu_segment.ok()) return Fail(gpu_segment.status());
+    if (*gpu_capacity == 0) {
+      return Fail(kvpool::Status::InvalidArgument("--gpu_devices needs --gpu_capacity"));
+    }
+    std::istringstream list(FLAGS_gpu_devices);
+    for (std::string d; std::getline(list, d, ',');) {
+      char* end = nullptr;
+      const long device = std::strtol(d.c_str(), &end, 10);
+      if (d.empty() || *end != '\0' || device < 0 || device > 255) {
+        return Fail(kvpool::Status::InvalidArgument("--gpu_devices: '" + d +
+                                                    "' is not a CUDA device number"));
+      }
+      o.gpu_devices.push_back(static_cast<int>(device));
+    }
+    o.gpu_capacity_bytes = *gpu_capacity;
+    o.gpu_segment_bytes = *gpu_segment;
   }
   o.host_capacity_bytes = *host;
   o.host_segment_bytes = *segment;

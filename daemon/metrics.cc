@@ -95,8 +95,8 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Metric(&o, "kvpool_disk_device_bytes", "gauge", "RocksDB SST and blob file bytes.");
   Value(&o, "kvpool_disk_device_bytes", static_cast<double>(t.disk_bytes_on_device));
 
-  const std::pair<const char*, const tiers::TierCounters*> tiers[] = {{"host", &t.host_counters},
-                                                                      {"disk", &t.disk_counters}};
+  const std::pair<const char*, const tiers::TierCounters*> tiers[] = {
+      {"gpu", &t.gpu_counters}, {"host", &t.host_counters}, {"disk", &t.disk_counters}};
   Metric(&o, "kvpool_hits_total", "counter", "Blocks served, by the tier they were found in.");
   for (auto [n, c] : tiers)
     Value(&o, std::string("kvpool_hits_total{tier=\"") + n + "\"}", c->hits);

@@ -21,7 +21,23 @@ uint64_t SharedMemoryDelivery::Send(const PathAsk& ask, uint32_t position, tiers
     return below().Send(ask, position, read, info, response);
   }
   // The client copies it from its mapping and releases the lease; nothing in the frame.
-  SetSlot(read.arena_offset, info->mutable_slot());
+  if (read.gpu_device >= 0) {
+    // From the gpu tier the client asked for: it maps that segment (MAP_SEGMENTS gpu).
+    Result<tiers::SegmentLocation> loc = tiers_.LocateGpu(read.gpu_device, read.gpu_offset);
+    if (loc.ok()) {
+      wire::SegmentSlot* slot = info->mutable_slot();
+      slot->set_segment(loc->segment);
+      slot->set_generation(loc->generation);
+      slot->set_offset(loc->offset);
+      slot->set_gpu(true);
+      slot->set_gpu_device(read.gpu_device);
+    } else {
+      SetSlot(read.arena_offset, info->mutable_slot());  // its host copy, then
+      info->set_tier(wire::TIER_HOST);
+    }
+  } else {
+    SetSlot(read.arena_offset, info->mutable_slot());
+  }
   info->set_lease_id(read.lease_id);
   read.lease_id = 0;  // the client's now: RELEASE, disconnect or expiry ends it
   return 0;

@@ -43,15 +43,6 @@ class DeviceArena {
   virtual DeviceCopyEngine& copies() = 0;
 };
 
-// A segment another process exported (DeviceArena::ExportSegment), mapped into this process's
-// device address space for `device`; unmapped when destroyed.
-class ImportedSegment {
- public:
-  virtual ~ImportedSegment() = default;
-  virtual uint8_t* data() const = 0;  // device memory
-  virtual uint64_t bytes() const = 0;
-};
-
 // Imports the segment behind `fd` (`bytes` long; the descriptor is not kept, the caller closes
 // it) and maps it for device `device`: InvalidArgument for a descriptor that is not a CUDA
 // allocation of that size; Unavailable / Unimplemented as CreateCudaDeviceArena.

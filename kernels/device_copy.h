@@ -11,6 +11,8 @@
 // in the order they were enqueued.
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 #include "common/status.h"
 
@@ -19,6 +21,16 @@ namespace kvpool::kernels {
 enum class CopyDirection : uint8_t {
   kHostToDevice = 1,
   kDeviceToHost = 2,
+  kDeviceToDevice = 3,  // peer to peer when the devices differ
+};
+
+// A segment of another process's gpu tier (kernels/device_arena.h), mapped into this process's
+// device address space; unmapped when destroyed.
+class ImportedSegment {
+ public:
+  virtual ~ImportedSegment() = default;
+  virtual uint8_t* data() const = 0;  // device memory
+  virtual uint64_t bytes() const = 0;
 };
 
 class DeviceCopyEngine {
@@ -38,6 +50,10 @@ class DeviceCopyEngine {
   // only the calling thread blocks; the device's other streams run on. Internal with CUDA's
   // reason when a copy failed.
   virtual Status Wait(void* stream) = 0;
+  // Maps the gpu segment behind `fd` (`bytes` long; the caller keeps and closes the
+  // descriptor) for device `device`. InvalidArgument for a descriptor that is not one.
+  virtual Result<std::unique_ptr<ImportedSegment>> ImportSegment(int fd, uint64_t bytes,
+                                                                 int device) = 0;
 };
 
 // The CUDA runtime's engine, one per process. Unavailable without a usable device; Unimplemented

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cuda_check.h"
+#include "kernels/device_arena.h"
 #include "kernels/device_copy.h"
 #include "kernels/pinned_memory.h"
 
@@ -32,10 +33,17 @@ class CudaEngine final : public DeviceCopyEngine {
 
   Status CopyAsync(void* dst, const void* src, size_t bytes, CopyDirection direction,
                    void* stream) override {
-    const cudaMemcpyKind kind =
-        direction == CopyDirection::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    const cudaMemcpyKind kind = direction == CopyDirection::kHostToDevice ? cudaMemcpyHostToDevice
+                                : direction == CopyDirection::kDeviceToHost
+                                    ? cudaMemcpyDeviceToHost
+                                    : cudaMemcpyDeviceToDevice;
     KVPOOL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream)));
     return Status::OK();
+  }
+
+  Result<std::unique_ptr<ImportedSegment>> ImportSegment(int fd, uint64_t bytes,
+                                                         int device) override {
+    return ImportCudaSegment(fd, bytes, device);
   }
 
   Status Wait(void* stream) override {

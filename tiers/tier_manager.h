@@ -110,6 +110,11 @@ struct BlockRead {
   uint8_t encoding = 0;
   kernels::BlockLayout layout;
   std::unique_ptr<uint8_t[]> owned;
+  // from == kGpu (only for a reader that asked for a device): the lease also holds the block's
+  // copy in the gpu tier of CUDA device `gpu_device`, at `gpu_offset` there. `data` and
+  // `arena_offset` still name the host copy.
+  int gpu_device = -1;
+  uint64_t gpu_offset = 0;
 };
 
 enum class ReserveState : uint8_t { kReserved, kPresent, kInProgress, kRefused };
@@ -204,9 +209,11 @@ class TierManager {
   // (e.g. a connection) and expires by itself after `ttl` (zero: only Release ends it). With
   // `keep_encoding`, a block only on disk whose copy there is encoded is read as stored (not
   // promoted, not decoded: BlockRead::encoding says so), for a reader that decodes it itself.
+  // With `gpu_device` >= 0, a block with a copy in that device's gpu tier is leased there too
+  // (BlockRead::from == kGpu), for a reader that copies device to device.
   std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys, uint64_t owner = 0,
                                  std::chrono::milliseconds ttl = std::chrono::milliseconds(0),
-                                 bool keep_encoding = false);
+                                 bool keep_encoding = false, int gpu_device = -1);
   // Ends a read's lease (no-op for disk reads and released leases).
   void Release(BlockRead& read);
   // Ends `owner`'s leases among `lease_ids`; unknown ids (expired, or another owner's) are
@@ -221,6 +228,10 @@ class TierManager {
     return host_.ExportSegment(segment, generation, ns, writable);
   }
   uint64_t segment_bytes() const { return host_.segment_bytes(); }
+  // The gpu tiers, and the same for their segments as above (NotFound for a device without one).
+  std::span<GpuTier* const> gpu_tiers() const { return gpus_; }
+  Result<SegmentLocation> LocateGpu(int device, uint64_t gpu_offset) const;
+  Result<int> ExportGpuSegment(NamespaceId ns, int device, uint32_t segment, uint32_t generation);
   // Starts promoting disk-only blocks of `keys` toward host; returns how many were started.
   uint32_t Prefetch(NamespaceId ns, std::span<const BlockKey> keys);
   // Copies the blocks of `keys` that are in host into the gpu tier of CUDA device `device` (a

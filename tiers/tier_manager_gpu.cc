@@ -131,6 +131,21 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
   return placed;
 }
 
+Result<SegmentLocation> TierManager::LocateGpu(int device, uint64_t gpu_offset) const {
+  const GpuTier* gpu = GpuOf(device);
+  if (gpu == nullptr)
+    return Status::NotFound("no gpu tier on CUDA device " + std::to_string(device));
+  return gpu->Locate(gpu_offset);
+}
+
+Result<int> TierManager::ExportGpuSegment(NamespaceId ns, int device, uint32_t segment,
+                                          uint32_t generation) {
+  GpuTier* gpu = GpuOf(device);
+  if (gpu == nullptr)
+    return Status::NotFound("no gpu tier on CUDA device " + std::to_string(device));
+  return gpu->ExportSegment(segment, generation, ns, /*writable=*/false);
+}
+
 std::optional<std::pair<int, MemorySlot>> TierManager::GpuCopyForTest(NamespaceId ns,
                                                                       const BlockKey& key) const {
   absl::MutexLock lock(&mu_);

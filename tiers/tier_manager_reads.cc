@@ -54,7 +54,7 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
 
 std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys,
                                             uint64_t owner, std::chrono::milliseconds ttl,
-                                            bool keep_encoding) {
+                                            bool keep_encoding, int gpu_device) {
   std::vector<BlockRead> out(keys.size());
   absl::MutexLock lock(&mu_);
   const uint32_t now = NowSeconds();
@@ -124,6 +124,14 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     const Entry& e = index_.at(id);
     if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
       lease(i, id, Tier::kHost);
+      if (gpu_device >= 0 && e.In(Tier::kGpu) && e.gpu_device == gpu_device) {
+        BlockRead& r = out[i];
+        r.from = Tier::kGpu;
+        r.gpu_device = gpu_device;
+        r.gpu_offset = uint64_t{e.gpu_page} * MemoryTier::kPageBytes;
+        --host_counters_.hits;  // lease() counted a host hit
+        ++gpu_counters_.hits;
+      }
     } else if (keep_encoding && !e.In(Tier::kHost) && e.disk_encoding != 0 && e.busy == 0) {
       as_stored.push_back(i);
     } else {

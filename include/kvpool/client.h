@@ -67,6 +67,13 @@ struct ClientOptions {
   std::string ucx_net_devices;
 };
 
+// One GPU's share of the daemon's gpu tier.
+struct GpuTierInfo {
+  int device = 0;  // CUDA device ordinal on this node
+  uint64_t segment_bytes = 0;
+  uint64_t capacity_bytes = 0;
+};
+
 struct ServerInfo {
   std::string node_id;
   std::string daemon_version;
@@ -75,6 +82,20 @@ struct ServerInfo {
   uint32_t max_batch_keys = 0;
   bool shared_memory = false;  // blocks move through shared memory on this connection
   bool ucx = false;            // blocks move over UCX on this connection
+  // The daemon's gpu tiers, on a shared-memory connection: a block there is copied device to
+  // device into a Memory::kCuda buffer of the same device (see Prefetch).
+  std::vector<GpuTierInfo> gpu_tiers;
+};
+
+struct PrefetchOptions {
+  // >= 0: also copy the blocks that are in the daemon's host tier into its gpu tier on this CUDA
+  // device, for reads into device memory there. Default: -1 (toward host only).
+  int gpu_device = -1;
+};
+
+struct PrefetchResult {
+  uint32_t scheduled = 0;   // promotions toward host started
+  uint32_t gpu_placed = 0;  // blocks copied into the gpu tier
 };
 
 struct LookupResult {
@@ -328,6 +349,9 @@ class Client {
 
   // Hint: promote these toward host. Returns how many promotions started.
   Result<uint32_t> Prefetch(std::span<const BlockKey> keys);
+  // The same, and with options.gpu_device toward that GPU's tier of the daemon as well.
+  // NotFound when the daemon runs no gpu tier on that device.
+  Result<PrefetchResult> Prefetch(std::span<const BlockKey> keys, const PrefetchOptions& options);
 
   // Persists a session and pins its chain on disk. FailedPrecondition when a chain block is not
   // cached (put it first).

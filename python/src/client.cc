@@ -151,8 +151,8 @@ void* CudaStream(nb::handle stream, const std::vector<Buffer>& buffers) {
     if (b.device() != Buffer::Device::kCuda) continue;
     nb::module_ sys = nb::module_::import_("sys");
     if (!nb::cast<bool>(sys.attr("modules").attr("__contains__")("torch"))) return nullptr;
-    nb::object current = nb::module_::import_("torch").attr("cuda").attr("current_stream")(
-        b.device_id());
+    nb::object current =
+        nb::module_::import_("torch").attr("cuda").attr("current_stream")(b.device_id());
     return reinterpret_cast<void*>(nb::cast<uintptr_t>(current.attr("cuda_stream")));
   }
   return nullptr;
@@ -313,9 +313,12 @@ class PyClient {
     return out;
   }
 
-  uint32_t Prefetch(nb::handle keys_obj) {
+  uint32_t Prefetch(nb::handle keys_obj, std::optional<int> gpu_device) {
     std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
-    return Unwrap(Call([&](Client& c) { return c.Prefetch(keys); }));
+    PrefetchOptions options;
+    if (gpu_device) options.gpu_device = *gpu_device;
+    PrefetchResult r = Unwrap(Call([&](Client& c) { return c.Prefetch(keys, options); }));
+    return gpu_device ? r.gpu_placed : r.scheduled;
   }
 
   void SaveSession(const std::string& id, nb::handle keys_obj, uint64_t token_count,
@@ -396,12 +399,14 @@ class PyClient {
 
   nb::dict Evict(const std::string& tier_name, nb::handle keys_obj) {
     Tier tier;
-    if (tier_name == "host") {
+    if (tier_name == "gpu") {
+      tier = Tier::kGpu;
+    } else if (tier_name == "host") {
       tier = Tier::kHost;
     } else if (tier_name == "disk") {
       tier = Tier::kDisk;
     } else {
-      RaiseInvalid("evict: tier must be 'host' or 'disk', not '" + tier_name + "'");
+      RaiseInvalid("evict: tier must be 'gpu', 'host' or 'disk', not '" + tier_name + "'");
     }
     std::vector<BlockKey> keys;
     if (!keys_obj.is_none()) keys = ToKeys(keys_obj, "keys");
@@ -570,8 +575,11 @@ void RegisterClient(nb::module_& m) {
            "the first block's is `parent`. A CUDA block is copied device-to-host straight into "
            "the daemon's shared memory on `stream` (as in get_into). Per-block errors are in "
            "PutResult.errors.")
-      .def("prefetch", &PyClient::Prefetch, nb::arg("keys"),
-           "Hint: promote these toward host. Returns how many promotions started.")
+      .def("prefetch", &PyClient::Prefetch, nb::arg("keys"), nb::arg("gpu_device") = nb::none(),
+           "Hint: promote these toward host; returns how many promotions started. With "
+           "gpu_device, also copy those already in host into the daemon's gpu tier on that CUDA "
+           "device (get_into of CUDA tensors there then copies device to device); returns how "
+           "many were placed there. NotFound when the daemon has no gpu tier on that device.")
       .def("save_session", &PyClient::SaveSession, nb::arg("session_id"), nb::arg("keys"),
            nb::arg("token_count"), nb::arg("metadata") = nb::none(),
            "Persists a session and pins its chain on disk. FailedPrecondition when a chain "
@@ -595,8 +603,9 @@ void RegisterClient(nb::module_& m) {
            "control_address, self, error (None, or the Error of a node that did not answer), "
            "hit_blocks, tiers (one per hit block).")
       .def("evict", &PyClient::Evict, nb::arg("tier") = "host", nb::arg("keys") = nb::none(),
-           "Admin: evict the namespace's blocks (all when keys is None) from 'host' (demoted to "
-           "disk) or 'disk' (dropped). Returns {'evicted': n, 'skipped': n}.")
+           "Admin: evict the namespace's blocks (all when keys is None) from 'gpu' (the gpu "
+           "tier's copies only), 'host' (demoted to disk) or 'disk' (dropped). Returns "
+           "{'evicted': n, 'skipped': n}.")
       .def("reconnect", &PyClient::Reconnect,
            "Drops the connection and connects again (also after close()).")
       .def("close", &PyClient::Close,

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -100,6 +101,43 @@ class FakeDevice::Arena final : public kernels::DeviceArena {
   std::vector<int> fds_;
 };
 
+class FakeDevice::Imported final : public kernels::ImportedSegment {
+ public:
+  Imported(FakeDevice& device, uint8_t* data, uint64_t bytes)
+      : device_(device), data_(data), bytes_(bytes) {}
+  ~Imported() override {
+    device_.Unregister(data_);
+    munmap(data_, bytes_);
+  }
+  uint8_t* data() const override { return data_; }
+  uint64_t bytes() const override { return bytes_; }
+
+ private:
+  FakeDevice& device_;
+  uint8_t* const data_;
+  const uint64_t bytes_;
+};
+
+Result<std::unique_ptr<kernels::ImportedSegment>> FakeDevice::ImportSegment(int fd, uint64_t bytes,
+                                                                            int device) {
+  if (device != device_) return Status::InvalidArgument("FakeDevice: another device");
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
+    return Status::InvalidArgument("FakeDevice: not a segment of that size");
+  }
+  void* p = mmap(nullptr, bytes, PROT_NONE, MAP_SHARED, fd, 0);
+  void* view = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED || view == MAP_FAILED) return Status::FromErrno(errno, "FakeDevice: mmap");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    allocations_[reinterpret_cast<uintptr_t>(p)] = {static_cast<uint8_t*>(p),
+                                                    static_cast<uint8_t*>(view), bytes,
+                                                    /*owned=*/false};
+  }
+  return std::unique_ptr<kernels::ImportedSegment>(
+      std::make_unique<Imported>(*this, static_cast<uint8_t*>(p), bytes));
+}
+
 std::unique_ptr<kernels::DeviceArena> FakeDevice::CreateArena(uint64_t segment_bytes,
                                                               uint32_t segment_count) {
   return std::make_unique<Arena>(*this, segment_bytes, segment_count);
@@ -181,6 +219,17 @@ Result<int> FakeDevice::DeviceOf(const void* ptr) const {
 Status FakeDevice::CopyAsync(void* dst, const void* src, size_t bytes,
                              kernels::CopyDirection direction, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (direction == kernels::CopyDirection::kDeviceToDevice) {
+    uint8_t* to = ViewOfLocked(dst, bytes);
+    const uint8_t* from = ViewOfLocked(src, bytes);
+    if (to == nullptr || from == nullptr) {
+      return Status::InvalidArgument("FakeDevice: a device side outside device memory");
+    }
+    queued_[stream].push_back({to, from, bytes});
+    ++counters_.device_copies;
+    counters_.device_bytes += bytes;
+    return Status::OK();
+  }
   const bool to_device = direction == kernels::CopyDirection::kHostToDevice;
   const void* device_side = to_device ? dst : src;
   const void* host_side = to_device ? src : dst;

@@ -11,7 +11,9 @@
 //
 // CreateArena makes a kernels::DeviceArena of this device the same way: each segment its own
 // memfd, mapped with no access at the arena's address and read-write in a private view; Renew
-// maps a fresh memfd, ExportSegment hands out a descriptor of the current one.
+// maps a fresh memfd, ExportSegment hands out a descriptor of the current one, and ImportSegment
+// maps such a descriptor (in this process: the tier and its client share one FakeDevice) as more
+// device memory.
 //
 // Thread safety: every method may be called from any thread.
 
@@ -52,6 +54,8 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
     uint64_t to_device_bytes = 0;
     uint64_t to_host_copies = 0;
     uint64_t to_host_bytes = 0;
+    uint64_t device_copies = 0;  // device to device
+    uint64_t device_bytes = 0;
     uint64_t waits = 0;
   };
   Counters counters() const;
@@ -64,9 +68,12 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   Status CopyAsync(void* dst, const void* src, size_t bytes, kernels::CopyDirection direction,
                    void* stream) override;
   Status Wait(void* stream) override;
+  Result<std::unique_ptr<kernels::ImportedSegment>> ImportSegment(int fd, uint64_t bytes,
+                                                                  int device) override;
 
  private:
   class Arena;
+  class Imported;
   struct Allocation {
     uint8_t* device = nullptr;  // PROT_NONE
     uint8_t* view = nullptr;    // read-write

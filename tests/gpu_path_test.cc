@@ -1,0 +1,185 @@
+// The gpu data path end to end, in one process: a Daemon (daemon/daemon.h) whose gpu tier runs
+// on the device double of tests/support/fake_device.h, and a real Client over its Unix socket
+// whose device buffers use the same double. Blocks put from host memory are copied into the gpu
+// tier on a prefetch hint and read from there device to device into device buffers (peer to peer
+// on a real node), through a gpu segment the client imports by descriptor; host buffers and
+// evicted gpu copies fall back to the host arena; the leases end. kvpoold itself never runs the
+// double: without CUDA it has no gpu tier (checked at the end).
+
+#include <gtest/gtest.h>
+
+#include "client/device_buffers.h"
+#include "common/checksum.h"
+#include "daemon/daemon.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/fake_device.h"
+#include "tests/support/status_matchers.h"
+#include "tests/support/temp_dir.h"
+
+namespace kvpool::testing {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+BlockKey KeyOf(uint64_t i) {
+  BlockKey k;
+  std::memcpy(k.bytes.data(), &i, sizeof(i));
+  k.bytes[31] = 0x6B;
+  return k;
+}
+
+class GpuPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    daemon::DaemonOptions o;
+    o.data_dir = dir_.Join("data");
+    o.socket_path = dir_.Join("kvpool.sock");
+    o.host_capacity_bytes = 32 * kMiB;
+    o.host_segment_bytes = 2 * kMiB;
+    o.disk_capacity_bytes = 256 * kMiB;
+    o.lock_memory = false;
+    o.ucx = false;
+    o.namespaces_file = "";
+    o.gpu_devices = {0};
+    o.gpu_capacity_bytes = 4 * kMiB;
+    o.gpu_segment_bytes = 2 * kMiB;
+    o.gpu_arena = [this](int, uint64_t segment,
+                         uint32_t count) -> Result<std::unique_ptr<kernels::DeviceArena>> {
+      return gpu_.CreateArena(segment, count);
+    };
+    auto d = daemon::Daemon::Start(std::move(o));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = std::move(d).value();
+    ClientOptions co;
+    co.address = dir_.Join("kvpool.sock");
+    co.namespace_name = "gpu-test";
+    co.data_path = DataPath::kSharedMemory;
+    auto c = Client::Connect(co);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(c).value();
+    client::UseCopyEngineForTest(*client_, &gpu_);
+  }
+  void TearDown() override {
+    client_.reset();
+    if (daemon_) daemon_->Stop();
+  }
+
+  // Puts a chain of `n` blocks of `size` bytes from host memory; returns their bytes.
+  std::vector<std::vector<uint8_t>> PutChain(uint64_t first, int n, size_t size) {
+    std::vector<std::vector<uint8_t>> ref;
+    std::vector<PutBlock> blocks;
+    for (int i = 0; i < n; ++i) ref.push_back(BlockBytes(first + i, size));
+    for (int i = 0; i < n; ++i) {
+      blocks.push_back(
+          {KeyOf(first + i), ref[i].data(), size, i ? KeyOf(first + i - 1) : BlockKey{}, {}});
+    }
+    auto put = client_->Put(blocks);
+    EXPECT_TRUE(put.ok() && put->all_ok());
+    return ref;
+  }
+  std::vector<BlockKey> Keys(uint64_t first, int n) {
+    std::vector<BlockKey> keys;
+    for (int i = 0; i < n; ++i) keys.push_back(KeyOf(first + i));
+    return keys;
+  }
+
+  TempDir dir_{"kvpool-gpu-path"};
+  FakeDevice gpu_{0};
+  std::unique_ptr<daemon::Daemon> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(GpuPathTest, BlocksPromotedToTheGpuTierAreReadDeviceToDevice) {
+  ASSERT_EQ(client_->server().gpu_tiers.size(), 1u);
+  EXPECT_EQ(client_->server().gpu_tiers[0].device, 0);
+  EXPECT_EQ(client_->server().gpu_tiers[0].segment_bytes, 2 * kMiB);
+  const size_t size = 256 << 10;
+  const auto ref = PutChain(1, 4, size);
+  const std::vector<BlockKey> keys = Keys(1, 4);
+  auto placed = client_->Prefetch(keys, PrefetchOptions{.gpu_device = 0});
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ(placed->gpu_placed, 4u);
+  auto where = client_->Lookup(keys, /*prefetch=*/false);
+  ASSERT_TRUE(where.ok());
+  EXPECT_EQ(where->tiers, std::vector<Tier>(4, Tier::kGpu));
+
+  std::vector<MutableBuffer> bufs;
+  for (int i = 0; i < 4; ++i) bufs.push_back({gpu_.Alloc(size), size, Memory::kCuda});
+  const auto before = gpu_.counters();
+  auto got = client_->Get(keys, bufs);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK((*got)[i].status);
+    EXPECT_EQ((*got)[i].tier, Tier::kGpu);
+    EXPECT_EQ((*got)[i].size, size);
+    EXPECT_EQ(gpu_.Read(bufs[i].data, size), ref[i]) << "block " << i;
+  }
+  const auto after = gpu_.counters();
+  EXPECT_EQ(after.device_copies - before.device_copies, 4u);  // device to device, nothing else
+  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 0u);
+
+  // A host buffer gets the same block from the host arena, as always; the stats show the tier.
+  std::vector<uint8_t> host(size);
+  MutableBuffer hb{host.data(), size};
+  auto h = client_->Get(std::span(&keys[2], 1), std::span(&hb, 1));
+  ASSERT_TRUE(h.ok());
+  ASSERT_OK((*h)[0].status);
+  EXPECT_EQ(host, ref[2]);
+  const DaemonStats st =
+      WaitForStats(*client_, [](const DaemonStats& s) { return s.leases_active == 0; });
+  EXPECT_EQ(st.leases_active, 0u);
+  ASSERT_FALSE(st.tiers.empty());
+  EXPECT_EQ(st.tiers[0].name, "gpu0");
+  EXPECT_EQ(st.tiers[0].blocks, 4u);
+  EXPECT_EQ(st.tiers[0].hits, 4u);
+}
+
+TEST_F(GpuPathTest, MixedBuffersAndEvictedGpuCopiesFallBackToTheHostArena) {
+  const size_t size = 100000;
+  const auto ref = PutChain(10, 3, size);
+  const std::vector<BlockKey> keys = Keys(10, 3);
+  ASSERT_EQ(client_->Prefetch(keys, PrefetchOptions{.gpu_device = 0})->gpu_placed, 3u);
+  // One host buffer among device buffers: its gpu slot is copied device to host, verified.
+  std::vector<uint8_t> host(size);
+  void* d0 = gpu_.Alloc(size);
+  void* d2 = gpu_.Alloc(size);
+  const std::vector<MutableBuffer> bufs = {
+      {d0, size, Memory::kCuda}, {host.data(), size}, {d2, size, Memory::kCuda}};
+  auto got = client_->Get(keys, bufs);
+  ASSERT_TRUE(got.ok());
+  for (const GetResult& r : *got) ASSERT_OK(r.status);
+  EXPECT_EQ(gpu_.Read(d0, size), ref[0]);
+  EXPECT_EQ(host, ref[1]);
+  EXPECT_EQ(gpu_.Read(d2, size), ref[2]);
+
+  // Evicted from the gpu tier: the next device read comes from host (one copy to the device).
+  auto ev = client_->Evict(Tier::kGpu, keys);
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  auto where = client_->Lookup(keys, false);
+  EXPECT_EQ(where->tiers, std::vector<Tier>(3, Tier::kHost));
+  void* d1 = gpu_.Alloc(size);
+  MutableBuffer one{d1, size, Memory::kCuda};
+  auto again = client_->Get(std::span(&keys[1], 1), std::span(&one, 1));
+  ASSERT_TRUE(again.ok());
+  ASSERT_OK((*again)[0].status);
+  EXPECT_EQ((*again)[0].tier, Tier::kHost);
+  EXPECT_EQ(gpu_.Read(d1, size), ref[1]);
+}
+
+TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsNotFound) {
+  PutChain(20, 1, 4096);
+  auto placed = client_->Prefetch(Keys(20, 1), PrefetchOptions{.gpu_device = 3});
+  ASSERT_FALSE(placed.ok());
+  EXPECT_EQ(placed.status().code(), StatusCode::kNotFound);
+}
+
+TEST(GpuPathWithoutCuda, KvpooldRefusesAGpuTierItCannotRun) {
+  DaemonProcess d({"--gpu_devices=0", "--gpu_capacity=64MiB"});
+  Status st = d.Start();
+  if (st.ok()) GTEST_SKIP() << "this machine has a GPU: kvpoold started a gpu tier";
+  EXPECT_NE(d.log().find("gpu tier on CUDA device 0"), std::string::npos) << d.LogTail();
+}
+
+}  // namespace
+}  // namespace kvpool::testing
