@@ -132,9 +132,10 @@ class Client::Impl {
     server_.shared_memory = resp.shared_memory();
     mappings_.Reset(resp.segment_bytes());
     gpu_mappings_.clear();
+    gpu_import_failed_ = false;
     server_.gpu_tiers.clear();
     for (const wire::GpuTierInfo& g : resp.gpu_tiers()) {
-      server_.gpu_tiers.push_back({g.device(), g.segment_bytes(), g.capacity_bytes()});
+      server_.gpu_tiers.push_back({g.device(), g.segment_bytes(), g.capacity_bytes(), g.uuid()});
     }
     ucx_.Disconnect();
     server_.ucx = resp.ucx() && ucx_.started() &&
@@ -188,9 +189,10 @@ class Client::Impl {
   // Copies leased blocks from the shared segments into the caller's buffers, verifying each
   // one's checksum on the way, then releases the leases (no round trip). A device buffer gets
   // its block by one host-to-device copy from the mapping, verified while the copies run.
+  // `local_gpu`: this process's ordinal of the GPU the gpu slots are imported for.
   Status CopyInPlace(std::span<const BlockKey> keys, const BufferFor& buffer_for,
                      const std::vector<InPlace>& blocks, std::vector<GetResult>& out,
-                     GetStaging& staging, Deadline deadline) {
+                     GetStaging& staging, int local_gpu, Deadline deadline) {
     // Host slots through the segment mappings; gpu slots through imported gpu segments.
     std::vector<std::pair<uint32_t, uint32_t>> segs;
     std::vector<size_t> gpu_blocks;
@@ -246,7 +248,7 @@ class Client::Impl {
       }
     }
     std::vector<size_t> from_gpu =
-        CopyFromGpu(buffer_for, blocks, gpu_blocks, out, staging, deadline);
+        CopyFromGpu(buffer_for, blocks, gpu_blocks, out, staging, local_gpu, deadline);
     if (!to_device.empty() || !from_gpu.empty()) {
       FinishToDevice(keys, blocks, to_device, from_gpu, out, buffer_for, staging);
     }
@@ -259,24 +261,36 @@ class Client::Impl {
                                    "-byte block");
   }
 
-  bool HasGpuTier(int device) const {
+  // The daemon's ordinal of this process's CUDA device `local`, matched by UUID (the two may
+  // number GPUs differently, e.g. under CUDA_VISIBLE_DEVICES). InvalidArgument when the daemon
+  // runs no gpu tier on it.
+  Result<int> DaemonGpuOf(int local) {
+    KVPOOL_ASSIGN_OR_RETURN(kernels::DeviceCopyEngine * engine, DeviceEngine());
+    KVPOOL_ASSIGN_OR_RETURN(std::string uuid, engine->DeviceUuid(local));
     for (const GpuTierInfo& g : server_.gpu_tiers) {
-      if (g.device == device) return true;
+      if (!g.uuid.empty() && g.uuid == uuid) return g.device;
     }
-    return false;
+    return Status::InvalidArgument("kvpoold runs no gpu tier on this process's CUDA device " +
+                                   std::to_string(local));
   }
 
-  // The device address of gpu segment (device, segment, generation), imported on first use.
-  Result<uint8_t*> GpuSegment(int device, uint32_t segment, uint32_t generation,
+  uint64_t GpuSegmentBytes(int daemon_gpu) const {
+    for (const GpuTierInfo& g : server_.gpu_tiers) {
+      if (g.device == daemon_gpu) return g.segment_bytes;
+    }
+    return 0;
+  }
+
+  // The device address of gpu segment (daemon_gpu, segment, generation) mapped for this
+  // process's device `local_gpu`, imported on first use.
+  Result<uint8_t*> GpuSegment(int daemon_gpu, int local_gpu, uint32_t segment, uint32_t generation,
                               Deadline deadline) {
+    const int device = daemon_gpu;
     auto it = gpu_mappings_.find({device, segment});
     if (it != gpu_mappings_.end() && it->second.generation == generation) {
       return it->second.segment->data();
     }
-    uint64_t bytes = 0;
-    for (const GpuTierInfo& g : server_.gpu_tiers) {
-      if (g.device == device) bytes = g.segment_bytes;
-    }
+    const uint64_t bytes = GpuSegmentBytes(daemon_gpu);
     wire::MapSegmentsRequest req;
     req.set_gpu(true);
     req.set_gpu_device(device);
@@ -300,9 +314,14 @@ class Client::Impl {
       return Status::Internal("kvpoold sent no descriptor for a gpu segment");
     }
     Result<std::unique_ptr<kernels::ImportedSegment>> imported =
-        device_engine_->ImportSegment(fds[0], bytes, device);
+        device_engine_->ImportSegment(fds[0], bytes, local_gpu);
     close(fds[0]);
-    if (!imported.ok()) return imported.status().WithContext("importing a gpu segment");
+    if (!imported.ok()) {
+      // This process cannot reach the daemon's gpu memory (no peer access, an old driver): the
+      // next gets ask for host slots only.
+      gpu_import_failed_ = true;
+      return imported.status().WithContext("importing a gpu segment");
+    }
     GpuMapping& m = gpu_mappings_[{device, segment}];
     m.generation = generation;
     m.segment = std::move(imported).value();
@@ -313,7 +332,7 @@ class Client::Impl {
   // returns the indices into `blocks` of those queued.
   std::vector<size_t> CopyFromGpu(const BufferFor& buffer_for, const std::vector<InPlace>& blocks,
                                   const std::vector<size_t>& gpu_blocks,
-                                  std::vector<GetResult>& out, GetStaging& staging,
+                                  std::vector<GetResult>& out, GetStaging& staging, int local_gpu,
                                   Deadline deadline) {
     std::vector<size_t> queued;
     for (size_t k : gpu_blocks) {
@@ -329,7 +348,12 @@ class Client::Impl {
         r.size = b.size;
         continue;
       }
-      Result<uint8_t*> base = GpuSegment(b.gpu_device, b.segment, b.generation, deadline);
+      if (b.offset + b.size > GpuSegmentBytes(b.gpu_device)) {
+        r.status = Status::Internal("gpu slot outside its segment");
+        continue;
+      }
+      Result<uint8_t*> base =
+          GpuSegment(b.gpu_device, local_gpu, b.segment, b.generation, deadline);
       if (!base.ok()) {
         r.status = base.status();
         continue;
@@ -344,10 +368,10 @@ class Client::Impl {
     return queued;
   }
 
-  // The leased sources of the queued host-to-device copies are hashed while the copies run (the
-  // lease keeps them unchanged until the release); then waits for every queued copy. A copy out
-  // of a gpu slot into host memory is verified once done; one into device memory cannot be
-  // hashed here (its source, the gpu copy, was verified when it was made).
+  // Waits for every queued copy, then verifies: the leased host sources of host-to-device copies
+  // (hashed after the copies, so a change during them shows), and a copy out of a gpu slot into
+  // host memory. One out of a gpu slot into device memory cannot be hashed here (its source, the
+  // gpu copy, was verified when it was made).
   void FinishToDevice(std::span<const BlockKey> keys, const std::vector<InPlace>& blocks,
                       const std::vector<size_t>& to_device, const std::vector<size_t>& from_gpu,
                       std::vector<GetResult>& out, const BufferFor& buffer_for,
@@ -356,19 +380,18 @@ class Client::Impl {
       return Status::Corruption("block " + keys[b.index].ShortHex() +
                                 " changed while being read (lease expired?)");
     };
+    const Status done = staging.engine()->Wait(staging.stream());
     for (size_t k : to_device) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];
-      if (BlockChecksum(mappings_.ReadBase(b.segment) + b.offset, b.size) != b.checksum) {
+      if (!done.ok()) {
+        r.status = done.WithContext("copying to the device");
+      } else if (BlockChecksum(mappings_.ReadBase(b.segment) + b.offset, b.size) != b.checksum) {
         r.status = changed(b);
       } else {
         r.size = b.size;
         r.tier = b.tier;
       }
-    }
-    const Status done = staging.engine()->Wait(staging.stream());
-    for (size_t k : to_device) {
-      if (!done.ok()) out[blocks[k].index].status = done.WithContext("copying to the device");
     }
     for (size_t k : from_gpu) {
       const InPlace& b = blocks[k];
@@ -475,7 +498,14 @@ class Client::Impl {
   // there come as gpu slots and are copied device to device.
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for,
                                      bool accept_encoded, GetStaging& staging, int gpu_device) {
-    const bool ask_gpu = gpu_device >= 0 && server_.shared_memory && HasGpuTier(gpu_device);
+    // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there.
+    int daemon_gpu = -1;
+    if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty() &&
+        !gpu_import_failed_) {
+      Result<int> d = DaemonGpuOf(gpu_device);
+      if (d.ok()) daemon_gpu = *d;
+    }
+    const bool ask_gpu = daemon_gpu >= 0;
     const BufferFor host_buffer_for = [&](size_t i, uint64_t size) {
       return staging.HostTarget(i, buffer_for(i, size));
     };
@@ -494,7 +524,7 @@ class Client::Impl {
         req.set_accept_encoded(accept_encoded);
         if (ask_gpu) {
           req.set_to_gpu(true);
-          req.set_gpu_device(gpu_device);
+          req.set_gpu_device(daemon_gpu);
         }
         const bool via_ucx = server_.ucx && !server_.shared_memory;
         const uint64_t tag_base = ucx_.NextGetTagBase();
@@ -580,7 +610,8 @@ class Client::Impl {
           return Status::Internal("GET response payload longer than its block list");
         }
         if (!in_place.empty())
-          KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffer_for, in_place, out, staging, deadline));
+          KVPOOL_RETURN_IF_ERROR(
+              CopyInPlace(keys, buffer_for, in_place, out, staging, gpu_device, deadline));
         if (!over_ucx.empty()) {
           ReceiveOverUcx(keys, host_buffer_for, tag_base, over_ucx, out, deadline);
         }
@@ -786,6 +817,7 @@ class Client::Impl {
     std::unique_ptr<kernels::ImportedSegment> segment;
   };
   std::map<std::pair<int, uint32_t>, GpuMapping> gpu_mappings_;
+  bool gpu_import_failed_ = false;  // since the last hello
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -986,13 +1018,17 @@ Result<PrefetchResult> Client::Prefetch(std::span<const BlockKey> keys,
                                         const PrefetchOptions& options) {
   return impl_->Run([&]() -> Result<PrefetchResult> {
     PrefetchResult out;
+    int daemon_gpu = -1;
+    if (options.gpu_device >= 0) {
+      KVPOOL_ASSIGN_OR_RETURN(daemon_gpu, impl_->DaemonGpuOf(options.gpu_device));
+    }
     for (size_t start = 0; start < keys.size(); start += impl_->server_.max_batch_keys) {
       const size_t end = std::min(keys.size(), start + impl_->server_.max_batch_keys);
       wire::PrefetchRequest req;
       for (size_t i = start; i < end; ++i) req.add_keys(KeyBytes(keys[i]));
-      if (options.gpu_device >= 0) {
+      if (daemon_gpu >= 0) {
         req.set_to_gpu(true);
-        req.set_gpu_device(options.gpu_device);
+        req.set_gpu_device(daemon_gpu);
       }
       wire::PrefetchResponse resp;
       KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::PREFETCH, req, &resp));

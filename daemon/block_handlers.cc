@@ -90,6 +90,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
           info->set_device(g->device());
           info->set_segment_bytes(g->segment_bytes());
           info->set_capacity_bytes(g->capacity_bytes());
+          info->set_uuid(g->uuid());
         }
       }
       resp.set_lease_timeout_ms(static_cast<uint32_t>(options_.lease_timeout.count()));

@@ -15,6 +15,58 @@
 namespace kvpool::kernels {
 namespace {
 
+// Makes `device` current for a scope and restores the one before.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    ok_ = cudaSetDevice(device) == cudaSuccess;
+  }
+  ~ScopedDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  int previous_ = -1;
+  bool ok_ = false;
+};
+
+// The arena's copies: on its device, and on its own copy stream when the caller names none.
+class ArenaCopies final : public DeviceCopyEngine {
+ public:
+  ArenaCopies(DeviceCopyEngine& base, int device) : base_(base), device_(device) {}
+  ~ArenaCopies() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  Status Init() {
+    ScopedDevice on(device_);
+    KVPOOL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    return Status::OK();
+  }
+
+  Result<int> DeviceOf(const void* ptr) const override { return base_.DeviceOf(ptr); }
+  Result<std::string> DeviceUuid(int device) const override { return base_.DeviceUuid(device); }
+  Status CopyAsync(void* dst, const void* src, size_t bytes, CopyDirection direction,
+                   void* stream) override {
+    ScopedDevice on(device_);
+    return base_.CopyAsync(dst, src, bytes, direction, stream != nullptr ? stream : stream_);
+  }
+  Status Wait(void* stream) override {
+    ScopedDevice on(device_);
+    return base_.Wait(stream != nullptr ? stream : stream_);
+  }
+  Result<std::unique_ptr<ImportedSegment>> ImportSegment(int fd, uint64_t bytes,
+                                                         int device) override {
+    return base_.ImportSegment(fd, bytes, device);
+  }
+
+ private:
+  DeviceCopyEngine& base_;
+  const int device_;
+  cudaStream_t stream_ = nullptr;
+};
+
 // The driver's virtual memory management calls, as of their CUDA 10.2 ABI.
 struct Vmm {
   PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
@@ -71,7 +123,7 @@ class CudaDeviceArena final : public DeviceArena {
         device_(device),
         segment_bytes_(segment_bytes),
         segment_count_(segment_count),
-        copies_(copies),
+        copies_(*copies, device),
         handles_(segment_count, 0) {
     prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -91,6 +143,7 @@ class CudaDeviceArena final : public DeviceArena {
   Status Init() {
     KVPOOL_CUDA_CHECK(cudaSetDevice(device_));
     KVPOOL_CUDA_CHECK(cudaFree(nullptr));  // the primary context
+    KVPOOL_RETURN_IF_ERROR(copies_.Init());
     size_t granularity = 0;
     KVPOOL_RETURN_IF_ERROR(DriverStatus(
         vmm_.granularity(&granularity, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "granularity"));
@@ -127,22 +180,37 @@ class CudaDeviceArena final : public DeviceArena {
   uint8_t* base() const override { return reinterpret_cast<uint8_t*>(base_); }
   uint64_t segment_bytes() const override { return segment_bytes_; }
   uint32_t segment_count() const override { return segment_count_; }
-  DeviceCopyEngine& copies() override { return *copies_; }
+  DeviceCopyEngine& copies() override { return copies_; }
 
   Status Renew(uint32_t index) override {
-    CUmemGenericAllocationHandle fresh = 0;
-    KVPOOL_RETURN_IF_ERROR(DriverStatus(vmm_.create(&fresh, segment_bytes_, &prop_, 0),
-                                        "allocating gpu segment " + std::to_string(index)));
     const CUdeviceptr at = Address(index);
+    // The old allocation goes first (it lives on while a client maps it), so a renewal never
+    // needs a segment of free device memory beside the arena.
     if (handles_[index] != 0) {
       vmm_.unmap(at, segment_bytes_);
       vmm_.release(handles_[index]);
       handles_[index] = 0;
     }
+    CUmemGenericAllocationHandle fresh = 0;
+    KVPOOL_RETURN_IF_ERROR(DriverStatus(vmm_.create(&fresh, segment_bytes_, &prop_, 0),
+                                        "allocating gpu segment " + std::to_string(index)));
     Status st = DriverStatus(vmm_.map(at, segment_bytes_, 0, fresh, 0), "mapping gpu segment");
     if (st.ok()) {
       st = DriverStatus(vmm_.set_access(at, segment_bytes_, access_.data(), access_.size()),
                         "granting access to gpu segment");
+    }
+    if (st.ok()) {
+      // Fresh physical memory may hold what this process freed before: another namespace's
+      // blocks. Not zeroed, it is not handed out (ExportSegment refuses a segment without one).
+      ScopedDevice on(device_);
+      cudaError_t err =
+          cudaMemsetAsync(reinterpret_cast<void*>(at), 0, segment_bytes_, zero_stream_);
+      if (err == cudaSuccess) err = cudaStreamSynchronize(zero_stream_);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        st = Status::Internal("zeroing gpu segment " + std::to_string(index) + ": " +
+                              cudaGetErrorString(err));
+      }
     }
     if (!st.ok()) {
       vmm_.unmap(at, segment_bytes_);
@@ -150,11 +218,6 @@ class CudaDeviceArena final : public DeviceArena {
       return st;
     }
     handles_[index] = fresh;
-    // Fresh physical memory may hold what this process freed before: another namespace's blocks.
-    KVPOOL_CUDA_CHECK(cudaSetDevice(device_));
-    KVPOOL_CUDA_CHECK(
-        cudaMemsetAsync(reinterpret_cast<void*>(at), 0, segment_bytes_, zero_stream_));
-    KVPOOL_CUDA_CHECK(cudaStreamSynchronize(zero_stream_));
     return Status::OK();
   }
 
@@ -178,7 +241,7 @@ class CudaDeviceArena final : public DeviceArena {
   const int device_;
   const uint64_t segment_bytes_;
   const uint32_t segment_count_;
-  DeviceCopyEngine* const copies_;
+  ArenaCopies copies_;
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;
   CUdeviceptr base_ = 0;
@@ -196,7 +259,8 @@ class CudaImportedSegment final : public ImportedSegment {
   }
 
   Status Init(int fd, int device) {
-    KVPOOL_CUDA_CHECK(cudaSetDevice(device));
+    ScopedDevice on(device);
+    if (!on.ok()) return Status::InvalidArgument("no CUDA device " + std::to_string(device));
     KVPOOL_CUDA_CHECK(cudaFree(nullptr));
     KVPOOL_RETURN_IF_ERROR(DriverStatus(
         vmm_.import_handle(&handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),

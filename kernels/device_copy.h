@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "common/status.h"
 
@@ -41,14 +42,16 @@ class DeviceCopyEngine {
   // managed memory, or no allocation at all), so a host pointer handed in as a device buffer
   // gets a clear error instead of a copy to the wrong place.
   virtual Result<int> DeviceOf(const void* ptr) const = 0;
+  // The UUID of device `device` (16 bytes): the same GPU has the same UUID in every process,
+  // whatever numbering CUDA_VISIBLE_DEVICES gives it there.
+  virtual Result<std::string> DeviceUuid(int device) const = 0;
   // Enqueues a copy of `bytes` on `stream` (a cudaStream_t; nullptr: the legacy default stream)
   // and returns at once. The host side should be pinned for the copy to run at full speed and
   // to overlap the caller's work; it must stay valid until Wait returns.
   virtual Status CopyAsync(void* dst, const void* src, size_t bytes, CopyDirection direction,
                            void* stream) = 0;
-  // Waits until the work enqueued on `stream` so far is done (an event recorded after it), so
-  // only the calling thread blocks; the device's other streams run on. Internal with CUDA's
-  // reason when a copy failed.
+  // Waits until the work enqueued on `stream` so far is done, so only the calling thread
+  // blocks; the device's other streams run on. Internal with CUDA's reason when a copy failed.
   virtual Status Wait(void* stream) = 0;
   // Maps the gpu segment behind `fd` (`bytes` long; the caller keeps and closes the
   // descriptor) for device `device`. InvalidArgument for a descriptor that is not one.

@@ -47,13 +47,15 @@ class CudaEngine final : public DeviceCopyEngine {
   }
 
   Status Wait(void* stream) override {
-    cudaEvent_t done = nullptr;
-    KVPOOL_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    cudaError_t err = cudaEventRecord(done, static_cast<cudaStream_t>(stream));
-    if (err == cudaSuccess) err = cudaEventSynchronize(done);
-    cudaEventDestroy(done);
-    KVPOOL_CUDA_CHECK(err);
+    // On the stream itself: an event would have to be made on the stream's device.
+    KVPOOL_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
     return Status::OK();
+  }
+
+  Result<std::string> DeviceUuid(int device) const override {
+    cudaDeviceProp prop{};
+    KVPOOL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes));
   }
 };
 

@@ -167,11 +167,11 @@ TEST_F(GpuPathTest, MixedBuffersAndEvictedGpuCopiesFallBackToTheHostArena) {
   EXPECT_EQ(gpu_.Read(d1, size), ref[1]);
 }
 
-TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsNotFound) {
+TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsRefused) {
   PutChain(20, 1, 4096);
   auto placed = client_->Prefetch(Keys(20, 1), PrefetchOptions{.gpu_device = 3});
   ASSERT_FALSE(placed.ok());
-  EXPECT_EQ(placed.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(placed.status().code(), StatusCode::kInvalidArgument) << placed.status().ToString();
 }
 
 TEST(GpuPathWithoutCuda, KvpooldRefusesAGpuTierItCannotRun) {

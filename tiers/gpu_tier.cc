@@ -11,6 +11,13 @@ GpuTier::GpuTier(std::unique_ptr<kernels::DeviceArena> arena)
       segment_bytes_(arena_->segment_bytes()),
       segment_count_(arena_->segment_count()),
       pages_("gpu " + std::to_string(arena_->device()), segment_bytes_, segment_count_) {
+  Result<std::string> uuid = arena_->copies().DeviceUuid(arena_->device());
+  if (uuid.ok()) {
+    uuid_ = *uuid;
+  } else {
+    LOG(WARNING) << "gpu " << arena_->device() << ": no device UUID (" << uuid.status().ToString()
+                 << "); clients will not find this tier";
+  }
   absl::MutexLock lock(&mu_);
   generations_.assign(segment_count_, 1);
 }

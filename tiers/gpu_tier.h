@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -39,6 +40,9 @@ class GpuTier final : public MemoryTier {
   GpuTier& operator=(const GpuTier&) = delete;
 
   int device() const { return arena_->device(); }
+  // The device's UUID (DeviceCopyEngine::DeviceUuid; empty when it could not be read): how a
+  // client whose CUDA numbering differs finds this tier.
+  const std::string& uuid() const { return uuid_; }
   // The copies between this tier's memory and host memory.
   kernels::DeviceCopyEngine& copies() { return arena_->copies(); }
 
@@ -66,6 +70,7 @@ class GpuTier final : public MemoryTier {
   const std::unique_ptr<kernels::DeviceArena> arena_;
   const uint64_t segment_bytes_;
   const uint32_t segment_count_;
+  std::string uuid_;
 
   mutable absl::Mutex mu_;
   SegmentPages pages_ ABSL_GUARDED_BY(mu_);

@@ -283,7 +283,6 @@ EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const Block
     }
     if (tier == Tier::kGpu) {  // only the gpu copy goes: host still holds the block
       if (e.children[TierSlot(Tier::kGpu)] == 0) {
-        ++gpu_counters_.evictions;
         DropGpuCopyLocked(id);
         ++outcome.evicted;
       } else {

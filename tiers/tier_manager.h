@@ -237,8 +237,8 @@ class TierManager {
   // Copies the blocks of `keys` that are in host into the gpu tier of CUDA device `device` (a
   // reader will want them there), making room there tail first; returns how many gained a gpu
   // copy. A key not in host (prefetch it first), already in gpu or busy is skipped. Each copy is
-  // verified at its source once done. NotFound when no gpu tier runs on `device`; a failed copy
-  // fails the call after undoing what it had placed.
+  // verified at its source once done. InvalidArgument when no gpu tier runs on `device`; a failed
+  // copy fails the call after undoing what it had placed.
   Result<uint32_t> PromoteToGpu(NamespaceId ns, std::span<const BlockKey> keys, int device);
 
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a

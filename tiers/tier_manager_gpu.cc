@@ -23,6 +23,7 @@ void TierManager::DropGpuCopyLocked(EntryId id) {
     index_.RemoveCopy(id, Tier::kGpu);
     gpus_[i]->Free({uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size});
     --gpu_blocks_[i];
+    ++gpu_counters_.evictions;
     return;
   }
   LOG(DFATAL) << "block " << e.key.ShortHex() << " has a copy on gpu " << int{e.gpu_device}
@@ -47,10 +48,7 @@ Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, 
       pools_.Victims(Tier::kGpu, budget, evictable, &victims);
     }
     if (victims.empty()) return slot;
-    for (EntryId id : victims) {
-      ++gpu_counters_.evictions;
-      DropGpuCopyLocked(id);
-    }
+    for (EntryId id : victims) DropGpuCopyLocked(id);
   }
 }
 
@@ -58,7 +56,7 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
                                            int device) {
   GpuTier* gpu = GpuOf(device);
   if (gpu == nullptr) {
-    return Status::NotFound("no gpu tier on CUDA device " + std::to_string(device));
+    return Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(device));
   }
   struct Copy {
     EntryId id;
@@ -92,7 +90,11 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
                                  kernels::CopyDirection::kHostToDevice, nullptr);
     if (!st.ok()) break;
   }
-  if (st.ok() && !copies.empty()) st = gpu->copies().Wait(nullptr);
+  // Waited for even after a failed enqueue: no copy may still run into a slot undone below.
+  if (!copies.empty()) {
+    const Status done = gpu->copies().Wait(nullptr);
+    if (st.ok()) st = done;
+  }
   // Verified at the source once copied: the host copy was verified when put and does not change
   // while busy, so a mismatch is memory gone bad under the copy.
   std::vector<bool> good(copies.size(), false);

@@ -68,7 +68,7 @@ TEST_F(TierManagerGpuTest, SkipsWhatIsNotInHostAndUnknownDevices) {
   EXPECT_EQ(manager_->PromoteToGpu(kNs, keys, 0).value(), 1u);  // keys[1] is on disk only
   EXPECT_EQ(TiersOf(keys), (std::vector<Tier>{Tier::kGpu, Tier::kDisk}));
   auto none = manager_->PromoteToGpu(kNs, keys, 7);
-  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
   const Keys unknown = {KeyOf(999)};
   EXPECT_EQ(manager_->PromoteToGpu(kNs, unknown, 1).value(), 0u);
 }

@@ -69,9 +69,10 @@ struct ClientOptions {
 
 // One GPU's share of the daemon's gpu tier.
 struct GpuTierInfo {
-  int device = 0;  // CUDA device ordinal on this node
+  int device = 0;  // the daemon's CUDA ordinal for it (the client's may differ)
   uint64_t segment_bytes = 0;
   uint64_t capacity_bytes = 0;
+  std::string uuid;  // the GPU's UUID, 16 bytes: how the client matches its own devices
 };
 
 struct ServerInfo {
@@ -89,7 +90,8 @@ struct ServerInfo {
 
 struct PrefetchOptions {
   // >= 0: also copy the blocks that are in the daemon's host tier into its gpu tier on this CUDA
-  // device, for reads into device memory there. Default: -1 (toward host only).
+  // device (this process's ordinal, as torch names it; matched to the daemon's by UUID), for
+  // reads into device memory there. Default: -1 (toward host only).
   int gpu_device = -1;
 };
 
@@ -350,7 +352,7 @@ class Client {
   // Hint: promote these toward host. Returns how many promotions started.
   Result<uint32_t> Prefetch(std::span<const BlockKey> keys);
   // The same, and with options.gpu_device toward that GPU's tier of the daemon as well.
-  // NotFound when the daemon runs no gpu tier on that device.
+  // InvalidArgument when the daemon runs no gpu tier on that GPU; Unavailable without CUDA.
   Result<PrefetchResult> Prefetch(std::span<const BlockKey> keys, const PrefetchOptions& options);
 
   // Persists a session and pins its chain on disk. FailedPrecondition when a chain block is not

@@ -208,6 +208,13 @@ std::vector<const void*> FakeDevice::host_sides() const {
   return host_sides_;
 }
 
+Result<std::string> FakeDevice::DeviceUuid(int device) const {
+  if (device != device_) return Status::InvalidArgument("FakeDevice: no such device");
+  std::string uuid = "fake-gpu-" + std::to_string(device);
+  uuid.resize(16, '\0');
+  return uuid;
+}
+
 Result<int> FakeDevice::DeviceOf(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (ViewOfLocked(ptr, 1) == nullptr) {

@@ -65,6 +65,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   // kernels::DeviceCopyEngine. CopyAsync refuses (InvalidArgument) a device side that is not
   // inside one allocation and a host side that is inside one.
   Result<int> DeviceOf(const void* ptr) const override;
+  Result<std::string> DeviceUuid(int device) const override;  // "fake-gpu-N", 16 bytes
   Status CopyAsync(void* dst, const void* src, size_t bytes, kernels::CopyDirection direction,
                    void* stream) override;
   Status Wait(void* stream) override;
