@@ -17,7 +17,8 @@ namespace kvpool::daemon {
 namespace {
 
 constexpr const char* kKnownPolicyKeys =
-    "eviction, write, admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota";
+    "eviction, write, admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota, "
+    "gpu_quota";
 
 std::string TypeName(const YAML::Node& node) {
   switch (node.Type()) {
@@ -35,7 +36,7 @@ std::string TypeName(const YAML::Node& node) {
 }
 
 // Keys for settings the daemon cannot configure per namespace: refused with a clear line, never
-// ignored (a gpu quota comes with the GPU tier; tier capacities are the daemon's flags).
+// ignored (tier capacities are the daemon's flags).
 bool NotSupportedYet(const std::string& key) {
   return key.find("quota") != std::string::npos || key.find("capacit") != std::string::npos ||
          key == "max_blocks" || key == "max_bytes";
@@ -124,7 +125,7 @@ class Parser {
         names.layout = ParseLayout(value, what);
         continue;
       }
-      if (k == "host_quota" || k == "disk_quota") {
+      if (k == "host_quota" || k == "disk_quota" || k == "gpu_quota") {
         if (what == "default") {
           Error(key.Mark(),
                 "default: quotas are per namespace; give " + k + " under the namespaces it limits");
@@ -138,7 +139,9 @@ class Parser {
                     TypeName(value));
           continue;
         }
-        (k == "host_quota" ? names.host_quota : names.disk_quota) = *bytes;
+        (k == "host_quota"   ? names.host_quota
+         : k == "disk_quota" ? names.disk_quota
+                             : names.gpu_quota) = *bytes;
         continue;
       }
       std::string* field = nullptr;
@@ -150,9 +153,9 @@ class Parser {
       if (field == nullptr) {
         if (NotSupportedYet(k)) {
           Error(key.Mark(), what + ": '" + k +
-                                "' is not supported (the quotas a namespace takes are host_quota "
-                                "and disk_quota; tier capacities are the daemon's flags); remove "
-                                "it");
+                                "' is not supported (the quotas a namespace takes are host_quota, "
+                                "disk_quota and gpu_quota; tier capacities are the daemon's "
+                                "flags); remove it");
         } else if (k == "read-ahead" || k == "readahead") {
           Error(key.Mark(), what + ": unknown key '" + k + "' (did you mean 'read_ahead'?)");
         } else {
@@ -305,7 +308,8 @@ class Parser {
           } else if (NotSupportedYet(k)) {
             Error(key.Mark(), "'" + k +
                                   "' is not supported: quotas are given per namespace "
-                                  "(host_quota, disk_quota), tier capacities by the daemon's "
+                                  "(host_quota, disk_quota, gpu_quota), tier capacities by the "
+                                  "daemon's "
                                   "flags; remove it");
           } else {
             Error(key.Mark(), "unknown key '" + k + "' (known: default, namespaces)");
@@ -398,6 +402,7 @@ class Parser {
       }
       policy->host_quota_bytes = p.names.host_quota.value_or(0);
       policy->disk_quota_bytes = p.names.disk_quota.value_or(0);
+      policy->gpu_quota_bytes = p.names.gpu_quota.value_or(0);
       config->namespaces.push_back(
           {std::move(p.name), p.mark.line + 1, std::move(p.names), std::move(*policy)});
     }
@@ -432,7 +437,8 @@ bool PolicyNames::operator==(const PolicyNames& o) const {
   };
   return eviction == o.eviction && write == o.write && admission == o.admission &&
          read_ahead == o.read_ahead && encoding == o.encoding && lossy == o.lossy &&
-         host_quota == o.host_quota && disk_quota == o.disk_quota && same_layout(layout, o.layout);
+         host_quota == o.host_quota && disk_quota == o.disk_quota && gpu_quota == o.gpu_quota &&
+         same_layout(layout, o.layout);
 }
 
 Result<NamespacesConfig> ParseNamespacesConfig(std::string_view yaml, const std::string& path,

@@ -18,7 +18,7 @@
 // (a lossy encoding needs both; blocks of any other size stay raw). A namespace may have quotas,
 // sizes like 512MiB (see tiers/policy.h for what they bound):
 //
-//     tenant-b: {host_quota: 2GiB, disk_quota: 50GiB}
+//     tenant-b: {host_quota: 2GiB, disk_quota: 50GiB, gpu_quota: 4GiB}
 //
 // A key for something the daemon cannot configure per namespace (a gpu quota, tier capacities)
 // is an error, never silently ignored.
@@ -56,6 +56,7 @@ struct PolicyNames {
   // Quotas in bytes (tiers/policy.h), a namespace's own: never taken from the default.
   std::optional<uint64_t> host_quota;
   std::optional<uint64_t> disk_quota;
+  std::optional<uint64_t> gpu_quota;  // per GPU
 
   // This, with what it leaves empty taken from `under`.
   PolicyNames Over(const PolicyNames& under) const;

@@ -159,10 +159,10 @@ TEST(NamespacesFileTest, UnknownKeysAndBadTypesOneLineEach) {
   EXPECT_EQ(e[0], "namespaces.yaml:1: unknown key 'defaults' (known: default, namespaces)");
   EXPECT_EQ(e[1],
             "namespaces.yaml:2: default: expected a mapping of eviction, write, admission, "
-            "read_ahead, encoding, layout, lossy, host_quota, disk_quota, got a list");
+            "read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota, got a list");
   EXPECT_EQ(e[2],
             "namespaces.yaml:4: namespace 'a': unknown key 'evict' (known: eviction, write, "
-            "admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota)");
+            "admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota)");
   EXPECT_EQ(e[3],
             "namespaces.yaml:5: namespace 'b': unknown key 'read-ahead' (did you mean "
             "'read_ahead'?)");
@@ -170,7 +170,7 @@ TEST(NamespacesFileTest, UnknownKeysAndBadTypesOneLineEach) {
   EXPECT_EQ(e[5], "namespaces.yaml:7: namespace 'd': write must be a strategy name, got nothing");
   EXPECT_EQ(e[6],
             "namespaces.yaml:8: namespace 'e': expected a mapping of eviction, write, admission, "
-            "read_ahead, encoding, layout, lossy, host_quota, disk_quota, got 'lru'");
+            "read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota, got 'lru'");
   EXPECT_EQ(e[7], "namespaces.yaml:9: namespace 'f': 'eviction' given twice (first on line 9)");
 }
 
@@ -178,7 +178,7 @@ TEST(NamespacesFileTest, QuotasArePerNamespaceSizes) {
   Result<NamespacesConfig> c = ParseNamespacesConfig(
       "namespaces:\n"
       "  a: {host_quota: 4GiB, eviction: lru}\n"
-      "  b: {disk_quota: 512MiB}\n"
+      "  b: {disk_quota: 512MiB, gpu_quota: 2GiB}\n"
       "  c: {}\n",
       "namespaces.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -186,6 +186,8 @@ TEST(NamespacesFileTest, QuotasArePerNamespaceSizes) {
   EXPECT_EQ(c->namespaces[0].policy.host_quota_bytes, 4ull << 30);
   EXPECT_EQ(c->namespaces[0].policy.disk_quota_bytes, 0u);
   EXPECT_EQ(c->namespaces[1].policy.disk_quota_bytes, 512ull << 20);
+  EXPECT_EQ(c->namespaces[1].policy.gpu_quota_bytes, 2ull << 30);
+  EXPECT_EQ(c->namespaces[0].policy.gpu_quota_bytes, 0u);
   EXPECT_EQ(c->namespaces[2].policy.host_quota_bytes, 0u);
   EXPECT_EQ(c->namespaces[2].policy.disk_quota_bytes, 0u);
   EXPECT_EQ(c->default_policy.host_quota_bytes, 0u);
@@ -198,7 +200,7 @@ TEST(NamespacesFileTest, BadQuotasAndCapacitiesAreRefusedNotIgnored) {
       "  a: {host_quota: lots, disk_quota: 0}\n"
       "  b:\n"
       "    disk_capacity: 100GiB\n"
-      "  c: {gpu_quota: 1GiB, disk_quota: [1]}\n"
+      "  c: {gpu_capacity: 1GiB, disk_quota: [1]}\n"
       "quotas: {a: 1GiB}\n");
   ASSERT_EQ(e.size(), 7u) << ::testing::PrintToString(e);
   EXPECT_EQ(e[0],
@@ -212,7 +214,7 @@ TEST(NamespacesFileTest, BadQuotasAndCapacitiesAreRefusedNotIgnored) {
             "512MiB or 20GiB, got '0'");
   EXPECT_EQ(e[3].rfind("namespaces.yaml:5: namespace 'b': 'disk_capacity' is not supported", 0), 0u)
       << e[3];
-  EXPECT_EQ(e[4].rfind("namespaces.yaml:6: namespace 'c': 'gpu_quota' is not supported", 0), 0u)
+  EXPECT_EQ(e[4].rfind("namespaces.yaml:6: namespace 'c': 'gpu_capacity' is not supported", 0), 0u)
       << e[4];
   EXPECT_EQ(e[5].rfind("namespaces.yaml:6: namespace 'c': disk_quota must be a size", 0), 0u)
       << e[5];

@@ -87,6 +87,8 @@ struct NamespacePolicy {
   // own writes fail with ResourceExhausted.
   uint64_t host_quota_bytes = 0;
   uint64_t disk_quota_bytes = 0;
+  // Gpu: as host, on each GPU's tier separately.
+  uint64_t gpu_quota_bytes = 0;
 };
 
 // The default composition: lru, write-back, all, chain-2.

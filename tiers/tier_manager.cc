@@ -46,6 +46,11 @@ Status TierManager::SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy) {
   const uint64_t seg = host_.segment_bytes();
   host_.SetSegmentLimit(ns, static_cast<uint32_t>(std::min<uint64_t>(
                                 (policy.host_quota_bytes + seg - 1) / seg, UINT32_MAX)));
+  for (GpuTier* gpu : gpus_) {
+    const uint64_t gseg = gpu->segment_bytes();
+    gpu->SetSegmentLimit(ns, static_cast<uint32_t>(std::min<uint64_t>(
+                                 (policy.gpu_quota_bytes + gseg - 1) / gseg, UINT32_MAX)));
+  }
   policies_[ns] = std::move(policy);
   // A lowered disk quota applies at once; a lowered host quota as the namespace's segments
   // empty (its next allocations evict its own blocks).
@@ -59,12 +64,13 @@ void TierManager::ClearNamespacePolicy(NamespaceId ns) {
   absl::MutexLock lock(&mu_);
   pools_.SetOrder(ns, "").IgnoreError();  // back to the default pool: cannot fail
   host_.SetSegmentLimit(ns, 0);
+  for (GpuTier* gpu : gpus_) gpu->SetSegmentLimit(ns, 0);
   policies_.erase(ns);
 }
 
 Status TierManager::SetDefaultPolicy(NamespacePolicy policy) {
   absl::MutexLock lock(&mu_);
-  if (policy.host_quota_bytes != 0 || policy.disk_quota_bytes != 0) {
+  if (policy.host_quota_bytes != 0 || policy.disk_quota_bytes != 0 || policy.gpu_quota_bytes != 0) {
     return Status::InvalidArgument("quotas are per namespace, not part of the default policy");
   }
   KVPOOL_RETURN_IF_ERROR(pools_.SetDefaultOrder(policy.eviction.empty() ? "lru" : policy.eviction));

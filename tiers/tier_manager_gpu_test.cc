@@ -5,6 +5,7 @@
 // placed.
 
 #include "tests/support/fake_device.h"
+#include "tests/support/status_matchers.h"
 #include "tiers/tier_manager_test_fixture.h"
 
 namespace kvpool::tiers {
@@ -146,6 +147,27 @@ TEST_F(TierManagerGpuTest, NamespacesGetTheirOwnGpuSegments) {
   EXPECT_EQ(stack_.gpus[0]->SegmentsOf(2), 1u);
   // A namespace never sees another's gpu copy.
   EXPECT_FALSE(manager_->GpuCopyForTest(kNs, theirs[0]).has_value());
+}
+
+TEST_F(TierManagerGpuTest, AGpuQuotaKeepsANamespaceToItsSegmentsAndItsOwnBlocksGo) {
+  NamespacePolicy limited = DefaultNamespacePolicy();
+  limited.gpu_quota_bytes = kMiB;  // one segment on each GPU
+  ASSERT_OK(manager_->SetNamespacePolicy(kNs, limited));
+  const Keys mine = PutChain(80, std::vector<uint64_t>(5, 300 * kKiB));
+  const Keys theirs = PutChain(90, {300 * kKiB}, /*ns=*/2);
+  ASSERT_EQ(manager_->PromoteToGpu(2, theirs, 0).value(), 1u);
+  // Three fit its one segment (a hint's own blocks are not in the gpu yet to make room)...
+  EXPECT_EQ(manager_->PromoteToGpu(kNs, mine, 0).value(), 3u);
+  // ... and the next hint pushes out its own coldest tail, never namespace 2's block.
+  const Keys rest(mine.begin() + 3, mine.end());
+  EXPECT_EQ(manager_->PromoteToGpu(kNs, rest, 0).value(), 2u);
+  EXPECT_EQ(stack_.gpus[0]->SegmentsOf(kNs), 1u);
+  EXPECT_TRUE(manager_->GpuCopyForTest(2, theirs[0]).has_value());
+  int on_gpu = 0;
+  for (const BlockKey& k : mine) on_gpu += manager_->GpuCopyForTest(kNs, k).has_value();
+  EXPECT_EQ(on_gpu, 3);
+  manager_->ClearNamespacePolicy(kNs);
+  EXPECT_FALSE(stack_.gpus[0]->AtSegmentLimit(kNs));
 }
 
 }  // namespace
