@@ -335,6 +335,14 @@ class Client::Impl {
                                   std::vector<GetResult>& out, GetStaging& staging, int local_gpu,
                                   Deadline deadline) {
     std::vector<size_t> queued;
+    // A mapping keeps its segment's old memory alive after the daemon renewed the segment for
+    // another owner; past as many mappings as the daemon has segments some are stale: drop them
+    // all, before any copy out of them is queued.
+    uint64_t segments = 0;
+    for (const GpuTierInfo& g : server_.gpu_tiers) {
+      segments += g.segment_bytes == 0 ? 0 : g.capacity_bytes / g.segment_bytes;
+    }
+    if (gpu_mappings_.size() > segments) gpu_mappings_.clear();
     for (size_t k : gpu_blocks) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];

@@ -124,6 +124,21 @@ def test_prefetch_evict_and_stats(client, make_keys):
     assert client.cluster()["state"] == "standalone"
 
 
+def test_gpu_asks_without_a_gpu_fail_cleanly(client, make_keys):
+    # A daemon without a gpu tier, a process without CUDA: the gpu hint and gpu eviction are
+    # errors or no-ops with a reason, never a crash, and the connection stays usable.
+    keys = make_keys(2)
+    client.put(keys, _blocks(2, 5))
+    with pytest.raises((kvpool.Unavailable, kvpool.InvalidArgument, kvpool.Unimplemented)):
+        client.prefetch(keys, gpu_device=0)
+    assert client.evict("gpu", keys) == {"evicted": 0, "skipped": 0}
+    with pytest.raises(kvpool.InvalidArgument):
+        client.evict("tpu", keys)
+    assert client.server["shared_memory"] in (True, False)
+    out = [bytearray(SIZE) for _ in keys]
+    assert all(client.get_into(keys, out))
+
+
 def test_locate_on_a_standalone_daemon(client, make_keys):
     keys = make_keys(6)
     client.put(keys[:4], _blocks(4, 5))
