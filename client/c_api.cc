@@ -184,8 +184,8 @@ int GetInto(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buf
 
 // kvpool_put_chain and kvpool_put_chain_device: every block in `memory`.
 int PutChainFrom(kvpool_client* c, const kvpool_key* keys, size_t n, const void* const* data,
-                 const size_t* sizes, const kvpool_key* parent, uint32_t* stored,
-                 uint32_t* present, kvpool::Memory memory, void* cuda_stream) {
+                 const size_t* sizes, const kvpool_key* parent, uint32_t* stored, uint32_t* present,
+                 kvpool::Memory memory, void* cuda_stream) {
   if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
   KVPOOL_C_REQUIRE(n == 0 || (keys && data && sizes), c,
                    "kvpool_put_chain: keys, data and sizes are required");
@@ -217,8 +217,7 @@ int kvpool_get(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* 
 
 int kvpool_get_device(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buffers,
                       const size_t* capacities, void* cuda_stream, size_t* sizes, int* codes) {
-  return GetInto(c, keys, n, buffers, capacities, sizes, codes, kvpool::Memory::kCuda,
-                 cuda_stream);
+  return GetInto(c, keys, n, buffers, capacities, sizes, codes, kvpool::Memory::kCuda, cuda_stream);
 }
 
 int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const void* const* data,
@@ -229,9 +228,8 @@ int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const v
 }
 
 int kvpool_put_chain_device(kvpool_client* c, const kvpool_key* keys, size_t n,
-                            const void* const* data, const size_t* sizes,
-                            const kvpool_key* parent, void* cuda_stream, uint32_t* stored,
-                            uint32_t* present) {
+                            const void* const* data, const size_t* sizes, const kvpool_key* parent,
+                            void* cuda_stream, uint32_t* stored, uint32_t* present) {
   return PutChainFrom(c, keys, n, data, sizes, parent, stored, present, kvpool::Memory::kCuda,
                       cuda_stream);
 }

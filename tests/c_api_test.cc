@@ -150,8 +150,8 @@ TEST(CApiTest, DeviceCallsRefuseHostMemoryAndLeaveTheConnectionUsable) {
   uint32_t stored = 0, present = 0;
   // Host memory named as device memory: refused (INVALID_ARGUMENT with a GPU; without one,
   // UNAVAILABLE, or UNIMPLEMENTED in a build without CUDA), with a reason, and nothing stored.
-  const int put = kvpool_put_chain_device(c, &key, 1, data, sizes, nullptr, nullptr, &stored,
-                                          &present);
+  const int put =
+      kvpool_put_chain_device(c, &key, 1, data, sizes, nullptr, nullptr, &stored, &present);
   EXPECT_TRUE(put == KVPOOL_INVALID_ARGUMENT || put == KVPOOL_UNAVAILABLE ||
               put == KVPOOL_UNIMPLEMENTED)
       << kvpool_code_name(put);

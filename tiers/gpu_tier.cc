@@ -7,10 +7,11 @@
 namespace kvpool::tiers {
 
 GpuTier::GpuTier(std::unique_ptr<kernels::DeviceArena> arena)
-    : arena_(std::move(arena)),
+    : SegmentedTier("gpu " + std::to_string(arena->device()), arena->segment_bytes(),
+                    arena->segment_count()),
+      arena_(std::move(arena)),
       segment_bytes_(arena_->segment_bytes()),
-      segment_count_(arena_->segment_count()),
-      pages_("gpu " + std::to_string(arena_->device()), segment_bytes_, segment_count_) {
+      segment_count_(arena_->segment_count()) {
   Result<std::string> uuid = arena_->copies().DeviceUuid(arena_->device());
   if (uuid.ok()) {
     uuid_ = *uuid;
@@ -22,44 +23,16 @@ GpuTier::GpuTier(std::unique_ptr<kernels::DeviceArena> arena)
   generations_.assign(segment_count_, 1);
 }
 
-Result<MemorySlot> GpuTier::Allocate(NamespaceId ns, uint64_t length) {
-  absl::MutexLock lock(&mu_);
-  return pages_.Allocate(ns, length);
-}
-
-void GpuTier::Free(const MemorySlot& slot) {
-  absl::MutexLock lock(&mu_);
-  if (!pages_.Free(slot)) return;
-  const uint32_t index = pages_.SegmentOf(slot.offset);
+bool GpuTier::RenewSegmentLocked(uint32_t index) {
   const Status st = arena_->Renew(index);
-  if (st.ok()) {
-    ++generations_[index];
-  } else {
+  if (!st.ok()) {
     // Its old memory may still hold the last owner's blocks: it goes to nobody.
     LOG(ERROR) << "gpu " << arena_->device() << " segment " << index
                << " could not get fresh memory (" << st.ToString() << "); it stays out of use";
+    return false;
   }
-  pages_.Recycled(index, st.ok());
-}
-
-uint64_t GpuTier::allocated_bytes() const {
-  absl::MutexLock lock(&mu_);
-  return pages_.allocated_bytes();
-}
-
-void GpuTier::SetSegmentLimit(NamespaceId ns, uint32_t max_segments) {
-  absl::MutexLock lock(&mu_);
-  pages_.SetSegmentLimit(ns, max_segments);
-}
-
-uint32_t GpuTier::SegmentsOf(NamespaceId ns) const {
-  absl::MutexLock lock(&mu_);
-  return pages_.SegmentsOf(ns);
-}
-
-bool GpuTier::AtSegmentLimit(NamespaceId ns) const {
-  absl::MutexLock lock(&mu_);
-  return pages_.AtSegmentLimit(ns);
+  ++generations_[index];
+  return true;
 }
 
 SegmentLocation GpuTier::Locate(uint64_t offset) const {

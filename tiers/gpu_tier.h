@@ -32,7 +32,7 @@
 
 namespace kvpool::tiers {
 
-class GpuTier final : public MemoryTier {
+class GpuTier final : public SegmentedTier {
  public:
   // Runs over `arena` (whole segments of it; the arena's segment size is the largest block).
   explicit GpuTier(std::unique_ptr<kernels::DeviceArena> arena);
@@ -51,15 +51,9 @@ class GpuTier final : public MemoryTier {
 
   // MemoryTier
   uint64_t capacity_bytes() const override { return segment_bytes_ * segment_count_; }
-  Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) override;
-  void Free(const MemorySlot& slot) override;
   uint8_t* Data(const MemorySlot& slot) const override { return arena_->base() + slot.offset; }
   uint64_t segment_bytes() const override { return segment_bytes_; }
   uint64_t max_block_bytes() const override { return segment_bytes_; }
-  uint64_t allocated_bytes() const override;
-  void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
-  uint32_t SegmentsOf(NamespaceId ns) const override;
-  bool AtSegmentLimit(NamespaceId ns) const override;
   SegmentLocation Locate(uint64_t offset) const override;
   // `writable` is not enforceable for device memory (see above) and is ignored.
   Result<int> ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
@@ -67,13 +61,13 @@ class GpuTier final : public MemoryTier {
   MemoryTierStats GetStats() const override;
 
  private:
+  bool RenewSegmentLocked(uint32_t index) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::unique_ptr<kernels::DeviceArena> arena_;
   const uint64_t segment_bytes_;
   const uint32_t segment_count_;
   std::string uuid_;
 
-  mutable absl::Mutex mu_;
-  SegmentPages pages_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> generations_ ABSL_GUARDED_BY(mu_);  // bumped at each renewal
 };
 

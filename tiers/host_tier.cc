@@ -58,11 +58,11 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
 }
 
 HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock)
-    : base_(base),
+    : SegmentedTier("host", segment_bytes, segment_count),
+      base_(base),
       segment_bytes_(segment_bytes),
       segment_count_(segment_count),
-      lock_(lock),
-      pages_("host", segment_bytes, segment_count) {
+      lock_(lock) {
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
 }
@@ -134,14 +134,14 @@ Status HostTier::MapSegmentLocked(uint32_t index) {
   return Status::OK();
 }
 
-void HostTier::RecycleSegmentLocked(uint32_t index) {
+bool HostTier::RenewSegmentLocked(uint32_t index) {
   Status st = MapSegmentLocked(index);
   if (!st.ok()) {
     // The old memfd was never remapped or closed: the segment may not go to any namespace.
     LOG(ERROR) << "host segment " << index << " could not get a fresh memfd (" << st.ToString()
                << "); it stays out of use";
   }
-  pages_.Recycled(index, st.ok());
+  return st.ok();
 }
 
 SegmentLocation HostTier::Locate(uint64_t offset) const {
@@ -175,39 +175,9 @@ Result<int> HostTier::ExportSegment(uint32_t index, uint32_t generation, Namespa
   return fd;
 }
 
-Result<HostSlot> HostTier::Allocate(NamespaceId ns, uint64_t length) {
-  absl::MutexLock lock(&mu_);
-  return pages_.Allocate(ns, length);
-}
-
-void HostTier::SetSegmentLimit(NamespaceId ns, uint32_t max_segments) {
-  absl::MutexLock lock(&mu_);
-  pages_.SetSegmentLimit(ns, max_segments);
-}
-
-uint32_t HostTier::SegmentsOf(NamespaceId ns) const {
-  absl::MutexLock lock(&mu_);
-  return pages_.SegmentsOf(ns);
-}
-
-bool HostTier::AtSegmentLimit(NamespaceId ns) const {
-  absl::MutexLock lock(&mu_);
-  return pages_.AtSegmentLimit(ns);
-}
-
-void HostTier::Free(const HostSlot& slot) {
-  absl::MutexLock lock(&mu_);
-  if (pages_.Free(slot)) RecycleSegmentLocked(pages_.SegmentOf(slot.offset));
-}
-
 NamespaceId HostTier::OwnerOf(uint64_t offset) const {
   absl::MutexLock lock(&mu_);
   return pages_.OwnerOf(pages_.SegmentOf(offset));
-}
-
-uint64_t HostTier::allocated_bytes() const {
-  absl::MutexLock lock(&mu_);
-  return pages_.allocated_bytes();
 }
 
 HostTierStats HostTier::GetStats() const {

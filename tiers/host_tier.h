@@ -52,20 +52,13 @@ struct HostTierOptions {
   bool lock_memory = true;
 };
 
-class HostTier final : public MemoryTier {
+class HostTier final : public SegmentedTier {
  public:
   // Creates and maps the arena. ResourceExhausted when the memory cannot be had.
   static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& options);
   ~HostTier();
   HostTier(const HostTier&) = delete;
   HostTier& operator=(const HostTier&) = delete;
-
-  // Allocates `length` bytes for a block of namespace `ns` in one of its segments, taking a free
-  // segment when none has room. InvalidArgument for 0 or more than a segment;
-  // ResourceExhausted when nothing fits (the caller evicts and retries).
-  Result<HostSlot> Allocate(NamespaceId ns, uint64_t length) override;
-  // Returns a slot's pages. The slot must come from Allocate and not be freed twice.
-  void Free(const HostSlot& slot) override;
 
   // StorageTier
   Tier id() const override { return Tier::kHost; }
@@ -85,11 +78,6 @@ class HostTier final : public MemoryTier {
   Result<int> ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
                             bool writable) override;
 
-  // Cheap: pages handed out, in bytes.
-  uint64_t allocated_bytes() const override;
-  void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
-  uint32_t SegmentsOf(NamespaceId ns) const override;
-  bool AtSegmentLimit(NamespaceId ns) const override;
   // Walks every segment's bitmap for the fragmentation figures: not for hot paths.
   HostTierStats GetStats() const override;
 
@@ -105,7 +93,7 @@ class HostTier final : public MemoryTier {
   Status MapSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives an emptied segment a fresh memfd and releases the old one's pages; on failure the
   // segment is kept out of the pool (logged) rather than risk handing its old memfd on.
-  void RecycleSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RenewSegmentLocked(uint32_t index) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   uint8_t* const base_;
   const uint64_t segment_bytes_;
@@ -113,8 +101,6 @@ class HostTier final : public MemoryTier {
   const bool lock_;
   bool locked_ ABSL_GUARDED_BY(mu_) = false;
 
-  mutable absl::Mutex mu_;
-  SegmentPages pages_ ABSL_GUARDED_BY(mu_);
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> seg_registered_ ABSL_GUARDED_BY(mu_);  // pinned with CUDA
 };

@@ -192,4 +192,36 @@ MemoryTierStats SegmentPages::Stats() const {
   return s;
 }
 
+Result<MemorySlot> SegmentedTier::Allocate(NamespaceId ns, uint64_t length) {
+  absl::MutexLock lock(&mu_);
+  return pages_.Allocate(ns, length);
+}
+
+void SegmentedTier::Free(const MemorySlot& slot) {
+  absl::MutexLock lock(&mu_);
+  if (!pages_.Free(slot)) return;
+  const uint32_t index = pages_.SegmentOf(slot.offset);
+  pages_.Recycled(index, RenewSegmentLocked(index));
+}
+
+uint64_t SegmentedTier::allocated_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return pages_.allocated_bytes();
+}
+
+void SegmentedTier::SetSegmentLimit(NamespaceId ns, uint32_t max_segments) {
+  absl::MutexLock lock(&mu_);
+  pages_.SetSegmentLimit(ns, max_segments);
+}
+
+uint32_t SegmentedTier::SegmentsOf(NamespaceId ns) const {
+  absl::MutexLock lock(&mu_);
+  return pages_.SegmentsOf(ns);
+}
+
+bool SegmentedTier::AtSegmentLimit(NamespaceId ns) const {
+  absl::MutexLock lock(&mu_);
+  return pages_.AtSegmentLimit(ns);
+}
+
 }  // namespace kvpool::tiers

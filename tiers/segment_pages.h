@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "common/namespace_id.h"
 #include "common/status.h"
 #include "tiers/tier.h"
@@ -77,6 +79,31 @@ class SegmentPages {
   uint64_t blocks_ = 0;
   absl::flat_hash_map<NamespaceId, uint32_t> segments_of_;  // held now
   absl::flat_hash_map<NamespaceId, uint32_t> segment_limit_;
+};
+
+// SegmentedTier: a MemoryTier whose pages SegmentPages keeps under one mutex: the allocation,
+// quota and accounting calls every segmented tier answers alike. A tier brings its memory and
+// says what becomes of a segment that emptied (RenewSegmentLocked).
+class SegmentedTier : public MemoryTier {
+ public:
+  Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) override;
+  // Returns a slot's pages; an emptied segment is renewed before anyone may have it again.
+  void Free(const MemorySlot& slot) override;
+  uint64_t allocated_bytes() const override;
+  void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
+  uint32_t SegmentsOf(NamespaceId ns) const override;
+  bool AtSegmentLimit(NamespaceId ns) const override;
+
+ protected:
+  SegmentedTier(std::string tier_name, uint64_t segment_bytes, uint32_t segment_count)
+      : pages_(std::move(tier_name), segment_bytes, segment_count) {}
+
+  // Gives emptied segment `index` fresh memory; false (logged) when it could not: it then stays
+  // out of use.
+  virtual bool RenewSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+
+  mutable absl::Mutex mu_;
+  SegmentPages pages_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvpool::tiers

@@ -93,13 +93,11 @@ int kvpool_put_chain(kvpool_client* client, const kvpool_key* keys, size_t n,
  * shared-memory arena, queued on `cuda_stream` (a cudaStream_t; NULL: the legacy default
  * stream) after the work already queued there; the calls return once the copies are done.
  * INVALID_ARGUMENT when a buffer is not device memory; UNAVAILABLE without a CUDA device. */
-int kvpool_get_device(kvpool_client* client, const kvpool_key* keys, size_t n,
-                      void* const* buffers, const size_t* capacities, void* cuda_stream,
-                      size_t* sizes, int* codes);
+int kvpool_get_device(kvpool_client* client, const kvpool_key* keys, size_t n, void* const* buffers,
+                      const size_t* capacities, void* cuda_stream, size_t* sizes, int* codes);
 int kvpool_put_chain_device(kvpool_client* client, const kvpool_key* keys, size_t n,
-                            const void* const* data, const size_t* sizes,
-                            const kvpool_key* parent, void* cuda_stream, uint32_t* stored,
-                            uint32_t* present);
+                            const void* const* data, const size_t* sizes, const kvpool_key* parent,
+                            void* cuda_stream, uint32_t* stored, uint32_t* present);
 
 int kvpool_prefetch(kvpool_client* client, const kvpool_key* keys, size_t n, uint32_t* started);
 
