@@ -469,6 +469,7 @@ nlohmann::json PolicyJson(const kvpool::PolicyInfo& p) {
           {"encoding", p.encoding},
           {"host_quota_bytes", p.host_quota_bytes},
           {"disk_quota_bytes", p.disk_quota_bytes},
+          {"gpu_quota_bytes", p.gpu_quota_bytes},
           {"source", p.source}};
 }
 
@@ -501,14 +502,15 @@ int Policies(int argc, char** argv) {
   auto quota = [](uint64_t bytes) {
     return bytes == 0 ? std::string("-") : kvpool::FormatBytes(bytes);
   };
-  std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %-10s  %-10s  %s\n", w, "namespace",
+  std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %-10s  %-10s  %-10s  %s\n", w, "namespace",
               "eviction", "write", "admission", "read_ahead", "encoding", "host_quota",
-              "disk_quota", "source");
+              "disk_quota", "gpu_quota", "source");
   for (const kvpool::PolicyInfo& p : rows) {
-    std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %-10s  %-10s  %s\n", w,
+    std::printf("%-*s  %-8s  %-22s  %-14s  %-10s  %-8s  %-10s  %-10s  %-10s  %s\n", w,
                 p.namespace_name.c_str(), p.eviction.c_str(), p.write.c_str(), p.admission.c_str(),
                 p.read_ahead.c_str(), p.encoding.c_str(), quota(p.host_quota_bytes).c_str(),
-                quota(p.disk_quota_bytes).c_str(), p.source.c_str());
+                quota(p.disk_quota_bytes).c_str(), quota(p.gpu_quota_bytes).c_str(),
+                p.source.c_str());
   }
   if (!one && v->namespaces.empty()) std::cout << "(no namespace has its own strategies)\n";
   return 0;

@@ -41,9 +41,9 @@ bool PutResult::all_ok() const {
 
 namespace {
 PolicyInfo PolicyFromWire(const wire::NamespacePolicyInfo& p) {
-  return {p.namespace_name(), p.eviction(),         p.write(),
-          p.admission(),      p.read_ahead(),       p.encoding(),
-          p.source(),         p.host_quota_bytes(), p.disk_quota_bytes()};
+  return {p.namespace_name(),   p.eviction(),       p.write(),  p.admission(),
+          p.read_ahead(),       p.encoding(),       p.source(), p.host_quota_bytes(),
+          p.disk_quota_bytes(), p.gpu_quota_bytes()};
 }
 
 Tier FromWire(int t) {

@@ -168,6 +168,7 @@ void ToWire(const PolicyInfo& p, wire::NamespacePolicyInfo* out) {
   out->set_source(p.source);
   out->set_host_quota_bytes(p.host_quota_bytes);
   out->set_disk_quota_bytes(p.disk_quota_bytes);
+  out->set_gpu_quota_bytes(p.gpu_quota_bytes);
 }
 
 }  // namespace

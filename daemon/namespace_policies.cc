@@ -171,6 +171,7 @@ PolicyInfo NamespacePolicies::InfoLocked(NamespaceId ns, const std::string& name
   info.source = source;
   info.host_quota_bytes = p.host_quota_bytes;
   info.disk_quota_bytes = p.disk_quota_bytes;
+  info.gpu_quota_bytes = p.gpu_quota_bytes;
   return info;
 }
 

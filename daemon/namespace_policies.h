@@ -58,6 +58,7 @@ struct PolicyInfo {
   std::string source;             // "default", "flags", or the namespaces file's path
   uint64_t host_quota_bytes = 0;  // 0: none
   uint64_t disk_quota_bytes = 0;
+  uint64_t gpu_quota_bytes = 0;
 };
 
 class NamespacePolicies {

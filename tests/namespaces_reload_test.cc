@@ -383,7 +383,8 @@ TEST_F(NamespacesReloadTest, AnExplicitFileMustExist) {
 
 TEST_F(NamespacesReloadTest, AHostQuotaKeepsATenantToItsShareAndOthersKeepTheirs) {
   // 64 MiB of 1 MiB host segments (the test daemon's); tenant-b may hold two of them.
-  WriteFile(path_, "namespaces:\n  tenant-b: {host_quota: 2MiB, disk_quota: 1GiB}\n");
+  WriteFile(path_,
+            "namespaces:\n  tenant-b: {host_quota: 2MiB, disk_quota: 1GiB, gpu_quota: 4MiB}\n");
   DaemonProcess d(std::vector<std::string>{"--namespaces_file=" + path_});
   ASSERT_OK(d.Start());
   auto a = d.Connect("tenant-a");
@@ -394,6 +395,7 @@ TEST_F(NamespacesReloadTest, AHostQuotaKeepsATenantToItsShareAndOthersKeepTheirs
   ASSERT_EQ(v->namespaces.size(), 1u);
   EXPECT_EQ(v->namespaces[0].host_quota_bytes, 2u << 20);
   EXPECT_EQ(v->namespaces[0].disk_quota_bytes, 1u << 30);
+  EXPECT_EQ(v->namespaces[0].gpu_quota_bytes, 4u << 20);
 
   std::vector<Chain> mine, theirs;
   for (uint64_t i = 0; i < 3; ++i) {

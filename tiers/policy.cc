@@ -206,7 +206,8 @@ std::string DescribePolicy(const NamespacePolicy& policy) {
          " read-ahead=" + policy.read_ahead->name() +
          " encoding=" + (policy.encoding ? policy.encoding->name() : std::string("raw")) +
          (policy.host_quota_bytes ? " host-quota=" + FormatBytes(policy.host_quota_bytes) : "") +
-         (policy.disk_quota_bytes ? " disk-quota=" + FormatBytes(policy.disk_quota_bytes) : "");
+         (policy.disk_quota_bytes ? " disk-quota=" + FormatBytes(policy.disk_quota_bytes) : "") +
+         (policy.gpu_quota_bytes ? " gpu-quota=" + FormatBytes(policy.gpu_quota_bytes) : "");
 }
 
 }  // namespace kvpool::tiers

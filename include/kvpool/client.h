@@ -305,6 +305,7 @@ struct PolicyInfo {
   std::string source;             // "default", "flags", or the namespaces file's path
   uint64_t host_quota_bytes = 0;  // host segments it may hold, in bytes; 0: no quota
   uint64_t disk_quota_bytes = 0;  // bytes it may store on disk; 0: no quota
+  uint64_t gpu_quota_bytes = 0;   // gpu segments it may hold on each GPU, in bytes; 0: no quota
 };
 
 struct PoliciesView {
