@@ -53,17 +53,6 @@ class LeaseTable {
   uint64_t next_id_ = 1;
 };
 
-// A block key within its namespace, hashable.
-struct NamespacedKey {
-  NamespaceId ns;
-  BlockKey key;
-  bool operator==(const NamespacedKey& o) const { return ns == o.ns && key == o.key; }
-  template <typename H>
-  friend H AbslHashValue(H h, const NamespacedKey& k) {
-    return H::combine(std::move(h), k.ns, BlockKeyHash()(k.key));
-  }
-};
-
 // One block a writer wants to put.
 struct PutRequestItem {
   BlockKey key;

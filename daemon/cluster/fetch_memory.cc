@@ -32,7 +32,7 @@ void FetchMemory::Answered(const std::string& peer) {
 
 bool FetchMemory::KnownAbsent(NamespaceId ns, const BlockKey& key) {
   absl::MutexLock lock(&mu_);
-  auto it = absent_until_.find(Key{ns, key});
+  auto it = absent_until_.find(NamespacedKey{ns, key});
   if (it == absent_until_.end()) return false;
   if (clock_.Now() >= it->second) {
     absent_until_.erase(it);
@@ -58,7 +58,7 @@ void FetchMemory::Absent(NamespaceId ns, const BlockKey& key) {
       absl::erase_if(absent_until_, [&](const auto& kv) { return kv.second <= cut; });
     }
   }
-  absent_until_[Key{ns, key}] = now + options_.absent_ttl;
+  absent_until_[NamespacedKey{ns, key}] = now + options_.absent_ttl;
 }
 
 FetchMemory::Stats FetchMemory::GetStats() const {

@@ -50,21 +50,11 @@ class FetchMemory {
   Stats GetStats() const;
 
  private:
-  struct Key {
-    NamespaceId ns;
-    BlockKey key;
-    bool operator==(const Key& o) const { return ns == o.ns && key == o.key; }
-    template <typename H>
-    friend H AbslHashValue(H h, const Key& k) {
-      return H::combine(std::move(h), k.ns, BlockKeyHash()(k.key));
-    }
-  };
-
   const FetchMemoryOptions options_;
   Clock& clock_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Clock::TimePoint> failed_until_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Key, Clock::TimePoint> absent_until_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<NamespacedKey, Clock::TimePoint> absent_until_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
