@@ -316,38 +316,34 @@ int Main(int argc, char** argv) {
   const auto gbps = [&](double s) { return static_cast<double>(total) / s / 1e9; };
   const auto engine_wait = [&] { engine.Wait(stream).IgnoreError(); };
   const auto cuda_wait = [&] { CUDA_OR_DIE(cudaStreamSynchronize(stream)); };
-  const double h2d = MedianSeconds(
-      reps, blocks,
-      [&](int i) {
-        engine
-            .CopyAsync(device + i * block, arena + i * block, block, CopyDirection::kHostToDevice,
-                       stream)
-            .IgnoreError();
-      },
-      engine_wait);
-  const double h2d_peer = MedianSeconds(
-      reps, blocks,
-      [&](int i) {
-        CUDA_OR_DIE(cudaMemcpyAsync(device + i * block, pinned + i * block, block,
-                                    cudaMemcpyHostToDevice, stream));
-      },
-      cuda_wait);
-  const double d2h = MedianSeconds(
-      reps, blocks,
-      [&](int i) {
-        engine
-            .CopyAsync(arena + i * block, device + i * block, block, CopyDirection::kDeviceToHost,
-                       stream)
-            .IgnoreError();
-      },
-      engine_wait);
-  const double d2h_peer = MedianSeconds(
-      reps, blocks,
-      [&](int i) {
-        CUDA_OR_DIE(cudaMemcpyAsync(pinned + i * block, device + i * block, block,
-                                    cudaMemcpyDeviceToHost, stream));
-      },
-      cuda_wait);
+  // The client's copy between the arena mapping and the device, and the same copy from or into
+  // cudaMallocHost memory.
+  const auto through_engine = [&](CopyDirection dir) {
+    return MedianSeconds(
+        reps, blocks,
+        [&](int i) {
+          uint8_t* host = arena + i * block;
+          uint8_t* dev = device + i * block;
+          const bool h2d = dir == CopyDirection::kHostToDevice;
+          engine.CopyAsync(h2d ? dev : host, h2d ? host : dev, block, dir, stream).IgnoreError();
+        },
+        engine_wait);
+  };
+  const auto from_pinned = [&](cudaMemcpyKind kind) {
+    return MedianSeconds(
+        reps, blocks,
+        [&](int i) {
+          uint8_t* host = pinned + i * block;
+          uint8_t* dev = device + i * block;
+          const bool h2d = kind == cudaMemcpyHostToDevice;
+          CUDA_OR_DIE(cudaMemcpyAsync(h2d ? dev : host, h2d ? host : dev, block, kind, stream));
+        },
+        cuda_wait);
+  };
+  const double h2d = through_engine(CopyDirection::kHostToDevice);
+  const double h2d_peer = from_pinned(cudaMemcpyHostToDevice);
+  const double d2h = through_engine(CopyDirection::kDeviceToHost);
+  const double d2h_peer = from_pinned(cudaMemcpyDeviceToHost);
   const Row rows[] = {
       {"client get: arena mapping -> device (H2D)", gbps(h2d),
        "cudaMemcpyAsync from cudaMallocHost", gbps(h2d_peer)},
