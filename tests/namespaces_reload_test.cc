@@ -21,6 +21,7 @@
 #include "tests/support/daemon_process.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/temp_dir.h"
+#include "tiers/test_kv_blocks.h"
 
 namespace kvpool::testing {
 namespace {
@@ -277,12 +278,7 @@ TEST_F(NamespacesReloadTest, AnEncodedNamespaceServesTheDecodedBlockAndSaysItIsL
   EXPECT_EQ(v->namespaces[0].encoding, "int8 (2x2x64, 16 tokens, fp16)");
 
   // One block of the layout (16 KiB of fp16 KV) and one of another size.
-  kernels::BlockLayout layout;
-  layout.num_layers = 2;
-  layout.num_kv_heads = 2;
-  layout.head_dim = 64;
-  layout.tokens = 16;
-  layout.dtype = kernels::DType::kFloat16;
+  const kernels::BlockLayout layout = tiers::SmallLayout();
   Chain c = MakeChain(5, 2, kernels::RawBytes(layout));
   c.blocks[1].resize(5000);
   for (size_t i = 0; i < c.blocks[0].size(); i += 2) {
