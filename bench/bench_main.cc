@@ -263,6 +263,8 @@ class Bench {
   void AddBaselines(Figure& f) const;
   Status RunCase(BenchSystem& sys, uint64_t block_bytes, int threads, const PatternSet& pattern,
                  int case_index);
+  Status RunBorrows(BenchSystem& sys, uint64_t block_bytes, int threads, const PatternSet& pattern,
+                    const std::vector<StoredBlock>& stored, const std::vector<size_t>& starts);
   Status RunLookups(BenchSystem& sys, int threads);
   Status RunMixed();
   // Whether `sys` is measured at `threads` (every --concurrency value, or only the first).
@@ -491,7 +493,49 @@ Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
   KVPOOL_RETURN_IF_ERROR(AddArena(sys, get).status());
   AddBaselines(get);
   Emit(std::move(get));
+  if (sys.lends_in_place()) {
+    const Status st = RunBorrows(sys, block_bytes, threads, pattern, stored, starts);
+    if (!st.ok()) {
+      (void)sys.Drop(keys);
+      return st.WithContext("borrow " + tag);
+    }
+  }
   return sys.Drop(keys).WithContext("dropping the blocks of " + tag);
+}
+
+// The in-place read: a batch lent and released, no byte copied; beside the time memcpy takes
+// for the same batch (what a get must at least spend), measured earlier in this run.
+Status Bench::RunBorrows(BenchSystem& sys, uint64_t block_bytes, int threads,
+                         const PatternSet& pattern, const std::vector<StoredBlock>& stored,
+                         const std::vector<size_t>& starts) {
+  for (const bool verify : {false, true}) {
+    std::vector<std::unique_ptr<PhaseWorker>> workers;
+    std::vector<BorrowWorker*> borrows;
+    for (int i = 0; i < threads; ++i) {
+      auto w = std::make_unique<BorrowWorker>(sys, i, pattern, c_.batch, stored, starts[i],
+                                              FLAGS_verify_every, verify);
+      borrows.push_back(w.get());
+      workers.push_back(std::move(w));
+    }
+    KVPOOL_ASSIGN_OR_RETURN(PhaseStats s, RunPhase(workers, c_.pin.bench_cpus, c_.limits));
+    Figure f = NewFigure(sys, verify ? "borrow+verify" : "borrow", block_bytes, threads);
+    f.SetFrom(s);
+    uint64_t verified = 0;
+    for (BorrowWorker* b : borrows) verified += b->verified_blocks();
+    f.extra["verified_blocks"] = verified;
+    f.gbps = 0;  // nothing is copied: the figure is the time per batch
+    f.extra["bytes"] = "lent in place, not copied";
+    const double mem = Baseline("memcpy", block_bytes);
+    if (mem > 0) {
+      const double memcpy_batch_us =
+          static_cast<double>(c_.batch * block_bytes) / (mem * 1e9) * 1e6;
+      f.extra["memcpy_batch_us"] = memcpy_batch_us;
+      f.extra["p50_to_memcpy_batch"] = f.p50_us / memcpy_batch_us;
+    }
+    if (!verify) f.extra["target_p50_us"] = 10;
+    Emit(std::move(f));
+  }
+  return Status::OK();
 }
 
 Status Bench::RunLookups(BenchSystem& sys, int threads) {

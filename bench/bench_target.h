@@ -61,6 +61,15 @@ class BenchTarget {
   // Length of the longest cached prefix of `chain`.
   virtual Result<uint32_t> Lookup(std::span<const BlockKey> chain) = 0;
 
+  // Lends keys[i] in place (no copy) until ReleaseBorrowed: views[i] is set to its bytes where
+  // the system keeps them. With `verify`, the system checks each block's checksum before lending
+  // it. Unimplemented where the system cannot lend in place (BenchSystem::lends_in_place).
+  virtual Status Borrow(std::span<const BlockKey> keys, bool verify,
+                        std::span<std::span<const uint8_t>> views) {
+    return Status::Unimplemented("no in-place reads");
+  }
+  virtual Status ReleaseBorrowed() { return Status::OK(); }
+
   // Blocks served by Get from below the system's fastest tier since this target was made
   // (kvpool: from disk rather than host). The bench sizes the fast tier so this stays 0.
   virtual uint64_t slow_tier_hits() const { return 0; }
@@ -81,6 +90,8 @@ class BenchSystem {
   virtual Status Drop(std::span<const BlockKey> keys) = 0;
   // The fast tier's occupancy and fragmentation now (for a shared daemon: all its tenants).
   virtual Result<ArenaStats> Arena() = 0;
+  // Whether its targets lend blocks in place (BenchTarget::Borrow).
+  virtual bool lends_in_place() const { return false; }
 };
 
 }  // namespace kvpool::bench

@@ -5,8 +5,9 @@ Usage: check_bench_json.py KVPOOL_BENCH [bench flags...]
 
 Passes when the bench exits 0 and every stdout line is a JSON object with the documented keys
 and sane values, with a put and a get line for every kvpool path in --paths (default
-socket,shm,ucx) and for Redis when --systems names it, at least one kvpool lookup line, and one
-memcpy copy line per block size. Never asserts a timing: CI machines are too noisy for that.
+socket,shm,ucx) and for Redis when --systems names it, a borrow and a borrow+verify line (the
+in-place read) where shm is measured, with its lent bytes checked, at least one kvpool lookup
+line, and one memcpy copy line per block size. Never asserts a timing: CI machines are too noisy for that.
 """
 import json
 import subprocess
@@ -17,7 +18,7 @@ REQUIRED = {
     "gbps": (int, float), "ops_per_s": (int, float), "p50_us": (int, float),
     "p99_us": (int, float),
 }
-OPS = {"kvpool": {"put", "get", "lookup"}, "redis": {"put", "get"}, "memcpy": {"copy"},
+OPS = {"kvpool": {"put", "get", "lookup", "borrow", "borrow+verify"}, "redis": {"put", "get"}, "memcpy": {"copy"},
        "socketpair": {"stream"}}
 PATHS = {"kvpool": {"socket", "shm", "ucx"}, "redis": {"tcp"}, "memcpy": {"memory"},
          "socketpair": {"unix"}}
@@ -73,8 +74,8 @@ def main():
             fail("line %d: p99 below p50: %r" % (n, line))
         if op in ("put", "get", "copy", "stream") and rec["gbps"] <= 0:
             fail("line %d: no bytes moved: %r" % (n, line))
-        if op == "get" and rec.get("verified_blocks", 0) <= 0:
-            fail("line %d: no get was verified: %r" % (n, line))
+        if op in ("get", "borrow", "borrow+verify") and rec.get("verified_blocks", 0) <= 0:
+            fail("line %d: no %s was verified: %r" % (n, op, line))
         seen.add((system, op, rec["block_bytes"]))
         measured.add((system, rec["path"], op))
         if system == "kvpool":
@@ -89,6 +90,10 @@ def main():
         for op in ("put", "get"):
             if (system, path, op) not in measured:
                 fail("no %s %s %s line" % (system, path, op), proc.stdout)
+    if ("kvpool", "shm") in expected:
+        for op in ("borrow", "borrow+verify"):
+            if ("kvpool", "shm", op) not in measured:
+                fail("no kvpool shm %s line" % op, proc.stdout)
     if not any(op == "lookup" for (_, op) in kvpool_seen):
         fail("no kvpool lookup line", proc.stdout)
     for b in kvpool_sizes:

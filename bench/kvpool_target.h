@@ -39,6 +39,7 @@ class KvpoolSystem : public BenchSystem {
   Result<std::unique_ptr<BenchTarget>> NewTarget(int thread_index) override;
   Status Drop(std::span<const BlockKey> keys) override;
   Result<ArenaStats> Arena() override;
+  bool lends_in_place() const override { return data_path_ == DataPath::kSharedMemory; }
 
  private:
   Status EnsureAdmin();

@@ -128,6 +128,63 @@ Status GetWorker::Run(PhaseClock& clock) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// BorrowWorker
+
+BorrowWorker::BorrowWorker(BenchSystem& system, int index, const PatternSet& pattern, size_t batch,
+                           const std::vector<StoredBlock>& blocks, size_t start,
+                           uint32_t verify_every, bool verify)
+    : system_(system),
+      index_(index),
+      pattern_(pattern),
+      batch_(batch),
+      blocks_(blocks),
+      start_(start),
+      verify_every_(std::max<uint32_t>(1, verify_every)),
+      verify_(verify) {}
+
+Status BorrowWorker::Prepare() {
+  if (blocks_.empty()) return Status::FailedPrecondition("nothing was stored to borrow");
+  KVPOOL_ASSIGN_OR_RETURN(target_, system_.NewTarget(index_));
+  return Status::OK();
+}
+
+Status BorrowWorker::Run(PhaseClock& clock) {
+  const size_t n = blocks_.size();
+  std::vector<BlockKey> keys(batch_);
+  std::vector<std::span<const uint8_t>> views(batch_);
+  std::vector<size_t> which(batch_);
+  size_t pos = start_ % n;
+  for (uint64_t call = 0; clock.Continue(); ++call) {
+    for (size_t j = 0; j < batch_; ++j) {
+      which[j] = (pos + j) % n;
+      keys[j] = blocks_[which[j]].key;
+    }
+    const bool check = call % verify_every_ == 0;
+    Clock::time_point t0 = Clock::now();
+    Status st = target_->Borrow(keys, verify_, views);
+    Clock::duration d = Clock::now() - t0;
+    if (!st.ok()) return st.WithContext("borrow call " + std::to_string(call));
+    uint64_t bytes = 0;
+    for (const auto& v : views) bytes += v.size();
+    if (check) {
+      for (size_t j = 0; j < batch_; ++j) {
+        const StoredBlock& sb = blocks_[which[j]];
+        KVPOOL_RETURN_IF_ERROR(
+            VerifyBlock(sb.key, views[j].data(), views[j].size(), pattern_.slot(sb.slot), sb.size));
+      }
+      verified_blocks_ += batch_;
+    }
+    t0 = Clock::now();
+    st = target_->ReleaseBorrowed();
+    d += Clock::now() - t0;
+    if (!st.ok()) return st.WithContext("release call " + std::to_string(call));
+    clock.Record(d, bytes);
+    pos = (pos + batch_) % n;
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
 // LookupWorker
 
 LookupWorker::LookupWorker(BenchSystem& system, int index, const std::vector<BlockKey>& chain)

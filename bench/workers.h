@@ -72,6 +72,32 @@ class GetWorker : public PhaseWorker {
   uint64_t verified_blocks_ = 0;
 };
 
+// Borrows `batch` of `blocks` per call (the shared-memory in-place read: no bytes copied) and
+// releases them, walking them as GetWorker does; a sample is the borrow and the release. Every
+// `verify_every`-th call (and the first) reads the lent bytes and checks them, outside the sample.
+// `verify`: the client hashes each block before lending it (BorrowOptions::verify).
+class BorrowWorker : public PhaseWorker {
+ public:
+  BorrowWorker(BenchSystem& system, int index, const PatternSet& pattern, size_t batch,
+               const std::vector<StoredBlock>& blocks, size_t start, uint32_t verify_every,
+               bool verify);
+  Status Prepare() override;
+  Status Run(PhaseClock& clock) override;
+  uint64_t verified_blocks() const { return verified_blocks_; }
+
+ private:
+  BenchSystem& system_;
+  const int index_;
+  const PatternSet& pattern_;
+  const size_t batch_;
+  const std::vector<StoredBlock>& blocks_;
+  const size_t start_;
+  const uint32_t verify_every_;
+  const bool verify_;
+  std::unique_ptr<BenchTarget> target_;
+  uint64_t verified_blocks_ = 0;
+};
+
 // Looks up the whole `chain` per call; every call must find all of it cached.
 class LookupWorker : public PhaseWorker {
  public:

@@ -17,6 +17,10 @@ struct kvpool_client {
   std::string last_error;
 };
 
+struct kvpool_borrowed {
+  kvpool::BorrowedBlocks blocks;
+};
+
 namespace {
 
 thread_local std::string g_connect_error;
@@ -314,5 +318,38 @@ int kvpool_stats_json(kvpool_client* c, char* buffer, size_t capacity, size_t* n
     return Ok(c);
   });
 }
+
+int kvpool_borrow(kvpool_client* c, const kvpool_key* keys, size_t n, int gpu_device, int verify,
+                  kvpool_block_view* views, kvpool_borrowed** out) {
+  KVPOOL_C_REQUIRE(c != nullptr && out != nullptr, c, "NULL client or out");
+  KVPOOL_C_REQUIRE(n == 0 || (keys != nullptr && views != nullptr), c, "NULL keys or views");
+  return Guard(c, [&] {
+    kvpool::Result<kvpool::BorrowedBlocks> r =
+        c->client->Borrow(Keys(keys, n), {.gpu_device = gpu_device, .verify = verify != 0});
+    if (!r.ok()) return Fail(c, r.status());
+    for (size_t i = 0; i < n; ++i) {
+      const kvpool::BlockView& v = (*r)[i];
+      views[i] = {v.data,
+                  v.status.ok() ? v.size : 0,
+                  Code(v.status),
+                  static_cast<int>(v.tier),
+                  v.memory == kvpool::Memory::kCuda ? 1 : 0,
+                  v.checksum};
+    }
+    *out = new kvpool_borrowed{std::move(r).value()};
+    return Ok(c);
+  });
+}
+
+int kvpool_borrowed_verify(kvpool_borrowed* b, int* codes) {
+  if (b == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  const kvpool::Status st = b->blocks.Verify();
+  if (codes != nullptr) {
+    for (size_t i = 0; i < b->blocks.size(); ++i) codes[i] = Code(b->blocks[i].status);
+  }
+  return Code(st);
+}
+
+void kvpool_borrowed_release(kvpool_borrowed* b) { delete b; }
 
 }  // extern "C"

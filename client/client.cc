@@ -89,6 +89,28 @@ class DaemonSegments final : public client::SegmentDescriptorSource {
 
 }  // namespace
 
+// What a BorrowedBlocks holds: its views, the memory they point into, and the leases that keep
+// the daemon's copies in place.
+struct BorrowedBlocks::State {
+  std::vector<BlockView> views;
+  std::vector<bool> lent;                          // views[i] points into the daemon's memory
+  std::vector<std::vector<uint8_t>> owned;         // blocks that came as bytes
+  std::vector<std::shared_ptr<const void>> holds;  // mappings and imported gpu segments
+  std::vector<uint64_t> lease_ids;
+  std::shared_ptr<Client::Impl*> client;  // null inside once the Client is gone
+  uint64_t epoch = 0;                     // the client's connection the leases belong to
+  std::chrono::steady_clock::time_point lease_deadline;
+  bool released = false;
+
+  void Reset(size_t n) {
+    views.assign(n, BlockView{});
+    lent.assign(n, false);
+    owned.assign(n, {});
+    holds.clear();
+    lease_ids.clear();
+  }
+};
+
 class Client::Impl {
  public:
   explicit Impl(ClientOptions options) : options_(std::move(options)), connection_(options_) {
@@ -96,13 +118,16 @@ class Client::Impl {
   }
 
   ~Impl() {
+    *self_ = nullptr;  // blocks still borrowed no longer release through this client
     mappings_.UnmapAll();
     ucx_.Disconnect();
   }
 
   Status Connect() {
-    // Segment numbers and generations belong to the daemon instance we talked to.
+    // Segment numbers and generations belong to the daemon instance we talked to; leases, to
+    // the connection.
     connection_.Close();
+    ++epoch_;
     mappings_.UnmapAll();
     KVPOOL_RETURN_IF_ERROR(connection_.Dial());
     wire::HelloRequest req;
@@ -130,6 +155,8 @@ class Client::Impl {
     server_.max_payload_bytes = resp.max_payload_bytes();
     server_.max_batch_keys = std::max<uint32_t>(1, resp.max_batch_keys());
     server_.shared_memory = resp.shared_memory();
+    server_.lease_timeout =
+        std::chrono::milliseconds(resp.shared_memory() ? resp.lease_timeout_ms() : 0);
     mappings_.Reset(resp.segment_bytes());
     gpu_mappings_.clear();
     gpu_import_failed_ = false;
@@ -255,6 +282,77 @@ class Client::Impl {
     return connection_.SendOnly(wire::RELEASE, release, deadline);
   }
 
+  // Lends leased blocks where they are: host slots through this client's read-only mappings
+  // (held by `lend`, so they stay mapped), gpu slots through imported gpu segments. The leases
+  // become `lend`'s, ended by BorrowedBlocks::Release. With `verify`, each host view is hashed
+  // first and one that fails is Corruption.
+  Status Lend(std::span<const BlockKey> keys, const std::vector<InPlace>& blocks,
+              std::vector<GetResult>& out, BorrowedBlocks::State& lend, int local_gpu, bool verify,
+              Deadline deadline) {
+    for (const InPlace& b : blocks) lend.lease_ids.push_back(b.lease_id);
+    std::vector<std::pair<uint32_t, uint32_t>> segs;
+    for (const InPlace& b : blocks) {
+      if (!b.gpu) segs.emplace_back(b.segment, b.generation);
+    }
+    std::vector<Status> mapped;
+    if (!segs.empty()) {
+      KVPOOL_ASSIGN_OR_RETURN(
+          mapped, mappings_.EnsureMapped(segs, /*writable=*/false, segment_source_, deadline));
+    }
+    size_t host_k = 0;  // the next host block's place in `mapped`
+    for (const InPlace& b : blocks) {
+      GetResult& r = out[b.index];
+      BlockView& v = lend.views[b.index];
+      const uint8_t* data = nullptr;
+      std::shared_ptr<const void> hold;
+      if (!b.gpu) {
+        r.status = mapped[host_k++];
+        if (r.status.ok() && b.offset + b.size > mappings_.segment_bytes()) {
+          r.status = Status::Internal("block slot outside its segment");
+        }
+        if (r.status.ok()) {
+          data = mappings_.ReadBase(b.segment) + b.offset;
+          hold = mappings_.HoldRead(b.segment);
+          if (verify && BlockChecksum(data, b.size) != b.checksum) {
+            r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
+                                          " failed its checksum in the host tier");
+          }
+        }
+      } else if (b.offset + b.size > GpuSegmentBytes(b.gpu_device)) {
+        r.status = Status::Internal("gpu slot outside its segment");
+      } else {
+        Result<std::shared_ptr<kernels::ImportedSegment>> seg =
+            GpuSegment(b.gpu_device, local_gpu, b.segment, b.generation, deadline);
+        r.status = seg.status();
+        if (seg.ok()) {
+          data = (*seg)->data() + b.offset;
+          hold = *std::move(seg);
+        }
+      }
+      if (!r.status.ok()) continue;
+      r.size = b.size;
+      r.tier = b.tier;
+      v = BlockView{Status::OK(), data,      b.size, b.gpu ? Memory::kCuda : Memory::kHost,
+                    b.tier,       b.checksum};
+      lend.lent[b.index] = true;
+      lend.holds.push_back(std::move(hold));
+    }
+    return Status::OK();
+  }
+
+  // Ends leases taken on connection `epoch` (those of an earlier connection ended with it).
+  Status ReleaseLeases(const std::vector<uint64_t>& ids, uint64_t epoch) {
+    if (epoch != epoch_ || connection_.broken()) return Status::OK();
+    const Deadline deadline = connection_.NewDeadline();
+    for (size_t start = 0; start < ids.size(); start += server_.max_batch_keys) {
+      wire::ReleaseRequest release;
+      const size_t end = std::min(ids.size(), start + server_.max_batch_keys);
+      for (size_t i = start; i < end; ++i) release.add_lease_ids(ids[i]);
+      KVPOOL_RETURN_IF_ERROR(connection_.SendOnly(wire::RELEASE, release, deadline));
+    }
+    return Status::OK();
+  }
+
   static Status TooSmall(const MutableBuffer& buf, uint64_t size) {
     return Status::InvalidArgument("buffer of " + std::to_string(buf.capacity) +
                                    " bytes is too small for the " + std::to_string(size) +
@@ -281,14 +379,16 @@ class Client::Impl {
     return 0;
   }
 
-  // The device address of gpu segment (daemon_gpu, segment, generation) mapped for this
-  // process's device `local_gpu`, imported on first use.
-  Result<uint8_t*> GpuSegment(int daemon_gpu, int local_gpu, uint32_t segment, uint32_t generation,
-                              Deadline deadline) {
+  // Gpu segment (daemon_gpu, segment, generation) mapped for this process's device
+  // `local_gpu`, imported on first use. It stays imported while a holder keeps it.
+  Result<std::shared_ptr<kernels::ImportedSegment>> GpuSegment(int daemon_gpu, int local_gpu,
+                                                               uint32_t segment,
+                                                               uint32_t generation,
+                                                               Deadline deadline) {
     const int device = daemon_gpu;
     auto it = gpu_mappings_.find({device, segment});
     if (it != gpu_mappings_.end() && it->second.generation == generation) {
-      return it->second.segment->data();
+      return it->second.segment;
     }
     const uint64_t bytes = GpuSegmentBytes(daemon_gpu);
     wire::MapSegmentsRequest req;
@@ -325,7 +425,7 @@ class Client::Impl {
     GpuMapping& m = gpu_mappings_[{device, segment}];
     m.generation = generation;
     m.segment = std::move(imported).value();
-    return m.segment->data();
+    return m.segment;
   }
 
   // Queues the copies out of gpu slots (device to device, or device to host for a host buffer);
@@ -360,13 +460,13 @@ class Client::Impl {
         r.status = Status::Internal("gpu slot outside its segment");
         continue;
       }
-      Result<uint8_t*> base =
+      Result<std::shared_ptr<kernels::ImportedSegment>> seg =
           GpuSegment(b.gpu_device, local_gpu, b.segment, b.generation, deadline);
-      if (!base.ok()) {
-        r.status = base.status();
+      if (!seg.ok()) {
+        r.status = seg.status();
         continue;
       }
-      r.status = staging.engine()->CopyAsync(buf.data, *base + b.offset, b.size,
+      r.status = staging.engine()->CopyAsync(buf.data, (*seg)->data() + b.offset, b.size,
                                              buf.memory == Memory::kCuda
                                                  ? kernels::CopyDirection::kDeviceToDevice
                                                  : kernels::CopyDirection::kDeviceToHost,
@@ -504,8 +604,12 @@ class Client::Impl {
   // `staging` takes the blocks meant for device buffers that do not come through shared memory.
   // `gpu_device` >= 0: the device buffers are on that device; blocks in the daemon's gpu tier
   // there come as gpu slots and are copied device to device.
+  // `lend`: blocks the daemon names in place are lent into it (views under leases) instead of
+  // copied into buffer_for's buffers.
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for,
-                                     bool accept_encoded, GetStaging& staging, int gpu_device) {
+                                     bool accept_encoded, GetStaging& staging, int gpu_device,
+                                     BorrowedBlocks::State* lend = nullptr,
+                                     bool verify_lent = true) {
     // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there.
     int daemon_gpu = -1;
     if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty() &&
@@ -617,9 +721,13 @@ class Client::Impl {
           connection_.Close();
           return Status::Internal("GET response payload longer than its block list");
         }
-        if (!in_place.empty())
+        if (!in_place.empty() && lend != nullptr) {
+          KVPOOL_RETURN_IF_ERROR(
+              Lend(keys, in_place, out, *lend, gpu_device, verify_lent, deadline));
+        } else if (!in_place.empty()) {
           KVPOOL_RETURN_IF_ERROR(
               CopyInPlace(keys, buffer_for, in_place, out, staging, gpu_device, deadline));
+        }
         if (!over_ucx.empty()) {
           ReceiveOverUcx(keys, host_buffer_for, tag_base, over_ucx, out, deadline);
         }
@@ -822,10 +930,13 @@ class Client::Impl {
   // Gpu segments imported through device_engine_, by (device, segment).
   struct GpuMapping {
     uint32_t generation = 0;
-    std::unique_ptr<kernels::ImportedSegment> segment;
+    std::shared_ptr<kernels::ImportedSegment> segment;
   };
   std::map<std::pair<int, uint32_t>, GpuMapping> gpu_mappings_;
   bool gpu_import_failed_ = false;  // since the last hello
+  uint64_t epoch_ = 0;              // counts connections (hellos), for borrowed blocks' leases
+  // What borrowed blocks reach this client through; nulled when it goes.
+  std::shared_ptr<Impl*> self_ = std::make_shared<Impl*>(this);
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -984,6 +1095,89 @@ Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> ke
     if (!out[i].status.ok()) out[i].bytes.clear();
   }
   return out;
+}
+
+Result<BorrowedBlocks> Client::Borrow(std::span<const BlockKey> keys,
+                                      const BorrowOptions& options) {
+  if (options.gpu_device >= 0) {
+    KVPOOL_ASSIGN_OR_RETURN(kernels::DeviceCopyEngine * device, impl_->DeviceEngine());
+    KVPOOL_RETURN_IF_ERROR(
+        device->DeviceUuid(options.gpu_device)
+            .status()
+            .WithContext("BorrowOptions::gpu_device " + std::to_string(options.gpu_device)));
+  }
+  BorrowedBlocks borrowed;
+  borrowed.state_ = std::make_unique<BorrowedBlocks::State>();
+  BorrowedBlocks::State& st = *borrowed.state_;
+  st.client = impl_->self_;
+  const Impl::BufferFor allocate = [&](size_t i, uint64_t size) {
+    st.owned[i].resize(size);
+    return MutableBuffer{st.owned[i].data(), st.owned[i].size()};
+  };
+  client::GetStaging no_device(nullptr, nullptr);  // nothing is copied to a device
+  KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> results, impl_->Run([&] {
+    // A retry after a reconnect starts over: the first connection's leases ended with it.
+    st.Reset(keys.size());
+    st.epoch = impl_->epoch_;
+    st.lease_deadline = std::chrono::steady_clock::now() + impl_->server_.lease_timeout;
+    return impl_->Get(keys, allocate, /*accept_encoded=*/false, no_device, options.gpu_device, &st,
+                      options.verify);
+  }));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (st.lent[i]) continue;
+    const GetResult& r = results[i];
+    BlockView& v = st.views[i];
+    v.status = r.status;
+    if (!r.status.ok()) continue;
+    // Came as bytes (from disk, or another data path), verified on receipt.
+    v.data = st.owned[i].data();
+    v.size = r.size;
+    v.tier = r.tier;
+    v.checksum = BlockChecksum(st.owned[i].data(), r.size);
+  }
+  return borrowed;
+}
+
+BorrowedBlocks::BorrowedBlocks() = default;
+BorrowedBlocks::~BorrowedBlocks() { Release().IgnoreError(); }
+BorrowedBlocks::BorrowedBlocks(BorrowedBlocks&&) noexcept = default;
+BorrowedBlocks& BorrowedBlocks::operator=(BorrowedBlocks&& other) noexcept {
+  if (this != &other) {
+    Release().IgnoreError();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+std::span<const BlockView> BorrowedBlocks::views() const {
+  if (state_ == nullptr) return {};
+  return state_->views;
+}
+
+std::chrono::steady_clock::time_point BorrowedBlocks::lease_deadline() const {
+  return state_ == nullptr ? std::chrono::steady_clock::time_point{} : state_->lease_deadline;
+}
+
+Status BorrowedBlocks::Verify() {
+  if (state_ == nullptr) return Status::OK();
+  Status first;
+  for (BlockView& v : state_->views) {
+    if (!v.status.ok() || v.memory != Memory::kHost) continue;
+    if (BlockChecksum(v.data, v.size) != v.checksum) {
+      v.status =
+          Status::Corruption("a borrowed block changed (its lease ended before it was read)");
+      if (first.ok()) first = v.status;
+    }
+  }
+  return first;
+}
+
+Status BorrowedBlocks::Release() {
+  if (state_ == nullptr || state_->released) return Status::OK();
+  state_->released = true;
+  Client::Impl* client = state_->client == nullptr ? nullptr : *state_->client;
+  if (client == nullptr || state_->lease_ids.empty()) return Status::OK();
+  return client->ReleaseLeases(state_->lease_ids, state_->epoch);
 }
 
 Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions& options) {

@@ -20,25 +20,29 @@ void SegmentMappings::Reset(uint64_t segment_bytes) {
 }
 
 void SegmentMappings::UnmapAll() {
-  for (Map* maps : {&read_maps_, &write_maps_}) {
-    for (auto& [seg, m] : *maps) Unmap(m);
-    maps->clear();
-  }
+  read_maps_.clear();
+  write_maps_.clear();
 }
 
-void SegmentMappings::Unmap(const Mapping& m) {
-  if (m.pinned) kernels::UnregisterHostMemory(m.base);
-  munmap(m.base, segment_bytes_);
+SegmentMappings::Region::~Region() {
+  if (pinned) kernels::UnregisterHostMemory(base);
+  munmap(base, bytes);
 }
 
 const uint8_t* SegmentMappings::ReadBase(uint32_t segment) const {
   auto it = read_maps_.find(segment);
-  return it == read_maps_.end() ? nullptr : it->second.base;
+  return it == read_maps_.end() ? nullptr : it->second.region->base;
 }
 
 uint8_t* SegmentMappings::WriteBase(uint32_t segment) const {
   auto it = write_maps_.find(segment);
-  return it == write_maps_.end() ? nullptr : it->second.base;
+  return it == write_maps_.end() ? nullptr : it->second.region->base;
+}
+
+std::shared_ptr<const void> SegmentMappings::HoldRead(uint32_t segment) const {
+  auto it = read_maps_.find(segment);
+  if (it == read_maps_.end()) return nullptr;
+  return it->second.region;
 }
 
 Status SegmentMappings::MapDescriptor(int fd, const SegmentId& seg, bool writable, Map& maps) {
@@ -51,7 +55,8 @@ Status SegmentMappings::MapDescriptor(int fd, const SegmentId& seg, bool writabl
   // with one cudaMemcpyAsync.
   const bool pinned = kernels::CudaDeviceAvailable() &&
                       kernels::RegisterHostMemory(p, segment_bytes_, /*read_only=*/!writable).ok();
-  maps[seg.first] = Mapping{seg.second, static_cast<uint8_t*>(p), pinned};
+  maps[seg.first] = Mapping{
+      seg.second, std::make_shared<Region>(static_cast<uint8_t*>(p), segment_bytes_, pinned)};
   return Status::OK();
 }
 
@@ -65,10 +70,7 @@ Result<std::vector<Status>> SegmentMappings::EnsureMapped(const std::vector<Segm
   for (size_t i = 0; i < segs.size(); ++i) {
     auto it = maps.find(segs[i].first);
     if (it != maps.end() && it->second.generation == segs[i].second) continue;
-    if (it != maps.end()) {
-      Unmap(it->second);
-      maps.erase(it);
-    }
+    if (it != maps.end()) maps.erase(it);
     bool dup = false;
     for (size_t j : missing) dup |= segs[j] == segs[i];
     if (!dup) missing.push_back(i);

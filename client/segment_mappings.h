@@ -5,13 +5,16 @@
 // reservations, and keeps the mapping by segment number until the daemon names a newer
 // generation of that segment or the connection ends (numbers and generations belong to one
 // daemon instance). A mapping is also registered with CUDA where a GPU is usable, so a block
-// goes from it to GPU memory with one copy.
+// goes from it to GPU memory with one copy. A read-only mapping can be held past that
+// (HoldRead): blocks borrowed in place keep the memory they point into mapped until they are
+// dropped, whatever the connection does meanwhile.
 //
 // Thread safety: none; one thread at a time (as kvpool::Client). Ownership: owns its mappings
 // (unmapped by UnmapAll and the destructor) and the descriptors a source hands it with a
 // per-segment answer (closed once mapped, or when unused).
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -61,20 +64,32 @@ class SegmentMappings {
   // The start of `segment`'s read-only (or writable) mapping; nullptr when not mapped.
   const uint8_t* ReadBase(uint32_t segment) const;
   uint8_t* WriteBase(uint32_t segment) const;
+  // Keeps `segment`'s read-only mapping (as ReadBase names it) mapped for as long as the
+  // returned handle lives, even past UnmapAll or a newer generation; null when not mapped.
+  std::shared_ptr<const void> HoldRead(uint32_t segment) const;
 
+  // Drops every mapping (one still held stays mapped until its last holder lets go).
   void UnmapAll();
 
  private:
+  // One mmap of a segment, unmapped (and unregistered from CUDA) when the last holder drops it.
+  struct Region {
+    Region(uint8_t* base, uint64_t bytes, bool pinned) : base(base), bytes(bytes), pinned(pinned) {}
+    ~Region();
+    Region(const Region&) = delete;
+    Region& operator=(const Region&) = delete;
+    uint8_t* const base;
+    const uint64_t bytes;
+    const bool pinned;  // registered with CUDA
+  };
   struct Mapping {
     uint32_t generation = 0;
-    uint8_t* base = nullptr;
-    bool pinned = false;  // registered with CUDA
+    std::shared_ptr<Region> region;
   };
   using Map = std::unordered_map<uint32_t, Mapping>;  // segment -> mapping
 
   // Maps `fd` (and closes it) as `seg` in `maps`.
   Status MapDescriptor(int fd, const SegmentId& seg, bool writable, Map& maps);
-  void Unmap(const Mapping& m);
 
   uint64_t segment_bytes_ = 0;
   Map read_maps_;

@@ -167,6 +167,51 @@ TEST_F(GpuPathTest, MixedBuffersAndEvictedGpuCopiesFallBackToTheHostArena) {
   EXPECT_EQ(gpu_.Read(d1, size), ref[1]);
 }
 
+TEST_F(GpuPathTest, BorrowLendsGpuCopiesAsDevicePointersWithoutACopy) {
+  const size_t size = 128 << 10;
+  const auto ref = PutChain(30, 3, size);
+  const std::vector<BlockKey> keys = Keys(30, 3);
+  // Two of the three in the gpu tier; the third stays in host.
+  ASSERT_EQ(
+      client_->Prefetch(std::span(keys).first(2), PrefetchOptions{.gpu_device = 0})->gpu_placed,
+      2u);
+  const auto before = gpu_.counters();
+  auto b = client_->Borrow(keys, {.gpu_device = 0});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  for (int i = 0; i < 2; ++i) {
+    const BlockView& v = (*b)[i];
+    ASSERT_OK(v.status);
+    EXPECT_EQ(v.memory, Memory::kCuda);
+    EXPECT_EQ(v.tier, Tier::kGpu);
+    ASSERT_OK(gpu_.DeviceOf(v.data).status());  // device memory
+    EXPECT_EQ(gpu_.Read(v.data, size), ref[i]) << "block " << i;
+  }
+  ASSERT_OK((*b)[2].status);
+  EXPECT_EQ((*b)[2].memory, Memory::kHost);
+  EXPECT_EQ((*b)[2].tier, Tier::kHost);
+  EXPECT_EQ(std::vector<uint8_t>(static_cast<const uint8_t*>((*b)[2].data),
+                                 static_cast<const uint8_t*>((*b)[2].data) + size),
+            ref[2]);
+  const auto after = gpu_.counters();
+  EXPECT_EQ(after.device_copies - before.device_copies, 0u) << "lent, not copied";
+  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 0u);
+  EXPECT_EQ(after.to_host_copies - before.to_host_copies, 0u);
+  EXPECT_EQ(client_->Stats()->leases_active, 3u);
+  // A leased gpu copy stays while borrowed.
+  auto ev = client_->Evict(Tier::kGpu, keys);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(ev->evicted, 0u);
+  EXPECT_OK(b->Verify());  // the host view is hashed; the device views are not
+  EXPECT_OK(b->Release());
+  const DaemonStats st =
+      WaitForStats(*client_, [](const DaemonStats& s) { return s.leases_active == 0; });
+  EXPECT_EQ(st.leases_active, 0u);
+
+  // A device this process does not have is refused before anything is asked.
+  auto bad = client_->Borrow(keys, {.gpu_device = 5});
+  ASSERT_FALSE(bad.ok());
+}
+
 TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsRefused) {
   PutChain(20, 1, 4096);
   auto placed = client_->Prefetch(Keys(20, 1), PrefetchOptions{.gpu_device = 3});

@@ -82,7 +82,10 @@ struct ServerInfo {
   uint64_t max_payload_bytes = 0;
   uint32_t max_batch_keys = 0;
   bool shared_memory = false;  // blocks move through shared memory on this connection
-  bool ucx = false;            // blocks move over UCX on this connection
+  // A block borrowed in place (Client::Borrow) stays leased at most this long. 0 on a
+  // connection without shared memory (nothing is leased there).
+  std::chrono::milliseconds lease_timeout{0};
+  bool ucx = false;  // blocks move over UCX on this connection
   // The daemon's gpu tiers, on a shared-memory connection: a block there is copied device to
   // device into a Memory::kCuda buffer of the same device (see Prefetch).
   std::vector<GpuTierInfo> gpu_tiers;
@@ -193,6 +196,71 @@ struct PutResult {
   uint32_t in_progress = 0;
   std::vector<Status> errors;  // one per block: OK, or why that block was not stored
   bool all_ok() const;
+};
+
+// How Client::Borrow lends blocks.
+struct BorrowOptions {
+  // >= 0: a block with a copy in the daemon's gpu tier on this CUDA device (this process's
+  // ordinal) is lent as a device pointer into that copy (BlockView::memory == kCuda); the others
+  // as host pointers. Default: -1 (host pointers only).
+  int gpu_device = -1;
+  // Hash every host view against its checksum before lending it (one read of its bytes), so a
+  // copy damaged in host memory is refused (Corruption) rather than read. false: lend at once and
+  // call BorrowedBlocks::Verify after reading, which also shows a lease that ran out while the
+  // caller read. Default: true.
+  bool verify = true;
+};
+
+// One block lent by Client::Borrow.
+struct BlockView {
+  Status status;  // OK; NotFound for a miss; Corruption, ... for that block alone
+  // The block's bytes, read-only: in this process's mapping of the daemon's pinned shared-memory
+  // arena (host tier), in the daemon's gpu tier (memory == kCuda, on the device asked for), or,
+  // for a block that could not be lent in place (read from disk, another data path), in memory
+  // the BorrowedBlocks owns. Null unless OK.
+  const void* data = nullptr;
+  size_t size = 0;
+  Memory memory = Memory::kHost;
+  Tier tier = Tier::kNone;  // where it was lent from
+  uint64_t checksum = 0;    // xxh3-64 of the bytes as put
+};
+
+// Blocks lent in place by Client::Borrow. While their leases hold (ServerInfo::lease_timeout
+// from the borrow, or until Release), the daemon neither moves, frees nor reuses them (only a
+// writer of the same namespace could touch that memory): an engine's own kernel may read them
+// where they are (e.g. kvpool_kernel_scatter_paged into its paged KV cache). The memory stays
+// mapped for as long as this object lives, even after Release or a reconnect; only its contents
+// are no longer guaranteed then.
+//
+// Thread safety: as its Client (Release talks to the daemon over the client's connection; do
+// not call it while another thread uses that Client). Release and the destructor are safe after
+// the Client is gone (the leases ended with its connection).
+class BorrowedBlocks {
+ public:
+  BorrowedBlocks();
+  ~BorrowedBlocks();  // Release()
+  BorrowedBlocks(BorrowedBlocks&&) noexcept;
+  BorrowedBlocks& operator=(BorrowedBlocks&&) noexcept;
+
+  // One view per key borrowed, in order.
+  std::span<const BlockView> views() const;
+  size_t size() const { return views().size(); }
+  const BlockView& operator[](size_t i) const { return views()[i]; }
+  // When the leases end by themselves (steady clock).
+  std::chrono::steady_clock::time_point lease_deadline() const;
+
+  // Hashes each OK host view against its checksum again; the first that changed (its lease
+  // ended before this call, and the slot was reused) gives Corruption and its view's status
+  // turns Corruption. Device views are not hashed here (their copy was verified when made).
+  Status Verify();
+  // Ends the leases now (one message, no round trip; nothing to end on a connection that has
+  // since closed). Idempotent.
+  Status Release();
+
+ private:
+  friend class Client;
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 struct Session {
@@ -337,6 +405,14 @@ class Client {
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys,
                                      std::span<const MutableBuffer> buffers,
                                      const GetOptions& options = {});
+
+  // Lends blocks in place, without copying them: for each key a view of the daemon's own copy
+  // (shared-memory path) under a lease, for a kernel of the caller's to read. Blocks that cannot
+  // be lent in place (only on disk, or any block on the socket and UCX paths) are read into
+  // memory the result owns, so every hit has a view. The call fails only when the daemon cannot
+  // be reached; per-block misses and errors are in the views. InvalidArgument when
+  // options.gpu_device is not a CUDA device of this process; Unavailable without CUDA.
+  Result<BorrowedBlocks> Borrow(std::span<const BlockKey> keys, const BorrowOptions& options = {});
 
   // As Get, into buffers the library allocates to each block's size.
   Result<std::vector<FetchedBlock>> GetBlocks(std::span<const BlockKey> keys,

@@ -101,6 +101,32 @@ int kvpool_put_chain_device(kvpool_client* client, const kvpool_key* keys, size_
 
 int kvpool_prefetch(kvpool_client* client, const kvpool_key* keys, size_t n, uint32_t* started);
 
+/* Blocks lent in place (kvpool::Client::Borrow): views of the daemon's own copies under leases,
+ * for a kernel of the caller's to read without a copy. */
+typedef struct kvpool_borrowed kvpool_borrowed;
+typedef struct kvpool_block_view {
+  const void* data; /* read-only; NULL unless code is KVPOOL_OK */
+  size_t size;
+  int code;          /* KVPOOL_OK, KVPOOL_NOT_FOUND for a miss, ... */
+  int tier;          /* KVPOOL_TIER_*: where it was lent from */
+  int on_device;     /* 1: data is CUDA device memory (the daemon's gpu tier on the device asked) */
+  uint64_t checksum; /* xxh3-64 of the block as put */
+} kvpool_block_view;
+/* Lends the n blocks: views[i] describes keys[i]. gpu_device >= 0: blocks in the daemon's gpu
+ * tier on that CUDA device come as device pointers. verify: hash host views before lending them
+ * (0: lend at once; call kvpool_borrowed_verify after reading). *out (set on KVPOOL_OK) must be
+ * ended by kvpool_borrowed_release, before or after kvpool_close; the views stay readable
+ * until then, and their contents stay as put while the leases hold (the daemon's lease
+ * timeout, or until release). This is the one call after which the library keeps memory the
+ * caller reads. */
+int kvpool_borrow(kvpool_client* client, const kvpool_key* keys, size_t n, int gpu_device,
+                  int verify, kvpool_block_view* views, kvpool_borrowed** out);
+/* Hashes the host views again: KVPOOL_CORRUPTION when one changed (its lease ran out);
+ * codes[i] (optional, n entries) gets each view's code. */
+int kvpool_borrowed_verify(kvpool_borrowed* borrowed, int* codes);
+/* Ends the leases and frees the views (NULL: nothing). */
+void kvpool_borrowed_release(kvpool_borrowed* borrowed);
+
 /* Sessions. Metadata is n_meta key/value pairs (may be 0). */
 int kvpool_session_save(kvpool_client* client, const char* session_id, const kvpool_key* keys,
                         size_t n_keys, uint64_t token_count, const char* const* meta_keys,
