@@ -16,6 +16,8 @@ test daemon helper in kvpool.testing, engine adapters in kvpool.hf (and friends)
 from kvpool._native import (  # noqa: F401  (re-exports)
     Aborted,
     AlreadyExists,
+    BlockView,
+    Borrowed,
     Client,
     Corruption,
     DeadlineExceeded,
@@ -44,7 +46,7 @@ from kvpool._native import (  # noqa: F401  (re-exports)
 __version__ = "0.1.0"
 
 __all__ = [
-    "Aborted", "AlreadyExists", "Client", "Corruption", "DeadlineExceeded", "Error",
+    "Aborted", "AlreadyExists", "BlockView", "Borrowed", "Client", "Corruption", "DeadlineExceeded", "Error",
     "FailedPrecondition", "GetResult", "Internal", "InvalidArgument", "IoError", "LookupResult",
     "NotFound", "PermissionDenied", "PutResult", "ResourceExhausted", "Session", "SessionSummary",
     "Unavailable", "Unimplemented", "default_socket_path", "hash_chain", "layout_fingerprint",

@@ -74,6 +74,30 @@ class SessionSummary:
     updated_unix_ms: int
     total_bytes: int
 
+class BlockView:
+    ok: bool
+    code: str                # "OK", "NotFound", "Corruption", ...
+    message: str
+    size: int                # 0 unless ok
+    tier: str | None         # where it was lent from
+    device: str              # "cpu" | "cuda" (the daemon's gpu tier, on the device borrowed for)
+    checksum: int            # xxh3-64 of the block as put
+    data_ptr: int            # address of the bytes; raises the block's error unless ok
+    # Read-only uint8 array over the host bytes, no copy (keeps the Borrowed's memory alive).
+    def numpy(self) -> Any: ...
+    # Device views only: torch.as_tensor(view, device="cuda"), cupy.asarray(view).
+    __cuda_array_interface__: dict[str, Any]
+
+class Borrowed:
+    released: bool
+    lease_seconds_left: float
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int) -> BlockView: ...
+    def verify(self) -> None: ...    # Corruption when a host view changed (lease ran out)
+    def release(self) -> None: ...   # ends the leases (also on __exit__ and when collected)
+    def __enter__(self) -> "Borrowed": ...
+    def __exit__(self, *exc: object) -> None: ...
+
 class Client:
     # address: Unix socket path, "unix://PATH" or "tcp://HOST:PORT" (None: $KVPOOL_SOCKET or the
     # default socket). timeout / connect_timeout in seconds. data_path: "auto" | "socket" |
@@ -98,6 +122,11 @@ class Client:
     # Put-if-absent of a chain: blocks[i] are keys[i]'s bytes; parents follow chain order.
     def put(self, keys: Sequence[bytes], blocks: Sequence[Buffer],
             parent: bytes | None = None, stream: Any = None) -> PutResult: ...
+    # Lends the blocks in place (views of the daemon's copies under leases), no copy: for your
+    # own kernel to read. gpu_device: blocks in the daemon's gpu tier there come as CUDA views.
+    # verify=False: lend without hashing first (call Borrowed.verify() after reading).
+    def borrow(self, keys: Sequence[bytes], *, gpu_device: int | None = None,
+               verify: bool = True) -> Borrowed: ...
     # gpu_device: also into the daemon's gpu tier there (returns how many were placed).
     def prefetch(self, keys: Sequence[bytes], gpu_device: int | None = None) -> int: ...
     def save_session(self, session_id: str, keys: Sequence[bytes], token_count: int,

@@ -227,6 +227,14 @@ class PyClient {
     return d;
   }
 
+  // Runs fn() with the GIL released and this Client's mutex held, open or closed.
+  template <typename Fn>
+  auto Locked(Fn&& fn) {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    return fn();
+  }
+
   PyLookupResult Lookup(nb::handle keys_obj, bool prefetch) {
     std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
     LookupResult r = Unwrap(Call([&](Client& c) { return c.Lookup(keys, prefetch); }));
@@ -451,6 +459,77 @@ class PyClient {
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
+// Client.borrow's result: the views and the leases behind them. Releasing takes the owning
+// Client's lock (it talks over that connection); the memory stays valid while this object (or
+// an array made from one of its views) lives.
+class PyBorrowed {
+ public:
+  PyBorrowed(nb::object client, BorrowedBlocks blocks)
+      : client_(std::move(client)), blocks_(std::move(blocks)) {}
+  ~PyBorrowed() {
+    PyClient& c = nb::cast<PyClient&>(client_);
+    // Destroyed with the GIL held: Locked releases it while waiting for the client's lock.
+    c.Locked([&] { return blocks_.Release(); }).IgnoreError();
+  }
+
+  size_t size() const { return blocks_.size(); }
+  const BlockView& view(size_t i) const {
+    if (i >= blocks_.size()) throw nb::index_error();
+    return blocks_[i];
+  }
+  bool released() const { return released_; }
+
+  void Release() {
+    PyClient& c = nb::cast<PyClient&>(client_);
+    released_ = true;
+    Check(c.Locked([&] { return blocks_.Release(); }));
+  }
+
+  void Verify() {
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = blocks_.Verify();
+    }
+    Check(st);
+  }
+
+  double LeaseSecondsLeft() const {
+    const auto left = blocks_.lease_deadline() - std::chrono::steady_clock::now();
+    return std::chrono::duration<double>(left).count();
+  }
+
+ private:
+  nb::object client_;  // the PyClient, kept alive while blocks are borrowed from it
+  BorrowedBlocks blocks_;
+  bool released_ = false;
+};
+
+// One of a PyBorrowed's views; keeps its PyBorrowed alive.
+struct PyBlockView {
+  nb::object owner;  // the PyBorrowed
+  size_t index = 0;
+
+  const BlockView& view() const { return nb::cast<const PyBorrowed&>(owner).view(index); }
+  const BlockView& Ok() const {
+    const BlockView& v = view();
+    if (!v.status.ok()) Raise(v.status);
+    return v;
+  }
+};
+
+nb::object BorrowResult(nb::handle client, nb::handle keys_obj, std::optional<int> gpu_device,
+                        bool verify) {
+  PyClient& c = nb::cast<PyClient&>(client);
+  std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
+  BorrowOptions options;
+  options.gpu_device = gpu_device.value_or(-1);
+  options.verify = verify;
+  BorrowedBlocks blocks = Unwrap(c.Call([&](Client& cl) { return cl.Borrow(keys, options); }));
+  return nb::cast(new PyBorrowed(nb::borrow(client), std::move(blocks)),
+                  nb::rv_policy::take_ownership);
+}
+
 }  // namespace
 
 void RegisterClient(nb::module_& m) {
@@ -532,6 +611,99 @@ void RegisterClient(nb::module_& m) {
                ")";
       });
 
+  nb::class_<PyBlockView>(m, "BlockView", "One block lent by Client.borrow.")
+      .def_prop_ro(
+          "ok", [](const PyBlockView& v) { return v.view().status.ok(); }, "True for a hit.")
+      .def_prop_ro(
+          "code", [](const PyBlockView& v) { return StatusCodeName(v.view().status.code()); },
+          "'OK', 'NotFound' (a miss), 'Corruption', ...")
+      .def_prop_ro("message", [](const PyBlockView& v) { return v.view().status.message(); })
+      .def_prop_ro(
+          "size", [](const PyBlockView& v) { return v.view().status.ok() ? v.view().size : 0; },
+          "Bytes of the block (0 unless ok).")
+      .def_prop_ro(
+          "tier", [](const PyBlockView& v) { return TierOrNone(v.view().tier); },
+          "Where it was lent from: 'gpu', 'host', 'disk' or 'remote'; None for a miss.")
+      .def_prop_ro(
+          "device",
+          [](const PyBlockView& v) {
+            return v.view().memory == Memory::kCuda ? std::string("cuda") : std::string("cpu");
+          },
+          "'cpu' (host memory) or 'cuda' (the daemon's gpu tier, on the device borrowed for).")
+      .def_prop_ro(
+          "checksum", [](const PyBlockView& v) { return v.view().checksum; },
+          "xxh3-64 of the block as put.")
+      .def_prop_ro(
+          "data_ptr", [](const PyBlockView& v) { return reinterpret_cast<uintptr_t>(v.Ok().data); },
+          "The address of the bytes (host or device); raises the block's error unless ok.")
+      .def(
+          "numpy",
+          [](const PyBlockView& v) {
+            const BlockView& b = v.Ok();
+            if (b.memory != Memory::kHost) {
+              RaiseInvalid(
+                  "numpy(): this view is in CUDA device memory; use "
+                  "__cuda_array_interface__ (torch.as_tensor(view, device='cuda'))");
+            }
+            const size_t shape[1] = {b.size};
+            return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(const_cast<void*>(b.data), 1,
+                                                                      shape, v.owner);
+          },
+          "A read-only uint8 numpy array over the host bytes, no copy (it keeps the Borrowed's "
+          "memory alive; the contents are guaranteed only until release()).")
+      .def_prop_ro(
+          "__cuda_array_interface__",
+          [](const PyBlockView& v) {
+            const BlockView& b = v.Ok();
+            if (b.memory != Memory::kCuda) {
+              throw nb::attribute_error("a host view has no __cuda_array_interface__");
+            }
+            nb::dict d;
+            d["shape"] = nb::make_tuple(b.size);
+            d["typestr"] = "|u1";
+            d["data"] = nb::make_tuple(reinterpret_cast<uintptr_t>(b.data), true);
+            d["version"] = 3;
+            d["strides"] = nb::none();
+            d["stream"] = nb::none();  // the copy that placed it finished before it was lent
+            return d;
+          },
+          "For device views: the bytes as a read-only CUDA array (torch.as_tensor, cupy).")
+      .def("__repr__", [](const PyBlockView& v) {
+        const BlockView& b = v.view();
+        if (!b.status.ok()) {
+          return "BlockView(" + std::string(StatusCodeName(b.status.code())) + ")";
+        }
+        return "BlockView(size=" + std::to_string(b.size) + ", tier=" + Quote(TierName(b.tier)) +
+               (b.memory == Memory::kCuda ? ", cuda" : "") + ")";
+      });
+
+  nb::class_<PyBorrowed>(m, "Borrowed",
+                         "Blocks lent by Client.borrow, one BlockView per key. While the leases "
+                         "hold (lease_seconds_left, or until release()) the daemon neither moves "
+                         "nor reuses them.")
+      .def("__len__", &PyBorrowed::size)
+      .def("__getitem__",
+           [](nb::handle self, int64_t i) {
+             const int64_t n = static_cast<int64_t>(nb::cast<const PyBorrowed&>(self).size());
+             if (i < 0) i += n;
+             if (i < 0 || i >= n) throw nb::index_error();
+             return PyBlockView{nb::borrow(self), static_cast<size_t>(i)};
+           })
+      .def_prop_ro("released", &PyBorrowed::released)
+      .def_prop_ro("lease_seconds_left", &PyBorrowed::LeaseSecondsLeft,
+                   "Seconds until the leases end by themselves (negative: they have).")
+      .def("verify", &PyBorrowed::Verify,
+           "Hashes the host views again; raises Corruption when one changed (its lease ran out "
+           "before it was read). Device views are not hashed.")
+      .def("release", &PyBorrowed::Release,
+           "Ends the leases now (also done on leaving the with block, and when collected).")
+      .def("__enter__", [](nb::handle self) { return self; })
+      .def("__exit__", [](PyBorrowed& b, nb::args) { b.Release(); })
+      .def("__repr__", [](const PyBorrowed& b) {
+        return "Borrowed(" + std::to_string(b.size()) + " blocks" +
+               (b.released() ? ", released" : "") + ")";
+      });
+
   nb::class_<PyClient>(m, "Client",
                        "A connection to kvpoold acting for one namespace.\n\n"
                        "Every call has the deadline `timeout` (seconds); a dead or restarted "
@@ -575,6 +747,16 @@ void RegisterClient(nb::module_& m) {
            "the first block's is `parent`. A CUDA block is copied device-to-host straight into "
            "the daemon's shared memory on `stream` (as in get_into). Per-block errors are in "
            "PutResult.errors.")
+      .def("borrow", &BorrowResult, nb::arg("keys"), nb::kw_only(),
+           nb::arg("gpu_device") = nb::none(), nb::arg("verify") = true,
+           "Lends the blocks in place, without copying them: a Borrowed of one BlockView per "
+           "key, each the daemon's own copy in its shared memory (or, with gpu_device, in its "
+           "gpu tier on that CUDA device) under a lease, for your own kernel to read (e.g. "
+           "kvpool.kernels.scatter_paged into a paged KV cache). Use it as a context manager, or "
+           "call release(). Blocks that cannot be lent in place (only on disk; any block on the "
+           "socket or UCX path) come as bytes the Borrowed owns. verify: hash each host view "
+           "first (False: lend at once, call Borrowed.verify() after reading). Raises only when "
+           "the daemon cannot be reached; misses and per-block errors are in the views.")
       .def("prefetch", &PyClient::Prefetch, nb::arg("keys"), nb::arg("gpu_device") = nb::none(),
            "Hint: promote these toward host; returns how many promotions started. With "
            "gpu_device, also copy those already in host into the daemon's gpu tier on that CUDA "
