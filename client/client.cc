@@ -741,8 +741,9 @@ class Client::Impl {
   }
 
   // `device`: the engine for the blocks in device memory (nullptr when there are none).
+  // `daemon_gpu` >= 0: the daemon places what it commits in that gpu tier (shared memory only).
   Result<PutResult> Put(std::span<const PutBlock> blocks, kernels::DeviceCopyEngine* device,
-                        void* stream) {
+                        void* stream, int daemon_gpu = -1) {
     if (device != nullptr && !server_.shared_memory) {
       // Only the shared-memory path copies device memory into its slot directly.
       std::vector<std::vector<uint8_t>> storage;
@@ -814,7 +815,8 @@ class Client::Impl {
         }
       }
       if (server_.shared_memory && !reserved.empty()) {
-        KVPOOL_RETURN_IF_ERROR(CommitInPlace(blocks, reserved, slots, result, device, stream));
+        KVPOOL_RETURN_IF_ERROR(
+            CommitInPlace(blocks, reserved, slots, result, device, stream, daemon_gpu));
         continue;
       }
       if (server_.ucx && !reserved.empty()) {
@@ -853,7 +855,7 @@ class Client::Impl {
   Status CommitInPlace(std::span<const PutBlock> blocks,
                        const std::vector<std::pair<size_t, uint64_t>>& reserved,
                        const std::vector<wire::SegmentSlot>& slots, PutResult& result,
-                       kernels::DeviceCopyEngine* device, void* stream) {
+                       kernels::DeviceCopyEngine* device, void* stream, int daemon_gpu) {
     const Deadline deadline = connection_.NewDeadline();
     std::vector<std::pair<uint32_t, uint32_t>> segs;
     for (const wire::SegmentSlot& s : slots) segs.emplace_back(s.segment(), s.generation());
@@ -862,6 +864,10 @@ class Client::Impl {
         mappings_.EnsureMapped(segs, /*writable=*/true, segment_source_, deadline));
     wire::PutCommitRequest commit;
     commit.set_in_place(true);
+    if (daemon_gpu >= 0) {
+      commit.set_to_gpu(true);
+      commit.set_gpu_device(daemon_gpu);
+    }
     wire::PutAbortRequest abort;
     std::vector<size_t> in_frame;
     const auto fail = [&](size_t k, Status why) {
@@ -1192,7 +1198,13 @@ Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions
                                  "block " + std::to_string(i) + " (Memory::kCuda)")
             .status());
   }
-  return impl_->Run([&] { return impl_->Put(blocks, device, options.cuda_stream); });
+  return impl_->Run([&]() -> Result<PutResult> {
+    int daemon_gpu = -1;
+    if (options.gpu_device >= 0) {
+      KVPOOL_ASSIGN_OR_RETURN(daemon_gpu, impl_->DaemonGpuOf(options.gpu_device));
+    }
+    return impl_->Put(blocks, device, options.cuda_stream, daemon_gpu);
+  });
 }
 
 Result<PutResult> Client::PutChain(std::span<const BlockKey> keys,
@@ -1258,10 +1270,20 @@ Status Client::SaveSession(const Session& session) {
 }
 
 Result<LoadedSession> Client::LoadSession(const std::string& session_id, bool prefetch) {
+  return LoadSession(session_id, LoadSessionOptions{.prefetch = prefetch});
+}
+
+Result<LoadedSession> Client::LoadSession(const std::string& session_id,
+                                          const LoadSessionOptions& options) {
   return impl_->Run([&]() -> Result<LoadedSession> {
     wire::SessionLoadRequest req;
     req.set_session_id(session_id);
-    req.set_no_prefetch(!prefetch);
+    req.set_no_prefetch(!options.prefetch);
+    if (options.prefetch && options.gpu_device >= 0) {
+      KVPOOL_ASSIGN_OR_RETURN(int daemon_gpu, impl_->DaemonGpuOf(options.gpu_device));
+      req.set_to_gpu(true);
+      req.set_gpu_device(daemon_gpu);
+    }
     wire::SessionLoadResponse resp;
     KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::SESSION_LOAD, req, &resp));
     LoadedSession out;

@@ -357,6 +357,7 @@ Status BlockHandlers::PayloadSinks(Connection& c, std::string_view body,
 Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
   wire::PutCommitResponse resp;
   PendingCommit& commit = c.commit;
+  int gpu_device = -1;  // the daemon's gpu to place the committed blocks on (in place only)
   // PayloadSinks parsed the body and received the bytes; a commit without payload bytes (all
   // sizes zero is impossible: blocks are never empty) only arrives when the frame had none.
   if (commit.ids.empty()) {
@@ -364,6 +365,7 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
     Status st = Parse(body, &req, "PUT_COMMIT");
     const PathAsk ask{req.in_place(), req.via_ucx(), req.ucx_tag_base()};
     const int n = req.reservation_ids_size();
+    if (req.to_gpu()) gpu_device = req.gpu_device();
     if (st.ok() && n > 0) {
       if (!req.in_place() && !req.via_ucx()) {
         st = Status::InvalidArgument("PUT_COMMIT without the payload of its reservations");
@@ -413,6 +415,7 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
   uint64_t bytes = 0;
   ClusterHooks* cluster = cluster_.Get();
   std::vector<std::pair<BlockKey, BlockKey>> replicate;  // committed blocks (key, parent)
+  std::vector<BlockKey> to_gpu;                          // committed blocks, for req.to_gpu()
   for (size_t i = 0; i < commit.ids.size(); ++i) {
     Status st = commit.status[i];
     if (st.ok()) {
@@ -425,6 +428,7 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
         ++committed;
         bytes += size;
         if (t.ok() && cluster != nullptr && !c.peer) replicate.emplace_back(t->key, t->parent);
+        if (t.ok() && gpu_device >= 0) to_gpu.push_back(t->key);
       }
     } else {
       tiers_.Abort(c.owner, commit.ids[i]);
@@ -433,6 +437,14 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
   }
   commit.Clear();
   if (!replicate.empty()) cluster->Replicate(c.ns, c.ns_name, std::move(replicate));
+  if (!to_gpu.empty()) {
+    // A hint: the put stands whatever becomes of it (the client checked the device at hello).
+    Result<uint32_t> queued = tiers_.PlaceOnGpu(c.ns, to_gpu, gpu_device, /*wait=*/false);
+    if (!queued.ok()) {
+      LOG_EVERY_N(WARNING, 100) << "PUT_COMMIT to gpu " << gpu_device << ": "
+                                << queued.status().ToString();
+    }
+  }
   metrics_.Add(metrics_.puts_committed, committed);
   metrics_.Add(metrics_.bytes_in, bytes);
   return Reply(wire::PUT_COMMIT, resp, Status::OK());
@@ -456,7 +468,7 @@ Response BlockHandlers::Prefetch(Connection& c, std::string_view body) {
   if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
   if (st.ok()) resp.set_scheduled(tiers_.Prefetch(c.ns, keys));
   if (st.ok() && req.to_gpu()) {
-    Result<uint32_t> placed = tiers_.PromoteToGpu(c.ns, keys, req.gpu_device());
+    Result<uint32_t> placed = tiers_.PlaceOnGpu(c.ns, keys, req.gpu_device(), /*wait=*/true);
     if (placed.ok()) {
       resp.set_gpu_placed(*placed);
     } else {

@@ -48,7 +48,10 @@ void BlockService::OnDisconnect(transport::ConnectionState& state) {
 bool BlockService::RunsInline(uint16_t type) const {
   // In cluster mode a lookup or locate may ask peers: it goes to a worker like a get.
   if (type == wire::LOOKUP || type == wire::LOCATE) return cluster_.Get() == nullptr;
-  return type == wire::PREFETCH || type == wire::RELEASE;
+  // With gpu tiers a prefetch may wait for its placement on a GPU (and the disk reads before
+  // it): a worker runs it.
+  if (type == wire::PREFETCH) return tiers_.gpu_tiers().empty();
+  return type == wire::RELEASE;
 }
 
 Status BlockService::PayloadSinks(transport::ConnectionState& state, const FrameHeader& header,

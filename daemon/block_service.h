@@ -65,8 +65,8 @@ class BlockService final : public transport::RequestHandler {
   transport::Response Handle(transport::ConnectionState& state,
                              const transport::FrameHeader& header, std::string_view body) override;
   void OnDisconnect(transport::ConnectionState& state) override;
-  // Lookups, prefetch hints and lease releases only take the tier manager's lock (no disk I/O,
-  // no waiting): the server runs them on its I/O thread.
+  // Lookups, prefetch hints (without gpu tiers) and lease releases only take the tier
+  // manager's lock (no disk I/O, no waiting): the server runs them on its I/O thread.
   bool RunsInline(uint16_t type) const override;
 
  private:

@@ -104,6 +104,10 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
         if (remote && !req.no_prefetch()) cluster->FetchMissing(c.ns, c.ns_name, keys);
         resp.set_cached_blocks(tiers_.CountCached(c.ns, keys));
         if (!req.no_prefetch()) tiers_.Prefetch(c.ns, keys);
+        if (!req.no_prefetch() && req.to_gpu()) {
+          // Queued on that GPU's copy worker; the load answers now.
+          st = tiers_.PlaceOnGpu(c.ns, keys, req.gpu_device(), /*wait=*/false).status();
+        }
         *resp.mutable_record() = std::move(*record);
       }
     } else {

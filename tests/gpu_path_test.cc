@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "client/device_buffers.h"
 #include "common/checksum.h"
 #include "daemon/daemon.h"
@@ -210,6 +212,77 @@ TEST_F(GpuPathTest, BorrowLendsGpuCopiesAsDevicePointersWithoutACopy) {
   // A device this process does not have is refused before anything is asked.
   auto bad = client_->Borrow(keys, {.gpu_device = 5});
   ASSERT_FALSE(bad.ok());
+}
+
+// Polls until every key's fastest tier is `tier` (placements after a put or a session load run
+// in the background on the GPU's copy worker); the tiers seen last.
+std::vector<Tier> WaitForTiers(Client& c, std::span<const BlockKey> keys, Tier tier) {
+  std::vector<Tier> seen;
+  for (int i = 0; i < 500; ++i) {
+    auto w = c.Where(keys);
+    if (!w.ok()) return {};
+    seen = *w;
+    if (seen == std::vector<Tier>(keys.size(), tier)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return seen;
+}
+
+TEST_F(GpuPathTest, APutWithAGpuHintLandsInTheGpuTierAndIsReadDeviceToDevice) {
+  const size_t size = 200000;
+  std::vector<std::vector<uint8_t>> ref;
+  std::vector<void*> src;
+  std::vector<PutBlock> blocks;
+  for (int i = 0; i < 3; ++i) {
+    ref.push_back(BlockBytes(40 + i, size));
+    src.push_back(gpu_.Alloc(size));
+    gpu_.Write(src.back(), ref.back().data(), size);
+  }
+  for (int i = 0; i < 3; ++i) {
+    blocks.push_back(
+        {KeyOf(40 + i), src[i], size, i ? KeyOf(40 + i - 1) : BlockKey{}, {}, Memory::kCuda});
+  }
+  auto put = client_->Put(blocks, PutOptions{.gpu_device = 0});
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  ASSERT_TRUE(put->all_ok());
+  const std::vector<BlockKey> keys = Keys(40, 3);
+  EXPECT_EQ(WaitForTiers(*client_, keys, Tier::kGpu), std::vector<Tier>(3, Tier::kGpu));
+  std::vector<MutableBuffer> bufs;
+  for (int i = 0; i < 3; ++i) bufs.push_back({gpu_.Alloc(size), size, Memory::kCuda});
+  const auto before = gpu_.counters();
+  auto got = client_->Get(keys, bufs);
+  ASSERT_TRUE(got.ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK((*got)[i].status);
+    EXPECT_EQ((*got)[i].tier, Tier::kGpu);
+    EXPECT_EQ(gpu_.Read(bufs[i].data, size), ref[i]);
+  }
+  EXPECT_EQ(gpu_.counters().device_copies - before.device_copies, 3u);
+  // A device the daemon runs no gpu tier on is refused before anything is sent.
+  auto bad = client_->Put(blocks, PutOptions{.gpu_device = 3});
+  EXPECT_FALSE(bad.ok());
+}
+
+TEST_F(GpuPathTest, ASessionLoadedForAGpuIsPlacedThereFromDisk) {
+  const size_t size = 150000;
+  const auto ref = PutChain(60, 3, size);
+  const std::vector<BlockKey> keys = Keys(60, 3);
+  ASSERT_OK(client_->SaveSession({.session_id = "s-gpu", .keys = keys, .token_count = 48}));
+  ASSERT_OK(client_->Evict(Tier::kHost).status());
+  ASSERT_EQ(*client_->Where(keys), std::vector<Tier>(3, Tier::kDisk));
+  auto loaded = client_->LoadSession("s-gpu", LoadSessionOptions{.gpu_device = 0});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->session.keys, keys);
+  EXPECT_EQ(WaitForTiers(*client_, keys, Tier::kGpu), std::vector<Tier>(3, Tier::kGpu));
+  std::vector<MutableBuffer> bufs;
+  for (int i = 0; i < 3; ++i) bufs.push_back({gpu_.Alloc(size), size, Memory::kCuda});
+  auto got = client_->Get(keys, bufs);
+  ASSERT_TRUE(got.ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK((*got)[i].status);
+    EXPECT_EQ(gpu_.Read(bufs[i].data, size), ref[i]);
+  }
+  EXPECT_FALSE(client_->LoadSession("s-gpu", LoadSessionOptions{.gpu_device = 3}).ok());
 }
 
 TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsRefused) {

@@ -8,7 +8,10 @@
 namespace kvpool::tiers {
 
 Mover::Mover(absl::Mutex& mu, Clock& clock, MoverOptions options, MoverWork work)
-    : mu_(mu), clock_(clock), options_(options), work_(std::move(work)) {}
+    : mu_(mu), clock_(clock), options_(options), work_(std::move(work)) {
+  absl::MutexLock lock(&mu_);
+  gpu_queues_.resize(std::max(0, options_.gpu_workers));
+}
 
 Mover::~Mover() { Stop(); }
 
@@ -16,6 +19,9 @@ void Mover::Start() {
   threads_.push_back(StartThread(ThreadRole::kTierFlusher, 0, [this] { FlusherLoop(); }));
   for (int i = 0; i < std::max(1, options_.promotion_threads); ++i) {
     threads_.push_back(StartThread(ThreadRole::kPrefetcher, i, [this] { PromoterLoop(); }));
+  }
+  for (int g = 0; g < options_.gpu_workers; ++g) {
+    threads_.push_back(StartThread(ThreadRole::kGpuCopy, g, [this, g] { GpuCopyLoop(g); }));
   }
 }
 
@@ -26,6 +32,7 @@ void Mover::Stop() {
     stopped_ = true;
     stopping_ = true;
     queued_.SignalAll();
+    gpu_queued_.SignalAll();
     wake_.SignalAll();  // else the flusher notices only at the end of its nap
     round_done_.SignalAll();
   }
@@ -37,11 +44,28 @@ void Mover::Stop() {
     queue_.pop_front();
     if (work_.abandon) work_.abandon(id);
   }
+  for (GpuQueue& q : gpu_queues_) {
+    while (!q.jobs.empty()) {
+      if (work_.abandon_gpu) work_.abandon_gpu(q.jobs.front());
+      q.jobs.pop_front();
+    }
+  }
 }
 
 void Mover::Enqueue(EntryId id) {
   queue_.push_back(id);
   queued_.Signal();
+}
+
+void Mover::EnqueueGpu(int gpu, GpuPlacement job) {
+  gpu_queues_.at(static_cast<size_t>(gpu)).jobs.push_back(std::move(job));
+  gpu_queued_.SignalAll();  // one condition for every GPU's worker: wake the right one too
+}
+
+size_t Mover::gpu_pending() const {
+  size_t n = 0;
+  for (const GpuQueue& q : gpu_queues_) n += q.jobs.size() + (q.running ? 1 : 0);
+  return n;
 }
 
 void Mover::WakeFlusher() {
@@ -82,6 +106,22 @@ void Mover::PromoterLoop() {
     const EntryId id = queue_.front();
     queue_.pop_front();
     work_.promote(id);
+  }
+}
+
+void Mover::GpuCopyLoop(int gpu) {
+  absl::MutexLock lock(&mu_);
+  GpuQueue& q = gpu_queues_[static_cast<size_t>(gpu)];
+  while (!stopping_) {
+    if (q.jobs.empty()) {
+      gpu_queued_.Wait(&mu_);
+      continue;
+    }
+    const GpuPlacement job = std::move(q.jobs.front());
+    q.jobs.pop_front();
+    q.running = true;
+    work_.place_on_gpu(gpu, job);
+    q.running = false;
   }
 }
 

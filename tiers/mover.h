@@ -1,9 +1,11 @@
 #pragma once
 // Mover: the tier manager's background workers, which move blocks between tiers while nobody
 // waits for them: one flusher, which runs a round every `flusher_interval` or when woken (expire
-// what is due, write down what the write policy queued, demote to the low watermark), and
+// what is due, write down what the write policy queued, demote to the low watermark),
 // `promotion_threads` promoters, which read queued blocks up from disk (prefetches, read-ahead
-// and the reads a get waits for).
+// and the reads a get waits for), and one copy worker per GPU (`gpu_workers`), which runs that
+// GPU's placements in queueing order: every copy into a GPU's tier goes through its worker, so
+// one thread drives each device's copy stream.
 //
 // The mover decides when, its owner what: each round and each promotion is a callback run with
 // the owner's mutex held, which it may release while it does I/O. The queue of promotions is
@@ -23,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/namespace_id.h"
 #include "tiers/block_index.h"
 
 namespace kvpool::tiers {
@@ -30,6 +33,14 @@ namespace kvpool::tiers {
 struct MoverOptions {
   int promotion_threads = 2;  // at least one runs
   Clock::Duration flusher_interval = std::chrono::milliseconds(200);
+  int gpu_workers = 0;  // one per gpu tier, indexed as the tier stack orders them
+};
+
+// One job of a GPU's copy worker: copy these blocks of `ns` into that GPU's tier.
+struct GpuPlacement {
+  NamespaceId ns = 0;
+  std::vector<BlockKey> keys;
+  uint64_t ticket = 0;  // non-zero: a caller waits for the outcome under this ticket
 };
 
 struct MoverWork {
@@ -39,6 +50,10 @@ struct MoverWork {
   std::function<void(EntryId id)> promote;
   // At Stop, for each entry queued but never promoted: its waiters must learn it will not be.
   std::function<void(EntryId id)> abandon;
+  // Runs a placement on gpu tier `gpu` (queued by EnqueueGpu).
+  std::function<void(int gpu, const GpuPlacement& job)> place_on_gpu;
+  // At Stop, for each placement queued but never run.
+  std::function<void(const GpuPlacement& job)> abandon_gpu;
 };
 
 class Mover {
@@ -55,6 +70,10 @@ class Mover {
 
   // Queues a promotion of `id`; one promoter runs it, in queueing order.
   void Enqueue(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a placement on gpu tier `gpu` (< gpu_workers); that GPU's worker runs it.
+  void EnqueueGpu(int gpu, GpuPlacement job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Placements queued or running on any GPU.
+  size_t gpu_pending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts a flusher round now instead of at the end of its nap.
   void WakeFlusher() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t queued() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.size(); }
@@ -67,18 +86,25 @@ class Mover {
  private:
   void FlusherLoop();
   void PromoterLoop();
+  void GpuCopyLoop(int gpu);
 
   absl::Mutex& mu_;
   Clock& clock_;
   const MoverOptions options_;
   const MoverWork work_;
   std::deque<EntryId> queue_ ABSL_GUARDED_BY(mu_);
+  struct GpuQueue {
+    std::deque<GpuPlacement> jobs;
+    bool running = false;  // a job taken from `jobs` is running
+  };
+  std::vector<GpuQueue> gpu_queues_ ABSL_GUARDED_BY(mu_);  // one per GPU worker
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_requested_ ABSL_GUARDED_BY(mu_) = false;  // kept while a round runs
   uint64_t rounds_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rounds_done_ ABSL_GUARDED_BY(mu_) = 0;
   absl::CondVar queued_;              // queue_ gained an entry, or stopping
+  absl::CondVar gpu_queued_;          // a gpu queue gained a job, or stopping
   absl::CondVar wake_;                // the flusher is asked for a round, or stopping
   absl::CondVar round_done_;          // a flusher round ended, or stopping
   std::vector<std::thread> threads_;  // touched by Start and Stop only

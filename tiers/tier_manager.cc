@@ -24,11 +24,17 @@ TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
       clock_(options.clock != nullptr ? *options.clock : RealClock()),
       start_(clock_.Now()),
       default_policy_(DefaultNamespacePolicy()),
-      mover_(mu_, clock_, MoverOptions{options.promotion_threads},
+      mover_(mu_, clock_,
+             MoverOptions{.promotion_threads = options.promotion_threads,
+                          .gpu_workers = static_cast<int>(gpus_.size())},
              MoverWork{[this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { FlushRoundLocked(); },
                        [this](EntryId id) ABSL_NO_THREAD_SAFETY_ANALYSIS { PromoteOne(id); },
                        [this](EntryId id)
-                           ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonPromotionLocked(id); }}) {
+                           ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonPromotionLocked(id); },
+                       [this](int gpu, const GpuPlacement& job)
+                           ABSL_NO_THREAD_SAFETY_ANALYSIS { RunGpuPlacementLocked(gpu, job); },
+                       [this](const GpuPlacement& job)
+                           ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonGpuPlacementLocked(job); }}) {
   absl::MutexLock lock(&mu_);
   gpu_blocks_.assign(gpus_.size(), 0);
 }
@@ -374,7 +380,8 @@ void TierManager::WaitFlusherRoundForTest() { mover_.WaitFlusherRound(); }
 
 void TierManager::WaitIdleForTest() {
   absl::MutexLock lock(&mu_);
-  while (mover_.queued() > 0 || !promotions_.empty() || io_in_flight_ > 0) {
+  while (mover_.queued() > 0 || mover_.gpu_pending() > 0 || !promotions_.empty() ||
+         io_in_flight_ > 0) {
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(10));
   }
 }

@@ -240,6 +240,13 @@ class TierManager {
   // verified at its source once done. InvalidArgument when no gpu tier runs on `device`; a failed
   // copy fails the call after undoing what it had placed.
   Result<uint32_t> PromoteToGpu(NamespaceId ns, std::span<const BlockKey> keys, int device);
+  // The same on that GPU's copy worker (the one thread that drives its copies), after reading
+  // the blocks that are only on disk up to host. With `wait`, returns PromoteToGpu's answer once
+  // it ran; without, 0 at once (the placement is queued: a put's or a session load's hint).
+  // InvalidArgument when no gpu tier runs on `device`; Unavailable while stopping, Aborted when
+  // the manager stopped before the placement ran.
+  Result<uint32_t> PlaceOnGpu(NamespaceId ns, std::span<const BlockKey> keys, int device,
+                              bool wait);
 
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
   // connection) until committed, aborted or expired.
@@ -383,6 +390,9 @@ class TierManager {
   // watermark), and a promotion it will never run.
   void FlushRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbandonPromotionLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The gpu copy worker's job (Mover::place_on_gpu): releases mu_ while it copies.
+  void RunGpuPlacementLocked(int gpu, const GpuPlacement& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbandonGpuPlacementLocked(const GpuPlacement& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HostAboveHighWatermarkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TierManagerOptions options_;
@@ -409,6 +419,9 @@ class TierManager {
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> gpu_blocks_ ABSL_GUARDED_BY(mu_);  // parallel to gpus_
   TierCounters gpu_counters_ ABSL_GUARDED_BY(mu_);
+  // Outcomes of waited-for gpu placements, by ticket, until their caller takes them.
+  absl::flat_hash_map<uint64_t, std::pair<Status, uint32_t>> gpu_outcomes_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_gpu_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint32_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   TierCounters host_counters_ ABSL_GUARDED_BY(mu_);
@@ -424,7 +437,7 @@ class TierManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ = false;
 
-  Mover mover_;  // the flusher and promoters; runs the callbacks above under mu_
+  Mover mover_;  // the flusher, promoters and gpu copy workers; runs the callbacks under mu_
 };
 
 }  // namespace kvpool::tiers

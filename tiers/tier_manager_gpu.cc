@@ -4,6 +4,8 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+
 #include "common/checksum.h"
 #include "tiers/tier_manager.h"
 
@@ -131,6 +133,63 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
   changed_.SignalAll();
   if (!st.ok()) return st.WithContext("copying blocks to gpu " + std::to_string(device));
   return placed;
+}
+
+Result<uint32_t> TierManager::PlaceOnGpu(NamespaceId ns, std::span<const BlockKey> keys, int device,
+                                         bool wait) {
+  int gpu = -1;
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    if (gpus_[i]->device() == device) gpu = static_cast<int>(i);
+  }
+  if (gpu < 0)
+    return Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(device));
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return Status::Unavailable("the tier manager is stopping");
+  const uint64_t ticket = wait ? next_gpu_ticket_++ : 0;
+  mover_.EnqueueGpu(gpu, GpuPlacement{ns, {keys.begin(), keys.end()}, ticket});
+  if (!wait) return 0u;
+  // The job runs, or Stop abandons it: either way an outcome comes.
+  while (!gpu_outcomes_.contains(ticket)) changed_.Wait(&mu_);
+  auto outcome = gpu_outcomes_.extract(ticket);
+  if (!outcome.mapped().first.ok()) return outcome.mapped().first;
+  return outcome.mapped().second;
+}
+
+void TierManager::RunGpuPlacementLocked(int gpu, const GpuPlacement& job) {
+  // A placement copies from host: blocks only on disk are read up first, and the worker waits
+  // for them (this GPU's later placements wait behind it; other GPUs' do not).
+  std::vector<std::shared_ptr<Promotion>> reads;
+  for (const BlockKey& key : job.keys) {
+    const EntryId id = FindCachedLocked(job.ns, key);
+    if (id == kNoEntry) continue;
+    const Entry& e = index_.at(id);
+    const bool up = e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0;
+    if (!up && e.In(Tier::kDisk) && PromotableLocked(e)) {
+      reads.push_back(StartPromotionLocked(id, /*prefetch=*/true));
+    }
+  }
+  const auto pending = [&] {
+    return std::any_of(reads.begin(), reads.end(),
+                       [](const std::shared_ptr<Promotion>& p) { return !p->done; });
+  };
+  while (!stopping_ && pending()) changed_.Wait(&mu_);
+  mu_.Unlock();
+  Result<uint32_t> placed = PromoteToGpu(job.ns, job.keys, gpus_[gpu]->device());
+  mu_.Lock();
+  if (!placed.ok() && job.ticket == 0) {
+    LOG(WARNING) << "placing " << job.keys.size() << " blocks on gpu " << gpus_[gpu]->device()
+                 << ": " << placed.status().ToString();
+  }
+  if (job.ticket != 0) {
+    gpu_outcomes_[job.ticket] = {placed.status(), placed.ok() ? *placed : 0};
+    changed_.SignalAll();
+  }
+}
+
+void TierManager::AbandonGpuPlacementLocked(const GpuPlacement& job) {
+  if (job.ticket == 0) return;
+  gpu_outcomes_[job.ticket] = {Status::Aborted("daemon shutting down"), 0};
+  changed_.SignalAll();
 }
 
 Result<SegmentLocation> TierManager::LocateGpu(int device, uint64_t gpu_offset) const {

@@ -170,5 +170,35 @@ TEST_F(TierManagerGpuTest, AGpuQuotaKeepsANamespaceToItsSegmentsAndItsOwnBlocksG
   EXPECT_FALSE(stack_.gpus[0]->AtSegmentLimit(kNs));
 }
 
+TEST_F(TierManagerGpuTest, PlacementsRunOnTheGpuWorkerAndReadDiskBlocksUpFirst) {
+  const Keys keys = PutChain(300, {200 * kKiB, 200 * kKiB, 200 * kKiB});
+  DemoteAll({keys[1], keys[2]});  // only on disk now
+  ASSERT_EQ(TiersOf(keys), (std::vector<Tier>{Tier::kHost, Tier::kDisk, Tier::kDisk}));
+  auto placed = manager_->PlaceOnGpu(kNs, keys, 1, /*wait=*/true);
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ(*placed, 3u);
+  for (const BlockKey& k : keys) ExpectOnGpu(k, 1);
+  EXPECT_EQ(manager_->GetStats().gpu_counters.promotions, 3u);
+  EXPECT_EQ(manager_->PlaceOnGpu(kNs, keys, 9, true).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(TierManagerGpuTest, AQueuedPlacementLandsInTheGpuAfterTheCallReturns) {
+  const Keys keys = PutChain(310, {100 * kKiB, 100 * kKiB});
+  DemoteAll({keys[1]});
+  auto queued = manager_->PlaceOnGpu(kNs, keys, 0, /*wait=*/false);
+  ASSERT_TRUE(queued.ok()) << queued.status().ToString();
+  EXPECT_EQ(*queued, 0u);
+  manager_->WaitIdleForTest();  // the worker ran it
+  for (const BlockKey& k : keys) ExpectOnGpu(k, 0);
+  EXPECT_EQ(GpuBlocks(0), 2u);
+}
+
+TEST_F(TierManagerGpuTest, PlacementsAfterShutdownAreRefused) {
+  const Keys keys = PutChain(320, {100 * kKiB});
+  manager_->Shutdown();
+  EXPECT_EQ(manager_->PlaceOnGpu(kNs, keys, 0, /*wait=*/true).status().code(),
+            StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace kvpool::tiers

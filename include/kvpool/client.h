@@ -92,9 +92,10 @@ struct ServerInfo {
 };
 
 struct PrefetchOptions {
-  // >= 0: also copy the blocks that are in the daemon's host tier into its gpu tier on this CUDA
-  // device (this process's ordinal, as torch names it; matched to the daemon's by UUID), for
-  // reads into device memory there. Default: -1 (toward host only).
+  // >= 0: also copy the blocks into the daemon's gpu tier on this CUDA device (this process's
+  // ordinal, as torch names it; matched to the daemon's by UUID), those only on disk read up to
+  // host first, for reads into device memory there; Prefetch returns once they are placed.
+  // Default: -1 (toward host only).
   int gpu_device = -1;
 };
 
@@ -185,6 +186,12 @@ struct PutOptions {
   // default stream): after the work queued there before the call, e.g. the kernel that wrote
   // the block. Put returns once they are done.
   void* cuda_stream = nullptr;
+  // >= 0: the blocks stored are also placed in the daemon's gpu tier on this CUDA device (this
+  // process's ordinal), in the background after the put returns, where there is room there: a
+  // later get into device memory on that GPU then copies device to device. Shared-memory path
+  // only; InvalidArgument, before anything is sent, when the daemon runs no gpu tier on it.
+  // Default: -1 (host only).
+  int gpu_device = -1;
 };
 
 struct PutResult {
@@ -271,6 +278,15 @@ struct Session {
   int64_t created_unix_ms = 0;  // set by the daemon
   int64_t updated_unix_ms = 0;  // set by the daemon
   uint64_t total_bytes = 0;     // set by the daemon
+};
+
+struct LoadSessionOptions {
+  // Promote the chain toward host. Default: true.
+  bool prefetch = true;
+  // >= 0 (with prefetch): also place the chain's blocks in the daemon's gpu tier on this CUDA
+  // device (this process's ordinal), in the background after the load returns. InvalidArgument
+  // when the daemon runs no gpu tier on it. Default: -1.
+  int gpu_device = -1;
 };
 
 struct LoadedSession {
@@ -437,6 +453,8 @@ class Client {
   Status SaveSession(const Session& session);
   // NotFound when there is no such session. With `prefetch`, its chain is promoted.
   Result<LoadedSession> LoadSession(const std::string& session_id, bool prefetch = true);
+  Result<LoadedSession> LoadSession(const std::string& session_id,
+                                    const LoadSessionOptions& options);
   Status DeleteSession(const std::string& session_id);
   Result<std::vector<SessionSummary>> ListSessions(const std::string& prefix = "",
                                                    uint32_t limit = 0);

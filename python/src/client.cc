@@ -287,7 +287,7 @@ class PyClient {
   }
 
   PyPutResult Put(nb::handle keys_obj, nb::handle blocks_obj, nb::handle parent_obj,
-                  nb::handle stream_obj) {
+                  nb::handle stream_obj, std::optional<int> gpu_device) {
     std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
     const BlockKey parent = ToParent(parent_obj);
     std::vector<Buffer> blocks =
@@ -306,6 +306,7 @@ class PyClient {
     }
     PutOptions options;
     options.cuda_stream = CudaStream(stream_obj, blocks);
+    options.gpu_device = gpu_device.value_or(-1);
     PutResult r = Unwrap(Call([&](Client& c) { return c.Put(puts, options); }));
     PyPutResult out;
     out.stored = r.stored;
@@ -339,8 +340,9 @@ class PyClient {
     Check(Call([&](Client& c) { return c.SaveSession(s); }));
   }
 
-  PySession LoadSession(const std::string& id, bool prefetch) {
-    LoadedSession l = Unwrap(Call([&](Client& c) { return c.LoadSession(id, prefetch); }));
+  PySession LoadSession(const std::string& id, bool prefetch, std::optional<int> gpu_device) {
+    const LoadSessionOptions options{.prefetch = prefetch, .gpu_device = gpu_device.value_or(-1)};
+    LoadedSession l = Unwrap(Call([&](Client& c) { return c.LoadSession(id, options); }));
     PySession out;
     out.session_id = l.session.session_id;
     for (const BlockKey& k : l.session.keys) out.keys.append(KeyBytes(k));
@@ -742,11 +744,14 @@ void RegisterClient(nb::module_& m) {
            "Each block as new bytes; None for a miss (or a block that failed its checksum).")
       .def("put", &PyClient::Put, nb::arg("keys"), nb::arg("blocks"),
            nb::arg("parent") = nb::none(), nb::arg("stream") = nb::none(),
+           nb::arg("gpu_device") = nb::none(),
            "Put-if-absent of a chain: blocks[i] (any buffer, read-only ones included, or a CUDA "
            "tensor, taken without a copy) holds keys[i]'s bytes; parents follow chain order, "
            "the first block's is `parent`. A CUDA block is copied device-to-host straight into "
-           "the daemon's shared memory on `stream` (as in get_into). Per-block errors are in "
-           "PutResult.errors.")
+           "the daemon's shared memory on `stream` (as in get_into). With gpu_device, the daemon "
+           "also places the stored blocks in its gpu tier on that CUDA device, in the background "
+           "(get_into of CUDA tensors there then copies device to device); InvalidArgument when "
+           "it runs none there. Per-block errors are in PutResult.errors.")
       .def("borrow", &BorrowResult, nb::arg("keys"), nb::kw_only(),
            nb::arg("gpu_device") = nb::none(), nb::arg("verify") = true,
            "Lends the blocks in place, without copying them: a Borrowed of one BlockView per "
@@ -759,16 +764,19 @@ void RegisterClient(nb::module_& m) {
            "the daemon cannot be reached; misses and per-block errors are in the views.")
       .def("prefetch", &PyClient::Prefetch, nb::arg("keys"), nb::arg("gpu_device") = nb::none(),
            "Hint: promote these toward host; returns how many promotions started. With "
-           "gpu_device, also copy those already in host into the daemon's gpu tier on that CUDA "
-           "device (get_into of CUDA tensors there then copies device to device); returns how "
-           "many were placed there. NotFound when the daemon has no gpu tier on that device.")
+           "gpu_device, also copy them into the daemon's gpu tier on that CUDA device (those "
+           "only on disk read up first; get_into of CUDA tensors there then copies device to "
+           "device); returns how many were placed there, once they are. InvalidArgument when the "
+           "daemon has no gpu tier on that device.")
       .def("save_session", &PyClient::SaveSession, nb::arg("session_id"), nb::arg("keys"),
            nb::arg("token_count"), nb::arg("metadata") = nb::none(),
            "Persists a session and pins its chain on disk. FailedPrecondition when a chain "
            "block is not cached (put it first).")
       .def("load_session", &PyClient::LoadSession, nb::arg("session_id"),
-           nb::arg("prefetch") = true,
-           "The session (NotFound when there is none). With prefetch, its chain is promoted.")
+           nb::arg("prefetch") = true, nb::arg("gpu_device") = nb::none(),
+           "The session (NotFound when there is none). With prefetch, its chain is promoted; "
+           "with gpu_device too, placed in the daemon's gpu tier on that CUDA device in the "
+           "background.")
       .def("delete_session", &PyClient::DeleteSession, nb::arg("session_id"),
            "Deletes a session and unpins its blocks.")
       .def("list_sessions", &PyClient::ListSessions, nb::arg("prefix") = "", nb::arg("limit") = 0,

@@ -131,6 +131,11 @@ def test_gpu_asks_without_a_gpu_fail_cleanly(client, make_keys):
     client.put(keys, _blocks(2, 5))
     with pytest.raises((kvpool.Unavailable, kvpool.InvalidArgument, kvpool.Unimplemented)):
         client.prefetch(keys, gpu_device=0)
+    with pytest.raises((kvpool.Unavailable, kvpool.InvalidArgument)):
+        client.put(make_keys(1), _blocks(1, 6), gpu_device=0)
+    client.save_session("gpu-less", keys, token_count=32)
+    with pytest.raises((kvpool.Unavailable, kvpool.InvalidArgument)):
+        client.load_session("gpu-less", gpu_device=0)
     assert client.evict("gpu", keys) == {"evicted": 0, "skipped": 0}
     with pytest.raises(kvpool.InvalidArgument):
         client.evict("tpu", keys)
