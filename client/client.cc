@@ -97,8 +97,9 @@ struct BorrowedBlocks::State {
   std::vector<std::vector<uint8_t>> owned;         // blocks that came as bytes
   std::vector<std::shared_ptr<const void>> holds;  // mappings and imported gpu segments
   std::vector<uint64_t> lease_ids;
-  std::shared_ptr<Client::Impl*> client;  // null inside once the Client is gone
-  uint64_t epoch = 0;                     // the client's connection the leases belong to
+  std::shared_ptr<Client::Impl*> client;        // null inside once the Client is gone
+  kernels::DeviceCopyEngine* engine = nullptr;  // for device views (never destroyed)
+  uint64_t epoch = 0;                           // the client's connection the leases belong to
   std::chrono::steady_clock::time_point lease_deadline;
   bool released = false;
 
@@ -211,6 +212,7 @@ class Client::Impl {
     Tier tier;
     bool gpu;  // the slot is in the daemon's gpu tier on `gpu_device`
     int gpu_device;
+    uint64_t device_checksum;  // gpu slots: the gpu copy's (kernels/device_checksum.h); 0: none
   };
 
   // Copies leased blocks from the shared segments into the caller's buffers, verifying each
@@ -299,7 +301,8 @@ class Client::Impl {
       KVPOOL_ASSIGN_OR_RETURN(
           mapped, mappings_.EnsureMapped(segs, /*writable=*/false, segment_source_, deadline));
     }
-    size_t host_k = 0;  // the next host block's place in `mapped`
+    size_t host_k = 0;                 // the next host block's place in `mapped`
+    std::vector<size_t> device_views;  // caller indices of the device views lent
     for (const InPlace& b : blocks) {
       GetResult& r = out[b.index];
       BlockView& v = lend.views[b.index];
@@ -332,12 +335,52 @@ class Client::Impl {
       if (!r.status.ok()) continue;
       r.size = b.size;
       r.tier = b.tier;
-      v = BlockView{Status::OK(), data,      b.size, b.gpu ? Memory::kCuda : Memory::kHost,
-                    b.tier,       b.checksum};
+      v = BlockView{Status::OK(),
+                    data,
+                    b.size,
+                    b.gpu ? Memory::kCuda : Memory::kHost,
+                    b.tier,
+                    b.checksum,
+                    b.gpu ? b.device_checksum : 0};
       lend.lent[b.index] = true;
       lend.holds.push_back(std::move(hold));
+      if (b.gpu) device_views.push_back(b.index);
+    }
+    if (!device_views.empty()) lend.engine = device_engine_;
+    if (verify && !device_views.empty()) {
+      std::vector<BlockView*> views;
+      for (size_t i : device_views) views.push_back(&lend.views[i]);
+      VerifyDeviceViews(*device_engine_, views).IgnoreError();  // each view has its status
+      for (size_t i : device_views) {
+        if (lend.views[i].status.ok()) continue;
+        out[i].status = lend.views[i].status;
+        lend.views[i].data = nullptr;  // refused, not lent
+      }
     }
     return Status::OK();
+  }
+
+  // Checks device views against their device checksums on their GPU; a view that fails turns
+  // Corruption (or the reason the check could not run). The first failure, or OK.
+  static Status VerifyDeviceViews(kernels::DeviceCopyEngine& engine,
+                                  const std::vector<BlockView*>& views) {
+    std::vector<kernels::ByteRange> ranges;
+    for (const BlockView* v : views) ranges.push_back({v->data, v->size});
+    Result<std::vector<uint64_t>> dsums = engine.DeviceChecksums(ranges.data(), ranges.size(),
+                                                                 /*stream=*/nullptr);
+    Status first;
+    for (size_t k = 0; k < views.size(); ++k) {
+      BlockView& v = *views[k];
+      if (!dsums.ok()) {
+        v.status = dsums.status().WithContext("checking a borrowed gpu copy");
+      } else if (v.device_checksum != 0 && (*dsums)[k] != v.device_checksum) {
+        v.status = Status::Corruption("a borrowed gpu copy does not match its device checksum");
+      } else {
+        continue;
+      }
+      if (first.ok()) first = v.status;
+    }
+    return first;
   }
 
   // Ends leases taken on connection `epoch` (those of an earlier connection ended with it).
@@ -477,9 +520,9 @@ class Client::Impl {
   }
 
   // Waits for every queued copy, then verifies: the leased host sources of host-to-device copies
-  // (hashed after the copies, so a change during them shows), and a copy out of a gpu slot into
-  // host memory. One out of a gpu slot into device memory cannot be hashed here (its source, the
-  // gpu copy, was verified when it was made).
+  // (hashed after the copies, so a change during them shows), a copy out of a gpu slot into host
+  // memory by its checksum, and one into device memory by the gpu copy's device checksum,
+  // computed over the destination on its GPU.
   void FinishToDevice(std::span<const BlockKey> keys, const std::vector<InPlace>& blocks,
                       const std::vector<size_t>& to_device, const std::vector<size_t>& from_gpu,
                       std::vector<GetResult>& out, const BufferFor& buffer_for,
@@ -501,19 +544,42 @@ class Client::Impl {
         r.tier = b.tier;
       }
     }
+    // The device-to-device copies' destinations, checked on their GPU in one launch.
+    std::vector<kernels::ByteRange> on_device;
+    for (size_t k : from_gpu) {
+      const MutableBuffer buf = buffer_for(blocks[k].index, blocks[k].size);
+      if (buf.memory == Memory::kCuda) on_device.push_back({buf.data, blocks[k].size});
+    }
+    Result<std::vector<uint64_t>> dsums = std::vector<uint64_t>{};
+    if (done.ok() && !on_device.empty()) {
+      dsums =
+          staging.engine()->DeviceChecksums(on_device.data(), on_device.size(), staging.stream());
+    }
+    size_t next_dsum = 0;
     for (size_t k : from_gpu) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];
       const MutableBuffer buf = buffer_for(b.index, b.size);
       if (!done.ok()) {
         r.status = done.WithContext("copying from the gpu tier");
-      } else if (buf.memory != Memory::kCuda &&
-                 BlockChecksum(static_cast<const uint8_t*>(buf.data), b.size) != b.checksum) {
-        r.status = changed(b);
+      } else if (buf.memory != Memory::kCuda) {
+        if (BlockChecksum(static_cast<const uint8_t*>(buf.data), b.size) != b.checksum) {
+          r.status = changed(b);
+        } else {
+          r.size = b.size;
+          r.tier = b.tier;
+        }
+      } else if (!dsums.ok()) {
+        r.status = dsums.status().WithContext("checking a copy from the gpu tier");
+      } else if (b.device_checksum != 0 && (*dsums)[next_dsum] != b.device_checksum) {
+        r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
+                                      " failed its device checksum after the copy from the gpu "
+                                      "tier");
       } else {
         r.size = b.size;
         r.tier = b.tier;
       }
+      if (buf.memory == Memory::kCuda) ++next_dsum;
     }
   }
 
@@ -685,8 +751,8 @@ class Client::Impl {
           if (info.lease_id() != 0) {
             in_place.push_back({i, info.slot().segment(), info.slot().generation(),
                                 info.slot().offset(), size, info.checksum(), info.lease_id(),
-                                FromWire(info.tier()), info.slot().gpu(),
-                                info.slot().gpu_device()});
+                                FromWire(info.tier()), info.slot().gpu(), info.slot().gpu_device(),
+                                info.device_checksum()});
             continue;
           }
           if (via_ucx) {
@@ -1167,13 +1233,20 @@ std::chrono::steady_clock::time_point BorrowedBlocks::lease_deadline() const {
 Status BorrowedBlocks::Verify() {
   if (state_ == nullptr) return Status::OK();
   Status first;
+  std::vector<BlockView*> on_device;
   for (BlockView& v : state_->views) {
-    if (!v.status.ok() || v.memory != Memory::kHost) continue;
-    if (BlockChecksum(v.data, v.size) != v.checksum) {
+    if (!v.status.ok()) continue;
+    if (v.memory == Memory::kCuda) {
+      on_device.push_back(&v);
+    } else if (BlockChecksum(v.data, v.size) != v.checksum) {
       v.status =
           Status::Corruption("a borrowed block changed (its lease ended before it was read)");
       if (first.ok()) first = v.status;
     }
+  }
+  if (!on_device.empty() && state_->engine != nullptr) {
+    const Status device = Client::Impl::VerifyDeviceViews(*state_->engine, on_device);
+    if (first.ok()) first = device;
   }
   return first;
 }

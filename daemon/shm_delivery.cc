@@ -31,6 +31,7 @@ uint64_t SharedMemoryDelivery::Send(const PathAsk& ask, uint32_t position, tiers
       slot->set_offset(loc->offset);
       slot->set_gpu(true);
       slot->set_gpu_device(read.gpu_device);
+      info->set_device_checksum(read.device_checksum);
     } else {
       SetSlot(read.arena_offset, info->mutable_slot());  // its host copy, then
       info->set_tier(wire::TIER_HOST);

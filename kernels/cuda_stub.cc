@@ -5,6 +5,7 @@
 
 #include "kernels/compress.h"
 #include "kernels/device_arena.h"
+#include "kernels/device_checksum.h"
 #include "kernels/device_copy.h"
 #include "kernels/paged_copy.h"
 #include "kernels/pinned_memory.h"
@@ -18,6 +19,9 @@ Status NoCuda(const char* what) {
 }
 }  // namespace
 
+Result<std::vector<uint64_t>> DeviceChecksumsCuda(const ByteRange*, size_t, void*) {
+  return NoCuda("DeviceChecksumsCuda");
+}
 Status GatherPagedCuda(const PagedKvCache&, const BlockLayout&, const PagedSpan&, void* const*,
                        void*) {
   return NoCuda("GatherPagedCuda");

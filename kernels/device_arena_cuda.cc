@@ -56,6 +56,11 @@ class ArenaCopies final : public DeviceCopyEngine {
     ScopedDevice on(device_);
     return base_.Wait(stream != nullptr ? stream : stream_);
   }
+  Result<std::vector<uint64_t>> DeviceChecksums(const ByteRange* ranges, size_t n,
+                                                void* stream) override {
+    ScopedDevice on(device_);
+    return base_.DeviceChecksums(ranges, n, stream != nullptr ? stream : stream_);
+  }
   Result<std::unique_ptr<ImportedSegment>> ImportSegment(int fd, uint64_t bytes,
                                                          int device) override {
     return base_.ImportSegment(fd, bytes, device);

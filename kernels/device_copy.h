@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
+#include "kernels/device_checksum.h"
 
 namespace kvpool::kernels {
 
@@ -53,6 +55,10 @@ class DeviceCopyEngine {
   // Waits until the work enqueued on `stream` so far is done, so only the calling thread
   // blocks; the device's other streams run on. Internal with CUDA's reason when a copy failed.
   virtual Status Wait(void* stream) = 0;
+  // The device checksum (kernels/device_checksum.h) of each of `n` ranges of device memory on
+  // one device, computed there after the work enqueued on `stream` so far; returns once known.
+  virtual Result<std::vector<uint64_t>> DeviceChecksums(const ByteRange* ranges, size_t n,
+                                                        void* stream) = 0;
   // Maps the gpu segment behind `fd` (`bytes` long; the caller keeps and closes the
   // descriptor) for device `device`. InvalidArgument for a descriptor that is not one.
   virtual Result<std::unique_ptr<ImportedSegment>> ImportSegment(int fd, uint64_t bytes,

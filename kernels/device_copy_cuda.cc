@@ -52,6 +52,11 @@ class CudaEngine final : public DeviceCopyEngine {
     return Status::OK();
   }
 
+  Result<std::vector<uint64_t>> DeviceChecksums(const ByteRange* ranges, size_t n,
+                                                void* stream) override {
+    return DeviceChecksumsCuda(ranges, n, stream);
+  }
+
   Result<std::string> DeviceUuid(int device) const override {
     cudaDeviceProp prop{};
     KVPOOL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));

@@ -25,11 +25,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/block_layout.h"
 #include "kernels/compress.h"
+#include "kernels/device_checksum.h"
 #include "kernels/paged_copy.h"
 #include "kernels/quantize.h"
 #include "kernels/synthetic.h"
@@ -539,6 +541,50 @@ void CheckCompress(CompressMethod m, Pooling pooling, int kernel, DType dtype, i
   Record({"compact", shape, same ? 0.0 : 1.0, 0.0, same && written, written ? "" : "UNWRITTEN"});
 }
 
+// ------------------------------------------------------------------------------------------
+// Device checksum
+
+// `count` blocks of the given sizes at odd offsets inside one buffer: each block's device
+// checksum on the GPU against the CPU twin over the same bytes; with `time_it`, timed beside a
+// D2D copy reading as many bytes (the checksum writes none: its copy figure counts read + write
+// of the same bytes, so 0.5x of it is reading at copy speed).
+void CheckDeviceChecksum(const std::vector<size_t>& sizes, bool time_it) {
+  size_t total = 0;
+  for (size_t s : sizes) total += s + 13;
+  DevBuf buf(total);
+  std::vector<uint8_t> host(total);
+  std::mt19937_64 rng(g_seed ^ total);
+  for (auto& b : host) b = static_cast<uint8_t>(rng());
+  buf.Upload(host.data());
+  std::vector<ByteRange> ranges;
+  size_t off = 0;
+  for (size_t s : sizes) {
+    off += ranges.size() % 2 ? 5 : 13;  // unaligned starts
+    ranges.push_back({buf.as<uint8_t>() + off, s});
+    off += s;
+  }
+  Result<std::vector<uint64_t>> got = DeviceChecksumsCuda(ranges.data(), ranges.size(), nullptr);
+  OK_OR_DIE(got.status());
+  size_t wrong = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const size_t at = static_cast<const uint8_t*>(ranges[i].data) - buf.as<uint8_t>();
+    wrong += (*got)[i] != DeviceChecksumCpu(host.data() + at, ranges[i].size) ? 1 : 0;
+  }
+  CheckRow r;
+  r.kernel = "device_checksum";
+  r.shape =
+      Shape("%zu blocks, %zu..%zu B", sizes.size(), *std::min_element(sizes.begin(), sizes.end()),
+            *std::max_element(sizes.begin(), sizes.end()));
+  r.err = static_cast<double>(wrong);
+  r.pass = wrong == 0;
+  r.note = "exact (CPU twin)";
+  Record(r);
+  if (time_it) {
+    Time("device_checksum", r.shape, static_cast<double>(total) * 2,
+         [&] { OK_OR_DIE(DeviceChecksumsCuda(ranges.data(), ranges.size(), nullptr).status()); });
+  }
+}
+
 int Main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
@@ -594,6 +640,8 @@ int Main(int argc, char** argv) {
   }
   CheckCompress(CompressMethod::kSnapKv, Pooling::kAvgPool, 1, DType::kBFloat16, 70, 300, 2, 1, 32,
                 64, 8, false);  // 2 chunks
+  CheckDeviceChecksum({0, 1, 31, 4095, 4096, 4097, 100000, 1u << 20}, false);
+  CheckDeviceChecksum(std::vector<size_t>(70, 65536 + 7), false);  // 2 launches
 
   std::printf("== timing (median of %d after warm-up; bandwidth = bytes read + written) ==\n",
               g_reps);
@@ -611,6 +659,8 @@ int Main(int argc, char** argv) {
                 g_quick ? 4096 : 16384, 32, 8, 128, 2048, 32, true);
   CheckCompress(CompressMethod::kH2O, Pooling::kAvgPool, 5, DType::kBFloat16, 4,
                 g_quick ? 1024 : 4096, 32, 8, 128, 1024, 32, true);
+  CheckDeviceChecksum(std::vector<size_t>(16, size_t{1} << 20), true);  // a get of 16 x 1 MiB
+  CheckDeviceChecksum(std::vector<size_t>(64, size_t{4} << 20), true);
 
   int failed = 0;
   for (const auto& r : g_checks) failed += r.pass ? 0 : 1;

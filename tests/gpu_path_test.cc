@@ -285,6 +285,44 @@ TEST_F(GpuPathTest, ASessionLoadedForAGpuIsPlacedThereFromDisk) {
   EXPECT_FALSE(client_->LoadSession("s-gpu", LoadSessionOptions{.gpu_device = 3}).ok());
 }
 
+TEST_F(GpuPathTest, AGpuCopyDamagedInDeviceMemoryIsRefusedByItsReaders) {
+  const size_t size = 64 << 10;
+  const auto ref = PutChain(70, 2, size);
+  const std::vector<BlockKey> keys = Keys(70, 2);
+  ASSERT_EQ(client_->Prefetch(keys, PrefetchOptions{.gpu_device = 0})->gpu_placed, 2u);
+  {
+    // Unverified, the views are lent as they are; one byte of block 0's gpu copy goes bad.
+    auto lent = client_->Borrow(keys, {.gpu_device = 0, .verify = false});
+    ASSERT_TRUE(lent.ok());
+    ASSERT_EQ((*lent)[0].memory, Memory::kCuda);
+    EXPECT_NE((*lent)[0].device_checksum, 0u);
+    const uint8_t bad = static_cast<uint8_t>(ref[0][100] ^ 0x40);
+    gpu_.Write(const_cast<void*>(
+                   static_cast<const void*>(static_cast<const uint8_t*>((*lent)[0].data) + 100)),
+               &bad, 1);
+    const Status st = lent->Verify();
+    EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+    EXPECT_EQ((*lent)[0].status.code(), StatusCode::kCorruption);
+    EXPECT_OK((*lent)[1].status);
+  }
+  // A device-to-device get checks its destination on the GPU: block 0 is refused, 1 served.
+  std::vector<MutableBuffer> bufs;
+  for (int i = 0; i < 2; ++i) bufs.push_back({gpu_.Alloc(size), size, Memory::kCuda});
+  const auto before = gpu_.counters();
+  auto got = client_->Get(keys, bufs);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0].status.code(), StatusCode::kCorruption) << (*got)[0].status.ToString();
+  ASSERT_OK((*got)[1].status);
+  EXPECT_EQ(gpu_.Read(bufs[1].data, size), ref[1]);
+  EXPECT_EQ(gpu_.counters().checksums - before.checksums, 2u);
+  // A verified borrow refuses it too; a host buffer gets it through the host copy's checksum.
+  auto lent = client_->Borrow(keys, {.gpu_device = 0});
+  ASSERT_TRUE(lent.ok());
+  EXPECT_EQ((*lent)[0].status.code(), StatusCode::kCorruption);
+  EXPECT_EQ((*lent)[0].data, nullptr);
+  EXPECT_OK((*lent)[1].status);
+}
+
 TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsRefused) {
   PutChain(20, 1, 4096);
   auto placed = client_->Prefetch(Keys(20, 1), PrefetchOptions{.gpu_device = 3});

@@ -115,6 +115,9 @@ struct BlockRead {
   // `arena_offset` still name the host copy.
   int gpu_device = -1;
   uint64_t gpu_offset = 0;
+  // The gpu copy's device checksum (kernels/device_checksum.h), for a reader that copies it
+  // device to device and checks its destination on its GPU.
+  uint64_t device_checksum = 0;
 };
 
 enum class ReserveState : uint8_t { kReserved, kPresent, kInProgress, kRefused };
@@ -419,6 +422,9 @@ class TierManager {
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> gpu_blocks_ ABSL_GUARDED_BY(mu_);  // parallel to gpus_
   TierCounters gpu_counters_ ABSL_GUARDED_BY(mu_);
+  // The device checksum of each gpu copy, taken when it was made (and verified against its host
+  // source).
+  absl::flat_hash_map<EntryId, uint64_t> gpu_checksums_ ABSL_GUARDED_BY(mu_);
   // Outcomes of waited-for gpu placements, by ticket, until their caller takes them.
   absl::flat_hash_map<uint64_t, std::pair<Status, uint32_t>> gpu_outcomes_ ABSL_GUARDED_BY(mu_);
   uint64_t next_gpu_ticket_ ABSL_GUARDED_BY(mu_) = 1;

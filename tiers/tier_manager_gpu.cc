@@ -23,6 +23,7 @@ void TierManager::DropGpuCopyLocked(EntryId id) {
   for (size_t i = 0; i < gpus_.size(); ++i) {
     if (gpus_[i]->device() != e.gpu_device) continue;
     index_.RemoveCopy(id, Tier::kGpu);
+    gpu_checksums_.erase(id);
     gpus_[i]->Free({uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size});
     --gpu_blocks_[i];
     ++gpu_counters_.evictions;
@@ -97,12 +98,23 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
     const Status done = gpu->copies().Wait(nullptr);
     if (st.ok()) st = done;
   }
-  // Verified at the source once copied: the host copy was verified when put and does not change
-  // while busy, so a mismatch is memory gone bad under the copy.
+  // Verified at both ends once copied: the host source against the block's checksum (it was
+  // verified when put and does not change while busy, so a mismatch is memory gone bad under
+  // the copy), and the gpu copy, by the device checksum the GPU computes over it, against the
+  // same checksum of the source computed here. That value stays with the gpu copy for its
+  // readers (BlockRead::device_checksum).
   std::vector<bool> good(copies.size(), false);
-  if (st.ok()) {
-    for (size_t i = 0; i < copies.size(); ++i) {
-      good[i] = BlockChecksum(copies[i].src, copies[i].slot.length) == copies[i].checksum;
+  std::vector<uint64_t> dsums(copies.size(), 0);
+  if (st.ok() && !copies.empty()) {
+    std::vector<kernels::ByteRange> ranges;
+    for (const Copy& c : copies) ranges.push_back({gpu->Data(c.slot), c.slot.length});
+    Result<std::vector<uint64_t>> on_gpu =
+        gpu->copies().DeviceChecksums(ranges.data(), ranges.size(), nullptr);
+    if (!on_gpu.ok()) st = on_gpu.status().WithContext("checksumming the gpu copies");
+    for (size_t i = 0; st.ok() && i < copies.size(); ++i) {
+      const Copy& c = copies[i];
+      dsums[i] = kernels::DeviceChecksumCpu(c.src, c.slot.length);
+      good[i] = BlockChecksum(c.src, c.slot.length) == c.checksum && dsums[i] == (*on_gpu)[i];
     }
   }
   absl::MutexLock lock(&mu_);
@@ -116,8 +128,8 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
     if (!good[i] || stopping_ || !e.In(Tier::kHost)) {
       if (st.ok() && !good[i]) {
         ++checksum_failures_;
-        LOG(ERROR) << "block " << e.key.ShortHex() << " changed in host memory while copied to gpu "
-                   << device;
+        LOG(ERROR) << "block " << e.key.ShortHex() << " does not match its copy on gpu " << device
+                   << " (host memory or the copy went bad)";
       }
       gpu->Free(c.slot);
       MaybeEraseLocked(c.id);
@@ -126,6 +138,7 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
     e.gpu_page = static_cast<uint32_t>(c.slot.offset / MemoryTier::kPageBytes);
     e.gpu_device = static_cast<uint8_t>(device);
     index_.AddCopy(c.id, Tier::kGpu);
+    gpu_checksums_[c.id] = dsums[i];
     ++gpu_blocks_[gpu_index];
     ++gpu_counters_.promotions;
     ++placed;

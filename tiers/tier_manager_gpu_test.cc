@@ -200,5 +200,20 @@ TEST_F(TierManagerGpuTest, PlacementsAfterShutdownAreRefused) {
             StatusCode::kUnavailable);
 }
 
+TEST_F(TierManagerGpuTest, ACopyThatLandsDamagedOnTheGpuIsNotPlaced) {
+  const Keys keys = PutChain(330, {64 * kKiB, 64 * kKiB});
+  gpu0_.CorruptNextCopy();  // the first block's copy arrives with a flipped byte
+  auto placed = manager_->PromoteToGpu(kNs, keys, 0);
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ(*placed, 1u);
+  EXPECT_FALSE(manager_->GpuCopyForTest(kNs, keys[0]).has_value());
+  ExpectOnGpu(keys[1], 0);
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.gpus[0].blocks, 1u);
+  EXPECT_GE(gpu0_.counters().checksums, 2u);  // both copies were checked on the device
+  ExpectServed(keys[0]);                      // host still has the good bytes
+}
+
 }  // namespace
 }  // namespace kvpool::tiers

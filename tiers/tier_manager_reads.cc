@@ -129,6 +129,8 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
         r.from = Tier::kGpu;
         r.gpu_device = gpu_device;
         r.gpu_offset = uint64_t{e.gpu_page} * MemoryTier::kPageBytes;
+        auto dsum = gpu_checksums_.find(id);
+        r.device_checksum = dsum != gpu_checksums_.end() ? dsum->second : 0;
         --host_counters_.hits;  // lease() counted a host hit
         ++gpu_counters_.hits;
       }

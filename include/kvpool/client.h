@@ -211,8 +211,9 @@ struct BorrowOptions {
   // ordinal) is lent as a device pointer into that copy (BlockView::memory == kCuda); the others
   // as host pointers. Default: -1 (host pointers only).
   int gpu_device = -1;
-  // Hash every host view against its checksum before lending it (one read of its bytes), so a
-  // copy damaged in host memory is refused (Corruption) rather than read. false: lend at once and
+  // Hash every view before lending it (one read of its bytes: host views on the CPU, device views
+  // by their device checksum on their GPU), so a damaged copy is refused (Corruption) rather
+  // than read. false: lend at once and
   // call BorrowedBlocks::Verify after reading, which also shows a lease that ran out while the
   // caller read. Default: true.
   bool verify = true;
@@ -224,12 +225,15 @@ struct BlockView {
   // The block's bytes, read-only: in this process's mapping of the daemon's pinned shared-memory
   // arena (host tier), in the daemon's gpu tier (memory == kCuda, on the device asked for), or,
   // for a block that could not be lent in place (read from disk, another data path), in memory
-  // the BorrowedBlocks owns. Null unless OK.
+  // the BorrowedBlocks owns. Null when not lent (a miss, or an error at borrow time).
   const void* data = nullptr;
   size_t size = 0;
   Memory memory = Memory::kHost;
   Tier tier = Tier::kNone;  // where it was lent from
   uint64_t checksum = 0;    // xxh3-64 of the bytes as put
+  // memory == kCuda: the gpu copy's device checksum (kvpool's chunked XXH64, which a GPU
+  // computes in parallel; kernels/device_checksum.h), what Verify checks it against.
+  uint64_t device_checksum = 0;
 };
 
 // Blocks lent in place by Client::Borrow. While their leases hold (ServerInfo::lease_timeout
@@ -256,9 +260,9 @@ class BorrowedBlocks {
   // When the leases end by themselves (steady clock).
   std::chrono::steady_clock::time_point lease_deadline() const;
 
-  // Hashes each OK host view against its checksum again; the first that changed (its lease
-  // ended before this call, and the slot was reused) gives Corruption and its view's status
-  // turns Corruption. Device views are not hashed here (their copy was verified when made).
+  // Hashes each OK view again, host views against their checksum on the CPU and device views
+  // against their device checksum on their GPU; the first that changed (its lease ended before
+  // this call, and the slot was reused) gives Corruption and its view's status turns Corruption.
   Status Verify();
   // Ends the leases now (one message, no round trip; nothing to end on a connection that has
   // since closed). Idempotent.

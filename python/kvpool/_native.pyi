@@ -82,6 +82,7 @@ class BlockView:
     tier: str | None         # where it was lent from
     device: str              # "cpu" | "cuda" (the daemon's gpu tier, on the device borrowed for)
     checksum: int            # xxh3-64 of the block as put
+    device_checksum: int     # device views: the gpu copy's chunked XXH64 (0 for host views)
     data_ptr: int            # address of the bytes; raises the block's error unless ok
     # Read-only uint8 array over the host bytes, no copy (keeps the Borrowed's memory alive).
     def numpy(self) -> Any: ...

@@ -636,6 +636,10 @@ void RegisterClient(nb::module_& m) {
           "checksum", [](const PyBlockView& v) { return v.view().checksum; },
           "xxh3-64 of the block as put.")
       .def_prop_ro(
+          "device_checksum", [](const PyBlockView& v) { return v.view().device_checksum; },
+          "For device views: the gpu copy's device checksum (kvpool's chunked XXH64), what "
+          "verify() checks on the GPU; 0 for host views.")
+      .def_prop_ro(
           "data_ptr", [](const PyBlockView& v) { return reinterpret_cast<uintptr_t>(v.Ok().data); },
           "The address of the bytes (host or device); raises the block's error unless ok.")
       .def(

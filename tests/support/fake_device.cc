@@ -193,6 +193,11 @@ std::vector<uint8_t> FakeDevice::Read(const void* src, size_t bytes) const {
   return std::vector<uint8_t>(view, view + bytes);
 }
 
+void FakeDevice::CorruptNextCopy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  corrupt_next_copy_ = true;
+}
+
 void FakeDevice::FailNextWait(Status why) {
   std::lock_guard<std::mutex> lock(mu_);
   fail_next_wait_ = std::move(why);
@@ -268,8 +273,30 @@ Status FakeDevice::Wait(void* stream) {
     fail_next_wait_.reset();
     return why;
   }
-  for (const Copy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+  for (const Copy& c : copies) {
+    std::memcpy(c.dst, c.src, c.bytes);
+    if (corrupt_next_copy_ && c.bytes > 0) {
+      c.dst[0] ^= 0xFF;
+      corrupt_next_copy_ = false;
+    }
+  }
   return Status::OK();
+}
+
+Result<std::vector<uint64_t>> FakeDevice::DeviceChecksums(const kernels::ByteRange* ranges,
+                                                          size_t n, void* stream) {
+  KVPOOL_RETURN_IF_ERROR(Wait(stream));
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint64_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* view = ViewOfLocked(ranges[i].data, ranges[i].size);
+    if (view == nullptr) {
+      return Status::InvalidArgument("FakeDevice: device checksum outside an allocation");
+    }
+    out[i] = kernels::DeviceChecksumCpu(view, ranges[i].size);
+    ++counters_.checksums;
+  }
+  return out;
 }
 
 }  // namespace kvpool::testing

@@ -48,6 +48,9 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
 
   // The next Wait fails with `why`, and the copies queued on its stream are dropped.
   void FailNextWait(Status why);
+  // The next copy that runs lands with its first byte flipped (a copy gone bad on the way), and
+  // its Wait still succeeds.
+  void CorruptNextCopy();
 
   struct Counters {
     uint64_t to_device_copies = 0;
@@ -57,6 +60,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
     uint64_t device_copies = 0;  // device to device
     uint64_t device_bytes = 0;
     uint64_t waits = 0;
+    uint64_t checksums = 0;  // device checksums computed (ranges)
   };
   Counters counters() const;
   // The host side of every copy queued so far (where the bytes came from or went).
@@ -69,6 +73,10 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   Status CopyAsync(void* dst, const void* src, size_t bytes, kernels::CopyDirection direction,
                    void* stream) override;
   Status Wait(void* stream) override;
+  // After the stream's queued copies (as Wait), the CPU twin over the device bytes.
+  // InvalidArgument for a range outside one allocation.
+  Result<std::vector<uint64_t>> DeviceChecksums(const kernels::ByteRange* ranges, size_t n,
+                                                void* stream) override;
   Result<std::unique_ptr<kernels::ImportedSegment>> ImportSegment(int fd, uint64_t bytes,
                                                                   int device) override;
 
@@ -99,6 +107,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   std::map<uintptr_t, Allocation> allocations_;  // by device address
   std::map<void*, std::vector<Copy>> queued_;    // by stream
   std::optional<Status> fail_next_wait_;
+  bool corrupt_next_copy_ = false;
   std::vector<const void*> host_sides_;
   Counters counters_;
 };
