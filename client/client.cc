@@ -212,16 +212,30 @@ class Client::Impl {
     Tier tier;
     bool gpu;  // the slot is in the daemon's gpu tier on `gpu_device`
     int gpu_device;
-    uint64_t device_checksum;  // gpu slots: the gpu copy's (kernels/device_checksum.h); 0: none
+    uint64_t device_checksum;      // gpu slots: the gpu copy's (kernels/device_checksum.h); 0: none
+    const uint8_t* src = nullptr;  // a queued host-to-device copy's source, hashed once it ran
+  };
+
+  // Device copies of one GET round, queued on the call's stream and not yet waited for, with the
+  // leases and mappings they need until then (GetAsync hands them to its PendingGet).
+  struct QueuedCopies {
+    std::vector<InPlace> blocks;
+    std::vector<size_t> to_device;  // indices into `blocks`: host to device
+    std::vector<size_t> from_gpu;   // indices into `blocks`: out of a gpu slot
+    std::vector<uint64_t> lease_ids;
+    uint64_t epoch = 0;                              // the connection the leases belong to
+    std::vector<std::shared_ptr<const void>> holds;  // host mappings, imported gpu segments
   };
 
   // Copies leased blocks from the shared segments into the caller's buffers, verifying each
   // one's checksum on the way, then releases the leases (no round trip). A device buffer gets
   // its block by one host-to-device copy from the mapping, verified while the copies run.
   // `local_gpu`: this process's ordinal of the GPU the gpu slots are imported for.
+  // `queued` (may be null): device copies are left running and handed there, with their leases,
+  // instead of waited for here.
   Status CopyInPlace(std::span<const BlockKey> keys, const BufferFor& buffer_for,
-                     const std::vector<InPlace>& blocks, std::vector<GetResult>& out,
-                     GetStaging& staging, int local_gpu, Deadline deadline) {
+                     std::vector<InPlace> blocks, std::vector<GetResult>& out, GetStaging& staging,
+                     int local_gpu, Deadline deadline, std::vector<QueuedCopies>* queued) {
     // Host slots through the segment mappings; gpu slots through imported gpu segments.
     std::vector<std::pair<uint32_t, uint32_t>> segs;
     std::vector<size_t> gpu_blocks;
@@ -245,9 +259,10 @@ class Client::Impl {
       return mapped.status();
     }
     std::vector<size_t> to_device;  // indices into `blocks` whose copy is queued
-    size_t host_k = 0;              // the next host block's place in `mapped`
+    std::vector<std::shared_ptr<const void>> holds;
+    size_t host_k = 0;  // the next host block's place in `mapped`
     for (size_t k = 0; k < blocks.size(); ++k) {
-      const InPlace& b = blocks[k];
+      InPlace& b = blocks[k];
       if (b.gpu) continue;
       const Status& seg_status = (*mapped)[host_k++];
       GetResult& r = out[b.index];
@@ -260,10 +275,13 @@ class Client::Impl {
         r.status = TooSmall(buf, b.size);
         r.size = b.size;
       } else if (buf.memory == Memory::kCuda) {
-        const uint8_t* src = mappings_.ReadBase(b.segment) + b.offset;
+        b.src = mappings_.ReadBase(b.segment) + b.offset;
         r.status = staging.engine()->CopyAsync(
-            buf.data, src, b.size, kernels::CopyDirection::kHostToDevice, staging.stream());
-        if (r.status.ok()) to_device.push_back(k);
+            buf.data, b.src, b.size, kernels::CopyDirection::kHostToDevice, staging.stream());
+        if (r.status.ok()) {
+          to_device.push_back(k);
+          holds.push_back(mappings_.HoldRead(b.segment));
+        }
       } else {
         const uint8_t* src = mappings_.ReadBase(b.segment) + b.offset;
         if (CopyWithChecksum(buf.data, src, b.size) != b.checksum) {
@@ -277,9 +295,19 @@ class Client::Impl {
       }
     }
     std::vector<size_t> from_gpu =
-        CopyFromGpu(buffer_for, blocks, gpu_blocks, out, staging, local_gpu, deadline);
+        CopyFromGpu(buffer_for, blocks, gpu_blocks, out, staging, local_gpu, deadline, holds);
+    if (queued != nullptr && (!to_device.empty() || !from_gpu.empty())) {
+      queued->push_back({std::move(blocks),
+                         std::move(to_device),
+                         std::move(from_gpu),
+                         {release.lease_ids().begin(), release.lease_ids().end()},
+                         epoch_,
+                         std::move(holds)});
+      return Status::OK();
+    }
     if (!to_device.empty() || !from_gpu.empty()) {
-      FinishToDevice(keys, blocks, to_device, from_gpu, out, buffer_for, staging);
+      FinishQueued(keys, blocks, to_device, from_gpu, out, buffer_for, *staging.engine(),
+                   staging.stream());
     }
     return connection_.SendOnly(wire::RELEASE, release, deadline);
   }
@@ -476,7 +504,8 @@ class Client::Impl {
   std::vector<size_t> CopyFromGpu(const BufferFor& buffer_for, const std::vector<InPlace>& blocks,
                                   const std::vector<size_t>& gpu_blocks,
                                   std::vector<GetResult>& out, GetStaging& staging, int local_gpu,
-                                  Deadline deadline) {
+                                  Deadline deadline,
+                                  std::vector<std::shared_ptr<const void>>& holds) {
     std::vector<size_t> queued;
     // A mapping keeps its segment's old memory alive after the daemon renewed the segment for
     // another owner; past as many mappings as the daemon has segments some are stale: drop them
@@ -514,7 +543,10 @@ class Client::Impl {
                                                  ? kernels::CopyDirection::kDeviceToDevice
                                                  : kernels::CopyDirection::kDeviceToHost,
                                              staging.stream());
-      if (r.status.ok()) queued.push_back(k);
+      if (r.status.ok()) {
+        queued.push_back(k);
+        holds.push_back(*std::move(seg));
+      }
     }
     return queued;
   }
@@ -523,21 +555,23 @@ class Client::Impl {
   // (hashed after the copies, so a change during them shows), a copy out of a gpu slot into host
   // memory by its checksum, and one into device memory by the gpu copy's device checksum,
   // computed over the destination on its GPU.
-  void FinishToDevice(std::span<const BlockKey> keys, const std::vector<InPlace>& blocks,
-                      const std::vector<size_t>& to_device, const std::vector<size_t>& from_gpu,
-                      std::vector<GetResult>& out, const BufferFor& buffer_for,
-                      GetStaging& staging) {
+  // Uses nothing of the client's but what it is given (a PendingGet may outlive the client).
+  static void FinishQueued(std::span<const BlockKey> keys, const std::vector<InPlace>& blocks,
+                           const std::vector<size_t>& to_device,
+                           const std::vector<size_t>& from_gpu, std::vector<GetResult>& out,
+                           const BufferFor& buffer_for, kernels::DeviceCopyEngine& engine,
+                           void* stream) {
     const auto changed = [&](const InPlace& b) {
       return Status::Corruption("block " + keys[b.index].ShortHex() +
                                 " changed while being read (lease expired?)");
     };
-    const Status done = staging.engine()->Wait(staging.stream());
+    const Status done = engine.Wait(stream);
     for (size_t k : to_device) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];
       if (!done.ok()) {
         r.status = done.WithContext("copying to the device");
-      } else if (BlockChecksum(mappings_.ReadBase(b.segment) + b.offset, b.size) != b.checksum) {
+      } else if (BlockChecksum(b.src, b.size) != b.checksum) {
         r.status = changed(b);
       } else {
         r.size = b.size;
@@ -552,8 +586,7 @@ class Client::Impl {
     }
     Result<std::vector<uint64_t>> dsums = std::vector<uint64_t>{};
     if (done.ok() && !on_device.empty()) {
-      dsums =
-          staging.engine()->DeviceChecksums(on_device.data(), on_device.size(), staging.stream());
+      dsums = engine.DeviceChecksums(on_device.data(), on_device.size(), stream);
     }
     size_t next_dsum = 0;
     for (size_t k : from_gpu) {
@@ -674,8 +707,8 @@ class Client::Impl {
   // copied into buffer_for's buffers.
   Result<std::vector<GetResult>> Get(std::span<const BlockKey> keys, const BufferFor& buffer_for,
                                      bool accept_encoded, GetStaging& staging, int gpu_device,
-                                     BorrowedBlocks::State* lend = nullptr,
-                                     bool verify_lent = true) {
+                                     BorrowedBlocks::State* lend = nullptr, bool verify_lent = true,
+                                     std::vector<QueuedCopies>* queued = nullptr) {
     // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there.
     int daemon_gpu = -1;
     if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty() &&
@@ -791,8 +824,8 @@ class Client::Impl {
           KVPOOL_RETURN_IF_ERROR(
               Lend(keys, in_place, out, *lend, gpu_device, verify_lent, deadline));
         } else if (!in_place.empty()) {
-          KVPOOL_RETURN_IF_ERROR(
-              CopyInPlace(keys, buffer_for, in_place, out, staging, gpu_device, deadline));
+          KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffer_for, std::move(in_place), out, staging,
+                                             gpu_device, deadline, queued));
         }
         if (!over_ucx.empty()) {
           ReceiveOverUcx(keys, host_buffer_for, tag_base, over_ucx, out, deadline);
@@ -1102,9 +1135,63 @@ Status DecodeBlock(GetResult& r, const uint8_t* encoded, uint8_t* raw, size_t ca
 
 }  // namespace
 
+// A GetAsync's results and what its queued copies need until Wait.
+struct PendingGet::State {
+  std::vector<BlockKey> keys;
+  std::vector<MutableBuffer> buffers;
+  std::vector<GetResult> results;
+  std::vector<Client::Impl::QueuedCopies> queued;
+  kernels::DeviceCopyEngine* engine = nullptr;  // never destroyed
+  void* stream = nullptr;
+  std::shared_ptr<Client::Impl*> client;  // null inside once the Client is gone
+  bool waited = false;
+};
+
+PendingGet::PendingGet() = default;
+PendingGet::~PendingGet() {
+  if (state_ != nullptr && !state_->waited) Wait().status().IgnoreError();
+}
+PendingGet::PendingGet(PendingGet&&) noexcept = default;
+PendingGet& PendingGet::operator=(PendingGet&& other) noexcept {
+  if (this != &other) {
+    if (state_ != nullptr && !state_->waited) Wait().status().IgnoreError();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+bool PendingGet::pending() const {
+  return state_ != nullptr && !state_->waited && !state_->queued.empty();
+}
+
+Result<std::vector<GetResult>> PendingGet::Wait() {
+  if (state_ == nullptr || state_->waited) {
+    return Status::FailedPrecondition("PendingGet::Wait called twice (or on a moved-from one)");
+  }
+  State& st = *state_;
+  st.waited = true;
+  const Client::Impl::BufferFor buffer_for = [&](size_t i, uint64_t) { return st.buffers[i]; };
+  for (const Client::Impl::QueuedCopies& q : st.queued) {
+    Client::Impl::FinishQueued(st.keys, q.blocks, q.to_device, q.from_gpu, st.results, buffer_for,
+                               *st.engine, st.stream);
+    Client::Impl* client = st.client == nullptr ? nullptr : *st.client;
+    // The copies are done: the leases may end (on a connection since closed they ended with it).
+    if (client != nullptr) client->ReleaseLeases(q.lease_ids, q.epoch).IgnoreError();
+  }
+  st.queued.clear();  // and the mappings they held
+  return std::move(st.results);
+}
+
 Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
                                            std::span<const MutableBuffer> buffers,
                                            const GetOptions& options) {
+  KVPOOL_ASSIGN_OR_RETURN(PendingGet pending, GetAsync(keys, buffers, options));
+  return pending.Wait();
+}
+
+Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
+                                    std::span<const MutableBuffer> buffers,
+                                    const GetOptions& options) {
   if (buffers.size() != keys.size()) {
     return Status::InvalidArgument("Get needs one buffer per key");
   }
@@ -1122,8 +1209,21 @@ Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
   }
   client::GetStaging staging(device, options.cuda_stream);
   const Impl::BufferFor caller = [&](size_t i, uint64_t) { return buffers[i]; };
+  PendingGet pending;
+  pending.state_ = std::make_unique<PendingGet::State>();
+  PendingGet::State& st = *pending.state_;
+  st.engine = device;
+  st.stream = options.cuda_stream;
+  st.client = impl_->self_;
   KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> out, impl_->Run([&] {
-    return impl_->Get(keys, caller, options.accept_encoded, staging, std::max(gpu, -1));
+    if (!st.queued.empty()) {
+      // A try that broke after queueing copies: let them end before their buffers are reused
+      // (their leases ended with the connection).
+      device->Wait(options.cuda_stream).IgnoreError();
+      st.queued.clear();
+    }
+    return impl_->Get(keys, caller, options.accept_encoded, staging, std::max(gpu, -1),
+                      /*lend=*/nullptr, /*verify_lent=*/true, &st.queued);
   }));
   if (options.decode) {
     for (size_t i = 0; i < out.size(); ++i) {
@@ -1136,7 +1236,10 @@ Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
     }
   }
   staging.Finish(buffers, out);
-  return out;
+  st.keys.assign(keys.begin(), keys.end());
+  st.buffers.assign(buffers.begin(), buffers.end());
+  st.results = std::move(out);
+  return pending;
 }
 
 Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> keys,

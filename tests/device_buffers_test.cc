@@ -270,6 +270,58 @@ TEST_P(DeviceBuffersTest, CopiesRunOnTheCallersStream) {
   }
 }
 
+TEST_P(DeviceBuffersTest, GetAsyncLeavesTheCopiesOnTheStreamUntilWait) {
+  int stream_tag = 0;
+  void* stream = &stream_tag;
+  const size_t size = 50000;
+  const auto ref = PutFromDevice(500, 3, size);
+  std::vector<MutableBuffer> bufs;
+  for (int i = 0; i < 3; ++i) bufs.push_back({device_.Alloc(size), size, Memory::kCuda});
+  const std::vector<BlockKey> keys = {KeyOf(500), KeyOf(501), KeyOf(502), KeyOf(999)};
+  bufs.push_back({device_.Alloc(size), size, Memory::kCuda});  // for the miss
+  const uint64_t waits_before = device_.counters().waits;
+  auto pending = client_->GetAsync(keys, bufs, {.cuda_stream = stream});
+  ASSERT_TRUE(pending.ok()) << pending.status().ToString();
+  if (shm()) {
+    // Queued on the stream, not run: nothing waited, the buffers untouched, the leases held.
+    EXPECT_TRUE(pending->pending());
+    EXPECT_EQ(device_.counters().waits, waits_before);
+    EXPECT_EQ(device_.Read(bufs[0].data, size), std::vector<uint8_t>(size, 0));
+    EXPECT_EQ(client_->Stats()->leases_active, 3u);
+  } else {
+    EXPECT_FALSE(pending->pending());  // staged through host memory: done already
+  }
+  auto got = pending->Wait();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK((*got)[i].status);
+    EXPECT_EQ((*got)[i].size, size);
+    EXPECT_EQ(device_.Read(bufs[i].data, size), ref[i]);
+  }
+  EXPECT_TRUE((*got)[3].status.IsNotFound());
+  const DaemonStats st =
+      WaitForStats(*client_, [](const DaemonStats& s) { return s.leases_active == 0; });
+  EXPECT_EQ(st.leases_active, 0u);
+  EXPECT_EQ(pending->Wait().status().code(), StatusCode::kFailedPrecondition);
+
+  // Dropped without Wait: the copies still finish before the leases end.
+  std::vector<MutableBuffer> again = {{device_.Alloc(size), size, Memory::kCuda}};
+  {
+    auto dropped = client_->GetAsync(std::span(&keys[1], 1), again, {.cuda_stream = stream});
+    ASSERT_TRUE(dropped.ok());
+  }
+  EXPECT_EQ(device_.Read(again[0].data, size), ref[1]);
+  // Waited after the client is gone: the leases ended with its connection.
+  std::vector<MutableBuffer> late = {{device_.Alloc(size), size, Memory::kCuda}};
+  auto orphan = client_->GetAsync(std::span(&keys[2], 1), late, {.cuda_stream = stream});
+  ASSERT_TRUE(orphan.ok());
+  client_.reset();
+  auto late_got = orphan->Wait();
+  ASSERT_TRUE(late_got.ok());
+  ASSERT_OK((*late_got)[0].status);
+  EXPECT_EQ(device_.Read(late[0].data, size), ref[2]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceBuffersTest, ::testing::Values("shm", "socket"),
                          [](const auto& info) { return std::string(info.param); });
 

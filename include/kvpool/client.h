@@ -205,6 +205,33 @@ struct PutResult {
   bool all_ok() const;
 };
 
+// A get whose copies into device memory may still be running on the caller's stream
+// (Client::GetAsync). Work the caller queues on that stream after GetAsync runs after them; the
+// host thread goes on. The leased sources stay leased until Wait, which also checks the copies:
+// only then does a block count as read, and a block Wait reports as failed must be treated as
+// not loaded (e.g. recomputed), even if a kernel on the stream already read its buffer.
+//
+// Thread safety: as its Client (Wait ends the leases over the client's connection). Wait and
+// the destructor are safe after the Client is gone.
+class PendingGet {
+ public:
+  PendingGet();
+  ~PendingGet();  // waits, when Wait was not called: the copies may not outlive their leases
+  PendingGet(PendingGet&&) noexcept;
+  PendingGet& operator=(PendingGet&&) noexcept;
+
+  // Waits until the copies are done (only the calling thread waits), checks each block, ends
+  // the leases, and returns one result per key, as Get does. Once: FailedPrecondition after.
+  Result<std::vector<GetResult>> Wait();
+  // Whether copies were left running (false: the results were final when GetAsync returned).
+  bool pending() const;
+
+ private:
+  friend class Client;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 // How Client::Borrow lends blocks.
 struct BorrowOptions {
   // >= 0: a block with a copy in the daemon's gpu tier on this CUDA device (this process's
@@ -433,6 +460,13 @@ class Client {
   // be reached; per-block misses and errors are in the views. InvalidArgument when
   // options.gpu_device is not a CUDA device of this process; Unavailable without CUDA.
   Result<BorrowedBlocks> Borrow(std::span<const BlockKey> keys, const BorrowOptions& options = {});
+
+  // As Get, but returns once the copies into device buffers are queued on options.cuda_stream
+  // (the same-node path; every other block is done when it returns): see PendingGet. Get is
+  // GetAsync then Wait.
+  Result<PendingGet> GetAsync(std::span<const BlockKey> keys,
+                              std::span<const MutableBuffer> buffers,
+                              const GetOptions& options = {});
 
   // As Get, into buffers the library allocates to each block's size.
   Result<std::vector<FetchedBlock>> GetBlocks(std::span<const BlockKey> keys,

@@ -29,6 +29,7 @@ from kvpool._native import (  # noqa: F401  (re-exports)
     IoError,
     LookupResult,
     NotFound,
+    PendingGet,
     PermissionDenied,
     PutResult,
     ResourceExhausted,
@@ -48,7 +49,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Aborted", "AlreadyExists", "BlockView", "Borrowed", "Client", "Corruption", "DeadlineExceeded", "Error",
     "FailedPrecondition", "GetResult", "Internal", "InvalidArgument", "IoError", "LookupResult",
-    "NotFound", "PermissionDenied", "PutResult", "ResourceExhausted", "Session", "SessionSummary",
+    "NotFound", "PendingGet", "PermissionDenied", "PutResult", "ResourceExhausted", "Session", "SessionSummary",
     "Unavailable", "Unimplemented", "default_socket_path", "hash_chain", "layout_fingerprint",
     "layout_string", "namespace_salt",
 ]

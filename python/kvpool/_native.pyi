@@ -74,6 +74,10 @@ class SessionSummary:
     updated_unix_ms: int
     total_bytes: int
 
+class PendingGet:
+    pending: bool            # copies left running on the stream, not waited for yet
+    def wait(self) -> list[GetResult]: ...   # once; then FailedPrecondition
+
 class BlockView:
     ok: bool
     code: str                # "OK", "NotFound", "Corruption", ...
@@ -118,6 +122,9 @@ class Client:
     # `stream` (torch.cuda.Stream, a cudaStream_t as int; None: torch's current stream).
     def get_into(self, keys: Sequence[bytes], buffers: Sequence[Buffer],
                  stream: Any = None) -> list[GetResult]: ...
+    # As get_into, returning once the copies into CUDA tensors are queued on `stream`.
+    def get_into_async(self, keys: Sequence[bytes], buffers: Sequence[Buffer],
+                       stream: Any = None) -> PendingGet: ...
     # Convenience: each block as new bytes, None for a miss.
     def get(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
     # Put-if-absent of a chain: blocks[i] are keys[i]'s bytes; parents follow chain order.

@@ -244,22 +244,30 @@ class PyClient {
     return out;
   }
 
-  std::vector<PyGetResult> GetInto(nb::handle keys_obj, nb::handle buffers_obj,
-                                   nb::handle stream_obj) {
-    std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
-    std::vector<Buffer> buffers =
-        AcquireAll(buffers_obj, /*writable=*/true, /*allow_cuda=*/true, "buffers");
-    if (buffers.size() != keys.size()) {
-      RaiseInvalid("get_into: " + std::to_string(keys.size()) + " keys but " +
-                   std::to_string(buffers.size()) + " buffers");
-    }
-    std::vector<MutableBuffer> mb(buffers.size());
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      mb[i] = {buffers[i].data(), buffers[i].nbytes(), MemoryOf(buffers[i])};
-    }
+  // get_into's arguments as the client takes them; `buffers` keeps the exporters' views.
+  struct GetArgs {
+    std::vector<BlockKey> keys;
+    std::vector<Buffer> buffers;
+    std::vector<MutableBuffer> mb;
     GetOptions options;
-    options.cuda_stream = CudaStream(stream_obj, buffers);
-    std::vector<GetResult> r = Unwrap(Call([&](Client& c) { return c.Get(keys, mb, options); }));
+  };
+  static GetArgs ParseGet(nb::handle keys_obj, nb::handle buffers_obj, nb::handle stream_obj) {
+    GetArgs a;
+    a.keys = ToKeys(keys_obj, "keys");
+    a.buffers = AcquireAll(buffers_obj, /*writable=*/true, /*allow_cuda=*/true, "buffers");
+    if (a.buffers.size() != a.keys.size()) {
+      RaiseInvalid("get_into: " + std::to_string(a.keys.size()) + " keys but " +
+                   std::to_string(a.buffers.size()) + " buffers");
+    }
+    a.mb.resize(a.buffers.size());
+    for (size_t i = 0; i < a.buffers.size(); ++i) {
+      a.mb[i] = {a.buffers[i].data(), a.buffers[i].nbytes(), MemoryOf(a.buffers[i])};
+    }
+    a.options.cuda_stream = CudaStream(stream_obj, a.buffers);
+    return a;
+  }
+
+  static std::vector<PyGetResult> ToPy(const std::vector<GetResult>& r) {
     std::vector<PyGetResult> out(r.size());
     for (size_t i = 0; i < r.size(); ++i) {
       out[i].ok = r[i].status.ok();
@@ -270,6 +278,12 @@ class PyClient {
       out[i].message = r[i].status.message();
     }
     return out;
+  }
+
+  std::vector<PyGetResult> GetInto(nb::handle keys_obj, nb::handle buffers_obj,
+                                   nb::handle stream_obj) {
+    GetArgs a = ParseGet(keys_obj, buffers_obj, stream_obj);
+    return ToPy(Unwrap(Call([&](Client& c) { return c.Get(a.keys, a.mb, a.options); })));
   }
 
   nb::list Get(nb::handle keys_obj) {
@@ -461,6 +475,46 @@ class PyClient {
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
+// Client.get_into_async's result: the queued copies, the buffers they write (kept exported
+// until waited for) and the results. Waiting takes the owning Client's lock (the leases end over
+// its connection).
+class PyPendingGet {
+ public:
+  PyPendingGet(nb::object client, PendingGet pending, std::vector<Buffer> buffers)
+      : client_(std::move(client)), pending_(std::move(pending)), buffers_(std::move(buffers)) {}
+  ~PyPendingGet() {
+    if (!waited_) Finish().status().IgnoreError();  // the copies must end before the buffers go
+  }
+
+  std::vector<PyGetResult> Wait() {
+    if (waited_) Raise(Status::FailedPrecondition("wait() was called already"));
+    return PyClient::ToPy(Unwrap(Finish()));
+  }
+  bool pending() const { return !waited_ && pending_.pending(); }
+
+ private:
+  Result<std::vector<GetResult>> Finish() {
+    waited_ = true;
+    PyClient& c = nb::cast<PyClient&>(client_);
+    return c.Locked([&] { return pending_.Wait(); });
+  }
+
+  nb::object client_;
+  PendingGet pending_;
+  std::vector<Buffer> buffers_;
+  bool waited_ = false;
+};
+
+nb::object GetIntoAsync(nb::handle client, nb::handle keys_obj, nb::handle buffers_obj,
+                        nb::handle stream_obj) {
+  PyClient& c = nb::cast<PyClient&>(client);
+  PyClient::GetArgs a = PyClient::ParseGet(keys_obj, buffers_obj, stream_obj);
+  PendingGet pending =
+      Unwrap(c.Call([&](Client& cl) { return cl.GetAsync(a.keys, a.mb, a.options); }));
+  return nb::cast(new PyPendingGet(nb::borrow(client), std::move(pending), std::move(a.buffers)),
+                  nb::rv_policy::take_ownership);
+}
+
 // Client.borrow's result: the views and the leases behind them. Releasing takes the owning
 // Client's lock (it talks over that connection); the memory stays valid while this object (or
 // an array made from one of its views) lives.
@@ -613,6 +667,13 @@ void RegisterClient(nb::module_& m) {
                ")";
       });
 
+  nb::class_<PyPendingGet>(m, "PendingGet",
+                           "A get_into_async whose copies may still run on the CUDA stream.")
+      .def("wait", &PyPendingGet::Wait,
+           "Waits for the copies, checks them, ends the leases; one GetResult per key. Once.")
+      .def_prop_ro("pending", &PyPendingGet::pending,
+                   "True while copies were left running and wait() was not called.");
+
   nb::class_<PyBlockView>(m, "BlockView", "One block lent by Client.borrow.")
       .def_prop_ro(
           "ok", [](const PyBlockView& v) { return v.view().status.ok(); }, "True for a hit.")
@@ -744,6 +805,13 @@ void RegisterClient(nb::module_& m) {
            "memory, on `stream` (a torch.cuda.Stream, a cudaStream_t as int, or None: torch's "
            "current stream of that device), done when the call returns. Returns one GetResult "
            "per key; raises only when the daemon cannot be reached.")
+      .def("get_into_async", &GetIntoAsync, nb::arg("keys"), nb::arg("buffers"),
+           nb::arg("stream") = nb::none(),
+           "As get_into, but returns a PendingGet once the copies into CUDA tensors are queued on "
+           "`stream` (the same-node path): work queued on that stream afterwards runs after "
+           "them, while Python goes on (e.g. the next layer's load). wait() checks them, ends the "
+           "leases and returns the GetResults; only then does a block count as loaded (treat one "
+           "it reports failed as not loaded). Blocks that come another way are done at once.")
       .def("get", &PyClient::Get, nb::arg("keys"),
            "Each block as new bytes; None for a miss (or a block that failed its checksum).")
       .def("put", &PyClient::Put, nb::arg("keys"), nb::arg("blocks"),

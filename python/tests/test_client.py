@@ -171,3 +171,19 @@ def test_close_and_reconnect(daemon, make_keys):
     c.reconnect()
     assert c.lookup(make_keys(1)).hit_blocks == 0
     c.close()
+
+
+def test_get_into_async_on_host_buffers_is_done_at_once(client, make_keys):
+    keys = make_keys(3)
+    blocks = _blocks(3, 21)
+    client.put(keys, blocks)
+    out = [np.zeros(SIZE, np.uint8) for _ in keys]
+    pending = client.get_into_async(keys + make_keys(1), out + [np.zeros(SIZE, np.uint8)])
+    assert isinstance(pending, kvpool.PendingGet)
+    assert not pending.pending  # no CUDA buffers: nothing left running
+    res = pending.wait()
+    assert [r.ok for r in res] == [True, True, True, False] and res[3].code == "NotFound"
+    for o, b in zip(out, blocks):
+        np.testing.assert_array_equal(o, b)
+    with pytest.raises(kvpool.FailedPrecondition):
+        pending.wait()
