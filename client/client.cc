@@ -212,7 +212,8 @@ class Client::Impl {
     Tier tier;
     bool gpu;  // the slot is in the daemon's gpu tier on `gpu_device`
     int gpu_device;
-    uint64_t device_checksum;      // gpu slots: the gpu copy's (kernels/device_checksum.h); 0: none
+    // gpu slots: the gpu copy's (kernels/device_checksum.h); a slot without one is refused.
+    std::optional<uint64_t> device_checksum;
     const uint8_t* src = nullptr;  // a queued host-to-device copy's source, hashed once it ran
   };
 
@@ -351,6 +352,8 @@ class Client::Impl {
         }
       } else if (b.offset + b.size > GpuSegmentBytes(b.gpu_device)) {
         r.status = Status::Internal("gpu slot outside its segment");
+      } else if (!b.device_checksum) {
+        r.status = Status::Corruption("kvpoold sent a gpu slot without its device checksum");
       } else {
         Result<std::shared_ptr<kernels::ImportedSegment>> seg =
             GpuSegment(b.gpu_device, local_gpu, b.segment, b.generation, deadline);
@@ -369,7 +372,7 @@ class Client::Impl {
                     b.gpu ? Memory::kCuda : Memory::kHost,
                     b.tier,
                     b.checksum,
-                    b.gpu ? b.device_checksum : 0};
+                    b.gpu ? b.device_checksum.value_or(0) : 0};
       lend.lent[b.index] = true;
       lend.holds.push_back(std::move(hold));
       if (b.gpu) device_views.push_back(b.index);
@@ -379,10 +382,23 @@ class Client::Impl {
       std::vector<BlockView*> views;
       for (size_t i : device_views) views.push_back(&lend.views[i]);
       VerifyDeviceViews(*device_engine_, views).IgnoreError();  // each view has its status
-      for (size_t i : device_views) {
-        if (lend.views[i].status.ok()) continue;
-        out[i].status = lend.views[i].status;
-        lend.views[i].data = nullptr;  // refused, not lent
+      std::vector<uint64_t> refused_leases;
+      std::vector<BlockKey> bad;
+      for (const InPlace& b : blocks) {
+        BlockView& v = lend.views[b.index];
+        if (!b.gpu || !lend.lent[b.index] || v.status.ok()) continue;
+        out[b.index].status = v.status;
+        v.data = nullptr;  // refused, not lent
+        refused_leases.push_back(b.lease_id);
+        if (v.status.code() == StatusCode::kCorruption) bad.push_back(keys[b.index]);
+      }
+      if (!refused_leases.empty()) {
+        std::erase_if(lend.lease_ids, [&](uint64_t id) {
+          return std::find(refused_leases.begin(), refused_leases.end(), id) !=
+                 refused_leases.end();
+        });
+        KVPOOL_RETURN_IF_ERROR(ReleaseLeases(refused_leases, epoch_));
+        DropBadGpuCopies(bad, epoch_);
       }
     }
     return Status::OK();
@@ -401,7 +417,7 @@ class Client::Impl {
       BlockView& v = *views[k];
       if (!dsums.ok()) {
         v.status = dsums.status().WithContext("checking a borrowed gpu copy");
-      } else if (v.device_checksum != 0 && (*dsums)[k] != v.device_checksum) {
+      } else if ((*dsums)[k] != v.device_checksum) {
         v.status = Status::Corruption("a borrowed gpu copy does not match its device checksum");
       } else {
         continue;
@@ -409,6 +425,31 @@ class Client::Impl {
       if (first.ok()) first = v.status;
     }
     return first;
+  }
+
+  // EVICT of `keys` from `tier` on the connection as it is (Client::Evict runs it under Run).
+  Result<EvictResult> EvictKeys(Tier tier, std::span<const BlockKey> keys) {
+    wire::EvictRequest req;
+    req.set_tier(tier == Tier::kHost  ? wire::TIER_HOST
+                 : tier == Tier::kGpu ? wire::TIER_GPU
+                                      : wire::TIER_DISK);
+    for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
+    wire::EvictResponse resp;
+    KVPOOL_RETURN_IF_ERROR(connection_.Simple(wire::EVICT, req, &resp));
+    return EvictResult{resp.evicted(), resp.skipped()};
+  }
+
+  // Gpu copies that failed their check in this client (after their leases ended): reported, so
+  // the daemon checks them itself and drops the bad ones, and the next reads come from host
+  // instead of failing again. Best effort (the next read that fails reports again), on
+  // connection `epoch` only.
+  void DropBadGpuCopies(const std::vector<BlockKey>& keys, uint64_t epoch) {
+    if (keys.empty() || epoch != epoch_ || connection_.broken()) return;
+    wire::ReportDamagedRequest req;
+    req.set_tier(wire::TIER_GPU);
+    for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
+    wire::ReportDamagedResponse resp;
+    connection_.Simple(wire::REPORT_DAMAGED, req, &resp).IgnoreError();
   }
 
   // Ends leases taken on connection `epoch` (those of an earlier connection ended with it).
@@ -604,7 +645,7 @@ class Client::Impl {
         }
       } else if (!dsums.ok()) {
         r.status = dsums.status().WithContext("checking a copy from the gpu tier");
-      } else if (b.device_checksum != 0 && (*dsums)[next_dsum] != b.device_checksum) {
+      } else if (!b.device_checksum || (*dsums)[next_dsum] != *b.device_checksum) {
         r.status = Status::Corruption("block " + keys[b.index].ShortHex() +
                                       " failed its device checksum after the copy from the gpu "
                                       "tier");
@@ -785,7 +826,9 @@ class Client::Impl {
             in_place.push_back({i, info.slot().segment(), info.slot().generation(),
                                 info.slot().offset(), size, info.checksum(), info.lease_id(),
                                 FromWire(info.tier()), info.slot().gpu(), info.slot().gpu_device(),
-                                info.device_checksum()});
+                                info.has_device_checksum()
+                                    ? std::optional<uint64_t>(info.device_checksum())
+                                    : std::nullopt});
             continue;
           }
           if (via_ucx) {
@@ -1175,8 +1218,15 @@ Result<std::vector<GetResult>> PendingGet::Wait() {
     Client::Impl::FinishQueued(st.keys, q.blocks, q.to_device, q.from_gpu, st.results, buffer_for,
                                *st.engine, st.stream);
     Client::Impl* client = st.client == nullptr ? nullptr : *st.client;
-    // The copies are done: the leases may end (on a connection since closed they ended with it).
-    if (client != nullptr) client->ReleaseLeases(q.lease_ids, q.epoch).IgnoreError();
+    if (client == nullptr) continue;  // its connection, and the leases with it, are gone
+    // The copies are done: the leases may end; then gpu copies that failed their check go.
+    client->ReleaseLeases(q.lease_ids, q.epoch).IgnoreError();
+    std::vector<BlockKey> bad;
+    for (size_t k : q.from_gpu) {
+      const size_t i = q.blocks[k].index;
+      if (st.results[i].status.code() == StatusCode::kCorruption) bad.push_back(st.keys[i]);
+    }
+    client->DropBadGpuCopies(bad, q.epoch);
   }
   st.queued.clear();  // and the mappings they held
   return std::move(st.results);
@@ -1215,7 +1265,10 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
   st.engine = device;
   st.stream = options.cuda_stream;
   st.client = impl_->self_;
-  KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> out, impl_->Run([&] {
+  st.keys.assign(keys.begin(), keys.end());
+  st.buffers.assign(buffers.begin(), buffers.end());
+  st.results.resize(keys.size());
+  Result<std::vector<GetResult>> got = impl_->Run([&] {
     if (!st.queued.empty()) {
       // A try that broke after queueing copies: let them end before their buffers are reused
       // (their leases ended with the connection).
@@ -1224,7 +1277,13 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
     }
     return impl_->Get(keys, caller, options.accept_encoded, staging, std::max(gpu, -1),
                       /*lend=*/nullptr, /*verify_lent=*/true, &st.queued);
-  }));
+  });
+  if (!got.ok()) {
+    // Earlier rounds' copies may be running: they end (and their leases with them) first.
+    pending.Wait().status().IgnoreError();
+    return got.status();
+  }
+  std::vector<GetResult> out = *std::move(got);
   if (options.decode) {
     for (size_t i = 0; i < out.size(); ++i) {
       GetResult& r = out[i];
@@ -1236,8 +1295,6 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
     }
   }
   staging.Finish(buffers, out);
-  st.keys.assign(keys.begin(), keys.end());
-  st.buffers.assign(buffers.begin(), buffers.end());
   st.results = std::move(out);
   return pending;
 }
@@ -1617,16 +1674,7 @@ Result<PoliciesView> Client::Policies(const std::string& namespace_name) {
 }
 
 Result<EvictResult> Client::Evict(Tier tier, std::span<const BlockKey> keys) {
-  return impl_->Run([&]() -> Result<EvictResult> {
-    wire::EvictRequest req;
-    req.set_tier(tier == Tier::kHost  ? wire::TIER_HOST
-                 : tier == Tier::kGpu ? wire::TIER_GPU
-                                      : wire::TIER_DISK);
-    for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
-    wire::EvictResponse resp;
-    KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::EVICT, req, &resp));
-    return EvictResult{resp.evicted(), resp.skipped()};
-  });
+  return impl_->Run([&] { return impl_->EvictKeys(tier, keys); });
 }
 
 }  // namespace kvpool

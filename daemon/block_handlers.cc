@@ -478,6 +478,27 @@ Response BlockHandlers::Prefetch(Connection& c, std::string_view body) {
   return Reply(wire::PREFETCH, resp, st);
 }
 
+Response BlockHandlers::ReportDamaged(Connection& c, std::string_view body) {
+  wire::ReportDamagedRequest req;
+  wire::ReportDamagedResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "REPORT_DAMAGED");
+  if (st.ok()) st = DecodeKeys(req.keys(), options_.max_batch_keys, &keys);
+  if (st.ok() && req.tier() != wire::TIER_GPU) {
+    st = Status::InvalidArgument("REPORT_DAMAGED names gpu copies only");
+  }
+  if (st.ok()) {
+    // Checked again here: a client's word alone drops nothing.
+    resp.set_dropped(tiers_.DropDamagedGpuCopies(c.ns, keys));
+    if (resp.dropped() > 0) {
+      LOG(WARNING) << "connection " << c.info.id << " (namespace " << c.ns_name << ") reported "
+                   << keys.size() << " damaged gpu copies; " << resp.dropped()
+                   << " failed the daemon's check too and were dropped";
+    }
+  }
+  return Reply(wire::REPORT_DAMAGED, resp, st);
+}
+
 Response BlockHandlers::Release(Connection& c, std::string_view body) {
   wire::ReleaseRequest req;
   Response r;

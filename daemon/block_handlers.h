@@ -48,6 +48,7 @@ class BlockHandlers {
   transport::Response Prefetch(Connection& c, std::string_view body);
   // No answer is sent.
   transport::Response Release(Connection& c, std::string_view body);
+  transport::Response ReportDamaged(Connection& c, std::string_view body);
   transport::Response MapSegments(Connection& c, std::string_view body);
   transport::Response Locate(Connection& c, std::string_view body);
   // The connection closed: its delivery ends (UCX sends are cancelled), then its reservations

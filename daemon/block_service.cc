@@ -108,6 +108,9 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
       case wire::RELEASE:
         r = blocks_.Release(c, body);
         break;
+      case wire::REPORT_DAMAGED:
+        r = blocks_.ReportDamaged(c, body);
+        break;
       case wire::LOCATE:
         r = blocks_.Locate(c, body);
         break;

@@ -121,6 +121,10 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Metric(&o, "kvpool_checksum_failures_total", "counter",
          "Blocks that failed checksum verification (dropped, never served).");
   Value(&o, "kvpool_checksum_failures_total", static_cast<double>(t.checksum_failures));
+  Metric(&o, "kvpool_gpu_hints_dropped_total", "counter",
+         "GPU placement hints (puts, session loads) dropped while the GPU's copy worker was "
+         "behind.");
+  Value(&o, "kvpool_gpu_hints_dropped_total", static_cast<double>(t.gpu_hints_dropped));
   Metric(&o, "kvpool_disk_write_errors_total", "counter", "Failed RocksDB block writes.");
   Value(&o, "kvpool_disk_write_errors_total", static_cast<double>(t.disk_write_errors));
   Metric(&o, "kvpool_blocks_lost_total", "counter",

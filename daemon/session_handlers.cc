@@ -105,8 +105,12 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
         resp.set_cached_blocks(tiers_.CountCached(c.ns, keys));
         if (!req.no_prefetch()) tiers_.Prefetch(c.ns, keys);
         if (!req.no_prefetch() && req.to_gpu()) {
-          // Queued on that GPU's copy worker; the load answers now.
-          st = tiers_.PlaceOnGpu(c.ns, keys, req.gpu_device(), /*wait=*/false).status();
+          // Queued on that GPU's copy worker; the load answers now, whatever becomes of the hint.
+          Result<uint32_t> queued = tiers_.PlaceOnGpu(c.ns, keys, req.gpu_device(), /*wait=*/false);
+          if (!queued.ok()) {
+            LOG_EVERY_N(WARNING, 100)
+                << "SESSION_LOAD to gpu " << req.gpu_device() << ": " << queued.status().ToString();
+          }
         }
         *resp.mutable_record() = std::move(*record);
       }

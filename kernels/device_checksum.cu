@@ -77,8 +77,13 @@ class OnDevice {
 Status RunLaunch(const ChecksumArgs& args, cudaStream_t stream, uint64_t* host_out) {
   const uint32_t chunks = args.first_chunk[args.n];
   uint64_t* scratch = nullptr;  // chunk values, then the n results after them
-  KVPOOL_CUDA_CHECK(
-      cudaMallocAsync(&scratch, (size_t{chunks} + args.n) * sizeof(uint64_t), stream));
+  const size_t bytes = (size_t{chunks} + args.n) * sizeof(uint64_t);
+  // Stream-ordered where the device has memory pools; a plain allocation where it has not.
+  bool pooled = cudaMallocAsync(&scratch, bytes, stream) == cudaSuccess;
+  if (!pooled) {
+    cudaGetLastError();
+    KVPOOL_CUDA_CHECK(cudaMalloc(&scratch, bytes));
+  }
   uint64_t* results = scratch + chunks;
   if (chunks > 0) {
     ChunkHashes<<<(chunks + kThreads - 1) / kThreads, kThreads, 0, stream>>>(args, scratch);
@@ -89,8 +94,9 @@ Status RunLaunch(const ChecksumArgs& args, cudaStream_t stream, uint64_t* host_o
                            ? cudaMemcpyAsync(host_out, results, args.n * sizeof(uint64_t),
                                              cudaMemcpyDeviceToHost, stream)
                            : launched;
-  const cudaError_t freed = cudaFreeAsync(scratch, stream);
+  const cudaError_t freed = pooled ? cudaFreeAsync(scratch, stream) : cudaSuccess;
   const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (!pooled) cudaFree(scratch);  // after the kernels that use it
   KVPOOL_CUDA_CHECK(copied);
   KVPOOL_CUDA_CHECK(freed);
   KVPOOL_CUDA_CHECK(synced);

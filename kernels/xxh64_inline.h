@@ -31,12 +31,20 @@ constexpr uint64_t kPrime5 = 0x27D4EB2F165667C5ull;
 KVPOOL_HOST_DEVICE uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
 // Little-endian loads at any alignment (every target kvpool builds for is little endian).
+// On the device an aligned pointer (every chunk of a slot-aligned block) is read with one load;
+// memcpy there would read byte by byte, since the compiler cannot see the alignment.
 KVPOOL_HOST_DEVICE uint64_t Load64(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+#endif
   uint64_t v;
   memcpy(&v, p, sizeof(v));
   return v;
 }
 KVPOOL_HOST_DEVICE uint32_t Load32(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const uint32_t*>(p);
+#endif
   uint32_t v;
   memcpy(&v, p, sizeof(v));
   return v;

@@ -203,7 +203,7 @@ TEST_F(GpuPathTest, BorrowLendsGpuCopiesAsDevicePointersWithoutACopy) {
   auto ev = client_->Evict(Tier::kGpu, keys);
   ASSERT_TRUE(ev.ok());
   EXPECT_EQ(ev->evicted, 0u);
-  EXPECT_OK(b->Verify());  // the host view is hashed; the device views are not
+  EXPECT_OK(b->Verify());  // the host view on the CPU, the device views on their GPU
   EXPECT_OK(b->Release());
   const DaemonStats st =
       WaitForStats(*client_, [](const DaemonStats& s) { return s.leases_active == 0; });
@@ -285,27 +285,42 @@ TEST_F(GpuPathTest, ASessionLoadedForAGpuIsPlacedThereFromDisk) {
   EXPECT_FALSE(client_->LoadSession("s-gpu", LoadSessionOptions{.gpu_device = 3}).ok());
 }
 
-TEST_F(GpuPathTest, AGpuCopyDamagedInDeviceMemoryIsRefusedByItsReaders) {
+TEST_F(GpuPathTest, AGpuCopyDamagedInDeviceMemoryIsRefusedByItsReadersAndDropped) {
   const size_t size = 64 << 10;
   const auto ref = PutChain(70, 2, size);
   const std::vector<BlockKey> keys = Keys(70, 2);
-  ASSERT_EQ(client_->Prefetch(keys, PrefetchOptions{.gpu_device = 0})->gpu_placed, 2u);
-  {
-    // Unverified, the views are lent as they are; one byte of block 0's gpu copy goes bad.
+  // Flips one byte of block 0's gpu copy, through an unverified borrow of it.
+  const auto damage = [&] {
     auto lent = client_->Borrow(keys, {.gpu_device = 0, .verify = false});
     ASSERT_TRUE(lent.ok());
     ASSERT_EQ((*lent)[0].memory, Memory::kCuda);
     EXPECT_NE((*lent)[0].device_checksum, 0u);
     const uint8_t bad = static_cast<uint8_t>(ref[0][100] ^ 0x40);
-    gpu_.Write(const_cast<void*>(
-                   static_cast<const void*>(static_cast<const uint8_t*>((*lent)[0].data) + 100)),
-               &bad, 1);
+    gpu_.Write(const_cast<uint8_t*>(static_cast<const uint8_t*>((*lent)[0].data) + 100), &bad, 1);
+    // Verify after the read shows it (and keeps the copy: a lease that ran out looks the same).
     const Status st = lent->Verify();
     EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
     EXPECT_EQ((*lent)[0].status.code(), StatusCode::kCorruption);
     EXPECT_OK((*lent)[1].status);
+  };
+  const auto where0 = [&] { return (*client_->Where(std::span(&keys[0], 1)))[0]; };
+
+  // A verified borrow refuses the damaged copy (no view), and the daemon drops it.
+  ASSERT_EQ(client_->Prefetch(keys, PrefetchOptions{.gpu_device = 0})->gpu_placed, 2u);
+  damage();
+  {
+    auto lent = client_->Borrow(keys, {.gpu_device = 0});
+    ASSERT_TRUE(lent.ok());
+    EXPECT_EQ((*lent)[0].status.code(), StatusCode::kCorruption);
+    EXPECT_EQ((*lent)[0].data, nullptr);
+    EXPECT_OK((*lent)[1].status);
   }
-  // A device-to-device get checks its destination on the GPU: block 0 is refused, 1 served.
+  EXPECT_EQ(where0(), Tier::kHost);
+
+  // A device-to-device get checks its destination on the GPU: block 0 is refused, 1 served, and
+  // the bad copy is dropped, so the next get of it comes from host, byte exact.
+  ASSERT_EQ(client_->Prefetch(keys, PrefetchOptions{.gpu_device = 0})->gpu_placed, 1u);
+  damage();
   std::vector<MutableBuffer> bufs;
   for (int i = 0; i < 2; ++i) bufs.push_back({gpu_.Alloc(size), size, Memory::kCuda});
   const auto before = gpu_.counters();
@@ -314,13 +329,14 @@ TEST_F(GpuPathTest, AGpuCopyDamagedInDeviceMemoryIsRefusedByItsReaders) {
   EXPECT_EQ((*got)[0].status.code(), StatusCode::kCorruption) << (*got)[0].status.ToString();
   ASSERT_OK((*got)[1].status);
   EXPECT_EQ(gpu_.Read(bufs[1].data, size), ref[1]);
-  EXPECT_EQ(gpu_.counters().checksums - before.checksums, 2u);
-  // A verified borrow refuses it too; a host buffer gets it through the host copy's checksum.
-  auto lent = client_->Borrow(keys, {.gpu_device = 0});
-  ASSERT_TRUE(lent.ok());
-  EXPECT_EQ((*lent)[0].status.code(), StatusCode::kCorruption);
-  EXPECT_EQ((*lent)[0].data, nullptr);
-  EXPECT_OK((*lent)[1].status);
+  // Two by the reader over its destinations, one by the daemon re-checking the reported copy.
+  EXPECT_EQ(gpu_.counters().checksums - before.checksums, 3u);
+  EXPECT_EQ(where0(), Tier::kHost);
+  auto again = client_->Get(std::span(&keys[0], 1), std::span(&bufs[0], 1));
+  ASSERT_TRUE(again.ok());
+  ASSERT_OK((*again)[0].status);
+  EXPECT_EQ((*again)[0].tier, Tier::kHost);
+  EXPECT_EQ(gpu_.Read(bufs[0].data, size), ref[0]);
 }
 
 TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsRefused) {

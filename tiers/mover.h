@@ -72,8 +72,11 @@ class Mover {
   void Enqueue(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a placement on gpu tier `gpu` (< gpu_workers); that GPU's worker runs it.
   void EnqueueGpu(int gpu, GpuPlacement job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Placements queued or running on any GPU.
+  // Placements queued or running on any GPU; queued (not yet running) on GPU `gpu`.
   size_t gpu_pending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t gpu_queued(int gpu) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return gpu_queues_.at(static_cast<size_t>(gpu)).jobs.size();
+  }
   // Starts a flusher round now instead of at the end of its nap.
   void WakeFlusher() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t queued() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.size(); }

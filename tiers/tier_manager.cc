@@ -358,6 +358,7 @@ TierManagerStats TierManager::GetStats() const {
   s.prefetches_issued = prefetches_issued_;
   s.prefetches_useful = prefetches_useful_;
   s.checksum_failures = checksum_failures_;
+  s.gpu_hints_dropped = gpu_hints_dropped_;
   s.disk_write_errors = disk_write_errors_;
   s.blocks_lost = blocks_lost_;
   s.blocks_not_admitted = blocks_not_admitted_;

@@ -175,6 +175,7 @@ struct TierManagerStats {
   uint64_t blocks_over_quota = 0;    // copies a namespace gave up (or could not write) over quota
   uint64_t read_aheads = 0;          // promotions started by read-ahead along a chain
   uint64_t encoded_writes = 0;       // blocks written to disk encoded (tiers/demotion_encoding.h)
+  uint64_t gpu_hints_dropped = 0;    // gpu placement hints dropped: the GPU's worker was behind
 };
 
 struct EvictOutcome {
@@ -250,6 +251,10 @@ class TierManager {
   // the manager stopped before the placement ran.
   Result<uint32_t> PlaceOnGpu(NamespaceId ns, std::span<const BlockKey> keys, int device,
                               bool wait);
+  // A reader found the gpu copies of `keys` damaged: each one not leased or busy is checked
+  // again on its GPU against its device checksum and dropped when it fails (tail first does not
+  // hold a bad copy back; its host copy serves). Returns how many were dropped.
+  uint32_t DropDamagedGpuCopies(NamespaceId ns, std::span<const BlockKey> keys);
 
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
   // connection) until committed, aborted or expired.
@@ -336,6 +341,13 @@ class TierManager {
   }
   // Whether a copy of `e` fits the host tier (a block put under a larger segment size does not:
   // it is read straight from disk).
+  // Whether a read of `id` up from disk may start now: not in host, not already promoting, not
+  // being read straight from disk by a get (a block is never read twice at once), and it fits.
+  bool CanStartPromotionLocked(EntryId id, const Entry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !e.In(Tier::kHost) && !promotions_.contains(id) && (e.busy & kBusyReading) == 0 &&
+           PromotableLocked(e);
+  }
   bool PromotableLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return e.size <= host_.max_block_bytes();
   }
@@ -428,6 +440,7 @@ class TierManager {
   // Outcomes of waited-for gpu placements, by ticket, until their caller takes them.
   absl::flat_hash_map<uint64_t, std::pair<Status, uint32_t>> gpu_outcomes_ ABSL_GUARDED_BY(mu_);
   uint64_t next_gpu_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t gpu_hints_dropped_ ABSL_GUARDED_BY(mu_) = 0;  // placement hints over the queue bound
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint32_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   TierCounters host_counters_ ABSL_GUARDED_BY(mu_);

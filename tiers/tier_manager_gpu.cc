@@ -158,6 +158,15 @@ Result<uint32_t> TierManager::PlaceOnGpu(NamespaceId ns, std::span<const BlockKe
     return Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(device));
   absl::MutexLock lock(&mu_);
   if (stopping_) return Status::Unavailable("the tier manager is stopping");
+  // Hints (puts, session loads) beyond what the GPU's worker has queued are dropped, so a burst
+  // of them cannot make a waiting prefetch queue behind without bound.
+  constexpr size_t kMaxQueuedHints = 64;
+  if (!wait && mover_.gpu_queued(gpu) >= kMaxQueuedHints) {
+    ++gpu_hints_dropped_;
+    return Status::ResourceExhausted("gpu " + std::to_string(device) + " has " +
+                                     std::to_string(kMaxQueuedHints) +
+                                     " placements queued: hint dropped");
+  }
   const uint64_t ticket = wait ? next_gpu_ticket_++ : 0;
   mover_.EnqueueGpu(gpu, GpuPlacement{ns, {keys.begin(), keys.end()}, ticket});
   if (!wait) return 0u;
@@ -176,8 +185,9 @@ void TierManager::RunGpuPlacementLocked(int gpu, const GpuPlacement& job) {
     const EntryId id = FindCachedLocked(job.ns, key);
     if (id == kNoEntry) continue;
     const Entry& e = index_.at(id);
-    const bool up = e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0;
-    if (!up && e.In(Tier::kDisk) && PromotableLocked(e)) {
+    if (auto in_flight = promotions_.find(id); in_flight != promotions_.end()) {
+      reads.push_back(in_flight->second);
+    } else if (CanStartPromotionLocked(id, e)) {
       reads.push_back(StartPromotionLocked(id, /*prefetch=*/true));
     }
   }
@@ -203,6 +213,53 @@ void TierManager::AbandonGpuPlacementLocked(const GpuPlacement& job) {
   if (job.ticket == 0) return;
   gpu_outcomes_[job.ticket] = {Status::Aborted("daemon shutting down"), 0};
   changed_.SignalAll();
+}
+
+uint32_t TierManager::DropDamagedGpuCopies(NamespaceId ns, std::span<const BlockKey> keys) {
+  struct Suspect {
+    EntryId id;
+    GpuTier* gpu;
+    MemorySlot slot;
+    uint64_t dsum;
+  };
+  std::vector<Suspect> suspects;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const BlockKey& key : keys) {
+      const EntryId id = FindCachedLocked(ns, key);
+      if (id == kNoEntry) continue;
+      Entry& e = index_.at(id);
+      auto dsum = gpu_checksums_.find(id);
+      GpuTier* gpu = e.In(Tier::kGpu) ? GpuOf(e.gpu_device) : nullptr;
+      if (gpu == nullptr || dsum == gpu_checksums_.end() || e.leases > 0 || e.busy != 0) continue;
+      // Busy while checked: it is neither moved nor dropped under the check.
+      e.busy |= kBusyToGpu;
+      suspects.push_back(
+          {id, gpu, {uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size}, dsum->second});
+    }
+  }
+  // Checked outside the mutex, each on its own GPU's copy engine.
+  std::vector<bool> bad(suspects.size(), false);
+  for (size_t i = 0; i < suspects.size(); ++i) {
+    const kernels::ByteRange range{suspects[i].gpu->Data(suspects[i].slot),
+                                   suspects[i].slot.length};
+    Result<std::vector<uint64_t>> now =
+        suspects[i].gpu->copies().DeviceChecksums(&range, 1, nullptr);
+    // A check that cannot run counts as a failed one: the copy cannot be vouched for.
+    bad[i] = !now.ok() || (*now)[0] != suspects[i].dsum;
+  }
+  absl::MutexLock lock(&mu_);
+  uint32_t dropped = 0;
+  for (size_t i = 0; i < suspects.size(); ++i) {
+    Entry& e = index_.at(suspects[i].id);
+    e.busy &= static_cast<uint8_t>(~kBusyToGpu);
+    if (!bad[i] || !e.In(Tier::kGpu)) continue;
+    ++checksum_failures_;
+    DropGpuCopyLocked(suspects[i].id);
+    ++dropped;
+  }
+  changed_.SignalAll();
+  return dropped;
 }
 
 Result<SegmentLocation> TierManager::LocateGpu(int device, uint64_t gpu_offset) const {

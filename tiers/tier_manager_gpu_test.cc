@@ -215,5 +215,22 @@ TEST_F(TierManagerGpuTest, ACopyThatLandsDamagedOnTheGpuIsNotPlaced) {
   ExpectServed(keys[0]);                      // host still has the good bytes
 }
 
+TEST_F(TierManagerGpuTest, AReportedDamagedCopyIsDroppedOnlyWhenTheDaemonFindsItBadToo) {
+  const Keys keys = PutChain(340, {64 * kKiB, 64 * kKiB});
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, keys, 0).value(), 2u);
+  // A report about good copies drops nothing (a client's word alone does not).
+  EXPECT_EQ(manager_->DropDamagedGpuCopies(kNs, keys), 0u);
+  EXPECT_EQ(TiersOf(keys), std::vector<Tier>(2, Tier::kGpu));
+  // Block 0's copy goes bad: it alone is dropped, though block 1 (its child) is still in gpu.
+  auto copy = manager_->GpuCopyForTest(kNs, keys[0]);
+  ASSERT_TRUE(copy.has_value());
+  const uint8_t junk = 0x5A;
+  gpu0_.Write(stack_.gpus[0]->Data(copy->second) + 7, &junk, 1);
+  EXPECT_EQ(manager_->DropDamagedGpuCopies(kNs, keys), 1u);
+  EXPECT_EQ(TiersOf(keys), (std::vector<Tier>{Tier::kHost, Tier::kGpu}));
+  EXPECT_EQ(manager_->GetStats().checksum_failures, 1u);
+  ExpectServed(keys[0]);  // host still serves it, byte exact
+}
+
 }  // namespace
 }  // namespace kvpool::tiers

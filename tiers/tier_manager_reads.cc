@@ -25,8 +25,7 @@ LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain
     Entry& e = index_.at(id);
     result.tiers.push_back(FastestTier(e));
     index_.Touch(id, now);
-    if (prefetch && !e.In(Tier::kHost) && promotions_.find(id) == promotions_.end() &&
-        (e.busy & kBusyReading) == 0 && PromotableLocked(e)) {
+    if (prefetch && CanStartPromotionLocked(id, e)) {
       StartPromotionLocked(id, /*prefetch=*/true);
       ++result.promotions_started;
     }
@@ -42,10 +41,7 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
     const EntryId id = FindCachedLocked(ns, key);
     if (id == kNoEntry) continue;
     Entry& e = index_.at(id);
-    if (e.In(Tier::kHost) || promotions_.contains(id) || (e.busy & kBusyReading) ||
-        !PromotableLocked(e)) {
-      continue;
-    }
+    if (!CanStartPromotionLocked(id, e)) continue;
     StartPromotionLocked(id, /*prefetch=*/true);
     ++started;
   }
@@ -124,13 +120,14 @@ std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const Bloc
     const Entry& e = index_.at(id);
     if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
       lease(i, id, Tier::kHost);
-      if (gpu_device >= 0 && e.In(Tier::kGpu) && e.gpu_device == gpu_device) {
+      auto dsum = gpu_checksums_.find(id);
+      if (gpu_device >= 0 && e.In(Tier::kGpu) && e.gpu_device == gpu_device &&
+          dsum != gpu_checksums_.end()) {
         BlockRead& r = out[i];
         r.from = Tier::kGpu;
         r.gpu_device = gpu_device;
         r.gpu_offset = uint64_t{e.gpu_page} * MemoryTier::kPageBytes;
-        auto dsum = gpu_checksums_.find(id);
-        r.device_checksum = dsum != gpu_checksums_.end() ? dsum->second : 0;
+        r.device_checksum = dsum->second;
         --host_counters_.hits;  // lease() counted a host hit
         ++gpu_counters_.hits;
       }

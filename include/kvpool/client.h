@@ -291,8 +291,8 @@ class BorrowedBlocks {
   // against their device checksum on their GPU; the first that changed (its lease ended before
   // this call, and the slot was reused) gives Corruption and its view's status turns Corruption.
   Status Verify();
-  // Ends the leases now (one message, no round trip; nothing to end on a connection that has
-  // since closed). Idempotent.
+  // Ends the leases now (RELEASE messages, no round trip; nothing to end on a connection that
+  // has since closed). Idempotent.
   Status Release();
 
  private:

@@ -211,9 +211,19 @@ class PyClient {
   }
 
   nb::dict Server() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!client_) Raise(Status::FailedPrecondition("the client is closed"));
-    const ServerInfo& s = client_->server();
+    // Copied under the lock without the GIL; the dict is built after (building it may run the
+    // garbage collector, whose finalizers, e.g. a Borrowed's, take this lock too).
+    std::optional<ServerInfo> info;
+    ClientOptions options;
+    Locked([&] {
+      if (client_) {
+        info = client_->server();
+        options = client_->options();
+      }
+      return 0;
+    });
+    if (!info) Raise(Status::FailedPrecondition("the client is closed"));
+    const ServerInfo& s = *info;
     nb::dict d;
     d["node_id"] = s.node_id;
     d["daemon_version"] = s.daemon_version;
@@ -222,8 +232,8 @@ class PyClient {
     d["max_batch_keys"] = s.max_batch_keys;
     d["shared_memory"] = s.shared_memory;
     d["ucx"] = s.ucx;
-    d["address"] = client_->options().address;
-    d["namespace"] = client_->options().namespace_name;
+    d["address"] = options.address;
+    d["namespace"] = options.namespace_name;
     return d;
   }
 
@@ -541,14 +551,8 @@ class PyBorrowed {
     Check(c.Locked([&] { return blocks_.Release(); }));
   }
 
-  void Verify() {
-    Status st;
-    {
-      nb::gil_scoped_release release;
-      st = blocks_.Verify();
-    }
-    Check(st);
-  }
+  // With the GIL held: the views' statuses change, and other threads may read them.
+  void Verify() { Check(blocks_.Verify()); }
 
   double LeaseSecondsLeft() const {
     const auto left = blocks_.lease_deadline() - std::chrono::steady_clock::now();
@@ -760,8 +764,9 @@ void RegisterClient(nb::module_& m) {
       .def_prop_ro("lease_seconds_left", &PyBorrowed::LeaseSecondsLeft,
                    "Seconds until the leases end by themselves (negative: they have).")
       .def("verify", &PyBorrowed::Verify,
-           "Hashes the host views again; raises Corruption when one changed (its lease ran out "
-           "before it was read). Device views are not hashed.")
+           "Hashes the views again (host views on the CPU, device views by their device checksum "
+           "on their GPU); raises Corruption when one changed (its lease ran out before it was "
+           "read).")
       .def("release", &PyBorrowed::Release,
            "Ends the leases now (also done on leaving the with block, and when collected).")
       .def("__enter__", [](nb::handle self) { return self; })
