@@ -36,6 +36,25 @@ inline Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* f
                           cudaGetErrorString(err) + ")");
 }
 
+// Makes `device` current for a scope and restores the one before.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    ok_ = cudaSetDevice(device) == cudaSuccess;
+  }
+  ~ScopedDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  int previous_ = -1;
+  bool ok_ = false;
+};
+
 }  // namespace kernels
 }  // namespace kvpool
 

@@ -15,23 +15,6 @@
 namespace kvpool::kernels {
 namespace {
 
-// Makes `device` current for a scope and restores the one before.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    ok_ = cudaSetDevice(device) == cudaSuccess;
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  int previous_ = -1;
-  bool ok_ = false;
-};
-
 // The arena's copies: on its device, and on its own copy stream when the caller names none.
 class ArenaCopies final : public DeviceCopyEngine {
  public:

@@ -57,23 +57,6 @@ __global__ void CombineChunks(ChecksumArgs args, const uint64_t* chunk_hashes, u
                        size_t{count} * sizeof(uint64_t), args.size[b]);
 }
 
-// Makes `device` current for the scope, restoring the caller's.
-class OnDevice {
- public:
-  explicit OnDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    ok_ = cudaSetDevice(device) == cudaSuccess;
-  }
-  ~OnDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  int previous_ = -1;
-  bool ok_ = false;
-};
-
 Status RunLaunch(const ChecksumArgs& args, cudaStream_t stream, uint64_t* host_out) {
   const uint32_t chunks = args.first_chunk[args.n];
   uint64_t* scratch = nullptr;  // chunk values, then the n results after them
@@ -121,7 +104,7 @@ Result<std::vector<uint64_t>> DeviceChecksumsCuda(const ByteRange* ranges, size_
     }
     device = attrs.device;
   }
-  OnDevice on(device);
+  ScopedDevice on(device);
   if (!on.ok())
     return Status::Internal("cannot make CUDA device " + std::to_string(device) + " current");
   const auto s = static_cast<cudaStream_t>(stream);
