@@ -238,11 +238,10 @@ struct BorrowOptions {
   // ordinal) is lent as a device pointer into that copy (BlockView::memory == kCuda); the others
   // as host pointers. Default: -1 (host pointers only).
   int gpu_device = -1;
-  // Hash every view before lending it (one read of its bytes: host views on the CPU, device views
-  // by their device checksum on their GPU), so a damaged copy is refused (Corruption) rather
-  // than read. false: lend at once and
-  // call BorrowedBlocks::Verify after reading, which also shows a lease that ran out while the
-  // caller read. Default: true.
+  // Hash every view before lending it (one read of its bytes: host views on the CPU, device
+  // views by their device checksum on their GPU), so a damaged copy is refused (Corruption)
+  // rather than read. false: lend at once and call BorrowedBlocks::Verify after reading, which
+  // also shows a lease that ran out while the caller read. Default: true.
   bool verify = true;
 };
 
