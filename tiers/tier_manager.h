@@ -44,7 +44,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "tiers/block_index.h"
@@ -246,11 +248,12 @@ class TierManager {
   Result<uint32_t> PromoteToGpu(NamespaceId ns, std::span<const BlockKey> keys, int device);
   // The same on that GPU's copy worker (the one thread that drives its copies), after reading
   // the blocks that are only on disk up to host. With `wait`, returns PromoteToGpu's answer once
-  // it ran; without, 0 at once (the placement is queued: a put's or a session load's hint).
-  // InvalidArgument when no gpu tier runs on `device`; Unavailable while stopping, Aborted when
-  // the manager stopped before the placement ran.
-  Result<uint32_t> PlaceOnGpu(NamespaceId ns, std::span<const BlockKey> keys, int device,
-                              bool wait);
+  // it ran, or DeadlineExceeded after `wait_limit` (the placement goes on); without, 0 at once
+  // (the placement is queued: a put's or a session load's hint; ResourceExhausted when that GPU
+  // has too many queued). InvalidArgument when no gpu tier runs on `device`; Unavailable while
+  // stopping, Aborted when the manager stopped before the placement ran.
+  Result<uint32_t> PlaceOnGpu(NamespaceId ns, std::span<const BlockKey> keys, int device, bool wait,
+                              absl::Duration wait_limit = absl::Seconds(5));
   // A reader found the gpu copies of `keys` damaged: each one not leased or busy is checked
   // again on its GPU against its device checksum and dropped when it fails (tail first does not
   // hold a bad copy back; its host copy serves). Returns how many were dropped.
@@ -440,6 +443,8 @@ class TierManager {
   // Outcomes of waited-for gpu placements, by ticket, until their caller takes them.
   absl::flat_hash_map<uint64_t, std::pair<Status, uint32_t>> gpu_outcomes_ ABSL_GUARDED_BY(mu_);
   uint64_t next_gpu_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  // Tickets whose caller stopped waiting: their outcome is dropped when it comes.
+  absl::flat_hash_set<uint64_t> gpu_tickets_abandoned_ ABSL_GUARDED_BY(mu_);
   uint64_t gpu_hints_dropped_ ABSL_GUARDED_BY(mu_) = 0;  // placement hints over the queue bound
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint32_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -149,7 +149,7 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
 }
 
 Result<uint32_t> TierManager::PlaceOnGpu(NamespaceId ns, std::span<const BlockKey> keys, int device,
-                                         bool wait) {
+                                         bool wait, absl::Duration wait_limit) {
   int gpu = -1;
   for (size_t i = 0; i < gpus_.size(); ++i) {
     if (gpus_[i]->device() == device) gpu = static_cast<int>(i);
@@ -170,8 +170,16 @@ Result<uint32_t> TierManager::PlaceOnGpu(NamespaceId ns, std::span<const BlockKe
   const uint64_t ticket = wait ? next_gpu_ticket_++ : 0;
   mover_.EnqueueGpu(gpu, GpuPlacement{ns, {keys.begin(), keys.end()}, ticket});
   if (!wait) return 0u;
-  // The job runs, or Stop abandons it: either way an outcome comes.
-  while (!gpu_outcomes_.contains(ticket)) changed_.Wait(&mu_);
+  // The job runs, or Stop abandons it: either way an outcome comes, unless the wait ends first.
+  const absl::Time deadline = absl::Now() + wait_limit;
+  while (!gpu_outcomes_.contains(ticket)) {
+    if (changed_.WaitWithDeadline(&mu_, deadline) && !gpu_outcomes_.contains(ticket)) {
+      gpu_tickets_abandoned_.insert(ticket);
+      return Status::DeadlineExceeded("placement on gpu " + std::to_string(device) +
+                                      " still queued after " + absl::FormatDuration(wait_limit) +
+                                      "; it goes on in the background");
+    }
+  }
   auto outcome = gpu_outcomes_.extract(ticket);
   if (!outcome.mapped().first.ok()) return outcome.mapped().first;
   return outcome.mapped().second;
@@ -203,14 +211,14 @@ void TierManager::RunGpuPlacementLocked(int gpu, const GpuPlacement& job) {
     LOG(WARNING) << "placing " << job.keys.size() << " blocks on gpu " << gpus_[gpu]->device()
                  << ": " << placed.status().ToString();
   }
-  if (job.ticket != 0) {
+  if (job.ticket != 0 && !gpu_tickets_abandoned_.erase(job.ticket)) {
     gpu_outcomes_[job.ticket] = {placed.status(), placed.ok() ? *placed : 0};
     changed_.SignalAll();
   }
 }
 
 void TierManager::AbandonGpuPlacementLocked(const GpuPlacement& job) {
-  if (job.ticket == 0) return;
+  if (job.ticket == 0 || gpu_tickets_abandoned_.erase(job.ticket)) return;
   gpu_outcomes_[job.ticket] = {Status::Aborted("daemon shutting down"), 0};
   changed_.SignalAll();
 }

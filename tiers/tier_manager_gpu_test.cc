@@ -232,5 +232,23 @@ TEST_F(TierManagerGpuTest, AReportedDamagedCopyIsDroppedOnlyWhenTheDaemonFindsIt
   ExpectServed(keys[0]);  // host still serves it, byte exact
 }
 
+TEST_F(TierManagerGpuTest, AWaitThatEndsFirstLeavesThePlacementGoingOn) {
+  const Keys keys = PutChain(350, {64 * kKiB, 64 * kKiB});
+  DemoteAll(keys);  // a disk read first: the worker cannot be done at once
+  auto placed = manager_->PlaceOnGpu(kNs, keys, 0, /*wait=*/true, absl::ZeroDuration());
+  if (placed.ok()) {
+    EXPECT_EQ(*placed, 2u);  // the worker was faster than the wait's end: fine too
+  } else {
+    EXPECT_EQ(placed.status().code(), StatusCode::kDeadlineExceeded) << placed.status().ToString();
+  }
+  manager_->WaitIdleForTest();
+  for (const BlockKey& k : keys) ExpectOnGpu(k, 0);
+  // The next waited placement answers as always.
+  const Keys more = PutChain(360, {64 * kKiB});
+  auto next = manager_->PlaceOnGpu(kNs, more, 0, /*wait=*/true);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(*next, 1u);
+}
+
 }  // namespace
 }  // namespace kvpool::tiers
