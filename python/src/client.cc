@@ -210,6 +210,14 @@ class PyClient {
     return std::move(*r);
   }
 
+  // Runs fn() with the GIL released and this Client's mutex held, open or closed.
+  template <typename Fn>
+  auto Locked(Fn&& fn) {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    return fn();
+  }
+
   nb::dict Server() {
     // Copied under the lock without the GIL; the dict is built after (building it may run the
     // garbage collector, whose finalizers, e.g. a Borrowed's, take this lock too).
@@ -235,14 +243,6 @@ class PyClient {
     d["address"] = options.address;
     d["namespace"] = options.namespace_name;
     return d;
-  }
-
-  // Runs fn() with the GIL released and this Client's mutex held, open or closed.
-  template <typename Fn>
-  auto Locked(Fn&& fn) {
-    nb::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(mu_);
-    return fn();
   }
 
   PyLookupResult Lookup(nb::handle keys_obj, bool prefetch) {
