@@ -52,6 +52,12 @@ DEFINE_string(tier, "host",
               "the cache).");
 DEFINE_string(cluster_secret_file, "",
               "File holding the cluster secret, for tcp:// daemons in cluster mode.");
+DEFINE_string(credential_file, "",
+              "File holding the namespace's credential (or, with --admin, the admin's), for a "
+              "daemon whose namespaces file gives one.");
+DEFINE_bool(admin, false,
+            "Ask for admin rights: daemon-wide stats, cluster members, every namespace's "
+            "policies. Without them stats show the namespace's own use.");
 
 namespace {
 
@@ -70,7 +76,8 @@ constexpr const char* kUsage =
     "  cluster members [--json]       the cluster as this daemon sees it\n"
     "  policies show [--namespace=NS] [--json]\n"
     "                                 strategies of every configured namespace (or of NS)\n"
-    "common flags: --socket=PATH|tcp://HOST:PORT --namespace=NS --timeout_ms=MS";
+    "common flags: --socket=PATH|tcp://HOST:PORT --namespace=NS --timeout_ms=MS\n"
+    "              --credential_file=F --admin --cluster_secret_file=F";
 
 int Usage(const std::string& why) {
   std::fprintf(stderr, "kvpool: %s\n\n%s\n", why.c_str(), kUsage);
@@ -82,6 +89,18 @@ int Error(const kvpool::Status& st) {
   return 1;
 }
 
+// The first line of `path`, without trailing white space.
+kvpool::Result<std::string> ReadSecretFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return kvpool::Status::NotFound("cannot read " + path);
+  std::string secret;
+  std::getline(in, secret);
+  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) {
+    secret.pop_back();
+  }
+  return secret;
+}
+
 // As --namespace, or as `ns` (e.g. to ask about a namespace without creating it by saying hello).
 kvpool::Result<std::unique_ptr<kvpool::Client>> Connect(const std::string& ns = "") {
   kvpool::ClientOptions o;
@@ -89,14 +108,12 @@ kvpool::Result<std::unique_ptr<kvpool::Client>> Connect(const std::string& ns = 
   o.namespace_name = ns.empty() ? FLAGS_namespace_name : ns;
   o.client_name = "kvpool-cli";
   o.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  o.admin = FLAGS_admin;
   if (!FLAGS_cluster_secret_file.empty()) {
-    std::ifstream in(FLAGS_cluster_secret_file);
-    if (!in) return kvpool::Status::NotFound("cannot read " + FLAGS_cluster_secret_file);
-    std::getline(in, o.cluster_secret);
-    while (!o.cluster_secret.empty() &&
-           std::isspace(static_cast<unsigned char>(o.cluster_secret.back()))) {
-      o.cluster_secret.pop_back();
-    }
+    KVPOOL_ASSIGN_OR_RETURN(o.cluster_secret, ReadSecretFile(FLAGS_cluster_secret_file));
+  }
+  if (!FLAGS_credential_file.empty()) {
+    KVPOOL_ASSIGN_OR_RETURN(o.credential, ReadSecretFile(FLAGS_credential_file));
   }
   auto c = kvpool::Client::Connect(o);
   if (!c.ok()) {
@@ -122,6 +139,16 @@ std::string Time(int64_t unix_ms) {
   return buf;
 }
 
+// Stats without admin rights: the namespace's own use.
+void PrintNamespaceStats(const kvpool::DaemonStats& s) {
+  std::cout << "kvpoold " << s.node_id << " (version " << s.version << "), up " << s.uptime_s
+            << " s\nnamespace " << FLAGS_namespace_name << ": " << s.sessions << " sessions";
+  for (const kvpool::TierStats& t : s.tiers) {
+    std::cout << ", " << t.name << " " << kvpool::FormatBytes(t.used_bytes);
+  }
+  std::cout << "\n(daemon-wide figures need admin rights: --admin)\n";
+}
+
 int Status() {
   auto c = Connect();
   if (!c.ok()) return Error(c.status());
@@ -129,6 +156,10 @@ int Status() {
   if (!s.ok()) return Error(s.status());
   if (FLAGS_json) {
     std::cout << kvpool::client::StatsToJson(*s, 2) << "\n";
+    return 0;
+  }
+  if (s->namespace_only) {
+    PrintNamespaceStats(*s);
     return 0;
   }
   std::cout << "kvpoold " << s->node_id << " (version " << s->version << "), up " << s->uptime_s
@@ -149,6 +180,10 @@ int Status() {
 }
 
 void PrintStats(const kvpool::DaemonStats& s) {
+  if (s.namespace_only) {
+    PrintNamespaceStats(s);
+    return;
+  }
   std::cout << "node " << s.node_id << "  version " << s.version << "  uptime " << s.uptime_s
             << " s\n";
   std::printf("%-6s %12s %12s %10s %10s %10s %10s %10s %8s\n", "tier", "used", "capacity", "blocks",

@@ -135,6 +135,7 @@ class Client::Impl {
     req.set_protocol_version(transport::kProtocolVersion);
     req.set_namespace_name(options_.namespace_name);
     req.set_client_name(options_.client_name);
+    req.set_admin(options_.admin);
     const bool tcp = options_.address.rfind("tcp://", 0) == 0;
     req.set_shared_memory(!tcp && (options_.data_path == DataPath::kAuto ||
                                    options_.data_path == DataPath::kSharedMemory));
@@ -156,6 +157,7 @@ class Client::Impl {
     server_.max_payload_bytes = resp.max_payload_bytes();
     server_.max_batch_keys = std::max<uint32_t>(1, resp.max_batch_keys());
     server_.shared_memory = resp.shared_memory();
+    server_.admin = resp.admin();
     server_.lease_timeout =
         std::chrono::milliseconds(resp.shared_memory() ? resp.lease_timeout_ms() : 0);
     mappings_.Reset(resp.segment_bytes());
@@ -1600,6 +1602,7 @@ Result<DaemonStats> Client::Stats() {
     s.leases_active = r.leases_active();
     s.reservations_active = r.reservations_active();
     s.dedup_ratio = r.dedup_ratio();
+    s.namespace_only = r.namespace_only();
     s.cluster_state = r.cluster_state();
     s.cluster_members = r.cluster_members();
     s.cluster_reason = r.cluster_reason();

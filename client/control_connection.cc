@@ -32,14 +32,18 @@ Status ControlConnection::Hello(wire::HelloRequest req, wire::HelloResponse* res
   const auto hello_deadline = std::chrono::steady_clock::now() + connect_timeout();
   Status st = ExchangeOnce(wire::HELLO, req, {}, resp, hello_deadline);
   if (st.ok() && !resp->challenge().empty() && resp->status().code() != 0) {
-    // The daemon (cluster mode, TCP) wants proof of the cluster secret.
-    if (options_.cluster_secret.empty()) {
+    // The daemon wants proof of a credential: the namespace's (or the admin's), or the
+    // cluster secret.
+    const std::string& secret =
+        options_.credential.empty() ? options_.cluster_secret : options_.credential;
+    if (secret.empty()) {
       Close();
-      return Status::PermissionDenied("kvpoold at " + options_.address +
-                                      " requires the cluster secret "
-                                      "(ClientOptions::cluster_secret)");
+      return Status::PermissionDenied(
+          "kvpoold at " + options_.address + " refused namespace '" + options_.namespace_name +
+          "' without a credential (" + resp->status().message() +
+          "; ClientOptions::credential, or the cluster secret for a daemon in cluster mode)");
     }
-    req.set_auth(HelloProof(options_.cluster_secret, resp->challenge(), options_.namespace_name));
+    req.set_auth(HelloProof(secret, resp->challenge(), options_.namespace_name));
     resp->Clear();
     st = ExchangeOnce(wire::HELLO, req, {}, resp, hello_deadline);
   }

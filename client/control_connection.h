@@ -1,6 +1,6 @@
 #pragma once
 // ControlConnection: the client's control connection to one kvpoold (a Unix socket or tcp://).
-// It dials, says hello (answering the cluster-secret challenge of a daemon in cluster mode),
+// It dials, says hello (answering the daemon's challenge with a proof of its credential),
 // frames requests and their responses with request ids and a deadline on every operation, and
 // decides when a call may reconnect and retry (Run). What travels in the hello beyond the
 // namespace (the data paths asked for) and what the answer grants are the caller's: Client
@@ -52,8 +52,9 @@ class ControlConnection {
   // listens, DeadlineExceeded on timeout.
   Status Dial();
   // Says hello on the dialed connection (within connect_timeout(), a second time with the proof
-  // of the cluster secret when the daemon challenges). PermissionDenied when challenged without
-  // ClientOptions::cluster_secret; the daemon's refusal ("kvpoold refused the connection");
+  // of ClientOptions::credential, else of the cluster secret, when the daemon challenges).
+  // PermissionDenied when challenged without either; the daemon's refusal ("kvpoold refused the
+  // connection");
   // any transport error. Closes the connection on failure; on success the connection counts as
   // fresh for the next Run.
   Status Hello(wire::HelloRequest req, wire::HelloResponse* resp);

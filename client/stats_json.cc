@@ -44,6 +44,7 @@ std::string StatsToJson(const DaemonStats& s, int indent) {
   j["leases_active"] = s.leases_active;
   j["reservations_active"] = s.reservations_active;
   j["dedup_ratio"] = s.dedup_ratio;
+  j["namespace_only"] = s.namespace_only;
   j["cluster_state"] = s.cluster_state;
   j["cluster_members"] = s.cluster_members;
   j["cluster_reason"] = s.cluster_reason;

@@ -43,10 +43,26 @@ uint64_t AdminHandlers::Connections() const {
 
 Response AdminHandlers::Stats(Connection& c, std::string_view body) {
   wire::StatsResponse resp;
-  const tiers::TierManagerStats t = tiers_.GetStats();
   resp.set_node_id(options_.node_id);
   resp.set_version(options_.version);
   resp.set_uptime_s(UptimeSeconds());
+  if (!c.admin) {
+    // A tenant sees its own namespace only: what it holds in each tier (daemon-wide counts,
+    // other tenants' traffic among them, are the operator's).
+    const tiers::TierManager::NamespaceUsage u = tiers_.UsageOf(c.ns);
+    resp.set_namespace_only(true);
+    wire::TierStats* host = resp.add_tiers();
+    host->set_name("host");
+    host->set_used_bytes(u.host_segment_bytes);
+    host->set_allocated_bytes(u.host_segment_bytes);
+    wire::TierStats* disk = resp.add_tiers();
+    disk->set_name("disk");
+    disk->set_used_bytes(u.disk_bytes);
+    resp.set_sessions(sessions_.CountIn(c.ns));
+    resp.set_cluster_state(cluster_.Get() != nullptr ? "cluster" : "standalone");
+    return Reply(wire::STATS, resp, Status::OK());
+  }
+  const tiers::TierManagerStats t = tiers_.GetStats();
   for (const tiers::GpuTierUsage& g : t.gpus) {
     wire::TierStats* gpu = resp.add_tiers();
     gpu->set_name("gpu" + std::to_string(g.device));
@@ -141,6 +157,10 @@ Response AdminHandlers::Evict(Connection& c, std::string_view body) {
 
 Response AdminHandlers::ClusterMembers(Connection& c, std::string_view body) {
   wire::ClusterMembersResponse resp;
+  if (!c.admin) {
+    return Reply(wire::CLUSTER_MEMBERS, resp,
+                 Status::PermissionDenied("the cluster view needs admin rights"));
+  }
   if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr) {
     cluster->Fill(&resp);
   } else {
@@ -179,6 +199,10 @@ Response AdminHandlers::Policies(Connection& c, std::string_view body) {
   Status st = Parse(body, &req, "POLICIES");
   if (st.ok() && policies_ == nullptr) {
     st = Status::Unimplemented("this daemon reports no namespace policies");
+  }
+  if (st.ok() && !c.admin &&
+      (req.all() || (!req.namespace_name().empty() && req.namespace_name() != c.ns_name))) {
+    st = Status::PermissionDenied("other namespaces' policies need admin rights");
   }
   if (st.ok()) {
     const NamespacePolicies::Snapshot s = policies_->Show();

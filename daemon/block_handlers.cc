@@ -23,13 +23,15 @@ using transport::Response;
 
 BlockHandlers::BlockHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
                              NamespaceRegistry& namespaces, Metrics& metrics,
-                             transport::UcxEngine* ucx, const ClusterRef& cluster)
+                             transport::UcxEngine* ucx, const ClusterRef& cluster,
+                             const AccessControl& access)
     : options_(options),
       tiers_(tiers),
       namespaces_(namespaces),
       metrics_(metrics),
       ucx_(ucx),
-      cluster_(cluster) {}
+      cluster_(cluster),
+      access_(access) {}
 
 Response BlockHandlers::Hello(Connection& c, std::string_view body) {
   wire::HelloRequest req;
@@ -54,18 +56,29 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
   if (st.ok() && c.hello && req.namespace_name() != c.ns_name) {
     st = Status::PermissionDenied("a connection cannot change its namespace");
   }
+  if (st.ok() && c.hello && req.admin() && !c.admin) {
+    st = Status::PermissionDenied("a connection cannot gain admin rights after its hello");
+  }
   bool challenged = false;
-  if (st.ok() && !c.info.local && !options_.tcp_secret.empty() && !c.hello) {
-    // Cluster mode: a TCP client proves the cluster secret over this connection's challenge.
-    if (c.challenge.empty()) c.challenge = NewHelloChallenge();
-    if (req.auth().empty()) {
-      st = Status::PermissionDenied(
-          "this daemon requires the cluster secret on TCP connections: answer the challenge");
+  if (st.ok() && !c.hello) {
+    HelloClaim claim;
+    claim.namespace_name = req.namespace_name();
+    claim.admin = req.admin();
+    claim.challenge = c.challenge;
+    claim.proof = req.auth();
+    claim.local = c.info.local;
+    claim.credentials = c.info.credentials ? &*c.info.credentials : nullptr;
+    const HelloVerdict v = access_.Admit(claim);
+    if (v.outcome == HelloVerdict::Outcome::kAdmitted) {
+      c.admin = v.admin;
+    } else if (v.outcome == HelloVerdict::Outcome::kProve && c.challenge.empty()) {
+      // The client may answer this connection's challenge with a proof of its credential.
+      c.challenge = NewHelloChallenge();
       resp.set_challenge(c.challenge);
-      challenged = true;  // the client may answer on this connection
-    } else if (!VerifyHelloProof(options_.tcp_secret, c.challenge, req.namespace_name(),
-                                 req.auth())) {
-      st = Status::PermissionDenied("wrong cluster secret");
+      st = Status::PermissionDenied(v.reason);
+      challenged = true;
+    } else {
+      st = Status::PermissionDenied(v.reason);
     }
   }
   if (st.ok()) {
@@ -75,6 +88,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
       c.ns = *ns;
       c.ns_name = req.namespace_name();
       c.peer = req.client_name() == "kvpool-peer";
+      resp.set_admin(c.admin);
       // The data paths, socket at the bottom (daemon/delivery.h).
       const bool shm = req.shared_memory() && c.info.local && options_.shared_memory;
       std::unique_ptr<BlockDelivery> delivery = std::make_unique<SocketDelivery>(tiers_, c.owner);

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/access_control.h"
 #include "daemon/cluster_hooks.h"
 #include "daemon/connection.h"
 #include "daemon/metrics.h"
@@ -31,9 +32,11 @@ class BlockHandlers {
   // `ucx` may be null (no UCX data path). All references outlive the handlers.
   BlockHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
                 NamespaceRegistry& namespaces, Metrics& metrics, transport::UcxEngine* ucx,
-                const ClusterRef& cluster);
+                const ClusterRef& cluster, const AccessControl& access);
 
-  // A refused hello closes the connection after its answer (unless the answer is a challenge).
+  // Admits the connection to its namespace as `access` decides (daemon/access_control.h),
+  // challenging it first when a proof would decide. A refused hello closes the connection
+  // after its answer (unless the answer is a challenge).
   transport::Response Hello(Connection& c, std::string_view body);
   transport::Response Lookup(Connection& c, std::string_view body);
   transport::Response Get(Connection& c, std::string_view body);
@@ -62,6 +65,7 @@ class BlockHandlers {
   Metrics& metrics_;
   transport::UcxEngine* const ucx_;
   const ClusterRef& cluster_;
+  const AccessControl& access_;
 };
 
 }  // namespace kvpool::daemon

@@ -23,11 +23,14 @@ std::atomic<uint64_t> g_next_owner{1};
 
 BlockService::BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
                            NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics,
-                           transport::UcxEngine* ucx)
+                           transport::UcxEngine* ucx, const AccessControl* access)
     : options_(options),
       tiers_(tiers),
       metrics_(metrics),
-      blocks_(options_, tiers, namespaces, metrics, ucx, cluster_),
+      own_access_(access == nullptr ? std::make_unique<AccessControl>(options.tcp_secret)
+                                    : nullptr),
+      blocks_(options_, tiers, namespaces, metrics, ucx, cluster_,
+              access != nullptr ? *access : *own_access_),
       sessions_(tiers, sessions, metrics, cluster_),
       admin_(options_, tiers, sessions, metrics, cluster_) {}
 

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/access_control.h"
 #include "daemon/admin_handlers.h"
 #include "daemon/block_handlers.h"
 #include "daemon/cluster_hooks.h"
@@ -40,9 +41,11 @@ namespace kvpool::daemon {
 class BlockService final : public transport::RequestHandler {
  public:
   // `ucx` may be null (no UCX data path); it and every reference must outlive this service.
+  // `access`: who may act for which namespace (daemon/access_control.h), updated by its owner;
+  // null: no rules but the cluster secret on TCP (options.tcp_secret).
   BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
                NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics,
-               transport::UcxEngine* ucx = nullptr);
+               transport::UcxEngine* ucx = nullptr, const AccessControl* access = nullptr);
 
   // Pins the chains of every persisted session (at start, after TierManager::Recover).
   Status LoadSessions() { return sessions_.LoadSessions(); }
@@ -74,6 +77,7 @@ class BlockService final : public transport::RequestHandler {
   tiers::TierManager& tiers_;
   Metrics& metrics_;
   ClusterRef cluster_;
+  std::unique_ptr<AccessControl> own_access_;  // when none was given
   BlockHandlers blocks_;
   SessionHandlers sessions_;
   AdminHandlers admin_;

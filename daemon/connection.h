@@ -26,7 +26,8 @@ struct Connection : transport::ConnectionState {
   std::string ns_name;
   uint64_t owner = 0;     // owner id of this connection's reservations and leases
   bool peer = false;      // another kvpoold (cluster fetch or replication): no replication back
-  std::string challenge;  // cluster mode, TCP: what this connection's hello proof covers
+  bool admin = false;     // may run admin requests (daemon/access_control.h)
+  std::string challenge;  // what this connection's hello proof covers, once issued
   // How block bodies travel; never null. Chosen at hello (daemon/delivery.h).
   std::unique_ptr<BlockDelivery> delivery;
   // The UCX layer on top of `delivery` when UCX was granted (a repeated hello keeps it).

@@ -85,12 +85,25 @@ class DaemonImpl final : public Daemon {
     to.promotion_threads = options_.promotion_threads;
     KVPOOL_ASSIGN_OR_RETURN(tiers::TierStack stack, tiers::TierStack::Create(stack_tiers));
     tiers_ = std::make_unique<tiers::TierManager>(to, std::move(stack));
+    if (!options_.cluster.empty()) {
+      cluster_secret_ = options_.cluster_secret;
+      if (!options_.cluster_secret_file.empty()) {
+        KVPOOL_ASSIGN_OR_RETURN(cluster_secret_,
+                                cluster::ReadClusterSecretFile(options_.cluster_secret_file));
+      }
+      if (cluster_secret_.empty()) {
+        return Status::InvalidArgument(
+            "cluster mode needs --cluster_secret or --cluster_secret_file");
+      }
+    }
+    access_ = std::make_unique<AccessControl>(cluster_secret_);
     NamespacePoliciesOptions po;
     po.write_policy = options_.write_policy;
     po.namespace_policies = options_.namespace_policies;
     po.namespaces_file = options_.namespaces_file;
     po.namespaces_file_required = options_.namespaces_file_required;
-    policies_ = std::make_unique<NamespacePolicies>(std::move(po), *tiers_, *namespaces_);
+    policies_ =
+        std::make_unique<NamespacePolicies>(std::move(po), *tiers_, *namespaces_, access_.get());
     if (Status st = policies_->Configure(); !st.ok()) {
       if (st.code() != StatusCode::kInvalidArgument || options_.namespaces_file.empty() ||
           st.message().rfind(options_.namespaces_file + ":", 0) != 0) {
@@ -116,17 +129,6 @@ class DaemonImpl final : public Daemon {
       }
     }
     sessions_ = std::make_unique<SessionStore>(*store_);
-    if (!options_.cluster.empty()) {
-      cluster_secret_ = options_.cluster_secret;
-      if (!options_.cluster_secret_file.empty()) {
-        KVPOOL_ASSIGN_OR_RETURN(cluster_secret_,
-                                cluster::ReadClusterSecretFile(options_.cluster_secret_file));
-      }
-      if (cluster_secret_.empty()) {
-        return Status::InvalidArgument(
-            "cluster mode needs --cluster_secret or --cluster_secret_file");
-      }
-    }
     BlockServiceOptions bo;
     bo.tcp_secret = cluster_secret_;
     bo.node_id = node_id_;
@@ -134,8 +136,8 @@ class DaemonImpl final : public Daemon {
     bo.limits = options_.limits;
     bo.shared_memory = options_.shared_memory;
     bo.lease_timeout = options_.lease_timeout;
-    service_ =
-        std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_, ucx_.get());
+    service_ = std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_,
+                                              ucx_.get(), access_.get());
     KVPOOL_RETURN_IF_ERROR(service_->LoadSessions());
     service_->SetPolicies(policies_.get());
     tiers_->Start();
@@ -293,6 +295,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<tiers::HostTier> host_;
   std::unique_ptr<tiers::DiskTier> disk_;
   std::unique_ptr<tiers::TierManager> tiers_;
+  std::unique_ptr<AccessControl> access_;
   std::unique_ptr<NamespacePolicies> policies_;
   std::unique_ptr<transport::UcxEngine> ucx_;
   std::unique_ptr<SessionStore> sessions_;

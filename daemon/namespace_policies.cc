@@ -52,6 +52,9 @@ Result<NamespacesConfig> NamespacePolicies::LoadFile() const {
 Result<NamespacePolicies::Layers> NamespacePolicies::Compose(const NamespacesConfig& file,
                                                              bool warn) {
   Layers layers;
+  if (access_ != nullptr) {
+    KVPOOL_ASSIGN_OR_RETURN(layers.access, ResolveAccess(file));
+  }
   layers.default_policy = file.default_policy;
   if (file.has_default) {
     layers.default_source = file.path;
@@ -110,6 +113,10 @@ Status NamespacePolicies::Apply(Layers next) {
   }
   for (const auto& [ns, c] : running_.namespaces) {
     if (!next.namespaces.contains(ns)) tiers_.ClearNamespacePolicy(ns);
+  }
+  if (access_ != nullptr) {
+    access_->Replace(next.access);
+    LOG(INFO) << "access: " << access_->Describe();
   }
   running_ = std::move(next);
   return Status::OK();

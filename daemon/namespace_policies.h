@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/namespace_id.h"
 #include "common/status.h"
+#include "daemon/access_control.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/namespaces_file.h"
 #include "tiers/tier_manager.h"
@@ -63,9 +64,11 @@ struct PolicyInfo {
 
 class NamespacePolicies {
  public:
+  // `access`, when given, gets the namespaces file's access rules (daemon/access_control.h)
+  // with every configuration applied, so a reload changes both or neither.
   NamespacePolicies(NamespacePoliciesOptions options, tiers::TierManager& tiers,
-                    NamespaceRegistry& namespaces)
-      : options_(std::move(options)), tiers_(tiers), namespaces_(namespaces) {
+                    NamespaceRegistry& namespaces, AccessControl* access = nullptr)
+      : options_(std::move(options)), tiers_(tiers), namespaces_(namespaces), access_(access) {
     running_.default_policy = tiers::DefaultNamespacePolicy();
     running_.default_source = "default";
   }
@@ -102,6 +105,7 @@ class NamespacePolicies {
     tiers::NamespacePolicy default_policy;
     std::string default_source;
     absl::flat_hash_map<NamespaceId, Configured> namespaces;
+    AccessRules access;
   };
 
   // The flags' entries, parsed once by Configure.
@@ -122,6 +126,7 @@ class NamespacePolicies {
   const NamespacePoliciesOptions options_;
   tiers::TierManager& tiers_;
   NamespaceRegistry& namespaces_;
+  AccessControl* const access_;
   std::vector<FlagEntry> flag_entries_;  // set by Configure, then read-only
   PolicyNames flag_base_;                // the flags' default names (write only)
 

@@ -19,6 +19,12 @@ namespace {
 constexpr const char* kKnownPolicyKeys =
     "eviction, write, admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota, "
     "gpu_quota";
+constexpr const char* kKnownAccessKeys = "credential_file, unix_users, unix_groups";
+constexpr const char* kKnownTopKeys = "default, namespaces, access, admin";
+
+bool IsAccessKey(const std::string& key) {
+  return key == "credential_file" || key == "unix_users" || key == "unix_groups";
+}
 
 std::string TypeName(const YAML::Node& node) {
   switch (node.Type()) {
@@ -88,13 +94,82 @@ class Parser {
     return Status::InvalidArgument(std::move(joined));
   }
 
-  // One composition: `what` names it in messages ("default", "namespace 'tenant-a'").
-  PolicyNames ParsePolicy(const YAML::Node& node, const std::string& what) {
+  // One key of an AccessSpec (IsAccessKey(k)) into `access`.
+  void ParseAccessKey(const std::string& k, const YAML::Node& key, const YAML::Node& value,
+                      const std::string& what, AccessSpec* access) {
+    if (k == "credential_file") {
+      if (!value.IsScalar() || value.Scalar().empty() || value.Scalar()[0] != '/') {
+        Error(value.IsNull() ? key.Mark() : value.Mark(),
+              what + ": credential_file must be an absolute path, got " + TypeName(value));
+        return;
+      }
+      access->credential_file = value.Scalar();
+      return;
+    }
+    // unix_users, unix_groups: a list of names or numeric ids (one alone may go without the
+    // brackets).
+    std::vector<std::string>& out = k == "unix_users" ? access->unix_users : access->unix_groups;
+    const char* kind = k == "unix_users" ? "user" : "group";
+    std::vector<YAML::Node> items;
+    if (value.IsScalar()) {
+      items.push_back(value);
+    } else if (value.IsSequence()) {
+      for (const auto& item : value) items.push_back(item);
+    }
+    if (items.empty()) {
+      Error(value.IsNull() ? key.Mark() : value.Mark(),
+            what + ": " + k + " must be a list of " + kind + " names or ids such as [vllm], got " +
+                TypeName(value));
+      return;
+    }
+    for (const YAML::Node& item : items) {
+      if (!item.IsScalar() || item.Scalar().empty()) {
+        Error(item.Mark(),
+              what + ": " + k + " must list " + kind + " names or ids, got " + TypeName(item));
+        continue;
+      }
+      out.push_back(item.Scalar());
+    }
+  }
+
+  // The `admin:` section: an AccessSpec alone.
+  AccessSpec ParseAdmin(const YAML::Node& node) {
+    AccessSpec access;
+    access.line = node.Mark().line + 1;
+    if (!node.IsMap() || node.size() == 0) {
+      Error(node.Mark(), std::string("admin: expected a mapping of ") + kKnownAccessKeys +
+                             ", got " + TypeName(node));
+      return access;
+    }
+    std::map<std::string, int> seen;
+    for (const auto& kv : node) {
+      const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "";
+      if (!IsAccessKey(k)) {
+        Error(kv.first.Mark(),
+              "admin: unknown key " + TypeName(kv.first) + " (known: " + kKnownAccessKeys + ")");
+        continue;
+      }
+      if (auto [first, inserted] = seen.emplace(k, kv.first.Mark().line + 1); !inserted) {
+        Error(kv.first.Mark(), "admin: '" + k + "' given twice (first on line " +
+                                   std::to_string(first->second) + ")");
+        continue;
+      }
+      ParseAccessKey(k, kv.first, kv.second, "admin", &access);
+    }
+    return access;
+  }
+
+  // One composition: `what` names it in messages ("default", "namespace 'tenant-a'"). Who may
+  // act for the namespace goes to `access`; the default has none (nullptr).
+  PolicyNames ParsePolicy(const YAML::Node& node, const std::string& what, AccessSpec* access) {
     PolicyNames names;
+    // A namespace's keys include who may act for it; the default's do not.
+    const std::string known = access == nullptr
+                                  ? std::string(kKnownPolicyKeys)
+                                  : std::string(kKnownPolicyKeys) + ", " + kKnownAccessKeys;
     if (node.IsNull()) return names;  // "scratch:" alone: everything from the default
     if (!node.IsMap()) {
-      Error(node.Mark(),
-            what + ": expected a mapping of " + kKnownPolicyKeys + ", got " + TypeName(node));
+      Error(node.Mark(), what + ": expected a mapping of " + known + ", got " + TypeName(node));
       return names;
     }
     std::map<std::string, int> seen;
@@ -102,14 +177,23 @@ class Parser {
       const YAML::Node key = kv.first;
       const YAML::Node value = kv.second;
       if (!key.IsScalar()) {
-        Error(key.Mark(), what + ": expected a key (" + std::string(kKnownPolicyKeys) + "), got " +
-                              TypeName(key));
+        Error(key.Mark(), what + ": expected a key (" + known + "), got " + TypeName(key));
         continue;
       }
       const std::string k = key.Scalar();
       if (auto [first, inserted] = seen.emplace(k, key.Mark().line + 1); !inserted) {
         Error(key.Mark(), what + ": '" + k + "' given twice (first on line " +
                               std::to_string(first->second) + ")");
+        continue;
+      }
+      if (IsAccessKey(k)) {
+        if (access == nullptr) {
+          Error(key.Mark(), what + ": " + k +
+                                " says who may act for one namespace; give it under that "
+                                "namespace (or in the admin section)");
+        } else {
+          ParseAccessKey(k, key, value, what, access);
+        }
         continue;
       }
       if (k == "lossy") {
@@ -159,7 +243,7 @@ class Parser {
         } else if (k == "read-ahead" || k == "readahead") {
           Error(key.Mark(), what + ": unknown key '" + k + "' (did you mean 'read_ahead'?)");
         } else {
-          Error(key.Mark(), what + ": unknown key '" + k + "' (known: " + kKnownPolicyKeys + ")");
+          Error(key.Mark(), what + ": unknown key '" + k + "' (known: " + known + ")");
         }
         continue;
       }
@@ -287,9 +371,11 @@ class Parser {
       std::string name;
       YAML::Mark mark;
       PolicyNames names;
+      AccessSpec access;
     };
     std::vector<Pending> pending;
     YAML::Mark default_mark = YAML::Mark::null_mark();
+    YAML::Mark access_mark = YAML::Mark::null_mark();
     bool default_ok = true;
     if (!root.IsNull()) {
       if (!root.IsMap()) {
@@ -302,9 +388,10 @@ class Parser {
         const YAML::Node key = kv.first;
         const YAML::Node value = kv.second;
         const std::string k = key.IsScalar() ? key.Scalar() : "";
-        if (k != "default" && k != "namespaces") {
+        if (k != "default" && k != "namespaces" && k != "access" && k != "admin") {
           if (!key.IsScalar()) {
-            Error(key.Mark(), "expected 'default' or 'namespaces', got " + TypeName(key));
+            Error(key.Mark(),
+                  std::string("expected one of ") + kKnownTopKeys + ", got " + TypeName(key));
           } else if (NotSupportedYet(k)) {
             Error(key.Mark(), "'" + k +
                                   "' is not supported: quotas are given per namespace "
@@ -312,7 +399,7 @@ class Parser {
                                   "daemon's "
                                   "flags; remove it");
           } else {
-            Error(key.Mark(), "unknown key '" + k + "' (known: default, namespaces)");
+            Error(key.Mark(), "unknown key '" + k + "' (known: " + kKnownTopKeys + ")");
           }
           continue;
         }
@@ -321,11 +408,27 @@ class Parser {
                 "'" + k + "' given twice (first on line " + std::to_string(first->second) + ")");
           continue;
         }
+        if (k == "access") {
+          if (!value.IsScalar() || (value.Scalar() != "open" && value.Scalar() != "declared")) {
+            Error(value.IsNull() ? key.Mark() : value.Mark(),
+                  "access must be 'open' (any namespace may be named) or 'declared' (only the "
+                  "namespaces of this file), got " +
+                      TypeName(value));
+          } else {
+            config->declared_only = value.Scalar() == "declared";
+            access_mark = key.Mark();
+          }
+          continue;
+        }
+        if (k == "admin") {
+          config->admin = ParseAdmin(value);
+          continue;
+        }
         if (k == "default") {
           const size_t before = errors_.size();
           config->has_default = true;
           default_mark = key.Mark();
-          config->default_names = ParsePolicy(value, "default");
+          config->default_names = ParsePolicy(value, "default", nullptr);
           default_ok = errors_.size() == before;
           continue;
         }
@@ -360,9 +463,26 @@ class Parser {
                   what + " given twice (first on line " + std::to_string(first->second) + ")");
             continue;
           }
-          pending.push_back({name, name_node.Mark(), ParsePolicy(ns.second, what)});
+          AccessSpec access;
+          access.line = name_node.Mark().line + 1;
+          PolicyNames names = ParsePolicy(ns.second, what, &access);
+          pending.push_back({name, name_node.Mark(), std::move(names), std::move(access)});
         }
       }
+    }
+    if (config->declared_only) {
+      for (const Pending& p : pending) {
+        if (p.access.empty()) {
+          Error(p.mark, "namespace '" + p.name +
+                            "' has no credential: under 'access: declared' each namespace needs "
+                            "a credential_file, unix_users or unix_groups");
+        }
+      }
+    }
+    if (config->declared_only && !config->admin.has_value()) {
+      Error(access_mark,
+            "access: declared needs an 'admin' section (who may run admin requests), e.g. "
+            "admin: {unix_users: [root]}");
     }
 
     // The compositions. A namespace lies over the default; its eviction order, when it names
@@ -403,8 +523,8 @@ class Parser {
       policy->host_quota_bytes = p.names.host_quota.value_or(0);
       policy->disk_quota_bytes = p.names.disk_quota.value_or(0);
       policy->gpu_quota_bytes = p.names.gpu_quota.value_or(0);
-      config->namespaces.push_back(
-          {std::move(p.name), p.mark.line + 1, std::move(p.names), std::move(*policy)});
+      config->namespaces.push_back({std::move(p.name), p.mark.line + 1, std::move(p.names),
+                                    std::move(*policy), std::move(p.access)});
     }
   }
 

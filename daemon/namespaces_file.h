@@ -20,8 +20,25 @@
 //
 //     tenant-b: {host_quota: 2GiB, disk_quota: 50GiB, gpu_quota: 4GiB}
 //
-// A key for something the daemon cannot configure per namespace (a gpu quota, tier capacities)
-// is an error, never silently ignored.
+// A key for something the daemon cannot configure per namespace (tier capacities) is an error,
+// never silently ignored.
+//
+// Who may act for a namespace (daemon/access_control.h): a credential, the secret a client
+// proves at hello, kept in a file only the daemon's user can read; and, on the Unix socket,
+// Unix users or groups (names or numbers) admitted without a proof:
+//
+//     tenant-a: {credential_file: /etc/kvpool/credentials/tenant-a, unix_groups: [vllm]}
+//
+// The top-level `admin:` section says the same of admin requests (daemon-wide stats, the
+// cluster view, other namespaces' policies), and `access: declared` closes the daemon to every
+// namespace the file does not name (the default, `access: open`, lets a client name any other
+// namespace, as before):
+//
+//     access: declared
+//     admin: {unix_users: [root], credential_file: /etc/kvpool/credentials/admin}
+//
+// `access: declared` needs the `admin:` section and a credential or Unix binding for every
+// namespace. A namespace given a credential needs it in every mode.
 //
 // Parsing validates everything and reports every problem found, one line each as
 // "PATH:LINE: what", in file order: YAML syntax, unknown keys, values of the wrong type,
@@ -63,6 +80,23 @@ struct PolicyNames {
   bool operator==(const PolicyNames& o) const;
 };
 
+// Who may act for a namespace, or run admin requests, as written (resolved, files read and
+// users looked up, by daemon/access_control.h).
+struct AccessSpec {
+  std::string credential_file;          // holds the secret proved at hello
+  std::vector<std::string> unix_users;  // names or numeric ids
+  std::vector<std::string> unix_groups;
+  int line = 0;  // where it was given, for messages
+
+  bool empty() const {
+    return credential_file.empty() && unix_users.empty() && unix_groups.empty();
+  }
+  bool operator==(const AccessSpec& o) const {
+    return credential_file == o.credential_file && unix_users == o.unix_users &&
+           unix_groups == o.unix_groups;
+  }
+};
+
 // A parsed and validated namespaces file.
 struct NamespacesConfig {
   struct Namespace {
@@ -70,6 +104,7 @@ struct NamespacesConfig {
     int line = 0;
     PolicyNames names;              // as written in the file
     tiers::NamespacePolicy policy;  // composed over the default
+    AccessSpec access;              // empty: anyone may name it (unless `access: declared`)
   };
 
   std::string path;           // as given: the messages' prefix and the policies' source
@@ -78,6 +113,10 @@ struct NamespacesConfig {
   PolicyNames default_names;  // the file's default over the base it was parsed with
   tiers::NamespacePolicy default_policy;
   std::vector<Namespace> namespaces;  // in file order, names unique
+  // `access: declared`: only the namespaces above exist.
+  bool declared_only = false;
+  // The `admin:` section: who may run admin requests. nullopt: everyone (without one).
+  std::optional<AccessSpec> admin;
 };
 
 // Parses `yaml`, reporting errors under `path`. `base`: what the file's default section lies

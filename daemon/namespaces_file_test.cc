@@ -156,13 +156,16 @@ TEST(NamespacesFileTest, UnknownKeysAndBadTypesOneLineEach) {
       "  e: lru\n"                               // 8: a scalar for a mapping
       "  f: {eviction: lru, eviction: lfu}\n");  // 9: twice
   ASSERT_EQ(e.size(), 8u) << ::testing::PrintToString(e);
-  EXPECT_EQ(e[0], "namespaces.yaml:1: unknown key 'defaults' (known: default, namespaces)");
+  EXPECT_EQ(e[0],
+            "namespaces.yaml:1: unknown key 'defaults' (known: default, namespaces, access, "
+            "admin)");
   EXPECT_EQ(e[1],
             "namespaces.yaml:2: default: expected a mapping of eviction, write, admission, "
             "read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota, got a list");
   EXPECT_EQ(e[2],
             "namespaces.yaml:4: namespace 'a': unknown key 'evict' (known: eviction, write, "
-            "admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota)");
+            "admission, read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota, "
+            "credential_file, unix_users, unix_groups)");
   EXPECT_EQ(e[3],
             "namespaces.yaml:5: namespace 'b': unknown key 'read-ahead' (did you mean "
             "'read_ahead'?)");
@@ -170,7 +173,8 @@ TEST(NamespacesFileTest, UnknownKeysAndBadTypesOneLineEach) {
   EXPECT_EQ(e[5], "namespaces.yaml:7: namespace 'd': write must be a strategy name, got nothing");
   EXPECT_EQ(e[6],
             "namespaces.yaml:8: namespace 'e': expected a mapping of eviction, write, admission, "
-            "read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota, got 'lru'");
+            "read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota, "
+            "credential_file, unix_users, unix_groups, got 'lru'");
   EXPECT_EQ(e[7], "namespaces.yaml:9: namespace 'f': 'eviction' given twice (first on line 9)");
 }
 
@@ -360,6 +364,81 @@ TEST(NamespacesFileTest, MissingFileIsTheDefaultsOnlyWhenOptional) {
             0u)
       << r.status().message();
   std::remove(path.c_str());
+}
+
+TEST(NamespacesFileTest, AccessKeysSayWhoMayActForANamespaceAndForTheAdmin) {
+  Result<NamespacesConfig> r = ParseNamespacesConfig(
+      "access: declared\n"
+      "admin: {unix_users: [root], credential_file: /etc/kvpool/credentials/admin}\n"
+      "namespaces:\n"
+      "  tenant-a: {eviction: lfu, credential_file: /etc/kvpool/credentials/a}\n"
+      "  tenant-b: {unix_users: vllm, unix_groups: [inference, 1001]}\n",
+      "namespaces.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->declared_only);
+  ASSERT_TRUE(r->admin.has_value());
+  EXPECT_EQ(r->admin->credential_file, "/etc/kvpool/credentials/admin");
+  EXPECT_EQ(r->admin->unix_users, std::vector<std::string>{"root"});
+  EXPECT_EQ(r->admin->line, 2);
+  ASSERT_EQ(r->namespaces.size(), 2u);
+  EXPECT_EQ(r->namespaces[0].access.credential_file, "/etc/kvpool/credentials/a");
+  EXPECT_EQ(Describe(r->namespaces[0].policy),
+            "eviction=lfu write=write-back admission=all read-ahead=chain-2");
+  EXPECT_EQ(r->namespaces[1].access.unix_users, std::vector<std::string>{"vllm"});
+  EXPECT_EQ(r->namespaces[1].access.unix_groups, (std::vector<std::string>{"inference", "1001"}));
+  EXPECT_EQ(r->namespaces[1].access.line, 5);
+
+  // Without `access`, the file is open to other namespaces and has no admin section.
+  Result<NamespacesConfig> open = ParseNamespacesConfig("namespaces:\n  a: {}\n", "x.yaml");
+  ASSERT_TRUE(open.ok()) << open.status().ToString();
+  EXPECT_FALSE(open->declared_only);
+  EXPECT_FALSE(open->admin.has_value());
+  EXPECT_TRUE(open->namespaces[0].access.empty());
+}
+
+TEST(NamespacesFileTest, BadAccessKeysAreRefusedOneLineEach) {
+  const std::vector<std::string> e = Errors(
+      "access: closed\n"                         // 1: not open or declared
+      "default: {credential_file: /x}\n"         // 2: not in the default
+      "admin: {users: [root]}\n"                 // 3: unknown admin key
+      "namespaces:\n"                            // 4
+      "  a: {credential_file: relative/path}\n"  // 5: not absolute
+      "  b: {unix_users: []}\n"                  // 6: empty
+      "  c: {unix_groups: [{x: 1}]}\n");         // 7: not a name
+  ASSERT_EQ(e.size(), 6u) << ::testing::PrintToString(e);
+  EXPECT_EQ(e[0],
+            "namespaces.yaml:1: access must be 'open' (any namespace may be named) or "
+            "'declared' (only the namespaces of this file), got 'closed'");
+  EXPECT_EQ(e[1],
+            "namespaces.yaml:2: default: credential_file says who may act for one namespace; "
+            "give it under that namespace (or in the admin section)");
+  EXPECT_EQ(e[2],
+            "namespaces.yaml:3: admin: unknown key 'users' (known: credential_file, unix_users, "
+            "unix_groups)");
+  EXPECT_EQ(e[3],
+            "namespaces.yaml:5: namespace 'a': credential_file must be an absolute path, got "
+            "'relative/path'");
+  EXPECT_EQ(e[4],
+            "namespaces.yaml:6: namespace 'b': unix_users must be a list of user names or ids "
+            "such as [vllm], got a list");
+  EXPECT_EQ(e[5],
+            "namespaces.yaml:7: namespace 'c': unix_groups must list group names or ids, got a "
+            "mapping");
+}
+
+TEST(NamespacesFileTest, DeclaredAccessNeedsAnAdminAndACredentialForEveryNamespace) {
+  const std::vector<std::string> e = Errors(
+      "access: declared\n"
+      "namespaces:\n"
+      "  a: {unix_users: [root]}\n"
+      "  b: {eviction: lru}\n");
+  ASSERT_EQ(e.size(), 2u) << ::testing::PrintToString(e);
+  EXPECT_EQ(e[0],
+            "namespaces.yaml:4: namespace 'b' has no credential: under 'access: declared' each "
+            "namespace needs a credential_file, unix_users or unix_groups");
+  EXPECT_EQ(e[1],
+            "namespaces.yaml:1: access: declared needs an 'admin' section (who may run admin "
+            "requests), e.g. admin: {unix_users: [root]}");
 }
 
 }  // namespace

@@ -112,4 +112,13 @@ uint64_t SessionStore::Count() const {
   return 0;
 }
 
+uint64_t SessionStore::CountIn(NamespaceId ns) const {
+  const std::string start = Key(ns, "");
+  std::unique_ptr<rocksdb::Iterator> it(
+      store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
+  uint64_t n = 0;
+  for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) ++n;
+  return n;
+}
+
 }  // namespace kvpool::daemon

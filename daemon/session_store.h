@@ -38,7 +38,10 @@ class SessionStore {
   // Every record of every namespace. Corruption for an undecodable record is logged and
   // skipped (it is reported through `bad` with its raw key).
   Status ForEach(const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit) const;
+  // Estimated, all namespaces together.
   uint64_t Count() const;
+  // Exact, of `ns` (walks its keys).
+  uint64_t CountIn(NamespaceId ns) const;
 
  private:
   static std::string Key(NamespaceId ns, std::string_view session_id);

@@ -363,7 +363,8 @@ TEST_F(NamespacesReloadTest, InvalidFileAtStartStopsTheDaemonWithEveryErrorLine)
        {path_ + ":3: namespace 'tenant-a': unknown eviction order 'arc' (known: lru, s3fifo, lfu)",
         path_ + ":4: namespace name 'bad name' may only hold letters, digits and . _ - :",
         path_ + ":6: namespace 'other': unknown key 'evict' (known: eviction, write, admission, "
-                "read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota)",
+                "read_ahead, encoding, layout, lossy, host_quota, disk_quota, gpu_quota, "
+                "credential_file, unix_users, unix_groups)",
         path_ + ":5: namespace 'scratch': write policy 'write-through' writes blocks to disk "
                 "that admission 'none' does not take"}) {
     EXPECT_NE(out.find("\n" + line + "\n"), std::string::npos) << line << "\nnot in:\n" << out;

@@ -493,6 +493,15 @@ void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer) {
   live_.fetch_add(1, std::memory_order_relaxed);
   ConnectionInfo info{next_id_.fetch_add(1, std::memory_order_relaxed), std::move(peer),
                       std::is_same_v<Protocol, asio::local::stream_protocol>};
+  if (info.local) {
+    struct ucred cred {};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
+        len == sizeof(cred)) {
+      info.credentials = PeerCredentials{cred.pid, cred.uid, cred.gid};
+      info.peer = "unix:pid=" + std::to_string(cred.pid) + ",uid=" + std::to_string(cred.uid);
+    }
+  }
   std::make_shared<Connection<Protocol>>(*this, std::move(socket), std::move(info))->Start();
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,10 +40,21 @@ class ConnectionState {
   virtual ~ConnectionState() = default;
 };
 
+// Who is at the other end of a Unix socket, as the kernel saw it when it connected
+// (SO_PEERCRED): what a namespace bound to Unix users or groups is checked against.
+struct PeerCredentials {
+  int32_t pid = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
 struct ConnectionInfo {
   uint64_t id = 0;     // unique for the life of the server
-  std::string peer;    // "unix" or "tcp:1.2.3.4:5678"
+  std::string peer;    // "unix:pid=12,uid=1000" (or "unix") or "tcp:1.2.3.4:5678"
   bool local = false;  // a Unix socket: file descriptors can travel
+  // Unix sockets: the connecting process's credentials; nullopt for TCP (or when the kernel
+  // did not say).
+  std::optional<PeerCredentials> credentials;
 };
 
 // Where payload bytes go. `data == nullptr` discards `size` bytes (e.g. for a reservation that

@@ -58,8 +58,18 @@ struct ClientOptions {
   bool auto_reconnect = true;
   // Default: kAuto.
   DataPath data_path = DataPath::kAuto;
-  // The cluster secret, for TCP connections to a daemon in cluster mode (it challenges at hello;
-  // the secret itself never travels). Default: none.
+  // The credential proved at hello when the daemon asks (it challenges; the secret itself never
+  // travels): the namespace's, as the operator's namespaces file gives it, or the admin's with
+  // `admin`. A client on the Unix socket whose user the namespace admits needs none. Default:
+  // none.
+  std::string credential;
+  // Ask for admin rights (daemon-wide stats, the cluster view, every namespace's policies);
+  // the hello fails unless the daemon grants them. Default: false (a daemon whose namespaces
+  // file has no admin section grants them to every client anyway; ServerInfo::admin says).
+  bool admin = false;
+  // The cluster secret, for TCP connections to a daemon in cluster mode (peers, and clients of
+  // namespaces without a credential of their own); proved when `credential` is empty. Default:
+  // none.
   std::string cluster_secret;
   // UCX transports and network devices for the UCX path ("" = UCX's choice / $UCX_TLS,
   // $UCX_NET_DEVICES). Default: "".
@@ -85,7 +95,8 @@ struct ServerInfo {
   // A block borrowed in place (Client::Borrow) stays leased at most this long. 0 on a
   // connection without shared memory (nothing is leased there).
   std::chrono::milliseconds lease_timeout{0};
-  bool ucx = false;  // blocks move over UCX on this connection
+  bool ucx = false;    // blocks move over UCX on this connection
+  bool admin = false;  // the connection has admin rights
   // The daemon's gpu tiers, on a shared-memory connection: a block there is copied device to
   // device into a Memory::kCuda buffer of the same device (see Prefetch).
   std::vector<GpuTierInfo> gpu_tiers;
@@ -371,6 +382,9 @@ struct DaemonStats {
   uint64_t leases_active = 0;
   uint64_t reservations_active = 0;
   double dedup_ratio = 0;
+  // Without admin rights: only the client's namespace (tiers' used bytes, sessions); the
+  // daemon-wide counts are zero.
+  bool namespace_only = false;
   std::string cluster_state;  // standalone, joining, joined, degraded
   uint32_t cluster_members = 0;
   std::string cluster_reason;  // why degraded or still joining

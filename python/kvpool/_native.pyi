@@ -110,7 +110,8 @@ class Client:
     def __init__(self, address: str | None = None, namespace: str = "default", *,
                  timeout: float = 10.0, connect_timeout: float | None = None,
                  data_path: str = "auto", client_name: str = "",
-                 cluster_secret: str | None = None, auto_reconnect: bool = True) -> None: ...
+                 cluster_secret: str | None = None, auto_reconnect: bool = True,
+                 credential: str | None = None, admin: bool = False) -> None: ...
     @property
     def server(self) -> dict[str, Any]: ...  # node_id, daemon_version, max_block_bytes, ...
     @property

@@ -128,6 +128,7 @@ nb::dict StatsDict(const DaemonStats& s) {
   d["leases_active"] = s.leases_active;
   d["reservations_active"] = s.reservations_active;
   d["dedup_ratio"] = s.dedup_ratio;
+  d["namespace_only"] = s.namespace_only;
   d["cluster_state"] = s.cluster_state;
   d["cluster_members"] = s.cluster_members;
   d["cluster_reason"] = s.cluster_reason;
@@ -163,7 +164,7 @@ class PyClient {
   PyClient(std::optional<std::string> address, const std::string& ns, double timeout,
            std::optional<double> connect_timeout, const std::string& data_path,
            const std::string& client_name, std::optional<std::string> cluster_secret,
-           bool auto_reconnect) {
+           bool auto_reconnect, std::optional<std::string> credential, bool admin) {
     options_.address = address.value_or("");
     options_.namespace_name = ns;
     options_.timeout = Millis(timeout, "timeout");
@@ -172,6 +173,8 @@ class PyClient {
     options_.client_name = client_name;
     options_.cluster_secret = cluster_secret.value_or("");
     options_.auto_reconnect = auto_reconnect;
+    options_.credential = credential.value_or("");
+    options_.admin = admin;
     Connect();
   }
 
@@ -240,6 +243,7 @@ class PyClient {
     d["max_batch_keys"] = s.max_batch_keys;
     d["shared_memory"] = s.shared_memory;
     d["ucx"] = s.ucx;
+    d["admin"] = s.admin;
     d["address"] = options.address;
     d["namespace"] = options.namespace_name;
     return d;
@@ -784,14 +788,18 @@ void RegisterClient(nb::module_& m) {
                        "call waits. Calls on one Client from several threads are serialized; use "
                        "one Client per thread for parallel traffic.")
       .def(nb::init<std::optional<std::string>, const std::string&, double, std::optional<double>,
-                    const std::string&, const std::string&, std::optional<std::string>, bool>(),
+                    const std::string&, const std::string&, std::optional<std::string>, bool,
+                    std::optional<std::string>, bool>(),
            nb::arg("address") = nb::none(), nb::arg("namespace") = "default", nb::kw_only(),
            nb::arg("timeout") = 10.0, nb::arg("connect_timeout") = nb::none(),
            nb::arg("data_path") = "auto", nb::arg("client_name") = "",
            nb::arg("cluster_secret") = nb::none(), nb::arg("auto_reconnect") = true,
+           nb::arg("credential") = nb::none(), nb::arg("admin") = false,
            "Connects and says hello. address: a Unix socket path, 'unix://PATH' or "
            "'tcp://HOST:PORT' (None: $KVPOOL_SOCKET or the default socket). data_path: 'auto' "
-           "(shared memory on a local socket, UCX over tcp://), 'socket', 'shm' or 'ucx'. Raises "
+           "(shared memory on a local socket, UCX over tcp://), 'socket', 'shm' or 'ucx'. "
+           "credential: the namespace's secret (or the admin's, with admin=True) when the "
+           "daemon's namespaces file gives it one; proved at hello, never sent. Raises "
            "Unavailable (no daemon), PermissionDenied / InvalidArgument (namespace refused), "
            "DeadlineExceeded.")
       .def_prop_ro("server", &PyClient::Server,

@@ -139,7 +139,8 @@ Status DaemonProcess::Start() {
       co.client_name = "kvpool-probe";
       co.data_path = DataPath::kSocket;
       auto c = Client::Connect(co);
-      if (c.ok()) {
+      // A refusal is an answer too (a daemon whose namespaces file declares who may connect).
+      if (c.ok() || c.status().code() == StatusCode::kPermissionDenied) {
         if (!o.listen_tcp_loopback) return Status::OK();
         // The banner's first line: "kvpoold ID listening on unix:PATH and tcp://HOST:PORT".
         const std::string b = Banner();

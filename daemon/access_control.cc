@@ -1,0 +1,262 @@
+#include "daemon/access_control.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/hello_auth.h"
+
+namespace kvpool::daemon {
+namespace {
+
+// A secret shorter than this is refused: it could be guessed offline from one proof.
+constexpr size_t kMinSecretBytes = 16;
+
+std::optional<uint32_t> ParseId(const std::string& s) {
+  uint32_t id = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), id);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return id;
+}
+
+// getpwnam_r / getgrnam_r need a buffer of a size sysconf suggests (or more).
+std::vector<char> LookupBuffer(int which) {
+  const long hint = sysconf(which);
+  return std::vector<char>(hint > 0 ? static_cast<size_t>(hint) : 16384);
+}
+
+std::optional<uint32_t> UserId(const std::string& name) {
+  if (std::optional<uint32_t> id = ParseId(name)) return id;
+  std::vector<char> buf = LookupBuffer(_SC_GETPW_R_SIZE_MAX);
+  passwd pw{};
+  passwd* found = nullptr;
+  while (getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found) == ERANGE) {
+    buf.resize(buf.size() * 2);
+  }
+  if (found == nullptr) return std::nullopt;
+  return found->pw_uid;
+}
+
+std::optional<uint32_t> GroupId(const std::string& name) {
+  if (std::optional<uint32_t> id = ParseId(name)) return id;
+  std::vector<char> buf = LookupBuffer(_SC_GETGR_R_SIZE_MAX);
+  group gr{};
+  group* found = nullptr;
+  while (getgrnam_r(name.c_str(), &gr, buf.data(), buf.size(), &found) == ERANGE) {
+    buf.resize(buf.size() * 2);
+  }
+  if (found == nullptr) return std::nullopt;
+  return found->gr_gid;
+}
+
+// Whether the user `uid` (primary group `gid`) is in any of `gids`: its primary group, or a
+// supplementary one from the group database.
+bool InAnyGroup(uint32_t uid, uint32_t gid, const std::vector<uint32_t>& gids) {
+  if (gids.empty()) return false;
+  if (std::find(gids.begin(), gids.end(), gid) != gids.end()) return true;
+  std::vector<char> buf = LookupBuffer(_SC_GETPW_R_SIZE_MAX);
+  passwd pw{};
+  passwd* found = nullptr;
+  while (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == ERANGE) {
+    buf.resize(buf.size() * 2);
+  }
+  if (found == nullptr) return false;
+  int n = 64;
+  std::vector<gid_t> groups(n);
+  while (getgrouplist(found->pw_name, gid, groups.data(), &n) < 0) groups.resize(n);
+  groups.resize(n);
+  return std::any_of(groups.begin(), groups.end(),
+                     [&](gid_t g) { return std::find(gids.begin(), gids.end(), g) != gids.end(); });
+}
+
+// Collects "PATH:LINE: what" lines.
+class Resolver {
+ public:
+  explicit Resolver(const std::string& path) : path_(path) {}
+
+  Credential Resolve(const AccessSpec& spec, const std::string& what) {
+    Credential c;
+    if (!spec.credential_file.empty()) c.secret = ReadSecret(spec, what);
+    for (const std::string& u : spec.unix_users) {
+      if (std::optional<uint32_t> id = UserId(u)) {
+        c.uids.push_back(*id);
+      } else {
+        Error(spec.line, what + ": unix_users: no user '" + u + "' on this machine");
+      }
+    }
+    for (const std::string& g : spec.unix_groups) {
+      if (std::optional<uint32_t> id = GroupId(g)) {
+        c.gids.push_back(*id);
+      } else {
+        Error(spec.line, what + ": unix_groups: no group '" + g + "' on this machine");
+      }
+    }
+    return c;
+  }
+
+  Status status() const {
+    if (errors_.empty()) return Status::OK();
+    std::string joined;
+    for (const std::string& e : errors_) joined += (joined.empty() ? "" : "\n") + e;
+    return Status::InvalidArgument(std::move(joined));
+  }
+
+ private:
+  void Error(int line, const std::string& what) {
+    errors_.push_back(path_ + ":" + std::to_string(line) + ": " + what);
+  }
+
+  std::string ReadSecret(const AccessSpec& spec, const std::string& what) {
+    const std::string& file = spec.credential_file;
+    struct stat st {};
+    if (stat(file.c_str(), &st) != 0) {
+      Error(spec.line, what + ": credential_file " + file + ": " + std::strerror(errno));
+      return "";
+    }
+    if (!S_ISREG(st.st_mode)) {
+      Error(spec.line, what + ": credential_file " + file + " is not a regular file");
+      return "";
+    }
+    if ((st.st_mode & S_IRWXO) != 0) {
+      Error(spec.line, what + ": credential_file " + file +
+                           " may be read or written by other users (chmod o-rwx " + file + ")");
+      return "";
+    }
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) {
+      Error(spec.line, what + ": credential_file " + file + " cannot be read");
+      return "";
+    }
+    std::string secret = text.str();
+    // A trailing newline (an editor's, or echo's) is not part of the secret.
+    while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) {
+      secret.pop_back();
+    }
+    if (secret.size() < kMinSecretBytes) {
+      Error(spec.line, what + ": credential_file " + file + " holds " +
+                           std::to_string(secret.size()) + " bytes; a credential needs at least " +
+                           std::to_string(kMinSecretBytes) +
+                           " (e.g. head -c 32 /dev/urandom | base64)");
+      return "";
+    }
+    return secret;
+  }
+
+  const std::string& path_;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace
+
+bool AccessRules::guarded() const {
+  if (declared_only || admin.has_value()) return true;
+  return std::any_of(namespaces.begin(), namespaces.end(),
+                     [](const auto& n) { return n.second.has_value(); });
+}
+
+Result<AccessRules> ResolveAccess(const NamespacesConfig& config) {
+  AccessRules rules;
+  rules.declared_only = config.declared_only;
+  rules.source = config.path;
+  Resolver r(config.path);
+  if (config.admin.has_value()) rules.admin = r.Resolve(*config.admin, "admin");
+  for (const NamespacesConfig::Namespace& n : config.namespaces) {
+    std::optional<Credential>& slot = rules.namespaces[n.name];
+    if (!n.access.empty()) slot = r.Resolve(n.access, "namespace '" + n.name + "'");
+  }
+  KVPOOL_RETURN_IF_ERROR(r.status());
+  return rules;
+}
+
+void AccessControl::Replace(AccessRules rules) {
+  auto next = std::make_shared<const AccessRules>(std::move(rules));
+  absl::MutexLock lock(&mu_);
+  rules_ = std::move(next);
+}
+
+HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
+  std::shared_ptr<const AccessRules> rules;
+  {
+    absl::MutexLock lock(&mu_);
+    rules = rules_;
+  }
+  const std::string ns(claim.namespace_name);
+  const bool has_proof = !claim.proof.empty() && !claim.challenge.empty();
+  auto proves = [&](const std::string& secret) {
+    return has_proof && !secret.empty() &&
+           VerifyHelloProof(secret, claim.challenge, claim.namespace_name, claim.proof);
+  };
+  auto bound = [&](const Credential& c) {
+    if (!claim.local || claim.credentials == nullptr) return false;
+    const uint32_t uid = claim.credentials->uid;
+    return std::find(c.uids.begin(), c.uids.end(), uid) != c.uids.end() ||
+           InAnyGroup(uid, claim.credentials->gid, c.gids);
+  };
+
+  HelloVerdict v;
+  v.peer = proves(cluster_secret_);
+  const bool admin_proven =
+      rules->admin.has_value() && (bound(*rules->admin) || proves(rules->admin->secret));
+  // Secrets a proof could be checked against here: with none, a challenge cannot help.
+  bool provable = !cluster_secret_.empty() || (rules->admin && !rules->admin->secret.empty());
+
+  bool ns_ok = false;
+  auto it = rules->namespaces.find(ns);
+  if (it != rules->namespaces.end() && it->second.has_value()) {
+    const Credential& c = *it->second;
+    ns_ok = bound(c) || proves(c.secret) || v.peer || admin_proven;
+    provable = provable || !c.secret.empty();
+    v.reason = "namespace '" + ns + "' needs its credential" +
+               (c.uids.empty() && c.gids.empty() ? "" : " (or a Unix user or group it admits)");
+  } else if (it == rules->namespaces.end() && rules->declared_only) {
+    ns_ok = v.peer || admin_proven;
+    v.reason = "namespace '" + ns + "' is not declared on this daemon (" + rules->source + ")";
+  } else {
+    ns_ok = claim.local || cluster_secret_.empty() || v.peer || admin_proven;
+    v.reason = "this daemon requires the cluster secret on TCP connections";
+  }
+  v.admin = rules->admin.has_value() ? admin_proven : true;
+  if (ns_ok && claim.admin && !v.admin) {
+    ns_ok = false;
+    v.reason = "admin requests need the admin credential";
+  }
+  if (ns_ok) {
+    v.outcome = HelloVerdict::Outcome::kAdmitted;
+    v.reason.clear();
+  } else if (!has_proof && provable) {
+    v.outcome = HelloVerdict::Outcome::kProve;
+    v.reason += ": answer the challenge";
+  } else {
+    v.outcome = HelloVerdict::Outcome::kRefused;
+    if (has_proof)
+      v.reason =
+          "wrong credential for namespace '" + ns + "'" + (claim.admin ? " with admin rights" : "");
+  }
+  return v;
+}
+
+std::string AccessControl::Describe() const {
+  std::shared_ptr<const AccessRules> rules;
+  {
+    absl::MutexLock lock(&mu_);
+    rules = rules_;
+  }
+  size_t with_credential = 0;
+  for (const auto& [name, c] : rules->namespaces) with_credential += c.has_value() ? 1 : 0;
+  std::string out = rules->declared_only ? "declared namespaces only" : "open to any namespace";
+  out += ", " + std::to_string(with_credential) + " with a credential, admin requests " +
+         (rules->admin.has_value() ? "need the admin credential" : "open to every client");
+  return out;
+}
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,198 @@
+// Tenants against a real kvpoold whose namespaces file says who may act for which namespace
+// (daemon/access_control.h): an undeclared namespace, a missing or wrong credential and a
+// stranger to a Unix-bound namespace are refused at hello; the right credential and the bound
+// user are served; a tenant's stats show its own namespace and the cluster view is the admin's;
+// a credential rotated on SIGHUP takes effect at once, for new connections.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "tests/support/daemon_process.h"
+#include "tests/support/status_matchers.h"
+#include "tests/support/temp_dir.h"
+
+namespace kvpool::testing {
+namespace {
+
+constexpr const char* kSecretA = "tenant-a-credential-0123456789";
+constexpr const char* kAdminSecret = "admin-credential-0123456789abc";
+
+class AccessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    secret_a_ = Secret("tenant-a", kSecretA);
+    admin_ = Secret("admin", kAdminSecret);
+    path_ = dir_.Join("namespaces.yaml");
+    // tenant-b: this test's own user; tenant-c: a user that is not this test's.
+    Write(path_,
+          "access: declared\n"
+          "admin: {credential_file: " +
+              admin_ +
+              "}\n"
+              "namespaces:\n"
+              "  tenant-a: {credential_file: " +
+              secret_a_ +
+              "}\n"
+              "  tenant-b: {unix_users: [" +
+              std::to_string(getuid()) +
+              "]}\n"
+              "  tenant-c: {unix_users: [" +
+              std::to_string(getuid() + 4242) + "]}\n");
+    daemon_ =
+        std::make_unique<DaemonProcess>(std::vector<std::string>{"--namespaces_file=" + path_});
+    ASSERT_OK(daemon_->Start());
+  }
+
+  static void Write(const std::string& path, const std::string& text) {
+    {
+      std::ofstream out(path + ".tmp");
+      out << text;
+    }
+    ASSERT_EQ(chmod((path + ".tmp").c_str(), 0600), 0);
+    ASSERT_EQ(std::rename((path + ".tmp").c_str(), path.c_str()), 0) << std::strerror(errno);
+  }
+
+  std::string Secret(const std::string& name, const std::string& secret) {
+    const std::string path = dir_.Join(name + ".credential");
+    Write(path, secret + "\n");
+    return path;
+  }
+
+  Result<std::unique_ptr<Client>> Connect(const std::string& ns, const std::string& credential,
+                                          bool admin = false) {
+    ClientOptions o = daemon_->Options(ns);
+    o.credential = credential;
+    o.admin = admin;
+    o.auto_reconnect = false;
+    return Client::Connect(o);
+  }
+
+  static void ExpectRefused(const Result<std::unique_ptr<Client>>& c, const std::string& why) {
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), StatusCode::kPermissionDenied) << c.status().ToString();
+    EXPECT_NE(c.status().message().find(why), std::string::npos) << c.status().ToString();
+  }
+
+  TempDir dir_{"kvpool-access"};
+  std::string secret_a_, admin_, path_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(AccessTest, OnlyDeclaredNamespacesWithTheirCredentialAreServed) {
+  ExpectRefused(Connect("tenant-z", ""), "namespace 'tenant-z' is not declared on this daemon");
+  ExpectRefused(Connect("tenant-z", kSecretA), "wrong credential for namespace 'tenant-z'");
+  ExpectRefused(Connect("tenant-a", ""), "namespace 'tenant-a' needs its credential");
+  ExpectRefused(Connect("tenant-a", "not-the-credential-0123456789"),
+                "wrong credential for namespace 'tenant-a'");
+  ExpectRefused(Connect("tenant-c", ""), "namespace 'tenant-c' needs its credential");
+
+  // The right credential, and the bound user, are served; each sees only its own blocks.
+  auto a = Connect("tenant-a", kSecretA);
+  ASSERT_OK(a);
+  auto b = Connect("tenant-b", "");
+  ASSERT_OK(b);
+  EXPECT_FALSE((*a)->server().admin);
+  const std::vector<uint8_t> bytes = BlockBytes(7, 4096);
+  const BlockKey key = ChainHasher("s", "layout", 16).Hash(Tokens(7, 16))[0];
+  ASSERT_OK((*a)->Put(std::vector<PutBlock>{{key, bytes.data(), bytes.size()}}));
+  auto hit = (*b)->Lookup({&key, 1}, /*prefetch=*/false);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->hit_blocks, 0u);
+  std::vector<uint8_t> out(bytes.size());
+  MutableBuffer buf{out.data(), out.size()};
+  auto got = (*a)->Get({&key, 1}, {&buf, 1});
+  ASSERT_OK(got);
+  ASSERT_OK((*got)[0].status);
+  EXPECT_EQ(out, bytes);
+
+  // The daemon itself did not grow a namespace for any refused name.
+  auto admin = Connect("tenant-a", kAdminSecret, /*admin=*/true);
+  ASSERT_OK(admin);
+  auto policies = (*admin)->Policies();
+  ASSERT_OK(policies);
+  for (const PolicyInfo& p : policies->namespaces) EXPECT_NE(p.namespace_name, "tenant-z");
+}
+
+TEST_F(AccessTest, TenantsSeeTheirOwnStatsAndTheAdminSeesTheDaemon) {
+  auto a = Connect("tenant-a", kSecretA);
+  ASSERT_OK(a);
+  const std::vector<uint8_t> bytes = BlockBytes(8, 8192);
+  const BlockKey key = ChainHasher("s", "layout", 16).Hash(Tokens(8, 16))[0];
+  ASSERT_OK((*a)->Put(std::vector<PutBlock>{{key, bytes.data(), bytes.size()}}));
+
+  auto mine = (*a)->Stats();
+  ASSERT_OK(mine);
+  EXPECT_TRUE(mine->namespace_only);
+  EXPECT_EQ(mine->connections, 0u);  // daemon-wide figures are not a tenant's
+  EXPECT_EQ(mine->puts_committed, 0u);
+  ASSERT_EQ(mine->tiers.size(), 2u);
+  EXPECT_EQ(mine->tiers[0].name, "host");
+  EXPECT_GT(mine->tiers[0].used_bytes, 0u);  // its own segment
+
+  auto b = Connect("tenant-b", "");
+  ASSERT_OK(b);
+  auto theirs = (*b)->Stats();
+  ASSERT_OK(theirs);
+  EXPECT_EQ(theirs->tiers[0].used_bytes, 0u);  // tenant-a's segment is not tenant-b's
+
+  auto members = (*a)->Cluster();
+  ASSERT_FALSE(members.ok());
+  EXPECT_EQ(members.status().code(), StatusCode::kPermissionDenied);
+  auto all = (*a)->Policies();
+  ASSERT_FALSE(all.ok());
+  EXPECT_EQ(all.status().code(), StatusCode::kPermissionDenied);
+  ASSERT_OK((*a)->Policies("tenant-a"));
+
+  // A tenant's credential does not give admin rights; the admin's does, in any namespace.
+  ExpectRefused(Connect("tenant-a", kSecretA, /*admin=*/true),
+                "wrong credential for namespace 'tenant-a' with admin rights");
+  auto admin = Connect("tenant-b", kAdminSecret, /*admin=*/true);
+  ASSERT_OK(admin);
+  EXPECT_TRUE((*admin)->server().admin);
+  auto daemon_wide = (*admin)->Stats();
+  ASSERT_OK(daemon_wide);
+  EXPECT_FALSE(daemon_wide->namespace_only);
+  EXPECT_GE(daemon_wide->connections, 3u);
+  EXPECT_GE(daemon_wide->puts_committed, 1u);
+  ASSERT_OK((*admin)->Cluster());
+}
+
+TEST_F(AccessTest, ACredentialRotatedOnSighupTakesEffectForNewConnections) {
+  auto before = Connect("tenant-a", kSecretA);
+  ASSERT_OK(before);
+  const std::string rotated = "tenant-a-rotated-credential-987654";
+  Write(secret_a_, rotated + "\n");
+  ASSERT_EQ(kill(daemon_->pid(), SIGHUP), 0);
+  // The reload is asynchronous: wait until the new credential is taken.
+  Result<std::unique_ptr<Client>> after = Status::Unavailable("not tried");
+  for (int i = 0; i < 500 && !after.ok(); ++i) {
+    after = Connect("tenant-a", rotated);
+    if (!after.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_OK(after);
+  ExpectRefused(Connect("tenant-a", kSecretA), "wrong credential for namespace 'tenant-a'");
+  // A connection admitted before keeps working (it proved the credential of its time).
+  ASSERT_OK((*before)->Stats());
+
+  // A reload whose credential file became world-readable is refused as a whole.
+  ASSERT_EQ(chmod(secret_a_.c_str(), 0644), 0);
+  ASSERT_EQ(kill(daemon_->pid(), SIGHUP), 0);
+  bool logged = false;
+  for (int i = 0; i < 500 && !logged; ++i) {
+    logged = daemon_->log().find("may be read or written by other users") != std::string::npos;
+    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(logged) << daemon_->LogTail();
+  ASSERT_OK(Connect("tenant-a", rotated));
+}
+
+}  // namespace
+}  // namespace kvpool::testing
