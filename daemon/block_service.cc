@@ -48,6 +48,10 @@ void BlockService::OnDisconnect(transport::ConnectionState& state) {
   blocks_.Disconnect(static_cast<Connection&>(state));
 }
 
+bool BlockService::Admitted(const transport::ConnectionState& state) const {
+  return static_cast<const Connection&>(state).hello;
+}
+
 bool BlockService::RunsInline(uint16_t type) const {
   // In cluster mode a lookup or locate may ask peers: it goes to a worker like a get.
   if (type == wire::LOOKUP || type == wire::LOCATE) return cluster_.Get() == nullptr;

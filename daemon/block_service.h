@@ -71,6 +71,8 @@ class BlockService final : public transport::RequestHandler {
   // Lookups, prefetch hints (without gpu tiers) and lease releases only take the tier
   // manager's lock (no disk I/O, no waiting): the server runs them on its I/O thread.
   bool RunsInline(uint16_t type) const override;
+  // Once its hello was accepted.
+  bool Admitted(const transport::ConnectionState& state) const override;
 
  private:
   const BlockServiceOptions options_;

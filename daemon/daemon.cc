@@ -149,6 +149,9 @@ class DaemonImpl final : public Daemon {
     so.worker_threads = options_.worker_threads;
     so.limits = options_.limits;
     so.frame_timeout = options_.frame_timeout;
+    so.max_connections = options_.max_connections;
+    so.max_connections_per_peer = options_.max_connections_per_peer;
+    so.hello_timeout = options_.hello_timeout;
     KVPOOL_ASSIGN_OR_RETURN(server_, transport::ControlServer::Start(so, *service_));
     transport::ControlServer* server = server_.get();
     service_->SetConnectionGauge([server] { return server->connections(); });

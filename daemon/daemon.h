@@ -68,6 +68,11 @@ struct DaemonOptions {
   uint32_t max_namespaces = 1024;
   transport::FrameLimits limits;
   std::chrono::milliseconds frame_timeout{30000};
+  // Connections in total and per peer (a TCP address; a Unix user), and how long a connection
+  // has to say an accepted hello (transport/control_server.h). Defaults: 4096, 1024, 10 s.
+  uint32_t max_connections = 4096;
+  uint32_t max_connections_per_peer = 1024;
+  std::chrono::milliseconds hello_timeout{10000};
   // Same-node shared-memory data path for local clients. Default: on.
   bool shared_memory = true;
   // A shared-memory lease not released within this ends by itself. Default: 10 s.

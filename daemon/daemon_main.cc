@@ -69,6 +69,12 @@ DEFINE_uint32(max_batch_keys, 4096, "Keys in one request.");
 DEFINE_uint32(max_namespaces, 1024, "Namespaces the daemon accepts.");
 DEFINE_string(max_frame_payload, "256MiB", "Largest payload in one frame (clients split batches).");
 DEFINE_int32(frame_timeout_ms, 30000, "A started frame must arrive completely within this.");
+DEFINE_uint32(max_connections, 4096, "Control connections open at once, in total.");
+DEFINE_uint32(max_connections_per_peer, 1024,
+              "Control connections open at once from one peer (a TCP address; on the Unix "
+              "socket, one user).");
+DEFINE_int32(hello_timeout_ms, 10000,
+             "A connection that has not said an accepted hello within this is closed.");
 DEFINE_int32(reservation_timeout_ms, 30000,
              "A put reservation not committed within this is reclaimed.");
 DEFINE_bool(shared_memory, true,
@@ -183,6 +189,9 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   o.max_namespaces = FLAGS_max_namespaces;
   o.limits.max_payload_bytes = static_cast<uint32_t>(*payload);
   o.frame_timeout = std::chrono::milliseconds(FLAGS_frame_timeout_ms);
+  o.max_connections = FLAGS_max_connections;
+  o.max_connections_per_peer = FLAGS_max_connections_per_peer;
+  o.hello_timeout = std::chrono::milliseconds(FLAGS_hello_timeout_ms);
   o.tiers.reservation_timeout = std::chrono::milliseconds(FLAGS_reservation_timeout_ms);
   o.shared_memory = FLAGS_shared_memory;
   o.ucx = FLAGS_ucx;

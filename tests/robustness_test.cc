@@ -371,6 +371,83 @@ TEST(RobustnessTest, StalledFrameIsClosedAfterTheFrameTimeout) {
   ExpectHealthy(d);
 }
 
+TEST(RobustnessTest, BeforeItsHelloAConnectionMaySendOnlyASmallFrameForAShortTime) {
+  DaemonProcess d({"--hello_timeout_ms=300"});
+  ASSERT_OK(d.Start());
+  // A frame announcing a body far above a hello's (but within the frame limit): closed at its
+  // header, before any buffer is sized for the body.
+  {
+    const int fd = RawConnect(d.socket_path());
+    FrameHeader h;
+    h.type = wire::HELLO;
+    h.request_id = 1;
+    h.body_bytes = 1u << 20;
+    uint8_t hdr[transport::kFrameHeaderBytes];
+    transport::EncodeFrameHeader(h, hdr);
+    ASSERT_TRUE(SendAll(fd, hdr, sizeof(hdr)));
+    EXPECT_TRUE(ClosedByDaemon(fd));
+    close(fd);
+  }
+  // A payload before hello: closed too.
+  {
+    const int fd = RawConnect(d.socket_path());
+    wire::PutCommitRequest commit;
+    const std::string f = Frame(wire::PUT_COMMIT, commit, /*payload=*/4096);
+    ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+    EXPECT_TRUE(ClosedByDaemon(fd));
+    close(fd);
+  }
+  // A connection that never says hello is closed after the hello timeout...
+  {
+    const int fd = RawConnect(d.socket_path());
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(ClosedByDaemon(fd));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+    close(fd);
+  }
+  // ...and one that did stays open past it.
+  {
+    const int fd = RawHello(d.socket_path(), "test");
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    wire::StatsRequest stats;
+    const std::string f = Frame(wire::STATS, stats, 0, 2);
+    ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+    std::string body;
+    EXPECT_EQ(ReadResponse(fd, &body).type, wire::STATS);
+    close(fd);
+  }
+  EXPECT_NE(d.log().find("not admitted within the hello timeout"), std::string::npos);
+  ExpectHealthy(d);
+}
+
+TEST(RobustnessTest, ConnectionsFromOnePeerAreBounded) {
+  DaemonProcess d({"--max_connections_per_peer=4"});
+  ASSERT_OK(d.Start());
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) fds.push_back(RawHello(d.socket_path(), "test"));
+  // The fifth from the same user is closed at once; the four keep working.
+  const int fifth = RawConnect(d.socket_path());
+  ASSERT_GE(fifth, 0);
+  EXPECT_TRUE(ClosedByDaemon(fifth));
+  close(fifth);
+  wire::StatsRequest stats;
+  const std::string f = Frame(wire::STATS, stats, 0, 2);
+  ASSERT_TRUE(SendAll(fds[0], f.data(), f.size()));
+  std::string body;
+  EXPECT_EQ(ReadResponse(fds[0], &body).type, wire::STATS);
+  // Once one closes, a new connection is served again.
+  close(fds.back());
+  fds.pop_back();
+  bool served = false;
+  for (int i = 0; i < 100 && !served; ++i) {
+    auto c = Client::Connect(d.Options());
+    served = c.ok();
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(served);
+  for (int fd : fds) close(fd);
+}
+
 TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
   DaemonProcess d;
   ASSERT_OK(d.Start());

@@ -34,7 +34,7 @@ class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
  public:
   using Socket = typename Protocol::socket;
 
-  Connection(ServerImpl& server, Socket socket, ConnectionInfo info);
+  Connection(ServerImpl& server, Socket socket, ConnectionInfo info, std::string peer_key);
   void Start();
   void Close(const std::string& reason);
 
@@ -46,6 +46,8 @@ class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
   void Write(Response response);
   void SendWithFds(std::shared_ptr<Response> held, std::vector<asio::const_buffer> bufs);
   void ArmTimer(const char* what);
+  // Strand: closes the connection `after` from now unless the handler admitted it by then.
+  void ArmHelloTimer(std::chrono::milliseconds after);
   void DisarmTimer();
   void EndHandling();  // strand: a handler finished; runs a deferred Finish
   void Finish();       // once: OnDisconnect
@@ -54,7 +56,10 @@ class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
   Socket socket_;
   asio::strand<asio::io_context::executor_type> strand_;
   asio::steady_timer timer_;
+  asio::steady_timer hello_timer_;  // closes a connection not admitted in time
   ConnectionInfo info_;
+  const std::string peer_key_;  // what max_connections_per_peer counts by
+  bool admitted_ = false;       // strand: the handler admitted it (cached once true)
   std::unique_ptr<ConnectionState> state_;
   uint8_t header_bytes_[kFrameHeaderBytes];
   FrameHeader header_;
@@ -103,9 +108,12 @@ class ServerImpl final : public ControlServer {
     std::lock_guard<std::mutex> lock(mu_);
     closers_[conn.get()] = std::move(closer);
   }
-  void Unregister(void* conn) {
+  void Unregister(void* conn, const std::string& peer_key) {
     std::lock_guard<std::mutex> lock(mu_);
     closers_.erase(conn);
+    if (auto it = per_peer_.find(peer_key); it != per_peer_.end() && --it->second == 0) {
+      per_peer_.erase(it);
+    }
     live_.fetch_sub(1, std::memory_order_relaxed);
   }
 
@@ -120,7 +128,7 @@ class ServerImpl final : public ControlServer {
     });
   }
   template <typename Protocol>
-  void Adopt(typename Protocol::socket socket, std::string peer);
+  void Adopt(typename Protocol::socket socket, std::string peer, std::string peer_key);
 
   const ControlServerOptions options_;
   RequestHandler& handler_;
@@ -137,18 +145,22 @@ class ServerImpl final : public ControlServer {
   std::atomic<uint64_t> live_{0};
   std::mutex mu_;
   std::map<void*, std::function<void()>> closers_;  // guarded by mu_
+  std::map<std::string, uint32_t> per_peer_;        // guarded by mu_: connections per peer
   bool stopped_ = false;
 };
 
 // ---------------------------------------------------------------------------------------------
 
 template <typename Protocol>
-Connection<Protocol>::Connection(ServerImpl& server, Socket socket, ConnectionInfo info)
+Connection<Protocol>::Connection(ServerImpl& server, Socket socket, ConnectionInfo info,
+                                 std::string peer_key)
     : server_(server),
       socket_(std::move(socket)),
       strand_(asio::make_strand(server.io())),
       timer_(server.io()),
-      info_(std::move(info)) {}
+      hello_timer_(server.io()),
+      info_(std::move(info)),
+      peer_key_(std::move(peer_key)) {}
 
 template <typename Protocol>
 void Connection<Protocol>::Start() {
@@ -156,7 +168,24 @@ void Connection<Protocol>::Start() {
   auto self = this->shared_from_this();
   server_.Register(
       self, [self] { asio::post(self->strand_, [self] { self->Close("server stopping"); }); });
+  ArmHelloTimer(server_.options().hello_timeout);
   asio::post(strand_, [self] { self->ReadHeader(); });
+}
+
+template <typename Protocol>
+void Connection<Protocol>::ArmHelloTimer(std::chrono::milliseconds after) {
+  auto self = this->shared_from_this();
+  hello_timer_.expires_after(after);
+  hello_timer_.async_wait(asio::bind_executor(strand_, [self](error_code ec) {
+    if (ec || self->closed_ || self->admitted_) return;
+    if (self->handling_) {
+      // Its hello may be the request a worker runs now: look again once it is answered.
+      self->ArmHelloTimer(std::chrono::milliseconds(100));
+      return;
+    }
+    self->admitted_ = self->server_.handler().Admitted(*self->state_);
+    if (!self->admitted_) self->Close("not admitted within the hello timeout");
+  }));
 }
 
 template <typename Protocol>
@@ -167,6 +196,7 @@ void Connection<Protocol>::Close(const std::string& reason) {
     LOG(INFO) << "closing connection " << info_.id << " (" << info_.peer << "): " << reason;
   error_code ec;
   DisarmTimer();
+  hello_timer_.cancel();
   socket_.shutdown(Socket::shutdown_both, ec);
   socket_.close(ec);
   if (handling_) {
@@ -192,7 +222,7 @@ void Connection<Protocol>::Finish() {
   // The handler may block (it frees reservations): run it on a worker, not the I/O thread.
   asio::post(server_.workers(), [self] {
     self->server_.handler().OnDisconnect(*self->state_);
-    self->server_.Unregister(self.get());
+    self->server_.Unregister(self.get(), self->peer_key_);
   });
 }
 
@@ -230,6 +260,16 @@ void Connection<Protocol>::ReadHeader() {
                      }
                      if (h->is_response()) {
                        self->Close("protocol error: a client sent a response frame");
+                       return;
+                     }
+                     if (!self->admitted_) {
+                       self->admitted_ = self->server_.handler().Admitted(*self->state_);
+                     }
+                     const uint32_t hello_max = self->server_.options().max_hello_body_bytes;
+                     if (!self->admitted_ && (h->body_bytes > hello_max || h->payload_bytes > 0)) {
+                       self->Close("protocol error: before its hello a connection may send " +
+                                   std::to_string(hello_max) +
+                                   " body bytes and no payload in a frame");
                        return;
                      }
                      self->header_ = *h;
@@ -482,7 +522,7 @@ Status ServerImpl::Listen() {
 }
 
 template <typename Protocol>
-void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer) {
+void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer, std::string peer_key) {
   if (live_.load(std::memory_order_relaxed) >= options_.max_connections) {
     LOG(WARNING) << "refusing connection from " << peer << ": " << options_.max_connections
                  << " connections open (the limit)";
@@ -500,16 +540,33 @@ void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer) {
         len == sizeof(cred)) {
       info.credentials = PeerCredentials{cred.pid, cred.uid, cred.gid};
       info.peer = "unix:pid=" + std::to_string(cred.pid) + ",uid=" + std::to_string(cred.uid);
+      peer_key = "uid:" + std::to_string(cred.uid);
     }
   }
-  std::make_shared<Connection<Protocol>>(*this, std::move(socket), std::move(info))->Start();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint32_t& n = per_peer_[peer_key];
+    if (n >= options_.max_connections_per_peer) {
+      LOG_EVERY_N(WARNING, 100) << "refusing connection from " << info.peer << ": "
+                                << options_.max_connections_per_peer
+                                << " connections open from it (the per-peer limit)";
+      live_.fetch_sub(1, std::memory_order_relaxed);
+      error_code ec;
+      socket.close(ec);
+      return;
+    }
+    ++n;
+  }
+  std::make_shared<Connection<Protocol>>(*this, std::move(socket), std::move(info),
+                                         std::move(peer_key))
+      ->Start();
 }
 
 void ServerImpl::AcceptUnix() {
   unix_acceptor_.async_accept([this](error_code ec, asio::local::stream_protocol::socket s) {
     if (ec == asio::error::operation_aborted || !unix_acceptor_.is_open()) return;
     if (!ec) {
-      Adopt<asio::local::stream_protocol>(std::move(s), "unix");
+      Adopt<asio::local::stream_protocol>(std::move(s), "unix", "unix");
     } else {
       // E.g. out of file descriptors: back off instead of spinning on the error.
       LOG_EVERY_N(WARNING, 100) << "accept on unix socket: " << ec.message();
@@ -527,9 +584,13 @@ void ServerImpl::AcceptTcp() {
       error_code ignored;
       s.set_option(asio::ip::tcp::no_delay(true), ignored);
       std::string peer = "tcp";
+      std::string peer_key = "tcp";
       const auto ep = s.remote_endpoint(ignored);
-      if (!ignored) peer += ":" + ep.address().to_string() + ":" + std::to_string(ep.port());
-      Adopt<asio::ip::tcp>(std::move(s), std::move(peer));
+      if (!ignored) {
+        peer += ":" + ep.address().to_string() + ":" + std::to_string(ep.port());
+        peer_key += ":" + ep.address().to_string();
+      }
+      Adopt<asio::ip::tcp>(std::move(s), std::move(peer), std::move(peer_key));
     } else {
       LOG_EVERY_N(WARNING, 100) << "accept on tcp: " << ec.message();
       AfterBackoff([this] { AcceptTcp(); });

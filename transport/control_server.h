@@ -9,7 +9,9 @@
 //
 // A frame that fails validation, a body or payload that arrives slower than
 // `frame_timeout`, or a payload that does not match what the handler expects closes that
-// connection with a logged reason; nothing else is affected.
+// connection with a logged reason; nothing else is affected. Until the handler admits a
+// connection (its hello) it may send only small frames, and only for `hello_timeout`;
+// connections are bounded in total and per peer.
 //
 // Payloads travel without intermediate copies: for a request with a payload the handler first
 // names where each byte goes (PayloadSinks), and the connection reads straight into those
@@ -86,6 +88,10 @@ class RequestHandler {
                               std::string_view body, std::vector<PayloadSink>* sinks) = 0;
   virtual Response Handle(ConnectionState& state, const FrameHeader& header,
                           std::string_view body) = 0;
+  // Whether the connection said hello and was admitted. Until then its frames are held to
+  // ControlServerOptions::max_hello_body_bytes without payload, and it is closed when
+  // hello_timeout passes first. Default: always (no hello phase).
+  virtual bool Admitted(const ConnectionState& state) const { return true; }
   // Whether requests of `type` never wait on disk or on other requests, so they may run on the
   // I/O thread without a hop to a worker (e.g. lookups). Default: false.
   virtual bool RunsInline(uint16_t type) const { return false; }
@@ -108,6 +114,13 @@ struct ControlServerOptions {
   std::chrono::milliseconds frame_timeout{30000};
   // Connections beyond this are closed at once. Default: 4096.
   uint32_t max_connections = 4096;
+  // Connections from one peer (a TCP peer's address; on the Unix socket, one user) beyond this
+  // are closed at once, so one tenant cannot take every connection. Default: 1024.
+  uint32_t max_connections_per_peer = 1024;
+  // Before the handler admits a connection (RequestHandler::Admitted): the largest frame body it
+  // may send (a hello), and how long it has to be admitted. Default: 16 KiB, 10 s.
+  uint32_t max_hello_body_bytes = 16 * 1024;
+  std::chrono::milliseconds hello_timeout{10000};
 };
 
 class ControlServer {
