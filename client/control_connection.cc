@@ -44,8 +44,19 @@ Status ControlConnection::Hello(wire::HelloRequest req, wire::HelloResponse* res
           "; ClientOptions::credential, or the cluster secret for a daemon in cluster mode)");
     }
     req.set_auth(HelloProof(secret, resp->challenge(), options_.namespace_name));
+    const std::string client_challenge = NewHelloChallenge();
+    req.set_client_challenge(client_challenge);
     resp->Clear();
     st = ExchangeOnce(wire::HELLO, req, {}, resp, hello_deadline);
+    if (st.ok() && resp->status().code() == 0 &&
+        !VerifyHelloServerProof(secret, client_challenge, options_.namespace_name,
+                                resp->server_proof())) {
+      // It admitted a proof without showing that it holds the secret itself.
+      Close();
+      return Status::PermissionDenied("kvpoold at " + options_.address +
+                                      " did not prove that it holds the credential: it is not "
+                                      "the daemon (or peer) it claims to be");
+    }
   }
   if (!st.ok()) {
     Close();

@@ -223,6 +223,7 @@ TEST(ControlConnectionTest, ChallengeNeedsTheClusterSecret) {
     } else {
       proof_seen = req.auth();
       resp.set_node_id("authenticated");
+      resp.set_server_proof(HelloServerProof("s3cret", req.client_challenge(), "tenant"));
     }
     return Answer(Serialize(resp));
   });
@@ -243,6 +244,89 @@ TEST(ControlConnectionTest, ChallengeNeedsTheClusterSecret) {
   ASSERT_TRUE(c.Hello(Hello(), &resp).ok());
   EXPECT_EQ(resp.node_id(), "authenticated");
   EXPECT_EQ(proof_seen, HelloProof("s3cret", challenge, "tenant"));
+}
+
+TEST(ControlConnectionTest, ADaemonThatCannotProveTheSecretItselfIsRefused) {
+  // It takes any proof, but does not know the secret: its answer to the client's challenge is
+  // missing, then wrong.
+  std::string answer;
+  std::string client_challenge;
+  FakeDaemon daemon([&](int, const FrameHeader&, const std::string& body) {
+    wire::HelloRequest req;
+    EXPECT_TRUE(req.ParseFromString(body));
+    wire::HelloResponse resp;
+    if (req.auth().empty()) {
+      resp.mutable_status()->set_code(static_cast<int>(StatusCode::kPermissionDenied));
+      resp.set_challenge(std::string(32, 'c'));
+    } else {
+      client_challenge = req.client_challenge();
+      resp.set_server_proof(answer);
+    }
+    return Answer(Serialize(resp));
+  });
+  ClientOptions o = OptionsFor(daemon);
+  o.credential = "the-tenants-credential-0123";
+  for (const std::string& wrong : {std::string(), std::string(32, 'x')}) {
+    answer = wrong;
+    ControlConnection c(o);
+    ASSERT_TRUE(c.Dial().ok());
+    wire::HelloResponse resp;
+    Status st = c.Hello(Hello(), &resp);
+    EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+    EXPECT_NE(st.message().find("did not prove that it holds the credential"), std::string::npos)
+        << st.ToString();
+    EXPECT_TRUE(c.broken());
+  }
+  EXPECT_EQ(client_challenge.size(), 32u);
+  // A daemon that answers the client's challenge under the secret is accepted; the credential
+  // is the secret proven, not the cluster secret.
+  FakeDaemon honest([&](int, const FrameHeader&, const std::string& body) {
+    wire::HelloRequest req;
+    EXPECT_TRUE(req.ParseFromString(body));
+    wire::HelloResponse resp;
+    if (req.auth().empty()) {
+      resp.mutable_status()->set_code(static_cast<int>(StatusCode::kPermissionDenied));
+      resp.set_challenge(std::string(32, 'c'));
+    } else {
+      EXPECT_EQ(req.auth(), HelloProof(o.credential, std::string(32, 'c'), "tenant"));
+      resp.set_server_proof(HelloServerProof(o.credential, req.client_challenge(), "tenant"));
+    }
+    return Answer(Serialize(resp));
+  });
+  ClientOptions ho = OptionsFor(honest);
+  ho.credential = o.credential;
+  ho.cluster_secret = "the-cluster-secret-0123456";
+  ControlConnection hc(ho);
+  ASSERT_TRUE(hc.Dial().ok());
+  wire::HelloResponse resp;
+  EXPECT_TRUE(hc.Hello(Hello(), &resp).ok());
+}
+
+TEST(ControlConnectionTest, ABlockLargerThanADaemonMaySendIsRefusedBeforeAnyAllocation) {
+  // A lying daemon (or peer): a block of 2^63 bytes in a GET answer.
+  FakeDaemon daemon([](int, const FrameHeader& h, const std::string& body) {
+    if (h.type == wire::HELLO) {
+      wire::HelloResponse resp;
+      resp.set_node_id("liar");
+      resp.set_max_block_bytes(UINT64_MAX);  // a lie too: the client caps it
+      resp.set_max_batch_keys(16);
+      return Answer(Serialize(resp));
+    }
+    wire::GetResponse resp;
+    resp.add_blocks()->set_size(1ull << 63);
+    return Answer(Serialize(resp));
+  });
+  ClientOptions o = OptionsFor(daemon);
+  o.data_path = DataPath::kSocket;
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const BlockKey key{};
+  auto got = (*client)->GetBlocks({&key, 1});
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kInternal);
+  EXPECT_NE(got.status().message().find("announced a block of 9223372036854775808 bytes"),
+            std::string::npos)
+      << got.status().ToString();
 }
 
 TEST(ControlConnectionTest, RefusedHelloKeepsTheDaemonsCode) {

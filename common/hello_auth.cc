@@ -17,9 +17,12 @@ std::string NewHelloChallenge() {
   return c;
 }
 
-std::string HelloProof(std::string_view secret, std::string_view challenge,
-                       std::string_view namespace_name) {
-  std::string msg = "kvpool-hello";
+namespace {
+
+// HMAC-SHA256(secret, label || challenge || namespace_name).
+std::string Proof(std::string_view label, std::string_view secret, std::string_view challenge,
+                  std::string_view namespace_name) {
+  std::string msg(label);
   msg += challenge;
   msg += namespace_name;
   std::string out(32, '\0');
@@ -33,11 +36,31 @@ std::string HelloProof(std::string_view secret, std::string_view challenge,
   return out;
 }
 
-bool VerifyHelloProof(std::string_view secret, std::string_view challenge,
-                      std::string_view namespace_name, std::string_view proof) {
-  const std::string expected = HelloProof(secret, challenge, namespace_name);
+bool SameProof(std::string_view proof, const std::string& expected) {
   return proof.size() == expected.size() &&
          CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) == 0;
+}
+
+}  // namespace
+
+std::string HelloProof(std::string_view secret, std::string_view challenge,
+                       std::string_view namespace_name) {
+  return Proof("kvpool-hello", secret, challenge, namespace_name);
+}
+
+bool VerifyHelloProof(std::string_view secret, std::string_view challenge,
+                      std::string_view namespace_name, std::string_view proof) {
+  return SameProof(proof, HelloProof(secret, challenge, namespace_name));
+}
+
+std::string HelloServerProof(std::string_view secret, std::string_view client_challenge,
+                             std::string_view namespace_name) {
+  return Proof("kvpool-hello-server", secret, client_challenge, namespace_name);
+}
+
+bool VerifyHelloServerProof(std::string_view secret, std::string_view client_challenge,
+                            std::string_view namespace_name, std::string_view proof) {
+  return SameProof(proof, HelloServerProof(secret, client_challenge, namespace_name));
 }
 
 }  // namespace kvpool

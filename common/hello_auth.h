@@ -1,10 +1,14 @@
 #pragma once
-// Proof of the cluster secret at hello, for TCP connections to a daemon in cluster mode.
+// Proof of a shared secret at hello, both ways: a namespace's credential, the admin's, or the
+// cluster secret (daemon/access_control.h says which the daemon accepts).
 //
-// The daemon gives each TCP connection a random 32-byte challenge; the client answers with
-// HMAC-SHA256(secret, "kvpool-hello" || challenge || namespace). The secret never travels, and an
-// answer is good for one connection only. (Without TLS a man in the middle can still take over an
-// authenticated connection: this keeps out processes that lack the secret, it does not encrypt.)
+// The daemon gives the connection a random 32-byte challenge; the client answers with
+// HMAC-SHA256(secret, "kvpool-hello" || challenge || namespace), and sends a challenge of its
+// own, which the daemon answers with HMAC-SHA256(secret, "kvpool-hello-server" ||
+// client challenge || namespace): a client that proved its secret also learns that the daemon
+// (a peer, for another kvpoold) holds it. The secret never travels, and an answer is good for one
+// connection only. (Without TLS a man in the middle can still take over an authenticated
+// connection: this keeps out processes that lack the secret, it does not encrypt.)
 //
 // Thread safety: pure functions.
 
@@ -21,5 +25,10 @@ std::string HelloProof(std::string_view secret, std::string_view challenge,
 // Constant-time check of `proof`.
 bool VerifyHelloProof(std::string_view secret, std::string_view challenge,
                       std::string_view namespace_name, std::string_view proof);
+// The daemon's 32-byte answer to the client's challenge, and its constant-time check.
+std::string HelloServerProof(std::string_view secret, std::string_view client_challenge,
+                             std::string_view namespace_name);
+bool VerifyHelloServerProof(std::string_view secret, std::string_view client_challenge,
+                            std::string_view namespace_name, std::string_view proof);
 
 }  // namespace kvpool

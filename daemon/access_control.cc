@@ -192,9 +192,14 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
   }
   const std::string ns(claim.namespace_name);
   const bool has_proof = !claim.proof.empty() && !claim.challenge.empty();
+  const std::string* proven = nullptr;  // the secret the proof was made with
   auto proves = [&](const std::string& secret) {
-    return has_proof && !secret.empty() &&
-           VerifyHelloProof(secret, claim.challenge, claim.namespace_name, claim.proof);
+    if (!has_proof || secret.empty() ||
+        !VerifyHelloProof(secret, claim.challenge, claim.namespace_name, claim.proof)) {
+      return false;
+    }
+    proven = &secret;
+    return true;
   };
   auto bound = [&](const Credential& c) {
     if (!claim.local || claim.credentials == nullptr) return false;
@@ -233,6 +238,9 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
   if (ns_ok) {
     v.outcome = HelloVerdict::Outcome::kAdmitted;
     v.reason.clear();
+    if (proven != nullptr && !claim.client_challenge.empty()) {
+      v.server_proof = HelloServerProof(*proven, claim.client_challenge, claim.namespace_name);
+    }
   } else if (!has_proof && provable) {
     v.outcome = HelloVerdict::Outcome::kProve;
     v.reason += ": answer the challenge";

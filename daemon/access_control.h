@@ -63,10 +63,11 @@ Result<AccessRules> ResolveAccess(const NamespacesConfig& config);
 // What a hello asks for.
 struct HelloClaim {
   std::string_view namespace_name;
-  bool admin = false;          // asks for admin rights
-  std::string_view challenge;  // this connection's (empty before one was issued)
-  std::string_view proof;      // HMAC over the challenge (empty: none given)
-  bool local = false;          // a Unix socket
+  bool admin = false;                 // asks for admin rights
+  std::string_view challenge;         // this connection's (empty before one was issued)
+  std::string_view proof;             // HMAC over the challenge (empty: none given)
+  std::string_view client_challenge;  // the client's, for the daemon to answer
+  bool local = false;                 // a Unix socket
   const transport::PeerCredentials* credentials = nullptr;  // its peer (Unix sockets)
 };
 
@@ -81,6 +82,9 @@ struct HelloVerdict {
   bool admin = false;  // admitted with admin rights
   bool peer = false;   // proved the cluster secret: another kvpoold
   std::string reason;  // for kProve and kRefused, shown to the client and logged
+  // kAdmitted by a proof, with a client challenge: the daemon's answer to it under the secret
+  // that was proven (common/hello_auth.h).
+  std::string server_proof;
 };
 
 class AccessControl {

@@ -66,11 +66,13 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
     claim.admin = req.admin();
     claim.challenge = c.challenge;
     claim.proof = req.auth();
+    claim.client_challenge = req.client_challenge();
     claim.local = c.info.local;
     claim.credentials = c.info.credentials ? &*c.info.credentials : nullptr;
     const HelloVerdict v = access_.Admit(claim);
     if (v.outcome == HelloVerdict::Outcome::kAdmitted) {
       c.admin = v.admin;
+      resp.set_server_proof(v.server_proof);
     } else if (v.outcome == HelloVerdict::Outcome::kProve && c.challenge.empty()) {
       // The client may answer this connection's challenge with a proof of its credential.
       c.challenge = NewHelloChallenge();

@@ -56,7 +56,8 @@ class DaemonImpl final : public Daemon {
     if (options_.disk_capacity_bytes == 0) {
       options_.disk_capacity_bytes = DefaultDiskCapacity(options_.data_dir);
     }
-    if (options_.host_segment_bytes < (1ull << 20) || options_.host_segment_bytes > (1ull << 30)) {
+    if (options_.host_segment_bytes < (1ull << 20) ||
+        options_.host_segment_bytes > transport::kLargestBlockBytes) {
       return Status::InvalidArgument("--host-segment-size must be between 1 MiB and 1 GiB");
     }
 

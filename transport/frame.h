@@ -30,6 +30,9 @@ namespace kvpool::transport {
 inline constexpr uint32_t kFrameMagic = 0x3150564B;
 inline constexpr uint8_t kProtocolVersion = 1;
 inline constexpr size_t kFrameHeaderBytes = 24;
+// No daemon stores a block larger than one host segment, and a segment is at most this: a size
+// above it from a daemon (or a peer) is a lie, refused before anything is allocated for it.
+inline constexpr uint64_t kLargestBlockBytes = 1ull << 30;
 inline constexpr uint8_t kFlagResponse = 0x1;
 
 struct FrameHeader {
