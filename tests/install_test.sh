@@ -205,6 +205,10 @@ for s in postinst prerm postrm; do has_line "$WORK/control.files" "^\./$s\$"; do
 dpkg-deb -x "$deb_daemon" "$WORK/deb-root"
 has_line "$WORK/deb-root/usr/lib/systemd/system/kvpoold.service" \
   '^ExecStart=/usr/bin/kvpoold --flagfile=/etc/kvpool/kvpoold.flags$'
+# Hardened: its own user, a read-only system but for its state, no capabilities.
+for d in '^User=kvpool$' '^ProtectSystem=strict$' '^CapabilityBoundingSet=$' '^NoNewPrivileges=true$'; do
+  has_line "$WORK/deb-root/usr/lib/systemd/system/kvpoold.service" "$d"
+done
 
 # --- 4. dpkg -i, remove, purge -----------------------------------------------------------------
 if [[ $(id -u) != 0 ]]; then echo "install_test: SKIP dpkg -i (not root)"; exit 77; fi
