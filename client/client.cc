@@ -817,12 +817,13 @@ class Client::Impl {
             continue;
           }
           const uint64_t size = info.size();
-          if (size > std::min(server_.max_block_bytes, transport::kLargestBlockBytes)) {
+          const uint64_t largest = std::min(server_.max_block_bytes, transport::kLargestBlockBytes);
+          if (size > largest) {
             // Nothing is sized from a block the daemon may not send (a peer that lies).
             connection_.Close();
             return Status::Internal("kvpoold at " + options_.address + " announced a block of " +
                                     std::to_string(size) + " bytes, above the largest it may " +
-                                    "send (" + std::to_string(server_.max_block_bytes) + ")");
+                                    "send (" + std::to_string(largest) + ")");
           }
           r.lossy_encoding = static_cast<int>(info.lossy_encoding());
           r.encoding = static_cast<int>(info.encoding());

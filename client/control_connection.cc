@@ -30,12 +30,18 @@ Status ControlConnection::Dial() {
 
 Status ControlConnection::Hello(wire::HelloRequest req, wire::HelloResponse* resp) {
   const auto hello_deadline = std::chrono::steady_clock::now() + connect_timeout();
+  // The secret this client holds: the namespace's (or the admin's) credential, else the cluster
+  // secret. Holding one, it asks the daemon to prove it too (mutual authentication): a daemon
+  // that admits it without that proof is not trusted.
+  const std::string& secret =
+      options_.credential.empty() ? options_.cluster_secret : options_.credential;
+  const std::string client_challenge = secret.empty() ? "" : NewHelloChallenge();
+  req.set_client_challenge(client_challenge);
   Status st = ExchangeOnce(wire::HELLO, req, {}, resp, hello_deadline);
+  bool proved = false;
   if (st.ok() && !resp->challenge().empty() && resp->status().code() != 0) {
     // The daemon wants proof of a credential: the namespace's (or the admin's), or the
     // cluster secret.
-    const std::string& secret =
-        options_.credential.empty() ? options_.cluster_secret : options_.credential;
     if (secret.empty()) {
       Close();
       return Status::PermissionDenied(
@@ -43,20 +49,29 @@ Status ControlConnection::Hello(wire::HelloRequest req, wire::HelloResponse* res
           "' without a credential (" + resp->status().message() +
           "; ClientOptions::credential, or the cluster secret for a daemon in cluster mode)");
     }
+    if (resp->challenge().size() != kHelloChallengeBytes) {
+      Close();
+      return Status::PermissionDenied("kvpoold at " + options_.address + " sent a challenge of " +
+                                      std::to_string(resp->challenge().size()) + " bytes, not " +
+                                      std::to_string(kHelloChallengeBytes));
+    }
     req.set_auth(HelloProof(secret, resp->challenge(), options_.namespace_name));
-    const std::string client_challenge = NewHelloChallenge();
-    req.set_client_challenge(client_challenge);
     resp->Clear();
     st = ExchangeOnce(wire::HELLO, req, {}, resp, hello_deadline);
-    if (st.ok() && resp->status().code() == 0 &&
-        !VerifyHelloServerProof(secret, client_challenge, options_.namespace_name,
-                                resp->server_proof())) {
-      // It admitted a proof without showing that it holds the secret itself.
-      Close();
-      return Status::PermissionDenied("kvpoold at " + options_.address +
-                                      " did not prove that it holds the credential: it is not "
-                                      "the daemon (or peer) it claims to be");
-    }
+    proved = true;
+  }
+  if (st.ok() && resp->status().code() == 0 && !secret.empty() &&
+      (!proved || !VerifyHelloServerProof(secret, client_challenge, options_.namespace_name,
+                                          resp->server_proof()))) {
+    // It admitted this client without a proof of the secret, or without showing that it holds
+    // the secret itself.
+    Close();
+    return Status::PermissionDenied(
+        "kvpoold at " + options_.address +
+        " did not prove that it holds the secret this client holds (ClientOptions::" +
+        (options_.credential.empty() ? "cluster_secret" : "credential") +
+        "): it is not the daemon (or peer) it claims to be, or it does not guard namespace '" +
+        options_.namespace_name + "' with that secret");
   }
   if (!st.ok()) {
     Close();

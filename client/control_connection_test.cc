@@ -273,11 +273,26 @@ TEST(ControlConnectionTest, ADaemonThatCannotProveTheSecretItselfIsRefused) {
     wire::HelloResponse resp;
     Status st = c.Hello(Hello(), &resp);
     EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
-    EXPECT_NE(st.message().find("did not prove that it holds the credential"), std::string::npos)
+    EXPECT_NE(st.message().find("did not prove that it holds the secret this client holds"),
+              std::string::npos)
         << st.ToString();
     EXPECT_TRUE(c.broken());
   }
   EXPECT_EQ(client_challenge.size(), 32u);
+  // A daemon that admits a client holding a secret at once, without asking for a proof (and so
+  // without proving anything itself), is refused too.
+  FakeDaemon lax([](int, const FrameHeader&, const std::string&) { return Answer(HelloOk()); });
+  ClientOptions lo = OptionsFor(lax);
+  lo.cluster_secret = "the-cluster-secret-0123456";
+  {
+    ControlConnection c(lo);
+    ASSERT_TRUE(c.Dial().ok());
+    wire::HelloResponse resp;
+    Status st = c.Hello(Hello(), &resp);
+    EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+    EXPECT_NE(st.message().find("ClientOptions::cluster_secret"), std::string::npos)
+        << st.ToString();
+  }
   // A daemon that answers the client's challenge under the secret is accepted; the credential
   // is the secret proven, not the cluster secret.
   FakeDaemon honest([&](int, const FrameHeader&, const std::string& body) {

@@ -10,7 +10,7 @@
 namespace kvpool {
 
 std::string NewHelloChallenge() {
-  std::string c(32, '\0');
+  std::string c(kHelloChallengeBytes, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(c.data()), static_cast<int>(c.size())) != 1) {
     AbortWithStatus(Status::Internal("RAND_bytes failed"), __FILE__, __LINE__);
   }
@@ -45,12 +45,13 @@ bool SameProof(std::string_view proof, const std::string& expected) {
 
 std::string HelloProof(std::string_view secret, std::string_view challenge,
                        std::string_view namespace_name) {
-  return Proof("kvpool-hello", secret, challenge, namespace_name);
+  return Proof("kvpool-hello-client", secret, challenge, namespace_name);
 }
 
 bool VerifyHelloProof(std::string_view secret, std::string_view challenge,
                       std::string_view namespace_name, std::string_view proof) {
-  return SameProof(proof, HelloProof(secret, challenge, namespace_name));
+  return challenge.size() == kHelloChallengeBytes &&
+         SameProof(proof, HelloProof(secret, challenge, namespace_name));
 }
 
 std::string HelloServerProof(std::string_view secret, std::string_view client_challenge,
@@ -60,7 +61,8 @@ std::string HelloServerProof(std::string_view secret, std::string_view client_ch
 
 bool VerifyHelloServerProof(std::string_view secret, std::string_view client_challenge,
                             std::string_view namespace_name, std::string_view proof) {
-  return SameProof(proof, HelloServerProof(secret, client_challenge, namespace_name));
+  return client_challenge.size() == kHelloChallengeBytes &&
+         SameProof(proof, HelloServerProof(secret, client_challenge, namespace_name));
 }
 
 }  // namespace kvpool

@@ -3,26 +3,31 @@
 // cluster secret (daemon/access_control.h says which the daemon accepts).
 //
 // The daemon gives the connection a random 32-byte challenge; the client answers with
-// HMAC-SHA256(secret, "kvpool-hello" || challenge || namespace), and sends a challenge of its
-// own, which the daemon answers with HMAC-SHA256(secret, "kvpool-hello-server" ||
-// client challenge || namespace): a client that proved its secret also learns that the daemon
-// (a peer, for another kvpoold) holds it. The secret never travels, and an answer is good for one
-// connection only. (Without TLS a man in the middle can still take over an authenticated
-// connection: this keeps out processes that lack the secret, it does not encrypt.)
+// HMAC-SHA256(secret, "kvpool-hello-client" || challenge || namespace), and sends a challenge of
+// its own, which the daemon answers with HMAC-SHA256(secret, "kvpool-hello-server" ||
+// client challenge || namespace): a client that holds a secret also learns that the daemon (a
+// peer, for another kvpoold) holds it. The two labels have one length and challenges are exactly
+// 32 bytes, so no answer of one side can be made to stand for one of the other. The secret never
+// travels, and an answer is good for one connection only. (Without TLS a man in the middle can
+// still take over an authenticated connection: this keeps out processes that lack the secret, it
+// does not encrypt.)
 //
 // Thread safety: pure functions.
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 namespace kvpool {
+
+inline constexpr size_t kHelloChallengeBytes = 32;
 
 // 32 random bytes from the OS.
 std::string NewHelloChallenge();
 // The 32-byte proof for `challenge` and `namespace_name` under `secret`.
 std::string HelloProof(std::string_view secret, std::string_view challenge,
                        std::string_view namespace_name);
-// Constant-time check of `proof`.
+// Constant-time check of `proof`; false for a challenge of any other length than 32 bytes.
 bool VerifyHelloProof(std::string_view secret, std::string_view challenge,
                       std::string_view namespace_name, std::string_view proof);
 // The daemon's 32-byte answer to the client's challenge, and its constant-time check.

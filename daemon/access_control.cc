@@ -57,26 +57,6 @@ std::optional<uint32_t> GroupId(const std::string& name) {
   return found->gr_gid;
 }
 
-// Whether the user `uid` (primary group `gid`) is in any of `gids`: its primary group, or a
-// supplementary one from the group database.
-bool InAnyGroup(uint32_t uid, uint32_t gid, const std::vector<uint32_t>& gids) {
-  if (gids.empty()) return false;
-  if (std::find(gids.begin(), gids.end(), gid) != gids.end()) return true;
-  std::vector<char> buf = LookupBuffer(_SC_GETPW_R_SIZE_MAX);
-  passwd pw{};
-  passwd* found = nullptr;
-  while (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == ERANGE) {
-    buf.resize(buf.size() * 2);
-  }
-  if (found == nullptr) return false;
-  int n = 64;
-  std::vector<gid_t> groups(n);
-  while (getgrouplist(found->pw_name, gid, groups.data(), &n) < 0) groups.resize(n);
-  groups.resize(n);
-  return std::any_of(groups.begin(), groups.end(),
-                     [&](gid_t g) { return std::find(gids.begin(), gids.end(), g) != gids.end(); });
-}
-
 // Collects "PATH:LINE: what" lines.
 class Resolver {
  public:
@@ -125,9 +105,11 @@ class Resolver {
       Error(spec.line, what + ": credential_file " + file + " is not a regular file");
       return "";
     }
-    if ((st.st_mode & S_IRWXO) != 0) {
+    if ((st.st_mode & (S_IRWXO | S_IWGRP)) != 0) {
       Error(spec.line, what + ": credential_file " + file +
-                           " may be read or written by other users (chmod o-rwx " + file + ")");
+                           " may be read or written by other users, or written by its group "
+                           "(chmod 600 or 640 " +
+                           file + ")");
       return "";
     }
     std::ifstream in(file, std::ios::binary);
@@ -157,6 +139,11 @@ class Resolver {
 };
 
 }  // namespace
+
+bool AccessControl::guarded() const {
+  absl::MutexLock lock(&mu_);
+  return rules_->guarded();
+}
 
 bool AccessRules::guarded() const {
   if (declared_only || admin.has_value()) return true;
@@ -203,9 +190,12 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
   };
   auto bound = [&](const Credential& c) {
     if (!claim.local || claim.credentials == nullptr) return false;
-    const uint32_t uid = claim.credentials->uid;
-    return std::find(c.uids.begin(), c.uids.end(), uid) != c.uids.end() ||
-           InAnyGroup(uid, claim.credentials->gid, c.gids);
+    const transport::PeerCredentials& who = *claim.credentials;
+    auto listed = [&](uint32_t gid) {
+      return std::find(c.gids.begin(), c.gids.end(), gid) != c.gids.end();
+    };
+    return std::find(c.uids.begin(), c.uids.end(), who.uid) != c.uids.end() || listed(who.gid) ||
+           std::any_of(who.groups.begin(), who.groups.end(), listed);
   };
 
   HelloVerdict v;
@@ -231,9 +221,22 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
     v.reason = "this daemon requires the cluster secret on TCP connections";
   }
   v.admin = rules->admin.has_value() ? admin_proven : true;
+  bool admin_missing = false;
   if (ns_ok && claim.admin && !v.admin) {
     ns_ok = false;
+    admin_missing = true;
     v.reason = "admin requests need the admin credential";
+  }
+  // A client that sends a challenge of its own holds a secret and wants the daemon to show that
+  // it holds it too: it is admitted only through a proof, whatever else would admit it.
+  if (ns_ok && !claim.client_challenge.empty() && proven == nullptr) {
+    ns_ok = false;
+    v.reason = "the client holds a secret for namespace '" + ns + "'";
+    if (!provable) {
+      v.reason +=
+          " but this daemon has none that could admit it (give the namespace a "
+          "credential_file, or drop the client's credential)";
+    }
   }
   if (ns_ok) {
     v.outcome = HelloVerdict::Outcome::kAdmitted;
@@ -246,9 +249,11 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
     v.reason += ": answer the challenge";
   } else {
     v.outcome = HelloVerdict::Outcome::kRefused;
-    if (has_proof)
-      v.reason =
-          "wrong credential for namespace '" + ns + "'" + (claim.admin ? " with admin rights" : "");
+    if (has_proof) {
+      v.reason = admin_missing
+                     ? "admin requests need the admin credential (the one proven is not it)"
+                     : "wrong credential for namespace '" + ns + "'";
+    }
   }
   return v;
 }

@@ -7,16 +7,19 @@
 // groups; `admin:` says the same of admin rights; `access: declared` admits no namespace the file
 // does not name. A hello is admitted when:
 //   - the namespace has a credential: the peer is on the Unix socket as one of its users or in
-//     one of its groups (SO_PEERCRED, supplementary groups included), or it proves the secret
+//     one of its groups (SO_PEERCRED and SO_PEERGROUPS: the process's own groups), or it proves
+//     the secret
 //     (HMAC over this connection's challenge, common/hello_auth.h), or it proves the admin's or
 //     (a peer daemon) the cluster secret;
 //   - the namespace has none: `access: declared` and the file does not name it refuses it
 //     unless the admin or the cluster secret is proven; otherwise it is open, except that in
 //     cluster mode a TCP connection proves the cluster secret (or the admin's), as before.
 // Admin rights are asked for at hello; without an `admin:` section every connection has them
-// (the daemon logs that at start). Secrets are compared in constant time; a wrong proof closes
-// the connection. The cluster secret marks its holder as a peer daemon, which may act for any
-// namespace.
+// (the daemon logs that at start). A client that holds a secret sends a challenge of its own and
+// is admitted only through a proof, which the daemon then answers under the same secret
+// (mutual authentication; common/hello_auth.h). Secrets are compared in constant time; a wrong
+// proof closes the connection. The cluster secret marks its holder as a peer daemon, which may act
+// for any namespace.
 //
 // Thread safety: Replace from one thread at a time (start, then SIGHUP); Admit from any thread.
 
@@ -56,7 +59,8 @@ struct AccessRules {
 };
 
 // Resolves what `config` says: reads every credential file (which must exist, hold at least 16
-// bytes, and not be readable or writable by others) and looks up users and groups. InvalidArgument
+// bytes, and be readable by no one but its owner and group, writable by no one but its owner)
+// and looks up users and groups. InvalidArgument
 // listing every problem, one "PATH:LINE: what" line each.
 Result<AccessRules> ResolveAccess(const NamespacesConfig& config);
 
@@ -95,6 +99,8 @@ class AccessControl {
 
   void Replace(AccessRules rules);
   HelloVerdict Admit(const HelloClaim& claim) const;
+  // Whether the running rules guard anything (AccessRules::guarded).
+  bool guarded() const;
   // For the start log: what is guarded, in one line.
   std::string Describe() const;
 

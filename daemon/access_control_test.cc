@@ -89,7 +89,14 @@ TEST_F(AccessControlTest, CredentialFilesAreReadTrimmedAndMustBePrivateAndLongEn
   EXPECT_NE(world.status().message().find("ns.yaml:2: namespace 'a': credential_file "),
             std::string::npos)
       << world.status().message();
-  EXPECT_NE(world.status().message().find("chmod o-rwx"), std::string::npos);
+  EXPECT_NE(world.status().message().find("(chmod 600 or 640 "), std::string::npos);
+  // Writable by its group: refused too (a member could replace the secret).
+  auto group_writable =
+      Rules("namespaces:\n  a: {credential_file: " + SecretFile("g", kTenantSecret, 0660) + "}\n");
+  ASSERT_FALSE(group_writable.ok());
+  // Readable by its group (the kvpool group's operators): fine.
+  ASSERT_OK(
+      Rules("namespaces:\n  a: {credential_file: " + SecretFile("r", kTenantSecret, 0640) + "}\n"));
 
   auto short_one =
       Rules("namespaces:\n  a: {credential_file: " + SecretFile("s", "short", 0640) + "}\n");
@@ -273,6 +280,55 @@ TEST_F(AccessControlTest,
 
   // Local clients of open namespaces need nothing, as before.
   EXPECT_EQ(access.Admit(Local("open-ns", &stranger_)).outcome, Outcome::kAdmitted);
+}
+
+TEST_F(AccessControlTest, AClientHoldingASecretIsAdmittedOnlyThroughAProofTheDaemonAnswers) {
+  AccessControl access("");
+  auto rules = Rules(DeclaredYaml());
+  ASSERT_OK(rules);
+  access.Replace(*rules);
+  const std::string client_challenge = NewHelloChallenge();
+
+  // tenant-b admits this user without a proof, but a client that holds a secret (it sent a
+  // challenge of its own) must prove it, and the daemon answers under the same secret.
+  HelloClaim c = Local("tenant-b", &me_);
+  c.client_challenge = client_challenge;
+  HelloVerdict v = access.Admit(c);
+  EXPECT_EQ(v.outcome, Outcome::kProve);
+  c.challenge = challenge_;
+  const std::string admin_proof = HelloProof(kAdminSecret, challenge_, "tenant-b");
+  c.proof = admin_proof;
+  v = access.Admit(c);
+  ASSERT_EQ(v.outcome, Outcome::kAdmitted);
+  EXPECT_TRUE(VerifyHelloServerProof(kAdminSecret, client_challenge, "tenant-b", v.server_proof));
+  EXPECT_FALSE(VerifyHelloServerProof(kTenantSecret, client_challenge, "tenant-b", v.server_proof));
+
+  // A proof of a secret the daemon does not hold admits nothing, even where no proof was needed.
+  const std::string stray = HelloProof("a-secret-nobody-configured-01", challenge_, "tenant-b");
+  c.proof = stray;
+  EXPECT_EQ(access.Admit(c).outcome, Outcome::kRefused);
+
+  // A daemon without any secret cannot answer: refused at once, saying why.
+  AccessControl open("");
+  HelloClaim o = Local("anything", &me_);
+  o.client_challenge = client_challenge;
+  v = open.Admit(o);
+  EXPECT_EQ(v.outcome, Outcome::kRefused);
+  EXPECT_NE(v.reason.find("this daemon has none that could admit it"), std::string::npos)
+      << v.reason;
+}
+
+TEST_F(AccessControlTest, ChallengesOfAnotherLengthProveNothing) {
+  AccessControl access("");
+  auto rules = Rules(DeclaredYaml());
+  ASSERT_OK(rules);
+  access.Replace(*rules);
+  HelloClaim c = Local("tenant-a", &stranger_);
+  const std::string longer = challenge_ + "-server";
+  c.challenge = longer;
+  const std::string proof = HelloProof(kTenantSecret, longer, "tenant-a");
+  c.proof = proof;
+  EXPECT_EQ(access.Admit(c).outcome, Outcome::kRefused);
 }
 
 TEST_F(AccessControlTest, ReplaceSwapsTheRulesAtOnce) {

@@ -60,6 +60,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
     st = Status::PermissionDenied("a connection cannot gain admin rights after its hello");
   }
   bool challenged = false;
+  bool proved_cluster_secret = false;
   if (st.ok() && !c.hello) {
     HelloClaim claim;
     claim.namespace_name = req.namespace_name();
@@ -72,6 +73,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
     const HelloVerdict v = access_.Admit(claim);
     if (v.outcome == HelloVerdict::Outcome::kAdmitted) {
       c.admin = v.admin;
+      proved_cluster_secret = v.peer;
       resp.set_server_proof(v.server_proof);
     } else if (v.outcome == HelloVerdict::Outcome::kProve && c.challenge.empty()) {
       // The client may answer this connection's challenge with a proof of its credential.
@@ -86,10 +88,14 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
   if (st.ok()) {
     Result<NamespaceId> ns = namespaces_.Resolve(req.namespace_name());
     if (ns.ok()) {
+      if (!c.hello) {
+        // Another kvpoold: it proved the cluster secret and says so (a remote worker that holds
+        // the secret is still a worker: its puts are replicated). A repeated hello keeps it.
+        c.peer = proved_cluster_secret && req.client_name() == "kvpool-peer";
+      }
       c.hello = true;
       c.ns = *ns;
       c.ns_name = req.namespace_name();
-      c.peer = req.client_name() == "kvpool-peer";
       resp.set_admin(c.admin);
       // The data paths, socket at the bottom (daemon/delivery.h).
       const bool shm = req.shared_memory() && c.info.local && options_.shared_memory;

@@ -60,6 +60,13 @@ class DaemonImpl final : public Daemon {
         options_.host_segment_bytes > transport::kLargestBlockBytes) {
       return Status::InvalidArgument("--host-segment-size must be between 1 MiB and 1 GiB");
     }
+    if (options_.max_connections == 0 || options_.max_connections_per_peer == 0) {
+      return Status::InvalidArgument(
+          "--max_connections and --max_connections_per_peer must be at least 1");
+    }
+    if (options_.hello_timeout.count() <= 0 || options_.frame_timeout.count() <= 0) {
+      return Status::InvalidArgument("--hello_timeout_ms and --frame_timeout_ms must be above 0");
+    }
 
     tiers::RocksStoreOptions ro;
     ro.path = (std::filesystem::path(options_.data_dir) / "rocksdb").string();

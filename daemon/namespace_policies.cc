@@ -141,6 +141,13 @@ Status NamespacePolicies::Configure() {
 Status NamespacePolicies::Reload() {
   if (options_.namespaces_file.empty()) return Status::OK();
   KVPOOL_ASSIGN_OR_RETURN(NamespacesConfig file, LoadFile());
+  if (!file.exists && access_ != nullptr && access_->guarded()) {
+    // A file that vanished (deleted, or being rewritten) must not open a guarded daemon.
+    return Status::FailedPrecondition(
+        file.path +
+        " is gone: the running access rules stay (a daemon that guards its "
+        "namespaces opens only through a file that says so)");
+  }
   KVPOOL_ASSIGN_OR_RETURN(Layers layers, Compose(file, /*warn=*/true));
   absl::MutexLock lock(&mu_);
   const size_t before = running_.namespaces.size();

@@ -168,8 +168,10 @@ void Connection<Protocol>::Start() {
   auto self = this->shared_from_this();
   server_.Register(
       self, [self] { asio::post(self->strand_, [self] { self->Close("server stopping"); }); });
-  ArmHelloTimer(server_.options().hello_timeout);
-  asio::post(strand_, [self] { self->ReadHeader(); });
+  asio::post(strand_, [self] {
+    self->ArmHelloTimer(self->server_.options().hello_timeout);
+    self->ReadHeader();
+  });
 }
 
 template <typename Protocol>
@@ -538,7 +540,19 @@ void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer, std::
     socklen_t len = sizeof(cred);
     if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
         len == sizeof(cred)) {
-      info.credentials = PeerCredentials{cred.pid, cred.uid, cred.gid};
+      info.credentials = PeerCredentials{cred.pid, cred.uid, cred.gid, {}};
+      // The process's own supplementary groups (not the group database's view of its user).
+      std::vector<gid_t> groups(64);
+      socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+      int rc = getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+      if (rc != 0 && errno == ERANGE) {
+        groups.resize(glen / sizeof(gid_t));
+        rc = getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+      }
+      if (rc == 0) {
+        groups.resize(glen / sizeof(gid_t));
+        info.credentials->groups.assign(groups.begin(), groups.end());
+      }
       info.peer = "unix:pid=" + std::to_string(cred.pid) + ",uid=" + std::to_string(cred.uid);
       peer_key = "uid:" + std::to_string(cred.uid);
     }

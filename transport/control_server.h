@@ -48,6 +48,7 @@ struct PeerCredentials {
   int32_t pid = 0;
   uint32_t uid = 0;
   uint32_t gid = 0;
+  std::vector<uint32_t> groups;  // its supplementary groups (SO_PEERGROUPS)
 };
 
 struct ConnectionInfo {
