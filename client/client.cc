@@ -1496,7 +1496,9 @@ Result<PrefetchResult> Client::Prefetch(std::span<const BlockKey> keys,
   });
 }
 
-Status Client::SaveSession(const Session& session) {
+Status Client::SaveSession(const Session& session) { return SaveSession(session, {}); }
+
+Status Client::SaveSession(const Session& session, const SaveSessionOptions& options) {
   return impl_
       ->Run([&]() -> Result<bool> {
         wire::SessionSaveRequest req;
@@ -1505,6 +1507,14 @@ Status Client::SaveSession(const Session& session) {
         for (const BlockKey& k : session.keys) r->add_keys(KeyBytes(k));
         r->set_token_count(session.token_count);
         for (const auto& [k, v] : session.metadata) (*r->mutable_metadata())[k] = v;
+        if (options.replica) {
+          req.set_replica(true);
+          r->set_version(session.version);
+          r->set_origin(session.origin);
+          r->set_deleted(session.deleted);
+          r->set_created_unix_ms(session.created_unix_ms);
+          r->set_updated_unix_ms(session.updated_unix_ms);
+        }
         wire::SessionSaveResponse resp;
         KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::SESSION_SAVE, req, &resp));
         return true;
@@ -1522,6 +1532,7 @@ Result<LoadedSession> Client::LoadSession(const std::string& session_id,
     wire::SessionLoadRequest req;
     req.set_session_id(session_id);
     req.set_no_prefetch(!options.prefetch);
+    req.set_include_deleted(options.include_deleted);
     if (options.prefetch && options.gpu_device >= 0) {
       KVPOOL_ASSIGN_OR_RETURN(int daemon_gpu, impl_->DaemonGpuOf(options.gpu_device));
       req.set_to_gpu(true);
@@ -1541,6 +1552,9 @@ Result<LoadedSession> Client::LoadSession(const std::string& session_id,
     out.session.created_unix_ms = r.created_unix_ms();
     out.session.updated_unix_ms = r.updated_unix_ms();
     out.session.total_bytes = r.total_bytes();
+    out.session.version = r.version();
+    out.session.origin = r.origin();
+    out.session.deleted = r.deleted();
     out.cached_blocks = resp.cached_blocks();
     return out;
   });

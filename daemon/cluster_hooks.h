@@ -38,14 +38,15 @@ class ClusterHooks {
   // Blocks a client put here (key, parent): copy them to their other homes in the background.
   virtual void Replicate(NamespaceId ns, const std::string& ns_name,
                          std::vector<std::pair<BlockKey, BlockKey>> blocks) = 0;
-  // A session saved here: copy it (and its blocks) to its home nodes in the background.
+  // A session saved or deleted here (a deletion record), or found newer here than on its homes:
+  // copy it (and its blocks) to its home nodes in the background, where it replaces older
+  // copies only.
   virtual void ReplicateSession(NamespaceId ns, const std::string& ns_name,
                                 const wire::SessionRecord& record) = 0;
-  // A session not found here, from its home nodes. NotFound when none has it.
+  // The newest record of a session among its home nodes other than this one, deletion records
+  // included (record.deleted). NotFound when none has one.
   virtual Result<wire::SessionRecord> LoadRemoteSession(const std::string& ns_name,
                                                         const std::string& session_id) = 0;
-  // A session deleted here: delete its copies (background, best effort).
-  virtual void DeleteRemoteSession(const std::string& ns_name, const std::string& session_id) = 0;
   // LOCATE: asks every other live member how many leading blocks of `keys` it holds (one lookup
   // each, all at once, nothing promoted), appends one entry per member to `out`, and sets this
   // node's control address on the entry already there for it. Bounded by the peer deadlines.

@@ -9,6 +9,7 @@
 #include "common/checksum.h"
 #include "common/threads.h"
 #include "control.pb.h"
+#include "daemon/session_handlers.h"
 
 namespace kvpool::daemon {
 namespace {
@@ -407,18 +408,10 @@ void ClusterNode::Replicate(NamespaceId ns, const std::string& ns_name,
 void ClusterNode::ReplicateSession(NamespaceId ns, const std::string& ns_name,
                                    const wire::SessionRecord& record) {
   Job job;
-  job.kind = Job::Kind::kSaveSession;
+  job.kind = Job::Kind::kSession;
   job.ns = ns;
   job.ns_name = ns_name;
   job.session = std::make_shared<wire::SessionRecord>(record);
-  Enqueue(std::move(job));
-}
-
-void ClusterNode::DeleteRemoteSession(const std::string& ns_name, const std::string& session_id) {
-  Job job;
-  job.kind = Job::Kind::kDeleteSession;
-  job.ns_name = ns_name;
-  job.session_id = session_id;
   Enqueue(std::move(job));
 }
 
@@ -427,14 +420,18 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr) return Status::NotFound("no session '" + session_id + "'");
+  std::optional<wire::SessionRecord> newest;
+  LoadSessionOptions options;
+  options.prefetch = false;
+  options.include_deleted = true;  // a deletion is news too: it must win over older saves
   for (const cluster::NodeId& id :
        ring->Homes(SessionKey(ns_name, session_id), options_.replicas + 1)) {
     auto it = addresses.find(id);
     if (it == addresses.end()) continue;  // this node, or not reachable
     std::unique_ptr<Client> c = Checkout(it->second, ns_name);
     if (c == nullptr) continue;
-    Result<LoadedSession> s = c->LoadSession(session_id, /*prefetch=*/false);
-    if (!s.ok() && !s.status().IsNotFound()) continue;  // a dead or slow home: try the next
+    Result<LoadedSession> s = c->LoadSession(session_id, options);
+    if (!s.ok() && !s.status().IsNotFound()) continue;  // a dead or slow home: the others
     Return(it->second, ns_name, std::move(c));
     if (!s.ok()) continue;
     wire::SessionRecord r;
@@ -445,9 +442,15 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
     r.set_created_unix_ms(s->session.created_unix_ms);
     r.set_updated_unix_ms(s->session.updated_unix_ms);
     r.set_total_bytes(s->session.total_bytes);
-    return r;
+    r.set_version(s->session.version);
+    r.set_origin(s->session.origin);
+    r.set_deleted(s->session.deleted);
+    if (!newest.has_value() || SessionHandlers::Newer(r, *newest)) newest = std::move(r);
   }
-  return Status::NotFound("no session '" + session_id + "' on this node or its home nodes");
+  if (!newest.has_value()) {
+    return Status::NotFound("no session '" + session_id + "' on its home nodes");
+  }
+  return std::move(*newest);
 }
 
 void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
@@ -613,13 +616,12 @@ void ClusterNode::RunSession(const Job& job) {
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr) return;
-  const std::string id =
-      job.kind == Job::Kind::kSaveSession ? job.session->session_id() : job.session_id;
+  const std::string& id = job.session->session_id();
   for (const cluster::NodeId& node :
        ring->Homes(SessionKey(job.ns_name, id), options_.replicas + 1)) {
     auto it = addresses.find(node);
     if (it == addresses.end()) continue;  // this node (it has it already)
-    if (job.kind == Job::Kind::kSaveSession) {
+    if (!job.session->deleted()) {
       // The chain's blocks first: a session pins blocks the node must hold.
       std::vector<std::pair<BlockKey, BlockKey>> chain;
       BlockKey parent;
@@ -633,20 +635,18 @@ void ClusterNode::RunSession(const Job& job) {
     }
     std::unique_ptr<Client> c = Checkout(it->second, job.ns_name);
     if (c == nullptr) continue;
-    Status st;
-    if (job.kind == Job::Kind::kSaveSession) {
-      Session s;
-      s.session_id = id;
-      for (const std::string& raw : job.session->keys()) {
-        s.keys.push_back(*BlockKey::FromBytes(raw));
-      }
-      s.token_count = job.session->token_count();
-      for (const auto& [k, v] : job.session->metadata()) s.metadata[k] = v;
-      st = c->SaveSession(s);
-    } else {
-      st = c->DeleteSession(id);
-      if (st.IsNotFound()) st = Status::OK();
-    }
+    // The record as it is here, version and all: the home keeps it only if it is newer.
+    Session s;
+    s.session_id = id;
+    for (const std::string& raw : job.session->keys()) s.keys.push_back(*BlockKey::FromBytes(raw));
+    s.token_count = job.session->token_count();
+    for (const auto& [k, v] : job.session->metadata()) s.metadata[k] = v;
+    s.created_unix_ms = job.session->created_unix_ms();
+    s.updated_unix_ms = job.session->updated_unix_ms();
+    s.version = job.session->version();
+    s.origin = job.session->origin();
+    s.deleted = job.session->deleted();
+    const Status st = c->SaveSession(s, SaveSessionOptions{.replica = true});
     if (st.ok() || st.code() != StatusCode::kUnavailable) {
       Return(it->second, job.ns_name, std::move(c));
     }

@@ -79,7 +79,6 @@ class ClusterNode final : public ClusterHooks {
                         const wire::SessionRecord& record) override;
   Result<wire::SessionRecord> LoadRemoteSession(const std::string& ns_name,
                                                 const std::string& session_id) override;
-  void DeleteRemoteSession(const std::string& ns_name, const std::string& session_id) override;
   void Locate(const std::string& ns_name, std::span<const BlockKey> keys,
               wire::LocateResponse* out) override;
 
@@ -88,15 +87,14 @@ class ClusterNode final : public ClusterHooks {
 
  private:
   struct Job {
-    enum class Kind { kBlocks, kSaveSession, kDeleteSession } kind = Kind::kBlocks;
+    enum class Kind { kBlocks, kSession } kind = Kind::kBlocks;
     NamespaceId ns = 0;
     std::string ns_name;
     std::vector<std::pair<BlockKey, BlockKey>> blocks;  // key, parent
     // Ask the peer which it lacks before reading and sending any (re-replication: peers hold
     // most already). New puts skip the round trip: nobody has them yet.
     bool offer_first = false;
-    std::shared_ptr<const wire::SessionRecord> session;  // save
-    std::string session_id;                              // delete
+    std::shared_ptr<const wire::SessionRecord> session;  // a save or a deletion record
   };
   void Enqueue(Job job);
   // Runs `task` on a fan-out thread.

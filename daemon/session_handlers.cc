@@ -25,12 +25,34 @@ int64_t NowUnixMs() {
 }  // namespace
 
 SessionHandlers::SessionHandlers(tiers::TierManager& tiers, SessionStore& sessions,
-                                 Metrics& metrics, const ClusterRef& cluster)
-    : tiers_(tiers), sessions_(sessions), metrics_(metrics), cluster_(cluster) {}
+                                 Metrics& metrics, const ClusterRef& cluster, std::string node_id)
+    : tiers_(tiers),
+      sessions_(sessions),
+      metrics_(metrics),
+      cluster_(cluster),
+      node_id_(std::move(node_id)) {}
+
+bool SessionHandlers::Newer(const wire::SessionRecord& a, const wire::SessionRecord& b) {
+  return a.version() != b.version() ? a.version() > b.version() : a.origin() > b.origin();
+}
+
+uint64_t SessionHandlers::NextVersion() {
+  const uint64_t wall = static_cast<uint64_t>(NowUnixMs()) << 16;
+  last_version_ = std::max(wall, last_version_ + 1);
+  return last_version_;
+}
 
 Status SessionHandlers::LoadSessions() {
+  absl::MutexLock lock(&mu_);
   uint64_t n = 0;
+  std::vector<std::pair<NamespaceId, std::string>> expired;
+  const int64_t expire_before = NowUnixMs() - kTombstoneTtl.count();
   KVPOOL_RETURN_IF_ERROR(sessions_.ForEach([&](NamespaceId ns, const wire::SessionRecord& r) {
+    last_version_ = std::max(last_version_, r.version());
+    if (r.deleted()) {
+      if (r.updated_unix_ms() < expire_before) expired.emplace_back(ns, r.session_id());
+      return;
+    }
     std::vector<BlockKey> keys;
     if (!DecodeKeys(r.keys(), UINT32_MAX, &keys).ok()) {
       LOG(ERROR) << "session '" << r.session_id() << "' has a malformed key; not pinned";
@@ -39,18 +61,48 @@ Status SessionHandlers::LoadSessions() {
     tiers_.PinExisting(ns, keys);
     ++n;
   }));
-  LOG(INFO) << "pinned the chains of " << n << " persisted sessions";
+  for (const auto& [ns, id] : expired) {
+    if (Status st = sessions_.Delete(ns, id); !st.ok()) {
+      LOG(WARNING) << "cannot drop the expired deletion record of session '" << id
+                   << "': " << st.ToString();
+    }
+  }
+  LOG(INFO) << "pinned the chains of " << n << " persisted sessions (" << expired.size()
+            << " deletion records expired)";
+  return Status::OK();
+}
+
+Status SessionHandlers::StoreLocked(NamespaceId ns, wire::SessionRecord& record,
+                                    const Result<wire::SessionRecord>& old) {
+  std::vector<BlockKey> keys;
+  if (!record.deleted()) {
+    KVPOOL_RETURN_IF_ERROR(DecodeKeys(record.keys(), UINT32_MAX, &keys));
+    KVPOOL_ASSIGN_OR_RETURN(uint64_t bytes, tiers_.PinChain(ns, keys));
+    record.set_total_bytes(bytes);
+  }
+  if (Status st = sessions_.Put(ns, record); !st.ok()) {
+    if (!record.deleted()) tiers_.UnpinChain(ns, keys);
+    return st;
+  }
+  if (old.ok() && !old->deleted()) {
+    std::vector<BlockKey> old_keys;
+    if (DecodeKeys(old->keys(), UINT32_MAX, &old_keys).ok()) tiers_.UnpinChain(ns, old_keys);
+  }
   return Status::OK();
 }
 
 Response SessionHandlers::Save(Connection& c, std::string_view body) {
   wire::SessionSaveRequest req;
   wire::SessionSaveResponse resp;
-  std::vector<BlockKey> keys;
   Status st = Parse(body, &req, "SESSION_SAVE");
   wire::SessionRecord& record = *req.mutable_record();
   if (st.ok()) st = SessionStore::ValidateId(record.session_id());
-  if (st.ok()) st = DecodeKeys(record.keys(), UINT32_MAX, &keys);
+  if (st.ok() && req.replica() && !c.peer) {
+    st = Status::PermissionDenied("only a peer daemon may store a session's copy as given");
+  }
+  if (st.ok() && record.deleted() && (!req.replica() || record.keys_size() > 0)) {
+    st = Status::InvalidArgument("a deletion record comes from a peer and has no chain");
+  }
   if (!st.ok()) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::SESSION_SAVE, resp, st);
@@ -58,26 +110,23 @@ Response SessionHandlers::Save(Connection& c, std::string_view body) {
   absl::MutexLock lock(&mu_);
   Result<wire::SessionRecord> old = sessions_.Get(c.ns, record.session_id());
   if (!old.ok() && !old.status().IsNotFound()) return Reply(wire::SESSION_SAVE, resp, old.status());
-  Result<uint64_t> bytes = tiers_.PinChain(c.ns, keys);
-  if (!bytes.ok()) {
-    metrics_.Add(metrics_.requests_failed);
-    return Reply(wire::SESSION_SAVE, resp, bytes.status());
+  if (req.replica()) {
+    // A copy from a peer: the newest wins; an older one changes nothing here.
+    last_version_ = std::max(last_version_, record.version());
+    if (old.ok() && !Newer(record, *old)) return Reply(wire::SESSION_SAVE, resp, Status::OK());
+  } else {
+    const int64_t now = NowUnixMs();
+    record.set_created_unix_ms(old.ok() && !old->deleted() ? old->created_unix_ms() : now);
+    record.set_updated_unix_ms(now);
+    record.set_version(NextVersion());
+    record.set_origin(node_id_);
   }
-  const int64_t now = NowUnixMs();
-  record.set_created_unix_ms(old.ok() ? old->created_unix_ms() : now);
-  record.set_updated_unix_ms(now);
-  record.set_total_bytes(*bytes);
-  st = sessions_.Put(c.ns, record);
+  st = StoreLocked(c.ns, record, old);
   if (!st.ok()) {
-    tiers_.UnpinChain(c.ns, keys);
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::SESSION_SAVE, resp, st);
   }
-  if (old.ok()) {
-    std::vector<BlockKey> old_keys;
-    if (DecodeKeys(old->keys(), UINT32_MAX, &old_keys).ok()) tiers_.UnpinChain(c.ns, old_keys);
-  }
-  if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !c.peer) {
+  if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !req.replica()) {
     cluster->ReplicateSession(c.ns, c.ns_name, record);
   }
   return Reply(wire::SESSION_SAVE, resp, Status::OK());
@@ -87,62 +136,101 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
   wire::SessionLoadRequest req;
   wire::SessionLoadResponse resp;
   Status st = Parse(body, &req, "SESSION_LOAD");
-  if (st.ok()) {
-    ClusterHooks* cluster = cluster_.Get();
-    Result<wire::SessionRecord> record = sessions_.Get(c.ns, req.session_id());
-    const bool remote =
-        !record.ok() && record.status().IsNotFound() && cluster != nullptr && !c.peer;
-    if (remote) {
-      // Saved through another node (maybe one that is down now): ask the session's homes.
-      record = cluster->LoadRemoteSession(c.ns_name, req.session_id());
-    }
-    if (record.ok()) {
-      std::vector<BlockKey> keys;
-      st = DecodeKeys(record->keys(), UINT32_MAX, &keys);
-      if (st.ok()) {
-        // A remote session's blocks come here now, so the gets that follow are local hits.
-        if (remote && !req.no_prefetch()) cluster->FetchMissing(c.ns, c.ns_name, keys);
-        resp.set_cached_blocks(tiers_.CountCached(c.ns, keys));
-        if (!req.no_prefetch()) tiers_.Prefetch(c.ns, keys);
-        if (!req.no_prefetch() && req.to_gpu()) {
-          // Queued on that GPU's copy worker; the load answers now, whatever becomes of the hint.
-          Result<uint32_t> queued = tiers_.PlaceOnGpu(c.ns, keys, req.gpu_device(), /*wait=*/false);
-          if (!queued.ok()) {
-            LOG_EVERY_N(WARNING, 100)
-                << "SESSION_LOAD to gpu " << req.gpu_device() << ": " << queued.status().ToString();
+  if (!st.ok()) return Reply(wire::SESSION_LOAD, resp, st);
+  Result<wire::SessionRecord> record = sessions_.Get(c.ns, req.session_id());
+  if (!record.ok() && !record.status().IsNotFound()) {
+    return Reply(wire::SESSION_LOAD, resp, record.status());
+  }
+  ClusterHooks* cluster = cluster_.Get();
+  bool remote = false;
+  if (cluster != nullptr && !c.peer) {
+    // Saved, re-saved or deleted through other nodes too: the newest copy among this node and
+    // the session's homes wins.
+    Result<wire::SessionRecord> theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
+    if (theirs.ok() && (!record.ok() || Newer(*theirs, *record))) {
+      if (record.ok()) {
+        // This node's copy is older: bring it up to date (its blocks first, when it is a chain).
+        if (!theirs->deleted()) {
+          std::vector<BlockKey> keys;
+          if (DecodeKeys(theirs->keys(), UINT32_MAX, &keys).ok()) {
+            cluster->FetchMissing(c.ns, c.ns_name, keys);
           }
         }
-        *resp.mutable_record() = std::move(*record);
+        absl::MutexLock lock(&mu_);
+        Result<wire::SessionRecord> old = sessions_.Get(c.ns, req.session_id());
+        wire::SessionRecord copy = *theirs;
+        if (old.ok() && Newer(copy, *old)) {
+          if (Status repaired = StoreLocked(c.ns, copy, old); !repaired.ok()) {
+            VLOG(1) << "session '" << req.session_id()
+                    << "': newer copy not stored here: " << repaired.ToString();
+          }
+        }
       }
-    } else {
-      st = record.status();
+      record = std::move(theirs);
+      remote = true;
+    } else if (theirs.ok() && record.ok() && Newer(*record, *theirs)) {
+      // The homes hold an older copy: send them this one (read repair).
+      cluster->ReplicateSession(c.ns, c.ns_name, *record);
     }
   }
-  return Reply(wire::SESSION_LOAD, resp, st);
+  if (record.ok() && record->deleted() && !(c.peer && req.include_deleted())) {
+    record = Status::NotFound("no session '" + req.session_id() + "'");
+  }
+  if (!record.ok()) return Reply(wire::SESSION_LOAD, resp, record.status());
+  if (!record->deleted()) {
+    std::vector<BlockKey> keys;
+    st = DecodeKeys(record->keys(), UINT32_MAX, &keys);
+    if (!st.ok()) return Reply(wire::SESSION_LOAD, resp, st);
+    // A remote session's blocks come here now, so the gets that follow are local hits.
+    if (remote && !req.no_prefetch()) cluster->FetchMissing(c.ns, c.ns_name, keys);
+    resp.set_cached_blocks(tiers_.CountCached(c.ns, keys));
+    if (!req.no_prefetch()) tiers_.Prefetch(c.ns, keys);
+    if (!req.no_prefetch() && req.to_gpu()) {
+      // Queued on that GPU's copy worker; the load answers now, whatever becomes of the hint.
+      Result<uint32_t> queued = tiers_.PlaceOnGpu(c.ns, keys, req.gpu_device(), /*wait=*/false);
+      if (!queued.ok()) {
+        LOG_EVERY_N(WARNING, 100) << "SESSION_LOAD to gpu " << req.gpu_device() << ": "
+                                  << queued.status().ToString();
+      }
+    }
+  }
+  *resp.mutable_record() = std::move(*record);
+  return Reply(wire::SESSION_LOAD, resp, Status::OK());
 }
 
 Response SessionHandlers::Delete(Connection& c, std::string_view body) {
   wire::SessionDeleteRequest req;
   wire::SessionDeleteResponse resp;
   Status st = Parse(body, &req, "SESSION_DELETE");
-  if (st.ok()) {
+  if (st.ok()) st = SessionStore::ValidateId(req.session_id());
+  if (!st.ok()) return Reply(wire::SESSION_DELETE, resp, st);
+  ClusterHooks* cluster = c.peer ? nullptr : cluster_.Get();
+  // Whether a live copy exists on the session's homes (saved through another node).
+  bool live_elsewhere = false;
+  if (cluster != nullptr) {
+    Result<wire::SessionRecord> theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
+    live_elsewhere = theirs.ok() && !theirs->deleted();
+  }
+  wire::SessionRecord tombstone;
+  {
     absl::MutexLock lock(&mu_);
     Result<wire::SessionRecord> old = sessions_.Get(c.ns, req.session_id());
-    st = old.status();
-    if (st.ok()) st = sessions_.Delete(c.ns, req.session_id());
-    if (st.ok()) {
-      std::vector<BlockKey> keys;
-      if (DecodeKeys(old->keys(), UINT32_MAX, &keys).ok()) tiers_.UnpinChain(c.ns, keys);
+    if (!old.ok() && !old.status().IsNotFound())
+      return Reply(wire::SESSION_DELETE, resp, old.status());
+    const bool live_here = old.ok() && !old->deleted();
+    if (!live_here && !live_elsewhere) {
+      return Reply(wire::SESSION_DELETE, resp,
+                   Status::NotFound("no session '" + req.session_id() + "'"));
     }
-    ClusterHooks* cluster = cluster_.Get();
-    if (cluster != nullptr && !c.peer && (st.ok() || st.IsNotFound())) {
-      // Its copies on the session's home nodes go too (a session saved elsewhere as well).
-      const bool remote_only =
-          st.IsNotFound() && cluster->LoadRemoteSession(c.ns_name, req.session_id()).ok();
-      cluster->DeleteRemoteSession(c.ns_name, req.session_id());
-      if (remote_only) st = Status::OK();
-    }
+    // A deletion record, newer than every save it replaces, so no older copy comes back.
+    tombstone.set_session_id(req.session_id());
+    tombstone.set_deleted(true);
+    tombstone.set_version(NextVersion());
+    tombstone.set_origin(node_id_);
+    tombstone.set_updated_unix_ms(NowUnixMs());
+    st = StoreLocked(c.ns, tombstone, old);
   }
+  if (st.ok() && cluster != nullptr) cluster->ReplicateSession(c.ns, c.ns_name, tombstone);
   return Reply(wire::SESSION_DELETE, resp, st);
 }
 

@@ -2,12 +2,23 @@
 // SessionHandlers: SESSION_SAVE, SESSION_LOAD, SESSION_DELETE and SESSION_LIST, and the pins
 // of persisted sessions at start. A session is a named chain of blocks kept in the session
 // store (daemon/session_store.h); saving one pins its chain in the tier manager (written to
-// disk, never evicted) and unpins the chain it replaces; deleting unpins it. In cluster mode a
-// save is copied to the session's home nodes, and a load or delete that misses here asks them.
+// disk, never evicted) and unpins the chain it replaces; deleting unpins it.
+//
+// Versions: every save and delete taken here gets a version from a hybrid logical clock
+// (wall-clock milliseconds << 16, above every version this daemon has seen, its own and its
+// peers') and this node's id; a delete leaves a deletion record (a tombstone) with its version,
+// dropped at start once older than kTombstoneTtl. In cluster mode saves and deletions are
+// copied to the session's home nodes, where a copy replaces what is there only when newer; a
+// load compares this node's record with its homes' and answers the newest (NotFound when that
+// is a deletion), updating whichever side is older. So an older save never wins over a newer
+// one, and a deleted session does not come back from a copy that missed the delete.
 //
 // Called by BlockService (daemon/block_service.h) after hello, on request workers, concurrently
 // for different connections. Saves and deletes are serialized among themselves.
 
+#include <chrono>
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/synchronization/mutex.h"
@@ -24,7 +35,14 @@ class SessionHandlers {
  public:
   // All references outlive the handlers.
   SessionHandlers(tiers::TierManager& tiers, SessionStore& sessions, Metrics& metrics,
-                  const ClusterRef& cluster);
+                  const ClusterRef& cluster, std::string node_id);
+
+  // How long a deletion record is kept: longer than any copy can take to reach every home
+  // (a node away for longer may bring a deleted session back). 7 days.
+  static constexpr std::chrono::milliseconds kTombstoneTtl{7LL * 24 * 3600 * 1000};
+
+  // Whether `a` is a newer save (or deletion) of its session than `b`.
+  static bool Newer(const wire::SessionRecord& a, const wire::SessionRecord& b);
 
   // Pins the chains of every persisted session (at start, after TierManager::Recover).
   Status LoadSessions();
@@ -35,13 +53,22 @@ class SessionHandlers {
   transport::Response List(Connection& c, std::string_view body);
 
  private:
+  // The next version of a save or deletion taken here.
+  uint64_t NextVersion() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores `record` over `old` (this node's record, or NotFound): pins its chain (setting
+  // total_bytes) unless it is a deletion, writes it, and unpins the old chain.
+  Status StoreLocked(NamespaceId ns, wire::SessionRecord& record,
+                     const Result<wire::SessionRecord>& old) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   tiers::TierManager& tiers_;
   SessionStore& sessions_;
   Metrics& metrics_;
   const ClusterRef& cluster_;
+  const std::string node_id_;
   // Serializes session saves and deletes: a save pins the new chain, writes the record and
   // unpins the old chain as one step.
   absl::Mutex mu_;
+  uint64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvpool::daemon

@@ -81,6 +81,7 @@ Result<std::vector<wire::SessionRecord>> SessionStore::List(NamespaceId ns, std:
       LOG(ERROR) << "skipping a damaged session record";
       continue;
     }
+    if (record.deleted()) continue;  // a tombstone
     out.push_back(std::move(record));
   }
   KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(it->status()));
@@ -117,7 +118,13 @@ uint64_t SessionStore::CountIn(NamespaceId ns) const {
   std::unique_ptr<rocksdb::Iterator> it(
       store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
   uint64_t n = 0;
-  for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) ++n;
+  for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) {
+    wire::SessionRecord record;
+    if (record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) &&
+        !record.deleted()) {
+      ++n;
+    }
+  }
   return n;
 }
 

@@ -4,7 +4,9 @@
 // be added compatibly). Writes are synced: a saved session survives a kill -9 or a power cut.
 //
 // The store only persists records; pinning the chain's blocks is the caller's job (see
-// daemon/block_service.cc), and at start the caller re-pins every record's chain.
+// daemon/session_handlers.h), and at start the caller re-pins every record's chain. A deletion
+// is a record too (SessionRecord.deleted, a tombstone, so that an older copy elsewhere in a
+// cluster cannot come back): Get returns it, List and CountIn skip it.
 //
 // Thread safety: all methods may be called concurrently.
 
@@ -38,7 +40,7 @@ class SessionStore {
   // Every record of every namespace. Corruption for an undecodable record is logged and
   // skipped (it is reported through `bad` with its raw key).
   Status ForEach(const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit) const;
-  // Estimated, all namespaces together.
+  // Estimated, all namespaces together, tombstones included.
   uint64_t Count() const;
   // Exact, of `ns` (walks its keys).
   uint64_t CountIn(NamespaceId ns) const;

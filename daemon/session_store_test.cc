@@ -106,6 +106,27 @@ TEST_F(SessionStoreTest, SaveGetListDelete) {
   EXPECT_TRUE(sessions_->Get(kNs, "chat-a").status().IsNotFound());
 }
 
+TEST_F(SessionStoreTest, DeletionRecordsAreKeptButNotListedOrCounted) {
+  ASSERT_TRUE(sessions_->Put(kNs, Record("chat-a", 64, "alice")).ok());
+  wire::SessionRecord tombstone;
+  tombstone.set_session_id("chat-b");
+  tombstone.set_deleted(true);
+  tombstone.set_version(7);
+  ASSERT_TRUE(sessions_->Put(kNs, tombstone).ok());
+  // Get answers it (a load compares versions with it); List and CountIn skip it.
+  Result<wire::SessionRecord> got = sessions_->Get(kNs, "chat-b");
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->deleted());
+  EXPECT_EQ(got->version(), 7u);
+  bool truncated = true;
+  auto listed = sessions_->List(kNs, "", 10, &truncated);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].session_id(), "chat-a");
+  EXPECT_EQ(sessions_->CountIn(kNs), 1u);
+  EXPECT_EQ(sessions_->CountIn(kNs + 1), 0u);
+}
+
 // The device refuses the WAL's sync: the save reports it, and the session still reads as before.
 // The refused record reached the WAL file unsynced, so after a restart the session is either
 // version (as after any failed fsync), but always whole.

@@ -415,6 +415,81 @@ TEST_F(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown)
   EXPECT_TRUE(cc->LoadSession("conversation-7").status().IsNotFound());
 }
 
+// Waits (up to 10 s) until a load of `id` through `client` gives `keys` (empty: NotFound).
+::testing::AssertionResult Converges(Client& client, const std::string& id,
+                                     const std::vector<BlockKey>& keys) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string last;
+  for (;;) {
+    auto loaded = client.LoadSession(id, /*prefetch=*/false);
+    if (keys.empty() ? loaded.status().IsNotFound() : loaded.ok() && loaded->session.keys == keys) {
+      return ::testing::AssertionSuccess();
+    }
+    last = loaded.ok() ? "a chain of " + std::to_string(loaded->session.keys.size()) + " blocks"
+                       : loaded.status().ToString();
+    if (std::chrono::steady_clock::now() > until) {
+      return ::testing::AssertionFailure()
+             << "session " << id << " through " << client.server().node_id << " is " << last
+             << ", not " << (keys.empty() ? "deleted" : "the newest save");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+TEST_F(ClusterTest, TheNewestSaveOrDeleteWinsOnEveryNode) {
+  DaemonProcess a(Flags("node-a"));
+  DaemonProcess b(Flags("node-b"));
+  DaemonProcess c(Flags("node-c"));
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
+  auto ca = a.Connect("tenant");
+  auto cb = b.Connect("tenant");
+  auto cc = c.Connect("tenant");
+  ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  auto chain = [&](uint64_t seed, Client& through) {
+    const std::vector<BlockKey> keys = hasher.Hash(Tokens(seed, 3 * 16));
+    std::vector<std::vector<uint8_t>> blocks;
+    for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(seed * 10 + i, 4096));
+    std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+    EXPECT_TRUE(through.PutChain(keys, spans).ok());
+    return keys;
+  };
+  // Several sessions, so that node A (where each is first saved) is a home of some and not of
+  // others (it is a home of all ten with a chance of (2/3)^10): a node that is not a home keeps
+  // its first copy, which must not win.
+  for (int n = 0; n < 10; ++n) {
+    const std::string id = "conversation-" + std::to_string(n);
+    const std::vector<BlockKey> first = chain(1000 + n, *ca);
+    ASSERT_OK(ca->SaveSession({.session_id = id, .keys = first, .token_count = 48}));
+    ASSERT_TRUE(Converges(*cc, id, first));
+    // Saved again through B: the newer chain wins everywhere, on A too.
+    const std::vector<BlockKey> second = chain(2000 + n, *cb);
+    ASSERT_OK(cb->SaveSession({.session_id = id, .keys = second, .token_count = 48}));
+    for (Client* client : {ca.get(), cb.get(), cc.get()}) {
+      EXPECT_TRUE(Converges(*client, id, second));
+    }
+    // Deleted through C: gone everywhere, and A's first copy does not bring it back.
+    ASSERT_OK(cc->DeleteSession(id));
+    for (Client* client : {ca.get(), cb.get(), cc.get()}) {
+      EXPECT_TRUE(Converges(*client, id, {}));
+    }
+    // Saved once more after the delete (through A, which held the oldest copy): it is back.
+    const std::vector<BlockKey> third = chain(3000 + n, *ca);
+    ASSERT_OK(ca->SaveSession({.session_id = id, .keys = third, .token_count = 48}));
+    for (Client* client : {ca.get(), cb.get(), cc.get()}) {
+      EXPECT_TRUE(Converges(*client, id, third));
+    }
+  }
+  // A client cannot pose as a peer to plant an old copy.
+  Session planted;
+  planted.session_id = "conversation-0";
+  planted.version = UINT64_MAX;
+  auto st = ca->SaveSession(planted, SaveSessionOptions{.replica = true});
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+}
+
 TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
   std::vector<std::string> a_flags = Flags("node-a");
   a_flags.push_back("--write_policy=write-through");  // A's blocks are on its disk at once

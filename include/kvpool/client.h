@@ -319,6 +319,18 @@ struct Session {
   int64_t created_unix_ms = 0;  // set by the daemon
   int64_t updated_unix_ms = 0;  // set by the daemon
   uint64_t total_bytes = 0;     // set by the daemon
+  // Set by the daemon: which save this is (newer saves have larger (version, origin); in cluster
+  // mode the newest wins on every node) and the node that took it.
+  uint64_t version = 0;
+  std::string origin;
+  // A deletion's record, only seen with LoadSessionOptions::include_deleted (peer daemons).
+  bool deleted = false;
+};
+
+struct SaveSessionOptions {
+  // For peer daemons: `session` is another daemon's copy, stored with its version, origin and
+  // `deleted` when newer than this daemon's, ignored otherwise. Refused from other clients.
+  bool replica = false;
 };
 
 struct LoadSessionOptions {
@@ -328,6 +340,9 @@ struct LoadSessionOptions {
   // device (this process's ordinal), in the background after the load returns. InvalidArgument
   // when the daemon runs no gpu tier on it. Default: -1.
   int gpu_device = -1;
+  // For peer daemons: answer this daemon's own record, a deletion's too (Session::deleted),
+  // instead of NotFound. Default: false.
+  bool include_deleted = false;
 };
 
 struct LoadedSession {
@@ -502,6 +517,7 @@ class Client {
   // Persists a session and pins its chain on disk. FailedPrecondition when a chain block is not
   // cached (put it first).
   Status SaveSession(const Session& session);
+  Status SaveSession(const Session& session, const SaveSessionOptions& options);
   // NotFound when there is no such session. With `prefetch`, its chain is promoted.
   Result<LoadedSession> LoadSession(const std::string& session_id, bool prefetch = true);
   Result<LoadedSession> LoadSession(const std::string& session_id,
