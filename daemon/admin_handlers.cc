@@ -13,9 +13,11 @@ namespace kvpool::daemon {
 using transport::Response;
 
 AdminHandlers::AdminHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
-                             SessionStore& sessions, Metrics& metrics, const ClusterRef& cluster)
+                             NamespaceRegistry& namespaces, SessionStore& sessions,
+                             Metrics& metrics, const ClusterRef& cluster)
     : options_(options),
       tiers_(tiers),
+      namespaces_(namespaces),
       sessions_(sessions),
       metrics_(metrics),
       cluster_(cluster),
@@ -225,6 +227,24 @@ Response AdminHandlers::Policies(Connection& c, std::string_view body) {
 std::string AdminHandlers::RenderMetrics() const {
   std::string out = metrics_.RenderPrometheus(tiers_.GetStats(), sessions_.Count(), Connections(),
                                               UptimeSeconds());
+  // Per namespace (names are [A-Za-z0-9._:-]: no escaping), for the namespaces holding anything.
+  std::string per_ns;
+  const std::vector<std::string> names = namespaces_.Names();
+  for (size_t id = 0; id < names.size(); ++id) {
+    const tiers::TierManager::NamespaceUsage u = tiers_.UsageOf(static_cast<NamespaceId>(id));
+    if (u.host_segment_bytes == 0 && u.disk_bytes == 0) continue;
+    per_ns += "kvpool_namespace_bytes{namespace=\"" + names[id] + "\",tier=\"host\"} " +
+              std::to_string(u.host_segment_bytes) + "\n";
+    per_ns += "kvpool_namespace_bytes{namespace=\"" + names[id] + "\",tier=\"disk\"} " +
+              std::to_string(u.disk_bytes) + "\n";
+  }
+  if (!per_ns.empty()) {
+    out +=
+        "# HELP kvpool_namespace_bytes Bytes a namespace holds: host, its whole host segments; "
+        "disk, its stored bytes (what its quotas count).\n"
+        "# TYPE kvpool_namespace_bytes gauge\n" +
+        per_ns;
+  }
   if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr) {
     wire::ClusterMembersResponse view;
     cluster->Fill(&view);

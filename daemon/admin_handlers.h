@@ -21,6 +21,7 @@
 #include "daemon/connection.h"
 #include "daemon/metrics.h"
 #include "daemon/namespace_policies.h"
+#include "daemon/namespace_registry.h"
 #include "daemon/service_options.h"
 #include "daemon/session_store.h"
 #include "tiers/tier_manager.h"
@@ -32,7 +33,8 @@ class AdminHandlers {
  public:
   // All references outlive the handlers. Uptime counts from construction.
   AdminHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
-                SessionStore& sessions, Metrics& metrics, const ClusterRef& cluster);
+                NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics,
+                const ClusterRef& cluster);
 
   // Where stats and /metrics get the open-connection count from (0 until set). May be set
   // while requests run (the daemon sets it once its server is up).
@@ -55,6 +57,7 @@ class AdminHandlers {
 
   const BlockServiceOptions& options_;
   tiers::TierManager& tiers_;
+  NamespaceRegistry& namespaces_;
   SessionStore& sessions_;
   Metrics& metrics_;
   const ClusterRef& cluster_;

@@ -77,6 +77,11 @@ std::string NamespaceRegistry::NameOf(NamespaceId id) const {
   return id < names_.size() ? names_[id] : std::string();
 }
 
+std::vector<std::string> NamespaceRegistry::Names() const {
+  absl::MutexLock lock(&mu_);
+  return names_;
+}
+
 size_t NamespaceRegistry::size() const {
   absl::MutexLock lock(&mu_);
   return ids_.size();

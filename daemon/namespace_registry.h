@@ -33,6 +33,8 @@ class NamespaceRegistry {
   Result<NamespaceId> Resolve(std::string_view name);
   // "" when unknown.
   std::string NameOf(NamespaceId id) const;
+  // Every known namespace's name, by id (a namespace's id is its index).
+  std::vector<std::string> Names() const;
   size_t size() const;
 
   static Status ValidateName(std::string_view name);

@@ -533,6 +533,10 @@ TEST(DaemonTest, ExposesPrometheusMetrics) {
   EXPECT_NE(body.find("kvpool_put_blocks_committed_total 2"), std::string::npos) << body;
   EXPECT_NE(body.find("kvpool_request_duration_seconds_bucket{op=\"get\",le=\"+Inf\"}"),
             std::string::npos);
+  // Per namespace: the one host segment (1 MiB in tests) namespace "test" holds.
+  EXPECT_NE(body.find("kvpool_namespace_bytes{namespace=\"test\",tier=\"host\"} 1048576\n"),
+            std::string::npos)
+      << body;
 }
 
 }  // namespace
