@@ -222,6 +222,15 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
       return Reply(wire::SESSION_DELETE, resp,
                    Status::NotFound("no session '" + req.session_id() + "'"));
     }
+    if (cluster_.Get() == nullptr) {
+      // Standalone: no copy elsewhere can come back, so no deletion record is kept.
+      st = sessions_.Delete(c.ns, req.session_id());
+      std::vector<BlockKey> keys;
+      if (st.ok() && DecodeKeys(old->keys(), UINT32_MAX, &keys).ok()) {
+        tiers_.UnpinChain(c.ns, keys);
+      }
+      return Reply(wire::SESSION_DELETE, resp, st);
+    }
     // A deletion record, newer than every save it replaces, so no older copy comes back.
     tombstone.set_session_id(req.session_id());
     tombstone.set_deleted(true);

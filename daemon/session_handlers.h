@@ -6,8 +6,9 @@
 //
 // Versions: every save and delete taken here gets a version from a hybrid logical clock
 // (wall-clock milliseconds << 16, above every version this daemon has seen, its own and its
-// peers') and this node's id; a delete leaves a deletion record (a tombstone) with its version,
-// dropped at start once older than kTombstoneTtl. In cluster mode saves and deletions are
+// peers') and this node's id; in cluster mode a delete leaves a deletion record (a tombstone)
+// with its version, dropped at start once older than kTombstoneTtl (standalone, it removes the
+// record). In cluster mode saves and deletions are
 // copied to the session's home nodes, where a copy replaces what is there only when newer; a
 // load compares this node's record with its homes' and answers the newest (NotFound when that
 // is a deletion), updating whichever side is older. So an older save never wins over a newer

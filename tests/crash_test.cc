@@ -197,9 +197,12 @@ class Workload {
         if (!p->all_ok()) continue;  // not all stored: nothing to save
       }
       {
-        // In flight: either outcome may be what the daemon holds after a kill.
+        // In flight: either outcome may be what the daemon holds after a kill. A session never
+        // saved before may also still be absent.
         std::lock_guard<std::mutex> lock(ledger_.mu);
-        ledger_.sessions[id].push_back(next);
+        std::vector<std::optional<Chain>>& v = ledger_.sessions[id];
+        if (v.empty()) v.push_back(std::nullopt);
+        v.push_back(next);
       }
       Status st;
       if (remove) {
