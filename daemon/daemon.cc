@@ -139,6 +139,7 @@ class DaemonImpl final : public Daemon {
     sessions_ = std::make_unique<SessionStore>(*store_);
     BlockServiceOptions bo;
     bo.tcp_secret = cluster_secret_;
+    bo.cluster_mode = !options_.cluster.empty();
     bo.node_id = node_id_;
     bo.max_batch_keys = options_.max_batch_keys;
     bo.limits = options_.limits;

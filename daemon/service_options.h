@@ -26,6 +26,8 @@ struct BlockServiceOptions {
   // When set (cluster mode), TCP connections must prove this secret at hello
   // (common/hello_auth.h); Unix-socket connections are local and exempt. Default: none.
   std::string tcp_secret;
+  // The daemon runs in a cluster (its hooks are attached once it joins). Default: false.
+  bool cluster_mode = false;
 };
 
 }  // namespace kvpool::daemon

@@ -25,12 +25,14 @@ int64_t NowUnixMs() {
 }  // namespace
 
 SessionHandlers::SessionHandlers(tiers::TierManager& tiers, SessionStore& sessions,
-                                 Metrics& metrics, const ClusterRef& cluster, std::string node_id)
+                                 Metrics& metrics, const ClusterRef& cluster, std::string node_id,
+                                 bool cluster_mode)
     : tiers_(tiers),
       sessions_(sessions),
       metrics_(metrics),
       cluster_(cluster),
-      node_id_(std::move(node_id)) {}
+      node_id_(std::move(node_id)),
+      cluster_mode_(cluster_mode) {}
 
 bool SessionHandlers::Newer(const wire::SessionRecord& a, const wire::SessionRecord& b) {
   return a.version() != b.version() ? a.version() > b.version() : a.origin() > b.origin();
@@ -42,13 +44,23 @@ uint64_t SessionHandlers::NextVersion() {
   return last_version_;
 }
 
+bool SessionHandlers::Plausible(uint64_t version) {
+  // An hour ahead of this node's clock at most: a version far in the future would make every
+  // later save lose to it (and could wrap the clock).
+  return version <= static_cast<uint64_t>(NowUnixMs() + 3600 * 1000) << 16;
+}
+
+void SessionHandlers::ObserveLocked(uint64_t version) {
+  if (Plausible(version)) last_version_ = std::max(last_version_, version);
+}
+
 Status SessionHandlers::LoadSessions() {
   absl::MutexLock lock(&mu_);
   uint64_t n = 0;
   std::vector<std::pair<NamespaceId, std::string>> expired;
   const int64_t expire_before = NowUnixMs() - kTombstoneTtl.count();
   KVPOOL_RETURN_IF_ERROR(sessions_.ForEach([&](NamespaceId ns, const wire::SessionRecord& r) {
-    last_version_ = std::max(last_version_, r.version());
+    ObserveLocked(r.version());
     if (r.deleted()) {
       if (r.updated_unix_ms() < expire_before) expired.emplace_back(ns, r.session_id());
       return;
@@ -107,12 +119,20 @@ Response SessionHandlers::Save(Connection& c, std::string_view body) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::SESSION_SAVE, resp, st);
   }
+  if (req.replica() && !Plausible(record.version())) {
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::SESSION_SAVE, resp,
+                 Status::InvalidArgument("a session copy whose version is more than an hour ahead "
+                                         "of this node's clock"));
+  }
   absl::MutexLock lock(&mu_);
   Result<wire::SessionRecord> old = sessions_.Get(c.ns, record.session_id());
   if (!old.ok() && !old.status().IsNotFound()) return Reply(wire::SESSION_SAVE, resp, old.status());
+  // Every version seen here moves the clock, so that what this node writes next is newer.
+  if (old.ok()) ObserveLocked(old->version());
   if (req.replica()) {
     // A copy from a peer: the newest wins; an older one changes nothing here.
-    last_version_ = std::max(last_version_, record.version());
+    ObserveLocked(record.version());
     if (old.ok() && !Newer(record, *old)) return Reply(wire::SESSION_SAVE, resp, Status::OK());
   } else {
     const int64_t now = NowUnixMs();
@@ -147,6 +167,10 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
     // Saved, re-saved or deleted through other nodes too: the newest copy among this node and
     // the session's homes wins.
     Result<wire::SessionRecord> theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
+    if (theirs.ok()) {
+      absl::MutexLock lock(&mu_);
+      ObserveLocked(theirs->version());
+    }
     if (theirs.ok() && (!record.ok() || Newer(*theirs, *record))) {
       if (record.ok()) {
         // This node's copy is older: bring it up to date (its blocks first, when it is a chain).
@@ -207,9 +231,11 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
   ClusterHooks* cluster = c.peer ? nullptr : cluster_.Get();
   // Whether a live copy exists on the session's homes (saved through another node).
   bool live_elsewhere = false;
+  uint64_t their_version = 0;
   if (cluster != nullptr) {
     Result<wire::SessionRecord> theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
     live_elsewhere = theirs.ok() && !theirs->deleted();
+    if (theirs.ok()) their_version = theirs->version();
   }
   wire::SessionRecord tombstone;
   {
@@ -217,12 +243,15 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
     Result<wire::SessionRecord> old = sessions_.Get(c.ns, req.session_id());
     if (!old.ok() && !old.status().IsNotFound())
       return Reply(wire::SESSION_DELETE, resp, old.status());
+    // The deletion must be newer than every copy it replaces, here and on the homes.
+    ObserveLocked(their_version);
+    if (old.ok()) ObserveLocked(old->version());
     const bool live_here = old.ok() && !old->deleted();
     if (!live_here && !live_elsewhere) {
       return Reply(wire::SESSION_DELETE, resp,
                    Status::NotFound("no session '" + req.session_id() + "'"));
     }
-    if (cluster_.Get() == nullptr) {
+    if (!cluster_mode_) {
       // Standalone: no copy elsewhere can come back, so no deletion record is kept.
       st = sessions_.Delete(c.ns, req.session_id());
       std::vector<BlockKey> keys;

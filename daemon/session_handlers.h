@@ -35,8 +35,10 @@ namespace kvpool::daemon {
 class SessionHandlers {
  public:
   // All references outlive the handlers.
+  // `cluster_mode`: the daemon runs in a cluster (its hooks may come after the first requests):
+  // deletes leave deletion records.
   SessionHandlers(tiers::TierManager& tiers, SessionStore& sessions, Metrics& metrics,
-                  const ClusterRef& cluster, std::string node_id);
+                  const ClusterRef& cluster, std::string node_id, bool cluster_mode);
 
   // How long a deletion record is kept: longer than any copy can take to reach every home
   // (a node away for longer may bring a deleted session back). 7 days.
@@ -56,6 +58,11 @@ class SessionHandlers {
  private:
   // The next version of a save or deletion taken here.
   uint64_t NextVersion() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the clock past `version`, a version seen here (a record read, a peer's copy), unless
+  // it is implausible.
+  void ObserveLocked(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `version` is at most an hour ahead of this node's clock.
+  static bool Plausible(uint64_t version);
   // Stores `record` over `old` (this node's record, or NotFound): pins its chain (setting
   // total_bytes) unless it is a deletion, writes it, and unpins the old chain.
   Status StoreLocked(NamespaceId ns, wire::SessionRecord& record,
@@ -66,6 +73,7 @@ class SessionHandlers {
   Metrics& metrics_;
   const ClusterRef& cluster_;
   const std::string node_id_;
+  const bool cluster_mode_;
   // Serializes session saves and deletes: a save pins the new chain, writes the record and
   // unpins the old chain as one step.
   absl::Mutex mu_;
