@@ -163,6 +163,7 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
   }
   ClusterHooks* cluster = cluster_.Get();
   bool remote = false;
+  bool fetched = false;  // the chain's blocks were already brought here
   if (cluster != nullptr && !c.peer) {
     // Saved, re-saved or deleted through other nodes too: the newest copy among this node and
     // the session's homes wins.
@@ -178,6 +179,7 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
           std::vector<BlockKey> keys;
           if (DecodeKeys(theirs->keys(), UINT32_MAX, &keys).ok()) {
             cluster->FetchMissing(c.ns, c.ns_name, keys);
+            fetched = true;
           }
         }
         absl::MutexLock lock(&mu_);
@@ -206,7 +208,7 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
     st = DecodeKeys(record->keys(), UINT32_MAX, &keys);
     if (!st.ok()) return Reply(wire::SESSION_LOAD, resp, st);
     // A remote session's blocks come here now, so the gets that follow are local hits.
-    if (remote && !req.no_prefetch()) cluster->FetchMissing(c.ns, c.ns_name, keys);
+    if (remote && !fetched && !req.no_prefetch()) cluster->FetchMissing(c.ns, c.ns_name, keys);
     resp.set_cached_blocks(tiers_.CountCached(c.ns, keys));
     if (!req.no_prefetch()) tiers_.Prefetch(c.ns, keys);
     if (!req.no_prefetch() && req.to_gpu()) {

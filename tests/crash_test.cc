@@ -77,7 +77,6 @@ struct Ledger {
   };
   std::map<BlockKey, Durable> durable_blocks;
   std::vector<BlockKey> durable_order;
-  std::map<BlockKey, size_t> sizes;           // every block ever put (any namespace), by key
   // Per session id: the versions it may hold now. Exactly one after an acknowledged save or
   // delete (nullopt: deleted); an unacknowledged save or delete (in flight at the kill) adds
   // the version it would make, since it may or may not have landed.
@@ -150,10 +149,6 @@ class Workload {
         blocks.push_back({c.keys[i], bytes.back().data(), bytes.back().size(),
                           i == 0 ? BlockKey{} : c.keys[i - 1]});
       }
-      {
-        std::lock_guard<std::mutex> lock(ledger_.mu);
-        for (size_t i = 0; i < c.keys.size(); ++i) ledger_.sizes[c.keys[i]] = c.sizes[i];
-      }
       auto r = client->Put(blocks);
       if (!r.ok()) return;  // the daemon is gone
       std::lock_guard<std::mutex> lock(ledger_.mu);
@@ -186,12 +181,6 @@ class Workload {
           bytes.push_back(BlockBytes(SeedOf(next->keys[i]), next->sizes[i]));
         }
         for (const auto& b : bytes) spans.emplace_back(b);
-        {
-          std::lock_guard<std::mutex> lock(ledger_.mu);
-          for (size_t i = 0; i < next->keys.size(); ++i) {
-            ledger_.sizes[next->keys[i]] = next->sizes[i];
-          }
-        }
         auto p = client->PutChain(next->keys, spans);
         if (!p.ok()) return;
         if (!p->all_ok()) continue;  // not all stored: nothing to save
@@ -312,8 +301,7 @@ void VerifyAfterRestart(const DaemonProcess& d, Ledger& ledger, uint64_t cycle, 
       if (matched) break;
     }
     ASSERT_TRUE(matched) << "cycle " << cycle << ": session " << id << " is "
-                         << (loaded.ok() ? "a version never saved"
-                                         : loaded.status().ToString())
+                         << (loaded.ok() ? "a version never saved" : loaded.status().ToString())
                          << " (" << versions.size() << " possible versions)";
     versions = {found};
     if (found.has_value()) {
@@ -326,9 +314,9 @@ void VerifyAfterRestart(const DaemonProcess& d, Ledger& ledger, uint64_t cycle, 
 
 TEST(CrashTest, EveryAcknowledgedSessionAndDurableBlockSurvivesRandomKills) {
   const uint64_t cycles = EnvOr("KVPOOL_CRASH_CYCLES", 20);
-  const uint64_t seed = EnvOr(
-      "KVPOOL_CRASH_SEED",
-      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
+  const uint64_t seed =
+      EnvOr("KVPOOL_CRASH_SEED",
+            static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
   std::printf("crash test: %llu cycles, KVPOOL_CRASH_SEED=%llu\n",
               static_cast<unsigned long long>(cycles), static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
