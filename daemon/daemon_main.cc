@@ -22,6 +22,7 @@
 #include "common/units.h"
 #include "daemon/daemon.h"
 #include "daemon/daemon_main.h"
+#include "daemon/request_codec.h"
 #include "transport/address.h"
 
 DEFINE_string(data_dir, "kvpool-data", "Directory for RocksDB (disk tier, sessions, identity).");
@@ -122,6 +123,7 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   google::InstallFailureSignalHandler();
+  kvpool::daemon::QuietProtobufLogs();
 
   // Block the stop signals in every thread; the main thread waits for them.
   sigset_t stop_signals;

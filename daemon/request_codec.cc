@@ -1,5 +1,8 @@
 #include "daemon/request_codec.h"
 
+#include <glog/logging.h>
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstring>
 
 namespace kvpool::daemon {
@@ -57,6 +60,16 @@ wire::Tier ToWire(Tier tier) {
       break;
   }
   return wire::TIER_NONE;
+}
+
+void QuietProtobufLogs() {
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+        if (level == google::protobuf::LOGLEVEL_FATAL) {
+          LOG(FATAL) << "protobuf " << file << ":" << line << ": " << message;
+        }
+        VLOG(1) << "protobuf " << file << ":" << line << ": " << message;
+      });
 }
 
 }  // namespace kvpool::daemon

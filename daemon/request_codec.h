@@ -51,4 +51,10 @@ Status DecodeKeysOf(const google::protobuf::RepeatedPtrField<std::string>& keys,
 
 wire::Tier ToWire(Tier tier);
 
+// Sends libprotobuf's own log lines (e.g. "String field ... contains invalid UTF-8" for every
+// such body a client sends) to VLOG(1) instead of stderr at ERROR: the client already gets
+// InvalidArgument, and a hostile one must not be able to flood the daemon's log. Fatal ones stay
+// fatal. Call once at start.
+void QuietProtobufLogs();
+
 }  // namespace kvpool::daemon

@@ -27,6 +27,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVPOOL_QUANTIZE_AVX2 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -41,7 +42,10 @@ namespace avx2 {
 bool Supported() {
   static const bool supported = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    return __builtin_cpu_supports("avx2") && f16c;
   }();
   return supported;
 }

@@ -7,6 +7,9 @@
 #                           kvpoold with AddressSanitizer and UndefinedBehaviorSanitizer (Debug,
 #                           -O1, no CUDA, in $BUILD_DIR-asan) and runs their unit and integration
 #                           tests there (about 10 minutes on 2 cores; CI runs it after `test`)
+#   ./scripts/dev.sh fuzz   builds the libFuzzer targets (fuzz/, clang, ASan + UBSan, in
+#                           $BUILD_DIR-fuzz) and runs each FUZZ_SECONDS (default 30) from its seed
+#                           corpus; a crash, sanitizer report or hang fails (CI runs it last)
 #   ./scripts/dev.sh package  builds the Debian packages (cpack -G DEB) into $BUILD_DIR
 # Environment: BUILD_DIR (default build), CTEST_ARGS (extra ctest arguments, e.g. "-L unit"),
 # KVPOOL_SKIP_INSTALL=1 to skip apt-get (dependencies already present).
@@ -24,6 +27,7 @@ PACKAGES=(
   libsystemd-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev
   libucx-dev ucx-utils libhiredis-dev redis-server etcd-server
   python3 python3-matplotlib python3-venv python3-dev python3-pip
+  clang libclang-rt-14-dev
 )
 
 install_deps() {
@@ -55,7 +59,7 @@ SANITIZED_TESTS=(
   access_control_test namespaces_file_test session_store_test block_service_test
   socket_delivery_test shm_delivery_test
   block_index_test leases_test mover_test host_tier_test disk_tier_test
-  tier_manager_test tier_manager_strategies_test tier_manager_gpu_test
+  tier_manager_test tier_manager_strategies_test tier_manager_gpu_test tier_manager_stress_test
   robustness_test access_test shm_test daemon_test crash_test
 )
 
@@ -71,6 +75,37 @@ sanitize() {
   # A sanitizer report fails the test (UBSan does not recover; ASan's leak check at exit counts).
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$dir" --output-on-failure -j 2 -R "^($names)\$"
+}
+
+# What `fuzz` runs: each libFuzzer target from its committed seeds (fuzz/corpus/<target>/); what
+# it learns stays in $BUILD_DIR-fuzz/corpus/<target>/ (outside the tree), and the input of a
+# finding in $BUILD_DIR-fuzz/artifacts/<target>/ (reproduce: run the target on that file).
+FUZZERS=(fuzz_frame fuzz_handlers fuzz_etcd_replies fuzz_namespaces_file)
+
+fuzz() {
+  local dir="$BUILD_DIR-fuzz"
+  local flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+  flags+=" -fno-omit-frame-pointer"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang \
+    -DCMAKE_CXX_COMPILER=clang++ -DKVPOOL_WITH_CUDA=OFF -DKVPOOL_BUILD_BENCH=OFF \
+    -DKVPOOL_BUILD_TESTS=OFF -DKVPOOL_BUILD_FUZZERS=ON -DCMAKE_CXX_FLAGS="$flags -O1" \
+    -DCMAKE_C_FLAGS="$flags -O1"
+  cmake --build "$dir" -j "$JOBS" --target "${FUZZERS[@]}"
+  local seconds=${FUZZ_SECONDS:-30} f
+  for f in "${FUZZERS[@]}"; do
+    mkdir -p "$dir/corpus/$f" "$dir/artifacts/$f"
+    echo "dev.sh: fuzzing $f for ${seconds} s"
+    if ! "$dir/fuzz/$f" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 \
+      -print_final_stats=1 -artifact_prefix="$dir/artifacts/$f/" "$dir/corpus/$f" \
+      "fuzz/corpus/$f" >"$dir/$f.log" 2>&1; then
+      tail -n 80 "$dir/$f.log"
+      echo "dev.sh: $f found a problem; its input is in $dir/artifacts/$f/" >&2
+      return 1
+    fi
+    grep -E "^stat::(number_of_executed_units|new_units_added|peak_rss_mb)" "$dir/$f.log" |
+      tr '\n' ' '
+    echo
+  done
 }
 
 case "${1:-}" in
@@ -110,6 +145,10 @@ case "${1:-}" in
     install_deps
     sanitize
     ;;
+  fuzz)
+    install_deps
+    fuzz
+    ;;
   package)
     # The Debian packages (kvpool, libkvpool0, libkvpool-dev) into $BUILD_DIR; see README "Install".
     install_deps
@@ -118,7 +157,7 @@ case "${1:-}" in
     ls "$BUILD_DIR"/*.deb
     ;;
   *)
-    echo "usage: $0 run [kvpoold flags] | test | build | sanitize | package" >&2
+    echo "usage: $0 run [kvpoold flags] | test | build | sanitize | fuzz | package" >&2
     exit 2
     ;;
 esac

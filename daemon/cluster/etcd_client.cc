@@ -11,7 +11,6 @@
 #include <boost/beast/http.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -19,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/base64.h"
 #include "daemon/cluster/cluster_threads.h"
+#include "daemon/cluster/etcd_replies.h"
 #include "transport/address.h"
 
 namespace kvpool::daemon::cluster {
@@ -32,77 +32,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kScheme = "etcd://";
-
-// int64 fields arrive as JSON strings (proto3 JSON mapping); absent means 0.
-int64_t JsonInt(const json& j, const char* field) {
-  const auto it = j.find(field);
-  if (it == j.end() || it->is_null()) return 0;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) {
-    const std::string& s = it->get_ref<const std::string&>();
-    int64_t v = 0;
-    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec == std::errc() && p == s.data() + s.size()) return v;
-  }
-  return 0;
-}
-
-bool JsonBool(const json& j, const char* field) {
-  const auto it = j.find(field);
-  return it != j.end() && it->is_boolean() && it->get<bool>();
-}
-
-Result<KeyValue> ParseKeyValue(const json& j) {
-  if (!j.is_object()) return Status::Corruption("etcd kv is not an object");
-  KeyValue kv;
-  for (auto [field, out] : {std::pair{"key", &kv.key}, std::pair{"value", &kv.value}}) {
-    const auto it = j.find(field);
-    if (it == j.end()) continue;  // proto3 JSON omits empty bytes
-    if (!it->is_string()) return Status::Corruption(std::string("etcd kv ") + field + " not text");
-    KVPOOL_ASSIGN_OR_RETURN(*out, Base64Decode(it->get_ref<const std::string&>()));
-  }
-  kv.create_revision = JsonInt(j, "create_revision");
-  kv.mod_revision = JsonInt(j, "mod_revision");
-  kv.version = JsonInt(j, "version");
-  kv.lease = JsonInt(j, "lease");
-  return kv;
-}
-
-Result<RangeResult> ParseRange(const json& j) {
-  RangeResult out;
-  out.revision = JsonInt(j.value("header", json::object()), "revision");
-  const auto it = j.find("kvs");
-  if (it != j.end()) {
-    if (!it->is_array()) return Status::Corruption("etcd range kvs is not a list");
-    for (const auto& e : *it) {
-      KVPOOL_ASSIGN_OR_RETURN(auto kv, ParseKeyValue(e));
-      out.kvs.push_back(std::move(kv));
-    }
-  }
-  return out;
-}
-
-// gRPC status codes as etcd's gateway reports them in {"code": N}.
-Status FromGrpcCode(int code, const std::string& message) {
-  switch (code) {
-    case 3:
-      return Status::InvalidArgument("etcd: " + message);
-    case 5:
-      return Status::NotFound("etcd: " + message);
-    case 6:
-      return Status::AlreadyExists("etcd: " + message);
-    case 7:
-    case 16:
-      return Status::PermissionDenied("etcd: " + message);
-    case 8:
-      return Status::ResourceExhausted("etcd: " + message);
-    case 4:
-    case 14:
-      return Status::Unavailable("etcd: " + message);
-    default:
-      return Status::FailedPrecondition("etcd: " + message);
-  }
-}
 
 Result<std::vector<tcp::endpoint>> Resolve(const EtcdEndpoint& ep) {
   boost::system::error_code ec;
@@ -182,19 +111,6 @@ Result<HttpReply> PostOnce(const EtcdEndpoint& ep, std::string_view path, const 
   return HttpReply{parser.get().result_int(), parser.release().body()};
 }
 
-// The error an etcd reply with a non-200 status stands for.
-Status ErrorFromReply(const EtcdEndpoint& ep, unsigned http_status, const json& j) {
-  if (j.is_object() && j.contains("code") && j["code"].is_number_integer()) {
-    std::string message = j.value("error", j.value("message", std::string("?")));
-    return FromGrpcCode(j["code"].get<int>(), message);
-  }
-  if (http_status >= 500) {
-    return Status::Unavailable("etcd " + ep.ToString() + ": HTTP " + std::to_string(http_status));
-  }
-  return Status::FailedPrecondition("etcd " + ep.ToString() + ": HTTP " +
-                                    std::to_string(http_status));
-}
-
 json RangeRequest(std::string_view key, const std::string* range_end) {
   json req = {{"key", Base64Encode(key)}};
   if (range_end != nullptr) req["range_end"] = Base64Encode(*range_end);
@@ -241,14 +157,13 @@ class EtcdClient::Http {
         if (last.code() != StatusCode::kUnavailable) return last;
         continue;
       }
-      json j = json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded()) {
-        return Status::Corruption("etcd " + ep.ToString() + std::string(path) +
-                                  ": reply is not JSON (HTTP " + std::to_string(reply->status) +
-                                  ")");
+      auto j = ParseReplyBody(reply->body);
+      if (!j.ok()) {
+        return j.status().WithContext("etcd " + ep.ToString() + std::string(path) + " (HTTP " +
+                                      std::to_string(reply->status) + ")");
       }
       if (reply->status != 200) {
-        Status st = ErrorFromReply(ep, reply->status, j);
+        Status st = ErrorOfReply(ep.ToString(), reply->status, *j);
         // "no leader", "leader changed", a stopping member: another endpoint may do better.
         if (st.code() == StatusCode::kUnavailable) {
           last = st;
@@ -257,7 +172,7 @@ class EtcdClient::Http {
         return st;
       }
       c.preferred_.store(idx, std::memory_order_relaxed);
-      return j;
+      return std::move(j).value();
     }
     if (Clock::now() >= deadline && last.code() == StatusCode::kUnavailable) {
       return Status::Unavailable(std::string(path) + ": no etcd answer within " +
@@ -298,20 +213,20 @@ Result<int64_t> EtcdClient::Put(std::string_view key, std::string_view value, in
   json req = {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
   if (lease != 0) req["lease"] = std::to_string(lease);
   KVPOOL_ASSIGN_OR_RETURN(const json j, Http::Call(*this, "/v3/kv/put", req));
-  return JsonInt(j.value("header", json::object()), "revision");
+  return HeaderRevision(j);
 }
 
 Result<RangeResult> EtcdClient::Get(std::string_view key) {
   KVPOOL_ASSIGN_OR_RETURN(const json j,
                           Http::Call(*this, "/v3/kv/range", RangeRequest(key, nullptr)));
-  return ParseRange(j);
+  return ParseRangeReply(j);
 }
 
 Result<RangeResult> EtcdClient::GetPrefix(std::string_view prefix) {
   const std::string end = PrefixEnd(prefix);
   KVPOOL_ASSIGN_OR_RETURN(const json j,
                           Http::Call(*this, "/v3/kv/range", RangeRequest(prefix, &end)));
-  return ParseRange(j);
+  return ParseRangeReply(j);
 }
 
 Result<int64_t> EtcdClient::Delete(std::string_view key) {
@@ -340,45 +255,21 @@ Result<PutIfAbsentResult> EtcdClient::PutIfAbsent(std::string_view key, std::str
       {"failure", json::array({{{"request_range", {{"key", k}}}}})},
   };
   KVPOOL_ASSIGN_OR_RETURN(const json j, Http::Call(*this, "/v3/kv/txn", req));
-  PutIfAbsentResult out;
-  out.created = JsonBool(j, "succeeded");
-  out.revision = JsonInt(j.value("header", json::object()), "revision");
-  if (!out.created) {
-    const auto responses = j.value("responses", json::array());
-    if (!responses.is_array() || responses.empty() || !responses[0].is_object()) {
-      return Status::Corruption("etcd txn reply without the failure branch's range");
-    }
-    KVPOOL_ASSIGN_OR_RETURN(auto range,
-                            ParseRange(responses[0].value("response_range", json::object())));
-    // The key can vanish between the compare and the read only in another transaction; none
-    // runs between them (a txn is atomic), so an empty range here would be an etcd bug.
-    if (range.kvs.empty()) return Status::Corruption("etcd txn: compare failed on an absent key");
-    out.existing = std::move(range.kvs.front());
-  }
-  return out;
+  return ParseTxnReply(j);
 }
 
 Result<LeaseGrant> EtcdClient::GrantLease(int64_t ttl_seconds) {
   if (ttl_seconds <= 0) return Status::InvalidArgument("lease TTL must be positive");
   KVPOOL_ASSIGN_OR_RETURN(const json j, Http::Call(*this, "/v3/lease/grant",
                                                    json{{"TTL", std::to_string(ttl_seconds)}}));
-  const std::string error = j.value("error", std::string());
-  if (!error.empty()) return Status::FailedPrecondition("etcd lease grant: " + error);
-  LeaseGrant out{JsonInt(j, "ID"), JsonInt(j, "TTL")};
-  if (out.id == 0 || out.ttl_seconds <= 0) return Status::Corruption("etcd lease grant: no ID/TTL");
-  return out;
+  return ParseLeaseGrantReply(j);
 }
 
 Result<int64_t> EtcdClient::KeepAliveOnce(int64_t lease) {
   // A bidirectional stream in gRPC; through the gateway one request line gets one result line.
   KVPOOL_ASSIGN_OR_RETURN(
       const json j, Http::Call(*this, "/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}));
-  if (j.contains("error")) {
-    return Status::Unavailable("etcd lease keepalive: " + j["error"].dump());
-  }
-  const int64_t ttl = JsonInt(j.value("result", json::object()), "TTL");
-  if (ttl <= 0) return Status::NotFound("etcd lease " + std::to_string(lease) + " has expired");
-  return ttl;
+  return ParseKeepAliveReply(j, lease);
 }
 
 Status EtcdClient::RevokeLease(int64_t lease) {
@@ -595,61 +486,43 @@ class WatchImpl final : public EtcdWatch {
   // Handles one JSON message of the stream. kClosed: carry on reading.
   End OnLine(std::string_view line, const EtcdEndpoint& ep, bool* was_created) {
     if (line.find_first_not_of(" \r\t") == std::string_view::npos) return End::kClosed;
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      LOG(WARNING) << "etcd watch " << prefix_ << ": unparsable message from " << ep.ToString();
-      return End::kFailed;
-    }
-    if (j.contains("error")) {
-      LOG(WARNING) << "etcd watch " << prefix_ << " on " << ep.ToString()
-                   << " ended: " << j["error"].dump();
-      return End::kFailed;
-    }
-    const json result = j.value("result", json::object());
-    if (JsonBool(result, "canceled")) {
-      const int64_t compacted = JsonInt(result, "compact_revision");
-      if (compacted > 0) {
-        LOG(INFO) << "etcd watch " << prefix_ << ": revision " << next_revision_
-                  << " compacted (now " << compacted << "); re-reading the prefix";
-        return End::kCompacted;
-      }
-      LOG(WARNING) << "etcd watch " << prefix_
-                   << " cancelled: " << result.value("cancel_reason", std::string("?"));
-      return End::kFailed;
-    }
-    if (JsonBool(result, "created")) {
-      // The store's revision now; below what we already saw, etcd's data was restored from a
-      // backup or replaced: the history we would resume from is not the one we saw.
-      const int64_t now = JsonInt(result.value("header", json::object()), "revision");
-      if (now > 0 && now + 1 < next_revision_) {
-        LOG(WARNING) << "etcd " << ep.ToString() << " is at revision " << now << ", before the "
-                     << next_revision_ - 1 << " this watch saw (data restored or replaced); "
-                     << "re-reading " << prefix_;
-        return End::kCompacted;
-      }
-      *was_created = true;
-      connected_.store(true, std::memory_order_release);
-      return End::kClosed;
-    }
-    const auto events = result.find("events");
-    if (events == result.end() || !events->is_array() || events->empty()) {
-      // A progress notification: nothing up to header.revision is left to deliver.
-      const int64_t rev = JsonInt(result.value("header", json::object()), "revision");
-      if (rev >= next_revision_) next_revision_ = rev + 1;
-      return End::kClosed;
-    }
-    WatchUpdate update;
-    for (const auto& e : *events) {
-      auto kv = ParseKeyValue(e.value("kv", json::object()));
-      if (!kv.ok()) {
-        LOG(WARNING) << "etcd watch " << prefix_ << ": bad event: " << kv.status().ToString();
+    WatchMessage m = ParseWatchMessage(line);
+    switch (m.kind) {
+      case WatchMessage::Kind::kInvalid:
+        LOG(WARNING) << "etcd watch " << prefix_ << ": unparsable message from " << ep.ToString()
+                     << ": " << m.reason;
         return End::kFailed;
-      }
-      const bool is_delete = e.value("type", std::string("PUT")) == "DELETE";
-      update.revision = std::max(update.revision, kv->mod_revision);
-      update.events.push_back(WatchEvent{
-          is_delete ? WatchEvent::Type::kDelete : WatchEvent::Type::kPut, std::move(*kv)});
+      case WatchMessage::Kind::kError:
+        LOG(WARNING) << "etcd watch " << prefix_ << " on " << ep.ToString()
+                     << " ended: " << m.reason;
+        return End::kFailed;
+      case WatchMessage::Kind::kCompacted:
+        LOG(INFO) << "etcd watch " << prefix_ << ": revision " << next_revision_
+                  << " compacted (now " << m.revision << "); re-reading the prefix";
+        return End::kCompacted;
+      case WatchMessage::Kind::kCanceled:
+        LOG(WARNING) << "etcd watch " << prefix_ << " cancelled: " << m.reason;
+        return End::kFailed;
+      case WatchMessage::Kind::kCreated:
+        // The store's revision now; below what we already saw, etcd's data was restored from a
+        // backup or replaced: the history we would resume from is not the one we saw.
+        if (m.revision > 0 && m.revision + 1 < next_revision_) {
+          LOG(WARNING) << "etcd " << ep.ToString() << " is at revision " << m.revision
+                       << ", before the " << next_revision_ - 1
+                       << " this watch saw (data restored or replaced); re-reading " << prefix_;
+          return End::kCompacted;
+        }
+        *was_created = true;
+        connected_.store(true, std::memory_order_release);
+        return End::kClosed;
+      case WatchMessage::Kind::kProgress:
+        // A progress notification: nothing up to header.revision is left to deliver.
+        if (m.revision >= next_revision_) next_revision_ = m.revision + 1;
+        return End::kClosed;
+      case WatchMessage::Kind::kEvents:
+        break;
     }
+    const WatchUpdate& update = m.update;
     if (update.revision >= next_revision_) next_revision_ = update.revision + 1;
     callback_(update);
     return End::kClosed;

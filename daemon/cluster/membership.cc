@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "daemon/cluster/base64.h"
 #include "daemon/cluster/cluster_threads.h"
@@ -142,8 +143,18 @@ std::string EncodeMemberRecord(const MemberRecord& r) {
 Result<MemberRecord> DecodeMemberRecord(std::string_view text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::Corruption("member record is not JSON");
+  // nlohmann converts a float to an integer type without a range check (undefined behaviour for
+  // 1e47, found by fuzz_etcd_replies): integer fields must be JSON integers.
+  const auto integer = [&j](const char* name, bool is_unsigned) -> const json& {
+    const json& v = j.at(name);
+    if (is_unsigned ? !v.is_number_unsigned() : !v.is_number_integer()) {
+      throw std::invalid_argument(std::string(name) + " is not " +
+                                  (is_unsigned ? "an unsigned integer" : "an integer"));
+    }
+    return v;
+  };
   try {  // nlohmann's typed getters throw on a wrong type: the third-party boundary
-    if (j.at("version").get<int>() != kRecordVersion) {
+    if (integer("version", false) != kRecordVersion) {
       return Status::Corruption("member record version " + j.at("version").dump());
     }
     MemberRecord r;
@@ -153,12 +164,14 @@ Result<MemberRecord> DecodeMemberRecord(std::string_view text) {
     r.control_address = j.at("control_address").get<std::string>();
     KVPOOL_ASSIGN_OR_RETURN(r.ucx_worker_address,
                             Base64Decode(j.at("ucx_worker_address").get<std::string>()));
-    r.capacity_bytes = j.at("capacity_bytes").get<uint64_t>();
-    r.used_bytes = j.at("used_bytes").get<uint64_t>();
-    r.started_at_ms = j.at("started_at_ms").get<int64_t>();
+    r.capacity_bytes = integer("capacity_bytes", true).get<uint64_t>();
+    r.used_bytes = integer("used_bytes", true).get<uint64_t>();
+    r.started_at_ms = integer("started_at_ms", false).get<int64_t>();
     r.auth = j.at("auth").get<std::string>();
     return r;
   } catch (const json::exception& e) {
+    return Status::Corruption(std::string("member record: ") + e.what());
+  } catch (const std::invalid_argument& e) {
     return Status::Corruption(std::string("member record: ") + e.what());
   }
 }
