@@ -94,6 +94,11 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Value(&o, "kvpool_host_fragmentation_ratio", t.host.fragmentation);
   Metric(&o, "kvpool_disk_device_bytes", "gauge", "RocksDB SST and blob file bytes.");
   Value(&o, "kvpool_disk_device_bytes", static_cast<double>(t.disk_bytes_on_device));
+  Metric(&o, "kvpool_disk_device_room_bytes", "gauge",
+         "Bytes the disk tier may still write to its device: its free space less a 64 MiB "
+         "reserve.");
+  Value(&o, "kvpool_disk_device_room_bytes",
+        static_cast<double>(std::min<uint64_t>(t.disk_device_room_bytes, uint64_t{1} << 62)));
 
   const std::pair<const char*, const tiers::TierCounters*> tiers[] = {
       {"gpu", &t.gpu_counters}, {"host", &t.host_counters}, {"disk", &t.disk_counters}};

@@ -272,5 +272,85 @@ TEST_F(DiskFaultTest, TiersWorkAgainAfterTheDiskRecovers) {
   EXPECT_GT(o.served, 0u);
 }
 
+// A full device (ENOSPC) under RocksDB: its writes stop (with Debian's RocksDB 7.8 a NoSpace
+// WAL failure followed by another write aborted the process; tiers/full_device_fs.h), demotions
+// lose their blocks, counted, and nothing wrong is served; the host tier goes on; after a restart
+// on the same data the disk takes writes again.
+TEST_F(DiskFaultTest, AFullDeviceStopsDiskWritesWithoutTakingTheProcessDown) {
+  fs_->Fail(Op::kWrite, FaultInjectionFileSystem::Error::kNoSpace);
+  uint64_t next = 0;
+  for (; next < 256; ++next) ASSERT_TRUE(Put(next).ok());
+  manager_->WaitIdleForTest();
+  for (; next < 320; ++next) ASSERT_TRUE(Put(next).ok());  // more writes after the first failure
+  manager_->WaitIdleForTest();
+  const TierManagerStats full = manager_->GetStats();
+  ASSERT_GT(full.disk_write_errors, 1u);
+  EXPECT_EQ(full.disk_blocks, 0u);
+  ExpectCountedDrops(full, Uncached().size());
+  Outcome o = ReadAll();
+  EXPECT_EQ(o.failed, 0u);
+  EXPECT_GT(o.served, 0u);
+
+  fs_->Heal(Op::kWrite);
+  Close();
+  expected_.clear();
+  Open();
+  for (next = 1000; next < 1256; ++next) ASSERT_TRUE(Put(next).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_GT(s.disk_blocks, 0u) << "demotion writes succeed again";
+  EXPECT_EQ(s.blocks_lost, 0u);
+  o = ReadAll();
+  EXPECT_EQ(o.failed, 0u);
+  EXPECT_GT(o.served, 0u);
+}
+
+// The device fills up before --disk_capacity is reached (something else writes to it, or it is
+// smaller than the flag says): at 64 MiB free kvpool stops writing to it, before RocksDB ever
+// sees ENOSPC. Demotions then lose their blocks (counted), what is on disk stays and is served,
+// and when room comes back the same running daemon writes to disk again.
+TEST_F(DiskFaultTest, ADeviceWithoutRoomStopsDiskWritesUntilRoomComesBack) {
+  for (uint64_t n = 0; n < 256; ++n) ASSERT_TRUE(Put(n).ok());  // 16 MiB through an 8 MiB host
+  manager_->WaitIdleForTest();
+  manager_->WaitFlusherRoundForTest();
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_GT(before.disk_blocks, 0u);
+  ASSERT_GT(before.disk_device_room_bytes, 64 * kMiB);
+
+  fs_->SetFreeSpace(64 * kMiB);  // exactly the reserve: no room
+  manager_->WaitFlusherRoundForTest();
+  manager_->WaitFlusherRoundForTest();
+  EXPECT_EQ(manager_->GetStats().disk_device_room_bytes, 0u);
+  for (uint64_t n = 256; n < 512; ++n) ASSERT_TRUE(Put(n).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats full = manager_->GetStats();
+  EXPECT_EQ(full.disk_blocks, before.disk_blocks) << "nothing written, nothing dropped";
+  EXPECT_EQ(full.disk_counters.evictions, before.disk_counters.evictions);
+  EXPECT_GT(full.blocks_lost, 0u);
+  EXPECT_EQ(full.disk_write_errors, 0u) << "RocksDB never saw a full device";
+  ExpectCountedDrops(full, Uncached().size());
+  Outcome o = ReadAll();
+  EXPECT_EQ(o.failed, 0u);
+  EXPECT_GE(o.served, before.disk_blocks);
+
+  fs_->ClearFreeSpace();
+  manager_->WaitFlusherRoundForTest();
+  manager_->WaitFlusherRoundForTest();
+  for (uint64_t n = 512; n < 768; ++n) ASSERT_TRUE(Put(n).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_GT(after.disk_blocks, full.disk_blocks) << "demotions reach the disk again";
+  EXPECT_EQ(after.disk_write_errors, 0u);
+  o = ReadAll();
+  EXPECT_EQ(o.failed, 0u);
+}
+
+TEST(DiskDeviceRoom, TheFreeSpaceLessTheReserve) {
+  EXPECT_EQ(DiskDeviceRoom(std::nullopt), UINT64_MAX);
+  EXPECT_EQ(DiskDeviceRoom(0), 0u);
+  EXPECT_EQ(DiskDeviceRoom(64 * kMiB), 0u);
+  EXPECT_EQ(DiskDeviceRoom(1024 * kMiB), 960 * kMiB);
+}
+
 }  // namespace
 }  // namespace kvpool::tiers

@@ -128,7 +128,9 @@ Status DiskTier::Write(std::span<const DiskWrite> blocks, bool sync) {
   return KVPOOL_ROCKS_STATUS(store_.db()->Write(wo, &batch));
 }
 
-uint64_t DiskTier::bytes_on_device() const { return store_.ApproximateDiskBytes(); }
+uint64_t DiskTier::bytes_on_device() const { return store_.FilesBytes(); }
+
+std::optional<uint64_t> DiskTier::free_bytes() const { return store_.FreeBytes(); }
 
 std::unique_ptr<PendingRead> DiskTier::StartRead(NamespaceId ns, const BlockKey& key,
                                                  const DiskBlockMeta& expected,

@@ -54,6 +54,7 @@ class DiskTier final : public BlockStore {
   Status DeleteRaw(std::string_view raw_key) override;
   // RocksDB's SST and blob files.
   uint64_t bytes_on_device() const override;
+  std::optional<uint64_t> free_bytes() const override;
 
   // Test hook: overwrites the stored body's bytes (keeps its header) to simulate bit rot.
   Status CorruptForTest(NamespaceId ns, const BlockKey& key);

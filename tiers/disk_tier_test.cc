@@ -345,7 +345,7 @@ TEST_F(DiskTierTest, DataSurvivesReopen) {
   Close();
   Open();
   ExpectReadsBack(blocks.back());
-  EXPECT_GT(store_->ApproximateDiskBytes(), (3u << 20));
+  EXPECT_GT(store_->FilesBytes(), (3u << 20));
 }
 
 TEST_F(DiskTierTest, SecondOpenOfTheSameDirectoryFails) {

@@ -6,10 +6,13 @@
 #include <rocksdb/file_system.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
+#include <rocksdb/sst_file_manager.h>
 #include <rocksdb/table.h>
 
 #include <filesystem>
+
 #include <vector>
+#include "tiers/full_device_fs.h"
 
 namespace kvpool::tiers {
 
@@ -34,12 +37,15 @@ Result<std::unique_ptr<RocksStore>> RocksStore::Open(const RocksStoreOptions& op
   }
   std::unique_ptr<RocksStore> store(new RocksStore());
   rocksdb::DBOptions db_options;
-  if (options.file_system != nullptr) {
-    // An Env whose file operations go to `file_system` and whose threads and clock are the
-    // default Env's.
-    store->env_ = rocksdb::NewCompositeEnv(options.file_system);
-    db_options.env = store->env_.get();
-  }
+  // An Env whose file operations go to the file system (the local disk, or a test's) through
+  // FullDeviceFileSystem, and whose threads and clock are the default Env's.
+  store->env_ = rocksdb::NewCompositeEnv(std::make_shared<FullDeviceFileSystem>(
+      options.file_system != nullptr ? options.file_system : rocksdb::FileSystem::Default()));
+  db_options.env = store->env_.get();
+  rocksdb::Env* env = store->env_.get();
+  store->sst_files_.reset(rocksdb::NewSstFileManager(env, env->GetFileSystem()));
+  db_options.sst_file_manager = store->sst_files_;
+  store->path_ = options.path;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   db_options.IncreaseParallelism(options.background_threads);
@@ -106,14 +112,20 @@ Status RocksStore::Flush() {
   return KVPOOL_ROCKS_STATUS(db_->Flush(fo, {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}));
 }
 
-uint64_t RocksStore::ApproximateDiskBytes() const {
-  uint64_t total = 0;
+uint64_t RocksStore::FilesBytes() const {
+  // The WAL holds what the memtables hold until they are flushed: their size stands for it.
+  uint64_t wal = 0;
   for (auto* h : {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}) {
     uint64_t v = 0;
-    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kTotalSstFilesSize, &v)) total += v;
-    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kTotalBlobFileSize, &v)) total += v;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) wal += v;
   }
-  return total;
+  return sst_files_->GetTotalSize() + wal;
+}
+
+std::optional<uint64_t> RocksStore::FreeBytes() const {
+  uint64_t free = 0;
+  if (!env_->GetFreeSpace(path_, &free).ok()) return std::nullopt;
+  return free;
 }
 
 uint64_t RocksStore::BlockCacheCapacity() const {

@@ -14,6 +14,7 @@
 // until the destructor.
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -23,6 +24,7 @@ class ColumnFamilyHandle;
 class DB;
 class Env;
 class FileSystem;
+class SstFileManager;
 class Status;
 }  // namespace rocksdb
 
@@ -61,15 +63,22 @@ class RocksStore {
 
   // Flushes memtables to SST files (used at shutdown).
   Status Flush();
-  // Approximate bytes on disk: SST files plus live blob files.
-  uint64_t ApproximateDiskBytes() const;
+  // Bytes of the database's SST and blob files as its SstFileManager tracks them (files that
+  // compaction or blob garbage collection made obsolete count until they are deleted), and of
+  // its WAL (as much as its memtables hold): the space the disk tier really takes on its device.
+  uint64_t FilesBytes() const;
+  // Bytes the file system holding the database has left; nullopt when it cannot tell.
+  std::optional<uint64_t> FreeBytes() const;
   // The block cache's capacity, as RocksDB reports it (the one cache every family shares).
   uint64_t BlockCacheCapacity() const;
 
  private:
   RocksStore();
   // Declared before db_: the DB is closed before the Env it runs on is destroyed.
-  std::unique_ptr<rocksdb::Env> env_;  // null: rocksdb::Env::Default()
+  std::unique_ptr<rocksdb::Env> env_;
+  // Tracks the sizes of the SST and blob files.
+  std::shared_ptr<rocksdb::SstFileManager> sst_files_;
+  std::string path_;
   std::unique_ptr<rocksdb::DB> db_;
   rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;
   rocksdb::ColumnFamilyHandle* blocks_cf_ = nullptr;

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -188,8 +189,10 @@ class BlockStore : public StorageTier {
       const std::function<void(NamespaceId, const BlockKey&, const DiskBlockMeta&)>& visit,
       const std::function<void(std::string_view raw_key)>& bad) const = 0;
   virtual Status DeleteRaw(std::string_view raw_key) = 0;
-  // Bytes the store takes on its device (files, compaction debt included); approximate.
+  // Bytes the store takes on its device (files, obsolete ones until deleted); approximate.
   virtual uint64_t bytes_on_device() const = 0;
+  // Bytes its device has left; nullopt when it cannot tell.
+  virtual std::optional<uint64_t> free_bytes() const = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

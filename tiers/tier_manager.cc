@@ -344,6 +344,7 @@ TierManagerStats TierManager::GetStats() const {
   s.host_blocks = host_blocks_;
   s.disk_capacity_bytes = options_.disk_capacity_bytes;
   s.disk_used_bytes = disk_used_;
+  s.disk_device_room_bytes = disk_device_room_;
   s.disk_blocks = disk_blocks_;
   s.host_counters = host_counters_;
   s.disk_counters = disk_counters_;

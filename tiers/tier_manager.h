@@ -161,7 +161,8 @@ struct TierManagerStats {
   uint64_t disk_capacity_bytes = 0;
   uint64_t disk_used_bytes = 0;
   uint64_t disk_blocks = 0;
-  uint64_t disk_bytes_on_device = 0;  // RocksDB's SST and blob files
+  uint64_t disk_bytes_on_device = 0;    // RocksDB's SST and blob files
+  uint64_t disk_device_room_bytes = 0;  // what disk may still add to its device (DiskDeviceRoom)
   TierCounters host_counters;
   TierCounters disk_counters;
   uint64_t index_entries = 0;
@@ -179,6 +180,10 @@ struct TierManagerStats {
   uint64_t encoded_writes = 0;       // blocks written to disk encoded (tiers/demotion_encoding.h)
   uint64_t gpu_hints_dropped = 0;    // gpu placement hints dropped: the GPU's worker was behind
 };
+
+// The bytes the disk tier may still add to its device: what the device has free (nullopt: it
+// cannot tell, no bound) less a reserve RocksDB needs to flush, compact and delete (64 MiB).
+uint64_t DiskDeviceRoom(std::optional<uint64_t> free);
 
 struct EvictOutcome {
   uint64_t evicted = 0;
@@ -373,8 +378,13 @@ class TierManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes the disk copy (RocksDB) of each id and updates the index.
   void DropDiskCopiesLocked(const std::vector<EntryId>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes disk room for `bytes` more by dropping cold candidates, and accounts them as used.
+  // Makes disk room for `bytes` more by dropping cold candidates (--disk_capacity counts payload),
+  // and accounts them as used. ResourceExhausted, dropping nothing, when the device itself has
+  // no room for them (a dropped block's space comes back only when RocksDB compacts).
   Status ReserveDiskLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the disk's device's free bytes into disk_device_room_. Releases mu_ meanwhile
+  // (flusher only).
+  void RefreshDiskSpaceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the host copies of `ids` (marked kBusyDemoting by the caller) to disk, releasing
   // the mutex for the write. On success each gains a disk copy; when `drop_host`, unleased
   // host copies are then freed. On failure the host copies are kept (or dropped when
@@ -431,6 +441,9 @@ class TierManager {
   std::vector<NamespacedKey> write_queue_ ABSL_GUARDED_BY(mu_);  // write-after-hits candidates
   absl::CondVar changed_;                        // an I/O finished or a busy flag cleared
   uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes on disk + in flight
+  // What the disk tier may still add to its device (DiskDeviceRoom), refreshed each flusher
+  // round and lowered by each write reserved meanwhile.
+  uint64_t disk_device_room_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
   uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<NamespaceId, uint64_t> disk_used_of_ ABSL_GUARDED_BY(mu_);  // per namespace
   uint64_t blocks_over_quota_ ABSL_GUARDED_BY(mu_) = 0;

@@ -67,10 +67,33 @@ void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
   }
 }
 
+uint64_t DiskDeviceRoom(std::optional<uint64_t> free) {
+  constexpr uint64_t kReserve = 64ull << 20;
+  if (!free.has_value()) return UINT64_MAX;
+  return *free > kReserve ? *free - kReserve : 0;
+}
+
+void TierManager::RefreshDiskSpaceLocked() {
+  mu_.Unlock();
+  const std::optional<uint64_t> free = disk_.free_bytes();
+  mu_.Lock();
+  const uint64_t room = DiskDeviceRoom(free);
+  if (room < (256ull << 20) && disk_device_room_ >= (256ull << 20)) {
+    LOG(WARNING) << "the disk tier's device has " << FormatBytes(free.value_or(0))
+                 << " free: new disk writes stop at 64 MiB";
+  }
+  disk_device_room_ = room;
+}
+
 Status TierManager::ReserveDiskLocked(uint64_t bytes) {
   if (bytes > options_.disk_capacity_bytes) {
     return Status::ResourceExhausted(FormatBytes(bytes) + " exceeds the disk tier capacity of " +
                                      FormatBytes(options_.disk_capacity_bytes));
+  }
+  if (bytes > disk_device_room_) {
+    return Status::ResourceExhausted("the disk tier's device is full: " + FormatBytes(bytes) +
+                                     " to write, " + FormatBytes(disk_device_room_) +
+                                     " left above the 64 MiB kvpool keeps free");
   }
   while (disk_used_ + bytes > options_.disk_capacity_bytes) {
     const uint64_t need = disk_used_ + bytes - options_.disk_capacity_bytes;
@@ -87,6 +110,7 @@ Status TierManager::ReserveDiskLocked(uint64_t bytes) {
     DropDiskCopiesLocked(victims);
   }
   disk_used_ += bytes;
+  disk_device_room_ -= bytes;
   return Status::OK();
 }
 
@@ -221,6 +245,7 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
     --io_in_flight_;
     if (!st.ok()) {
       disk_used_ -= total;
+      disk_device_room_ += total;
       charge(false);
       ++disk_write_errors_;
       LOG(ERROR) << "writing " << ids.size() << " blocks (" << FormatBytes(total)
@@ -437,6 +462,7 @@ void TierManager::PromoteOne(EntryId id) {
 }
 
 void TierManager::FlushRoundLocked() {
+  RefreshDiskSpaceLocked();
   ExpireReservationsLocked();
   ExpireLeasesLocked();
   // Write-after-hits policy: copy hot host-only blocks down without dropping them.

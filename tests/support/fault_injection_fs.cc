@@ -163,6 +163,26 @@ void FaultInjectionFileSystem::HealAll() {
   for (Op op : {Op::kWrite, Op::kSync, Op::kRead}) Heal(op);
 }
 
+void FaultInjectionFileSystem::SetFreeSpace(uint64_t bytes) {
+  free_bytes_.store(bytes, std::memory_order_relaxed);
+  fake_free_.store(true, std::memory_order_release);
+}
+
+void FaultInjectionFileSystem::ClearFreeSpace() {
+  fake_free_.store(false, std::memory_order_release);
+}
+
+rocksdb::IOStatus FaultInjectionFileSystem::GetFreeSpace(const std::string& path,
+                                                         const rocksdb::IOOptions& options,
+                                                         uint64_t* diskfree,
+                                                         rocksdb::IODebugContext* dbg) {
+  if (fake_free_.load(std::memory_order_acquire)) {
+    *diskfree = free_bytes_.load(std::memory_order_relaxed);
+    return rocksdb::IOStatus::OK();
+  }
+  return target()->GetFreeSpace(path, options, diskfree, dbg);
+}
+
 bool FaultInjectionFileSystem::failing(Op op) const {
   return switch_of(op).on.load(std::memory_order_acquire);
 }

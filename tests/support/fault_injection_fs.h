@@ -49,6 +49,10 @@ class FaultInjectionFileSystem : public rocksdb::FileSystemWrapper {
   // The status a failed call returns (also for tests that compare messages).
   rocksdb::IOStatus InjectedError(Op op) const;
 
+  // From now on GetFreeSpace reports `bytes` (a device filling up); ClearFreeSpace: the real one.
+  void SetFreeSpace(uint64_t bytes);
+  void ClearFreeSpace();
+
   // rocksdb::FileSystem
   static const char* kClassName() { return "KvpoolFaultInjectionFileSystem"; }
   const char* Name() const override { return kClassName(); }
@@ -69,6 +73,9 @@ class FaultInjectionFileSystem : public rocksdb::FileSystemWrapper {
                                       std::unique_ptr<rocksdb::FSWritableFile>* result,
                                       rocksdb::IODebugContext* dbg) override;
 
+  rocksdb::IOStatus GetFreeSpace(const std::string& path, const rocksdb::IOOptions& options,
+                                 uint64_t* diskfree, rocksdb::IODebugContext* dbg) override;
+
   // Called by the wrapped files: the error to return for one call of `op`, or OK to go ahead.
   rocksdb::IOStatus MaybeFail(Op op);
 
@@ -84,6 +91,8 @@ class FaultInjectionFileSystem : public rocksdb::FileSystemWrapper {
   const Switch& switch_of(Op op) const { return switches_[static_cast<int>(op)]; }
 
   Switch switches_[3];
+  std::atomic<bool> fake_free_{false};
+  std::atomic<uint64_t> free_bytes_{0};
 };
 
 }  // namespace kvpool::testing
