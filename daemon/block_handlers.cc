@@ -121,9 +121,9 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
         c.ucx->ReplaceBelow(std::move(delivery));
       } else {
         if (!req.ucx_worker_address().empty() && ucx_ != nullptr) {
-          Result<std::unique_ptr<UcxDelivery>> u =
-              UcxDelivery::Connect(*ucx_, req.ucx_worker_address(), c.info.id, tiers_, c.owner,
-                                   options_.ucx_timeout, delivery);
+          Result<std::unique_ptr<UcxDelivery>> u = UcxDelivery::Connect(
+              *ucx_, req.ucx_worker_address(), c.info.id, tiers_, c.owner, options_.ucx_timeout,
+              options_.ucx_max_unreceived_bytes, delivery);
           if (u.ok()) {
             c.ucx = u->get();
             resp.set_ucx(true);

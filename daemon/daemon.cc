@@ -145,6 +145,7 @@ class DaemonImpl final : public Daemon {
     bo.limits = options_.limits;
     bo.shared_memory = options_.shared_memory;
     bo.lease_timeout = options_.lease_timeout;
+    bo.ucx_max_unreceived_bytes = options_.ucx_max_unreceived_bytes;
     service_ = std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_,
                                               ucx_.get(), access_.get());
     KVPOOL_RETURN_IF_ERROR(service_->LoadSessions());

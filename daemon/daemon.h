@@ -82,6 +82,9 @@ struct DaemonOptions {
   // UCX transports and network devices ("" = UCX's choice, e.g. "tcp" and "eth0"). Default: "".
   std::string ucx_transports;
   std::string ucx_net_devices;
+  // Bytes of UCX answers one client may leave unreceived before its UCX requests are refused
+  // (a stalled receiver pins their blocks). Default: 1 GiB.
+  uint64_t ucx_max_unreceived_bytes = 1ull << 30;
   // Cluster mode (docs/CLUSTER.md): etcd endpoints "etcd://HOST:PORT[,HOST:PORT...]". Default:
   // none (standalone).
   std::string cluster;

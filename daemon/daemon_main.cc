@@ -86,6 +86,9 @@ DEFINE_int32(lease_timeout_ms, 10000,
 DEFINE_bool(ucx, true, "Offer the UCX data path to remote clients (TCP connections).");
 DEFINE_string(ucx_transports, "", "UCX transports, e.g. tcp or rc,tcp. Default: UCX's choice.");
 DEFINE_string(ucx_net_devices, "", "UCX network devices, e.g. eth0 or lo. Default: UCX's choice.");
+DEFINE_string(ucx_max_unreceived, "1GiB",
+              "Bytes of UCX answers one client may leave unreceived before its UCX requests are "
+              "refused (each send also ends after 30 s).");
 DEFINE_string(cluster, "",
               "Join a cluster through etcd: etcd://HOST:PORT[,HOST:PORT...]. Default: standalone.");
 DEFINE_string(cluster_name, "kvpool", "Cluster name (etcd prefix /kvpool/<name>/).");
@@ -199,6 +202,9 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   o.ucx = FLAGS_ucx;
   o.ucx_transports = FLAGS_ucx_transports;
   o.ucx_net_devices = FLAGS_ucx_net_devices;
+  auto unreceived = SizeFlag("ucx-max-unreceived", FLAGS_ucx_max_unreceived);
+  if (!unreceived.ok()) return Fail(unreceived.status());
+  o.ucx_max_unreceived_bytes = *unreceived;
   o.cluster = FLAGS_cluster;
   o.cluster_name = FLAGS_cluster_name;
   o.cluster_secret = FLAGS_cluster_secret;

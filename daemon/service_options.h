@@ -23,6 +23,8 @@ struct BlockServiceOptions {
   bool shared_memory = true;
   // How long a UCX transfer of one request may take before its blocks fail. Default: 30 s.
   std::chrono::milliseconds ucx_timeout{30000};
+  // Bytes of UCX sends one connection may leave unreceived before its UCX requests are refused.
+  uint64_t ucx_max_unreceived_bytes = 1ull << 30;
   // When set (cluster mode), TCP connections must prove this secret at hello
   // (common/hello_auth.h); Unix-socket connections are local and exempt. Default: none.
   std::string tcp_secret;

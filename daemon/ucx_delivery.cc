@@ -17,29 +17,29 @@ constexpr int kClientTagBits = 40;
 
 }  // namespace
 
-Result<std::unique_ptr<UcxDelivery>> UcxDelivery::Connect(transport::UcxEngine& engine,
-                                                          std::string_view client_worker_address,
-                                                          uint64_t connection_id,
-                                                          tiers::TierManager& tiers, uint64_t owner,
-                                                          std::chrono::milliseconds timeout,
-                                                          std::unique_ptr<BlockDelivery>& below) {
+Result<std::unique_ptr<UcxDelivery>> UcxDelivery::Connect(
+    transport::UcxEngine& engine, std::string_view client_worker_address, uint64_t connection_id,
+    tiers::TierManager& tiers, uint64_t owner, std::chrono::milliseconds timeout,
+    uint64_t max_unreceived_bytes, std::unique_ptr<BlockDelivery>& below) {
   KVPOOL_ASSIGN_OR_RETURN(transport::UcxEndpointId ep, engine.Connect(client_worker_address));
   // 24 bits of connection id above the client's 40: unique tags on our worker.
   const uint64_t prefix = (connection_id & 0xFFFFFF) << kClientTagBits;
-  return std::unique_ptr<UcxDelivery>(
-      new UcxDelivery(engine, ep, prefix, tiers, owner, timeout, std::move(below)));
+  return std::unique_ptr<UcxDelivery>(new UcxDelivery(engine, ep, prefix, tiers, owner, timeout,
+                                                      max_unreceived_bytes, std::move(below)));
 }
 
 UcxDelivery::UcxDelivery(transport::UcxEngine& engine, transport::UcxEndpointId ep,
                          uint64_t tag_prefix, tiers::TierManager& tiers, uint64_t owner,
-                         std::chrono::milliseconds timeout, std::unique_ptr<BlockDelivery> below)
+                         std::chrono::milliseconds timeout, uint64_t max_unreceived_bytes,
+                         std::unique_ptr<BlockDelivery> below)
     : LayeredDelivery(std::move(below)),
       engine_(engine),
       ep_(ep),
       tag_prefix_(tag_prefix),
       tiers_(tiers),
       owner_(owner),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      max_unreceived_bytes_(max_unreceived_bytes) {}
 
 UcxDelivery::~UcxDelivery() {
   // A closed connection's sends are not waited for: cancelling them ends their leases.
@@ -48,6 +48,14 @@ UcxDelivery::~UcxDelivery() {
 }
 
 Status UcxDelivery::Check(const PathAsk& ask) const {
+  const uint64_t unreceived = unreceived_->load(std::memory_order_relaxed);
+  if (ask.via_ucx && unreceived > max_unreceived_bytes_) {
+    return Status::ResourceExhausted(std::to_string(unreceived) +
+                                     " bytes of earlier answers wait for this client to receive "
+                                     "them over UCX (at most " +
+                                     std::to_string(max_unreceived_bytes_) +
+                                     "): receive them first");
+  }
   PathAsk rest = ask;
   rest.via_ucx = false;  // granted
   return below().Check(rest);
@@ -88,10 +96,13 @@ uint64_t UcxDelivery::Send(const PathAsk& ask, uint32_t position, tiers::BlockRe
   // not take the block gets its send cancelled at the deadline, which ends the lease (or frees
   // the disk copy).
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  std::shared_ptr<std::atomic<uint64_t>> unreceived = unreceived_;
+  unreceived->fetch_add(held->size, std::memory_order_relaxed);
   const transport::UcxOpId op = engine_.SendTagged(
       ep_, ask.ucx_tag_base + position, held->data, held->size,
-      [tiers, held](Status st) {
+      [tiers, held, unreceived](Status st) {
         if (!st.ok()) VLOG(1) << "UCX send of a block: " << st.ToString();
+        unreceived->fetch_sub(held->size, std::memory_order_relaxed);
         tiers->Release(*held);
       },
       deadline);

@@ -15,6 +15,7 @@
 // UCX progress thread and touch only their own state (the lease they hold, a shared tally).
 // Destruction cancels the connection's outstanding sends and closes its endpoint.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -34,12 +35,13 @@ class UcxDelivery final : public LayeredDelivery {
   // Reaches the client's worker at `client_worker_address`. On success the delivery takes
   // `below` (for requests that do not ask via UCX); on failure (the engine's error) `below` is
   // left as it was. `engine` and `tiers` outlive the delivery.
-  static Result<std::unique_ptr<UcxDelivery>> Connect(transport::UcxEngine& engine,
-                                                      std::string_view client_worker_address,
-                                                      uint64_t connection_id,
-                                                      tiers::TierManager& tiers, uint64_t owner,
-                                                      std::chrono::milliseconds timeout,
-                                                      std::unique_ptr<BlockDelivery>& below);
+  // Sends of GET answers are bounded in time (`timeout`: cancelled at their deadline, which
+  // ends their leases) and in bytes: while more than `max_unreceived_bytes` of them wait for
+  // the client to receive them, its UCX requests are refused (ResourceExhausted).
+  static Result<std::unique_ptr<UcxDelivery>> Connect(
+      transport::UcxEngine& engine, std::string_view client_worker_address, uint64_t connection_id,
+      tiers::TierManager& tiers, uint64_t owner, std::chrono::milliseconds timeout,
+      uint64_t max_unreceived_bytes, std::unique_ptr<BlockDelivery>& below);
   ~UcxDelivery() override;
 
   // For the hello answer: the daemon's worker, and the prefix (upper 24 bits) of the tags this
@@ -60,7 +62,7 @@ class UcxDelivery final : public LayeredDelivery {
  private:
   UcxDelivery(transport::UcxEngine& engine, transport::UcxEndpointId ep, uint64_t tag_prefix,
               tiers::TierManager& tiers, uint64_t owner, std::chrono::milliseconds timeout,
-              std::unique_ptr<BlockDelivery> below);
+              uint64_t max_unreceived_bytes, std::unique_ptr<BlockDelivery> below);
 
   transport::UcxEngine& engine_;
   const transport::UcxEndpointId ep_;  // the client's worker
@@ -68,6 +70,10 @@ class UcxDelivery final : public LayeredDelivery {
   tiers::TierManager& tiers_;
   const uint64_t owner_;
   const std::chrono::milliseconds timeout_;
+  const uint64_t max_unreceived_bytes_;
+  // Bytes of sends not yet completed; shared with their completion callbacks, which may run
+  // after this delivery is gone.
+  std::shared_ptr<std::atomic<uint64_t>> unreceived_ = std::make_shared<std::atomic<uint64_t>>(0);
   // Sends of GET answers and when they must have finished.
   std::deque<std::pair<transport::UcxOpId, std::chrono::steady_clock::time_point>> sends_;
 };

@@ -2,7 +2,9 @@
 // truncated frames, clients that die mid-request. The daemon must close only the offending
 // connection, leak nothing (leases, reservations, host memory) and keep serving everyone else.
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -17,6 +19,7 @@
 #include "tests/support/daemon_process.h"
 #include "tests/support/status_matchers.h"
 #include "transport/frame.h"
+#include "transport/ucx_engine.h"
 
 namespace kvpool::testing {
 namespace {
@@ -498,6 +501,92 @@ TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
   auto l = c->Lookup(std::span(&key, 1));
   ASSERT_TRUE(l.ok());
   EXPECT_EQ(l->hit_blocks, 0u) << "a damaged block became visible";
+}
+
+// Hole 5 of docs/RELIABILITY.md: a UCX client that asks for blocks and never receives them pins
+// their leases. Each send ends at its deadline; and once more than --ucx_max_unreceived bytes of
+// a connection's answers wait unreceived, its UCX requests are refused, naming the bound.
+TEST(RobustnessTest, AUcxClientThatNeverReceivesIsRefusedPastItsByteBound) {
+  DaemonProcessOptions o;
+  o.listen_tcp_loopback = true;
+  o.flags = {"--host_capacity=64MiB", "--host_segment_size=1MiB", "--disk_capacity=1GiB",
+             "--lock_memory=false", "--ucx_max_unreceived=256KiB"};
+  DaemonProcess d(o);
+  ASSERT_OK(d.Start());
+  std::vector<BlockKey> keys;
+  {
+    auto c = d.Connect();
+    ASSERT_NE(c, nullptr);
+    for (uint64_t i = 0; i < 4; ++i) {
+      BlockKey k;
+      k.bytes[0] = static_cast<uint8_t>(i + 1);
+      k.bytes[31] = 0x55;
+      keys.push_back(k);
+      const std::vector<uint8_t> bytes = BlockBytes(i, 64 * 1024);
+      PutBlock b{k, bytes.data(), bytes.size(), {}, {}};
+      auto put = c->Put(std::span(&b, 1));
+      ASSERT_TRUE(put.ok() && put->errors[0].ok());
+    }
+  }
+  transport::UcxOptions uo;
+  uo.transports = "tcp";
+  uo.net_devices = "lo";
+  auto engine = transport::UcxEngine::Create(uo);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+
+  // A raw TCP connection whose hello offers our worker, which never posts a receive.
+  const std::string address = d.tcp_address().substr(std::string("tcp://").size());
+  const size_t colon = address.rfind(':');
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &in.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&in), sizeof(in)), 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  wire::HelloRequest hello;
+  hello.set_protocol_version(transport::kProtocolVersion);
+  hello.set_namespace_name("test");
+  hello.set_ucx_worker_address((*engine)->WorkerAddress());
+  std::string f = Frame(wire::HELLO, hello);
+  ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+  std::string body;
+  ASSERT_EQ(ReadResponse(fd, &body).type, wire::HELLO);
+  wire::HelloResponse welcome;
+  ASSERT_TRUE(welcome.ParseFromString(body));
+  ASSERT_EQ(welcome.status().code(), 0) << welcome.status().message();
+  ASSERT_TRUE(welcome.ucx()) << "the daemon did not grant UCX";
+
+  // 4 x 64 KiB a GET: the first two fit under 256 KiB, a later one is refused.
+  Status refused;
+  for (int i = 0; i < 4 && refused.ok(); ++i) {
+    wire::GetRequest get;
+    for (const BlockKey& k : keys) get.add_keys(std::string(k.AsStringView()));
+    get.set_via_ucx(true);
+    get.set_ucx_tag_base(welcome.ucx_tag_prefix() + 1000 * (i + 1));
+    f = Frame(wire::GET, get, 0, 2 + i);
+    ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+    ASSERT_EQ(ReadResponse(fd, &body).type, wire::GET);
+    wire::GetResponse answer;
+    ASSERT_TRUE(answer.ParseFromString(body));
+    if (answer.status().code() != 0) {
+      refused = Status(static_cast<StatusCode>(answer.status().code()), answer.status().message());
+    }
+  }
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("receive them first"), std::string::npos) << refused.message();
+  close(fd);
+  // The connection's end cancels its sends: their leases end, the blocks are evictable again.
+  auto c = d.Connect();
+  ASSERT_NE(c, nullptr);
+  for (int i = 0; i < 50; ++i) {
+    auto s = c->Stats();
+    ASSERT_TRUE(s.ok());
+    if (s->leases_active == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(c->Stats()->leases_active, 0u);
 }
 
 }  // namespace
