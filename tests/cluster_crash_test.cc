@@ -349,6 +349,9 @@ TEST_F(ClusterCrashTest, KillingOneNodeACycleLosesNothingAcknowledged) {
     std::printf("cycle %llu: killed node-%d; %zu blocks and %zu sessions verified on every node\n",
                 (unsigned long long)cycle, victim, ledger_.blocks.size(), ledger_.sessions.size());
   }
+  std::printf("cluster crash test: %llu acknowledgements, %zu blocks, %llu wrong reads\n",
+              (unsigned long long)ledger_.acks.load(), ledger_.blocks.size(),
+              (unsigned long long)ledger_.wrong.load());
   EXPECT_EQ(ledger_.wrong.load(), 0u);
   EXPECT_GT(ledger_.acks.load(), 0u);
 }
