@@ -210,11 +210,7 @@ class Parser {
         continue;
       }
       if (k == "host_quota" || k == "disk_quota" || k == "gpu_quota") {
-        if (what == "default") {
-          Error(key.Mark(),
-                "default: quotas are per namespace; give " + k + " under the namespaces it limits");
-          continue;
-        }
+        // Under default: the quota of each namespace that gives none (each on its own).
         Result<uint64_t> bytes =
             value.IsScalar() ? ParseBytes(value.Scalar()) : Status::InvalidArgument("not a size");
         if (!bytes.ok() || *bytes == 0) {
@@ -502,6 +498,9 @@ class Parser {
       if (default_ok) Error(default_mark, "default: " + st.message());
       return;
     }
+    def->host_quota_bytes = d.host_quota.value_or(0);
+    def->disk_quota_bytes = d.disk_quota.value_or(0);
+    def->gpu_quota_bytes = d.gpu_quota.value_or(0);
     config->default_policy = std::move(*def);
     // Named, so that what it reports is what runs (the tier manager's default order is lru).
     if (config->default_policy.eviction.empty()) config->default_policy.eviction = "lru";
@@ -520,9 +519,9 @@ class Parser {
         Error(p.mark, "namespace '" + p.name + "': " + st.message());
         continue;
       }
-      policy->host_quota_bytes = p.names.host_quota.value_or(0);
-      policy->disk_quota_bytes = p.names.disk_quota.value_or(0);
-      policy->gpu_quota_bytes = p.names.gpu_quota.value_or(0);
+      policy->host_quota_bytes = p.names.host_quota.value_or(d.host_quota.value_or(0));
+      policy->disk_quota_bytes = p.names.disk_quota.value_or(d.disk_quota.value_or(0));
+      policy->gpu_quota_bytes = p.names.gpu_quota.value_or(d.gpu_quota.value_or(0));
       config->namespaces.push_back({std::move(p.name), p.mark.line + 1, std::move(p.names),
                                     std::move(*policy), std::move(p.access)});
     }

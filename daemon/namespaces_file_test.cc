@@ -197,9 +197,25 @@ TEST(NamespacesFileTest, QuotasArePerNamespaceSizes) {
   EXPECT_EQ(c->default_policy.host_quota_bytes, 0u);
 }
 
+TEST(NamespacesFileTest, DefaultQuotasBoundEveryNamespaceThatGivesNone) {
+  Result<NamespacesConfig> c = ParseNamespacesConfig(
+      "default: {host_quota: 2GiB, disk_quota: 10GiB}\n"
+      "namespaces:\n"
+      "  big: {host_quota: 8GiB}\n"
+      "  plain: {eviction: lfu}\n",
+      "f.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->default_policy.host_quota_bytes, 2ull << 30);
+  EXPECT_EQ(c->default_policy.disk_quota_bytes, 10ull << 30);
+  EXPECT_EQ(c->namespaces[0].policy.host_quota_bytes, 8ull << 30);
+  EXPECT_EQ(c->namespaces[0].policy.disk_quota_bytes, 10ull << 30);
+  EXPECT_EQ(c->namespaces[1].policy.host_quota_bytes, 2ull << 30);
+  EXPECT_EQ(c->namespaces[1].policy.disk_quota_bytes, 10ull << 30);
+}
+
 TEST(NamespacesFileTest, BadQuotasAndCapacitiesAreRefusedNotIgnored) {
   std::vector<std::string> e = Errors(
-      "default: {host_quota: 1GiB}\n"
+      "default: {host_quota: none}\n"
       "namespaces:\n"
       "  a: {host_quota: lots, disk_quota: 0}\n"
       "  b:\n"
@@ -208,8 +224,8 @@ TEST(NamespacesFileTest, BadQuotasAndCapacitiesAreRefusedNotIgnored) {
       "quotas: {a: 1GiB}\n");
   ASSERT_EQ(e.size(), 7u) << ::testing::PrintToString(e);
   EXPECT_EQ(e[0],
-            "namespaces.yaml:1: default: quotas are per namespace; give host_quota under the "
-            "namespaces it limits");
+            "namespaces.yaml:1: default: host_quota must be a size above zero such as 512MiB or "
+            "20GiB, got 'none'");
   EXPECT_EQ(e[1],
             "namespaces.yaml:3: namespace 'a': host_quota must be a size above zero such as "
             "512MiB or 20GiB, got 'lots'");

@@ -105,11 +105,9 @@ Result<MemorySlot> SegmentPages::Allocate(NamespaceId ns, uint64_t length) {
     int64_t first = FindRun(seg, pages);
     if (first >= 0) return take(i, first);
   }
-  if (auto limit = segment_limit_.find(ns);
-      limit != segment_limit_.end() && segments_of_[ns] >= limit->second) {
-    return Status::ResourceExhausted("namespace holds its quota of " +
-                                     std::to_string(limit->second) + " " + tier_name_ +
-                                     " segments");
+  if (const uint32_t limit = LimitOf(ns); limit != 0 && segments_of_[ns] >= limit) {
+    return Status::ResourceExhausted("namespace holds its quota of " + std::to_string(limit) + " " +
+                                     tier_name_ + " segments");
   }
   if (free_segments_.empty()) return Status::ResourceExhausted(tier_name_ + " arena full");
   const uint32_t fresh = free_segments_.back();
@@ -162,11 +160,16 @@ uint32_t SegmentPages::SegmentsOf(NamespaceId ns) const {
   return it == segments_of_.end() ? 0 : it->second;
 }
 
-bool SegmentPages::AtSegmentLimit(NamespaceId ns) const {
+uint32_t SegmentPages::LimitOf(NamespaceId ns) const {
   auto limit = segment_limit_.find(ns);
-  if (limit == segment_limit_.end()) return false;
+  return limit == segment_limit_.end() ? default_limit_ : limit->second;
+}
+
+bool SegmentPages::AtSegmentLimit(NamespaceId ns) const {
+  const uint32_t limit = LimitOf(ns);
+  if (limit == 0) return false;
   auto held = segments_of_.find(ns);
-  return held != segments_of_.end() && held->second >= limit->second;
+  return held != segments_of_.end() && held->second >= limit;
 }
 
 MemoryTierStats SegmentPages::Stats() const {
@@ -212,6 +215,11 @@ uint64_t SegmentedTier::allocated_bytes() const {
 void SegmentedTier::SetSegmentLimit(NamespaceId ns, uint32_t max_segments) {
   absl::MutexLock lock(&mu_);
   pages_.SetSegmentLimit(ns, max_segments);
+}
+
+void SegmentedTier::SetDefaultSegmentLimit(uint32_t max_segments) {
+  absl::MutexLock lock(&mu_);
+  pages_.SetDefaultSegmentLimit(max_segments);
 }
 
 uint32_t SegmentedTier::SegmentsOf(NamespaceId ns) const {

@@ -49,6 +49,8 @@ class SegmentPages {
     return static_cast<uint32_t>(offset / segment_bytes_);
   }
   void SetSegmentLimit(NamespaceId ns, uint32_t max_segments);
+  // The limit of every namespace without one of its own (0: none).
+  void SetDefaultSegmentLimit(uint32_t max_segments) { default_limit_ = max_segments; }
   uint32_t SegmentsOf(NamespaceId ns) const;
   bool AtSegmentLimit(NamespaceId ns) const;
   uint64_t allocated_bytes() const { return allocated_bytes_; }
@@ -79,6 +81,10 @@ class SegmentPages {
   uint64_t blocks_ = 0;
   absl::flat_hash_map<NamespaceId, uint32_t> segments_of_;  // held now
   absl::flat_hash_map<NamespaceId, uint32_t> segment_limit_;
+  uint32_t default_limit_ = 0;
+
+  // `ns`'s own limit, else the default; 0: none.
+  uint32_t LimitOf(NamespaceId ns) const;
 };
 
 // SegmentedTier: a MemoryTier whose pages SegmentPages keeps under one mutex: the allocation,
@@ -91,6 +97,7 @@ class SegmentedTier : public MemoryTier {
   void Free(const MemorySlot& slot) override;
   uint64_t allocated_bytes() const override;
   void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
+  void SetDefaultSegmentLimit(uint32_t max_segments) override;
   uint32_t SegmentsOf(NamespaceId ns) const override;
   bool AtSegmentLimit(NamespaceId ns) const override;
 

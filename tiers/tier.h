@@ -103,6 +103,8 @@ class MemoryTier : public StorageTier {
   // evicts that namespace's own blocks). Segments it holds beyond a lowered limit are kept until
   // they empty.
   virtual void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) = 0;
+  // The limit of every namespace that has none of its own (the default policy's quota; 0: none).
+  virtual void SetDefaultSegmentLimit(uint32_t max_segments) = 0;
   // Segments `ns` holds now, and whether it may take no more.
   virtual uint32_t SegmentsOf(NamespaceId ns) const = 0;
   virtual bool AtSegmentLimit(NamespaceId ns) const = 0;

@@ -76,10 +76,16 @@ void TierManager::ClearNamespacePolicy(NamespaceId ns) {
 
 Status TierManager::SetDefaultPolicy(NamespacePolicy policy) {
   absl::MutexLock lock(&mu_);
-  if (policy.host_quota_bytes != 0 || policy.disk_quota_bytes != 0 || policy.gpu_quota_bytes != 0) {
-    return Status::InvalidArgument("quotas are per namespace, not part of the default policy");
-  }
   KVPOOL_RETURN_IF_ERROR(pools_.SetDefaultOrder(policy.eviction.empty() ? "lru" : policy.eviction));
+  // Its quotas bound each namespace without a policy of its own, one by one (not all together).
+  const uint64_t seg = host_.segment_bytes();
+  host_.SetDefaultSegmentLimit(static_cast<uint32_t>(
+      std::min<uint64_t>((policy.host_quota_bytes + seg - 1) / seg, UINT32_MAX)));
+  for (GpuTier* gpu : gpus_) {
+    const uint64_t gseg = gpu->segment_bytes();
+    gpu->SetDefaultSegmentLimit(static_cast<uint32_t>(
+        std::min<uint64_t>((policy.gpu_quota_bytes + gseg - 1) / gseg, UINT32_MAX)));
+  }
   default_policy_ = std::move(policy);
   return Status::OK();
 }

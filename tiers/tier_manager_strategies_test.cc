@@ -282,6 +282,40 @@ TEST_F(TierManagerTest, AHostQuotaKeepsANamespaceToItsSegmentsAndItEvictsOnlyIts
   ExpectHostAccountingConsistent();
 }
 
+// A tenant that leases one block in each of many segments pins them all (a segment is freed only
+// when it empties). The default policy's quota bounds every namespace without its own: such a
+// tenant holds at most its quota's segments, and the others still get theirs.
+TEST_F(TierManagerTest, ADefaultQuotaKeepsATenantLeasingOneBlockPerSegmentToItsShare) {
+  Open();
+  ASSERT_TRUE(manager_->SetDefaultPolicy(WithQuotas(2 * kMiB, 0)).ok());
+  constexpr NamespaceId kGreedy = 7;
+  constexpr NamespaceId kOther = 8;
+  std::vector<BlockRead> held;
+  int refused = 0;
+  for (int i = 0; i < 32; ++i) {  // 32 x 256 KiB = every segment of the 8 MiB host, if it could
+    const BlockKey k = KeyOf(500 + i);
+    Status st = Put(k, 256 * kKiB, {}, kGreedy);
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+      ++refused;
+      continue;
+    }
+    if (i % 4 == 0) {  // one leased block in each segment it fills
+      std::vector<BlockRead> r = manager_->Acquire(kGreedy, {&k, 1});
+      if (r[0].status.ok()) held.push_back(std::move(r[0]));
+    }
+    EXPECT_LE(manager_->UsageOf(kGreedy).host_segment_bytes, 2 * kMiB) << i;
+  }
+  EXPECT_LE(manager_->UsageOf(kGreedy).host_segment_bytes, 2 * kMiB);
+  // The rest of the host tier is still there for another tenant.
+  for (int i = 0; i < 20; ++i) {  // 5 MiB
+    ASSERT_TRUE(Put(KeyOf(900 + i), 256 * kKiB, {}, kOther).ok()) << i;
+  }
+  EXPECT_EQ(manager_->GetStats().blocks_lost, 0u);
+  for (BlockRead& r : held) manager_->Release(r);
+  ExpectHostAccountingConsistent();
+}
+
 TEST_F(TierManagerTest, ANamespaceWhoseQuotaIsAllLeasedIsRefusedAndOnlyIt) {
   Open();
   constexpr NamespaceId kOther = 2;
@@ -357,9 +391,14 @@ TEST_F(TierManagerTest, TheShutdownFlushGoesOnPastANamespaceOverItsDiskQuota) {
   ExpectMiss(KeyOf(1));
 }
 
-TEST_F(TierManagerTest, QuotasArePerNamespaceNotTheDefaults) {
+TEST_F(TierManagerTest, QuotasAreDescribedAndTheDefaultsBoundEachNamespaceOnItsOwn) {
   Open();
-  EXPECT_EQ(manager_->SetDefaultPolicy(WithQuotas(kMiB, 0)).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(manager_->SetDefaultPolicy(WithQuotas(kMiB, 0)).ok());
+  // One segment each, not one for all of them together.
+  ASSERT_TRUE(Put(KeyOf(1), 256 * kKiB, {}, 11).ok());
+  ASSERT_TRUE(Put(KeyOf(2), 256 * kKiB, {}, 12).ok());
+  EXPECT_EQ(manager_->UsageOf(11).host_segment_bytes, kMiB);
+  EXPECT_EQ(manager_->UsageOf(12).host_segment_bytes, kMiB);
   EXPECT_NE(DescribePolicy(WithQuotas(2 * kMiB, 3 * kMiB))
                 .find("host-quota=2.00 MiB disk-quota=3.00 MiB"),
             std::string::npos)
