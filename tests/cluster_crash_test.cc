@@ -42,17 +42,6 @@ using namespace std::chrono_literals;
 constexpr uint32_t kTokensPerBlock = 16;
 constexpr int kNodes = 3;
 
-uint64_t EnvOr(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-uint64_t SeedOf(const BlockKey& key) {
-  uint64_t seed;
-  std::memcpy(&seed, key.bytes.data(), sizeof(seed));
-  return seed;
-}
-
 size_t SizeOf(const BlockKey& key) { return 1024 + SeedOf(key) % (24 * 1024); }
 
 // Chain n of writer `stream`: keys from tokens unique to both; sizes and bytes from the keys.

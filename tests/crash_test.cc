@@ -35,18 +35,6 @@ namespace {
 constexpr uint32_t kTokensPerBlock = 16;
 constexpr const char* kLayout = "model=crash-test;dtype=bf16";
 
-uint64_t EnvOr(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-// A block's bytes follow from its key and size alone, so any reader can check any block.
-uint64_t SeedOf(const BlockKey& key) {
-  uint64_t seed;
-  std::memcpy(&seed, key.bytes.data(), sizeof(seed));
-  return seed;
-}
-
 struct Chain {
   std::vector<BlockKey> keys;
   std::vector<size_t> sizes;

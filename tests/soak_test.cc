@@ -42,17 +42,6 @@ constexpr int kThreads = 4;
 constexpr uint64_t kChains = 3000;  // x 8 blocks x ~24 KiB: ~560 MiB over a 32 MiB host tier
 constexpr size_t kChainBlocks = 8;
 
-uint64_t EnvOr(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-uint64_t SeedOf(const BlockKey& key) {
-  uint64_t seed;
-  std::memcpy(&seed, key.bytes.data(), sizeof(seed));
-  return seed;
-}
-
 struct Chain {
   std::vector<BlockKey> keys;
   std::vector<size_t> sizes;

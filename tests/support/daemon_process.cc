@@ -261,6 +261,17 @@ DaemonStats WaitForStats(Client& client, const std::function<bool(const DaemonSt
   return last;
 }
 
+uint64_t SeedOf(const BlockKey& key) {
+  uint64_t seed;
+  std::memcpy(&seed, key.bytes.data(), sizeof(seed));
+  return seed;
+}
+
+uint64_t EnvOr(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
+}
+
 std::vector<uint8_t> BlockBytes(uint64_t seed, size_t size) {
   std::vector<uint8_t> out(size);
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);

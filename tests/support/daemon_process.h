@@ -125,6 +125,12 @@ DaemonStats WaitForStats(Client& client, const std::function<bool(const DaemonSt
 
 // Deterministic bytes for a block: `size` bytes from a PRNG seeded by `seed`.
 std::vector<uint8_t> BlockBytes(uint64_t seed, size_t size);
+// The seed of a block whose bytes follow from its key alone (its first 8 bytes), so any reader
+// can check any block: BlockBytes(SeedOf(key), size).
+uint64_t SeedOf(const BlockKey& key);
+
+// A test's size knob from the environment (e.g. KVPOOL_CRASH_CYCLES): `fallback` when unset.
+uint64_t EnvOr(const char* name, uint64_t fallback);
 
 // A token sequence of `n` tokens from `seed`.
 std::vector<int32_t> Tokens(uint64_t seed, size_t n);
