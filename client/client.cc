@@ -1605,6 +1605,7 @@ Result<DaemonStats> Client::Stats() {
     }
     s.index_entries = r.index_entries();
     s.index_bytes = r.index_bytes();
+    s.rocksdb_memory_bytes = r.rocksdb_memory_bytes();
     s.sessions = r.sessions();
     s.connections = r.connections();
     s.lookups = r.lookups();

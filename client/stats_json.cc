@@ -25,6 +25,7 @@ std::string StatsToJson(const DaemonStats& s, int indent) {
   j["tiers"] = tiers;
   j["index_entries"] = s.index_entries;
   j["index_bytes"] = s.index_bytes;
+  j["rocksdb_memory_bytes"] = s.rocksdb_memory_bytes;
   j["sessions"] = s.sessions;
   j["connections"] = s.connections;
   j["lookups"] = s.lookups;

@@ -103,6 +103,7 @@ Response AdminHandlers::Stats(Connection& c, std::string_view body) {
   disk->set_evictions(t.disk_counters.evictions);
   resp.set_index_entries(t.index_entries);
   resp.set_index_bytes(t.index_bytes);
+  resp.set_rocksdb_memory_bytes(t.disk_memory_bytes);
   resp.set_sessions(sessions_.Count());
   resp.set_connections(Connections());
   resp.set_lookups(Metrics::Get(metrics_.lookups));

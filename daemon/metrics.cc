@@ -94,6 +94,9 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Value(&o, "kvpool_host_fragmentation_ratio", t.host.fragmentation);
   Metric(&o, "kvpool_disk_device_bytes", "gauge", "RocksDB SST and blob file bytes.");
   Value(&o, "kvpool_disk_device_bytes", static_cast<double>(t.disk_bytes_on_device));
+  Metric(&o, "kvpool_rocksdb_memory_bytes", "gauge",
+         "Memory RocksDB holds: memtables, the block cache's contents, table readers.");
+  Value(&o, "kvpool_rocksdb_memory_bytes", static_cast<double>(t.disk_memory_bytes));
   Metric(&o, "kvpool_disk_device_room_bytes", "gauge",
          "Bytes the disk tier may still write to its device: its free space less a 64 MiB "
          "reserve.");

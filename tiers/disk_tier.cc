@@ -132,6 +132,8 @@ uint64_t DiskTier::bytes_on_device() const { return store_.FilesBytes(); }
 
 std::optional<uint64_t> DiskTier::free_bytes() const { return store_.FreeBytes(); }
 
+uint64_t DiskTier::memory_bytes() const { return store_.MemoryBytes(); }
+
 std::unique_ptr<PendingRead> DiskTier::StartRead(NamespaceId ns, const BlockKey& key,
                                                  const DiskBlockMeta& expected,
                                                  uint8_t* dst) const {

@@ -55,6 +55,7 @@ class DiskTier final : public BlockStore {
   // RocksDB's SST and blob files.
   uint64_t bytes_on_device() const override;
   std::optional<uint64_t> free_bytes() const override;
+  uint64_t memory_bytes() const override;
 
   // Test hook: overwrites the stored body's bytes (keeps its header) to simulate bit rot.
   Status CorruptForTest(NamespaceId ns, const BlockKey& key);

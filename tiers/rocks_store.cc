@@ -122,6 +122,20 @@ uint64_t RocksStore::FilesBytes() const {
   return sst_files_->GetTotalSize() + wal;
 }
 
+uint64_t RocksStore::MemoryBytes() const {
+  uint64_t total = 0;
+  for (auto* h : {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) total += v;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kEstimateTableReadersMem, &v)) total += v;
+  }
+  uint64_t cache = 0;  // one cache for every family
+  if (db_->GetIntProperty(blocks_cf_, rocksdb::DB::Properties::kBlockCacheUsage, &cache)) {
+    total += cache;
+  }
+  return total;
+}
+
 std::optional<uint64_t> RocksStore::FreeBytes() const {
   uint64_t free = 0;
   if (!env_->GetFreeSpace(path_, &free).ok()) return std::nullopt;

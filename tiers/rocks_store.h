@@ -67,6 +67,8 @@ class RocksStore {
   // compaction or blob garbage collection made obsolete count until they are deleted), and of
   // its WAL (as much as its memtables hold): the space the disk tier really takes on its device.
   uint64_t FilesBytes() const;
+  // Memory the database holds: its memtables, the block cache's contents and its table readers.
+  uint64_t MemoryBytes() const;
   // Bytes the file system holding the database has left; nullopt when it cannot tell.
   std::optional<uint64_t> FreeBytes() const;
   // The block cache's capacity, as RocksDB reports it (the one cache every family shares).

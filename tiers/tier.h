@@ -195,6 +195,8 @@ class BlockStore : public StorageTier {
   virtual uint64_t bytes_on_device() const = 0;
   // Bytes its device has left; nullopt when it cannot tell.
   virtual std::optional<uint64_t> free_bytes() const = 0;
+  // Memory the store holds for itself (caches, write buffers), in the process's resident memory.
+  virtual uint64_t memory_bytes() const = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -343,6 +343,7 @@ EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const Block
 TierManagerStats TierManager::GetStats() const {
   TierManagerStats s;
   s.disk_bytes_on_device = disk_.bytes_on_device();
+  s.disk_memory_bytes = disk_.memory_bytes();
   absl::MutexLock lock(&mu_);
   // Under the lock, so the arena's figures and the counters below describe the same moment (a
   // reservation freed in between would show as gone from one and still allocated in the other).

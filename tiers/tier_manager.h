@@ -161,8 +161,10 @@ struct TierManagerStats {
   uint64_t disk_capacity_bytes = 0;
   uint64_t disk_used_bytes = 0;
   uint64_t disk_blocks = 0;
-  uint64_t disk_bytes_on_device = 0;    // RocksDB's SST and blob files
-  uint64_t disk_device_room_bytes = 0;  // what disk may still add to its device (DiskDeviceRoom)
+  uint64_t disk_bytes_on_device = 0;  // RocksDB's SST and blob files
+  uint64_t disk_device_room_bytes = 0;
+  uint64_t disk_memory_bytes = 0;  // what the disk tier's store holds in memory (RocksDB)  // what
+                                   // disk may still add to its device (DiskDeviceRoom)
   TierCounters host_counters;
   TierCounters disk_counters;
   uint64_t index_entries = 0;

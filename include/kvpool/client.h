@@ -378,6 +378,7 @@ struct DaemonStats {
   std::vector<TierStats> tiers;
   uint64_t index_entries = 0;
   uint64_t index_bytes = 0;
+  uint64_t rocksdb_memory_bytes = 0;  // RocksDB's memtables, block cache and table readers
   uint64_t sessions = 0;
   uint64_t connections = 0;
   uint64_t lookups = 0;

@@ -109,6 +109,7 @@ nb::dict StatsDict(const DaemonStats& s) {
   d["tiers"] = tiers;
   d["index_entries"] = s.index_entries;
   d["index_bytes"] = s.index_bytes;
+  d["rocksdb_memory_bytes"] = s.rocksdb_memory_bytes;
   d["sessions"] = s.sessions;
   d["connections"] = s.connections;
   d["lookups"] = s.lookups;
