@@ -24,6 +24,7 @@
 
 #include "control.pb.h"
 #include "fuzz/fuzz_world.h"
+#include "transport/control_server.h"
 #include "transport/frame.h"
 
 namespace kvpool::fuzz {
@@ -68,15 +69,15 @@ void Consume(transport::Response& r, uint16_t type) {
   for (int fd : r.fds) ::close(fd);
 }
 
-transport::Response Call(daemon::BlockService& s, transport::ConnectionState& c, uint16_t type,
-                         std::string_view body, uint32_t payload_bytes = 0) {
+// The header the server would have decoded for this frame (request ids count up).
+transport::FrameHeader HeaderOf(uint16_t type, size_t body_bytes, uint32_t payload_bytes) {
   static uint64_t request_id = 0;
   transport::FrameHeader h;
   h.type = type;
   h.request_id = ++request_id;
-  h.body_bytes = body.size();
+  h.body_bytes = static_cast<uint32_t>(body_bytes);
   h.payload_bytes = payload_bytes;
-  return s.Handle(c, h, body);
+  return h;
 }
 
 }  // namespace
@@ -106,7 +107,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     hello.set_client_name("fuzz_handlers");
     hello.set_shared_memory(flags & 4);
     hello.set_admin(flags & 8);
-    transport::Response r = Call(service, *state, wire::HELLO, hello.SerializeAsString());
+    const std::string body = hello.SerializeAsString();
+    transport::Response r = service.Handle(*state, HeaderOf(wire::HELLO, body.size(), 0), body);
     Consume(r, wire::HELLO);
   }
 
@@ -122,12 +124,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (payload_bytes > 0 && !transport::MayCarryPayload(type, /*response=*/false))) {
       break;
     }
-    if (!service.Admitted(*state) && (body_bytes > 16 * 1024 || payload_bytes > 0)) break;
+    if (!service.Admitted(*state) &&
+        (body_bytes > transport::ControlServerOptions().max_hello_body_bytes ||
+         payload_bytes > 0)) {
+      break;
+    }
 
-    transport::FrameHeader h;
-    h.type = type;
-    h.body_bytes = body_bytes;
-    h.payload_bytes = payload_bytes;
+    const transport::FrameHeader h = HeaderOf(type, body_bytes, payload_bytes);
     if (payload_bytes > 0) {
       std::vector<transport::PayloadSink> sinks;
       Status st = service.PayloadSinks(*state, h, body, &sinks);
@@ -145,7 +148,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       if (cut) break;
     }
-    transport::Response r = Call(service, *state, type, body, payload_bytes);
+    transport::Response r = service.Handle(*state, h, body);
     const bool close = r.close_after;
     Consume(r, type);
     if (close) break;

@@ -10,8 +10,8 @@
 #include <rocksdb/table.h>
 
 #include <filesystem>
-
 #include <vector>
+
 #include "tiers/full_device_fs.h"
 
 namespace kvpool::tiers {
@@ -42,8 +42,8 @@ Result<std::unique_ptr<RocksStore>> RocksStore::Open(const RocksStoreOptions& op
   store->env_ = rocksdb::NewCompositeEnv(std::make_shared<FullDeviceFileSystem>(
       options.file_system != nullptr ? options.file_system : rocksdb::FileSystem::Default()));
   db_options.env = store->env_.get();
-  rocksdb::Env* env = store->env_.get();
-  store->sst_files_.reset(rocksdb::NewSstFileManager(env, env->GetFileSystem()));
+  store->sst_files_.reset(
+      rocksdb::NewSstFileManager(store->env_.get(), store->env_->GetFileSystem()));
   db_options.sst_file_manager = store->sst_files_;
   store->path_ = options.path;
   db_options.create_if_missing = true;
@@ -112,28 +112,26 @@ Status RocksStore::Flush() {
   return KVPOOL_ROCKS_STATUS(db_->Flush(fo, {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}));
 }
 
-uint64_t RocksStore::FilesBytes() const {
-  // The WAL holds what the memtables hold until they are flushed: their size stands for it.
-  uint64_t wal = 0;
-  for (auto* h : {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}) {
-    uint64_t v = 0;
-    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) wal += v;
-  }
-  return sst_files_->GetTotalSize() + wal;
-}
-
-uint64_t RocksStore::MemoryBytes() const {
+uint64_t RocksStore::SumOverFamilies(const std::string& property) const {
   uint64_t total = 0;
   for (auto* h : {default_cf_, blocks_cf_, meta_cf_, sessions_cf_}) {
     uint64_t v = 0;
-    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) total += v;
-    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kEstimateTableReadersMem, &v)) total += v;
-  }
-  uint64_t cache = 0;  // one cache for every family
-  if (db_->GetIntProperty(blocks_cf_, rocksdb::DB::Properties::kBlockCacheUsage, &cache)) {
-    total += cache;
+    if (db_->GetIntProperty(h, property, &v)) total += v;
   }
   return total;
+}
+
+uint64_t RocksStore::FilesBytes() const {
+  // The WAL holds what the memtables hold until they are flushed: their size stands for it.
+  return sst_files_->GetTotalSize() +
+         SumOverFamilies(rocksdb::DB::Properties::kCurSizeAllMemTables);
+}
+
+uint64_t RocksStore::MemoryBytes() const {
+  uint64_t cache = 0;  // one cache for every family
+  db_->GetIntProperty(blocks_cf_, rocksdb::DB::Properties::kBlockCacheUsage, &cache);
+  return SumOverFamilies(rocksdb::DB::Properties::kCurSizeAllMemTables) +
+         SumOverFamilies(rocksdb::DB::Properties::kEstimateTableReadersMem) + cache;
 }
 
 std::optional<uint64_t> RocksStore::FreeBytes() const {

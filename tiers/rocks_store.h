@@ -76,6 +76,9 @@ class RocksStore {
 
  private:
   RocksStore();
+  // An integer property (rocksdb::DB::Properties) summed over the four families.
+  uint64_t SumOverFamilies(const std::string& property) const;
+
   // Declared before db_: the DB is closed before the Env it runs on is destroyed.
   std::unique_ptr<rocksdb::Env> env_;
   // Tracks the sizes of the SST and blob files.

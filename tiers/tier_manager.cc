@@ -10,6 +10,15 @@
 #include "tiers/demotion_encoding.h"
 
 namespace kvpool::tiers {
+namespace {
+
+// A quota in whole segments of `segment_bytes` (0: no quota, no limit).
+uint32_t SegmentsFor(uint64_t quota_bytes, uint64_t segment_bytes) {
+  return static_cast<uint32_t>(
+      std::min<uint64_t>((quota_bytes + segment_bytes - 1) / segment_bytes, UINT32_MAX));
+}
+
+}  // namespace
 
 DiskCopy TierManager::DiskCopyOf(const Entry& e) {
   return DiskCopy{e.ns, e.key, e.size, e.checksum, e.disk_encoding};
@@ -49,13 +58,9 @@ uint32_t TierManager::NowSeconds() const {
 Status TierManager::SetNamespacePolicy(NamespaceId ns, NamespacePolicy policy) {
   absl::MutexLock lock(&mu_);
   KVPOOL_RETURN_IF_ERROR(pools_.SetOrder(ns, policy.eviction));
-  const uint64_t seg = host_.segment_bytes();
-  host_.SetSegmentLimit(ns, static_cast<uint32_t>(std::min<uint64_t>(
-                                (policy.host_quota_bytes + seg - 1) / seg, UINT32_MAX)));
+  host_.SetSegmentLimit(ns, SegmentsFor(policy.host_quota_bytes, host_.segment_bytes()));
   for (GpuTier* gpu : gpus_) {
-    const uint64_t gseg = gpu->segment_bytes();
-    gpu->SetSegmentLimit(ns, static_cast<uint32_t>(std::min<uint64_t>(
-                                 (policy.gpu_quota_bytes + gseg - 1) / gseg, UINT32_MAX)));
+    gpu->SetSegmentLimit(ns, SegmentsFor(policy.gpu_quota_bytes, gpu->segment_bytes()));
   }
   policies_[ns] = std::move(policy);
   // A lowered disk quota applies at once; a lowered host quota as the namespace's segments
@@ -78,13 +83,9 @@ Status TierManager::SetDefaultPolicy(NamespacePolicy policy) {
   absl::MutexLock lock(&mu_);
   KVPOOL_RETURN_IF_ERROR(pools_.SetDefaultOrder(policy.eviction.empty() ? "lru" : policy.eviction));
   // Its quotas bound each namespace without a policy of its own, one by one (not all together).
-  const uint64_t seg = host_.segment_bytes();
-  host_.SetDefaultSegmentLimit(static_cast<uint32_t>(
-      std::min<uint64_t>((policy.host_quota_bytes + seg - 1) / seg, UINT32_MAX)));
+  host_.SetDefaultSegmentLimit(SegmentsFor(policy.host_quota_bytes, host_.segment_bytes()));
   for (GpuTier* gpu : gpus_) {
-    const uint64_t gseg = gpu->segment_bytes();
-    gpu->SetDefaultSegmentLimit(static_cast<uint32_t>(
-        std::min<uint64_t>((policy.gpu_quota_bytes + gseg - 1) / gseg, UINT32_MAX)));
+    gpu->SetDefaultSegmentLimit(SegmentsFor(policy.gpu_quota_bytes, gpu->segment_bytes()));
   }
   default_policy_ = std::move(policy);
   return Status::OK();

@@ -183,8 +183,10 @@ struct TierManagerStats {
   uint64_t gpu_hints_dropped = 0;    // gpu placement hints dropped: the GPU's worker was behind
 };
 
+// What kvpool leaves free on the disk tier's device for RocksDB to flush, compact and delete.
+inline constexpr uint64_t kDiskDeviceReserveBytes = 64ull << 20;
 // The bytes the disk tier may still add to its device: what the device has free (nullopt: it
-// cannot tell, no bound) less a reserve RocksDB needs to flush, compact and delete (64 MiB).
+// cannot tell, no bound) less kDiskDeviceReserveBytes.
 uint64_t DiskDeviceRoom(std::optional<uint64_t> free);
 
 struct EvictOutcome {

@@ -68,9 +68,8 @@ void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
 }
 
 uint64_t DiskDeviceRoom(std::optional<uint64_t> free) {
-  constexpr uint64_t kReserve = 64ull << 20;
   if (!free.has_value()) return UINT64_MAX;
-  return *free > kReserve ? *free - kReserve : 0;
+  return *free > kDiskDeviceReserveBytes ? *free - kDiskDeviceReserveBytes : 0;
 }
 
 void TierManager::RefreshDiskSpaceLocked() {
@@ -80,7 +79,7 @@ void TierManager::RefreshDiskSpaceLocked() {
   const uint64_t room = DiskDeviceRoom(free);
   if (room < (256ull << 20) && disk_device_room_ >= (256ull << 20)) {
     LOG(WARNING) << "the disk tier's device has " << FormatBytes(free.value_or(0))
-                 << " free: new disk writes stop at 64 MiB";
+                 << " free: new disk writes stop at " << FormatBytes(kDiskDeviceReserveBytes);
   }
   disk_device_room_ = room;
 }
@@ -93,7 +92,8 @@ Status TierManager::ReserveDiskLocked(uint64_t bytes) {
   if (bytes > disk_device_room_) {
     return Status::ResourceExhausted("the disk tier's device is full: " + FormatBytes(bytes) +
                                      " to write, " + FormatBytes(disk_device_room_) +
-                                     " left above the 64 MiB kvpool keeps free");
+                                     " left above the " + FormatBytes(kDiskDeviceReserveBytes) +
+                                     " kvpool keeps free");
   }
   while (disk_used_ + bytes > options_.disk_capacity_bytes) {
     const uint64_t need = disk_used_ + bytes - options_.disk_capacity_bytes;
