@@ -32,7 +32,8 @@
 #include "transport/address.h"
 
 DEFINE_string(socket, "",
-              "kvpoold address: a Unix socket path or tcp://HOST:PORT. Default: $KVPOOL_SOCKET, "
+              "kvpoold address: a Unix socket path, tcp://HOST:PORT or tls://HOST:PORT. Default: "
+              "$KVPOOL_SOCKET, "
               "else the daemon's default socket.");
 DEFINE_string(namespace_name, "default", "Namespace (tenant) to act for.");
 DEFINE_int32(timeout_ms, 5000, "Deadline of each request.");
@@ -55,6 +56,11 @@ DEFINE_string(cluster_secret_file, "",
 DEFINE_string(credential_file, "",
               "File holding the namespace's credential (or, with --admin, the admin's), for a "
               "daemon whose namespaces file gives one.");
+DEFINE_string(tls_ca, "",
+              "tls:// daemons: PEM CA file their certificate must chain to. Default: the "
+              "system's trust store.");
+DEFINE_string(tls_cert, "", "tls:// daemons that ask for one: this client's PEM certificate.");
+DEFINE_string(tls_key, "", "The PEM private key of --tls_cert.");
 DEFINE_bool(admin, false,
             "Ask for admin rights: daemon-wide stats, cluster members, every namespace's "
             "policies. Without them stats show the namespace's own use.");
@@ -76,8 +82,9 @@ constexpr const char* kUsage =
     "  cluster members [--json]       the cluster as this daemon sees it\n"
     "  policies show [--namespace=NS] [--json]\n"
     "                                 strategies of every configured namespace (or of NS)\n"
-    "common flags: --socket=PATH|tcp://HOST:PORT --namespace=NS --timeout_ms=MS\n"
-    "              --credential_file=F --admin --cluster_secret_file=F";
+    "common flags: --socket=PATH|tcp://HOST:PORT|tls://HOST:PORT --namespace=NS --timeout_ms=MS\n"
+    "              --credential_file=F --admin --cluster_secret_file=F\n"
+    "              --tls_ca=F --tls_cert=F --tls_key=F";
 
 int Usage(const std::string& why) {
   std::fprintf(stderr, "kvpool: %s\n\n%s\n", why.c_str(), kUsage);
@@ -105,6 +112,9 @@ kvpool::Result<std::string> ReadSecretFile(const std::string& path) {
 kvpool::Result<std::unique_ptr<kvpool::Client>> Connect(const std::string& ns = "") {
   kvpool::ClientOptions o;
   o.address = FLAGS_socket;
+  o.tls_ca_file = FLAGS_tls_ca;
+  o.tls_cert_file = FLAGS_tls_cert;
+  o.tls_key_file = FLAGS_tls_key;
   o.namespace_name = ns.empty() ? FLAGS_namespace_name : ns;
   o.client_name = "kvpool-cli";
   o.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);

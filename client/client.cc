@@ -136,11 +136,13 @@ class Client::Impl {
     req.set_namespace_name(options_.namespace_name);
     req.set_client_name(options_.client_name);
     req.set_admin(options_.admin);
-    const bool tcp = options_.address.rfind("tcp://", 0) == 0;
+    const bool tcp = transport::IsTcpAddress(options_.address);
     req.set_shared_memory(!tcp && (options_.data_path == DataPath::kAuto ||
                                    options_.data_path == DataPath::kSharedMemory));
+    // UCX is not encrypted: over tls:// only when asked for by name.
     const bool want_ucx =
-        options_.data_path == DataPath::kUcx || (options_.data_path == DataPath::kAuto && tcp);
+        options_.data_path == DataPath::kUcx || (options_.data_path == DataPath::kAuto && tcp &&
+                                                 !transport::IsTlsAddress(options_.address));
     if (want_ucx && !ucx_.started()) {
       Status st = ucx_.Start(options_.ucx_transports, options_.ucx_net_devices);
       if (!st.ok() && options_.data_path == DataPath::kUcx) {

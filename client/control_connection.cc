@@ -1,6 +1,7 @@
 #include "client/control_connection.h"
 
 #include "common/hello_auth.h"
+#include "transport/address.h"
 
 namespace kvpool::client {
 
@@ -24,7 +25,13 @@ std::chrono::milliseconds ControlConnection::connect_timeout() const {
 
 Status ControlConnection::Dial() {
   channel_.reset();
-  KVPOOL_ASSIGN_OR_RETURN(channel_, ControlChannel::Connect(options_.address, connect_timeout()));
+  if (transport::IsTlsAddress(options_.address) && tls_ == nullptr) {
+    KVPOOL_ASSIGN_OR_RETURN(
+        tls_, transport::TlsClientContext::Create(
+                  {options_.tls_cert_file, options_.tls_key_file, options_.tls_ca_file}));
+  }
+  KVPOOL_ASSIGN_OR_RETURN(channel_,
+                          ControlChannel::Connect(options_.address, connect_timeout(), tls_));
   return Status::OK();
 }
 

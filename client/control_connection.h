@@ -156,6 +156,8 @@ class ControlConnection {
                         Deadline deadline);
 
   const ClientOptions& options_;
+  // tls:// only: made from the options' files at the first Dial, shared by the reconnects.
+  std::shared_ptr<const transport::TlsClientContext> tls_;
   std::unique_ptr<transport::ControlChannel> channel_;
   transport::FrameLimits recv_limits_;
   uint64_t next_request_id_ = 1;

@@ -167,6 +167,9 @@ std::unique_ptr<Client> ClusterNode::Checkout(const std::string& address,
   o.data_path = options_.ucx ? DataPath::kAuto : DataPath::kSocket;
   o.ucx_transports = options_.ucx_transports;
   o.ucx_net_devices = options_.ucx_net_devices;
+  o.tls_cert_file = options_.tls.cert_file;
+  o.tls_key_file = options_.tls.key_file;
+  o.tls_ca_file = options_.tls.ca_file;
   Result<std::unique_ptr<Client>> c = Client::Connect(o);
   if (!c.ok()) {
     VLOG(1) << "peer " << address << ": " << c.status().ToString();

@@ -37,6 +37,7 @@
 #include "daemon/cluster/fetch_memory.h"
 #include "daemon/cluster/membership.h"
 #include "tiers/tier_manager.h"
+#include "transport/tls.h"
 
 namespace kvpool::daemon {
 
@@ -52,6 +53,9 @@ struct ClusterNodeOptions {
   bool ucx = true;
   std::string ucx_transports;
   std::string ucx_net_devices;
+  // TLS toward peers whose control address is tls:// (the daemon's own --tls_ files): its
+  // certificate presented, theirs verified with the CA file. Default: none.
+  transport::TlsFiles tls;
   // Threads asking peers at once for Locate. Default: 4.
   int fanout_threads = 4;
   // How long a failed peer is skipped and a key no member held is a miss without asking

@@ -67,6 +67,13 @@ class DaemonImpl final : public Daemon {
     if (options_.hello_timeout.count() <= 0 || options_.frame_timeout.count() <= 0) {
       return Status::InvalidArgument("--hello_timeout_ms and --frame_timeout_ms must be above 0");
     }
+    if (transport::IsTlsAddress(options_.tcp_listen) && !tls()) {
+      return Status::InvalidArgument("--listen=" + options_.tcp_listen +
+                                     " asks for TLS: give --tls_cert and --tls_key");
+    }
+    if (tls() && options_.tcp_listen.empty()) {
+      return Status::InvalidArgument("--tls_cert is for the TCP listener: give --listen too");
+    }
 
     tiers::RocksStoreOptions ro;
     ro.path = (std::filesystem::path(options_.data_dir) / "rocksdb").string();
@@ -155,6 +162,7 @@ class DaemonImpl final : public Daemon {
     transport::ControlServerOptions so;
     so.unix_path = options_.socket_path;
     so.tcp_listen = options_.tcp_listen;
+    so.tls = options_.tls;
     so.io_threads = options_.io_threads;
     so.worker_threads = options_.worker_threads;
     so.limits = options_.limits;
@@ -199,6 +207,11 @@ class DaemonImpl final : public Daemon {
 
   std::string socket_path() const override { return options_.socket_path; }
   std::string tcp_address() const override { return server_ ? server_->tcp_address() : ""; }
+  // The TCP listener as clients dial it: "tls://HOST:PORT" or "tcp://HOST:PORT"; empty without.
+  std::string TcpUrl() const {
+    return tcp_address().empty() ? "" : (tls() ? "tls://" : "tcp://") + tcp_address();
+  }
+  bool tls() const { return !options_.tls.cert_file.empty() || !options_.tls.key_file.empty(); }
   std::string metrics_address() const override {
     return metrics_http_ ? metrics_http_->address() : "";
   }
@@ -208,7 +221,7 @@ class DaemonImpl final : public Daemon {
     std::ostringstream s;
     const tiers::HostTierStats h = host_->GetStats();
     s << "kvpoold " << node_id_ << " listening on unix:" << options_.socket_path;
-    if (!tcp_address().empty()) s << " and tcp://" << tcp_address();
+    if (!tcp_address().empty()) s << " and " << TcpUrl();
     s << "\n  host tier: " << FormatBytes(h.capacity_bytes) << " in " << h.segments << " segments"
       << (h.locked ? " (mlocked)" : " (not mlocked)");
     for (const auto& g : gpus_) {
@@ -268,11 +281,15 @@ class DaemonImpl final : public Daemon {
         return Status::InvalidArgument(
             "cluster mode needs --listen=tcp://HOST:PORT: peers reach this daemon over TCP");
       }
-      control = "tcp://" + tcp_address();
-      if (control.rfind("tcp://0.0.0.0:", 0) == 0 || control.rfind("tcp://[::]:", 0) == 0) {
+      control = TcpUrl();
+      if (tcp_address().rfind("0.0.0.0:", 0) == 0 || tcp_address().rfind("[::]:", 0) == 0) {
         return Status::InvalidArgument(
             "--listen binds every address; give --cluster_advertise=tcp://HOST:PORT for peers");
       }
+    } else if (transport::IsTlsAddress(control) != tls()) {
+      return Status::InvalidArgument("--cluster_advertise=" + control + " must be " +
+                                     (tls() ? "tls://" : "tcp://") +
+                                     "HOST:PORT: it is what the TCP listener speaks");
     }
     ClusterNodeOptions co;
     cluster::MembershipOptions& mo = co.membership;
@@ -294,6 +311,7 @@ class DaemonImpl final : public Daemon {
     co.ucx = ucx_ != nullptr;
     co.ucx_transports = options_.ucx_transports;
     co.ucx_net_devices = options_.ucx_net_devices;
+    co.tls = options_.tls;
     KVPOOL_ASSIGN_OR_RETURN(cluster_, ClusterNode::Start(std::move(co), *tiers_));
     service_->SetCluster(cluster_.get());
     return Status::OK();

@@ -17,6 +17,7 @@
 #include "tiers/policy.h"
 #include "tiers/tier_manager.h"
 #include "transport/frame.h"
+#include "transport/tls.h"
 
 namespace kvpool::daemon {
 
@@ -25,8 +26,13 @@ struct DaemonOptions {
   std::string data_dir = "kvpool-data";
   // Unix socket of the control plane. Default: transport::DefaultSocketPath().
   std::string socket_path;
-  // Optional TCP control listener, "tcp://HOST:PORT". Default: none.
+  // Optional TCP control listener, "tcp://HOST:PORT" (or "tls://HOST:PORT", which needs
+  // `tls`). Default: none.
   std::string tcp_listen;
+  // TLS on the TCP listener (transport/tls.h): a certificate and key make it speak TLS, a CA
+  // file makes it require client certificates; cluster peers present the same certificate and
+  // verify each other with the same CA. Default: none (plain TCP).
+  transport::TlsFiles tls;
   // Optional Prometheus endpoint "HOST:PORT". Default: none.
   std::string metrics_listen;
   // Host tier arena size. Default (0): an eighth of RAM, at most 16 GiB.

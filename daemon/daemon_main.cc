@@ -29,7 +29,16 @@ DEFINE_string(data_dir, "kvpool-data", "Directory for RocksDB (disk tier, sessio
 DEFINE_string(socket, "",
               "Unix socket of the control plane. Default: $KVPOOL_SOCKET, else "
               "/run/kvpool/kvpool.sock for root, /tmp/kvpool-<uid>/kvpool.sock otherwise.");
-DEFINE_string(listen, "", "Optional TCP control listener, tcp://HOST:PORT. Default: off.");
+DEFINE_string(
+    listen, "",
+    "Optional TCP control listener, tcp://HOST:PORT (TLS with --tls_cert). Default: off.");
+DEFINE_string(tls_cert, "",
+              "PEM certificate chain: the --listen listener speaks TLS (clients dial "
+              "tls://HOST:PORT); cluster peers present it too. Default: plain TCP.");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert (not readable by other users).");
+DEFINE_string(tls_ca, "",
+              "PEM CA file: TLS clients (and peers) must present a certificate it signed; peers' "
+              "certificates are verified with it. Default: no client certificates asked for.");
 DEFINE_string(
     metrics_listen, "",
     "Optional Prometheus /metrics endpoint, HOST:PORT (e.g. 127.0.0.1:9464). Default: off.");
@@ -96,7 +105,8 @@ DEFINE_string(cluster_secret, "", "Shared cluster secret (prefer --cluster_secre
 DEFINE_string(cluster_secret_file, "",
               "File holding the shared cluster secret (must not be world-readable).");
 DEFINE_string(cluster_advertise, "",
-              "Control address peers use, tcp://HOST:PORT. Default: the --listen address.");
+              "Control address peers use, tcp://HOST:PORT (tls:// with --tls_cert). Default: the "
+              "--listen address.");
 DEFINE_uint32(replicas, 1, "Cluster mode: copies of each block beyond the first.");
 DEFINE_bool(flush_on_shutdown, true, "Write host-only blocks to disk on SIGTERM.");
 DEFINE_double(host_high_watermark, 0.90, "Host occupancy at which demotion to disk starts.");
@@ -141,6 +151,7 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   o.data_dir = FLAGS_data_dir;
   o.socket_path = FLAGS_socket;
   o.tcp_listen = FLAGS_listen;
+  o.tls = {FLAGS_tls_cert, FLAGS_tls_key, FLAGS_tls_ca};
   o.metrics_listen = FLAGS_metrics_listen;
   auto host = SizeFlag("host-capacity", FLAGS_host_capacity);
   auto segment = SizeFlag("host-segment-size", FLAGS_host_segment_size);

@@ -9,10 +9,11 @@ namespace kvpool::transport {
 
 Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port) {
   std::string_view a = address;
-  if (a.substr(0, 6) == "tcp://") a.remove_prefix(6);
+  if (IsTcpAddress(a)) a.remove_prefix(6);
   const size_t colon = a.rfind(':');
   if (colon == std::string_view::npos || colon == 0 || colon + 1 == a.size()) {
-    return Status::InvalidArgument("address '" + std::string(address) + "' is not tcp://HOST:PORT");
+    return Status::InvalidArgument("address '" + std::string(address) +
+                                   "' is not tcp://HOST:PORT (or tls://HOST:PORT)");
   }
   std::string_view h = a.substr(0, colon);
   if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
@@ -25,6 +26,12 @@ Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port
   *host = std::string(h);
   *port = static_cast<uint16_t>(value);
   return Status::OK();
+}
+
+bool IsTlsAddress(std::string_view address) { return address.substr(0, 6) == "tls://"; }
+
+bool IsTcpAddress(std::string_view address) {
+  return address.substr(0, 6) == "tcp://" || IsTlsAddress(address);
 }
 
 std::string DefaultSocketPath() {

@@ -11,9 +11,13 @@
 
 namespace kvpool::transport {
 
-// Splits "tcp://HOST:PORT", "HOST:PORT" or "[V6]:PORT" into host and port. InvalidArgument
-// otherwise.
+// Splits "tcp://HOST:PORT", "tls://HOST:PORT", "HOST:PORT" or "[V6]:PORT" into host and port.
+// InvalidArgument otherwise.
 Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port);
+
+// A control address over TCP: "tcp://..." or "tls://..." (TLS over TCP).
+bool IsTcpAddress(std::string_view address);
+bool IsTlsAddress(std::string_view address);
 
 // $KVPOOL_SOCKET when set; else /run/kvpool/kvpool.sock for root (the systemd unit's
 // RuntimeDirectory) and /tmp/kvpool-<uid>/kvpool.sock for anyone else.

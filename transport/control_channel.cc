@@ -5,7 +5,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -25,17 +28,53 @@ int RemainingMs(Deadline deadline) {
   return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX));
 }
 
+// OpenSSL writes with write(2): a peer that hung up would raise SIGPIPE and end the process.
+// While it lives, SIGPIPE is blocked on this thread, and one raised meanwhile is taken back
+// (a SIGPIPE already pending before stays pending).
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe, &old_);
+  }
+  ~SigpipeGuard() {
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      const timespec zero{0, 0};
+      while (sigtimedwait(&pipe, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t old_;
+  bool was_pending_ = false;
+};
+
 }  // namespace
 
-Result<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const std::string& address,
-                                                                std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<ControlChannel>> ControlChannel::Connect(
+    const std::string& address, std::chrono::milliseconds timeout,
+    std::shared_ptr<const TlsClientContext> tls) {
   const Deadline deadline = std::chrono::steady_clock::now() + timeout;
   int fd = -1;
   sockaddr_storage ss{};
   socklen_t len = 0;
-  const bool tcp = address.rfind("tcp://", 0) == 0;
+  const bool tcp = IsTcpAddress(address);
+  std::string host;
   if (tcp) {
-    std::string host;
     uint16_t port = 0;
     KVPOOL_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
     addrinfo hints{};
@@ -84,10 +123,28 @@ Result<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const std::strin
                                           std::strerror(err)));
     }
   }
+  if (IsTlsAddress(address)) {
+    if (tls == nullptr) {
+      KVPOOL_ASSIGN_OR_RETURN(tls, TlsClientContext::Create({}));
+    }
+    KVPOOL_ASSIGN_OR_RETURN(ch->ssl_, tls->NewSession(fd, host));
+    SSL* ssl = ch->ssl_;
+    Result<int> done = ch->RunTls([ssl] { return SSL_connect(ssl); }, "handshake", deadline);
+    if (!done.ok()) {
+      const long verify = SSL_get_verify_result(ssl);
+      if (verify != X509_V_OK) {
+        return Status::PermissionDenied("kvpoold at " + address +
+                                        " presented a TLS certificate that does not verify: " +
+                                        X509_verify_cert_error_string(verify));
+      }
+      return done.status();
+    }
+  }
   return ch;
 }
 
 ControlChannel::~ControlChannel() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
   if (fd_ >= 0) ::close(fd_);
   for (int fd : received_fds_) ::close(fd);
 }
@@ -102,6 +159,46 @@ Status ControlChannel::Fail(Status st) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   return st;
+}
+
+Result<int> ControlChannel::RunTls(const std::function<int()>& op, const char* what,
+                                   Deadline deadline) {
+  const SigpipeGuard no_sigpipe;
+  for (;;) {
+    ERR_clear_error();
+    errno = 0;
+    const int rc = op();
+    if (rc > 0) return rc;
+    const int err = SSL_get_error(ssl_, rc);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      KVPOOL_RETURN_IF_ERROR(Wait(/*for_write=*/err == SSL_ERROR_WANT_WRITE, deadline));
+      continue;
+    }
+    if (err == SSL_ERROR_ZERO_RETURN || (err == SSL_ERROR_SYSCALL && errno == 0)) {
+      return Fail(Status::Unavailable("kvpoold at " + address_ + " closed the connection"));
+    }
+    const std::string detail =
+        err == SSL_ERROR_SYSCALL ? std::strerror(errno) : TakeOpenSslErrors();
+    return Fail(Status::Unavailable(std::string("TLS ") + what + " with kvpoold at " + address_ +
+                                    ": " + detail));
+  }
+}
+
+Status ControlChannel::SendTls(std::span<const iovec> pieces, Deadline deadline) {
+  for (const iovec& v : pieces) {
+    const auto* p = static_cast<const uint8_t*>(v.iov_base);
+    size_t left = v.iov_len;
+    while (left > 0) {
+      const int n = static_cast<int>(std::min<size_t>(left, 1u << 30));
+      SSL* ssl = ssl_;
+      // Without partial writes, SSL_write returns only once all n bytes are taken.
+      KVPOOL_RETURN_IF_ERROR(
+          RunTls([ssl, p, n] { return SSL_write(ssl, p, n); }, "write", deadline).status());
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+  }
+  return Status::OK();
 }
 
 Status ControlChannel::Wait(bool for_write, Deadline deadline) {
@@ -126,6 +223,14 @@ Status ControlChannel::Send(const FrameHeader& header, std::string_view body,
   iov.reserve(2 + payload.size());
   iov.push_back({hdr, sizeof(hdr)});
   if (!body.empty()) iov.push_back({const_cast<char*>(body.data()), body.size()});
+  if (ssl_ != nullptr) {
+    // One TLS record for the header and body, then the payload straight from its buffers.
+    std::string head(reinterpret_cast<const char*>(hdr), sizeof(hdr));
+    head.append(body);
+    const iovec first{head.data(), head.size()};
+    KVPOOL_RETURN_IF_ERROR(SendTls({&first, 1}, deadline));
+    return SendTls(payload, deadline);
+  }
   for (const iovec& v : payload) {
     if (v.iov_len > 0) iov.push_back(v);
   }
@@ -163,6 +268,18 @@ Status ControlChannel::Send(const FrameHeader& header, std::string_view body,
 Status ControlChannel::ReceiveInto(void* dst, size_t n, Deadline deadline) {
   if (broken()) return Status::Unavailable("connection to " + address_ + " is closed");
   auto* p = static_cast<uint8_t*>(dst);
+  if (ssl_ != nullptr) {
+    SSL* ssl = ssl_;
+    while (n > 0) {
+      const int want = static_cast<int>(std::min<size_t>(n, 1u << 30));
+      KVPOOL_ASSIGN_OR_RETURN(
+          const int got,
+          RunTls([ssl, p, want] { return SSL_read(ssl, p, want); }, "read", deadline));
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+    return Status::OK();
+  }
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
   while (n > 0) {
     iovec iov{p, n};

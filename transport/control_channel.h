@@ -1,6 +1,7 @@
 #pragma once
 // ControlChannel: the client side of one control connection, blocking, with a deadline on
-// every operation (poll on a non-blocking socket). A Unix socket path or "tcp://HOST:PORT".
+// every operation (poll on a non-blocking socket). A Unix socket path, "tcp://HOST:PORT", or
+// "tls://HOST:PORT" (TLS over TCP, transport/tls.h).
 //
 // A call is Send (header, body, optional payload gathered from the caller's buffers with no
 // copy), then ReceiveHeader and ReceiveBody, then, for a response with a payload, ReceiveInto /
@@ -13,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,6 +22,7 @@
 
 #include "common/status.h"
 #include "transport/frame.h"
+#include "transport/tls.h"
 
 namespace kvpool::transport {
 
@@ -27,9 +30,13 @@ using Deadline = std::chrono::steady_clock::time_point;
 
 class ControlChannel {
  public:
-  // Connects within `timeout`. Unavailable when nothing listens, DeadlineExceeded on timeout.
-  static Result<std::unique_ptr<ControlChannel>> Connect(const std::string& address,
-                                                         std::chrono::milliseconds timeout);
+  // Connects within `timeout` (for tls://, the TLS handshake included, verified with `tls`,
+  // or with the system's trust store when null). Unavailable when nothing listens,
+  // DeadlineExceeded on timeout, PermissionDenied when the daemon's certificate does not
+  // verify.
+  static Result<std::unique_ptr<ControlChannel>> Connect(
+      const std::string& address, std::chrono::milliseconds timeout,
+      std::shared_ptr<const TlsClientContext> tls = nullptr);
   ~ControlChannel();
 
   Status Send(const FrameHeader& header, std::string_view body, std::span<const iovec> payload,
@@ -50,8 +57,13 @@ class ControlChannel {
   // Waits until the socket is readable (or writable); DeadlineExceeded/Unavailable.
   Status Wait(bool for_write, Deadline deadline);
   Status Fail(Status st);  // closes, returns st
+  // Runs one OpenSSL call on ssl_ until it makes progress, waiting on the socket when it wants
+  // to read or write; what it returned (> 0), or the failure (the channel then broken).
+  Result<int> RunTls(const std::function<int()>& op, const char* what, Deadline deadline);
+  Status SendTls(std::span<const iovec> pieces, Deadline deadline);
 
   int fd_;
+  SSL* ssl_ = nullptr;  // tls:// only
   std::string address_;
   std::vector<int> received_fds_;
 };

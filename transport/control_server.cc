@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 
 #include <atomic>
 #include <cstring>
@@ -19,6 +20,7 @@
 
 #include "common/threads.h"
 #include "transport/address.h"
+#include "transport/tls.h"
 
 namespace kvpool::transport {
 namespace asio = boost::asio;
@@ -28,17 +30,24 @@ namespace {
 
 class ServerImpl;
 
-// One client connection over a stream socket (Unix or TCP).
-template <typename Protocol>
-class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
- public:
-  using Socket = typename Protocol::socket;
+using UnixSocket = asio::local::stream_protocol::socket;
+using TcpSocket = asio::ip::tcp::socket;
+using TlsStream = asio::ssl::stream<TcpSocket>;
 
-  Connection(ServerImpl& server, Socket socket, ConnectionInfo info, std::string peer_key);
+// One client connection over a stream: a Unix socket, a TCP socket, or TLS over TCP.
+template <typename Stream>
+class Connection : public std::enable_shared_from_this<Connection<Stream>> {
+ public:
+  // File descriptors travel only on the Unix socket; a TLS stream shakes hands first.
+  static constexpr bool kLocal = std::is_same_v<Stream, UnixSocket>;
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+
+  Connection(ServerImpl& server, Stream socket, ConnectionInfo info, std::string peer_key);
   void Start();
   void Close(const std::string& reason);
 
  private:
+  void Handshake();  // strand, TLS only: then ReadHeader
   void ReadHeader();
   void ReadBody();
   void ReadPayload(size_t sink_index, uint64_t done);
@@ -53,13 +62,14 @@ class Connection : public std::enable_shared_from_this<Connection<Protocol>> {
   void Finish();       // once: OnDisconnect
 
   ServerImpl& server_;
-  Socket socket_;
+  Stream socket_;
   asio::strand<asio::io_context::executor_type> strand_;
   asio::steady_timer timer_;
   asio::steady_timer hello_timer_;  // closes a connection not admitted in time
   ConnectionInfo info_;
   const std::string peer_key_;  // what max_connections_per_peer counts by
   bool admitted_ = false;       // strand: the handler admitted it (cached once true)
+  bool handshaking_ = false;    // strand: a TLS handshake is under way
   std::unique_ptr<ConnectionState> state_;
   uint8_t header_bytes_[kFrameHeaderBytes];
   FrameHeader header_;
@@ -127,8 +137,8 @@ class ServerImpl final : public ControlServer {
       if (!ec) again();
     });
   }
-  template <typename Protocol>
-  void Adopt(typename Protocol::socket socket, std::string peer, std::string peer_key);
+  template <typename Stream>
+  void Adopt(Stream socket, std::string peer, std::string peer_key);
 
   const ControlServerOptions options_;
   RequestHandler& handler_;
@@ -138,6 +148,7 @@ class ServerImpl final : public ControlServer {
   asio::executor_work_guard<asio::io_context::executor_type> workers_guard_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
   asio::ip::tcp::acceptor tcp_acceptor_;
+  std::unique_ptr<asio::ssl::context> tls_;  // set: the TCP listener speaks TLS
   std::string tcp_address_;
   std::vector<std::thread> threads_;
   std::atomic<uint64_t> next_id_{1};
@@ -151,9 +162,9 @@ class ServerImpl final : public ControlServer {
 
 // ---------------------------------------------------------------------------------------------
 
-template <typename Protocol>
-Connection<Protocol>::Connection(ServerImpl& server, Socket socket, ConnectionInfo info,
-                                 std::string peer_key)
+template <typename Stream>
+Connection<Stream>::Connection(ServerImpl& server, Stream socket, ConnectionInfo info,
+                               std::string peer_key)
     : server_(server),
       socket_(std::move(socket)),
       strand_(asio::make_strand(server.io())),
@@ -162,24 +173,49 @@ Connection<Protocol>::Connection(ServerImpl& server, Socket socket, ConnectionIn
       info_(std::move(info)),
       peer_key_(std::move(peer_key)) {}
 
-template <typename Protocol>
-void Connection<Protocol>::Start() {
+template <typename Stream>
+void Connection<Stream>::Start() {
   state_ = server_.handler().OnConnect(info_);
   auto self = this->shared_from_this();
   server_.Register(
       self, [self] { asio::post(self->strand_, [self] { self->Close("server stopping"); }); });
   asio::post(strand_, [self] {
+    // The hello timeout bounds a TLS handshake too, admitted or not.
     self->ArmHelloTimer(self->server_.options().hello_timeout);
-    self->ReadHeader();
+    if constexpr (kTls) {
+      self->Handshake();
+    } else {
+      self->ReadHeader();
+    }
   });
 }
 
-template <typename Protocol>
-void Connection<Protocol>::ArmHelloTimer(std::chrono::milliseconds after) {
+template <typename Stream>
+void Connection<Stream>::Handshake() {
+  handshaking_ = true;
+  auto self = this->shared_from_this();
+  auto done = [self](error_code ec) {
+    self->handshaking_ = false;
+    if (ec) {
+      self->Close("TLS handshake: " + ec.message());
+      return;
+    }
+    self->ReadHeader();
+  };
+  socket_.async_handshake(asio::ssl::stream_base::server, asio::bind_executor(strand_, done));
+}
+
+template <typename Stream>
+void Connection<Stream>::ArmHelloTimer(std::chrono::milliseconds after) {
   auto self = this->shared_from_this();
   hello_timer_.expires_after(after);
   hello_timer_.async_wait(asio::bind_executor(strand_, [self](error_code ec) {
-    if (ec || self->closed_ || self->admitted_) return;
+    if (ec || self->closed_) return;
+    if (self->handshaking_) {
+      self->Close("TLS handshake not completed within the hello timeout");
+      return;
+    }
+    if (self->admitted_) return;
     if (self->handling_) {
       // Its hello may be the request a worker runs now: look again once it is answered.
       self->ArmHelloTimer(std::chrono::milliseconds(100));
@@ -190,8 +226,8 @@ void Connection<Protocol>::ArmHelloTimer(std::chrono::milliseconds after) {
   }));
 }
 
-template <typename Protocol>
-void Connection<Protocol>::Close(const std::string& reason) {
+template <typename Stream>
+void Connection<Stream>::Close(const std::string& reason) {
   if (closed_) return;
   closed_ = true;
   if (!reason.empty())
@@ -199,8 +235,9 @@ void Connection<Protocol>::Close(const std::string& reason) {
   error_code ec;
   DisarmTimer();
   hello_timer_.cancel();
-  socket_.shutdown(Socket::shutdown_both, ec);
-  socket_.close(ec);
+  // A TLS stream is closed without a close_notify: nothing more is read from or written to it.
+  socket_.lowest_layer().shutdown(asio::socket_base::shutdown_both, ec);
+  socket_.lowest_layer().close(ec);
   if (handling_) {
     finish_deferred_ = true;  // OnDisconnect must not run beside Handle for this connection
   } else {
@@ -208,8 +245,8 @@ void Connection<Protocol>::Close(const std::string& reason) {
   }
 }
 
-template <typename Protocol>
-void Connection<Protocol>::EndHandling() {
+template <typename Stream>
+void Connection<Stream>::EndHandling() {
   handling_ = false;
   if (finish_deferred_) {
     finish_deferred_ = false;
@@ -217,8 +254,8 @@ void Connection<Protocol>::EndHandling() {
   }
 }
 
-template <typename Protocol>
-void Connection<Protocol>::Finish() {
+template <typename Stream>
+void Connection<Stream>::Finish() {
   if (finished_.exchange(true)) return;
   auto self = this->shared_from_this();
   // The handler may block (it frees reservations): run it on a worker, not the I/O thread.
@@ -228,8 +265,8 @@ void Connection<Protocol>::Finish() {
   });
 }
 
-template <typename Protocol>
-void Connection<Protocol>::ArmTimer(const char* what) {
+template <typename Stream>
+void Connection<Stream>::ArmTimer(const char* what) {
   const uint64_t seq = ++timer_seq_;
   timer_.expires_after(server_.options().frame_timeout);
   auto self = this->shared_from_this();
@@ -238,50 +275,53 @@ void Connection<Protocol>::ArmTimer(const char* what) {
   }));
 }
 
-template <typename Protocol>
-void Connection<Protocol>::DisarmTimer() {
+template <typename Stream>
+void Connection<Stream>::DisarmTimer() {
   ++timer_seq_;
   timer_.cancel();
 }
 
-template <typename Protocol>
-void Connection<Protocol>::ReadHeader() {
+template <typename Stream>
+void Connection<Stream>::ReadHeader() {
   if (closed_) return;
   auto self = this->shared_from_this();
-  asio::async_read(socket_, asio::buffer(header_bytes_),
-                   asio::bind_executor(strand_, [self](error_code ec, size_t) {
-                     if (ec) {
-                       self->Close(ec == asio::error::eof ? "" : "read: " + ec.message());
-                       return;
-                     }
-                     Result<FrameHeader> h =
-                         DecodeFrameHeader(self->header_bytes_, self->server_.options().limits);
-                     if (!h.ok()) {
-                       self->Close("protocol error: " + h.status().message());
-                       return;
-                     }
-                     if (h->is_response()) {
-                       self->Close("protocol error: a client sent a response frame");
-                       return;
-                     }
-                     if (!self->admitted_) {
-                       self->admitted_ = self->server_.handler().Admitted(*self->state_);
-                     }
-                     const uint32_t hello_max = self->server_.options().max_hello_body_bytes;
-                     if (!self->admitted_ && (h->body_bytes > hello_max || h->payload_bytes > 0)) {
-                       self->Close("protocol error: before its hello a connection may send " +
-                                   std::to_string(hello_max) +
-                                   " body bytes and no payload in a frame");
-                       return;
-                     }
-                     self->header_ = *h;
-                     self->ArmTimer("frame not completed within the frame timeout");
-                     self->ReadBody();
-                   }));
+  asio::async_read(
+      socket_, asio::buffer(header_bytes_),
+      asio::bind_executor(strand_, [self](error_code ec, size_t) {
+        if (ec) {
+          // A client that hangs up between frames (a TLS one without a
+          // close_notify) is an orderly close.
+          const bool hung_up = ec == asio::error::eof || ec == asio::ssl::error::stream_truncated;
+          self->Close(hung_up ? "" : "read: " + ec.message());
+          return;
+        }
+        Result<FrameHeader> h =
+            DecodeFrameHeader(self->header_bytes_, self->server_.options().limits);
+        if (!h.ok()) {
+          self->Close("protocol error: " + h.status().message());
+          return;
+        }
+        if (h->is_response()) {
+          self->Close("protocol error: a client sent a response frame");
+          return;
+        }
+        if (!self->admitted_) {
+          self->admitted_ = self->server_.handler().Admitted(*self->state_);
+        }
+        const uint32_t hello_max = self->server_.options().max_hello_body_bytes;
+        if (!self->admitted_ && (h->body_bytes > hello_max || h->payload_bytes > 0)) {
+          self->Close("protocol error: before its hello a connection may send " +
+                      std::to_string(hello_max) + " body bytes and no payload in a frame");
+          return;
+        }
+        self->header_ = *h;
+        self->ArmTimer("frame not completed within the frame timeout");
+        self->ReadBody();
+      }));
 }
 
-template <typename Protocol>
-void Connection<Protocol>::ReadBody() {
+template <typename Stream>
+void Connection<Stream>::ReadBody() {
   body_.resize(header_.body_bytes);
   auto self = this->shared_from_this();
   asio::async_read(
@@ -322,8 +362,8 @@ void Connection<Protocol>::ReadBody() {
       }));
 }
 
-template <typename Protocol>
-void Connection<Protocol>::ReadPayload(size_t sink_index, uint64_t done) {
+template <typename Stream>
+void Connection<Stream>::ReadPayload(size_t sink_index, uint64_t done) {
   if (closed_) return;
   while (sink_index < sinks_.size() && done == sinks_[sink_index].size) {
     ++sink_index;
@@ -353,8 +393,8 @@ void Connection<Protocol>::ReadPayload(size_t sink_index, uint64_t done) {
       }));
 }
 
-template <typename Protocol>
-void Connection<Protocol>::Dispatch() {
+template <typename Stream>
+void Connection<Stream>::Dispatch() {
   auto self = this->shared_from_this();
   if (server_.handler().RunsInline(header_.type)) {
     // A short request that never waits: answer on this I/O thread, saving two thread hops.
@@ -368,8 +408,8 @@ void Connection<Protocol>::Dispatch() {
   });
 }
 
-template <typename Protocol>
-void Connection<Protocol>::Write(Response response) {
+template <typename Stream>
+void Connection<Stream>::Write(Response response) {
   EndHandling();
   if (closed_ || response.no_reply) {
     if (response.release) response.release();
@@ -417,9 +457,9 @@ void Connection<Protocol>::Write(Response response) {
                     }));
 }
 
-template <typename Protocol>
-void Connection<Protocol>::SendWithFds(std::shared_ptr<Response> held,
-                                       std::vector<asio::const_buffer> bufs) {
+template <typename Stream>
+void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
+                                     std::vector<asio::const_buffer> bufs) {
   // The descriptors ride on the first byte (SCM_RIGHTS); the rest of the frame follows as usual.
   auto self = this->shared_from_this();
   auto finish = [self, held](error_code ec) {
@@ -432,7 +472,7 @@ void Connection<Protocol>::SendWithFds(std::shared_ptr<Response> held,
     }
     self->ReadHeader();
   };
-  if constexpr (!std::is_same_v<Protocol, asio::local::stream_protocol>) {
+  if constexpr (!kLocal) {
     finish(asio::error::operation_not_supported);
     return;
   } else {
@@ -451,7 +491,7 @@ void Connection<Protocol>::SendWithFds(std::shared_ptr<Response> held,
     std::memcpy(CMSG_DATA(cmsg), held->fds.data(), sizeof(int) * held->fds.size());
     const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      socket_.async_wait(Socket::wait_write,
+      socket_.async_wait(Stream::wait_write,
                          asio::bind_executor(strand_, [self, held, bufs](error_code ec) {
                            if (ec) {
                              for (int fd : held->fds) ::close(fd);
@@ -501,7 +541,14 @@ Status ServerImpl::Listen() {
   }
   ::chmod(options_.unix_path.c_str(), 0660);
 
+  if (!options_.tls.cert_file.empty() && options_.tcp_listen.empty()) {
+    return Status::InvalidArgument("TLS is for the TCP listener: a certificate needs --listen");
+  }
   if (!options_.tcp_listen.empty()) {
+    if (!options_.tls.cert_file.empty() || !options_.tls.key_file.empty()) {
+      tls_ = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+      KVPOOL_RETURN_IF_ERROR(ConfigureTlsServer(tls_->native_handle(), options_.tls));
+    }
     std::string host;
     uint16_t port = 0;
     KVPOOL_RETURN_IF_ERROR(ParseHostPort(options_.tcp_listen, &host, &port));
@@ -523,31 +570,31 @@ Status ServerImpl::Listen() {
   return Status::OK();
 }
 
-template <typename Protocol>
-void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer, std::string peer_key) {
+template <typename Stream>
+void ServerImpl::Adopt(Stream socket, std::string peer, std::string peer_key) {
   if (live_.load(std::memory_order_relaxed) >= options_.max_connections) {
     LOG(WARNING) << "refusing connection from " << peer << ": " << options_.max_connections
                  << " connections open (the limit)";
     error_code ec;
-    socket.close(ec);
+    socket.lowest_layer().close(ec);
     return;
   }
   live_.fetch_add(1, std::memory_order_relaxed);
   ConnectionInfo info{next_id_.fetch_add(1, std::memory_order_relaxed), std::move(peer),
-                      std::is_same_v<Protocol, asio::local::stream_protocol>};
+                      Connection<Stream>::kLocal, std::nullopt};
+  const int fd = socket.lowest_layer().native_handle();
   if (info.local) {
     struct ucred cred {};
     socklen_t len = sizeof(cred);
-    if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
-        len == sizeof(cred)) {
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof(cred)) {
       info.credentials = PeerCredentials{cred.pid, cred.uid, cred.gid, {}};
       // The process's own supplementary groups (not the group database's view of its user).
       std::vector<gid_t> groups(64);
       socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-      int rc = getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+      int rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
       if (rc != 0 && errno == ERANGE) {
         groups.resize(glen / sizeof(gid_t));
-        rc = getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+        rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
       }
       if (rc == 0) {
         groups.resize(glen / sizeof(gid_t));
@@ -566,13 +613,13 @@ void ServerImpl::Adopt(typename Protocol::socket socket, std::string peer, std::
                                 << " connections open from it (the per-peer limit)";
       live_.fetch_sub(1, std::memory_order_relaxed);
       error_code ec;
-      socket.close(ec);
+      socket.lowest_layer().close(ec);
       return;
     }
     ++n;
   }
-  std::make_shared<Connection<Protocol>>(*this, std::move(socket), std::move(info),
-                                         std::move(peer_key))
+  std::make_shared<Connection<Stream>>(*this, std::move(socket), std::move(info),
+                                       std::move(peer_key))
       ->Start();
 }
 
@@ -580,7 +627,7 @@ void ServerImpl::AcceptUnix() {
   unix_acceptor_.async_accept([this](error_code ec, asio::local::stream_protocol::socket s) {
     if (ec == asio::error::operation_aborted || !unix_acceptor_.is_open()) return;
     if (!ec) {
-      Adopt<asio::local::stream_protocol>(std::move(s), "unix", "unix");
+      Adopt(std::move(s), "unix", "unix");
     } else {
       // E.g. out of file descriptors: back off instead of spinning on the error.
       LOG_EVERY_N(WARNING, 100) << "accept on unix socket: " << ec.message();
@@ -604,7 +651,11 @@ void ServerImpl::AcceptTcp() {
         peer += ":" + ep.address().to_string() + ":" + std::to_string(ep.port());
         peer_key += ":" + ep.address().to_string();
       }
-      Adopt<asio::ip::tcp>(std::move(s), std::move(peer), std::move(peer_key));
+      if (tls_ != nullptr) {
+        Adopt(TlsStream(std::move(s), *tls_), std::move(peer), std::move(peer_key));
+      } else {
+        Adopt(std::move(s), std::move(peer), std::move(peer_key));
+      }
     } else {
       LOG_EVERY_N(WARNING, 100) << "accept on tcp: " << ec.message();
       AfterBackoff([this] { AcceptTcp(); });

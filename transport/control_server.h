@@ -1,7 +1,8 @@
 #pragma once
 // ControlServer: the daemon's control plane on Boost.Asio.
 //
-// Listens on a Unix socket (always) and a TCP address (when configured), reads frames
+// Listens on a Unix socket (always) and a TCP address (when configured; TLS over it when given a
+// certificate), reads frames
 // (transport/frame.h), and hands each request to a RequestHandler on a worker pool, so a request
 // that waits on disk never stalls the I/O threads. A connection runs one request at a time: it
 // reads the next frame only after the response is written (clients are synchronous; use more
@@ -33,6 +34,7 @@
 
 #include "common/status.h"
 #include "transport/frame.h"
+#include "transport/tls.h"
 
 namespace kvpool::transport {
 
@@ -106,6 +108,9 @@ struct ControlServerOptions {
   std::string unix_path;
   // Optional TCP listener "HOST:PORT" (port 0: any free port). Default: none.
   std::string tcp_listen;
+  // With a certificate and key, the TCP listener speaks TLS (transport/tls.h); with a CA file
+  // too, it requires client certificates signed by it. Default: none (plain TCP).
+  TlsFiles tls;
   // Default: 2.
   int io_threads = 2;
   // Default: 8.

@@ -36,13 +36,15 @@ namespace kvpool {
 // How block bytes travel between the client and the daemon.
 enum class DataPath : uint8_t {
   kAuto = 0,          // shared memory on a local Unix socket, UCX over tcp://, else the socket
+                      // (tls:// included: its blocks stay inside the TLS connection)
   kSocket = 1,        // inside the control frames
   kSharedMemory = 2,  // shared memory; Connect fails when the daemon does not grant it
   kUcx = 3,           // UCX (cross-node; tcp:// addresses); Connect fails when not granted
 };
 
 struct ClientOptions {
-  // Unix socket path, "unix://PATH" or "tcp://HOST:PORT". Default (empty): $KVPOOL_SOCKET, else
+  // Unix socket path, "unix://PATH", "tcp://HOST:PORT" or "tls://HOST:PORT" (a daemon whose
+  // TCP listener speaks TLS, see the tls_ options). Default (empty): $KVPOOL_SOCKET, else
   // /run/kvpool/kvpool.sock for root, /tmp/kvpool-<uid>/kvpool.sock otherwise.
   std::string address;
   // The tenant this client acts for. Default: "default".
@@ -75,6 +77,14 @@ struct ClientOptions {
   // $UCX_NET_DEVICES). Default: "".
   std::string ucx_transports;
   std::string ucx_net_devices;
+  // TLS for tls:// addresses, PEM files. The daemon's certificate must chain to `tls_ca_file`
+  // (default: the system's trust store) and name the host dialled; `tls_cert_file` and
+  // `tls_key_file` are this client's certificate, for a daemon that requires one (its
+  // --tls_ca). Over tls://, DataPath::kAuto moves blocks on the TLS connection, not over UCX
+  // (which is not encrypted). Default: none.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 // One GPU's share of the daemon's gpu tier.

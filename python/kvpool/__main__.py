@@ -4,7 +4,8 @@
     python -m kvpool stats [--json]
     python -m kvpool sessions ls [--prefix=P] [--json] | show ID [--json] | rm ID
 
-Flags as build/client/kvpool's: --socket (path or tcp://HOST:PORT), --namespace, --timeout_ms.
+Flags as build/client/kvpool's: --socket (path, tcp:// or tls://HOST:PORT), --namespace,
+--timeout_ms, --credential_file, --tls_ca, --tls_cert, --tls_key.
 Exit status: 0 on success, 1 when the daemon answered with an error or cannot be reached,
 2 on a usage error. The output matches the CLI's (client/cli.cc).
 """
@@ -17,6 +18,7 @@ import sys
 import time
 
 import kvpool
+from kvpool._options import client_kwargs
 
 
 def format_bytes(n: int) -> str:
@@ -41,7 +43,7 @@ def utc(ms: int) -> str:
 
 def _connect(args) -> kvpool.Client:
     return kvpool.Client(args.socket or None, args.namespace, timeout=args.timeout_ms / 1000,
-                         client_name="kvpool-py-cli")
+                         client_name="kvpool-py-cli", **client_kwargs(vars(args)))
 
 
 def cmd_status(args) -> None:
@@ -134,8 +136,15 @@ class _Usage(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvpool", description=__doc__.split("\n")[0])
-    p.add_argument("--socket", default="", help="kvpoold address: a Unix socket path or "
-                   "tcp://HOST:PORT (default: $KVPOOL_SOCKET, else the daemon's default socket)")
+    p.add_argument("--socket", default="", help="kvpoold address: a Unix socket path, "
+                   "tcp://HOST:PORT or tls://HOST:PORT (default: $KVPOOL_SOCKET, else the "
+                   "daemon's default socket)")
+    p.add_argument("--credential_file", default="",
+                   help="file holding the namespace's credential")
+    for key, what in (("tls_ca", "PEM CA file a tls:// daemon's certificate must chain to"),
+                      ("tls_cert", "this client's PEM certificate, for a tls:// daemon that "
+                       "asks for one"), ("tls_key", "the PEM key of --tls_cert")):
+        p.add_argument("--" + key, default="", help=what)
     p.add_argument("--namespace", "--namespace_name", dest="namespace", default="default")
     p.add_argument("--timeout_ms", type=int, default=5000)
     sub = p.add_subparsers(dest="command", required=True)

@@ -104,14 +104,17 @@ class Borrowed:
     def __exit__(self, *exc: object) -> None: ...
 
 class Client:
-    # address: Unix socket path, "unix://PATH" or "tcp://HOST:PORT" (None: $KVPOOL_SOCKET or the
-    # default socket). timeout / connect_timeout in seconds. data_path: "auto" | "socket" |
-    # "shm" | "ucx". Raises Unavailable, PermissionDenied, InvalidArgument, DeadlineExceeded.
+    # address: Unix socket path, "unix://PATH", "tcp://HOST:PORT" or "tls://HOST:PORT" (None:
+    # $KVPOOL_SOCKET or the default socket). timeout / connect_timeout in seconds. data_path:
+    # "auto" | "socket" | "shm" | "ucx". tls_ca / tls_cert / tls_key: PEM files for tls://.
+    # Raises Unavailable, PermissionDenied, InvalidArgument, DeadlineExceeded.
     def __init__(self, address: str | None = None, namespace: str = "default", *,
                  timeout: float = 10.0, connect_timeout: float | None = None,
                  data_path: str = "auto", client_name: str = "",
                  cluster_secret: str | None = None, auto_reconnect: bool = True,
-                 credential: str | None = None, admin: bool = False) -> None: ...
+                 credential: str | None = None, admin: bool = False,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None: ...
     @property
     def server(self) -> dict[str, Any]: ...  # node_id, daemon_version, max_block_bytes, ...
     @property

@@ -12,6 +12,8 @@ LMCache config (the plugin's name is "kvpool"; the local CPU backend is its stag
       remote_storage_plugin.kvpool.socket: /run/kvpool/kvpool.sock   # default: $KVPOOL_SOCKET
       remote_storage_plugin.kvpool.namespace: default
       remote_storage_plugin.kvpool.timeout: 2.0                      # seconds per call
+      # a namespace with a credential, a daemon behind TLS (kvpool/_options.py):
+      # remote_storage_plugin.kvpool.credential_file / .tls_ca / .tls_cert / .tls_key
 
 LMCache builds it as `KvpoolConnector(loop=, local_cpu_backend=, config=)`.
 
@@ -57,6 +59,7 @@ from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import kvpool
+from kvpool._options import client_kwargs
 from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
 
 __all__ = ["KvpoolConnector"]
@@ -83,6 +86,7 @@ class KvpoolConnector(RemoteConnector):
         self.socket: Optional[str] = extra.get(prefix + "socket") or None
         self.namespace: str = str(extra.get(prefix + "namespace", "default"))
         self.timeout = float(extra.get(prefix + "timeout", 2.0))
+        self._reach = client_kwargs(extra, prefix)
         self._client: Optional[kvpool.Client] = client
         self._owns_client = client is None
         self._client_lock = threading.Lock()
@@ -113,7 +117,7 @@ class KvpoolConnector(RemoteConnector):
                 self._client = kvpool.Client(self.socket, namespace=self.namespace,
                                              timeout=self.timeout,
                                              connect_timeout=self.timeout,
-                                             client_name="kvpool.lmcache")
+                                             client_name="kvpool.lmcache", **self._reach)
             return self._client
 
     def _failed(self, what: str, e: BaseException) -> None:

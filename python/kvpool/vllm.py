@@ -6,6 +6,9 @@
         "kv_connector_extra_config": {"socket": "/run/kvpool/kvpool.sock",
             "namespace": "default", "secret": "tenant salt", "model_id": "org/name@rev"}}'
 
+(A namespace with a credential, or a daemon behind TLS: the extra config's `credential_file`,
+`tls_ca`, `tls_cert`, `tls_key`, as every kvpool connector reads them: kvpool/_options.py.)
+
 Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncake/store/):
 - Keys are kvpool's own (spec/block-keys.md): kvpool.hash_chain over the request's token ids
   with the layout string of the model config (model id, KV dtype, layers, kv heads per rank,
@@ -50,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 import kvpool
+from kvpool._options import client_kwargs
 from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -165,8 +169,9 @@ class KvpoolConnector(KVConnectorBase_V1):
             address = extra.get("socket")
             namespace = str(extra.get("namespace", "default"))
             timeout = float(extra.get("timeout", 2.0))
+            reach = client_kwargs(extra)
             factory = lambda: kvpool.Client(address, namespace=namespace,  # noqa: E731
-                                            timeout=timeout, connect_timeout=timeout)
+                                            timeout=timeout, connect_timeout=timeout, **reach)
         self._factory: Callable[[], kvpool.Client] = factory
         self._client: kvpool.Client | None = None
         self._outage = OutageLog(log, "kvpool.vllm", "misses")

@@ -165,7 +165,9 @@ class PyClient {
   PyClient(std::optional<std::string> address, const std::string& ns, double timeout,
            std::optional<double> connect_timeout, const std::string& data_path,
            const std::string& client_name, std::optional<std::string> cluster_secret,
-           bool auto_reconnect, std::optional<std::string> credential, bool admin) {
+           bool auto_reconnect, std::optional<std::string> credential, bool admin,
+           std::optional<std::string> tls_ca, std::optional<std::string> tls_cert,
+           std::optional<std::string> tls_key) {
     options_.address = address.value_or("");
     options_.namespace_name = ns;
     options_.timeout = Millis(timeout, "timeout");
@@ -176,6 +178,9 @@ class PyClient {
     options_.auto_reconnect = auto_reconnect;
     options_.credential = credential.value_or("");
     options_.admin = admin;
+    options_.tls_ca_file = tls_ca.value_or("");
+    options_.tls_cert_file = tls_cert.value_or("");
+    options_.tls_key_file = tls_key.value_or("");
     Connect();
   }
 
@@ -790,15 +795,21 @@ void RegisterClient(nb::module_& m) {
                        "one Client per thread for parallel traffic.")
       .def(nb::init<std::optional<std::string>, const std::string&, double, std::optional<double>,
                     const std::string&, const std::string&, std::optional<std::string>, bool,
-                    std::optional<std::string>, bool>(),
+                    std::optional<std::string>, bool, std::optional<std::string>,
+                    std::optional<std::string>, std::optional<std::string>>(),
            nb::arg("address") = nb::none(), nb::arg("namespace") = "default", nb::kw_only(),
            nb::arg("timeout") = 10.0, nb::arg("connect_timeout") = nb::none(),
            nb::arg("data_path") = "auto", nb::arg("client_name") = "",
            nb::arg("cluster_secret") = nb::none(), nb::arg("auto_reconnect") = true,
            nb::arg("credential") = nb::none(), nb::arg("admin") = false,
-           "Connects and says hello. address: a Unix socket path, 'unix://PATH' or "
-           "'tcp://HOST:PORT' (None: $KVPOOL_SOCKET or the default socket). data_path: 'auto' "
-           "(shared memory on a local socket, UCX over tcp://), 'socket', 'shm' or 'ucx'. "
+           nb::arg("tls_ca") = nb::none(), nb::arg("tls_cert") = nb::none(),
+           nb::arg("tls_key") = nb::none(),
+           "Connects and says hello. address: a Unix socket path, 'unix://PATH', "
+           "'tcp://HOST:PORT' or 'tls://HOST:PORT' (None: $KVPOOL_SOCKET or the default "
+           "socket). data_path: 'auto' (shared memory on a local socket, UCX over tcp://, the "
+           "TLS connection itself over tls://), 'socket', 'shm' or 'ucx'. tls_ca: PEM CA file "
+           "the daemon's certificate must chain to (None: the system's); tls_cert, tls_key: "
+           "this client's certificate for a daemon that requires one. "
            "credential: the namespace's secret (or the admin's, with admin=True) when the "
            "daemon's namespaces file gives it one; proved at hello, never sent. Raises "
            "Unavailable (no daemon), PermissionDenied / InvalidArgument (namespace refused), "

@@ -142,13 +142,15 @@ Status DaemonProcess::Start() {
       // A refusal is an answer too (a daemon whose namespaces file declares who may connect).
       if (c.ok() || c.status().code() == StatusCode::kPermissionDenied) {
         if (!o.listen_tcp_loopback) return Status::OK();
-        // The banner's first line: "kvpoold ID listening on unix:PATH and tcp://HOST:PORT".
+        // The banner's first line: "kvpoold ID listening on unix:PATH and tcp://HOST:PORT"
+        // (tls:// with a --tls_cert).
         const std::string b = Banner();
-        const size_t at = b.find(" and tcp://");
+        size_t at = b.find(" and tcp://");
+        if (at == std::string::npos) at = b.find(" and tls://");
         if (at != std::string::npos) {
           const size_t end = b.find_first_of(" \n", at + 5);
           tcp_ = b.substr(at + 5, end == std::string::npos ? std::string::npos : end - at - 5);
-          if (tcp_.rfind("tcp://127.", 0) != 0) {
+          if (tcp_.rfind("tcp://127.", 0) != 0 && tcp_.rfind("tls://127.", 0) != 0) {
             return Status::Internal("kvpoold's TCP listener is on " + tcp_ + ", not on loopback");
           }
           return Status::OK();

@@ -83,7 +83,8 @@ class DaemonProcess {
 
   const std::string& socket_path() const { return socket_; }
   const std::string& data_dir() const { return data_dir_; }
-  // "tcp://127.0.0.1:PORT" with listen_tcp_loopback, once started; empty otherwise.
+  // "tcp://127.0.0.1:PORT" with listen_tcp_loopback, once started ("tls://..." when its flags
+  // give a --tls_cert); empty otherwise.
   const std::string& tcp_address() const { return tcp_; }
   // The daemon's stdout and stderr so far, over all its starts.
   std::string log() const;

@@ -12,7 +12,9 @@ with `batch_exists` / `batch_get_v1` / `batch_set_v1` over the host pool's page 
 (`get_page_buffer_meta(indices) -> (ptr_list, size_list)`). Further extra-config keys:
 `socket` (kvpoold's address; default $KVPOOL_SOCKET or the daemon's default), `namespace`
 (default "default"), `secret` (the namespace secret salted into every key; default ""),
-`model_id` (names the weights; default SGLang's model name), `timeout` (seconds, default 2).
+`model_id` (names the weights; default SGLang's model name), `timeout` (seconds, default 2),
+and for a namespace with a credential or a daemon behind TLS `credential_file`, `tls_ca`,
+`tls_cert`, `tls_key` (kvpool/_options.py).
 
 Design (the why):
 - Keys. SGLang hands the backend only its own page hashes (64-hex SHA-256 chained over the
@@ -64,6 +66,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 import kvpool
+from kvpool._options import client_kwargs
 from kvpool._outage import OutageLog
 
 __all__ = ["KvpoolHiCacheStorage"]
@@ -95,6 +98,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         secret = extra.get("secret", "")
         self.model_id: str = extra.get("model_id") or storage_config.model_name or ""
         self.timeout = float(extra.get("timeout", 2.0))
+        self._reach = client_kwargs(extra)
         self._salt = kvpool.namespace_salt(secret)
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -184,7 +188,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         client = getattr(self._local, "client", None)
         if client is None:
             client = kvpool.Client(self.address, namespace=self.namespace, timeout=self.timeout,
-                                   connect_timeout=self.timeout, client_name="kvpool.sglang")
+                                   connect_timeout=self.timeout, client_name="kvpool.sglang",
+                                   **self._reach)
             self._local.client = client
         return client
 
