@@ -95,13 +95,31 @@ int kvpool_hash_chain(const int32_t* tokens, size_t n_tokens, uint32_t tokens_pe
 
 int kvpool_connect(const char* address, const char* namespace_name, int timeout_ms,
                    kvpool_client** out) {
-  if (out == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  kvpool_connect_options o{};
+  o.address = address;
+  o.namespace_name = namespace_name;
+  o.timeout_ms = timeout_ms;
+  return kvpool_connect_with(&o, out);
+}
+
+int kvpool_connect_with(const kvpool_connect_options* options, kvpool_client** out) {
+  if (out == nullptr || options == nullptr ||
+      (options->credential == nullptr && options->credential_len > 0)) {
+    return KVPOOL_INVALID_ARGUMENT;
+  }
   *out = nullptr;
   try {
+    auto str = [](const char* s) { return s != nullptr ? std::string(s) : std::string(); };
     kvpool::ClientOptions o;
-    if (address != nullptr) o.address = address;
-    if (namespace_name != nullptr) o.namespace_name = namespace_name;
-    if (timeout_ms > 0) o.timeout = std::chrono::milliseconds(timeout_ms);
+    o.address = str(options->address);
+    if (options->namespace_name != nullptr) o.namespace_name = options->namespace_name;
+    if (options->timeout_ms > 0) o.timeout = std::chrono::milliseconds(options->timeout_ms);
+    if (options->credential_len > 0)
+      o.credential.assign(options->credential, options->credential_len);
+    o.admin = options->admin != 0;
+    o.tls_ca_file = str(options->tls_ca_file);
+    o.tls_cert_file = str(options->tls_cert_file);
+    o.tls_key_file = str(options->tls_key_file);
     auto c = kvpool::Client::Connect(o);
     if (!c.ok()) {
       g_connect_error = c.status().ToString();

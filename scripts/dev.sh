@@ -7,6 +7,9 @@
 #                           kvpoold with AddressSanitizer and UndefinedBehaviorSanitizer (Debug,
 #                           -O1, no CUDA, in $BUILD_DIR-asan) and runs their unit and integration
 #                           tests there (about 10 minutes on 2 cores; CI runs it after `test`)
+#   ./scripts/dev.sh tsan   builds the tier manager's and the control server's tests with
+#                           ThreadSanitizer (clang, Debug, -O1, in $BUILD_DIR-tsan, abseil built
+#                           there from Debian's source so its mutexes are seen) and runs them
 #   ./scripts/dev.sh fuzz   builds the libFuzzer targets (fuzz/, clang, ASan + UBSan, in
 #                           $BUILD_DIR-fuzz) and runs each FUZZ_SECONDS (default 30) from its seed
 #                           corpus; a crash, sanitizer report or hang fails (CI runs it last)
@@ -55,12 +58,12 @@ build() {
 # What `sanitize` builds and runs: the unit tests of the parts a hostile client or peer reaches
 # and the integration tests that run a (sanitized) kvpoold against hostile input and SIGKILL.
 SANITIZED_TESTS=(
-  frame_test control_connection_test segment_mappings_test
+  frame_test tls_test control_connection_test segment_mappings_test
   access_control_test namespaces_file_test session_store_test block_service_test
   socket_delivery_test shm_delivery_test
   block_index_test leases_test mover_test host_tier_test disk_tier_test
   tier_manager_test tier_manager_strategies_test tier_manager_gpu_test tier_manager_stress_test
-  robustness_test access_test shm_test daemon_test crash_test
+  robustness_test access_test daemon_tls_test shm_test daemon_test crash_test
 )
 
 sanitize() {
@@ -108,6 +111,56 @@ fuzz() {
   done
 }
 
+# What `tsan` runs: the tier manager's and the control server's tests (threads racing on the
+# index, leases, reservations, movers; connections, timers and handler hops on Asio).
+TSAN_TESTS=(
+  tier_manager_test tier_manager_strategies_test tier_manager_stress_test leases_test
+  mover_test tls_test block_service_test
+)
+
+# abseil's source, as Debian ships it (the same release as libabsl-dev), for a build whose
+# absl::Mutex ThreadSanitizer can see: Debian's libabsl is not built with TSan's annotations, so
+# every lock in kvpool would read as a race. Fetched once with `apt-get source` (a deb-src
+# entry for the Debian mirror is added if missing).
+abseil_source() {
+  local dest="$1"
+  if [[ -f "$dest/CMakeLists.txt" ]]; then return; fi
+  local sudo=()
+  if [[ $(id -u) != 0 ]]; then sudo=(sudo); fi
+  local list=/etc/apt/sources.list.d/kvpool-deb-src.sources
+  if ! grep -rqs "deb-src" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' |
+      "${sudo[@]}" tee "$list" >/dev/null
+    "${sudo[@]}" apt-get update -q -o Dir::Etc::sourcelist="$list" -o Dir::Etc::sourceparts=-
+  fi
+  local work
+  work=$(mktemp -d)
+  (cd "$work" && apt-get source -q --download-only abseil >/dev/null &&
+    dpkg-source -x abseil_*.dsc src >/dev/null)
+  mkdir -p "$(dirname "$dest")"
+  mv "$work/src" "$dest"
+  rm -rf "$work"
+}
+
+tsan() {
+  local dir="$BUILD_DIR-tsan"
+  mkdir -p "$dir"
+  local absl
+  absl="$(cd "$dir" && pwd)/abseil-src"
+  abseil_source "$absl"
+  local flags="-fsanitize=thread -fno-omit-frame-pointer"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang \
+    -DCMAKE_CXX_COMPILER=clang++ -DKVPOOL_WITH_CUDA=OFF -DKVPOOL_BUILD_BENCH=OFF \
+    -DKVPOOL_ABSL_SOURCE_DIR="$absl" -DCMAKE_CXX_FLAGS="$flags -O1" \
+    -DCMAKE_C_FLAGS="$flags -O1" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread"
+  cmake --build "$dir" -j "$JOBS" --target "${TSAN_TESTS[@]}"
+  local names
+  names=$(IFS='|'; echo "${TSAN_TESTS[*]}")
+  # A report fails the test (exit code 66); the stress test runs a shorter course under TSan.
+  TSAN_OPTIONS="halt_on_error=0 exitcode=66 second_deadlock_stack=1" KVPOOL_STRESS_OPS=20000 \
+    ctest --test-dir "$dir" --output-on-failure -j 2 -R "^($names)\$"
+}
+
 case "${1:-}" in
   run)
     install_deps
@@ -144,6 +197,10 @@ case "${1:-}" in
   sanitize)
     install_deps
     sanitize
+    ;;
+  tsan)
+    install_deps
+    tsan
     ;;
   fuzz)
     install_deps

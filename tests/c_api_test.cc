@@ -5,12 +5,16 @@
 #include <gtest/gtest.h>
 #include <kvpool/kvpool.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "tests/support/daemon_process.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/test_certificates.h"
 
 namespace kvpool::testing {
 namespace {
@@ -45,6 +49,60 @@ TEST(CApiTest, ConnectFailureHasAReadableError) {
   EXPECT_NE(std::string(kvpool_last_error(nullptr)).find("/nonexistent/kvpool.sock"),
             std::string::npos);
   EXPECT_STREQ(kvpool_code_name(KVPOOL_NOT_FOUND), "NotFound");
+}
+
+// A namespace guarded by a credential, on a daemon behind mutual TLS: kvpool_connect_with
+// carries both; without the credential, or without the client certificate, it is refused.
+TEST(CApiTest, ConnectWithACredentialOverTls) {
+  TempDir dir("kvpool-c-api");
+  ASSERT_TRUE(dir.ok());
+  Result<TestCertificates> certs = WriteTestCertificates(dir.path());
+  ASSERT_OK(certs.status());
+  const std::string secret = "c-api-tenant-credential-0123456789";
+  const std::string cred_file = dir.Join("cred");
+  const std::string ns_file = dir.Join("namespaces.yaml");
+  {
+    FILE* f = std::fopen(cred_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(secret.c_str(), f);
+    std::fclose(f);
+    ASSERT_EQ(::chmod(cred_file.c_str(), 0600), 0);
+    f = std::fopen(ns_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "namespaces:\n  c-api: {credential_file: %s}\n", cred_file.c_str());
+    std::fclose(f);
+  }
+  DaemonProcessOptions po;
+  po.listen_tcp_loopback = true;
+  po.flags = {"--namespaces_file=" + ns_file, "--tls_cert=" + certs->server_cert,
+              "--tls_key=" + certs->server_key, "--tls_ca=" + certs->ca_cert};
+  DaemonProcess d(po);
+  ASSERT_OK(d.Start());
+
+  kvpool_connect_options o = {};
+  o.address = d.tcp_address().c_str();
+  o.namespace_name = "c-api";
+  o.timeout_ms = 5000;
+  o.tls_ca_file = certs->ca_cert.c_str();
+  o.tls_cert_file = certs->client_cert.c_str();
+  o.tls_key_file = certs->client_key.c_str();
+  kvpool_client* c = nullptr;
+  EXPECT_EQ(kvpool_connect_with(&o, &c), KVPOOL_PERMISSION_DENIED) << "no credential";
+  o.credential = secret.data();
+  o.credential_len = secret.size();
+  ASSERT_EQ(kvpool_connect_with(&o, &c), KVPOOL_OK) << kvpool_last_error(nullptr);
+  uint32_t hit = 7;
+  kvpool_key key = {};
+  EXPECT_EQ(kvpool_lookup(c, &key, 1, 0, &hit, nullptr), KVPOOL_OK) << kvpool_last_error(c);
+  EXPECT_EQ(hit, 0u);
+  kvpool_close(c);
+
+  o.tls_cert_file = nullptr;
+  o.tls_key_file = nullptr;
+  c = nullptr;
+  EXPECT_NE(kvpool_connect_with(&o, &c), KVPOOL_OK) << "the daemon requires a client certificate";
+  EXPECT_EQ(c, nullptr);
+  EXPECT_EQ(kvpool_connect_with(nullptr, &c), KVPOOL_INVALID_ARGUMENT);
 }
 
 TEST(CApiTest, PutLookupGetSessionRoundTrip) {

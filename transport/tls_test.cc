@@ -36,8 +36,9 @@ class EchoHandler final : public RequestHandler {
   std::unique_ptr<ConnectionState> OnConnect(const ConnectionInfo&) override {
     return std::make_unique<State>();
   }
-  Status PayloadSinks(ConnectionState& state, const FrameHeader& header, std::string_view,
+  Status PayloadSinks(ConnectionState& state, const FrameHeader& header, std::string_view body,
                       std::vector<PayloadSink>* sinks) override {
+    if (body == "refuse") return Status::InvalidArgument("refused: the connection closes");
     auto& s = static_cast<State&>(state);
     s.payload.resize(header.payload_bytes);
     sinks->push_back({s.payload.data(), s.payload.size()});
@@ -204,6 +205,29 @@ TEST_F(TlsTest, PlainTcpAndSilentClientsGetNothingAndTheListenerKeepsServing) {
       "tls://" + server->tcp_address(), 5s, ClientContext({"", "", certs_.ca_cert}));
   ASSERT_OK(ch.status());
   EXPECT_OK(Echo(**ch, 100));
+}
+
+TEST_F(TlsTest, ADaemonThatHangsUpMidWriteIsAnErrorNotASigpipe) {
+  auto server = Serve(ServerFiles());
+  ASSERT_NE(server, nullptr);
+  Result<std::unique_ptr<ControlChannel>> ch = ControlChannel::Connect(
+      "tls://" + server->tcp_address(), 5s, ClientContext({"", "", certs_.ca_cert}));
+  ASSERT_OK(ch.status());
+  // The server closes the connection at the header of a frame whose 200 MiB payload the client
+  // is still writing: the write fails with EPIPE or ECONNRESET, which must not end this process.
+  std::vector<uint8_t> payload(200u << 20, 0x5a);
+  FrameHeader h;
+  h.type = wire::PUT_COMMIT;
+  h.request_id = 1;
+  const std::string body = "refuse";
+  h.body_bytes = body.size();
+  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  const iovec piece{payload.data(), payload.size()};
+  Status st = (*ch)->Send(h, body, {&piece, 1}, std::chrono::steady_clock::now() + 10s);
+  if (st.ok())
+    st = (*ch)->ReceiveHeader(FrameLimits{}, std::chrono::steady_clock::now() + 10s).status();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_TRUE((*ch)->broken());
 }
 
 TEST_F(TlsTest, BadFilesStopTheStartWithTheirNameAndTheProblem) {

@@ -66,9 +66,29 @@ int kvpool_hash_chain(const int32_t* tokens, size_t n_tokens, uint32_t tokens_pe
                       size_t* n_keys);
 
 /* address: a Unix socket path, "tcp://HOST:PORT", or NULL/"" for the default socket.
- * timeout_ms: deadline of every call (0: 10 s). */
+ * timeout_ms: deadline of every call (0: 10 s). kvpool_connect_with for a namespace with a
+ * credential or a daemon behind TLS. */
 int kvpool_connect(const char* address, const char* namespace_name, int timeout_ms,
                    kvpool_client** out);
+
+/* What kvpool_connect_with takes. Zero it (`kvpool_connect_options o = {0};`) and set what
+ * applies; a NULL string or 0 means none or the default. */
+typedef struct kvpool_connect_options {
+  const char* address;        /* as kvpool_connect's, or "tls://HOST:PORT" */
+  const char* namespace_name; /* NULL: "default" */
+  int timeout_ms;             /* deadline of every call (0: 10 s) */
+  /* The namespace's credential (or, with admin, the admin's): proved at hello, never sent. */
+  const char* credential;
+  size_t credential_len;
+  int admin; /* ask for admin rights */
+  /* tls:// only, PEM files: the CA the daemon's certificate must chain to (NULL: the system's
+   * trust store), and this client's certificate and key for a daemon that requires one. */
+  const char* tls_ca_file;
+  const char* tls_cert_file;
+  const char* tls_key_file;
+} kvpool_connect_options;
+
+int kvpool_connect_with(const kvpool_connect_options* options, kvpool_client** out);
 void kvpool_close(kvpool_client* client);
 
 /* Longest cached prefix. `tiers` (optional, n entries) receives the tier of each hit block. */
