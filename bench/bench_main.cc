@@ -56,6 +56,10 @@ DEFINE_string(redis, "",
               "Use the Redis at this loopback HOST:PORT instead of starting one (its keys are "
               "the bench's own block keys + \"kv_bytes\"; it must not evict).");
 DEFINE_string(redis_server, "redis-server", "redis-server to start (without --redis).");
+DEFINE_string(redis_paths, "tcp,tcp1",
+              "How the Redis peer is driven: tcp (a call's 16 commands pipelined) and tcp1 (one "
+              "command per round trip). Each kvpool put and get is set beside the faster of "
+              "those measured (ratio_to_redis_best).");
 DEFINE_string(ucx_address, "",
               "With --socket and the ucx path: the daemon's TCP control address, "
               "tcp://127.x.x.x:PORT (loopback only).");
@@ -246,10 +250,10 @@ std::string FindKvpoold() {
 
 class Bench {
  public:
-  // `systems`: one per (system, path) measured; the first (a kvpool one) also puts the lookup
-  // chain and runs the fragmentation probe.
+  // `systems`: one per (system, path) measured, in the order measured; the first kvpool one
+  // also puts the lookup chain and runs the fragmentation probe.
   Bench(Config config, std::vector<std::unique_ptr<BenchSystem>> systems)
-      : c_(std::move(config)), systems_(std::move(systems)), system_(*systems_.front()) {}
+      : c_(std::move(config)), systems_(std::move(systems)), system_(FirstKvpool(systems_)) {}
 
   Status RunAll();
   const std::vector<Figure>& figures() const { return figures_; }
@@ -277,7 +281,14 @@ class Bench {
 
   const Config c_;
   const std::vector<std::unique_ptr<BenchSystem>> systems_;
-  BenchSystem& system_;  // systems_.front()
+  BenchSystem& system_;  // the first kvpool system
+
+  static BenchSystem& FirstKvpool(const std::vector<std::unique_ptr<BenchSystem>>& systems) {
+    for (const auto& s : systems) {
+      if (s->system() == "kvpool") return *s;
+    }
+    return *systems.front();
+  }
   std::vector<BlockKey> chain_;
   std::vector<StoredBlock> chain_blocks_;
   std::vector<Figure> figures_;
@@ -416,6 +427,21 @@ void Bench::AddBaselines(Figure& f) const {
   if (sock > 0) {
     f.extra["socketpair_gbps"] = sock;
     f.extra["ratio_to_socketpair"] = f.gbps / sock;
+  }
+  // Redis at its best for the same operation, block size and concurrency: the faster of its
+  // paths (pipelined or one command per round trip), named.
+  if (f.system != "kvpool") return;
+  const Figure* best = nullptr;
+  for (const Figure& r : figures_) {
+    if (r.system == "redis" && r.op == f.op && r.block_bytes == f.block_bytes &&
+        r.concurrency == f.concurrency && (best == nullptr || r.gbps > best->gbps)) {
+      best = &r;
+    }
+  }
+  if (best != nullptr && best->gbps > 0) {
+    f.extra["redis_best_gbps"] = best->gbps;
+    f.extra["redis_best_path"] = best->path;
+    f.extra["ratio_to_redis_best"] = f.gbps / best->gbps;
   }
 }
 
@@ -750,7 +776,7 @@ int Main(const std::string& command) {
   }
 
   std::unique_ptr<RedisServer> redis_server;
-  std::unique_ptr<RedisSystem> redis;
+  std::vector<std::unique_ptr<RedisSystem>> redis;  // one per --redis_paths
   std::string redis_line;
   if (config->redis) {
     std::string host;
@@ -784,13 +810,21 @@ int Main(const std::string& command) {
       port = redis_server->port();
       redis_line = redis_server->description();
     }
-    Result<std::unique_ptr<RedisSystem>> r = RedisSystem::Create(host, port);
-    if (!r.ok()) {
-      std::fprintf(stderr, "kvpool-bench: %s\n", r.status().ToString().c_str());
-      return 1;
+    for (const std::string& path : SplitList(FLAGS_redis_paths)) {
+      if (path != "tcp" && path != "tcp1") {
+        std::fprintf(stderr, "kvpool-bench: --redis_paths: unknown path '%s' (tcp or tcp1)\n",
+                     path.c_str());
+        return 2;
+      }
+      Result<std::unique_ptr<RedisSystem>> r =
+          RedisSystem::Create(host, port, /*pipelined=*/path == "tcp");
+      if (!r.ok()) {
+        std::fprintf(stderr, "kvpool-bench: %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      redis.push_back(std::move(*r));
     }
-    redis = std::move(*r);
-    redis_line = redis->version() + ", " + redis_line;
+    if (!redis.empty()) redis_line = redis.front()->version() + ", " + redis_line;
   }
   if (config->pin.enabled) (void)PinThisThread(config->pin.bench_cpus);
 
@@ -802,16 +836,21 @@ int Main(const std::string& command) {
     std::printf("  daemon: %s",
                 own_daemon ? banner.c_str() : ("external at " + address + "\n").c_str());
     if (ucx) std::printf("  ucx path: %s, UCX_TLS=tcp, UCX_NET_DEVICES=lo\n", ucx_address.c_str());
-    if (redis) std::printf("  redis: %s; hiredis, one connection per thread\n", redis_line.c_str());
+    if (!redis.empty()) {
+      std::printf("  redis: %s; hiredis, one connection per thread; paths %s (tcp: a call's "
+                  "commands pipelined, tcp1: one per round trip)\n",
+                  redis_line.c_str(), FLAGS_redis_paths.c_str());
+    }
     std::fflush(stdout);
   }
 
+  // Redis first, so each kvpool figure is set beside Redis's best as it is emitted.
   std::vector<std::unique_ptr<BenchSystem>> systems;
+  for (auto& r : redis) systems.push_back(std::move(r));
   for (DataPath p : config->paths) {
     systems.push_back(std::make_unique<KvpoolSystem>(p == DataPath::kUcx ? ucx_address : address,
                                                      FLAGS_namespace_name, p));
   }
-  if (redis) systems.push_back(std::move(redis));
   Bench bench(*config, std::move(systems));
   Status st = bench.RunAll();
   if (daemon != nullptr) {
@@ -827,7 +866,9 @@ int Main(const std::string& command) {
     std::printf(
         "\nratio = GB/s / single-thread memcpy GB/s of the same block size; "
         "sock = GB/s / socketpair GB/s (the bare Unix socket, one round trip per "
-        "call, same block size); frag = host arena fragmentation after the phase.\n");
+        "call, same block size); frag = host arena fragmentation after the phase; redis best = "
+        "GB/s / the faster Redis path's GB/s for the same op, block size and concurrency, and "
+        "that path (tcp: pipelined, tcp1: one command per round trip).\n");
     for (const Figure& f : bench.figures()) {
       if (!f.extra.contains("workload") || !f.extra.contains("host_fragmentation")) continue;
       std::printf(

@@ -5,7 +5,8 @@ Usage: check_bench_json.py KVPOOL_BENCH [bench flags...]
 
 Passes when the bench exits 0 and every stdout line is a JSON object with the documented keys
 and sane values, with a put and a get line for every kvpool path in --paths (default
-socket,shm,ucx) and for Redis when --systems names it, a borrow and a borrow+verify line (the
+socket,shm,ucx) and for each Redis path (--redis_paths, default tcp and tcp1) when --systems names it, each
+kvpool put and get set beside Redis's best path (ratio_to_redis_best), a borrow and a borrow+verify line (the
 in-place read) where shm is measured, with its lent bytes checked, at least one kvpool lookup
 line, and one memcpy copy line per block size. Never asserts a timing: CI machines are too noisy for that.
 """
@@ -20,7 +21,7 @@ REQUIRED = {
 }
 OPS = {"kvpool": {"put", "get", "lookup", "borrow", "borrow+verify"}, "redis": {"put", "get"}, "memcpy": {"copy"},
        "socketpair": {"stream"}}
-PATHS = {"kvpool": {"socket", "shm", "ucx"}, "redis": {"tcp"}, "memcpy": {"memory"},
+PATHS = {"kvpool": {"socket", "shm", "ucx"}, "redis": {"tcp", "tcp1"}, "memcpy": {"memory"},
          "socketpair": {"unix"}}
 
 
@@ -53,6 +54,7 @@ def main():
     seen = set()
     kvpool_seen = set()
     measured = set()  # (system, path, op)
+    records = []
     for n, line in enumerate(lines, 1):
         try:
             rec = json.loads(line)
@@ -65,6 +67,7 @@ def main():
                 fail("line %d lacks %r: %r" % (n, key, line))
             if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
                 fail("line %d: %r has the wrong type: %r" % (n, key, line))
+        records.append(rec)
         system, op = rec["system"], rec["op"]
         if system not in OPS or op not in OPS[system] or rec["path"] not in PATHS[system]:
             fail("line %d: unknown system/path/op: %r" % (n, line))
@@ -84,12 +87,21 @@ def main():
                     if s in ("kvpool", "redis") and o in ("put", "get") and b > 0}
     args = sys.argv[2:]
     expected = [("kvpool", p) for p in flag(args, "paths", "socket,shm,ucx").split(",") if p]
-    if "redis" in flag(args, "systems", "kvpool,redis").split(","):
-        expected.append(("redis", "tcp"))
+    with_redis = "redis" in flag(args, "systems", "kvpool,redis").split(",")
+    if with_redis:
+        expected += [("redis", p) for p in flag(args, "redis_paths", "tcp,tcp1").split(",") if p]
     for system, path in expected:
         for op in ("put", "get"):
             if (system, path, op) not in measured:
                 fail("no %s %s %s line" % (system, path, op), proc.stdout)
+    if with_redis:
+        # Every kvpool put and get is set beside Redis's best path for the same figure.
+        for n, rec in enumerate(records, 1):
+            if rec["system"] == "kvpool" and rec["op"] in ("put", "get") and \
+                    rec["concurrency"] == 1 and rec["block_bytes"] > 0 and "workload" not in rec:
+                if rec.get("redis_best_path") not in PATHS["redis"] or \
+                        rec.get("ratio_to_redis_best", 0) <= 0:
+                    fail("kvpool line without ratio_to_redis_best: %r" % rec)
     if ("kvpool", "shm") in expected:
         for op in ("borrow", "borrow+verify"):
             if ("kvpool", "shm", op) not in measured:

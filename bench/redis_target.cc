@@ -82,21 +82,27 @@ bool IsLoopback(const std::string& host) {
 
 class RedisTarget : public BenchTarget {
  public:
-  explicit RedisTarget(ContextPtr c) : c_(std::move(c)) {}
+  // Pipelined: a call's commands are all sent before their replies are read; else one command
+  // per round trip.
+  RedisTarget(ContextPtr c, bool pipelined) : c_(std::move(c)), pipelined_(pipelined) {}
 
   // BenchTarget
   Status Put(std::span<const BenchBlock> blocks) override {
-    for (const BenchBlock& b : blocks) {
-      const std::string key = RedisKey(b.key);
-      if (redisAppendCommand(c_.get(), "SET %b %b", key.data(), key.size(), b.data, b.size) !=
-          REDIS_OK) {
-        return KVPOOL_REDIS_ERROR(c_.get(), "SET of " + b.key.ShortHex());
+    for (size_t start = 0; start < blocks.size(); start += Window(blocks.size())) {
+      const auto part =
+          blocks.subspan(start, std::min(Window(blocks.size()), blocks.size() - start));
+      for (const BenchBlock& b : part) {
+        const std::string key = RedisKey(b.key);
+        if (redisAppendCommand(c_.get(), "SET %b %b", key.data(), key.size(), b.data, b.size) !=
+            REDIS_OK) {
+          return KVPOOL_REDIS_ERROR(c_.get(), "SET of " + b.key.ShortHex());
+        }
       }
-    }
-    for (const BenchBlock& b : blocks) {
-      KVPOOL_ASSIGN_OR_RETURN(ReplyPtr r, NextReply(c_.get(), "SET reply"));
-      if (r->type != REDIS_REPLY_STATUS || std::string_view(r->str, r->len) != "OK") {
-        return Status::Internal("SET of " + b.key.ShortHex() + " was not answered OK");
+      for (const BenchBlock& b : part) {
+        KVPOOL_ASSIGN_OR_RETURN(ReplyPtr r, NextReply(c_.get(), "SET reply"));
+        if (r->type != REDIS_REPLY_STATUS || std::string_view(r->str, r->len) != "OK") {
+          return Status::Internal("SET of " + b.key.ShortHex() + " was not answered OK");
+        }
       }
     }
     return Status::OK();
@@ -104,6 +110,24 @@ class RedisTarget : public BenchTarget {
 
   Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> buffers,
              std::span<size_t> sizes) override {
+    for (size_t start = 0; start < keys.size(); start += Window(keys.size())) {
+      const size_t n = std::min(Window(keys.size()), keys.size() - start);
+      KVPOOL_RETURN_IF_ERROR(
+          GetSome(keys.subspan(start, n), buffers.subspan(start, n), sizes.subspan(start, n)));
+    }
+    return Status::OK();
+  }
+
+  Result<uint32_t> Lookup(std::span<const BlockKey>) override {
+    return Status::Unimplemented("Redis has no chain lookup");
+  }
+
+ private:
+  size_t Window(size_t batch) const { return pipelined_ ? std::max<size_t>(batch, 1) : 1; }
+
+  // GETs of `keys` sent together, then their replies read in order.
+  Status GetSome(std::span<const BlockKey> keys, std::span<const MutableBuffer> buffers,
+                 std::span<size_t> sizes) {
     for (const BlockKey& k : keys) {
       const std::string key = RedisKey(k);
       if (redisAppendCommand(c_.get(), "GET %b", key.data(), key.size()) != REDIS_OK) {
@@ -130,12 +154,8 @@ class RedisTarget : public BenchTarget {
     return first;
   }
 
-  Result<uint32_t> Lookup(std::span<const BlockKey>) override {
-    return Status::Unimplemented("Redis has no chain lookup");
-  }
-
- private:
   ContextPtr c_;
+  const bool pipelined_;
 };
 
 }  // namespace
@@ -302,11 +322,12 @@ Status RedisSystem::ParseAddress(const std::string& address, std::string* host, 
   return Status::OK();
 }
 
-Result<std::unique_ptr<RedisSystem>> RedisSystem::Create(std::string host, int port) {
+Result<std::unique_ptr<RedisSystem>> RedisSystem::Create(std::string host, int port,
+                                                         bool pipelined) {
   if (!IsLoopback(host)) {
     return Status::InvalidArgument(host + " is not a loopback address");
   }
-  std::unique_ptr<RedisSystem> s(new RedisSystem(std::move(host), port));
+  std::unique_ptr<RedisSystem> s(new RedisSystem(std::move(host), port, pipelined));
   KVPOOL_ASSIGN_OR_RETURN(ContextPtr c, Connect(s->host_, s->port_, std::chrono::seconds(10)));
   KVPOOL_ASSIGN_OR_RETURN(ReplyPtr info, Command(c.get(), "INFO server"));
   if (info->type == REDIS_REPLY_STRING) {
@@ -324,7 +345,7 @@ Result<std::unique_ptr<RedisSystem>> RedisSystem::Create(std::string host, int p
 
 Result<std::unique_ptr<BenchTarget>> RedisSystem::NewTarget(int /*thread_index*/) {
   KVPOOL_ASSIGN_OR_RETURN(ContextPtr c, Connect(host_, port_, std::chrono::seconds(10)));
-  return std::unique_ptr<BenchTarget>(new RedisTarget(std::move(c)));
+  return std::unique_ptr<BenchTarget>(new RedisTarget(std::move(c), pipelined_));
 }
 
 Status RedisSystem::Drop(std::span<const BlockKey> keys) {

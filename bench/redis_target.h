@@ -4,10 +4,13 @@
 // GET of a chunk's bytes per key; LMCache also keeps a small "<key>metadata" key per chunk,
 // which costs it one more round trip a get and is left out here, in Redis's favour).
 //
-// One redisContext per bench thread; a call's blocks (the bench's batch of 16) are pipelined:
-// every SET or GET is appended (binary-safe, %b) and then the replies are read in order. A GET
-// copies the reply into the caller's buffer (hiredis hands back its own string), as any Redis
-// client must. Redis has no chain lookup, so Lookup is Unimplemented and the bench skips it.
+// One redisContext per bench thread, in one of two modes, both measured so the bench can set
+// kvpool beside Redis at its best for each figure (pipelining large values can make Redis
+// slower, not faster): path "tcp", a call's blocks (the bench's batch of 16) pipelined (every
+// SET or GET appended, binary-safe %b, then the replies read in order), and path "tcp1", one
+// command per round trip. A GET copies the reply into the caller's buffer (hiredis hands back
+// its own string), as any Redis client must. Redis has no chain lookup, so Lookup is
+// Unimplemented and the bench skips it.
 //
 // RedisServer starts a redis-server of the bench's own on a free 127.0.0.1 port, with no
 // persistence, protected mode and noeviction (a store that runs out fails the run instead of
@@ -65,13 +68,15 @@ class RedisSystem : public BenchSystem {
  public:
   // `host` must be a loopback address (127.0.0.0/8, localhost or ::1): the bench measures
   // loopback only and never sends its blocks to another machine.
-  static Result<std::unique_ptr<RedisSystem>> Create(std::string host, int port);
+  static Result<std::unique_ptr<RedisSystem>> Create(std::string host, int port,
+                                                     bool pipelined = true);
   // "HOST:PORT" -> host, port; InvalidArgument when malformed or not loopback.
   static Status ParseAddress(const std::string& address, std::string* host, int* port);
 
   // BenchSystem
   std::string system() const override { return "redis"; }
-  std::string path() const override { return "tcp"; }
+  // "tcp": pipelined; "tcp1": one command per round trip.
+  std::string path() const override { return pipelined_ ? "tcp" : "tcp1"; }
   Result<std::unique_ptr<BenchTarget>> NewTarget(int thread_index) override;
   // DEL of every key, pipelined.
   Status Drop(std::span<const BlockKey> keys) override;
@@ -82,9 +87,11 @@ class RedisSystem : public BenchSystem {
   const std::string& version() const { return version_; }
 
  private:
-  RedisSystem(std::string host, int port) : host_(std::move(host)), port_(port) {}
+  RedisSystem(std::string host, int port, bool pipelined)
+      : host_(std::move(host)), port_(port), pipelined_(pipelined) {}
   const std::string host_;
   const int port_;
+  const bool pipelined_;
   std::string version_;
 };
 
