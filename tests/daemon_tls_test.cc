@@ -25,9 +25,17 @@ class DaemonTlsTest : public ::testing::Test {
     certs_ = *certs;
   }
 
-  std::vector<std::string> TlsFlags() const {
-    return {"--tls_cert=" + certs_.server_cert, "--tls_key=" + certs_.server_key,
-            "--tls_ca=" + certs_.ca_cert};
+  // A daemon whose loopback TCP listener speaks mutual TLS; null (with a failure) when it does not
+  // start.
+  std::unique_ptr<DaemonProcess> StartTlsDaemon() const {
+    DaemonProcessOptions po;
+    po.listen_tcp_loopback = true;
+    po.flags = {"--tls_cert=" + certs_.server_cert, "--tls_key=" + certs_.server_key,
+                "--tls_ca=" + certs_.ca_cert};
+    auto d = std::make_unique<DaemonProcess>(po);
+    const Status st = d->Start();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return st.ok() ? std::move(d) : nullptr;
   }
 
   ClientOptions TlsClient(const DaemonProcess& d) const {
@@ -46,11 +54,9 @@ class DaemonTlsTest : public ::testing::Test {
 };
 
 TEST_F(DaemonTlsTest, BlocksCrossTheTlsConnectionByteForByte) {
-  DaemonProcessOptions po;
-  po.listen_tcp_loopback = true;
-  po.flags = TlsFlags();
-  DaemonProcess d(po);
-  ASSERT_OK(d.Start());
+  std::unique_ptr<DaemonProcess> daemon = StartTlsDaemon();
+  ASSERT_NE(daemon, nullptr);
+  DaemonProcess& d = *daemon;
   ASSERT_EQ(d.tcp_address().rfind("tls://127.0.0.1:", 0), 0u) << d.Banner();
 
   Result<std::unique_ptr<Client>> c = Client::Connect(TlsClient(d));
@@ -79,11 +85,9 @@ TEST_F(DaemonTlsTest, BlocksCrossTheTlsConnectionByteForByte) {
 }
 
 TEST_F(DaemonTlsTest, ClientsWithoutTheRightCertificatesGetNothing) {
-  DaemonProcessOptions po;
-  po.listen_tcp_loopback = true;
-  po.flags = TlsFlags();
-  DaemonProcess d(po);
-  ASSERT_OK(d.Start());
+  std::unique_ptr<DaemonProcess> daemon = StartTlsDaemon();
+  ASSERT_NE(daemon, nullptr);
+  DaemonProcess& d = *daemon;
 
   ClientOptions no_cert = TlsClient(d);
   no_cert.tls_cert_file.clear();
@@ -106,11 +110,9 @@ TEST_F(DaemonTlsTest, ClientsWithoutTheRightCertificatesGetNothing) {
 }
 
 TEST_F(DaemonTlsTest, TheCliSpeaksTls) {
-  DaemonProcessOptions po;
-  po.listen_tcp_loopback = true;
-  po.flags = TlsFlags();
-  DaemonProcess d(po);
-  ASSERT_OK(d.Start());
+  std::unique_ptr<DaemonProcess> daemon = StartTlsDaemon();
+  ASSERT_NE(daemon, nullptr);
+  DaemonProcess& d = *daemon;
   const std::string cmd = std::string(KVPOOL_CLI_PATH) + " stats --json --namespace=tenant" +
                           " --socket=" + d.tcp_address() + " --tls_ca=" + certs_.ca_cert +
                           " --tls_cert=" + certs_.client_cert + " --tls_key=" + certs_.client_key +
