@@ -33,6 +33,7 @@
 #include "bench/pinning.h"
 #include "bench/redis_target.h"
 #include "bench/runner.h"
+#include "bench/ucx_perftest.h"
 #include "bench/workers.h"
 #include "common/units.h"
 
@@ -262,6 +263,9 @@ class Bench {
   Status PutChain();
   Status RunMemcpy(uint64_t block_bytes, const AlignedBuffer& ring);
   Status RunSocketpair(uint64_t block_bytes, const AlignedBuffer& ring);
+  // ucx_perftest's tag bandwidth for this message size (the ucx path's limit); a missing binary
+  // is a line on stderr, not a failure.
+  Status RunUcxPerftestBaseline(uint64_t block_bytes);
   // The baseline figure of `system` for this block size (0 when not measured).
   double Baseline(const std::string& system, uint64_t block_bytes) const;
   void AddBaselines(Figure& f) const;
@@ -410,6 +414,29 @@ Status Bench::RunSocketpair(uint64_t block_bytes, const AlignedBuffer& ring) {
   return Status::OK();
 }
 
+Status Bench::RunUcxPerftestBaseline(uint64_t block_bytes) {
+  Result<UcxPerftestResult> r = RunUcxPerftest(block_bytes, c_.memcpy_limits.seconds);
+  if (!r.ok() && r.status().IsNotFound()) {
+    Progress("no ucx path limit in this run: " + r.status().message());
+    return Status::OK();
+  }
+  KVPOOL_RETURN_IF_ERROR(r.status());
+  Figure f = NewFigure(system_, "tag_bw", block_bytes, 1);
+  f.system = "ucx_perftest";
+  f.path = "tcp";
+  // Put on the bench's footing: a "call" is a batch's worth of messages.
+  const double call_us = r->message_us * static_cast<double>(c_.batch);
+  f.gbps = r->gbps;
+  f.ops_per_s = call_us > 0 ? 1e6 / call_us : 0;
+  f.p50_us = call_us;
+  f.p99_us = call_us;
+  f.extra["latency"] = "mean of a batch's worth of messages (ucx_perftest reports no tail)";
+  f.extra["messages"] = r->messages;
+  f.extra["source"] = r->command;
+  Emit(std::move(f));
+  return Status::OK();
+}
+
 double Bench::Baseline(const std::string& system, uint64_t block_bytes) const {
   for (const Figure& f : figures_) {
     if (f.system == system && f.block_bytes == block_bytes) return f.gbps;
@@ -427,6 +454,11 @@ void Bench::AddBaselines(Figure& f) const {
   if (sock > 0) {
     f.extra["socketpair_gbps"] = sock;
     f.extra["ratio_to_socketpair"] = f.gbps / sock;
+  }
+  const double ucx = Baseline("ucx_perftest", f.block_bytes);
+  if (ucx > 0 && f.path == "ucx") {
+    f.extra["ucx_perftest_gbps"] = ucx;
+    f.extra["ratio_to_ucx_perftest"] = f.gbps / ucx;
   }
   // Redis at its best for the same operation, block size and concurrency: the faster of its
   // paths (pipelined or one command per round trip), named.
@@ -684,6 +716,10 @@ Status Bench::RunAll() {
   for (uint64_t b : c_.block_sizes) {
     KVPOOL_RETURN_IF_ERROR(RunMemcpy(b, ring));
     KVPOOL_RETURN_IF_ERROR(RunSocketpair(b, ring).WithContext("socketpair baseline"));
+    if (std::any_of(systems_.begin(), systems_.end(),
+                    [](const std::unique_ptr<BenchSystem>& s) { return s->path() == "ucx"; })) {
+      KVPOOL_RETURN_IF_ERROR(RunUcxPerftestBaseline(b).WithContext("ucx_perftest baseline"));
+    }
     PatternSet pattern(b, c_.batch, 0xb10c + b);
     for (const std::unique_ptr<BenchSystem>& sys : systems_) {
       for (int n : c_.concurrency) {
@@ -837,9 +873,10 @@ int Main(const std::string& command) {
                 own_daemon ? banner.c_str() : ("external at " + address + "\n").c_str());
     if (ucx) std::printf("  ucx path: %s, UCX_TLS=tcp, UCX_NET_DEVICES=lo\n", ucx_address.c_str());
     if (!redis.empty()) {
-      std::printf("  redis: %s; hiredis, one connection per thread; paths %s (tcp: a call's "
-                  "commands pipelined, tcp1: one per round trip)\n",
-                  redis_line.c_str(), FLAGS_redis_paths.c_str());
+      std::printf(
+          "  redis: %s; hiredis, one connection per thread; paths %s (tcp: a call's "
+          "commands pipelined, tcp1: one per round trip)\n",
+          redis_line.c_str(), FLAGS_redis_paths.c_str());
     }
     std::fflush(stdout);
   }
@@ -868,7 +905,8 @@ int Main(const std::string& command) {
         "sock = GB/s / socketpair GB/s (the bare Unix socket, one round trip per "
         "call, same block size); frag = host arena fragmentation after the phase; redis best = "
         "GB/s / the faster Redis path's GB/s for the same op, block size and concurrency, and "
-        "that path (tcp: pipelined, tcp1: one command per round trip).\n");
+        "that path (tcp: pipelined, tcp1: one command per round trip); ucx lim = a ucx path's "
+        "GB/s / ucx_perftest's tag bandwidth for the same message size (tcp on lo).\n");
     for (const Figure& f : bench.figures()) {
       if (!f.extra.contains("workload") || !f.extra.contains("host_fragmentation")) continue;
       std::printf(

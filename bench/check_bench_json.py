@@ -11,6 +11,7 @@ in-place read) where shm is measured, with its lent bytes checked, at least one 
 line, and one memcpy copy line per block size. Never asserts a timing: CI machines are too noisy for that.
 """
 import json
+import shutil
 import subprocess
 import sys
 
@@ -20,8 +21,9 @@ REQUIRED = {
     "p99_us": (int, float),
 }
 OPS = {"kvpool": {"put", "get", "lookup", "borrow", "borrow+verify"}, "redis": {"put", "get"}, "memcpy": {"copy"},
-       "socketpair": {"stream"}}
+       "socketpair": {"stream"}, "ucx_perftest": {"tag_bw"}}
 PATHS = {"kvpool": {"socket", "shm", "ucx"}, "redis": {"tcp", "tcp1"}, "memcpy": {"memory"},
+         "ucx_perftest": {"tcp"},
          "socketpair": {"unix"}}
 
 
@@ -113,6 +115,15 @@ def main():
             fail("no memcpy line beside kvpool block size %d" % b, proc.stdout)
         if ("socketpair", "stream", b) not in seen:
             fail("no socketpair line beside kvpool block size %d" % b, proc.stdout)
+    if ("kvpool", "ucx") in expected and shutil.which("ucx_perftest"):
+        # The ucx path's limit, measured in the same run, and each ucx figure set beside it.
+        for b in kvpool_sizes:
+            if ("ucx_perftest", "tag_bw", b) not in seen:
+                fail("no ucx_perftest line beside block size %d" % b, proc.stdout)
+        for rec in records:
+            if rec["system"] == "kvpool" and rec["path"] == "ucx" and \
+                    rec["op"] in ("put", "get") and rec.get("ratio_to_ucx_perftest", 0) <= 0:
+                fail("ucx line without ratio_to_ucx_perftest: %r" % rec)
     print("bench_smoke: %d result lines OK" % len(lines))
 
 

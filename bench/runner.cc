@@ -184,9 +184,9 @@ std::string FormatTable(const std::vector<Figure>& figures) {
   char line[512];
   std::string out;
   std::snprintf(line, sizeof(line),
-                "%-10s %-6s %-6s %4s %10s %8s %9s %9s %9s %7s %6s %6s %6s %11s\n", "system",
+                "%-12s %-6s %-6s %4s %10s %8s %9s %9s %9s %7s %6s %6s %6s %11s %7s\n", "system",
                 "path", "op", "conc", "block", "GB/s", "ops/s", "p50 us", "p99 us", "memcpy",
-                "ratio", "sock", "frag", "redis best");
+                "ratio", "sock", "frag", "redis best", "ucx lim");
   out += line;
   for (const Figure& f : figures) {
     std::string mem = "-";
@@ -210,18 +210,19 @@ std::string FormatTable(const std::vector<Figure>& figures) {
                                  ? Fmt("%.3f", f.extra["host_fragmentation"].get<double>())
                                  : "-";
     // kvpool's GB/s over Redis's best path's for the same figure, and which path that was.
-    const std::string redis =
-        f.extra.contains("ratio_to_redis_best")
-            ? Fmt("%.2fx", f.extra["ratio_to_redis_best"].get<double>()) + " " +
-                  f.extra["redis_best_path"].get<std::string>()
-            : "-";
-    std::snprintf(line, sizeof(line),
-                  "%-10s %-6s %-6s %4d %10s %8s %9s %9s %9s %7s %6s %6s %6s %11s\n",
-                  f.system.c_str(), f.path.c_str(), f.op.c_str(), f.concurrency, block.c_str(),
-                  f.op == "lookup" ? "-" : Fmt("%.3f", f.gbps).c_str(),
-                  Fmt("%.1f", f.ops_per_s).c_str(), Fmt("%.1f", f.p50_us).c_str(),
-                  Fmt("%.1f", f.p99_us).c_str(), mem.c_str(), ratio.c_str(), sock.c_str(),
-                  frag.c_str(), redis.c_str());
+    const std::string redis = f.extra.contains("ratio_to_redis_best")
+                                  ? Fmt("%.2fx", f.extra["ratio_to_redis_best"].get<double>()) +
+                                        " " + f.extra["redis_best_path"].get<std::string>()
+                                  : "-";
+    const std::string ucx = f.extra.contains("ratio_to_ucx_perftest")
+                                ? Fmt("%.3f", f.extra["ratio_to_ucx_perftest"].get<double>())
+                                : "-";
+    std::snprintf(
+        line, sizeof(line), "%-12s %-6s %-6s %4d %10s %8s %9s %9s %9s %7s %6s %6s %6s %11s %7s\n",
+        f.system.c_str(), f.path.c_str(), f.op.c_str(), f.concurrency, block.c_str(),
+        f.op == "lookup" ? "-" : Fmt("%.3f", f.gbps).c_str(), Fmt("%.1f", f.ops_per_s).c_str(),
+        Fmt("%.1f", f.p50_us).c_str(), Fmt("%.1f", f.p99_us).c_str(), mem.c_str(), ratio.c_str(),
+        sock.c_str(), frag.c_str(), redis.c_str(), ucx.c_str());
     out += line;
   }
   return out;
