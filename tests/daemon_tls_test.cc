@@ -106,7 +106,7 @@ TEST_F(DaemonTlsTest, ClientsWithoutTheRightCertificatesGetNothing) {
   EXPECT_FALSE(Client::Connect(plain).ok());
 
   // The listener still serves a client with the right certificates.
-  EXPECT_OK(Client::Connect(TlsClient(d)).status());
+  EXPECT_OK(Client::Connect(TlsClient(d)));
 }
 
 TEST_F(DaemonTlsTest, TheCliSpeaksTls) {
