@@ -1004,8 +1004,9 @@ class Client::Impl {
   }
 
   // Writes reserved blocks straight into their slots through writable mappings of this
-  // namespace's segments, then commits them; the daemon verifies each checksum. A block in device
-  // memory is copied into its slot on `stream` by `device` and hashed once the copies are done.
+  // namespace's segments, hashing as it copies, then commits them with those hashes (which the
+  // daemon stores as given). A block in device memory is copied into its slot on `stream` by
+  // `device` and hashed once the copies are done.
   Status CommitInPlace(std::span<const PutBlock> blocks,
                        const std::vector<std::pair<size_t, uint64_t>>& reserved,
                        const std::vector<wire::SegmentSlot>& slots, PutResult& result,
@@ -1028,9 +1029,17 @@ class Client::Impl {
       result.errors[reserved[k].first] = std::move(why);
       abort.add_reservation_ids(reserved[k].second);
     };
+    // `copied`: the hash of the bytes now in the slot. The daemon stores it as given (it does not
+    // read the slot again), so a block whose caller gave another checksum (a copy from another
+    // store) is refused here: its bytes were damaged before they reached this client.
     const auto add = [&](size_t k, uint64_t copied) {
       const PutBlock& b = blocks[reserved[k].first];
-      commit.add_checksums(b.checksum.value_or(copied));
+      if (b.checksum.has_value() && *b.checksum != copied) {
+        fail(k, Status::Corruption("block " + b.key.ShortHex() +
+                                   ": its bytes do not match the checksum given with them"));
+        return;
+      }
+      commit.add_checksums(copied);
       commit.add_reservation_ids(reserved[k].second);
       commit.add_sizes(b.size);
       in_frame.push_back(reserved[k].first);
@@ -1053,8 +1062,7 @@ class Client::Impl {
         }
         continue;
       }
-      // One pass: copy into the slot and hash what was copied (the daemon verifies it again,
-      // against the caller's checksum when it gave one).
+      // One pass: copy into the slot and hash what was copied.
       add(k, CopyWithChecksum(slot, b.data, b.size));
     }
     if (!from_device.empty()) {

@@ -16,6 +16,11 @@ Status WriteDown(BlockStore& store, std::span<DiskWrite> writes,
   for (size_t i = 0; i < encodings.size(); ++i) {
     const DemotionEncoding* enc = encodings[i];
     if (enc == nullptr) continue;
+    // An encoded copy gets a checksum of its own, and a block read back from it a fresh one:
+    // bytes that no longer match the block's checksum (an in-place writer that lied about them)
+    // would come back looking good. Such a block is written raw instead, so its disk copy keeps
+    // failing its checksum when read.
+    if (BlockChecksum(writes[i].data, writes[i].meta.size) != writes[i].meta.checksum) continue;
     encoded[i].reset(new uint8_t[enc->encoded_bytes()]);
     KVPOOL_RETURN_IF_ERROR(enc->Encode(writes[i].data, encoded[i].get()));
     DiskBlockMeta& m = writes[i].meta;

@@ -28,8 +28,9 @@ struct DiskCopy {
 
 // Writes `writes` to `store` in one batch. Where encodings[i] is set, writes[i] is encoded first:
 // its meta then names the encoding, the stored size and checksum and the layout, and its data
-// points at the encoded body (valid only during the call). `encodings` is empty (all raw) or has
-// one entry per write.
+// points at the encoded body (valid only during the call). A write whose bytes do not match its
+// meta's checksum is written raw instead (an encoded copy would launder them). `encodings` is
+// empty (all raw) or has one entry per write.
 Status WriteDown(BlockStore& store, std::span<DiskWrite> writes,
                  std::span<const DemotionEncoding* const> encodings, bool sync);
 

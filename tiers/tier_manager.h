@@ -276,10 +276,11 @@ class TierManager {
   // owned by someone else. From the first call on the reservation no longer expires: only
   // Commit, Abort or AbortOwner (which the owner must not call while it still writes) free it.
   Result<ReservationTarget> TargetOf(uint64_t owner, uint64_t reservation_id);
-  // Phase two: verifies the slot's checksum and publishes the block. Corruption when the
-  // bytes do not match the checksum given at reserve time (the slot is reclaimed).
-  // `checksum`, when given, replaces the one given at reserve time (a writer that hashes while it
-  // copies into the slot only knows it then).
+  // Phase two: publishes the block. Without `checksum`, first verifies the slot against the
+  // checksum given at reserve time: Corruption when they differ (the slot is reclaimed). With
+  // `checksum` (a writer that copied into the slot itself and hashed while it copied), that
+  // checksum replaces the reserve-time one and is stored as given, the slot not read again:
+  // readers verify (see tier_manager_writes.cc).
   Status Commit(uint64_t owner, uint64_t reservation_id,
                 std::optional<uint64_t> checksum = std::nullopt);
   void Abort(uint64_t owner, uint64_t reservation_id);

@@ -247,6 +247,44 @@ TEST_F(TierManagerTest, AnEncodedBodyDamagedOnDiskIsAMissNeverWrongBytes) {
   EXPECT_EQ(manager_->GetStats().checksum_failures, 1u);
 }
 
+// An in-place writer's checksum is stored as given (Commit does not hash the slot again). A
+// writer whose bytes do not match it gets no good copy out of demotion: encoding would re-hash
+// the bytes, so the block is written raw and fails its checksum when read back, raw or encoded
+// namespace alike.
+TEST_F(TierManagerTest, AWriterWhoseBytesDoNotMatchItsChecksumGetsNoGoodCopyFromDemotion) {
+  Open();
+  const kernels::BlockLayout raw = SmallLayout();
+  NamespacePolicy encoded = Compose("", "", "", "none");
+  encoded.encoding = *CreateDemotionEncoding("int8", raw);
+  constexpr NamespaceId kEncoded = 21;
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kEncoded, encoded).ok());
+  for (const NamespaceId ns : {kNs, kEncoded}) {
+    SCOPED_TRACE(ns);
+    const BlockKey key = KeyOf(800 + ns);
+    const std::vector<uint8_t> kv = KvBytes(raw, ns);
+    const PutRequestItem item = ItemFor(key, kv);
+    std::vector<ReserveOutcome> r = manager_->Reserve(ns, 1, {&item, 1});
+    ASSERT_EQ(r[0].state, ReserveState::kReserved);
+    Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
+    ASSERT_TRUE(t.ok());
+    std::memcpy(t->data, kv.data(), kv.size());
+    t->data[kv.size() / 2] ^= 0x40;  // not what the writer hashed
+    const uint64_t failures = manager_->GetStats().checksum_failures;
+    ASSERT_TRUE(manager_->Commit(1, r[0].reservation_id, BlockChecksum(kv.data(), kv.size())).ok())
+        << "stored as given: readers verify";
+    // A host read hands out the bytes with the checksum they fail (clients verify it).
+    std::vector<BlockRead> reads = manager_->Acquire(ns, Keys{key});
+    ASSERT_TRUE(reads[0].status.ok());
+    EXPECT_NE(BlockChecksum(reads[0].data, reads[0].size), reads[0].checksum);
+    manager_->Release(reads[0]);
+
+    DemoteAll({key}, ns);
+    EXPECT_EQ(manager_->GetStats().encoded_writes, 0u) << "written raw, not encoded";
+    ExpectMiss(key, ns);
+    EXPECT_EQ(manager_->GetStats().checksum_failures, failures + 1);
+  }
+}
+
 // Quotas: the fixture's host tier is 8 MiB of 1 MiB segments.
 NamespacePolicy WithQuotas(uint64_t host, uint64_t disk) {
   NamespacePolicy p = DefaultNamespacePolicy();

@@ -119,9 +119,17 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
     if (checksum.has_value()) found->item.checksum = *checksum;
     r = *found;
   }
-  // Expiry skips a committing reservation, but Abort, AbortOwner (the connection closed) and
-  // Shutdown may still free it while we hash: the result is then discarded below.
-  const uint64_t actual = BlockChecksum(host_.Data(r.slot), r.item.size);
+  // A writer that copied the bytes into the slot itself (in place) hashed them as it copied and
+  // gives that checksum here: it is stored as given. Hashing the slot again would read every put
+  // byte a second time (a third of an in-place put's cost) and prove only that the writer hashed
+  // what it wrote. A writer that lies damages its own namespace only, and no wrong byte is
+  // served: every client read verifies, and so do demotion (tier_copy.h), replication and gpu
+  // placement before they copy. Bytes that crossed a socket or UCX are hashed here, against the
+  // checksum announced at reserve. Expiry skips a committing reservation, but Abort, AbortOwner
+  // (the connection closed) and Shutdown may still free it while we hash: the result is then
+  // discarded below.
+  const uint64_t actual =
+      checksum.has_value() ? *checksum : BlockChecksum(host_.Data(r.slot), r.item.size);
 
   absl::MutexLock lock(&mu_);
   changed_.SignalAll();  // AwaitInFlightPut: whatever happens below, this reservation ends
