@@ -9,25 +9,48 @@
 #endif
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace kvpool {
 
 uint64_t BlockChecksum(const void* data, size_t length) { return XXH3_64bits(data, length); }
 
+namespace {
+
+// glibc copies a few KiB and more with `rep movsb`, which on this AMD EPYC runs at a sixth of its
+// speed (2.9 GB/s instead of 17) when the destination is 1 to 31 bytes past the source modulo
+// 4 KiB, as it is for a buffer from malloc (16 bytes into its page) filled from a page-aligned
+// arena slot. Copied in pieces below glibc's `rep movsb` threshold instead, such a copy takes
+// glibc's vector loop: 13.5 GB/s there. Any other distance keeps the plain memcpy.
+void Copy(uint8_t* d, const uint8_t* s, size_t n) {
+  constexpr size_t kPiece = 2048;
+  const uintptr_t distance =
+      (reinterpret_cast<uintptr_t>(d) - reinterpret_cast<uintptr_t>(s)) & 4095;
+  if (distance == 0 || distance >= 64 || n <= kPiece) {
+    std::memcpy(d, s, n);
+    return;
+  }
+  for (size_t done = 0; done < n; done += kPiece) {
+    std::memcpy(d + done, s + done, std::min(kPiece, n - done));
+  }
+}
+
+}  // namespace
+
 uint64_t CopyWithChecksum(void* dst, const void* src, size_t length) {
   constexpr size_t kChunk = 64 * 1024;  // stays in L2 between the copy and the hash
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
   if (length <= kChunk) {
-    std::memcpy(dst, src, length);
+    Copy(d, s, length);
     return XXH3_64bits(dst, length);
   }
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
   for (size_t done = 0; done < length; done += kChunk) {
     const size_t n = std::min(kChunk, length - done);
-    std::memcpy(d + done, s + done, n);
+    Copy(d + done, s + done, n);
     XXH3_64bits_update(&state, d + done, n);
   }
   return XXH3_64bits_digest(&state);
