@@ -66,3 +66,12 @@ kvpool_add_pytest(NAME python_vllm VENV vllm DIR python/tests/vllm
   LABELS python integration TIMEOUT 600)
 kvpool_add_pytest(NAME python_sglang VENV sglang DIR python/tests/sglang
   LABELS python integration TIMEOUT 300)
+# Mooncake Store beside kvpool (bench/mooncake_bench.py, the mooncake venv): a short run whose
+# every get is verified byte for byte; fails on any wrong byte, error or missing process.
+add_test(NAME bench_mooncake_smoke
+  COMMAND ${PROJECT_SOURCE_DIR}/.venv/mooncake/bin/python ${PROJECT_SOURCE_DIR}/bench/mooncake_bench.py
+    --calls 8 --working-set-mib 32 --json --require-mooncake
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(bench_mooncake_smoke PROPERTIES
+  LABELS "bench;python" TIMEOUT 300
+  ENVIRONMENT "KVPOOL_KVPOOLD=$<TARGET_FILE:kvpoold>;PYTHONDONTWRITEBYTECODE=1")
