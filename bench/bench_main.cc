@@ -415,7 +415,8 @@ Status Bench::RunSocketpair(uint64_t block_bytes, const AlignedBuffer& ring) {
 }
 
 Status Bench::RunUcxPerftestBaseline(uint64_t block_bytes) {
-  Result<UcxPerftestResult> r = RunUcxPerftest(block_bytes, c_.memcpy_limits.seconds);
+  Result<UcxPerftestResult> r =
+      RunUcxPerftest(block_bytes, c_.memcpy_limits.seconds, c_.pin.daemon_cpus, c_.pin.bench_cpus);
   if (!r.ok() && r.status().IsNotFound()) {
     Progress("no ucx path limit in this run: " + r.status().message());
     return Status::OK();

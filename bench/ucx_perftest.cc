@@ -1,5 +1,6 @@
 #include "bench/ucx_perftest.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -38,6 +39,17 @@ std::pair<std::string, int> Capture(const std::string& command) {
   return {out, ::pclose(p)};
 }
 
+// `cpus`, or every online CPU when empty, as a taskset list ("0,2,3").
+std::string CpuList(const std::vector<int>& cpus) {
+  std::string out;
+  if (cpus.empty()) {
+    const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 1 ? "0-" + std::to_string(n - 1) : "0";
+  }
+  for (int c : cpus) out += (out.empty() ? "" : ",") + std::to_string(c);
+  return out;
+}
+
 // Waits up to `timeout` for `pid`, then kills it.
 void Reap(pid_t pid, std::chrono::seconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
@@ -52,7 +64,9 @@ void Reap(pid_t pid, std::chrono::seconds timeout) {
 
 }  // namespace
 
-Result<UcxPerftestResult> RunUcxPerftest(uint64_t message_bytes, double seconds) {
+Result<UcxPerftestResult> RunUcxPerftest(uint64_t message_bytes, double seconds,
+                                         const std::vector<int>& server_cpus,
+                                         const std::vector<int>& client_cpus) {
   const std::string binary = FindOnPath("ucx_perftest");
   if (binary.empty()) return Status::NotFound("ucx_perftest is not on PATH (Debian: ucx-utils)");
   const uint16_t port = testing::FreeLoopbackPort();
@@ -67,6 +81,14 @@ Result<UcxPerftestResult> RunUcxPerftest(uint64_t message_bytes, double seconds)
   if (server == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (server_cpus.empty()) {
+      for (long c = 0; c < ::sysconf(_SC_NPROCESSORS_ONLN); ++c) CPU_SET(c, &set);
+    } else {
+      for (int c : server_cpus) CPU_SET(c, &set);
+    }
+    ::sched_setaffinity(0, sizeof(set), &set);
     ::setenv("UCX_TLS", "tcp", 1);
     ::setenv("UCX_NET_DEVICES", "lo", 1);
     if (FILE* null = std::freopen("/dev/null", "w", stdout)) (void)null;
@@ -76,9 +98,10 @@ Result<UcxPerftestResult> RunUcxPerftest(uint64_t message_bytes, double seconds)
     ::_exit(127);
   }
   UcxPerftestResult r;
-  r.command = "UCX_TLS=tcp UCX_NET_DEVICES=lo " + binary + " 127.0.0.1 -p " + std::to_string(port) +
-              " -t tag_bw -s " + std::to_string(message_bytes) + " -n " + std::to_string(messages) +
-              " -w " + std::to_string(warmup);
+  r.command = "UCX_TLS=tcp UCX_NET_DEVICES=lo taskset -c " + CpuList(client_cpus) + " " + binary +
+              " 127.0.0.1 -p " + std::to_string(port) + " -t tag_bw -s " +
+              std::to_string(message_bytes) + " -n " + std::to_string(messages) + " -w " +
+              std::to_string(warmup);
   // The server may not listen yet: a refused client is tried again (it exits at once).
   std::pair<std::string, int> run;
   for (int attempt = 0; attempt < 50; ++attempt) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -21,7 +22,11 @@ struct UcxPerftestResult {
 };
 
 // NotFound when ucx_perftest is not on PATH; Internal, with its output, when it fails. Sends
-// about `seconds` worth of messages (assuming 2 GB/s; at least 50).
-Result<UcxPerftestResult> RunUcxPerftest(uint64_t message_bytes, double seconds);
+// about `seconds` worth of messages (assuming 2 GB/s; at least 50). The server runs on
+// `server_cpus` and the client on `client_cpus` (as kvpoold and the bench's threads under --pin);
+// an empty list: any CPU (not the calling thread's pinning, which children would inherit).
+Result<UcxPerftestResult> RunUcxPerftest(uint64_t message_bytes, double seconds,
+                                         const std::vector<int>& server_cpus,
+                                         const std::vector<int>& client_cpus);
 
 }  // namespace kvpool::bench
