@@ -1,5 +1,7 @@
 #include "bench/redis_target.h"
 
+#include "bench/runner.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
@@ -20,6 +22,7 @@
 #include <thread>
 #include <utility>
 
+#include "bench/runner.h"
 #include "tests/support/loopback.h"
 
 namespace kvpool::bench {
@@ -169,14 +172,7 @@ Result<std::unique_ptr<RedisServer>> RedisServer::Start(const RedisServerOptions
   std::string binary = o.binary;
   if (binary.find('/') == std::string::npos) {
     // Look it up on PATH here, so that a missing server is NotFound and not a failed exec.
-    std::string found;
-    std::istringstream path(getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
-    for (std::string dir; std::getline(path, dir, ':');) {
-      if (access((dir + "/" + binary).c_str(), X_OK) == 0) {
-        found = dir + "/" + binary;
-        break;
-      }
-    }
+    const std::string found = FindOnPath(binary);
     if (found.empty()) {
       return Status::NotFound(binary + " not found on PATH (Debian: apt-get install redis-server)");
     }

@@ -1,12 +1,15 @@
 #include "bench/runner.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <latch>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "bench/pinning.h"
@@ -226,6 +229,16 @@ std::string FormatTable(const std::vector<Figure>& figures) {
     out += line;
   }
   return out;
+}
+
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
 }
 
 }  // namespace kvpool::bench

@@ -105,4 +105,8 @@ struct Figure {
 // same block size.
 std::string FormatTable(const std::vector<Figure>& figures);
 
+// The path of program `name` in a directory of $PATH (/usr/bin:/bin without one); empty when
+// none has it executable. How a peer that is missing becomes NotFound, not a failed exec.
+std::string FindOnPath(const std::string& name);
+
 }  // namespace kvpool::bench

@@ -14,20 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include "bench/runner.h"
 #include "tests/support/loopback.h"
 
 namespace kvpool::bench {
 namespace {
-
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
 
 // Runs `command` through the shell; its output (stdout and stderr) and exit status.
 std::pair<std::string, int> Capture(const std::string& command) {
