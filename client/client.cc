@@ -1616,6 +1616,8 @@ Result<DaemonStats> Client::Stats() {
     s.index_entries = r.index_entries();
     s.index_bytes = r.index_bytes();
     s.rocksdb_memory_bytes = r.rocksdb_memory_bytes();
+    s.index_rebuild_blocks = r.index_rebuild_blocks();
+    s.index_rebuild_seconds = r.index_rebuild_seconds();
     s.sessions = r.sessions();
     s.connections = r.connections();
     s.lookups = r.lookups();

@@ -26,6 +26,8 @@ std::string StatsToJson(const DaemonStats& s, int indent) {
   j["index_entries"] = s.index_entries;
   j["index_bytes"] = s.index_bytes;
   j["rocksdb_memory_bytes"] = s.rocksdb_memory_bytes;
+  j["index_rebuild_blocks"] = s.index_rebuild_blocks;
+  j["index_rebuild_seconds"] = s.index_rebuild_seconds;
   j["sessions"] = s.sessions;
   j["connections"] = s.connections;
   j["lookups"] = s.lookups;

@@ -104,6 +104,8 @@ Response AdminHandlers::Stats(Connection& c, std::string_view body) {
   resp.set_index_entries(t.index_entries);
   resp.set_index_bytes(t.index_bytes);
   resp.set_rocksdb_memory_bytes(t.disk_memory_bytes);
+  resp.set_index_rebuild_blocks(t.index_rebuild_blocks);
+  resp.set_index_rebuild_seconds(t.index_rebuild_seconds);
   resp.set_sessions(sessions_.Count());
   resp.set_connections(Connections());
   resp.set_lookups(Metrics::Get(metrics_.lookups));

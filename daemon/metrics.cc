@@ -164,6 +164,11 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Value(&o, "kvpool_index_entries", static_cast<double>(t.index_entries));
   Metric(&o, "kvpool_index_bytes", "gauge", "Memory held by the block index.");
   Value(&o, "kvpool_index_bytes", static_cast<double>(t.index_bytes));
+  Metric(&o, "kvpool_index_rebuild_blocks", "gauge",
+         "Blocks the index was rebuilt with at start, from the disk tier's records.");
+  Value(&o, "kvpool_index_rebuild_blocks", static_cast<double>(t.index_rebuild_blocks));
+  Metric(&o, "kvpool_index_rebuild_seconds", "gauge", "Time the index rebuild at start took.");
+  Value(&o, "kvpool_index_rebuild_seconds", t.index_rebuild_seconds);
   Metric(&o, "kvpool_leases_active", "gauge", "Host copies leased by readers now.");
   Value(&o, "kvpool_leases_active", static_cast<double>(t.leases_active));
   Metric(&o, "kvpool_reservations_active", "gauge", "Put reservations not yet committed.");

@@ -162,13 +162,15 @@ struct TierManagerStats {
   uint64_t disk_used_bytes = 0;
   uint64_t disk_blocks = 0;
   uint64_t disk_bytes_on_device = 0;  // RocksDB's SST and blob files
-  uint64_t disk_device_room_bytes = 0;
-  uint64_t disk_memory_bytes = 0;  // what the disk tier's store holds in memory (RocksDB)  // what
-                                   // disk may still add to its device (DiskDeviceRoom)
+  uint64_t disk_device_room_bytes = 0;  // what disk may still add to its device (DiskDeviceRoom)
+  uint64_t disk_memory_bytes = 0;  // what the disk tier's store holds in memory (RocksDB)
   TierCounters host_counters;
   TierCounters disk_counters;
   uint64_t index_entries = 0;
   uint64_t index_bytes = 0;
+  // What Recover found and how long it took (reading the meta records and building the index).
+  uint64_t index_rebuild_blocks = 0;
+  double index_rebuild_seconds = 0;
   uint64_t leases_active = 0;
   uint64_t reservations_active = 0;
   uint64_t prefetches_issued = 0;
@@ -450,6 +452,8 @@ class TierManager {
   // round and lowered by each write reserved meanwhile.
   uint64_t disk_device_room_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
   uint64_t disk_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rebuild_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  double rebuild_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<NamespaceId, uint64_t> disk_used_of_ ABSL_GUARDED_BY(mu_);  // per namespace
   uint64_t blocks_over_quota_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;

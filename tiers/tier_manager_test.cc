@@ -625,6 +625,8 @@ TEST_F(TierManagerTest, RecoverFindsEveryDiskBlockWithItsSizeAndServesIt) {
   EXPECT_EQ(s.disk_blocks, 10u);
   EXPECT_EQ(s.disk_used_bytes, total);
   EXPECT_EQ(s.host_blocks, 0u);
+  EXPECT_EQ(s.index_rebuild_blocks, 10u);
+  EXPECT_GT(s.index_rebuild_seconds, 0);
   LookupResult l = manager_->Lookup(kNs, chain, false);
   EXPECT_EQ(l.hit_blocks, chain.size());
   EXPECT_EQ(l.tiers, std::vector<Tier>(chain.size(), Tier::kDisk));

@@ -389,6 +389,8 @@ struct DaemonStats {
   uint64_t index_entries = 0;
   uint64_t index_bytes = 0;
   uint64_t rocksdb_memory_bytes = 0;  // RocksDB's memtables, block cache and table readers
+  uint64_t index_rebuild_blocks = 0;  // the index rebuilt at start from disk: blocks...
+  double index_rebuild_seconds = 0;   // ... and the time it took
   uint64_t sessions = 0;
   uint64_t connections = 0;
   uint64_t lookups = 0;

@@ -110,6 +110,8 @@ nb::dict StatsDict(const DaemonStats& s) {
   d["index_entries"] = s.index_entries;
   d["index_bytes"] = s.index_bytes;
   d["rocksdb_memory_bytes"] = s.rocksdb_memory_bytes;
+  d["index_rebuild_blocks"] = s.index_rebuild_blocks;
+  d["index_rebuild_seconds"] = s.index_rebuild_seconds;
   d["sessions"] = s.sessions;
   d["connections"] = s.connections;
   d["lookups"] = s.lookups;
