@@ -33,6 +33,7 @@
 #include "bench/pinning.h"
 #include "bench/redis_target.h"
 #include "bench/runner.h"
+#include "bench/scale_bench.h"
 #include "bench/ucx_perftest.h"
 #include "bench/workers.h"
 #include "common/units.h"
@@ -104,6 +105,18 @@ DEFINE_double(mixed_fill, 0,
               "bench's own kvpoold, all but half a segment (so no segment stays free and free "
               "space is only the holes); with --socket, 0.85 (below kvpoold's default "
               "--host_high_watermark of 0.90).");
+
+DEFINE_bool(scale, false,
+            "Instead of the cases above: how cost grows with the cache (bench/scale_bench.h): "
+            "the blocks, connections and namespaces curves, each on a kvpoold of its own.");
+DEFINE_string(scale_blocks, "10000,100000,1000000",
+              "--scale: index sizes of the blocks curve, ascending (empty: no blocks curve).");
+DEFINE_string(scale_block_bytes, "4KiB", "--scale: bytes of every block.");
+DEFINE_uint32(scale_chain_blocks, 64, "--scale: blocks per chain (a lookup asks a whole chain).");
+DEFINE_string(scale_clients, "1,4,16,64,256",
+              "--scale: connection counts of the connections curve (on the largest cache).");
+DEFINE_string(scale_namespaces, "1,16,128,1024",
+              "--scale: tenant counts of the namespaces curve, ascending (empty: none).");
 
 namespace kvpool::bench {
 namespace {
@@ -751,7 +764,81 @@ std::string Now() {
   return buf;
 }
 
+Result<std::vector<uint64_t>> ParseCounts(const std::string& flag, const std::string& text) {
+  std::vector<uint64_t> out;
+  for (const std::string& item : SplitList(text)) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(item.c_str(), &end, 10);
+    if (end == item.c_str() || *end != '\0' || v == 0) {
+      return Status::InvalidArgument("--" + flag + ": '" + item + "' is not a positive count");
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+// kvpool-bench --scale (bench/scale_bench.h).
+int ScaleMain(const std::string& command) {
+  ScaleConfig c;
+  c.kvpoold = FindKvpoold();
+  c.chain_blocks = FLAGS_scale_chain_blocks;
+  c.seconds = FLAGS_seconds;
+  Status st = [&]() -> Status {
+    KVPOOL_ASSIGN_OR_RETURN(c.blocks, ParseCounts("scale_blocks", FLAGS_scale_blocks));
+    KVPOOL_ASSIGN_OR_RETURN(c.block_bytes, ParseBytes(FLAGS_scale_block_bytes));
+    KVPOOL_ASSIGN_OR_RETURN(std::vector<uint64_t> clients,
+                            ParseCounts("scale_clients", FLAGS_scale_clients));
+    KVPOOL_ASSIGN_OR_RETURN(std::vector<uint64_t> tenants,
+                            ParseCounts("scale_namespaces", FLAGS_scale_namespaces));
+    for (uint64_t n : clients) {
+      if (n > 1024) return Status::InvalidArgument("--scale_clients: at most 1024");
+      c.clients.push_back(static_cast<int>(n));
+    }
+    for (uint64_t n : tenants) {
+      if (n > 4096) return Status::InvalidArgument("--scale_namespaces: at most 4096");
+      c.namespaces.push_back(static_cast<int>(n));
+    }
+    if (c.seconds <= 0) return Status::InvalidArgument("--scale needs --seconds > 0");
+    if (!FLAGS_host_capacity.empty()) {
+      KVPOOL_ASSIGN_OR_RETURN(c.host_capacity, ParseBytes(FLAGS_host_capacity));
+    }
+    KVPOOL_ASSIGN_OR_RETURN(c.pin, MakePinPlan(FLAGS_pin, FLAGS_daemon_cpus, FLAGS_bench_cpus,
+                                               /*own_daemon=*/true));
+    return Status::OK();
+  }();
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvpool-bench: %s\n", st.ToString().c_str());
+    return 2;
+  }
+  if (c.pin.enabled) (void)PinThisThread(c.pin.bench_cpus);
+  if (!FLAGS_json) {
+    std::printf(
+        "kvpool-bench --scale  %s\n  command: %s\n  pinning: %s\n  load average (1 min): "
+        "%.2f\n  blocks of %s in chains of %u; lookups of a whole chain (no prefetch), "
+        "gets of %u blocks of one chain; write-through\n",
+        Now().c_str(), command.c_str(), c.pin.description.c_str(), LoadAverage(),
+        FormatBytes(c.block_bytes).c_str(), c.chain_blocks, c.get_batch);
+    std::fflush(stdout);
+  }
+  std::vector<Figure> figures;
+  st = RunScale(c, [&](Figure f) {
+    f.extra["loadavg_1m"] = LoadAverage();
+    if (FLAGS_json) {
+      std::printf("%s\n", f.ToJson().dump().c_str());
+      std::fflush(stdout);
+    }
+    figures.push_back(std::move(f));
+  });
+  if (!FLAGS_json) std::printf("\n%s", FormatScaleTable(figures).c_str());
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvpool-bench: FAILED: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 int Main(const std::string& command) {
+  if (FLAGS_scale) return ScaleMain(command);
   Result<Config> config = ParseConfig();
   if (!config.ok()) {
     std::fprintf(stderr, "kvpool-bench: %s\n", config.status().ToString().c_str());

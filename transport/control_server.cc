@@ -42,7 +42,9 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   static constexpr bool kLocal = std::is_same_v<Stream, UnixSocket>;
   static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
 
-  Connection(ServerImpl& server, Stream socket, ConnectionInfo info, std::string peer_key);
+  // `io`: the I/O context `socket` belongs to, which runs every handler of this connection.
+  Connection(ServerImpl& server, asio::io_context& io, Stream socket, ConnectionInfo info,
+             std::string peer_key);
   void Start();
   void Close(const std::string& reason);
 
@@ -92,12 +94,13 @@ class ServerImpl final : public ControlServer {
   ServerImpl(const ControlServerOptions& options, RequestHandler& handler)
       : options_(options),
         handler_(handler),
-        io_(options.io_threads),
-        work_guard_(asio::make_work_guard(io_)),
+        ios_(MakeIoContexts(options.io_threads)),
         workers_(std::max(1, options.worker_threads)),
         workers_guard_(asio::make_work_guard(workers_)),
-        unix_acceptor_(io_),
-        tcp_acceptor_(io_) {}
+        unix_acceptor_(io()),
+        tcp_acceptor_(io()) {
+    for (auto& io : ios_) io_guards_.push_back(asio::make_work_guard(*io));
+  }
 
   ~ServerImpl() override { Stop(); }
 
@@ -111,7 +114,8 @@ class ServerImpl final : public ControlServer {
 
   const ControlServerOptions& options() const { return options_; }
   RequestHandler& handler() { return handler_; }
-  asio::io_context& io() { return io_; }
+  // The acceptors' I/O context (the first).
+  asio::io_context& io() { return *ios_.front(); }
   asio::io_context& workers() { return workers_; }
 
   void Register(const std::shared_ptr<void>& conn, std::function<void()> closer) {
@@ -132,18 +136,33 @@ class ServerImpl final : public ControlServer {
   void AcceptTcp();
   // Runs `again` on the I/O context 100 ms from now (after an accept error).
   void AfterBackoff(std::function<void()> again) {
-    auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+    auto timer = std::make_shared<asio::steady_timer>(io(), std::chrono::milliseconds(100));
     timer->async_wait([timer, again = std::move(again)](error_code ec) {
       if (!ec) again();
     });
   }
   template <typename Stream>
-  void Adopt(Stream socket, std::string peer, std::string peer_key);
+  void Adopt(asio::io_context& io, Stream socket, std::string peer, std::string peer_key);
+  // One I/O context per I/O thread: a connection's handlers all run on the thread of the
+  // context it was accepted onto (round robin), so a request and its reply never hop between
+  // I/O threads, and no I/O thread wakes another to run a handler.
+  static std::vector<std::unique_ptr<asio::io_context>> MakeIoContexts(int threads) {
+    std::vector<std::unique_ptr<asio::io_context>> ios;
+    for (int i = 0; i < std::max(1, threads); ++i) {
+      ios.push_back(std::make_unique<asio::io_context>(1));
+    }
+    return ios;
+  }
+  // The context the next accepted connection goes to.
+  asio::io_context& NextIo() {
+    return *ios_[next_io_.fetch_add(1, std::memory_order_relaxed) % ios_.size()];
+  }
 
   const ControlServerOptions options_;
   RequestHandler& handler_;
-  asio::io_context io_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_guard_;
+  std::vector<std::unique_ptr<asio::io_context>> ios_;  // one per I/O thread
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> io_guards_;
+  std::atomic<size_t> next_io_{0};
   asio::io_context workers_;  // request handling, run by kRequestWorker threads
   asio::executor_work_guard<asio::io_context::executor_type> workers_guard_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
@@ -163,13 +182,13 @@ class ServerImpl final : public ControlServer {
 // ---------------------------------------------------------------------------------------------
 
 template <typename Stream>
-Connection<Stream>::Connection(ServerImpl& server, Stream socket, ConnectionInfo info,
-                               std::string peer_key)
+Connection<Stream>::Connection(ServerImpl& server, asio::io_context& io, Stream socket,
+                               ConnectionInfo info, std::string peer_key)
     : server_(server),
       socket_(std::move(socket)),
-      strand_(asio::make_strand(server.io())),
-      timer_(server.io()),
-      hello_timer_(server.io()),
+      strand_(asio::make_strand(io)),
+      timer_(io),
+      hello_timer_(io),
       info_(std::move(info)),
       peer_key_(std::move(peer_key)) {}
 
@@ -523,7 +542,7 @@ Status ServerImpl::Listen() {
   std::error_code fs_ec;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), fs_ec);
   if (std::filesystem::exists(path, fs_ec)) {
-    asio::local::stream_protocol::socket probe(io_);
+    asio::local::stream_protocol::socket probe(io());
     error_code ec;
     probe.connect(asio::local::stream_protocol::endpoint(options_.unix_path), ec);
     if (!ec) {
@@ -571,7 +590,8 @@ Status ServerImpl::Listen() {
 }
 
 template <typename Stream>
-void ServerImpl::Adopt(Stream socket, std::string peer, std::string peer_key) {
+void ServerImpl::Adopt(asio::io_context& io, Stream socket, std::string peer,
+                       std::string peer_key) {
   if (live_.load(std::memory_order_relaxed) >= options_.max_connections) {
     LOG(WARNING) << "refusing connection from " << peer << ": " << options_.max_connections
                  << " connections open (the limit)";
@@ -618,58 +638,64 @@ void ServerImpl::Adopt(Stream socket, std::string peer, std::string peer_key) {
     }
     ++n;
   }
-  std::make_shared<Connection<Stream>>(*this, std::move(socket), std::move(info),
+  std::make_shared<Connection<Stream>>(*this, io, std::move(socket), std::move(info),
                                        std::move(peer_key))
       ->Start();
 }
 
 void ServerImpl::AcceptUnix() {
-  unix_acceptor_.async_accept([this](error_code ec, asio::local::stream_protocol::socket s) {
-    if (ec == asio::error::operation_aborted || !unix_acceptor_.is_open()) return;
-    if (!ec) {
-      Adopt(std::move(s), "unix", "unix");
-    } else {
-      // E.g. out of file descriptors: back off instead of spinning on the error.
-      LOG_EVERY_N(WARNING, 100) << "accept on unix socket: " << ec.message();
-      AfterBackoff([this] { AcceptUnix(); });
-      return;
-    }
-    AcceptUnix();
-  });
+  asio::io_context& io = NextIo();
+  unix_acceptor_.async_accept(
+      asio::any_io_executor(io.get_executor()), [this, &io](error_code ec, UnixSocket s) {
+        if (ec == asio::error::operation_aborted || !unix_acceptor_.is_open()) return;
+        if (!ec) {
+          Adopt(io, std::move(s), "unix", "unix");
+        } else {
+          // E.g. out of file descriptors: back off instead of spinning on the error.
+          LOG_EVERY_N(WARNING, 100) << "accept on unix socket: " << ec.message();
+          AfterBackoff([this] { AcceptUnix(); });
+          return;
+        }
+        AcceptUnix();
+      });
 }
 
 void ServerImpl::AcceptTcp() {
-  tcp_acceptor_.async_accept([this](error_code ec, asio::ip::tcp::socket s) {
-    if (ec == asio::error::operation_aborted || !tcp_acceptor_.is_open()) return;
-    if (!ec) {
-      error_code ignored;
-      s.set_option(asio::ip::tcp::no_delay(true), ignored);
-      std::string peer = "tcp";
-      std::string peer_key = "tcp";
-      const auto ep = s.remote_endpoint(ignored);
-      if (!ignored) {
-        peer += ":" + ep.address().to_string() + ":" + std::to_string(ep.port());
-        peer_key += ":" + ep.address().to_string();
-      }
-      if (tls_ != nullptr) {
-        Adopt(TlsStream(std::move(s), *tls_), std::move(peer), std::move(peer_key));
-      } else {
-        Adopt(std::move(s), std::move(peer), std::move(peer_key));
-      }
-    } else {
-      LOG_EVERY_N(WARNING, 100) << "accept on tcp: " << ec.message();
-      AfterBackoff([this] { AcceptTcp(); });
-      return;
-    }
-    AcceptTcp();
-  });
+  asio::io_context& io = NextIo();
+  tcp_acceptor_.async_accept(
+      asio::any_io_executor(io.get_executor()), [this, &io](error_code ec, TcpSocket s) {
+        if (ec == asio::error::operation_aborted || !tcp_acceptor_.is_open()) return;
+        if (!ec) {
+          error_code ignored;
+          s.set_option(asio::ip::tcp::no_delay(true), ignored);
+          std::string peer = "tcp";
+          std::string peer_key = "tcp";
+          const auto ep = s.remote_endpoint(ignored);
+          if (!ignored) {
+            peer += ":" + ep.address().to_string() + ":" + std::to_string(ep.port());
+            peer_key += ":" + ep.address().to_string();
+          }
+          if (tls_ != nullptr) {
+            Adopt(io, TlsStream(std::move(s), *tls_), std::move(peer), std::move(peer_key));
+          } else {
+            Adopt(io, std::move(s), std::move(peer), std::move(peer_key));
+          }
+        } else {
+          LOG_EVERY_N(WARNING, 100) << "accept on tcp: " << ec.message();
+          AfterBackoff([this] { AcceptTcp(); });
+          return;
+        }
+        AcceptTcp();
+      });
 }
 
 void ServerImpl::Run() {
   AcceptUnix();
   if (tcp_acceptor_.is_open()) AcceptTcp();
-  for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
-    threads_.push_back(StartThread(ThreadRole::kControlIo, i, [this] { io_.run(); }));
+  for (size_t i = 0; i < ios_.size(); ++i) {
+    asio::io_context& io = *ios_[i];
+    threads_.push_back(
+        StartThread(ThreadRole::kControlIo, static_cast<int>(i), [&io] { io.run(); }));
   }
   for (int i = 0; i < std::max(1, options_.worker_threads); ++i) {
     threads_.push_back(StartThread(ThreadRole::kRequestWorker, i, [this] { workers_.run(); }));
@@ -682,7 +708,7 @@ void ServerImpl::Stop() {
     if (stopped_) return;
     stopped_ = true;
   }
-  asio::post(io_, [this] {
+  asio::post(io(), [this] {
     error_code ec;
     unix_acceptor_.close(ec);
     tcp_acceptor_.close(ec);
@@ -697,9 +723,9 @@ void ServerImpl::Stop() {
   for (int i = 0; i < 500 && live_.load(std::memory_order_relaxed) > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  work_guard_.reset();
+  for (auto& guard : io_guards_) guard.reset();
   workers_guard_.reset();
-  io_.stop();
+  for (auto& io : ios_) io->stop();
   workers_.stop();
   for (auto& t : threads_) t.join();
   threads_.clear();

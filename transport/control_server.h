@@ -19,8 +19,9 @@
 // places; a response's payload is written from the handler's buffers (e.g. leased arena
 // slots), and `release` runs once the bytes are on the wire or the connection died.
 //
-// Threads: `io_threads` (ThreadRole::kControlIo) and `worker_threads`
-// (ThreadRole::kRequestWorker). Thread safety: Start/Stop from one thread; the handler is called
+// Threads: `io_threads` (ThreadRole::kControlIo), each running an I/O context of its own that
+// the connections are spread over (a connection stays on one I/O thread for its life), and
+// `worker_threads` (ThreadRole::kRequestWorker). Thread safety: Start/Stop from one thread; the handler is called
 // concurrently for different connections, never concurrently for one connection.
 
 #include <chrono>
