@@ -401,6 +401,11 @@ Status ScaleRun::BlocksAndConnections() {
     rebuild.extra["ops"] = "blocks";
     rebuild.extra["index_rebuild_seconds"] = s.index_rebuild_seconds;
     rebuild.extra["restart_wall_seconds"] = restart_s;
+    // The daemon's own account of the rebuild: reading the records against building the index.
+    const std::string log = daemon->LogTail(16384);
+    if (const size_t at = log.rfind("recovered "); at != std::string::npos) {
+      rebuild.extra["rebuild_log"] = log.substr(at, log.find('\n', at) - at);
+    }
     KVPOOL_RETURN_IF_ERROR(AddDaemonFigures(*daemon, rebuild));
     emit_(std::move(rebuild));
 

@@ -76,6 +76,11 @@ EntryId BlockIndex::Insert(NamespaceId ns, const BlockKey& key) {
   return id;
 }
 
+void BlockIndex::Reserve(size_t entries) {
+  set_.reserve(entries);
+  chunks_.reserve((entries + kChunkEntries - 1) / kChunkEntries);
+}
+
 bool BlockIndex::CanErase(EntryId id) const {
   const Entry& e = at(id);
   return e.live && e.tiers == 0 && e.leases == 0 && e.pins == 0 && e.cached_children() == 0 &&

@@ -116,8 +116,14 @@ class BlockIndex {
 
   // The entry for (ns, key), or kNoEntry.
   EntryId Find(NamespaceId ns, const BlockKey& key) const;
+  // Starts loading the hash slots a Find or Insert of (ns, key) will read, so a loop over many
+  // keys can overlap their cache misses (bulk loads: Recover).
+  void Prefetch(NamespaceId ns, const BlockKey& key) const { set_.prefetch(Probe{ns, &key}); }
   // Inserts a new, copy-less entry; the key must be absent.
   EntryId Insert(NamespaceId ns, const BlockKey& key);
+  // Makes room for `entries` in all, so inserting up to that many never rehashes (a rehash reads
+  // every entry again: its hash goes through the entry).
+  void Reserve(size_t entries);
   // Removes an entry that has no copies, leases, pins, cached children or I/O in flight.
   // An entry that lost its last copy but still has cached children stays as a copy-less
   // "ghost" (a miss for lookups) until they go; see CanErase.

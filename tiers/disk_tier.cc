@@ -199,6 +199,7 @@ Status DiskTier::ForEachMeta(
     const std::function<void(std::string_view raw_key)>& bad) const {
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
+  ro.readahead_size = 4 << 20;  // one sequential pass over the family
   std::unique_ptr<rocksdb::Iterator> it(store_.db()->NewIterator(ro, store_.block_meta()));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     NamespaceId ns;
