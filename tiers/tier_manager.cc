@@ -148,8 +148,8 @@ Status TierManager::Recover() {
   std::vector<std::pair<NamespaceId, BlockKey>> invalid;
   uint64_t oversize = 0;
   // Cache misses bound both passes below at 10^6 blocks and more: each asks for the hash slots
-  // of a record this far ahead before it needs them.
-  constexpr size_t kAhead = 8;
+  // of a record ahead before it needs them.
+  constexpr size_t kAhead = kIndexPrefetchAhead;
   for (size_t i = 0; i < loaded.size(); ++i) {
     if (i + kAhead < loaded.size()) index_.Prefetch(loaded[i + kAhead].ns, loaded[i + kAhead].key);
     const Loaded& l = loaded[i];

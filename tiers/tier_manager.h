@@ -161,9 +161,9 @@ struct TierManagerStats {
   uint64_t disk_capacity_bytes = 0;
   uint64_t disk_used_bytes = 0;
   uint64_t disk_blocks = 0;
-  uint64_t disk_bytes_on_device = 0;  // RocksDB's SST and blob files
+  uint64_t disk_bytes_on_device = 0;    // RocksDB's SST and blob files
   uint64_t disk_device_room_bytes = 0;  // what disk may still add to its device (DiskDeviceRoom)
-  uint64_t disk_memory_bytes = 0;  // what the disk tier's store holds in memory (RocksDB)
+  uint64_t disk_memory_bytes = 0;       // what the disk tier's store holds in memory (RocksDB)
   TierCounters host_counters;
   TierCounters disk_counters;
   uint64_t index_entries = 0;
@@ -184,6 +184,11 @@ struct TierManagerStats {
   uint64_t encoded_writes = 0;       // blocks written to disk encoded (tiers/demotion_encoding.h)
   uint64_t gpu_hints_dropped = 0;    // gpu placement hints dropped: the GPU's worker was behind
 };
+
+// How far ahead of the key it is looking up a loop over many keys prefetches the index's hash
+// slots (BlockIndex::Prefetch): at 10^6 blocks and more the index is far larger than the CPU's
+// caches, and the misses of consecutive keys then overlap instead of adding up.
+inline constexpr size_t kIndexPrefetchAhead = 8;
 
 // What kvpool leaves free on the disk tier's device for RocksDB to flush, compact and delete.
 inline constexpr uint64_t kDiskDeviceReserveBytes = 64ull << 20;

@@ -19,8 +19,12 @@ LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain
   LookupResult result;
   absl::MutexLock lock(&mu_);
   const uint32_t now = NowSeconds();
-  for (const BlockKey& key : chain) {
-    const EntryId id = FindCachedLocked(ns, key);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    // A large index lives in DRAM: ask for the hash slots of a key ahead (tier_manager.h).
+    if (i + kIndexPrefetchAhead < chain.size()) {
+      index_.Prefetch(ns, chain[i + kIndexPrefetchAhead]);
+    }
+    const EntryId id = FindCachedLocked(ns, chain[i]);
     if (id == kNoEntry) break;
     Entry& e = index_.at(id);
     result.tiers.push_back(FastestTier(e));
