@@ -170,8 +170,8 @@ Status TierManager::Recover() {
     ids.push_back(id);
   }
   // Every entry exists now: link each to its parent and add its copy in one pass, so the
-  // parent is read once for both. (A child's copy may come before its parent's: the parent then
-  // starts with a cached child and never becomes a candidate it would stop being at once.)
+  // parent is read once for both. (A child's copy may come before its parent's; the index's
+  // child counts and candidacy are right in either order.)
   NamespaceId last_ns = kNoNamespace;
   uint64_t* ns_used = nullptr;
   for (size_t i = 0; i < loaded.size(); ++i) {
