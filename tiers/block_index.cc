@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "absl/hash/hash.h"
 
@@ -63,7 +64,7 @@ EntryId BlockIndex::Insert(NamespaceId ns, const BlockKey& key) {
     CHECK_LT(next_id_, kNoEntry) << "block index full";
     id = next_id_++;
     if (id / kChunkEntries >= chunks_.size()) {
-      chunks_.push_back(std::make_unique<Entry[]>(kChunkEntries));
+      chunks_.emplace_back(NewChunk());
     }
   }
   Entry& e = at(id);
@@ -74,6 +75,15 @@ EntryId BlockIndex::Insert(NamespaceId ns, const BlockKey& key) {
   const bool inserted = set_.insert(id).second;
   CHECK(inserted) << "duplicate key " << key.ShortHex() << " inserted into the index";
   return id;
+}
+
+// Entries need no destructor, so a chunk is freed as plain memory.
+static_assert(std::is_trivially_destructible_v<Entry>);
+
+Entry* BlockIndex::NewChunk() {
+  auto* chunk = static_cast<Entry*>(AllocateIndexMemory(kChunkEntries * sizeof(Entry)));
+  for (uint32_t i = 0; i < kChunkEntries; ++i) new (&chunk[i]) Entry();
+  return chunk;
 }
 
 void BlockIndex::Reserve(size_t entries) {

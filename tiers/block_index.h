@@ -27,6 +27,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "common/namespace_id.h"
+#include "tiers/index_memory.h"
 
 namespace kvpool::tiers {
 
@@ -187,17 +188,22 @@ class BlockIndex {
   };
 
   Entry* Chunk(EntryId id) const { return chunks_[id / kChunkEntries].get(); }
+  static Entry* NewChunk();
   // True when `e` should be a candidate of `tier`.
   bool ShouldBeCandidate(const Entry& e, Tier tier) const;
   // Makes `id`'s candidacy of `tier` what ShouldBeCandidate says, telling the observer.
   void Refresh(EntryId id, Tier tier, bool after_child);
   void RefreshAll(EntryId id, bool after_child);
 
-  std::vector<std::unique_ptr<Entry[]>> chunks_;
+  // Chunks of kChunkEntries entries, in memory from AllocateIndexMemory (huge pages).
+  struct FreeChunk {
+    void operator()(Entry* chunk) const { FreeIndexMemory(chunk, kChunkEntries * sizeof(Entry)); }
+  };
+  std::vector<std::unique_ptr<Entry, FreeChunk>> chunks_;
   std::vector<EntryId> free_ids_;
   EntryId next_id_ = 0;
   const uint64_t seed_;
-  absl::flat_hash_set<EntryId, Hash, Eq> set_;
+  absl::flat_hash_set<EntryId, Hash, Eq, IndexAllocator<EntryId>> set_;
   std::array<size_t, kStoredTiers> candidates_{};
   CandidateObserver* observer_ = nullptr;
 };
