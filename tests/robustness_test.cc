@@ -587,11 +587,6 @@ TEST(RobustnessTest, AUcxClientThatNeverReceivesIsRefusedPastItsByteBound) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(c->Stats()->leases_active, 0u);
-  // Not destroyed: UCX 1.13's ucp_worker_destroy can hit an assertion of its own ("got REP
-  // message", ucp_request.c) when it purges a wireup reply to the daemon's endpoint still in
-  // flight, which this test provokes by design (a worker that is connected to but never serves).
-  // The process's exit releases it.
-  (void)engine->release();
 }
 
 }  // namespace
