@@ -21,8 +21,8 @@
 //
 // Threads: `io_threads` (ThreadRole::kControlIo), each running an I/O context of its own that
 // the connections are spread over (a connection stays on one I/O thread for its life), and
-// `worker_threads` (ThreadRole::kRequestWorker). Thread safety: Start/Stop from one thread; the handler is called
-// concurrently for different connections, never concurrently for one connection.
+// `worker_threads` (ThreadRole::kRequestWorker). Thread safety: Start/Stop from one thread; the
+// handler is called concurrently for different connections, never concurrently for one connection.
 
 #include <chrono>
 #include <cstdint>
