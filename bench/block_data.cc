@@ -30,10 +30,8 @@ PatternSet::PatternSet(size_t block_bytes, size_t slots, uint64_t seed)
   const size_t n = block_bytes * slots;
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+    const uint64_t z = SplitMix64(x);
+    x += kSplitMixGamma;
     std::memcpy(p + i, &z, 8);
   }
   for (; i < n; ++i) p[i] = static_cast<uint8_t>(i * 131 + 7);

@@ -24,6 +24,17 @@
 
 namespace kvpool::bench {
 
+// splitmix64: a fast, well-mixed 64-bit function of `x`, for keys and bytes that are pure
+// functions of an index. Successive outputs of the generator are SplitMix64(seed + k *
+// kSplitMixGamma).
+inline constexpr uint64_t kSplitMixGamma = 0x9e3779b97f4a7c15ull;
+inline uint64_t SplitMix64(uint64_t x) {
+  x += kSplitMixGamma;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 inline constexpr size_t kStampPage = 4096;
 inline constexpr size_t kStampBytes = 16;
 

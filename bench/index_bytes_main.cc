@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/block_data.h"
 #include "tiers/block_index.h"
 #include "tiers/eviction_pools.h"
 
@@ -27,21 +28,15 @@ namespace {
 
 using kvpool::BlockKey;
 using kvpool::Tier;
+using kvpool::bench::SplitMix64;
 using kvpool::tiers::BlockIndex;
 using kvpool::tiers::EntryId;
-
-uint64_t SplitMix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Uniform 32-byte keys (real keys are SHA-256 output), a pure function of i.
 BlockKey KeyOf(uint64_t i) {
   BlockKey k;
   for (int w = 0; w < 4; ++w) {
-    const uint64_t v = SplitMix(i * 4 + static_cast<uint64_t>(w));
+    const uint64_t v = SplitMix64(i * 4 + static_cast<uint64_t>(w));
     std::memcpy(k.bytes.data() + w * 8, &v, 8);
   }
   return k;
@@ -71,7 +66,7 @@ void Measure(uint64_t n) {
   const uint64_t finds = std::min<uint64_t>(n, 1000000);
   uint64_t found = 0;
   for (uint64_t i = 0; i < finds; ++i) {
-    found += index.Find(1, KeyOf(SplitMix(i ^ 0xf1d) % n)) != kvpool::tiers::kNoEntry;
+    found += index.Find(1, KeyOf(SplitMix64(i ^ 0xf1d) % n)) != kvpool::tiers::kNoEntry;
   }
   const auto t2 = std::chrono::steady_clock::now();
   const uint64_t rss1 = ResidentBytes();

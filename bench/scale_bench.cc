@@ -30,13 +30,6 @@ void Progress(const std::string& line) {
   std::fprintf(stderr, "[kvpool-bench --scale] %s\n", line.c_str());
 }
 
-uint64_t SplitMix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // The blocks of the run: chain `chain` of tenant `tenant`, every key and byte a pure function of
 // (seed, tenant, chain, position), so nothing is kept to verify a read.
 class ChainData {
@@ -49,10 +42,10 @@ class ChainData {
 
   void Keys(uint32_t tenant, uint64_t chain, std::vector<BlockKey>& out) const {
     out.resize(chain_blocks_);
-    const uint64_t base = SplitMix(seed_ ^ SplitMix((uint64_t{tenant} << 40) ^ chain));
+    const uint64_t base = SplitMix64(seed_ ^ SplitMix64((uint64_t{tenant} << 40) ^ chain));
     for (uint32_t p = 0; p < chain_blocks_; ++p) {
       for (int w = 0; w < 4; ++w) {
-        const uint64_t v = SplitMix(base + uint64_t{p} * 4 + static_cast<uint64_t>(w));
+        const uint64_t v = SplitMix64(base + uint64_t{p} * 4 + static_cast<uint64_t>(w));
         std::memcpy(out[p].bytes.data() + w * 8, &v, 8);
       }
     }
@@ -63,7 +56,7 @@ class ChainData {
     uint64_t base = 0;
     std::memcpy(&base, key.bytes.data(), 8);
     for (uint64_t i = 0; i < block_bytes_ / 8; ++i) {
-      const uint64_t v = SplitMix(base + i);
+      const uint64_t v = SplitMix64(base + i);
       std::memcpy(out + i * 8, &v, 8);
     }
     for (uint64_t i = block_bytes_ / 8 * 8; i < block_bytes_; ++i) out[i] = key.bytes[i % 32];
