@@ -164,6 +164,20 @@ void BlockIndex::AddCopy(EntryId id, Tier tier) {
   }
 }
 
+void BlockIndex::AddCopyUnsettled(EntryId id, Tier tier) {
+  Entry& e = at(id);
+  CHECK(IsStoredTier(tier));
+  CHECK(!e.In(tier));
+  e.tiers |= TierBit(tier);
+  if (e.parent != kNoEntry) ++at(e.parent).children[TierSlot(tier)];
+}
+
+void BlockIndex::SettleCandidates() {
+  for (EntryId id = 0; id < next_id_; ++id) {
+    if (at(id).live) RefreshAll(id, /*after_child=*/false);
+  }
+}
+
 void BlockIndex::RemoveCopy(EntryId id, Tier tier) {
   Entry& e = at(id);
   CHECK(e.In(tier));

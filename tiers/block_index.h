@@ -120,6 +120,11 @@ class BlockIndex {
   // Starts loading the hash slots a Find or Insert of (ns, key) will read, so a loop over many
   // keys can overlap their cache misses (bulk loads: Recover).
   void Prefetch(NamespaceId ns, const BlockKey& key) const { set_.prefetch(Probe{ns, &key}); }
+  // Starts loading entry `id` (every cache line of it).
+  void PrefetchEntry(EntryId id) const {
+    const char* p = reinterpret_cast<const char*>(&at(id));
+    for (size_t off = 0; off < sizeof(Entry); off += 64) __builtin_prefetch(p + off, 1);
+  }
   // Inserts a new, copy-less entry; the key must be absent.
   EntryId Insert(NamespaceId ns, const BlockKey& key);
   // Makes room for `entries` in all, so inserting up to that many never rehashes (a rehash reads
@@ -144,6 +149,13 @@ class BlockIndex {
   // LRU list right.
   void AddCopy(EntryId id, Tier tier);
   void RemoveCopy(EntryId id, Tier tier);
+  // For bulk loads (Recover): AddCopy without settling candidacy. A load in key order visits
+  // parents and children at random, so settling each copy as it comes would move entries in and
+  // out of the eviction orders, each move a cache miss on a random neighbour. SettleCandidates
+  // then settles every entry once, in entry order. Nothing may evict or look at candidacy in
+  // between.
+  void AddCopyUnsettled(EntryId id, Tier tier);
+  void SettleCandidates();
   // Links `id` under `parent` (same namespace). Must be called before the first AddCopy.
   void SetParent(EntryId id, EntryId parent);
   void Pin(EntryId id);

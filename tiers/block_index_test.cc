@@ -436,6 +436,79 @@ std::set<EntryId> BruteForceCandidates(const BlockIndex& index, const std::set<E
   return out;
 }
 
+// Recover's bulk load: copies added in random order without settling, then settled once, give
+// the same candidates, child counts and tail-first order as adding them one by one.
+TEST(BlockIndexTest, ABulkLoadSettledOnceMatchesCopiesAddedOneByOne) {
+  BlockIndex one_by_one;
+  EvictionPools pools_a(one_by_one);
+  one_by_one.SetObserver(&pools_a);
+  BlockIndex bulk;
+  EvictionPools pools_b(bulk);
+  bulk.SetObserver(&pools_b);
+  // Three chains, one branching, and a lone block; some in host too.
+  struct Block {
+    uint64_t key;
+    int parent;  // index into blocks, -1: none
+    bool host;
+  };
+  std::vector<Block> blocks;
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 20; ++i) {
+      blocks.push_back({static_cast<uint64_t>(c * 100 + i),
+                        i == 0 ? -1 : static_cast<int>(blocks.size()) - 1, c == 1 && i < 5});
+    }
+  }
+  blocks.push_back({900, 25, false});  // a branch off chain 1 at its 6th block
+  blocks.push_back({901, 60, false});  // continues the branch
+  blocks.push_back({950, -1, false});
+  std::vector<EntryId> a_ids;
+  for (const Block& b : blocks) {
+    const EntryId id = one_by_one.Insert(1, KeyOf(b.key));
+    if (b.parent >= 0) one_by_one.SetParent(id, a_ids[static_cast<size_t>(b.parent)]);
+    one_by_one.AddCopy(id, kDisk);
+    if (b.host) one_by_one.AddCopy(id, kHost);
+    a_ids.push_back(id);
+  }
+  // The bulk load: entries first, then links and copies in a shuffled order, then settled.
+  std::vector<EntryId> b_ids;
+  for (const Block& b : blocks) b_ids.push_back(bulk.Insert(1, KeyOf(b.key)));
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  for (size_t i : order) {
+    if (blocks[i].parent >= 0)
+      bulk.SetParent(b_ids[i], b_ids[static_cast<size_t>(blocks[i].parent)]);
+    bulk.AddCopyUnsettled(b_ids[i], kDisk);
+    if (blocks[i].host) bulk.AddCopyUnsettled(b_ids[i], kHost);
+  }
+  EXPECT_EQ(bulk.CandidateCount(kDisk), 0u) << "nothing is settled before SettleCandidates";
+  bulk.SettleCandidates();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Entry& x = one_by_one.at(a_ids[i]);
+    const Entry& y = bulk.at(b_ids[i]);
+    EXPECT_EQ(x.candidate, y.candidate) << "block " << i;
+    EXPECT_EQ(x.children, y.children) << "block " << i;
+    EXPECT_EQ(x.tiers, y.tiers) << "block " << i;
+  }
+  EXPECT_EQ(bulk.CandidateCount(kDisk), one_by_one.CandidateCount(kDisk));
+  EXPECT_EQ(bulk.CandidateCount(kHost), one_by_one.CandidateCount(kHost));
+  // Tail first along every chain: evicting disk candidates until none are left drops each
+  // block only after every block below it.
+  std::set<EntryId> gone;
+  for (int round = 0; round < 100 && bulk.size() > 0; ++round) {
+    const std::vector<EntryId> victims = Candidates(pools_b, bulk, kDisk);
+    if (victims.empty()) break;
+    for (EntryId id : victims) {
+      bulk.ForEachChild(id, [&](EntryId c) { EXPECT_TRUE(gone.count(c)) << "a child outlived"; });
+      if (bulk.at(id).In(kHost)) bulk.RemoveCopy(id, kHost);
+      bulk.RemoveCopy(id, kDisk);
+      gone.insert(id);
+      if (bulk.CanErase(id)) bulk.Erase(id);
+    }
+  }
+  EXPECT_EQ(gone.size(), blocks.size());
+}
+
 TEST(BlockIndexTest, RandomOperationsMatchABruteForceModel) {
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));

@@ -3,8 +3,11 @@
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "common/checksum.h"
 
@@ -195,11 +198,16 @@ Status DiskTier::DeleteRaw(std::string_view raw_key) {
 }
 
 Status DiskTier::ForEachMeta(
+    const MetaRange& range,
     const std::function<void(NamespaceId, const BlockKey&, const DiskBlockMeta&)>& visit,
     const std::function<void(std::string_view raw_key)>& bad) const {
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
   ro.readahead_size = 4 << 20;  // one sequential pass over the family
+  const rocksdb::Slice lower(range.lower);
+  const rocksdb::Slice upper(range.upper);
+  if (!range.lower.empty()) ro.iterate_lower_bound = &lower;
+  if (!range.upper.empty()) ro.iterate_upper_bound = &upper;
   std::unique_ptr<rocksdb::Iterator> it(store_.db()->NewIterator(ro, store_.block_meta()));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     NamespaceId ns;
@@ -214,6 +222,89 @@ Status DiskTier::ForEachMeta(
     visit(ns, key, meta);
   }
   return KVPOOL_ROCKS_STATUS(it->status());
+}
+
+namespace {
+
+// A key's first 8 bytes as a big-endian number (shorter keys padded with zeros), and back: a
+// coarse position in the key space to place cuts between two keys.
+uint64_t KeyPosition(std::string_view key) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    v = v << 8 | (i < key.size() ? static_cast<uint8_t>(key[i]) : 0);
+  }
+  return v;
+}
+
+std::string KeyAtPosition(uint64_t v) {
+  std::string key(8, '\0');
+  for (int i = 7; i >= 0; --i, v >>= 8) key[static_cast<size_t>(i)] = static_cast<char>(v & 0xff);
+  return key;
+}
+
+}  // namespace
+
+std::vector<MetaRange> DiskTier::SplitMeta(int parts) const {
+  std::vector<MetaRange> out(1);
+  if (parts <= 1) return out;
+  // Candidate cuts: every SST file's first key, and kCutsPerFile - 1 positions evenly spaced
+  // between its first and last key. Block keys are hashes, uniform within a namespace, so even
+  // files that span the whole key space (level 0) are cut into pieces of about equal size.
+  constexpr uint64_t kCutsPerFile = 16;
+  std::vector<rocksdb::LiveFileMetaData> files;
+  store_.db()->GetLiveFilesMetaData(&files);
+  const std::string family = store_.block_meta()->GetName();
+  std::vector<std::string> cuts;
+  for (const rocksdb::LiveFileMetaData& f : files) {
+    if (f.column_family_name != family) continue;
+    cuts.push_back(f.smallestkey);
+    const uint64_t lo = KeyPosition(f.smallestkey);
+    const uint64_t hi = KeyPosition(f.largestkey);
+    for (uint64_t j = 1; hi > lo && j < kCutsPerFile; ++j) {
+      cuts.push_back(KeyAtPosition(lo + (hi - lo) / kCutsPerFile * j));
+    }
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  if (!cuts.empty() && cuts.front().empty()) cuts.erase(cuts.begin());
+  if (cuts.empty()) return out;
+  // RocksDB's estimate of the bytes between consecutive cuts (the last piece ends past any key).
+  const std::string end_of_keys(48, '\xff');
+  std::vector<rocksdb::Range> pieces;
+  pieces.reserve(cuts.size() + 1);
+  pieces.emplace_back(rocksdb::Slice(), cuts.front());
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) pieces.emplace_back(cuts[i], cuts[i + 1]);
+  pieces.emplace_back(cuts.back(), end_of_keys);
+  std::vector<uint64_t> bytes(pieces.size(), 0);
+  rocksdb::SizeApproximationOptions so;
+  so.include_memtables = true;
+  so.include_files = true;
+  if (!store_.db()
+           ->GetApproximateSizes(so, store_.block_meta(), pieces.data(),
+                                 static_cast<int>(pieces.size()), bytes.data())
+           .ok()) {
+    return out;  // one range: slower, never wrong
+  }
+  uint64_t total = 0;
+  for (uint64_t b : bytes) total += b;
+  // Walk the pieces in key order and cut after the one that reaches the next share.
+  uint64_t seen = 0;
+  for (size_t i = 0; i + 1 < pieces.size() && static_cast<int>(out.size()) < parts; ++i) {
+    seen += bytes[i];
+    const uint64_t share = total / static_cast<uint64_t>(parts) * out.size();
+    if (seen >= share && seen > 0) {
+      out.back().upper = cuts[i];
+      out.push_back(MetaRange{cuts[i], ""});
+    }
+  }
+  return out;
+}
+
+uint64_t DiskTier::EstimateMetaRecords() const {
+  uint64_t keys = 0;
+  store_.db()->GetIntProperty(store_.block_meta(), rocksdb::DB::Properties::kEstimateNumKeys,
+                              &keys);
+  return keys;
 }
 
 Status DiskTier::CorruptForTest(NamespaceId ns, const BlockKey& key) {

@@ -44,12 +44,18 @@ class DiskTier final : public BlockStore {
   Result<DiskBlockMeta> ReadMeta(NamespaceId ns, const BlockKey& key) const override;
   // Deletes blocks (body and meta) atomically.
   Status Delete(std::span<const std::pair<NamespaceId, BlockKey>> blocks) override;
-  // Visits every block's meta record without reading bodies. Stops at the first non-OK
-  // status the visitor returns; Corruption for an undecodable record is passed to `visit`'s
-  // caller via `bad`, which receives the raw key so the caller can delete it.
+  // Visits the block meta records of `range` (keys as EncodeKey makes them) without reading
+  // bodies. An undecodable record's raw key goes to `bad`, so the caller can delete it.
+  using BlockStore::ForEachMeta;
   Status ForEachMeta(
+      const MetaRange& range,
       const std::function<void(NamespaceId, const BlockKey&, const DiskBlockMeta&)>& visit,
       const std::function<void(std::string_view raw_key)>& bad) const override;
+  // Cuts where RocksDB estimates equal shares of the meta family's bytes, among candidate keys
+  // taken from its SST files' key ranges (block keys are uniform within a namespace).
+  std::vector<MetaRange> SplitMeta(int parts) const override;
+  // RocksDB's estimate of the meta family's keys.
+  uint64_t EstimateMetaRecords() const override;
   // Deletes a record whose key could not be decoded (see ForEachMeta).
   Status DeleteRaw(std::string_view raw_key) override;
   // RocksDB's SST and blob files.

@@ -164,6 +164,13 @@ class ReadyRead final : public PendingRead {
   Status status_;
 };
 
+// A part of a block store's meta records: the keys in [lower, upper) in the store's own key
+// order; an empty bound is open (MetaRange{} is every record).
+struct MetaRange {
+  std::string lower;
+  std::string upper;
+};
+
 // The tier manager keeps a block store's budget (TierManagerOptions::disk_capacity_bytes) and
 // accounts its bytes from the block index; the store only keeps the blocks.
 class BlockStore : public StorageTier {
@@ -185,11 +192,25 @@ class BlockStore : public StorageTier {
   virtual Result<DiskBlockMeta> ReadMeta(NamespaceId ns, const BlockKey& key) const = 0;
   // Deletes blocks atomically.
   virtual Status Delete(std::span<const std::pair<NamespaceId, BlockKey>> blocks) = 0;
-  // Visits every block's meta record without reading bodies; an undecodable record's raw key
-  // goes to `bad` (DeleteRaw removes it).
+  // Visits the meta records of `range` without reading bodies, in the store's key order; an
+  // undecodable record's raw key goes to `bad` (DeleteRaw removes it). Scans of different ranges
+  // may run concurrently.
   virtual Status ForEachMeta(
+      const MetaRange& range,
       const std::function<void(NamespaceId, const BlockKey&, const DiskBlockMeta&)>& visit,
       const std::function<void(std::string_view raw_key)>& bad) const = 0;
+  // The same over every record.
+  Status ForEachMeta(
+      const std::function<void(NamespaceId, const BlockKey&, const DiskBlockMeta&)>& visit,
+      const std::function<void(std::string_view raw_key)>& bad) const {
+    return ForEachMeta(MetaRange{}, visit, bad);
+  }
+  // Cuts the meta records into at most `parts` ranges that together hold every record once,
+  // of about equal size by the store's own estimate (so a start can scan them in parallel).
+  // At least one range.
+  virtual std::vector<MetaRange> SplitMeta(int parts) const = 0;
+  // About how many meta records there are (to size the index before a rebuild).
+  virtual uint64_t EstimateMetaRecords() const = 0;
   virtual Status DeleteRaw(std::string_view raw_key) = 0;
   // Bytes the store takes on its device (files, obsolete ones until deleted); approximate.
   virtual uint64_t bytes_on_device() const = 0;

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 
@@ -10,6 +11,7 @@
 #include "common/clock.h"
 #include "common/units.h"
 #include "tiers/demotion_encoding.h"
+#include "tiers/meta_scan.h"
 
 namespace kvpool::tiers {
 namespace {
@@ -124,76 +126,95 @@ void TierManager::MaybeEraseLocked(EntryId id) {
 
 Status TierManager::Recover() {
   const auto start = std::chrono::steady_clock::now();
-  struct Loaded {
-    NamespaceId ns;
-    BlockKey key;
-    DiskBlockMeta meta;
-  };
-  std::vector<Loaded> loaded;
-  std::vector<std::string> bad;
-  KVPOOL_RETURN_IF_ERROR(disk_.ForEachMeta(
-      [&](NamespaceId ns, const BlockKey& key, const DiskBlockMeta& meta) {
-        loaded.push_back({ns, key, meta});
-      },
-      [&](std::string_view raw) { bad.emplace_back(raw); }));
-  const auto scanned = std::chrono::steady_clock::now();
-  for (const std::string& raw : bad) {
+  const int readers = std::clamp(UsableCpus(), 1, kMaxRecoverReaders);
+  MetaScan scan(disk_, disk_.SplitMeta(readers));
+  absl::MutexLock lock(&mu_);
+  index_.Reserve(index_.size() + disk_.EstimateMetaRecords());
+  // Pass 1, while the readers go on: an entry for every record, in the order they arrive.
+  std::vector<MetaBatch> batches;
+  std::vector<std::vector<EntryId>> batch_ids;
+  std::vector<std::pair<NamespaceId, BlockKey>> invalid;
+  uint64_t oversize = 0;
+  // Cache misses bound both passes at 10^6 blocks and more: each asks for the hash slots of a
+  // record ahead before it needs them.
+  constexpr size_t kAhead = kIndexPrefetchAhead;
+  while (std::optional<MetaBatch> batch = scan.Next()) {
+    const MetaBatch& loaded = *batch;
+    std::vector<EntryId>& ids = batch_ids.emplace_back();
+    ids.reserve(loaded.size());
+    for (size_t i = 0; i < loaded.size(); ++i) {
+      if (i + kAhead < loaded.size()) {
+        index_.Prefetch(loaded[i + kAhead].ns, loaded[i + kAhead].key);
+      }
+      const LoadedMeta& l = loaded[i];
+      // Sizes no daemon writes: corrupt records. (A block larger than a host segment is not: it
+      // was put under a larger --host_segment_size, and stays, served by direct reads.)
+      if (l.meta.size == 0 || l.meta.size > UINT32_MAX) {
+        invalid.emplace_back(l.ns, l.key);
+        ids.push_back(kNoEntry);
+        continue;
+      }
+      if (l.meta.size > max_block_bytes()) ++oversize;
+      const EntryId id = index_.Insert(l.ns, l.key);
+      Entry& e = index_.at(id);
+      e.size = static_cast<uint32_t>(l.meta.size);
+      e.checksum = l.meta.checksum;
+      e.disk_encoding = l.meta.encoding;
+      e.disk_size = l.meta.encoding != 0 ? static_cast<uint32_t>(l.meta.stored_size) : 0;
+      ids.push_back(id);
+    }
+    batches.push_back(std::move(*batch));
+  }
+  const auto scanned = scan.finished_at();
+  KVPOOL_RETURN_IF_ERROR(scan.status());
+  for (const std::string& raw : scan.bad()) {
     LOG(ERROR) << "dropping an undecodable block record on disk (" << raw.size() << "-byte key)";
     disk_.DeleteRaw(raw).IgnoreError();
   }
-  absl::MutexLock lock(&mu_);
-  index_.Reserve(index_.size() + loaded.size());
-  std::vector<EntryId> ids;
-  ids.reserve(loaded.size());
-  std::vector<std::pair<NamespaceId, BlockKey>> invalid;
-  uint64_t oversize = 0;
-  // Cache misses bound both passes below at 10^6 blocks and more: each asks for the hash slots
-  // of a record ahead before it needs them.
-  constexpr size_t kAhead = kIndexPrefetchAhead;
-  for (size_t i = 0; i < loaded.size(); ++i) {
-    if (i + kAhead < loaded.size()) index_.Prefetch(loaded[i + kAhead].ns, loaded[i + kAhead].key);
-    const Loaded& l = loaded[i];
-    // Sizes no daemon writes: corrupt records. (A block larger than a host segment is not: it was
-    // put under a larger --host_segment_size, and stays, served by direct reads.)
-    if (l.meta.size == 0 || l.meta.size > UINT32_MAX) {
-      invalid.emplace_back(l.ns, l.key);
-      ids.push_back(kNoEntry);
-      continue;
+  const auto inserted = std::chrono::steady_clock::now();
+  // Pass 2, once every entry exists: link each to its parent and add its copy in one pass, so
+  // the parent is read once for both (a child's copy may come before its parent's). Candidacy
+  // is settled once at the end, in entry order (BlockIndex::AddCopyUnsettled).
+  // In groups: first the parents of a group are found (their finds are independent, so their
+  // misses overlap) while the next group's hash slots load, and their entries are asked for;
+  // then the group is linked, its parents' entries in cache by then.
+  constexpr size_t kGroup = 32;
+  std::array<EntryId, kGroup> parents;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const MetaBatch& loaded = batches[b];
+    const std::vector<EntryId>& ids = batch_ids[b];
+    NamespaceId last_ns = kNoNamespace;
+    uint64_t* ns_used = nullptr;
+    for (size_t g = 0; g < loaded.size(); g += kGroup) {
+      const size_t end = std::min(g + kGroup, loaded.size());
+      for (size_t i = end; i < std::min(end + kGroup, loaded.size()); ++i) {
+        if (!loaded[i].meta.parent.IsZero()) index_.Prefetch(loaded[i].ns, loaded[i].meta.parent);
+      }
+      for (size_t i = g; i < end; ++i) {
+        EntryId& parent = parents[i - g];
+        parent = kNoEntry;
+        if (ids[i] == kNoEntry || loaded[i].meta.parent.IsZero()) continue;
+        parent = index_.Find(loaded[i].ns, loaded[i].meta.parent);
+        if (parent != kNoEntry) index_.PrefetchEntry(parent);
+      }
+      for (size_t i = g; i < end; ++i) {
+        const EntryId id = ids[i];
+        if (id == kNoEntry) continue;
+        const EntryId parent = parents[i - g];
+        if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
+        index_.AddCopyUnsettled(id, Tier::kDisk);
+        const uint64_t bytes = index_.at(id).disk_bytes();
+        disk_used_ += bytes;
+        if (loaded[i].ns != last_ns) {  // a namespace's records come together
+          last_ns = loaded[i].ns;
+          ns_used = &disk_used_of_[last_ns];
+        }
+        *ns_used += bytes;
+        ++disk_blocks_;
+      }
     }
-    if (l.meta.size > max_block_bytes()) ++oversize;
-    const EntryId id = index_.Insert(l.ns, l.key);
-    Entry& e = index_.at(id);
-    e.size = static_cast<uint32_t>(l.meta.size);
-    e.checksum = l.meta.checksum;
-    e.disk_encoding = l.meta.encoding;
-    e.disk_size = l.meta.encoding != 0 ? static_cast<uint32_t>(l.meta.stored_size) : 0;
-    ids.push_back(id);
   }
-  // Every entry exists now: link each to its parent and add its copy in one pass, so the
-  // parent is read once for both. (A child's copy may come before its parent's; the index's
-  // child counts and candidacy are right in either order.)
-  NamespaceId last_ns = kNoNamespace;
-  uint64_t* ns_used = nullptr;
-  for (size_t i = 0; i < loaded.size(); ++i) {
-    if (i + kAhead < loaded.size() && !loaded[i + kAhead].meta.parent.IsZero()) {
-      index_.Prefetch(loaded[i + kAhead].ns, loaded[i + kAhead].meta.parent);
-    }
-    const EntryId id = ids[i];
-    if (id == kNoEntry) continue;
-    if (!loaded[i].meta.parent.IsZero()) {
-      const EntryId parent = index_.Find(loaded[i].ns, loaded[i].meta.parent);
-      if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
-    }
-    index_.AddCopy(id, Tier::kDisk);
-    const uint64_t bytes = index_.at(id).disk_bytes();
-    disk_used_ += bytes;
-    if (loaded[i].ns != last_ns) {  // a namespace's records come together
-      last_ns = loaded[i].ns;
-      ns_used = &disk_used_of_[last_ns];
-    }
-    *ns_used += bytes;
-    ++disk_blocks_;
-  }
+  index_.SettleCandidates();
   if (!invalid.empty()) {
     LOG(ERROR) << "dropping " << invalid.size() << " disk blocks with an impossible size";
     disk_.Delete(invalid).IgnoreError();
@@ -207,10 +228,15 @@ Status TierManager::Recover() {
   const auto done = std::chrono::steady_clock::now();
   rebuild_blocks_ = disk_blocks_;
   rebuild_seconds_ = std::chrono::duration<double>(done - start).count();
-  const double scan_s = std::chrono::duration<double>(scanned - start).count();
-  char took[96];
-  std::snprintf(took, sizeof(took), "%.3f s (%.3f s reading the records, %.3f s indexing)",
-                rebuild_seconds_, scan_s, rebuild_seconds_ - scan_s);
+  auto seconds = [&](auto from, auto to) {
+    return std::chrono::duration<double>(to - from).count();
+  };
+  char took[192];
+  std::snprintf(took, sizeof(took),
+                "%.3f s (%d readers, one per key range, done reading at %.3f s while indexing; "
+                "entries made at %.3f s, linked in %.3f s)",
+                rebuild_seconds_, scan.readers(), seconds(start, scanned), seconds(start, inserted),
+                seconds(inserted, done));
   LOG(INFO) << "recovered " << disk_blocks_ << " disk blocks (" << FormatBytes(disk_used_)
             << ") from RocksDB meta records without reading their bodies, in " << took;
   return Status::OK();

@@ -209,7 +209,8 @@ class TierManager {
   ~TierManager();  // calls Shutdown()
 
   // Rebuilds the index from the disk tier's meta records (no block body is read) and trims
-  // disk to its capacity. Call once, before Start.
+  // disk to its capacity. Call once, before Start. An error (a record the store could not read)
+  // may leave the index partly built: the manager must then not be started (kvpoold stops).
   Status Recover();
   void Start();
   // Stops the threads; with flush_on_shutdown writes host-only blocks to disk first.
