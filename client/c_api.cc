@@ -4,12 +4,15 @@
 #include <kvpool/client.h>
 #include <kvpool/kvpool.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "client/device_buffers.h"
 #include "client/stats_json.h"
 
 struct kvpool_client {
@@ -19,6 +22,12 @@ struct kvpool_client {
 
 struct kvpool_borrowed {
   kvpool::BorrowedBlocks blocks;
+};
+
+struct kvpool_pending_get {
+  kvpool::PendingGet pending;
+  kvpool_client* client = nullptr;  // for its last_error
+  size_t n = 0;
 };
 
 namespace {
@@ -204,10 +213,11 @@ int GetInto(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buf
   });
 }
 
-// kvpool_put_chain and kvpool_put_chain_device: every block in `memory`.
+// kvpool_put_chain, kvpool_put_chain_device and kvpool_put_chain_to_gpu: every block in
+// `memory`.
 int PutChainFrom(kvpool_client* c, const kvpool_key* keys, size_t n, const void* const* data,
                  const size_t* sizes, const kvpool_key* parent, uint32_t* stored, uint32_t* present,
-                 kvpool::Memory memory, void* cuda_stream) {
+                 kvpool::Memory memory, void* cuda_stream, int gpu_device) {
   if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
   KVPOOL_C_REQUIRE(n == 0 || (keys && data && sizes), c,
                    "kvpool_put_chain: keys, data and sizes are required");
@@ -219,13 +229,33 @@ int PutChainFrom(kvpool_client* c, const kvpool_key* keys, size_t n, const void*
     for (size_t i = 0; i < n; ++i) {
       blocks[i] = {k[i], data[i], sizes[i], i == 0 ? p : k[i - 1], std::nullopt, memory};
     }
-    auto r = c->client->Put(blocks, {.cuda_stream = cuda_stream});
+    auto r = c->client->Put(blocks, {.cuda_stream = cuda_stream, .gpu_device = gpu_device});
     if (!r.ok()) return Fail(c, r.status());
     if (stored) *stored = r->stored;
     if (present) *present = r->already_present + r->in_progress;
     for (const kvpool::Status& st : r->errors) {
       if (!st.ok()) return Fail(c, st);
     }
+    return Ok(c);
+  });
+}
+
+// kvpool_session_load and kvpool_session_load_to_gpu.
+int LoadSession(kvpool_client* c, const char* session_id, const kvpool::LoadSessionOptions& options,
+                kvpool_key* keys, size_t keys_capacity, size_t* n_keys, uint64_t* token_count,
+                uint32_t* cached_blocks) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(
+      session_id != nullptr && n_keys != nullptr && (keys_capacity == 0 || keys != nullptr), c,
+      "kvpool_session_load: missing argument");
+  return Guard(c, [&] {
+    auto r = c->client->LoadSession(session_id, options);
+    if (!r.ok()) return Fail(c, r.status());
+    *n_keys = r->session.keys.size();
+    if (token_count) *token_count = r->session.token_count;
+    if (cached_blocks) *cached_blocks = r->cached_blocks;
+    const size_t n = std::min(keys_capacity, r->session.keys.size());
+    for (size_t i = 0; i < n; ++i) std::memcpy(keys[i].bytes, r->session.keys[i].bytes.data(), 32);
     return Ok(c);
   });
 }
@@ -246,14 +276,58 @@ int kvpool_put_chain(kvpool_client* c, const kvpool_key* keys, size_t n, const v
                      const size_t* sizes, const kvpool_key* parent, uint32_t* stored,
                      uint32_t* present) {
   return PutChainFrom(c, keys, n, data, sizes, parent, stored, present, kvpool::Memory::kHost,
-                      nullptr);
+                      nullptr, -1);
 }
 
 int kvpool_put_chain_device(kvpool_client* c, const kvpool_key* keys, size_t n,
                             const void* const* data, const size_t* sizes, const kvpool_key* parent,
                             void* cuda_stream, uint32_t* stored, uint32_t* present) {
   return PutChainFrom(c, keys, n, data, sizes, parent, stored, present, kvpool::Memory::kCuda,
-                      cuda_stream);
+                      cuda_stream, -1);
+}
+
+int kvpool_put_chain_to_gpu(kvpool_client* c, const kvpool_key* keys, size_t n,
+                            const void* const* data, const size_t* sizes, const kvpool_key* parent,
+                            int data_on_device, void* cuda_stream, int gpu_device, uint32_t* stored,
+                            uint32_t* present) {
+  KVPOOL_C_REQUIRE(gpu_device >= 0, c, "kvpool_put_chain_to_gpu: gpu_device must be >= 0");
+  return PutChainFrom(c, keys, n, data, sizes, parent, stored, present,
+                      data_on_device != 0 ? kvpool::Memory::kCuda : kvpool::Memory::kHost,
+                      cuda_stream, gpu_device);
+}
+
+int kvpool_get_device_async(kvpool_client* c, const kvpool_key* keys, size_t n,
+                            void* const* buffers, const size_t* capacities, void* cuda_stream,
+                            kvpool_pending_get** out) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(out != nullptr && (n == 0 || (keys && buffers && capacities)), c,
+                   "kvpool_get_device_async: every array argument and out are required");
+  *out = nullptr;
+  return Guard(c, [&] {
+    std::vector<kvpool::MutableBuffer> bufs(n);
+    for (size_t i = 0; i < n; ++i) bufs[i] = {buffers[i], capacities[i], kvpool::Memory::kCuda};
+    auto r = c->client->GetAsync(Keys(keys, n), bufs, {.cuda_stream = cuda_stream});
+    if (!r.ok()) return Fail(c, r.status());
+    *out = new kvpool_pending_get{std::move(*r), c, n};
+    return Ok(c);
+  });
+}
+
+int kvpool_pending_get_wait(kvpool_pending_get* p, size_t* sizes, int* codes) {
+  if (p == nullptr) return KVPOOL_OK;
+  std::unique_ptr<kvpool_pending_get> owned(p);
+  kvpool_client* c = p->client;
+  KVPOOL_C_REQUIRE(p->n == 0 || (sizes && codes), c,
+                   "kvpool_pending_get_wait: sizes and codes are required");
+  return Guard(c, [&] {
+    auto r = p->pending.Wait();
+    if (!r.ok()) return Fail(c, r.status());
+    for (size_t i = 0; i < p->n; ++i) {
+      sizes[i] = (*r)[i].size;
+      codes[i] = Code((*r)[i].status);
+    }
+    return Ok(c);
+  });
 }
 
 int kvpool_prefetch(kvpool_client* c, const kvpool_key* keys, size_t n, uint32_t* started) {
@@ -263,6 +337,20 @@ int kvpool_prefetch(kvpool_client* c, const kvpool_key* keys, size_t n, uint32_t
     auto r = c->client->Prefetch(Keys(keys, n));
     if (!r.ok()) return Fail(c, r.status());
     if (started) *started = *r;
+    return Ok(c);
+  });
+}
+
+int kvpool_prefetch_to_gpu(kvpool_client* c, const kvpool_key* keys, size_t n, int gpu_device,
+                           uint32_t* scheduled, uint32_t* gpu_placed) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(n == 0 || keys != nullptr, c, "kvpool_prefetch_to_gpu: keys are required");
+  KVPOOL_C_REQUIRE(gpu_device >= 0, c, "kvpool_prefetch_to_gpu: gpu_device must be >= 0");
+  return Guard(c, [&] {
+    auto r = c->client->Prefetch(Keys(keys, n), {.gpu_device = gpu_device});
+    if (!r.ok()) return Fail(c, r.status());
+    if (scheduled) *scheduled = r->scheduled;
+    if (gpu_placed) *gpu_placed = r->gpu_placed;
     return Ok(c);
   });
 }
@@ -293,20 +381,16 @@ int kvpool_session_save(kvpool_client* c, const char* session_id, const kvpool_k
 int kvpool_session_load(kvpool_client* c, const char* session_id, int prefetch, kvpool_key* keys,
                         size_t keys_capacity, size_t* n_keys, uint64_t* token_count,
                         uint32_t* cached_blocks) {
-  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
-  KVPOOL_C_REQUIRE(
-      session_id != nullptr && n_keys != nullptr && (keys_capacity == 0 || keys != nullptr), c,
-      "kvpool_session_load: missing argument");
-  return Guard(c, [&] {
-    auto r = c->client->LoadSession(session_id, prefetch != 0);
-    if (!r.ok()) return Fail(c, r.status());
-    *n_keys = r->session.keys.size();
-    if (token_count) *token_count = r->session.token_count;
-    if (cached_blocks) *cached_blocks = r->cached_blocks;
-    const size_t n = std::min(keys_capacity, r->session.keys.size());
-    for (size_t i = 0; i < n; ++i) std::memcpy(keys[i].bytes, r->session.keys[i].bytes.data(), 32);
-    return Ok(c);
-  });
+  return LoadSession(c, session_id, {.prefetch = prefetch != 0}, keys, keys_capacity, n_keys,
+                     token_count, cached_blocks);
+}
+
+int kvpool_session_load_to_gpu(kvpool_client* c, const char* session_id, int gpu_device,
+                               kvpool_key* keys, size_t keys_capacity, size_t* n_keys,
+                               uint64_t* token_count, uint32_t* cached_blocks) {
+  KVPOOL_C_REQUIRE(gpu_device >= 0, c, "kvpool_session_load_to_gpu: gpu_device must be >= 0");
+  return LoadSession(c, session_id, {.prefetch = true, .gpu_device = gpu_device}, keys,
+                     keys_capacity, n_keys, token_count, cached_blocks);
 }
 
 int kvpool_session_delete(kvpool_client* c, const char* session_id) {
@@ -371,3 +455,11 @@ int kvpool_borrowed_verify(kvpool_borrowed* b, int* codes) {
 void kvpool_borrowed_release(kvpool_borrowed* b) { delete b; }
 
 }  // extern "C"
+
+namespace kvpool::client {
+
+void UseCopyEngineForTest(kvpool_client* client, kernels::DeviceCopyEngine* engine) {
+  UseCopyEngineForTest(*client->client, engine);
+}
+
+}  // namespace kvpool::client

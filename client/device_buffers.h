@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <kvpool/client.h>
+#include <kvpool/kvpool.h>
 
 #include "common/status.h"
 #include "kernels/device_copy.h"
@@ -53,6 +54,8 @@ class GetStaging {
 // Test hook (no GPU): `client`'s device buffers are copied by `engine` (e.g. the double in
 // tests/support/fake_device.h) instead of the CUDA runtime's. Not owned; must outlive `client`.
 void UseCopyEngineForTest(Client& client, kernels::DeviceCopyEngine* engine);
+// The same for a C API client (include/kvpool/kvpool.h).
+void UseCopyEngineForTest(kvpool_client* client, kernels::DeviceCopyEngine* engine);
 
 // Host copies of the device blocks among `blocks` (copied and waited for), and `blocks` with
 // those pointing at them; the copies live as long as `storage`.

@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <kvpool/kvpool.h>
+
+#include <cstring>
 #include <thread>
 
 #include "client/device_buffers.h"
@@ -344,6 +347,109 @@ TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsRefused) {
   auto placed = client_->Prefetch(Keys(20, 1), PrefetchOptions{.gpu_device = 3});
   ASSERT_FALSE(placed.ok());
   EXPECT_EQ(placed.status().code(), StatusCode::kInvalidArgument) << placed.status().ToString();
+}
+
+// The C API (include/kvpool/kvpool.h) carries the same: a put from device memory with a gpu
+// hint, an asynchronous get into device memory, a prefetch and a session load toward the gpu
+// tier, and the refusals.
+TEST_F(GpuPathTest, TheCApiCarriesGpuHintsAndAsynchronousGets) {
+  kvpool_client* c = nullptr;
+  ASSERT_EQ(kvpool_connect(dir_.Join("kvpool.sock").c_str(), "gpu-test", 5000, &c), KVPOOL_OK);
+  client::UseCopyEngineForTest(c, &gpu_);
+  const size_t size = 100000;
+  const int n = 3;
+  std::vector<std::vector<uint8_t>> ref;
+  std::vector<const void*> src;
+  std::vector<size_t> sizes(n, size);
+  std::vector<kvpool_key> keys(n);
+  for (int i = 0; i < n; ++i) {
+    ref.push_back(BlockBytes(80 + i, size));
+    void* d = gpu_.Alloc(size);
+    gpu_.Write(d, ref.back().data(), size);
+    src.push_back(d);
+    std::memcpy(keys[i].bytes, KeyOf(80 + i).bytes.data(), 32);
+  }
+  uint32_t stored = 0;
+  uint32_t present = 0;
+  // A device the daemon runs no gpu tier on is refused, with the reason, and nothing is stored.
+  EXPECT_EQ(kvpool_put_chain_to_gpu(c, keys.data(), n, src.data(), sizes.data(), nullptr, 1,
+                                    nullptr, 3, &stored, &present),
+            KVPOOL_INVALID_ARGUMENT);
+  EXPECT_STRNE(kvpool_last_error(c), "");
+  ASSERT_EQ(kvpool_put_chain_to_gpu(c, keys.data(), n, src.data(), sizes.data(), nullptr, 1,
+                                    nullptr, 0, &stored, &present),
+            KVPOOL_OK)
+      << kvpool_last_error(c);
+  EXPECT_EQ(stored, 3u);
+  EXPECT_EQ(WaitForTiers(*client_, Keys(80, n), Tier::kGpu), std::vector<Tier>(n, Tier::kGpu));
+
+  // Asynchronous get into device memory: device to device from the gpu tier, done at the wait.
+  std::vector<void*> bufs;
+  std::vector<size_t> caps(n, size);
+  for (int i = 0; i < n; ++i) bufs.push_back(gpu_.Alloc(size));
+  const auto before = gpu_.counters();
+  kvpool_pending_get* pending = nullptr;
+  ASSERT_EQ(kvpool_get_device_async(c, keys.data(), n, bufs.data(), caps.data(), nullptr, &pending),
+            KVPOOL_OK)
+      << kvpool_last_error(c);
+  ASSERT_NE(pending, nullptr);
+  std::vector<size_t> got(n);
+  std::vector<int> codes(n, -1);
+  ASSERT_EQ(kvpool_pending_get_wait(pending, got.data(), codes.data()), KVPOOL_OK)
+      << kvpool_last_error(c);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(codes[i], KVPOOL_OK) << i;
+    EXPECT_EQ(got[i], size);
+    EXPECT_EQ(gpu_.Read(bufs[i], size), ref[i]) << "block " << i;
+  }
+  EXPECT_EQ(gpu_.counters().device_copies - before.device_copies, 3u);
+  // Host memory named as device memory is refused before anything is asked; no pending get.
+  std::vector<uint8_t> host(size);
+  void* host_buf[1] = {host.data()};
+  EXPECT_EQ(kvpool_get_device_async(c, keys.data(), 1, host_buf, caps.data(), nullptr, &pending),
+            KVPOOL_INVALID_ARGUMENT);
+  EXPECT_EQ(pending, nullptr);
+  EXPECT_EQ(kvpool_pending_get_wait(nullptr, nullptr, nullptr), KVPOOL_OK);
+
+  // A chain put from host memory, placed in the gpu tier by a prefetch hint.
+  std::vector<kvpool_key> more(2);
+  std::vector<const void*> host_src;
+  std::vector<std::vector<uint8_t>> host_ref;
+  for (int i = 0; i < 2; ++i) {
+    host_ref.push_back(BlockBytes(90 + i, size));
+    host_src.push_back(host_ref.back().data());
+    std::memcpy(more[i].bytes, KeyOf(90 + i).bytes.data(), 32);
+  }
+  ASSERT_EQ(kvpool_put_chain(c, more.data(), 2, host_src.data(), sizes.data(), nullptr, &stored,
+                             &present),
+            KVPOOL_OK);
+  uint32_t scheduled = 0;
+  uint32_t placed = 0;
+  EXPECT_EQ(kvpool_prefetch_to_gpu(c, more.data(), 2, 3, &scheduled, &placed),
+            KVPOOL_INVALID_ARGUMENT);
+  ASSERT_EQ(kvpool_prefetch_to_gpu(c, more.data(), 2, 0, &scheduled, &placed), KVPOOL_OK)
+      << kvpool_last_error(c);
+  EXPECT_EQ(placed, 2u);
+  EXPECT_EQ(*client_->Where(Keys(90, 2)), std::vector<Tier>(2, Tier::kGpu));
+
+  // A session evicted to disk, loaded toward the gpu tier.
+  ASSERT_OK(client_->SaveSession({.session_id = "c-gpu", .keys = Keys(90, 2), .token_count = 32}));
+  ASSERT_OK(client_->Evict(Tier::kHost).status());
+  std::vector<kvpool_key> loaded(4);
+  size_t n_keys = 0;
+  uint64_t tokens = 0;
+  ASSERT_EQ(kvpool_session_load_to_gpu(c, "c-gpu", 0, loaded.data(), loaded.size(), &n_keys,
+                                       &tokens, nullptr),
+            KVPOOL_OK)
+      << kvpool_last_error(c);
+  EXPECT_EQ(n_keys, 2u);
+  EXPECT_EQ(tokens, 32u);
+  EXPECT_EQ(std::memcmp(loaded[1].bytes, more[1].bytes, 32), 0);
+  EXPECT_EQ(WaitForTiers(*client_, Keys(90, 2), Tier::kGpu), std::vector<Tier>(2, Tier::kGpu));
+  EXPECT_EQ(kvpool_session_load_to_gpu(c, "c-gpu", -1, loaded.data(), loaded.size(), &n_keys,
+                                       &tokens, nullptr),
+            KVPOOL_INVALID_ARGUMENT);
+  kvpool_close(c);
 }
 
 TEST(GpuPathWithoutCuda, KvpooldRefusesAGpuTierItCannotRun) {

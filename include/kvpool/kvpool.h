@@ -119,7 +119,43 @@ int kvpool_put_chain_device(kvpool_client* client, const kvpool_key* keys, size_
                             const void* const* data, const size_t* sizes, const kvpool_key* parent,
                             void* cuda_stream, uint32_t* stored, uint32_t* present);
 
+/* kvpool_get_device without waiting (kvpool::Client::GetAsync): the copies are queued on
+ * `cuda_stream` and the call returns, so work the caller queues on that stream afterwards (the
+ * layer's attention) runs after them while its thread goes on. *out (set on KVPOOL_OK) must be
+ * ended by kvpool_pending_get_wait; the buffers must stay valid until then. */
+typedef struct kvpool_pending_get kvpool_pending_get;
+int kvpool_get_device_async(kvpool_client* client, const kvpool_key* keys, size_t n,
+                            void* const* buffers, const size_t* capacities, void* cuda_stream,
+                            kvpool_pending_get** out);
+/* Waits for the copies, checks each block, ends the leases and frees `pending` (NULL:
+ * nothing). sizes[i] and codes[i] (n entries each, as for kvpool_get) say what landed; a block
+ * whose code is not KVPOOL_OK counts as not loaded, even if a kernel on the stream already read
+ * its buffer. Call it before kvpool_close of the client it came from (its error text goes
+ * there). */
+int kvpool_pending_get_wait(kvpool_pending_get* pending, size_t* sizes, int* codes);
+
 int kvpool_prefetch(kvpool_client* client, const kvpool_key* keys, size_t n, uint32_t* started);
+
+/* Hints toward the daemon's gpu tier on CUDA device `gpu_device` (this process's ordinal, as
+ * torch names it). KVPOOL_INVALID_ARGUMENT when the daemon runs no gpu tier on it;
+ * KVPOOL_UNAVAILABLE without CUDA here.
+ * kvpool_prefetch_to_gpu: promotes the blocks toward host and copies them into that gpu tier,
+ * returning once they are placed (`scheduled`: promotions started, `gpu_placed`: blocks placed;
+ * either may be NULL).
+ * kvpool_put_chain_to_gpu: kvpool_put_chain (data_on_device 0) or kvpool_put_chain_device
+ * (data_on_device 1, copies on `cuda_stream`), then the stored blocks are placed in that gpu
+ * tier in the background after the call returns, where there is room.
+ * kvpool_session_load_to_gpu: kvpool_session_load with prefetch, and the chain placed in that
+ * gpu tier in the background. */
+int kvpool_prefetch_to_gpu(kvpool_client* client, const kvpool_key* keys, size_t n, int gpu_device,
+                           uint32_t* scheduled, uint32_t* gpu_placed);
+int kvpool_put_chain_to_gpu(kvpool_client* client, const kvpool_key* keys, size_t n,
+                            const void* const* data, const size_t* sizes, const kvpool_key* parent,
+                            int data_on_device, void* cuda_stream, int gpu_device, uint32_t* stored,
+                            uint32_t* present);
+int kvpool_session_load_to_gpu(kvpool_client* client, const char* session_id, int gpu_device,
+                               kvpool_key* keys, size_t keys_capacity, size_t* n_keys,
+                               uint64_t* token_count, uint32_t* cached_blocks);
 
 /* Blocks lent in place (kvpool::Client::Borrow): views of the daemon's own copies under leases,
  * for a kernel of the caller's to read without a copy. */
