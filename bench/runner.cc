@@ -241,4 +241,23 @@ std::string FindOnPath(const std::string& name) {
   return "";
 }
 
+std::pair<std::string, int> CaptureCommand(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {"popen failed", -1};
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  return {out, ::pclose(p)};
+}
+
+std::string CpuList(const std::vector<int>& cpus) {
+  std::string out;
+  if (cpus.empty()) {
+    const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 1 ? "0-" + std::to_string(n - 1) : "0";
+  }
+  for (int c : cpus) out += (out.empty() ? "" : ",") + std::to_string(c);
+  return out;
+}
+
 }  // namespace kvpool::bench

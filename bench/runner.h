@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -108,5 +109,11 @@ std::string FormatTable(const std::vector<Figure>& figures);
 // The path of program `name` in a directory of $PATH (/usr/bin:/bin without one); empty when
 // none has it executable. How a peer that is missing becomes NotFound, not a failed exec.
 std::string FindOnPath(const std::string& name);
+
+// Runs `command` through the shell: its output (stdout and stderr) and pclose's status.
+std::pair<std::string, int> CaptureCommand(const std::string& command);
+
+// `cpus`, or every online CPU when empty, as a taskset / fio list ("0,2,3").
+std::string CpuList(const std::vector<int>& cpus);
 
 }  // namespace kvpool::bench

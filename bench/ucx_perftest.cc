@@ -20,27 +20,6 @@
 namespace kvpool::bench {
 namespace {
 
-// Runs `command` through the shell; its output (stdout and stderr) and exit status.
-std::pair<std::string, int> Capture(const std::string& command) {
-  std::string out;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {"popen failed", -1};
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  return {out, ::pclose(p)};
-}
-
-// `cpus`, or every online CPU when empty, as a taskset list ("0,2,3").
-std::string CpuList(const std::vector<int>& cpus) {
-  std::string out;
-  if (cpus.empty()) {
-    const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 1 ? "0-" + std::to_string(n - 1) : "0";
-  }
-  for (int c : cpus) out += (out.empty() ? "" : ",") + std::to_string(c);
-  return out;
-}
-
 // Waits up to `timeout` for `pid`, then kills it.
 void Reap(pid_t pid, std::chrono::seconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
@@ -96,7 +75,7 @@ Result<UcxPerftestResult> RunUcxPerftest(uint64_t message_bytes, double seconds,
   // The server may not listen yet: a refused client is tried again (it exits at once).
   std::pair<std::string, int> run;
   for (int attempt = 0; attempt < 50; ++attempt) {
-    run = Capture(r.command);
+    run = CaptureCommand(r.command);
     if (run.second == 0 || run.first.find("Final:") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

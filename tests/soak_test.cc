@@ -26,13 +26,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/support/daemon_process.h"
+#include "tests/support/process_stats.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvpool::testing {
@@ -76,10 +76,7 @@ struct Sample {
 
 Sample Take(const DaemonProcess& d, Client& admin) {
   Sample s;
-  std::ifstream status("/proc/" + std::to_string(d.pid()) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) s.rss_kib = std::strtoull(line.c_str() + 6, nullptr, 10);
-  }
+  s.rss_kib = SampleProcess(d.pid()).rss_bytes / 1024;
   const std::string fd_dir = "/proc/" + std::to_string(d.pid()) + "/fd";
   if (DIR* dir = opendir(fd_dir.c_str())) {
     while (dirent* e = readdir(dir)) {
