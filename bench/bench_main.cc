@@ -33,6 +33,7 @@
 #include "bench/pinning.h"
 #include "bench/redis_target.h"
 #include "bench/runner.h"
+#include "bench/disk_bench.h"
 #include "bench/scale_bench.h"
 #include "bench/ucx_perftest.h"
 #include "bench/workers.h"
@@ -117,6 +118,13 @@ DEFINE_string(scale_clients, "1,4,16,64,256",
               "--scale: connection counts of the connections curve (on the largest cache).");
 DEFINE_string(scale_namespaces, "1,16,128,1024",
               "--scale: tenant counts of the namespaces curve, ascending (empty: none).");
+
+DEFINE_bool(disk, false,
+            "Instead of the cases above: the disk tier's get beside fio randread of the same "
+            "bytes at the same depth (bench/disk_bench.h), on a kvpoold of its own.");
+DEFINE_string(disk_working_set, "2GiB", "--disk: bytes put, read back once from disk.");
+DEFINE_string(disk_block_bytes, "1MiB", "--disk: bytes of every block and of every fio read.");
+DEFINE_int32(disk_readers, 4, "--disk: reader threads (and promotion threads, and fio jobs).");
 
 namespace kvpool::bench {
 namespace {
@@ -837,8 +845,61 @@ int ScaleMain(const std::string& command) {
   return 0;
 }
 
+// kvpool-bench --disk (bench/disk_bench.h).
+int DiskMain(const std::string& command) {
+  DiskBenchConfig c;
+  c.kvpoold = FindKvpoold();
+  c.readers = FLAGS_disk_readers;
+  Status st = [&]() -> Status {
+    KVPOOL_ASSIGN_OR_RETURN(c.working_set, ParseBytes(FLAGS_disk_working_set));
+    KVPOOL_ASSIGN_OR_RETURN(c.block_bytes, ParseBytes(FLAGS_disk_block_bytes));
+    if (c.block_bytes == 0 || c.block_bytes % 4096 != 0) {
+      return Status::InvalidArgument("--disk_block_bytes: a positive multiple of 4 KiB (O_DIRECT)");
+    }
+    if (c.readers < 1 || c.readers > 64) {
+      return Status::InvalidArgument("--disk_readers: 1 to 64");
+    }
+    KVPOOL_ASSIGN_OR_RETURN(c.pin, MakePinPlan(FLAGS_pin, FLAGS_daemon_cpus, FLAGS_bench_cpus,
+                                               /*own_daemon=*/true));
+    return Status::OK();
+  }();
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvpool-bench: %s\n", st.ToString().c_str());
+    return 2;
+  }
+  if (c.pin.enabled) (void)PinThisThread(c.pin.bench_cpus);
+  if (!FLAGS_json) {
+    std::printf(
+        "kvpool-bench --disk  %s\n  command: %s\n  pinning: %s\n  load average (1 min): %.2f\n"
+        "  %s of %s blocks, each read once from disk, %d readers of one block a call\n\n",
+        Now().c_str(), command.c_str(), c.pin.description.c_str(), LoadAverage(),
+        FormatBytes(c.working_set).c_str(), FormatBytes(c.block_bytes).c_str(), c.readers);
+    std::printf("%-8s %-9s %-9s %9s %10s %10s %10s %8s\n", "system", "path", "op", "GB/s",
+                "ops/s", "p50 us", "p99 us", "ratio");
+    std::fflush(stdout);
+  }
+  st = RunDiskBench(c, [&](Figure f) {
+    f.extra["loadavg_1m"] = LoadAverage();
+    if (FLAGS_json) {
+      std::printf("%s\n", f.ToJson().dump().c_str());
+    } else {
+      const double ratio = f.extra.value("ratio_to_fio", 0.0);
+      std::printf("%-8s %-9s %-9s %9.2f %10.0f %10.0f %10.0f %8s\n", f.system.c_str(),
+                  f.path.c_str(), f.op.c_str(), f.gbps, f.ops_per_s, f.p50_us, f.p99_us,
+                  ratio > 0 ? std::to_string(ratio).substr(0, 4).c_str() : "");
+    }
+    std::fflush(stdout);
+  });
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvpool-bench: FAILED: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 int Main(const std::string& command) {
   if (FLAGS_scale) return ScaleMain(command);
+  if (FLAGS_disk) return DiskMain(command);
   Result<Config> config = ParseConfig();
   if (!config.ok()) {
     std::fprintf(stderr, "kvpool-bench: %s\n", config.status().ToString().c_str());

@@ -28,7 +28,7 @@ PACKAGES=(
   libboost-dev libboost-system-dev libgflags-dev libgoogle-glog-dev librocksdb-dev
   libprotobuf-dev protobuf-compiler libssl-dev libxxhash-dev libabsl-dev nlohmann-json3-dev
   libsystemd-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev
-  libucx-dev ucx-utils libhiredis-dev redis-server etcd-server openssl
+  libucx-dev ucx-utils libhiredis-dev redis-server etcd-server openssl fio
   python3 python3-matplotlib python3-venv python3-dev python3-pip
   clang libclang-rt-14-dev
 )
