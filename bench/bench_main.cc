@@ -29,11 +29,11 @@
 #include "bench/bench_daemon.h"
 #include "bench/bench_target.h"
 #include "bench/block_data.h"
+#include "bench/disk_bench.h"
 #include "bench/kvpool_target.h"
 #include "bench/pinning.h"
 #include "bench/redis_target.h"
 #include "bench/runner.h"
-#include "bench/disk_bench.h"
 #include "bench/scale_bench.h"
 #include "bench/ucx_perftest.h"
 #include "bench/workers.h"
@@ -874,8 +874,8 @@ int DiskMain(const std::string& command) {
         "  %s of %s blocks, each read once from disk, %d readers of one block a call\n\n",
         Now().c_str(), command.c_str(), c.pin.description.c_str(), LoadAverage(),
         FormatBytes(c.working_set).c_str(), FormatBytes(c.block_bytes).c_str(), c.readers);
-    std::printf("%-8s %-9s %-9s %9s %10s %10s %10s %8s\n", "system", "path", "op", "GB/s",
-                "ops/s", "p50 us", "p99 us", "ratio");
+    std::printf("%-8s %-9s %-9s %9s %10s %10s %10s %8s\n", "system", "path", "op", "GB/s", "ops/s",
+                "p50 us", "p99 us", "ratio");
     std::fflush(stdout);
   }
   st = RunDiskBench(c, [&](Figure f) {

@@ -99,7 +99,10 @@ class DiskReader : public PhaseWorker {
  public:
   DiskReader(std::string socket, const std::vector<StoredBlock>& blocks, std::vector<size_t> order,
              const PatternSet& patterns)
-      : socket_(std::move(socket)), blocks_(blocks), order_(std::move(order)), patterns_(patterns) {}
+      : socket_(std::move(socket)),
+        blocks_(blocks),
+        order_(std::move(order)),
+        patterns_(patterns) {}
 
   Status Prepare() override {
     KVPOOL_ASSIGN_OR_RETURN(client_, Client::Connect(ReaderOptions(socket_)));
@@ -113,13 +116,13 @@ class DiskReader : public PhaseWorker {
       if (!clock.Continue()) return Status::OK();
       const StoredBlock& b = blocks_[i];
       const auto t0 = Clock::now();
-      KVPOOL_ASSIGN_OR_RETURN(std::vector<GetResult> r,
-                              client_->Get(std::span<const BlockKey>(&b.key, 1),
-                                           std::span<MutableBuffer>(&view, 1)));
+      KVPOOL_ASSIGN_OR_RETURN(
+          std::vector<GetResult> r,
+          client_->Get(std::span<const BlockKey>(&b.key, 1), std::span<MutableBuffer>(&view, 1)));
       clock.Record(Clock::now() - t0, b.size);
       if (!r[0].status.ok()) return r[0].status.WithContext("get of " + b.key.ShortHex());
-      KVPOOL_RETURN_IF_ERROR(VerifyBlock(b.key, buffer_.data(), r[0].size, patterns_.slot(b.slot),
-                                         b.size));
+      KVPOOL_RETURN_IF_ERROR(
+          VerifyBlock(b.key, buffer_.data(), r[0].size, patterns_.slot(b.slot), b.size));
       if (r[0].tier == Tier::kDisk) ++from_disk_;
     }
     clock.OutOfData();
@@ -158,23 +161,23 @@ Status WriteFioFile(const std::string& path, uint64_t bytes, const PatternSet& p
 // One fio randread run over `path` (see disk_bench.h); its figure, or why it failed.
 Result<Figure> RunFio(const std::string& fio, const std::string& path, const DiskBenchConfig& c,
                       bool direct) {
-  const uint64_t part = c.working_set / static_cast<uint64_t>(c.readers) / c.block_bytes *
-                        c.block_bytes;
+  const uint64_t part =
+      c.working_set / static_cast<uint64_t>(c.readers) / c.block_bytes * c.block_bytes;
   const std::string json_path = path + (direct ? ".direct.json" : ".buffered.json");
-  std::string command = fio + " --name=kvpool-disk-peer --filename=" + path +
-                        " --rw=randread --bs=" + std::to_string(c.block_bytes) +
-                        " --size=" + std::to_string(part) +
-                        " --offset_increment=" + std::to_string(part) +
-                        " --numjobs=" + std::to_string(c.readers) +
-                        " --ioengine=psync --iodepth=1 --invalidate=1 --randrepeat=0" +
-                        " --direct=" + (direct ? "1" : "0") +
-                        " --group_reporting --output-format=json --output=" + json_path;
+  std::string command =
+      fio + " --name=kvpool-disk-peer --filename=" + path +
+      " --rw=randread --bs=" + std::to_string(c.block_bytes) + " --size=" + std::to_string(part) +
+      " --offset_increment=" + std::to_string(part) + " --numjobs=" + std::to_string(c.readers) +
+      " --ioengine=psync --iodepth=1 --invalidate=1 --randrepeat=0" +
+      " --direct=" + (direct ? "1" : "0") +
+      " --group_reporting --output-format=json --output=" + json_path;
   if (c.pin.enabled) {
     command += " --cpus_allowed=" + CpuList(c.pin.bench_cpus) + " --cpus_allowed_policy=shared";
   }
   const auto [out, rc] = CaptureCommand(command);
   if (rc != 0) {
-    return Status::Internal("fio failed (status " + std::to_string(rc) + "): " + out.substr(0, 800));
+    return Status::Internal("fio failed (status " + std::to_string(rc) +
+                            "): " + out.substr(0, 800));
   }
   std::ifstream in(json_path);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -257,8 +260,8 @@ Status RunDiskBench(const DiskBenchConfig& c, const std::function<void(Figure)>&
     for (size_t i = static_cast<size_t>(r); i < count; i += static_cast<size_t>(c.readers)) {
       share.push_back(order[i]);
     }
-    auto w = std::make_unique<DiskReader>(daemon->socket_path(), blocks, std::move(share),
-                                          patterns);
+    auto w =
+        std::make_unique<DiskReader>(daemon->socket_path(), blocks, std::move(share), patterns);
     readers.push_back(w.get());
     workers.push_back(std::move(w));
   }

@@ -29,11 +29,11 @@
 namespace kvpool::bench {
 
 struct DiskBenchConfig {
-  std::string kvpoold;                  // the daemon binary
-  uint64_t block_bytes = 1ull << 20;    // bytes of every block and of every fio read
-  uint64_t working_set = 2ull << 30;    // bytes put, and the size of fio's file
-  int readers = 4;                      // kvpool reader threads, promotion threads and fio jobs
-  PinPlan pin;                          // the daemon on daemon_cpus; readers and fio on bench_cpus
+  std::string kvpoold;                // the daemon binary
+  uint64_t block_bytes = 1ull << 20;  // bytes of every block and of every fio read
+  uint64_t working_set = 2ull << 30;  // bytes put, and the size of fio's file
+  int readers = 4;                    // kvpool reader threads, promotion threads and fio jobs
+  PinPlan pin;                        // the daemon on daemon_cpus; readers and fio on bench_cpus
 };
 
 // Emits, at `block_bytes` and concurrency `readers`: system "kvpool" path "disk" op "get" (with
