@@ -7,15 +7,19 @@
 #include <rocksdb/db.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/checksum.h"
 #include "tests/support/temp_dir.h"
+#include "tiers/meta_scan.h"
 
 namespace kvpool::tiers {
 namespace {
@@ -283,6 +287,38 @@ TEST_F(DiskTierTest, ForEachMetaReturnsEveryRecordWithItsParent) {
   }
   EXPECT_TRUE(meta.at({1, blocks[0].key}).parent.IsZero());
   EXPECT_EQ(meta.at({1, blocks[5].key}).parent, blocks[4].key);
+}
+
+TEST_F(DiskTierTest, AScanHandsEveryRecordOnceThroughItsBoundedQueueAndStopsWhenDropped) {
+  constexpr size_t kBlocks = 6000;
+  std::vector<Block> blocks;
+  for (uint64_t i = 0; i < kBlocks; ++i) blocks.push_back(MakeBlock(1 + i % 2, i, 40));
+  for (size_t i = 0; i < blocks.size(); i += 500) {
+    std::vector<const Block*> batch;
+    for (size_t j = i; j < i + 500; ++j) batch.push_back(&blocks[j]);
+    Write(batch);
+    if (i == 2500) {
+      ASSERT_TRUE(store_->Flush().ok());
+    }
+  }
+  // Batches of 16 records: the readers outrun this consumer and wait on the queue's bound.
+  {
+    MetaScan scan(*disk_, disk_->SplitMeta(3), /*batch_records=*/16);
+    std::map<std::pair<NamespaceId, BlockKey>, int> seen;
+    while (std::optional<MetaBatch> batch = scan.Next()) {
+      ASSERT_LE(batch->size(), 16u);
+      for (const LoadedMeta& l : *batch) ++seen[{l.ns, l.key}];
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    ASSERT_TRUE(scan.status().ok());
+    ASSERT_EQ(seen.size(), blocks.size());
+    for (const auto& [key, n] : seen) ASSERT_EQ(n, 1) << "a record handed on twice";
+  }
+  // A scan dropped after one batch: its readers, blocked on the full queue, finish (no hang).
+  {
+    MetaScan scan(*disk_, disk_->SplitMeta(2), /*batch_records=*/16);
+    ASSERT_TRUE(scan.Next().has_value());
+  }
 }
 
 TEST_F(DiskTierTest, SplitMetaCutsTheRecordsIntoRangesThatHoldEachOnce) {

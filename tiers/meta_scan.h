@@ -38,9 +38,11 @@ int UsableCpus();
 
 class MetaScan {
  public:
-  // Starts a reader per range. `store` must outlive the scan.
-  MetaScan(const BlockStore& store, std::vector<MetaRange> ranges);
-  ~MetaScan();  // joins the readers (after they finish their ranges)
+  // Starts a reader per range, handing records on in batches of `batch_records`. `store` must
+  // outlive the scan.
+  MetaScan(const BlockStore& store, std::vector<MetaRange> ranges,
+           size_t batch_records = kBatchRecords);
+  ~MetaScan();  // joins the readers (after they finish their ranges, dropping what is unread)
   MetaScan(const MetaScan&) = delete;
   MetaScan& operator=(const MetaScan&) = delete;
 
@@ -56,14 +58,19 @@ class MetaScan {
   int readers() const { return static_cast<int>(threads_.size()); }
 
   static constexpr size_t kBatchRecords = 1 << 16;
+  // Batches waiting for Next, per reader, before that reader waits: the records in memory at
+  // once stay a few batches (~8 MiB each), not the whole family, when reading outruns indexing.
+  static constexpr size_t kReadyPerReader = 2;
 
  private:
-  void Read(const BlockStore& store, const MetaRange& range);
+  void Read(const BlockStore& store, const MetaRange& range, size_t batch_records);
   void Hand(MetaBatch batch);
 
   absl::Mutex mu_;
   std::deque<MetaBatch> ready_ ABSL_GUARDED_BY(mu_);
+  const size_t max_ready_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the destructor runs: readers drop their batches
   Status status_;  // written under mu_ by the readers; read by the consumer once they are done
   std::vector<std::string> bad_;
   std::chrono::steady_clock::time_point finished_at_;
