@@ -89,6 +89,10 @@ DEFINE_string(namespace_name, "kvpool-bench", "Namespace (tenant) the bench acts
 DEFINE_bool(pin, false,
             "Pin the started daemon to --daemon_cpus and each bench thread to one of "
             "--bench_cpus. Every figure reports the pinning used.");
+DEFINE_uint32(busy_poll_us, 0,
+              "Busy-poll window of every kvpool connection (ClientOptions::busy_poll) and of the "
+              "started daemon's I/O threads (--io_busy_poll_us): each side spins this long for "
+              "the other before it sleeps. 0: both sleep at once.");
 DEFINE_string(daemon_cpus, "",
               "With --pin: CPUs of the daemon. Default: first half of the "
               "allowed CPUs.");
@@ -330,6 +334,7 @@ Figure Bench::NewFigure(const BenchSystem& sys, const std::string& op, uint64_t 
   f.extra["batch"] = c_.batch;
   f.extra["latency"] = "per call";
   f.extra["pin"] = c_.pin.description;
+  f.extra["busy_poll_us"] = FLAGS_busy_poll_us;
   f.extra["run"] = c_.run_secret.substr(0, 8);
   return f;
 }
@@ -944,8 +949,10 @@ int Main(const std::string& command) {
     }
     // Demote only past 99.5%: no case comes near (the tier is 1.5x the largest working set), and
     // the fragmentation probe may fill every segment without the flusher moving blocks away.
-    DaemonProcessOptions o = BenchDaemonOptions(
-        FindKvpoold(), host_capacity, {"--host_high_watermark=0.995", "--host_low_watermark=0.99"});
+    DaemonProcessOptions o =
+        BenchDaemonOptions(FindKvpoold(), host_capacity,
+                           {"--host_high_watermark=0.995", "--host_low_watermark=0.99",
+                            "--io_busy_poll_us=" + std::to_string(FLAGS_busy_poll_us)});
     o.listen_tcp_loopback = ucx;
     o.cpus = config->pin.daemon_cpus;
     Progress("starting " + o.binary + " with a " + FormatBytes(host_capacity) + " host tier");
@@ -1034,8 +1041,9 @@ int Main(const std::string& command) {
   std::vector<std::unique_ptr<BenchSystem>> systems;
   for (auto& r : redis) systems.push_back(std::move(r));
   for (DataPath p : config->paths) {
-    systems.push_back(std::make_unique<KvpoolSystem>(p == DataPath::kUcx ? ucx_address : address,
-                                                     FLAGS_namespace_name, p));
+    systems.push_back(std::make_unique<KvpoolSystem>(
+        p == DataPath::kUcx ? ucx_address : address, FLAGS_namespace_name, p,
+        std::chrono::microseconds(FLAGS_busy_poll_us)));
   }
   Bench bench(*config, std::move(systems));
   Status st = bench.RunAll();

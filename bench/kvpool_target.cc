@@ -8,8 +8,9 @@ namespace kvpool::bench {
 namespace {
 
 ClientOptions Options(const std::string& address, const std::string& ns, int thread_index,
-                      DataPath path) {
+                      DataPath path, std::chrono::microseconds busy_poll) {
   ClientOptions o;
+  o.busy_poll = busy_poll;
   o.data_path = path;
   o.address = address;
   o.namespace_name = ns;
@@ -93,10 +94,12 @@ class KvpoolTarget : public BenchTarget {
 
 }  // namespace
 
-KvpoolSystem::KvpoolSystem(std::string address, std::string namespace_name, DataPath data_path)
+KvpoolSystem::KvpoolSystem(std::string address, std::string namespace_name, DataPath data_path,
+                           std::chrono::microseconds busy_poll)
     : address_(std::move(address)),
       namespace_name_(std::move(namespace_name)),
-      data_path_(data_path) {}
+      data_path_(data_path),
+      busy_poll_(busy_poll) {}
 
 Result<DataPath> KvpoolSystem::ParsePath(const std::string& name) {
   if (name == "socket") return DataPath::kSocket;
@@ -119,7 +122,7 @@ std::string KvpoolSystem::path() const {
 Result<std::unique_ptr<BenchTarget>> KvpoolSystem::NewTarget(int thread_index) {
   KVPOOL_ASSIGN_OR_RETURN(
       std::unique_ptr<Client> c,
-      Client::Connect(Options(address_, namespace_name_, thread_index, data_path_)));
+      Client::Connect(Options(address_, namespace_name_, thread_index, data_path_, busy_poll_)));
   const bool shm = c->server().shared_memory;
   const bool ucx = c->server().ucx;
   if (shm != (data_path_ == DataPath::kSharedMemory)) {
@@ -136,8 +139,8 @@ Result<std::unique_ptr<BenchTarget>> KvpoolSystem::NewTarget(int thread_index) {
 Status KvpoolSystem::EnsureAdmin() {
   if (admin_ != nullptr) return Status::OK();
   // Control only: evictions and statistics move no block bytes.
-  KVPOOL_ASSIGN_OR_RETURN(
-      admin_, Client::Connect(Options(address_, namespace_name_, -1, DataPath::kSocket)));
+  KVPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(Options(address_, namespace_name_, -1,
+                                                          DataPath::kSocket, busy_poll_)));
   return Status::OK();
 }
 

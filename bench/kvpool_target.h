@@ -17,6 +17,7 @@
 //
 // Thread safety: see bench/bench_target.h (one target per thread).
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -28,7 +29,9 @@ class KvpoolSystem : public BenchSystem {
  public:
   // `address` as in ClientOptions::address (tcp://127.0.0.1:PORT for kUcx); `namespace_name` is
   // the tenant the bench acts for; `data_path` kSocket, kSharedMemory or kUcx.
-  KvpoolSystem(std::string address, std::string namespace_name, DataPath data_path);
+  // `busy_poll`: ClientOptions::busy_poll of every connection.
+  KvpoolSystem(std::string address, std::string namespace_name, DataPath data_path,
+               std::chrono::microseconds busy_poll = std::chrono::microseconds(0));
 
   // "socket", "shm" or "ucx" (InvalidArgument otherwise).
   static Result<DataPath> ParsePath(const std::string& name);
@@ -47,6 +50,7 @@ class KvpoolSystem : public BenchSystem {
   const std::string address_;
   const std::string namespace_name_;
   const DataPath data_path_;
+  const std::chrono::microseconds busy_poll_;
   std::unique_ptr<Client> admin_;  // for Drop and Arena; main thread only
 };
 

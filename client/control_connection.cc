@@ -32,6 +32,7 @@ Status ControlConnection::Dial() {
   }
   KVPOOL_ASSIGN_OR_RETURN(channel_,
                           ControlChannel::Connect(options_.address, connect_timeout(), tls_));
+  channel_->set_busy_poll(options_.busy_poll);
   return Status::OK();
 }
 

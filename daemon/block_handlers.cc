@@ -188,6 +188,15 @@ Response BlockHandlers::Lookup(Connection& c, std::string_view body) {
 }
 
 Response BlockHandlers::Get(Connection& c, std::string_view body) {
+  return *GetBlocks(c, body, /*inline_only=*/false);
+}
+
+std::optional<Response> BlockHandlers::TryGetInline(Connection& c, std::string_view body) {
+  return GetBlocks(c, body, /*inline_only=*/true);
+}
+
+std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view body,
+                                                 bool inline_only) {
   wire::GetRequest req;
   wire::GetResponse resp;
   std::vector<BlockKey> keys;
@@ -200,12 +209,23 @@ Response BlockHandlers::Get(Connection& c, std::string_view body) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::GET, resp, st);
   }
+  // A UCX send and a read of an encoded copy are a worker's to run; so is a miss a peer may hold
+  // (BlockService::TryInline asks only without a cluster).
+  if (inline_only && (ask.via_ucx || req.accept_encoded())) return std::nullopt;
   delivery.BeginGet();
   const LeaseTerms terms = delivery.TermsFor(ask);
   // Gpu slots only in place (the shared-memory path checked above names them to the client).
   const int gpu_device = req.to_gpu() && ask.in_place ? req.gpu_device() : -1;
-  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(
-      tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl, req.accept_encoded(), gpu_device));
+  std::vector<tiers::BlockRead> acquired;
+  if (inline_only) {
+    std::optional<std::vector<tiers::BlockRead>> held =
+        tiers_.TryAcquireInHost(c.ns, keys, terms.owner, terms.ttl, gpu_device);
+    if (!held) return std::nullopt;
+    acquired = std::move(*held);
+  } else {
+    acquired = tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl, req.accept_encoded(), gpu_device);
+  }
+  auto reads = std::make_shared<std::vector<tiers::BlockRead>>(std::move(acquired));
   if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !c.peer) {
     std::vector<BlockKey> missing;
     std::vector<size_t> where;

@@ -12,6 +12,7 @@
 // once; LOOKUP, LOCATE (standalone), PREFETCH and RELEASE run on the control I/O thread, the
 // rest on request workers.
 
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -40,6 +41,10 @@ class BlockHandlers {
   transport::Response Hello(Connection& c, std::string_view body);
   transport::Response Lookup(Connection& c, std::string_view body);
   transport::Response Get(Connection& c, std::string_view body);
+  // Get, answered only if it need not wait: not over UCX, not asking for encoded copies, and
+  // every cached block in host memory (TierManager::TryAcquireInHost). nullopt otherwise, with
+  // nothing done (a malformed request is answered: that does not wait either).
+  std::optional<transport::Response> TryGetInline(Connection& c, std::string_view body);
   transport::Response PutReserve(Connection& c, std::string_view body);
   // Where the payload of a PUT_COMMIT frame goes (into c.commit). Non-OK only for a body that
   // cannot be parsed or does not match its payload (the server closes the connection); a
@@ -59,6 +64,11 @@ class BlockHandlers {
   void Disconnect(Connection& c);
 
  private:
+  // Get and TryGetInline: with `inline_only`, nullopt where the blocks would have to be waited
+  // for; otherwise always an answer.
+  std::optional<transport::Response> GetBlocks(Connection& c, std::string_view body,
+                                               bool inline_only);
+
   const BlockServiceOptions& options_;
   tiers::TierManager& tiers_;
   NamespaceRegistry& namespaces_;

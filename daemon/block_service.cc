@@ -61,6 +61,20 @@ bool BlockService::RunsInline(uint16_t type) const {
   return type == wire::RELEASE;
 }
 
+std::optional<Response> BlockService::TryInline(transport::ConnectionState& state,
+                                                const FrameHeader& header, std::string_view body) {
+  auto& c = static_cast<Connection&>(state);
+  if (header.type != wire::GET || !c.hello || cluster_.Get() != nullptr) return std::nullopt;
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<Response> r = blocks_.TryGetInline(c, body);
+  if (r) {
+    metrics_.latency[static_cast<size_t>(Op::kGet)].Observe(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  return r;
+}
+
 Status BlockService::PayloadSinks(transport::ConnectionState& state, const FrameHeader& header,
                                   std::string_view body, std::vector<PayloadSink>* sinks) {
   if (header.type != wire::PUT_COMMIT) {

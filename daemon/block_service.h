@@ -21,7 +21,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "daemon/access_control.h"
 #include "daemon/admin_handlers.h"
@@ -71,6 +73,10 @@ class BlockService final : public transport::RequestHandler {
   // Lookups, prefetch hints (without gpu tiers) and lease releases only take the tier
   // manager's lock (no disk I/O, no waiting): the server runs them on its I/O thread.
   bool RunsInline(uint16_t type) const override;
+  // A GET whose blocks are all in host memory, without a cluster (BlockHandlers::TryGetInline).
+  std::optional<transport::Response> TryInline(transport::ConnectionState& state,
+                                               const transport::FrameHeader& header,
+                                               std::string_view body) override;
   // Once its hello was accepted.
   bool Admitted(const transport::ConnectionState& state) const override;
 

@@ -164,6 +164,7 @@ class DaemonImpl final : public Daemon {
     so.tcp_listen = options_.tcp_listen;
     so.tls = options_.tls;
     so.io_threads = options_.io_threads;
+    so.io_busy_poll = std::chrono::microseconds(options_.io_busy_poll_us);
     so.worker_threads = options_.worker_threads;
     so.limits = options_.limits;
     so.frame_timeout = options_.frame_timeout;

@@ -68,6 +68,7 @@ struct DaemonOptions {
   // (the default path). Default: false.
   bool namespaces_file_required = false;
   int io_threads = 2;
+  uint32_t io_busy_poll_us = 0;  // ControlServerOptions::io_busy_poll
   int worker_threads = 8;
   int promotion_threads = 2;
   uint32_t max_batch_keys = 4096;

@@ -73,6 +73,10 @@ DEFINE_string(namespaces_file, "/etc/kvpool/namespaces.yaml",
               "re-read on SIGHUP. Its default section wins over --write_policy. Missing at the "
               "default path: the defaults; missing when given: an error. Empty: none.");
 DEFINE_int32(io_threads, 2, "Control-plane I/O threads.");
+DEFINE_uint32(io_busy_poll_us, 0,
+              "After each request, I/O threads poll without sleeping this long before they sleep "
+              "(no wake-up for the next request: on a VM most of a short round trip; costs CPU). "
+              "0: sleep at once.");
 DEFINE_int32(worker_threads, 8, "Request worker threads.");
 DEFINE_int32(promotion_threads, 2, "Threads promoting disk blocks to host.");
 DEFINE_uint32(max_batch_keys, 4096, "Keys in one request.");
@@ -199,6 +203,7 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   o.namespaces_file = FLAGS_namespaces_file;
   o.namespaces_file_required = !gflags::GetCommandLineFlagInfoOrDie("namespaces_file").is_default;
   o.io_threads = FLAGS_io_threads;
+  o.io_busy_poll_us = FLAGS_io_busy_poll_us;
   o.worker_threads = FLAGS_worker_threads;
   o.promotion_threads = FLAGS_promotion_threads;
   o.max_batch_keys = FLAGS_max_batch_keys;

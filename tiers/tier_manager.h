@@ -237,6 +237,12 @@ class TierManager {
   std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys, uint64_t owner = 0,
                                  std::chrono::milliseconds ttl = std::chrono::milliseconds(0),
                                  bool keep_encoding = false, int gpu_device = -1);
+  // Acquire, only when it would not wait: when every cached block of `keys` is in host memory
+  // (a miss is answered as NotFound), all are leased there at once; otherwise nullopt, and
+  // nothing was done. For a caller that must not block (an I/O thread).
+  std::optional<std::vector<BlockRead>> TryAcquireInHost(
+      NamespaceId ns, std::span<const BlockKey> keys, uint64_t owner = 0,
+      std::chrono::milliseconds ttl = std::chrono::milliseconds(0), int gpu_device = -1);
   // Ends a read's lease (no-op for disk reads and released leases).
   void Release(BlockRead& read);
   // Ends `owner`'s leases among `lease_ids`; unknown ids (expired, or another owner's) are
@@ -423,6 +429,11 @@ class TierManager {
   void PromoteOne(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCorruptLocked(EntryId id, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acquire's body; may let go of mu_ while it waits for or reads from disk.
+  std::vector<BlockRead> AcquireLocked(NamespaceId ns, std::span<const BlockKey> keys,
+                                       uint64_t owner, std::chrono::milliseconds ttl,
+                                       bool keep_encoding, int gpu_device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a lease the table handed back: the entry's count drops.
   void EndLeaseLocked(EntryId entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -55,8 +55,31 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
 std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys,
                                             uint64_t owner, std::chrono::milliseconds ttl,
                                             bool keep_encoding, int gpu_device) {
-  std::vector<BlockRead> out(keys.size());
   absl::MutexLock lock(&mu_);
+  return AcquireLocked(ns, keys, owner, ttl, keep_encoding, gpu_device);
+}
+
+std::optional<std::vector<BlockRead>> TierManager::TryAcquireInHost(NamespaceId ns,
+                                                                    std::span<const BlockKey> keys,
+                                                                    uint64_t owner,
+                                                                    std::chrono::milliseconds ttl,
+                                                                    int gpu_device) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kIndexPrefetchAhead < keys.size()) index_.Prefetch(ns, keys[i + kIndexPrefetchAhead]);
+    const EntryId id = FindCachedLocked(ns, keys[i]);
+    if (id == kNoEntry) continue;  // a miss answers at once
+    const Entry& e = index_.at(id);
+    if (!e.In(Tier::kHost) || (e.busy & kBusyPromoting) != 0) return std::nullopt;
+  }
+  // Under the same hold of mu_: every cached block is leased in host, none waited for.
+  return AcquireLocked(ns, keys, owner, ttl, /*keep_encoding=*/false, gpu_device);
+}
+
+std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<const BlockKey> keys,
+                                                  uint64_t owner, std::chrono::milliseconds ttl,
+                                                  bool keep_encoding, int gpu_device) {
+  std::vector<BlockRead> out(keys.size());
   const uint32_t now = NowSeconds();
   const auto deadline =
       ttl.count() > 0 ? clock_.Now() + ttl : std::chrono::steady_clock::time_point::max();

@@ -438,6 +438,41 @@ TEST_F(TierManagerTest, AcquireOfDiskBlocksPromotesAndServesThem) {
   EXPECT_EQ(TiersOf(chain), std::vector<Tier>(4, Tier::kHost));
 }
 
+TEST_F(TierManagerTest, TryAcquireInHostLeasesOnlyWhenNothingWouldWait) {
+  Open();
+  const std::vector<BlockKey> chain = PutChain(0, {5000, 70000, 3000});
+  const BlockKey missing = KeyOf(999);
+  // All in host, and a miss: leased at once, the miss a NotFound.
+  std::vector<BlockKey> asked = chain;
+  asked.push_back(missing);
+  std::optional<std::vector<BlockRead>> reads = manager_->TryAcquireInHost(kNs, asked, 7);
+  ASSERT_TRUE(reads.has_value());
+  ASSERT_EQ(reads->size(), 4u);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    BlockRead& r = (*reads)[i];
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.ToString();
+    EXPECT_EQ(r.from, Tier::kHost);
+    const std::vector<uint8_t>& want = expected_[{kNs, chain[i]}];
+    ASSERT_EQ(r.size, want.size());
+    EXPECT_EQ(std::memcmp(r.data, want.data(), want.size()), 0) << i;
+  }
+  EXPECT_TRUE((*reads)[3].status.IsNotFound());
+  EXPECT_EQ(manager_->GetStats().leases_active, 3u);
+  for (BlockRead& r : *reads) manager_->Release(r);
+
+  // One block on disk alone: nothing is leased, promoted or counted, and Acquire still serves it.
+  DemoteAll({chain[2]});  // the chain's tail (tail-first)
+  const TierManagerStats before = manager_->GetStats();
+  EXPECT_FALSE(manager_->TryAcquireInHost(kNs, chain, 7).has_value());
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.leases_active, 0u);
+  EXPECT_EQ(after.host_counters.hits, before.host_counters.hits);
+  EXPECT_EQ(after.host_counters.promotions, before.host_counters.promotions);
+  EXPECT_EQ(TiersOf(chain), (std::vector<Tier>{Tier::kHost, Tier::kHost, Tier::kDisk}));
+  for (const BlockKey& k : chain) ExpectServed(k);
+}
+
 TEST_F(TierManagerTest, CorruptDiskBlockIsAMissNeverWrongBytes) {
   Open();
   const std::vector<BlockKey> keys = {KeyOf(1), KeyOf(2), KeyOf(3)};

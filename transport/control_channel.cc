@@ -202,6 +202,13 @@ Status ControlChannel::SendTls(std::span<const iovec> pieces, Deadline deadline)
 }
 
 Status ControlChannel::Wait(bool for_write, Deadline deadline) {
+  if (busy_poll_.count() > 0) {
+    const auto until = std::min<Deadline>(deadline, std::chrono::steady_clock::now() + busy_poll_);
+    do {
+      pollfd p{fd_, static_cast<short>(for_write ? POLLOUT : POLLIN), 0};
+      if (::poll(&p, 1, 0) > 0) return Status::OK();
+    } while (std::chrono::steady_clock::now() < until);
+  }
   for (;;) {
     pollfd p{fd_, static_cast<short>(for_write ? POLLOUT : POLLIN), 0};
     const int ms = RemainingMs(deadline);

@@ -146,6 +146,25 @@ class ServerImpl final : public ControlServer {
   // One I/O context per I/O thread: a connection's handlers all run on the thread of the
   // context it was accepted onto (round robin), so a request and its reply never hop between
   // I/O threads, and no I/O thread wakes another to run a handler.
+  // Runs `io` until it is stopped. With a busy-poll window, after each handler it keeps
+  // polling (epoll without a timeout) for that long before it sleeps, so a request arriving
+  // meanwhile does not have to wake it.
+  static void RunIo(asio::io_context& io, std::chrono::microseconds busy_poll) {
+    if (busy_poll.count() <= 0) {
+      io.run();
+      return;
+    }
+    auto last = std::chrono::steady_clock::now();
+    while (!io.stopped()) {
+      if (io.poll() > 0) {
+        last = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - last >= busy_poll) {
+        io.run_one();  // sleeps until the next handler
+        last = std::chrono::steady_clock::now();
+      }
+    }
+  }
+
   static std::vector<std::unique_ptr<asio::io_context>> MakeIoContexts(int threads) {
     std::vector<std::unique_ptr<asio::io_context>> ios;
     for (int i = 0; i < std::max(1, threads); ++i) {
@@ -418,6 +437,10 @@ void Connection<Stream>::Dispatch() {
   if (server_.handler().RunsInline(header_.type)) {
     // A short request that never waits: answer on this I/O thread, saving two thread hops.
     Write(server_.handler().Handle(*state_, header_, body_));
+    return;
+  }
+  if (std::optional<Response> r = server_.handler().TryInline(*state_, header_, body_)) {
+    Write(std::move(*r));  // it did not have to wait: answered here too
     return;
   }
   handling_ = true;  // until Write, on the strand
@@ -694,8 +717,8 @@ void ServerImpl::Run() {
   if (tcp_acceptor_.is_open()) AcceptTcp();
   for (size_t i = 0; i < ios_.size(); ++i) {
     asio::io_context& io = *ios_[i];
-    threads_.push_back(
-        StartThread(ThreadRole::kControlIo, static_cast<int>(i), [&io] { io.run(); }));
+    threads_.push_back(StartThread(ThreadRole::kControlIo, static_cast<int>(i),
+                                   [&io, poll = options_.io_busy_poll] { RunIo(io, poll); }));
   }
   for (int i = 0; i < std::max(1, options_.worker_threads); ++i) {
     threads_.push_back(StartThread(ThreadRole::kRequestWorker, i, [this] { workers_.run(); }));

@@ -99,6 +99,13 @@ class RequestHandler {
   // Whether requests of `type` never wait on disk or on other requests, so they may run on the
   // I/O thread without a hop to a worker (e.g. lookups). Default: false.
   virtual bool RunsInline(uint16_t type) const { return false; }
+  // For a request RunsInline does not claim: its answer, on the I/O thread, when it turns out
+  // not to wait after all (e.g. a get of blocks that are all in host memory); nullopt, having
+  // changed nothing, to have a worker Handle it. Default: always nullopt.
+  virtual std::optional<Response> TryInline(ConnectionState& state, const FrameHeader& header,
+                                            std::string_view body) {
+    return std::nullopt;
+  }
   // The connection closed (orderly or not); no Handle call for it is running or will run.
   virtual void OnDisconnect(ConnectionState& state) = 0;
 };
@@ -114,6 +121,11 @@ struct ControlServerOptions {
   TlsFiles tls;
   // Default: 2.
   int io_threads = 2;
+  // After each request an I/O thread keeps polling its sockets this long before it sleeps, so
+  // the next request does not have to wake it (on a virtual machine most of a short round trip;
+  // ClientOptions::busy_poll is the client's side). Burns up to that much CPU per I/O thread
+  // after every request. Default 0: sleep at once.
+  std::chrono::microseconds io_busy_poll{0};
   // Default: 8.
   int worker_threads = 8;
   FrameLimits limits;

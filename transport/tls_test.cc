@@ -71,8 +71,10 @@ class TlsTest : public ::testing::Test {
 
   // A server on loopback; `files` for its TLS.
   std::unique_ptr<ControlServer> Serve(const TlsFiles& files,
-                                       std::chrono::milliseconds hello_timeout = 10s) {
+                                       std::chrono::milliseconds hello_timeout = 10s,
+                                       std::chrono::microseconds busy_poll = 0us) {
     ControlServerOptions o;
+    o.io_busy_poll = busy_poll;
     o.unix_path = dir_.Join("s.sock");
     o.tcp_listen = "127.0.0.1:0";
     o.tls = files;
@@ -139,6 +141,27 @@ TEST_F(TlsTest, FramesAndPayloadsCrossATlsConnectionIntact) {
       ControlChannel::Connect("tls://localhost" + port, 5s, ctx);
   ASSERT_OK(by_name.status());
   EXPECT_OK(Echo(**by_name, 1000));
+}
+
+TEST_F(TlsTest, BusyPollingServerAndClientsAnswerEveryFrameAndStop) {
+  auto server = Serve(ServerFiles(), 10s, /*busy_poll=*/500us);
+  ASSERT_NE(server, nullptr);
+  Result<std::unique_ptr<ControlChannel>> plain = ControlChannel::Connect(server->unix_path(), 5s);
+  ASSERT_OK(plain.status());
+  Result<std::unique_ptr<ControlChannel>> tls = ControlChannel::Connect(
+      "tls://" + server->tcp_address(), 5s, ClientContext({"", "", certs_.ca_cert}));
+  ASSERT_OK(tls.status());
+  (*plain)->set_busy_poll(300us);
+  (*tls)->set_busy_poll(300us);
+  for (int round = 0; round < 20; ++round) {
+    for (size_t bytes : {size_t{0}, size_t{100}, size_t{1} << 20}) {
+      ASSERT_OK(Echo(**plain, bytes));
+      ASSERT_OK(Echo(**tls, bytes));
+    }
+    // Pauses longer than both windows: each side sleeps, and the next frame wakes it.
+    if (round % 5 == 0) std::this_thread::sleep_for(2ms);
+  }
+  server->Stop();  // the spinning I/O thread ends
 }
 
 TEST_F(TlsTest, AClientRefusesADaemonItsCaDidNotSign) {

@@ -56,6 +56,11 @@ struct ClientOptions {
   // Deadline of connecting and saying hello, when it should differ from `timeout` (e.g. short
   // calls but a UCX handshake that may take longer). Default (0): `timeout`.
   std::chrono::milliseconds connect_timeout{0};
+  // Spin up to this long for each answer before sleeping for it (the daemon's counterpart is
+  // --io_busy_poll_us). A thread that does not sleep is not woken: on a virtual machine that
+  // wake-up is most of a short round trip. Burns the calling thread's CPU while it waits; for
+  // engines with a core to spare on latency-bound calls (lookups, borrows). Default 0: sleep.
+  std::chrono::microseconds busy_poll{0};
   // Reconnect on the next call after the connection broke. Default: true.
   bool auto_reconnect = true;
   // Default: kAuto.
