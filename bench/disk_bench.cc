@@ -40,12 +40,17 @@ void Progress(const std::string& line) {
 Result<uint64_t> DropFromPageCache(const std::string& dir) {
   uint64_t files = 0;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file()) continue;
+  // Non-throwing steps: RocksDB may remove a file while this walks.
+  for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::filesystem::directory_entry& entry = *it;
+    std::error_code type_ec;
+    if (!entry.is_regular_file(type_ec)) continue;
     const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;  // RocksDB removed it meanwhile
-    if (::fdatasync(fd) != 0 || ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) {
-      const int err = errno;
+    if (fd < 0) continue;  // removed meanwhile
+    int err = ::fdatasync(fd) != 0 ? errno : 0;
+    if (err == 0) err = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // returns its error
+    if (err != 0) {
       ::close(fd);
       return Status::FromErrno(err, "dropping " + entry.path().string() + " from the page cache");
     }

@@ -212,7 +212,6 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
   // A UCX send and a read of an encoded copy are a worker's to run; so is a miss a peer may hold
   // (BlockService::TryInline asks only without a cluster).
   if (inline_only && (ask.via_ucx || req.accept_encoded())) return std::nullopt;
-  delivery.BeginGet();
   const LeaseTerms terms = delivery.TermsFor(ask);
   // Gpu slots only in place (the shared-memory path checked above names them to the client).
   const int gpu_device = req.to_gpu() && ask.in_place ? req.gpu_device() : -1;
@@ -220,9 +219,11 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
   if (inline_only) {
     std::optional<std::vector<tiers::BlockRead>> held =
         tiers_.TryAcquireInHost(c.ns, keys, terms.owner, terms.ttl, gpu_device);
-    if (!held) return std::nullopt;
+    if (!held) return std::nullopt;  // the worker's attempt calls BeginGet, once
+    delivery.BeginGet();
     acquired = std::move(*held);
   } else {
+    delivery.BeginGet();
     acquired = tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl, req.accept_encoded(), gpu_device);
   }
   auto reads = std::make_shared<std::vector<tiers::BlockRead>>(std::move(acquired));

@@ -131,31 +131,18 @@ Status TierManager::Recover() {
   absl::MutexLock lock(&mu_);
   index_.Reserve(index_.size() + disk_.EstimateMetaRecords());
   // Pass 1, while the readers go on: an entry for every record, in the order they arrive. A
-  // record is dropped once its entry is made; what pass 2 needs of a block with a parent is kept
-  // in 40 bytes (10^7 blocks: 0.4 GB, where the records themselves would hold 1.3 GB).
+  // record is dropped once its entry is made; what pass 2 needs of it is kept in 40 bytes (10^7
+  // blocks: 0.4 GB, where the records themselves would hold 1.3 GB). Nothing is counted before
+  // pass 2, so a scan that fails leaves the disk accounting untouched.
   struct Link {
     EntryId id;
     NamespaceId ns;
-    BlockKey parent;
+    BlockKey parent;  // zero: the chain's first block
   };
   std::vector<Link> links;
   links.reserve(disk_.EstimateMetaRecords());
   std::vector<std::pair<NamespaceId, BlockKey>> invalid;
   uint64_t oversize = 0;
-  // Adds `id`'s disk copy (after its parent is linked) and counts its bytes.
-  NamespaceId last_ns = kNoNamespace;
-  uint64_t* ns_used = nullptr;
-  auto add_disk_copy = [&](EntryId id, NamespaceId ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    index_.AddCopyUnsettled(id, Tier::kDisk);
-    const uint64_t bytes = index_.at(id).disk_bytes();
-    disk_used_ += bytes;
-    if (ns != last_ns) {  // a namespace's records come together
-      last_ns = ns;
-      ns_used = &disk_used_of_[ns];
-    }
-    *ns_used += bytes;
-    ++disk_blocks_;
-  };
   // Cache misses bound both passes at 10^6 blocks and more: each asks for the hash slots of a
   // record ahead before it needs them.
   constexpr size_t kAhead = kIndexPrefetchAhead;
@@ -179,11 +166,7 @@ Status TierManager::Recover() {
       e.checksum = l.meta.checksum;
       e.disk_encoding = l.meta.encoding;
       e.disk_size = l.meta.encoding != 0 ? static_cast<uint32_t>(l.meta.stored_size) : 0;
-      if (l.meta.parent.IsZero()) {
-        add_disk_copy(id, l.ns);  // a chain's first block: nothing to link
-      } else {
-        links.push_back({id, l.ns, l.meta.parent});
-      }
+      links.push_back({id, l.ns, l.meta.parent});
     }
   }
   const auto scanned = scan.finished_at();
@@ -201,20 +184,31 @@ Status TierManager::Recover() {
   // then the group is linked, its parents' entries in cache by then.
   constexpr size_t kGroup = 32;
   std::array<EntryId, kGroup> parents;
+  NamespaceId last_ns = kNoNamespace;
+  uint64_t* ns_used = nullptr;
   for (size_t g = 0; g < links.size(); g += kGroup) {
     const size_t end = std::min(g + kGroup, links.size());
     for (size_t i = end; i < std::min(end + kGroup, links.size()); ++i) {
-      index_.Prefetch(links[i].ns, links[i].parent);
+      if (!links[i].parent.IsZero()) index_.Prefetch(links[i].ns, links[i].parent);
     }
     for (size_t i = g; i < end; ++i) {
       EntryId& parent = parents[i - g];
-      parent = index_.Find(links[i].ns, links[i].parent);
+      parent = links[i].parent.IsZero() ? kNoEntry : index_.Find(links[i].ns, links[i].parent);
       if (parent != kNoEntry) index_.PrefetchEntry(parent);
     }
     for (size_t i = g; i < end; ++i) {
+      const Link& l = links[i];
       const EntryId parent = parents[i - g];
-      if (parent != kNoEntry && parent != links[i].id) index_.SetParent(links[i].id, parent);
-      add_disk_copy(links[i].id, links[i].ns);
+      if (parent != kNoEntry && parent != l.id) index_.SetParent(l.id, parent);
+      index_.AddCopyUnsettled(l.id, Tier::kDisk);
+      const uint64_t bytes = index_.at(l.id).disk_bytes();
+      disk_used_ += bytes;
+      if (l.ns != last_ns) {  // a namespace's records come together
+        last_ns = l.ns;
+        ns_used = &disk_used_of_[l.ns];
+      }
+      *ns_used += bytes;
+      ++disk_blocks_;
     }
   }
   std::vector<Link>().swap(links);

@@ -42,9 +42,11 @@ ProcessSample SampleProcess(pid_t pid) {
   std::string comm;
   (void)ReadStat(dir + "/stat", &comm, &s.cpu_seconds);
   std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator(dir + "/task", ec)) {
+  // Non-throwing steps: threads come and go while this walks.
+  for (std::filesystem::directory_iterator it(dir + "/task", ec), end; !ec && it != end;
+       it.increment(ec)) {
     double cpu = 0;
-    if (ReadStat(task.path().string() + "/stat", &comm, &cpu) &&
+    if (ReadStat(it->path().string() + "/stat", &comm, &cpu) &&
         (comm.rfind("kvp-io", 0) == 0 || comm.rfind("kvp-req", 0) == 0)) {
       s.serving_cpu_seconds += cpu;
     }
