@@ -51,6 +51,22 @@ done
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null ||
   die "$PYTHON cannot make venvs (Debian: apt-get install python3-venv)"
 
+# Most venvs carry the same torch and nvidia-* wheels (~5 GB each); installed side by side they
+# filled a CI machine's disk. After each install, identical files across .venv/ become hard links
+# (util-linux hardlink; pip replaces a file by unlinking it, never by writing into it, so a later
+# reinstall in one venv leaves the others whole). Mode and owner must still match; times may not.
+dedupe_venvs() {
+  if ! command -v hardlink >/dev/null; then
+    log "no hardlink (Debian: util-linux >= 2.38): venvs keep their own copies of shared files"
+    return
+  fi
+  local before after
+  before=$(du -sm "$ROOT/.venv" | cut -f1)
+  hardlink -q --ignore-time "$ROOT/.venv"
+  after=$(du -sm "$ROOT/.venv" | cut -f1)
+  log ".venv: $before MiB -> $after MiB after linking identical files"
+}
+
 # --- one venv per requirements file (first: it needs the network, not the wheel) ------------
 for name in "$@"; do
   venv=$ROOT/.venv/$name
@@ -71,6 +87,7 @@ for name in "$@"; do
       "$venv/bin/python" -m pip install -q --no-deps -r "$nodeps" "${PIP_ARGS[@]}"
     fi
     echo "$req_hash" >"$venv/.kvpool-requirements.sha256"
+    dedupe_venvs
   fi
   log "$name: requirements ready in $(($(date +%s) - t0)) s"
 done
