@@ -19,6 +19,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -790,13 +791,47 @@ Result<std::vector<uint64_t>> ParseCounts(const std::string& flag, const std::st
   return out;
 }
 
+// What every single-purpose mode (--scale, --disk) shares once its flags are parsed into
+// `parsed` and `pin`: a bad flag exits 2 with the reason; the bench thread is pinned; `banner`
+// prints unless --json; `run` measures, handing each figure to the emitter, which adds the load
+// average and prints it as one JSON line under --json, else passes it to `show`; a failed run
+// exits 1.
+using Emitter = std::function<void(Figure)>;
+int RunMode(const Status& parsed, const PinPlan& pin, const std::function<void()>& banner,
+            const std::function<Status(const Emitter&)>& run,
+            const std::function<void(const Figure&)>& show) {
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "kvpool-bench: %s\n", parsed.ToString().c_str());
+    return 2;
+  }
+  if (pin.enabled) (void)PinThisThread(pin.bench_cpus);
+  if (!FLAGS_json) {
+    banner();
+    std::fflush(stdout);
+  }
+  const Status st = run([&](Figure f) {
+    f.extra["loadavg_1m"] = LoadAverage();
+    if (FLAGS_json) {
+      std::printf("%s\n", f.ToJson().dump().c_str());
+    } else {
+      show(f);
+    }
+    std::fflush(stdout);
+  });
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvpool-bench: FAILED: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 // kvpool-bench --scale (bench/scale_bench.h).
 int ScaleMain(const std::string& command) {
   ScaleConfig c;
   c.kvpoold = FindKvpoold();
   c.chain_blocks = FLAGS_scale_chain_blocks;
   c.seconds = FLAGS_seconds;
-  Status st = [&]() -> Status {
+  const Status parsed = [&]() -> Status {
     KVPOOL_ASSIGN_OR_RETURN(c.blocks, ParseCounts("scale_blocks", FLAGS_scale_blocks));
     KVPOOL_ASSIGN_OR_RETURN(c.block_bytes, ParseBytes(FLAGS_scale_block_bytes));
     KVPOOL_ASSIGN_OR_RETURN(std::vector<uint64_t> clients,
@@ -819,35 +854,23 @@ int ScaleMain(const std::string& command) {
                                                /*own_daemon=*/true));
     return Status::OK();
   }();
-  if (!st.ok()) {
-    std::fprintf(stderr, "kvpool-bench: %s\n", st.ToString().c_str());
-    return 2;
-  }
-  if (c.pin.enabled) (void)PinThisThread(c.pin.bench_cpus);
-  if (!FLAGS_json) {
-    std::printf(
-        "kvpool-bench --scale  %s\n  command: %s\n  pinning: %s\n  load average (1 min): "
-        "%.2f\n  blocks of %s in chains of %u; lookups of a whole chain (no prefetch), "
-        "gets of %u blocks of one chain; write-through\n",
-        Now().c_str(), command.c_str(), c.pin.description.c_str(), LoadAverage(),
-        FormatBytes(c.block_bytes).c_str(), c.chain_blocks, c.get_batch);
-    std::fflush(stdout);
-  }
-  std::vector<Figure> figures;
-  st = RunScale(c, [&](Figure f) {
-    f.extra["loadavg_1m"] = LoadAverage();
-    if (FLAGS_json) {
-      std::printf("%s\n", f.ToJson().dump().c_str());
-      std::fflush(stdout);
-    }
-    figures.push_back(std::move(f));
-  });
-  if (!FLAGS_json) std::printf("\n%s", FormatScaleTable(figures).c_str());
-  if (!st.ok()) {
-    std::fprintf(stderr, "kvpool-bench: FAILED: %s\n", st.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  std::vector<Figure> figures;  // the table after the run (not under --json)
+  return RunMode(
+      parsed, c.pin,
+      [&] {
+        std::printf(
+            "kvpool-bench --scale  %s\n  command: %s\n  pinning: %s\n  load average (1 min): "
+            "%.2f\n  blocks of %s in chains of %u; lookups of a whole chain (no prefetch), "
+            "gets of %u blocks of one chain; write-through\n",
+            Now().c_str(), command.c_str(), c.pin.description.c_str(), LoadAverage(),
+            FormatBytes(c.block_bytes).c_str(), c.chain_blocks, c.get_batch);
+      },
+      [&](const Emitter& emit) {
+        const Status st = RunScale(c, emit);
+        if (!FLAGS_json) std::printf("\n%s", FormatScaleTable(figures).c_str());
+        return st;
+      },
+      [&](const Figure& f) { figures.push_back(f); });
 }
 
 // kvpool-bench --disk (bench/disk_bench.h).
@@ -855,7 +878,7 @@ int DiskMain(const std::string& command) {
   DiskBenchConfig c;
   c.kvpoold = FindKvpoold();
   c.readers = FLAGS_disk_readers;
-  Status st = [&]() -> Status {
+  const Status parsed = [&]() -> Status {
     KVPOOL_ASSIGN_OR_RETURN(c.working_set, ParseBytes(FLAGS_disk_working_set));
     KVPOOL_ASSIGN_OR_RETURN(c.block_bytes, ParseBytes(FLAGS_disk_block_bytes));
     if (c.block_bytes == 0 || c.block_bytes % 4096 != 0) {
@@ -868,38 +891,25 @@ int DiskMain(const std::string& command) {
                                                /*own_daemon=*/true));
     return Status::OK();
   }();
-  if (!st.ok()) {
-    std::fprintf(stderr, "kvpool-bench: %s\n", st.ToString().c_str());
-    return 2;
-  }
-  if (c.pin.enabled) (void)PinThisThread(c.pin.bench_cpus);
-  if (!FLAGS_json) {
-    std::printf(
-        "kvpool-bench --disk  %s\n  command: %s\n  pinning: %s\n  load average (1 min): %.2f\n"
-        "  %s of %s blocks, each read once from disk, %d readers of one block a call\n\n",
-        Now().c_str(), command.c_str(), c.pin.description.c_str(), LoadAverage(),
-        FormatBytes(c.working_set).c_str(), FormatBytes(c.block_bytes).c_str(), c.readers);
-    std::printf("%-8s %-9s %-9s %9s %10s %10s %10s %8s\n", "system", "path", "op", "GB/s", "ops/s",
-                "p50 us", "p99 us", "ratio");
-    std::fflush(stdout);
-  }
-  st = RunDiskBench(c, [&](Figure f) {
-    f.extra["loadavg_1m"] = LoadAverage();
-    if (FLAGS_json) {
-      std::printf("%s\n", f.ToJson().dump().c_str());
-    } else {
-      const double ratio = f.extra.value("ratio_to_fio", 0.0);
-      std::printf("%-8s %-9s %-9s %9.2f %10.0f %10.0f %10.0f %8s\n", f.system.c_str(),
-                  f.path.c_str(), f.op.c_str(), f.gbps, f.ops_per_s, f.p50_us, f.p99_us,
-                  ratio > 0 ? std::to_string(ratio).substr(0, 4).c_str() : "");
-    }
-    std::fflush(stdout);
-  });
-  if (!st.ok()) {
-    std::fprintf(stderr, "kvpool-bench: FAILED: %s\n", st.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return RunMode(
+      parsed, c.pin,
+      [&] {
+        std::printf(
+            "kvpool-bench --disk  %s\n  command: %s\n  pinning: %s\n  load average (1 min): "
+            "%.2f\n  %s of %s blocks, each read once from disk, %d readers of one block a "
+            "call\n\n",
+            Now().c_str(), command.c_str(), c.pin.description.c_str(), LoadAverage(),
+            FormatBytes(c.working_set).c_str(), FormatBytes(c.block_bytes).c_str(), c.readers);
+        std::printf("%-8s %-9s %-9s %9s %10s %10s %10s %8s\n", "system", "path", "op", "GB/s",
+                    "ops/s", "p50 us", "p99 us", "ratio");
+      },
+      [&](const Emitter& emit) { return RunDiskBench(c, emit); },
+      [](const Figure& f) {
+        const double ratio = f.extra.value("ratio_to_fio", 0.0);
+        std::printf("%-8s %-9s %-9s %9.2f %10.0f %10.0f %10.0f %8s\n", f.system.c_str(),
+                    f.path.c_str(), f.op.c_str(), f.gbps, f.ops_per_s, f.p50_us, f.p99_us,
+                    ratio > 0 ? std::to_string(ratio).substr(0, 4).c_str() : "");
+      });
 }
 
 int Main(const std::string& command) {

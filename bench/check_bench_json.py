@@ -10,10 +10,10 @@ kvpool put and get set beside Redis's best path (ratio_to_redis_best), a borrow 
 in-place read) where shm is measured, with its lent bytes checked, at least one kvpool lookup
 line, and one memcpy copy line per block size. Never asserts a timing: CI machines are too noisy for that.
 """
-import json
 import shutil
-import subprocess
 import sys
+
+from bench_json import Smoke
 
 REQUIRED = {
     "system": str, "path": str, "op": str, "block_bytes": int, "concurrency": int,
@@ -35,52 +35,28 @@ def flag(args, name, default):
     return default
 
 
-def fail(msg, out=""):
-    sys.stderr.write("bench_smoke: FAIL: %s\n" % msg)
-    if out:
-        sys.stderr.write(out[-4000:] + "\n")
-    sys.exit(1)
-
-
 def main():
+    smoke = Smoke("bench_smoke")
+    fail = smoke.fail
     if len(sys.argv) < 2:
         fail("usage: check_bench_json.py KVPOOL_BENCH [flags...]")
     cmd = [sys.argv[1], "--json"] + sys.argv[2:]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=110)
-    if proc.returncode != 0:
-        fail("%s exited with %d" % (" ".join(cmd), proc.returncode), proc.stderr)
-    lines = [l for l in proc.stdout.splitlines() if l.strip()]
-    if not lines:
-        fail("no output", proc.stderr)
+    records = smoke.run(cmd, REQUIRED, timeout=110)
     seen = set()
     kvpool_seen = set()
     measured = set()  # (system, path, op)
-    records = []
-    for n, line in enumerate(lines, 1):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            fail("line %d is not JSON (%s): %r" % (n, e, line))
-        if not isinstance(rec, dict):
-            fail("line %d is not a JSON object: %r" % (n, line))
-        for key, kind in REQUIRED.items():
-            if key not in rec:
-                fail("line %d lacks %r: %r" % (n, key, line))
-            if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
-                fail("line %d: %r has the wrong type: %r" % (n, key, line))
-        records.append(rec)
+    for n, rec in enumerate(records, 1):
         system, op = rec["system"], rec["op"]
         if system not in OPS or op not in OPS[system] or rec["path"] not in PATHS[system]:
-            fail("line %d: unknown system/path/op: %r" % (n, line))
+            fail("line %d: unknown system/path/op: %r" % (n, rec))
         if rec["concurrency"] < 1 or rec["ops_per_s"] <= 0 or rec["p50_us"] <= 0:
-            fail("line %d: a phase that did nothing: %r" % (n, line))
+            fail("line %d: a phase that did nothing: %r" % (n, rec))
         if rec["p99_us"] < rec["p50_us"]:
-            fail("line %d: p99 below p50: %r" % (n, line))
+            fail("line %d: p99 below p50: %r" % (n, rec))
         if op in ("put", "get", "copy", "stream") and rec["gbps"] <= 0:
-            fail("line %d: no bytes moved: %r" % (n, line))
+            fail("line %d: no bytes moved: %r" % (n, rec))
         if op in ("get", "borrow", "borrow+verify") and rec.get("verified_blocks", 0) <= 0:
-            fail("line %d: no %s was verified: %r" % (n, op, line))
+            fail("line %d: no %s was verified: %r" % (n, op, rec))
         seen.add((system, op, rec["block_bytes"]))
         measured.add((system, rec["path"], op))
         if system == "kvpool":
@@ -95,7 +71,7 @@ def main():
     for system, path in expected:
         for op in ("put", "get"):
             if (system, path, op) not in measured:
-                fail("no %s %s %s line" % (system, path, op), proc.stdout)
+                fail("no %s %s %s line" % (system, path, op), smoke.stdout)
     if with_redis:
         # Every kvpool put and get is set beside Redis's best path for the same figure.
         for n, rec in enumerate(records, 1):
@@ -107,24 +83,24 @@ def main():
     if ("kvpool", "shm") in expected:
         for op in ("borrow", "borrow+verify"):
             if ("kvpool", "shm", op) not in measured:
-                fail("no kvpool shm %s line" % op, proc.stdout)
+                fail("no kvpool shm %s line" % op, smoke.stdout)
     if not any(op == "lookup" for (_, op) in kvpool_seen):
-        fail("no kvpool lookup line", proc.stdout)
+        fail("no kvpool lookup line", smoke.stdout)
     for b in kvpool_sizes:
         if ("memcpy", "copy", b) not in seen:
-            fail("no memcpy line beside kvpool block size %d" % b, proc.stdout)
+            fail("no memcpy line beside kvpool block size %d" % b, smoke.stdout)
         if ("socketpair", "stream", b) not in seen:
-            fail("no socketpair line beside kvpool block size %d" % b, proc.stdout)
+            fail("no socketpair line beside kvpool block size %d" % b, smoke.stdout)
     if ("kvpool", "ucx") in expected and shutil.which("ucx_perftest"):
         # The ucx path's limit, measured in the same run, and each ucx figure set beside it.
         for b in kvpool_sizes:
             if ("ucx_perftest", "tag_bw", b) not in seen:
-                fail("no ucx_perftest line beside block size %d" % b, proc.stdout)
+                fail("no ucx_perftest line beside block size %d" % b, smoke.stdout)
         for rec in records:
             if rec["system"] == "kvpool" and rec["path"] == "ucx" and \
                     rec["op"] in ("put", "get") and rec.get("ratio_to_ucx_perftest", 0) <= 0:
                 fail("ucx line without ratio_to_ucx_perftest: %r" % rec)
-    print("bench_smoke: %d result lines OK" % len(lines))
+    print("bench_smoke: %d result lines OK" % len(records))
 
 
 if __name__ == "__main__":

@@ -9,19 +9,12 @@ restarted daemon's rebuilt index lacks a block) and its lines hold, for every si
 lookup; for every count of --scale_namespaces a lookup and a get; each with the daemon's CPU time
 per operation, resident memory and index size. Never asserts a timing.
 """
-import json
-import subprocess
 import sys
+
+from bench_json import Smoke
 
 COMMON = ("system", "path", "op", "block_bytes", "concurrency", "ops_per_s", "p50_us", "p99_us",
           "curve", "x", "daemon_rss_bytes", "index_entries", "index_bytes", "loadavg_1m")
-
-
-def fail(msg, out=""):
-    sys.stderr.write("bench_scale_smoke: FAIL: %s\n" % msg)
-    if out:
-        sys.stderr.write(out[-4000:] + "\n")
-    sys.exit(1)
 
 
 def counts(args, name, default):
@@ -32,27 +25,17 @@ def counts(args, name, default):
 
 
 def main():
+    smoke = Smoke("bench_scale_smoke")
+    fail = smoke.fail
     if len(sys.argv) < 2:
         fail("usage: check_scale_json.py KVPOOL_BENCH [flags...]")
     args = sys.argv[2:]
     cmd = [sys.argv[1], "--scale", "--json"] + args
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=280)
-    if proc.returncode != 0:
-        fail("%s exited with %d" % (" ".join(cmd), proc.returncode), proc.stderr)
-    figures = []
-    for n, line in enumerate(l for l in proc.stdout.splitlines() if l.strip()):
-        try:
-            f = json.loads(line)
-        except ValueError:
-            fail("line %d is not JSON: %r" % (n + 1, line))
-        missing = [k for k in COMMON if k not in f]
-        if missing:
-            fail("line %d lacks %s: %s" % (n + 1, missing, line))
+    figures = smoke.run(cmd, COMMON, timeout=280)
+    for f in figures:
         if f["op"] in ("lookup", "get") and (f["calls"] < 1 or f["p50_us"] <= 0 or
                                              "daemon_cpu_us_per_op" not in f):
-            fail("line %d measured nothing: %s" % (n + 1, line))
-        figures.append(f)
+            fail("a figure measured nothing: %s" % f)
     seen = {(f["curve"], f[f["x"]], f["op"]) for f in figures}
 
     chain = counts(args, "scale_chain_blocks", [64])[0]
@@ -60,18 +43,18 @@ def main():
         indexed = max(1, blocks // chain) * chain
         for op in ("fill", "rebuild", "lookup", "get"):
             if ("blocks", indexed, op) not in seen:
-                fail("no %s figure at %d indexed blocks" % (op, indexed), proc.stdout)
+                fail("no %s figure at %d indexed blocks" % (op, indexed), smoke.stdout)
     for f in figures:
         if f["op"] == "rebuild" and f["index_entries"] != f["indexed_blocks"]:
             fail("rebuilt index holds %d entries, %d blocks were put" %
                  (f["index_entries"], f["indexed_blocks"]))
     for n in counts(args, "scale_clients", [1, 4, 16, 64, 256]):
         if ("connections", n, "lookup") not in seen:
-            fail("no lookup figure at %d connections" % n, proc.stdout)
+            fail("no lookup figure at %d connections" % n, smoke.stdout)
     for n in counts(args, "scale_namespaces", [1, 16, 128, 1024]):
         for op in ("lookup", "get"):
             if ("namespaces", n, op) not in seen:
-                fail("no %s figure at %d namespaces" % (op, n), proc.stdout)
+                fail("no %s figure at %d namespaces" % (op, n), smoke.stdout)
     print("bench_scale_smoke: %d figures checked" % len(figures))
 
 

@@ -79,6 +79,8 @@ struct Entry {
   uint32_t disk_size = 0;
 
   bool In(Tier t) const { return tiers & TierBit(t); }
+  // A get can lease the host copy now, waiting for nothing (defined below the kBusy* flags).
+  bool LeasableInHost() const;
   // Bytes the disk copy takes.
   uint64_t disk_bytes() const { return disk_encoding != 0 ? disk_size : size; }
   bool CandidateOf(Tier t) const { return candidate & TierBit(t); }
@@ -94,6 +96,10 @@ inline constexpr uint8_t kBusyDemoting = 2;    // being written from host to dis
 inline constexpr uint8_t kBusyReading = 4;     // read straight from disk by a get
 inline constexpr uint8_t kBusyToGpu = 8;       // its host copy is being copied into a gpu tier
 inline constexpr uint8_t kFlagPrefetched = 1;  // promoted ahead of a get that has not come yet
+
+inline bool Entry::LeasableInHost() const {
+  return In(Tier::kHost) && (busy & kBusyPromoting) == 0;
+}
 
 // Told of every change of candidacy (see above) and of every use of a candidate.
 class CandidateObserver {

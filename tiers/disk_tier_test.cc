@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -84,6 +85,20 @@ class DiskTierTest : public ::testing::Test {
     for (const Block* b : blocks) w.push_back(b->write());
     Status st = disk_->Write(w, sync);
     ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+
+  // Writes `blocks` in batches of `batch`, flushing the memtable into an SST file after each
+  // batch that `flush_after(index of the batch's first block)` picks.
+  void WriteInBatches(const std::vector<Block>& blocks, size_t batch,
+                      const std::function<bool(size_t)>& flush_after) {
+    for (size_t i = 0; i < blocks.size(); i += batch) {
+      std::vector<const Block*> w;
+      for (size_t j = i; j < std::min(i + batch, blocks.size()); ++j) w.push_back(&blocks[j]);
+      Write(w);
+      if (flush_after(i)) {
+        ASSERT_TRUE(store_->Flush().ok());
+      }
+    }
   }
 
   // Reads `b` and expects exactly its bytes.
@@ -293,14 +308,7 @@ TEST_F(DiskTierTest, AScanHandsEveryRecordOnceThroughItsBoundedQueueAndStopsWhen
   constexpr size_t kBlocks = 6000;
   std::vector<Block> blocks;
   for (uint64_t i = 0; i < kBlocks; ++i) blocks.push_back(MakeBlock(1 + i % 2, i, 40));
-  for (size_t i = 0; i < blocks.size(); i += 500) {
-    std::vector<const Block*> batch;
-    for (size_t j = i; j < i + 500; ++j) batch.push_back(&blocks[j]);
-    Write(batch);
-    if (i == 2500) {
-      ASSERT_TRUE(store_->Flush().ok());
-    }
-  }
+  WriteInBatches(blocks, 500, [](size_t i) { return i == 2500; });
   // Batches of 16 records: the readers outrun this consumer and wait on the queue's bound.
   {
     MetaScan scan(*disk_, disk_->SplitMeta(3), /*batch_records=*/16);
@@ -328,14 +336,7 @@ TEST_F(DiskTierTest, SplitMetaCutsTheRecordsIntoRangesThatHoldEachOnce) {
   constexpr size_t kBlocks = 20000;
   std::vector<Block> blocks;
   for (uint64_t i = 0; i < kBlocks; ++i) blocks.push_back(MakeBlock(1 + i % 3, i, 40));
-  for (size_t i = 0; i < blocks.size(); i += 500) {
-    std::vector<const Block*> batch;
-    for (size_t j = i; j < i + 500; ++j) batch.push_back(&blocks[j]);
-    Write(batch);
-    if ((i + 500) % 3000 == 0 && i + 500 <= 18000) {
-      ASSERT_TRUE(store_->Flush().ok());
-    }
-  }
+  WriteInBatches(blocks, 500, [](size_t i) { return (i + 500) % 3000 == 0 && i + 500 <= 18000; });
   EXPECT_GE(disk_->EstimateMetaRecords(), kBlocks / 2);
   for (int parts : {1, 2, 4, 16}) {
     const std::vector<MetaRange> ranges = disk_->SplitMeta(parts);

@@ -364,7 +364,7 @@ class TierManager {
   // Where a reader finds a cached entry fastest (a block mid-promotion counts as on disk).
   static Tier FastestTier(const Entry& e) {
     if (e.In(Tier::kGpu)) return Tier::kGpu;
-    return e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0 ? Tier::kHost : Tier::kDisk;
+    return e.LeasableInHost() ? Tier::kHost : Tier::kDisk;
   }
   // Whether a copy of `e` fits the host tier (a block put under a larger segment size does not:
   // it is read straight from disk).

@@ -69,8 +69,7 @@ std::optional<std::vector<BlockRead>> TierManager::TryAcquireInHost(NamespaceId 
     if (i + kIndexPrefetchAhead < keys.size()) index_.Prefetch(ns, keys[i + kIndexPrefetchAhead]);
     const EntryId id = FindCachedLocked(ns, keys[i]);
     if (id == kNoEntry) continue;  // a miss answers at once
-    const Entry& e = index_.at(id);
-    if (!e.In(Tier::kHost) || (e.busy & kBusyPromoting) != 0) return std::nullopt;
+    if (!index_.at(id).LeasableInHost()) return std::nullopt;
   }
   // Under the same hold of mu_: every cached block is leased in host, none waited for.
   return AcquireLocked(ns, keys, owner, ttl, /*keep_encoding=*/false, gpu_device);
@@ -145,7 +144,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
       continue;
     }
     const Entry& e = index_.at(id);
-    if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
+    if (e.LeasableInHost()) {
       lease(i, id, Tier::kHost);
       auto dsum = gpu_checksums_.find(id);
       if (gpu_device >= 0 && e.In(Tier::kGpu) && e.gpu_device == gpu_device &&
@@ -173,7 +172,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
       continue;
     }
     Entry& e = index_.at(id);
-    if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {  // promoted meanwhile
+    if (e.LeasableInHost()) {  // promoted meanwhile
       lease(i, id, Tier::kHost);
       continue;
     }
@@ -248,7 +247,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
         continue;
       }
       Entry& e = index_.at(id);
-      if (e.In(Tier::kHost) && (e.busy & kBusyPromoting) == 0) {
+      if (e.LeasableInHost()) {
         lease(i, id, Tier::kDisk);
         continue;
       }
