@@ -129,6 +129,7 @@ int kvpool_connect_with(const kvpool_connect_options* options, kvpool_client** o
     o.tls_ca_file = str(options->tls_ca_file);
     o.tls_cert_file = str(options->tls_cert_file);
     o.tls_key_file = str(options->tls_key_file);
+    if (options->busy_poll_us > 0) o.busy_poll = std::chrono::microseconds(options->busy_poll_us);
     auto c = kvpool::Client::Connect(o);
     if (!c.ok()) {
       g_connect_error = c.status().ToString();

@@ -105,6 +105,60 @@ TEST(CApiTest, ConnectWithACredentialOverTls) {
   EXPECT_EQ(kvpool_connect_with(nullptr, &c), KVPOOL_INVALID_ARGUMENT);
 }
 
+// Busy polling on both ends (kvpool_connect_options.busy_poll_us, kvpoold --io_busy_poll_us):
+// every answer still arrives, byte for byte, and a miss is still a miss.
+TEST(CApiTest, BusyPollingClientGetsEveryAnswer) {
+  DaemonProcess d({"--io_busy_poll_us=50"});
+  ASSERT_OK(d.Start());
+  kvpool_connect_options o{};
+  o.address = d.socket_path().c_str();
+  o.namespace_name = "c-api";
+  o.timeout_ms = 5000;
+  o.busy_poll_us = 50;
+  kvpool_client* c = nullptr;
+  ASSERT_EQ(kvpool_connect_with(&o, &c), KVPOOL_OK) << kvpool_last_error(nullptr);
+  const std::vector<int32_t> tokens = Tokens(9, 16 * 3);
+  kvpool_key keys[4];
+  size_t n = 0;
+  ASSERT_EQ(kvpool_hash_chain(tokens.data(), tokens.size(), 16, "sec", 3, kTestLayout, nullptr,
+                              keys, 3, &n),
+            KVPOOL_OK);
+  keys[3] = keys[2];
+  keys[3].bytes[0] ^= 1;  // never put
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<const void*> data;
+  std::vector<size_t> sizes;
+  for (int i = 0; i < 3; ++i) {
+    blocks.push_back(BlockBytes(200 + i, 4096 + 7 * i));
+    data.push_back(blocks.back().data());
+    sizes.push_back(blocks.back().size());
+  }
+  uint32_t stored = 0, present = 0;
+  ASSERT_EQ(kvpool_put_chain(c, keys, 3, data.data(), sizes.data(), nullptr, &stored, &present),
+            KVPOOL_OK)
+      << kvpool_last_error(c);
+  ASSERT_EQ(stored, 3u);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<std::vector<uint8_t>> out(4, std::vector<uint8_t>(8192, 0));
+    void* buffers[4];
+    size_t capacities[4], got[4];
+    int codes[4];
+    for (int i = 0; i < 4; ++i) {
+      buffers[i] = out[i].data();
+      capacities[i] = out[i].size();
+    }
+    ASSERT_EQ(kvpool_get(c, keys, 4, buffers, capacities, got, codes), KVPOOL_OK)
+        << kvpool_last_error(c);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(codes[i], KVPOOL_OK) << round << " " << i;
+      ASSERT_EQ(got[i], blocks[i].size());
+      ASSERT_EQ(std::memcmp(out[i].data(), blocks[i].data(), got[i]), 0) << round << " " << i;
+    }
+    ASSERT_EQ(codes[3], KVPOOL_NOT_FOUND) << round;
+  }
+  kvpool_close(c);
+}
+
 TEST(CApiTest, PutLookupGetSessionRoundTrip) {
   DaemonProcess d;
   ASSERT_OK(d.Start());

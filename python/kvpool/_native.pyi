@@ -107,6 +107,7 @@ class Client:
     # address: Unix socket path, "unix://PATH", "tcp://HOST:PORT" or "tls://HOST:PORT" (None:
     # $KVPOOL_SOCKET or the default socket). timeout / connect_timeout in seconds. data_path:
     # "auto" | "socket" | "shm" | "ucx". tls_ca / tls_cert / tls_key: PEM files for tls://.
+    # busy_poll_us: spin this long for each answer before sleeping (0: sleep at once).
     # Raises Unavailable, PermissionDenied, InvalidArgument, DeadlineExceeded.
     def __init__(self, address: str | None = None, namespace: str = "default", *,
                  timeout: float = 10.0, connect_timeout: float | None = None,
@@ -114,7 +115,7 @@ class Client:
                  cluster_secret: str | None = None, auto_reconnect: bool = True,
                  credential: str | None = None, admin: bool = False,
                  tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None: ...
+                 tls_key: str | None = None, busy_poll_us: int = 0) -> None: ...
     @property
     def server(self) -> dict[str, Any]: ...  # node_id, daemon_version, max_block_bytes, ...
     @property

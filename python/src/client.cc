@@ -169,7 +169,7 @@ class PyClient {
            const std::string& client_name, std::optional<std::string> cluster_secret,
            bool auto_reconnect, std::optional<std::string> credential, bool admin,
            std::optional<std::string> tls_ca, std::optional<std::string> tls_cert,
-           std::optional<std::string> tls_key) {
+           std::optional<std::string> tls_key, int busy_poll_us) {
     options_.address = address.value_or("");
     options_.namespace_name = ns;
     options_.timeout = Millis(timeout, "timeout");
@@ -183,6 +183,8 @@ class PyClient {
     options_.tls_ca_file = tls_ca.value_or("");
     options_.tls_cert_file = tls_cert.value_or("");
     options_.tls_key_file = tls_key.value_or("");
+    if (busy_poll_us < 0) Raise(Status::InvalidArgument("busy_poll_us must be >= 0"));
+    options_.busy_poll = std::chrono::microseconds(busy_poll_us);
     Connect();
   }
 
@@ -798,20 +800,24 @@ void RegisterClient(nb::module_& m) {
       .def(nb::init<std::optional<std::string>, const std::string&, double, std::optional<double>,
                     const std::string&, const std::string&, std::optional<std::string>, bool,
                     std::optional<std::string>, bool, std::optional<std::string>,
-                    std::optional<std::string>, std::optional<std::string>>(),
+                    std::optional<std::string>, std::optional<std::string>, int>(),
            nb::arg("address") = nb::none(), nb::arg("namespace") = "default", nb::kw_only(),
            nb::arg("timeout") = 10.0, nb::arg("connect_timeout") = nb::none(),
            nb::arg("data_path") = "auto", nb::arg("client_name") = "",
            nb::arg("cluster_secret") = nb::none(), nb::arg("auto_reconnect") = true,
            nb::arg("credential") = nb::none(), nb::arg("admin") = false,
            nb::arg("tls_ca") = nb::none(), nb::arg("tls_cert") = nb::none(),
-           nb::arg("tls_key") = nb::none(),
+           nb::arg("tls_key") = nb::none(), nb::arg("busy_poll_us") = 0,
            "Connects and says hello. address: a Unix socket path, 'unix://PATH', "
            "'tcp://HOST:PORT' or 'tls://HOST:PORT' (None: $KVPOOL_SOCKET or the default "
            "socket). data_path: 'auto' (shared memory on a local socket, UCX over tcp://, the "
            "TLS connection itself over tls://), 'socket', 'shm' or 'ucx'. tls_ca: PEM CA file "
            "the daemon's certificate must chain to (None: the system's); tls_cert, tls_key: "
            "this client's certificate for a daemon that requires one. "
+           "busy_poll_us: spin up to this long for each answer before sleeping (0: sleep at "
+           "once); burns this thread's CPU while it waits, for latency-bound calls (lookups, "
+           "borrows) on a machine with a core to spare; pair it with kvpoold "
+           "--io_busy_poll_us. "
            "credential: the namespace's secret (or the admin's, with admin=True) when the "
            "daemon's namespaces file gives it one; proved at hello, never sent. Raises "
            "Unavailable (no daemon), PermissionDenied / InvalidArgument (namespace refused), "

@@ -187,3 +187,19 @@ def test_get_into_async_on_host_buffers_is_done_at_once(client, make_keys):
         np.testing.assert_array_equal(o, b)
     with pytest.raises(kvpool.FailedPrecondition):
         pending.wait()
+
+
+def test_busy_polling_client_gets_every_answer(daemon, make_keys):
+    # busy_poll_us spins for each answer instead of sleeping; answers still arrive byte for byte.
+    keys = make_keys(3)
+    blocks = _blocks(3, 31)
+    with kvpool.Client(daemon.socket, namespace="test", busy_poll_us=50) as c:
+        assert c.put(keys, blocks).all_ok()
+        for _ in range(100):
+            out = [np.zeros(SIZE, np.uint8) for _ in keys]
+            assert [g.ok for g in c.get_into(keys, out)] == [True] * 3
+            for o, b in zip(out, blocks):
+                np.testing.assert_array_equal(o, b)
+            assert c.lookup(keys + make_keys(1)).hit_blocks == 3
+    with pytest.raises(kvpool.InvalidArgument):
+        kvpool.Client(daemon.socket, namespace="test", busy_poll_us=-1)
