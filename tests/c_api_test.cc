@@ -19,6 +19,24 @@
 namespace kvpool::testing {
 namespace {
 
+// n blocks of distinct bytes (block i: BlockBytes(seed + i, size + step * i)) and the pointer
+// and size arrays the C API takes.
+struct CBlocks {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<const void*> data;
+  std::vector<size_t> sizes;
+};
+CBlocks MakeCBlocks(int n, int seed, size_t size, size_t step) {
+  CBlocks b;
+  b.bytes.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    b.bytes.push_back(BlockBytes(seed + i, size + step * i));
+    b.data.push_back(b.bytes.back().data());
+    b.sizes.push_back(b.bytes.back().size());
+  }
+  return b;
+}
+
 TEST(CApiTest, HashChainMatchesTheCppHasher) {
   const std::vector<int32_t> tokens = Tokens(3, 16 * 5 + 7);
   std::vector<kvpool_key> keys(10);
@@ -125,17 +143,12 @@ TEST(CApiTest, BusyPollingClientGetsEveryAnswer) {
             KVPOOL_OK);
   keys[3] = keys[2];
   keys[3].bytes[0] ^= 1;  // never put
-  std::vector<std::vector<uint8_t>> blocks;
-  std::vector<const void*> data;
-  std::vector<size_t> sizes;
-  for (int i = 0; i < 3; ++i) {
-    blocks.push_back(BlockBytes(200 + i, 4096 + 7 * i));
-    data.push_back(blocks.back().data());
-    sizes.push_back(blocks.back().size());
-  }
+  const CBlocks put = MakeCBlocks(3, 200, 4096, 7);
+  const std::vector<std::vector<uint8_t>>& blocks = put.bytes;
   uint32_t stored = 0, present = 0;
-  ASSERT_EQ(kvpool_put_chain(c, keys, 3, data.data(), sizes.data(), nullptr, &stored, &present),
-            KVPOOL_OK)
+  ASSERT_EQ(
+      kvpool_put_chain(c, keys, 3, put.data.data(), put.sizes.data(), nullptr, &stored, &present),
+      KVPOOL_OK)
       << kvpool_last_error(c);
   ASSERT_EQ(stored, 3u);
   for (int round = 0; round < 200; ++round) {
@@ -171,14 +184,10 @@ TEST(CApiTest, PutLookupGetSessionRoundTrip) {
   ASSERT_EQ(kvpool_hash_chain(tokens.data(), tokens.size(), 16, "sec", 3, kTestLayout, nullptr,
                               keys, 4, &n),
             KVPOOL_OK);
-  std::vector<std::vector<uint8_t>> blocks;
-  std::vector<const void*> data;
-  std::vector<size_t> sizes;
-  for (int i = 0; i < 4; ++i) {
-    blocks.push_back(BlockBytes(100 + i, 3000 + i));
-    data.push_back(blocks.back().data());
-    sizes.push_back(blocks.back().size());
-  }
+  const CBlocks put = MakeCBlocks(4, 100, 3000, 1);
+  const std::vector<std::vector<uint8_t>>& blocks = put.bytes;
+  const std::vector<const void*>& data = put.data;
+  const std::vector<size_t>& sizes = put.sizes;
   uint32_t stored = 0, present = 0;
   ASSERT_EQ(kvpool_put_chain(c, keys, 4, data.data(), sizes.data(), nullptr, &stored, &present),
             KVPOOL_OK)
