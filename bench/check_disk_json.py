@@ -24,9 +24,9 @@ def main():
         fail("usage: check_disk_json.py KVPOOL_BENCH [flags...]")
     cmd = [sys.argv[1], "--disk", "--json"] + sys.argv[2:]
     figures = {}
-    for f in smoke.run(cmd, COMMON, timeout=280):
+    for n, f in enumerate(smoke.run(cmd, COMMON, timeout=280), 1):
         if f["gbps"] <= 0 or f["p50_us"] <= 0:
-            fail("a figure measured nothing: %s" % json.dumps(f))
+            fail("line %d measured nothing: %s" % (n, json.dumps(f)))
         figures[(f["system"], f["path"], f["op"])] = f
     get = figures.get(("kvpool", "disk", "get"))
     if get is None:

@@ -32,10 +32,10 @@ def main():
     args = sys.argv[2:]
     cmd = [sys.argv[1], "--scale", "--json"] + args
     figures = smoke.run(cmd, COMMON, timeout=280)
-    for f in figures:
+    for n, f in enumerate(figures, 1):
         if f["op"] in ("lookup", "get") and (f["calls"] < 1 or f["p50_us"] <= 0 or
                                              "daemon_cpu_us_per_op" not in f):
-            fail("a figure measured nothing: %s" % f)
+            fail("line %d measured nothing: %s" % (n, f))
     seen = {(f["curve"], f[f["x"]], f["op"]) for f in figures}
 
     chain = counts(args, "scale_chain_blocks", [64])[0]

@@ -113,7 +113,8 @@ int kvpool_connect(const char* address, const char* namespace_name, int timeout_
 
 int kvpool_connect_with(const kvpool_connect_options* options, kvpool_client** out) {
   if (out == nullptr || options == nullptr ||
-      (options->credential == nullptr && options->credential_len > 0)) {
+      (options->credential == nullptr && options->credential_len > 0) ||
+      options->busy_poll_us < 0) {
     return KVPOOL_INVALID_ARGUMENT;
   }
   *out = nullptr;

@@ -52,19 +52,28 @@ done
   die "$PYTHON cannot make venvs (Debian: apt-get install python3-venv)"
 
 # Most venvs carry the same torch and nvidia-* wheels (~5 GB each); installed side by side they
-# filled a CI machine's disk. After each install, identical files across .venv/ become hard links
-# (util-linux hardlink; pip replaces a file by unlinking it, never by writing into it, so a later
-# reinstall in one venv leaves the others whole). Mode and owner must still match; times may not.
+# filled a CI machine's disk. After each install, identical files in the venvs' lib/ trees become
+# hard links (util-linux hardlink). pip replaces a file by unlinking it or renaming a new one over
+# it, never by writing into it, so a later install in one venv leaves the others whole. Only lib/:
+# this script's own stamp files beside it are rewritten in place (and written by write_stamp,
+# through a rename, in any case). Mode and owner must still match; times may not.
 dedupe_venvs() {
   if ! command -v hardlink >/dev/null; then
     log "no hardlink (Debian: util-linux >= 2.38): venvs keep their own copies of shared files"
     return
   fi
-  local before after
-  before=$(du -sm "$ROOT/.venv" | cut -f1)
-  hardlink -q --ignore-time "$ROOT/.venv"
-  after=$(du -sm "$ROOT/.venv" | cut -f1)
-  log ".venv: $before MiB -> $after MiB after linking identical files"
+  local summary
+  if ! summary=$(hardlink --ignore-time "$ROOT"/.venv/*/lib 2>&1); then
+    log "hardlink failed; venvs keep their own copies of shared files: $summary"
+    return
+  fi
+  log ".venv: $(grep -E '^(Linked|Saved):' <<<"$summary" | tr -s ' ' | paste -sd ';' -)"
+}
+
+# Writes a stamp file through a rename, never into a file that may have other names.
+write_stamp() {
+  echo "$2" >"$1.tmp"
+  mv -f "$1.tmp" "$1"
 }
 
 # --- one venv per requirements file (first: it needs the network, not the wheel) ------------
@@ -86,7 +95,7 @@ for name in "$@"; do
       log "$name: installing $nodeps (--no-deps)"
       "$venv/bin/python" -m pip install -q --no-deps -r "$nodeps" "${PIP_ARGS[@]}"
     fi
-    echo "$req_hash" >"$venv/.kvpool-requirements.sha256"
+    write_stamp "$venv/.kvpool-requirements.sha256" "$req_hash"
     dedupe_venvs
   fi
   log "$name: requirements ready in $(($(date +%s) - t0)) s"
@@ -124,7 +133,7 @@ for name in "$@"; do
   if [[ $(cat "$venv/.kvpool-wheel.sha256" 2>/dev/null) != "$wheel_hash" ]]; then
     log "$name: installing $(basename "$wheel")"
     "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel" "${PIP_ARGS[@]}"
-    echo "$wheel_hash" >"$venv/.kvpool-wheel.sha256"
+    write_stamp "$venv/.kvpool-wheel.sha256" "$wheel_hash"
   fi
   # The proof: kvpool imports from the venv's site-packages, not from the source tree.
   (cd / && "$venv/bin/python" -c 'import kvpool, kvpool.kernels, sys

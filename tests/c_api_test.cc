@@ -134,6 +134,9 @@ TEST(CApiTest, BusyPollingClientGetsEveryAnswer) {
   o.timeout_ms = 5000;
   o.busy_poll_us = 50;
   kvpool_client* c = nullptr;
+  o.busy_poll_us = -1;
+  EXPECT_EQ(kvpool_connect_with(&o, &c), KVPOOL_INVALID_ARGUMENT);
+  o.busy_poll_us = 50;
   ASSERT_EQ(kvpool_connect_with(&o, &c), KVPOOL_OK) << kvpool_last_error(nullptr);
   const std::vector<int32_t> tokens = Tokens(9, 16 * 3);
   kvpool_key keys[4];

@@ -308,7 +308,7 @@ TEST_F(DiskTierTest, AScanHandsEveryRecordOnceThroughItsBoundedQueueAndStopsWhen
   constexpr size_t kBlocks = 6000;
   std::vector<Block> blocks;
   for (uint64_t i = 0; i < kBlocks; ++i) blocks.push_back(MakeBlock(1 + i % 2, i, 40));
-  WriteInBatches(blocks, 500, [](size_t i) { return i == 2500; });
+  ASSERT_NO_FATAL_FAILURE(WriteInBatches(blocks, 500, [](size_t i) { return i == 2500; }));
   // Batches of 16 records: the readers outrun this consumer and wait on the queue's bound.
   {
     MetaScan scan(*disk_, disk_->SplitMeta(3), /*batch_records=*/16);
@@ -336,7 +336,8 @@ TEST_F(DiskTierTest, SplitMetaCutsTheRecordsIntoRangesThatHoldEachOnce) {
   constexpr size_t kBlocks = 20000;
   std::vector<Block> blocks;
   for (uint64_t i = 0; i < kBlocks; ++i) blocks.push_back(MakeBlock(1 + i % 3, i, 40));
-  WriteInBatches(blocks, 500, [](size_t i) { return (i + 500) % 3000 == 0 && i + 500 <= 18000; });
+  ASSERT_NO_FATAL_FAILURE(WriteInBatches(
+      blocks, 500, [](size_t i) { return (i + 500) % 3000 == 0 && i + 500 <= 18000; }));
   EXPECT_GE(disk_->EstimateMetaRecords(), kBlocks / 2);
   for (int parts : {1, 2, 4, 16}) {
     const std::vector<MetaRange> ranges = disk_->SplitMeta(parts);

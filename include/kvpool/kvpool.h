@@ -86,7 +86,8 @@ typedef struct kvpool_connect_options {
   const char* tls_ca_file;
   const char* tls_cert_file;
   const char* tls_key_file;
-  /* Spin up to this long for each answer before sleeping (0: sleep at once); the daemon's
+  /* Spin up to this long for each answer before sleeping (0: sleep at once; negative:
+   * KVPOOL_INVALID_ARGUMENT); the daemon's
    * counterpart is --io_busy_poll_us. Burns the calling thread's CPU while it waits, and buys
    * back the wake-up that is most of a short round trip on a virtual machine. Added after
    * tls_key_file: a caller built against an older header passes a smaller struct, so rebuild. */

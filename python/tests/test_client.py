@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import kvpool
+from kvpool.testing import Daemon
 
 SIZE = 64 * 1024
 
@@ -189,11 +190,12 @@ def test_get_into_async_on_host_buffers_is_done_at_once(client, make_keys):
         pending.wait()
 
 
-def test_busy_polling_client_gets_every_answer(daemon, make_keys):
-    # busy_poll_us spins for each answer instead of sleeping; answers still arrive byte for byte.
+def test_busy_polling_client_gets_every_answer(make_keys):
+    # Both ends spin for each answer instead of sleeping; answers still arrive byte for byte.
     keys = make_keys(3)
     blocks = _blocks(3, 31)
-    with kvpool.Client(daemon.socket, namespace="test", busy_poll_us=50) as c:
+    with Daemon(["--io_busy_poll_us=50"]) as daemon, \
+            kvpool.Client(daemon.socket, namespace="test", busy_poll_us=50) as c:
         assert c.put(keys, blocks).all_ok()
         for _ in range(100):
             out = [np.zeros(SIZE, np.uint8) for _ in keys]
@@ -201,5 +203,5 @@ def test_busy_polling_client_gets_every_answer(daemon, make_keys):
             for o, b in zip(out, blocks):
                 np.testing.assert_array_equal(o, b)
             assert c.lookup(keys + make_keys(1)).hit_blocks == 3
-    with pytest.raises(kvpool.InvalidArgument):
-        kvpool.Client(daemon.socket, namespace="test", busy_poll_us=-1)
+        with pytest.raises(kvpool.InvalidArgument):
+            kvpool.Client(daemon.socket, namespace="test", busy_poll_us=-1)
