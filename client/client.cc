@@ -296,6 +296,7 @@ class Client::Impl {
           r.status = Status::OK();
           r.size = b.size;
           r.tier = b.tier;
+          r.checksum = b.checksum;
         }
       }
     }
@@ -870,6 +871,7 @@ class Client::Impl {
           r.status = Status::OK();
           r.size = size;
           r.tier = FromWire(info.tier());
+          r.checksum = info.checksum();
         }
         if (consumed != rh.payload_bytes) {
           connection_.Close();
@@ -1347,6 +1349,19 @@ Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> ke
     if (!out[i].status.ok()) out[i].bytes.clear();
   }
   return out;
+}
+
+Result<std::vector<GetResult>> Client::GetWith(std::span<const BlockKey> keys,
+                                              const BufferFor& buffer_for) {
+  const Impl::BufferFor host_only = [&](size_t i, uint64_t size) {
+    MutableBuffer buf = buffer_for(i, size);
+    if (buf.memory != Memory::kHost) return MutableBuffer{};  // host memory only (see client.h)
+    return buf;
+  };
+  client::GetStaging no_device(nullptr, nullptr);
+  return impl_->Run([&] {
+    return impl_->Get(keys, host_only, /*accept_encoded=*/false, no_device, /*gpu_device=*/-1);
+  });
 }
 
 Result<BorrowedBlocks> Client::Borrow(std::span<const BlockKey> keys,

@@ -111,6 +111,7 @@ std::vector<GetResult> UcxDataPath::ReceiveBlocks(std::span<const IncomingBlock>
       r.status = Status::OK();
       r.size = b.size;
       r.tier = b.tier;
+      r.checksum = b.checksum;
     }
   }
   return out;

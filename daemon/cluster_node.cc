@@ -185,25 +185,53 @@ void ClusterNode::Return(const std::string& address, const std::string& ns_name,
   if (pool.size() < 4) pool.push_back(std::move(c));
 }
 
-bool ClusterNode::StoreLocal(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
-                             const std::vector<uint8_t>& bytes) {
+ClusterNode::Landing ClusterNode::ReserveLanding(NamespaceId ns, const BlockKey& key,
+                                                 const BlockKey& parent, uint64_t size) {
   tiers::PutRequestItem item;
   item.key = key;
-  item.size = bytes.size();
-  item.checksum = BlockChecksum(bytes.data(), bytes.size());
-  item.parent = parent;
-  std::vector<tiers::ReserveOutcome> r = tiers_.Reserve(ns, kClusterOwner, {&item, 1});
-  if (r[0].state == tiers::ReserveState::kPresent) return true;
-  if (r[0].state == tiers::ReserveState::kInProgress) {
-    // Another writer (a replica pushed here, a client's put) is storing it right now: the block
-    // counts once that put commits, so the lookup after this fetch does not stop short at it.
-    return tiers_.AwaitInFlightPut(ns, key, options_.peer_timeout);
+  item.size = size;
+  item.parent = parent;  // the checksum comes at commit: the client verified the bytes against it
+  const tiers::ReserveOutcome r = tiers_.Reserve(ns, kClusterOwner, {&item, 1})[0];
+  Landing l;
+  l.asked = true;
+  l.size = size;
+  l.state = r.state;
+  if (r.state != tiers::ReserveState::kReserved) return l;
+  Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r.reservation_id);
+  if (!t.ok()) {
+    tiers_.Abort(kClusterOwner, r.reservation_id);
+    l.state = tiers::ReserveState::kRefused;
+    return l;
   }
-  if (r[0].state != tiers::ReserveState::kReserved) return false;
-  Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r[0].reservation_id);
-  if (!t.ok()) return false;
-  std::memcpy(t->data, bytes.data(), bytes.size());
-  return tiers_.Commit(kClusterOwner, r[0].reservation_id).ok();
+  l.reservation_id = r.reservation_id;
+  l.data = t->data;
+  return l;
+}
+
+bool ClusterNode::SettleLanding(NamespaceId ns, const BlockKey& key, const Landing& l,
+                                const GetResult& got) {
+  switch (l.state) {
+    case tiers::ReserveState::kReserved:
+      if (!got.status.ok()) {
+        tiers_.Abort(kClusterOwner, l.reservation_id);
+        return false;
+      }
+      // Stored with the checksum the client verified the bytes against on arrival: hashing the
+      // slot again would read every fetched byte a second time.
+      return tiers_
+          .Commit(kClusterOwner, l.reservation_id,
+                  got.checksum != 0 ? got.checksum : BlockChecksum(l.data, l.size))
+          .ok();
+    case tiers::ReserveState::kPresent:
+      return true;
+    case tiers::ReserveState::kInProgress:
+      // Another writer (a replica pushed here, a client's put) is storing it right now: the block
+      // counts once that put commits, so the lookup after this fetch does not stop short at it.
+      return tiers_.AwaitInFlightPut(ns, key, options_.peer_timeout);
+    case tiers::ReserveState::kRefused:
+      return false;
+  }
+  return false;
 }
 
 size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
@@ -253,27 +281,50 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
         end = std::min(indices.size(), start + chunk);
         std::vector<BlockKey> ask;
         for (size_t k = start; k < end; ++k) ask.push_back(keys[indices[k]]);
-        Result<std::vector<FetchedBlock>> got = c->GetBlocks(ask);
+        // Each block is received straight into a slot of the host tier, reserved once the peer
+        // has said its size: no private buffer, no copy, no second hash.
+        std::vector<Landing> landing(end - start);
+        const Client::BufferFor land = [&](size_t k, uint64_t size) -> MutableBuffer {
+          Landing& l = landing[k];
+          if (!l.asked) {
+            const size_t i = indices[start + k];
+            l = ReserveLanding(ns, keys[i], i > 0 ? keys[i - 1] : BlockKey{}, size);
+          }
+          // (Asked again only when the call is retried on a fresh connection: the same slot.)
+          const bool usable = l.state == tiers::ReserveState::kReserved && l.size == size;
+          return usable ? MutableBuffer{l.data, size} : MutableBuffer{};
+        };
+        Result<std::vector<GetResult>> got = c->GetWith(ask, land);
         if (!got.ok()) {
           VLOG(1) << "fetch from " << node << ": " << got.status().ToString();
+          for (const Landing& l : landing) {
+            if (l.state == tiers::ReserveState::kReserved) {
+              tiers_.Abort(kClusterOwner, l.reservation_id);
+            }
+          }
           failed = true;  // a dead or slow peer: its remaining blocks are misses this round
           for (size_t k = start; k < indices.size(); ++k) inconclusive[indices[k]] = true;
           break;
         }
         uint64_t bytes = 0, blocks = 0;
         for (size_t k = start; k < end; ++k) {
-          const FetchedBlock& b = (*got)[k - start];
-          if (!b.status.ok()) {
-            // Only a miss says the peer lacks it; an error there or on the way says nothing.
-            if (!b.status.IsNotFound()) inconclusive[indices[k]] = true;
+          const GetResult& r = (*got)[k - start];
+          const Landing& l = landing[k - start];
+          const size_t i = indices[k];
+          if (!l.asked) {
+            // Never sized: the peer lacks it (a miss says so; an error there says nothing).
+            if (!r.status.IsNotFound()) inconclusive[i] = true;
             continue;
           }
-          const size_t i = indices[k];
+          // The peer holds it (a block this node holds or is storing itself comes as a skipped
+          // buffer, not its bytes).
+          const bool transferred = l.state == tiers::ReserveState::kReserved;
+          if (transferred && !r.status.ok()) inconclusive[i] = true;  // damaged or cut off
+          if (SettleLanding(ns, keys[i], l, r)) ++stored;
+          if (transferred && !r.status.ok()) continue;
           found[i] = true;
-          bytes += b.bytes.size();
+          bytes += l.size;
           ++blocks;
-          const BlockKey parent = i > 0 ? keys[i - 1] : BlockKey{};
-          if (StoreLocal(ns, keys[i], parent, b.bytes)) ++stored;
         }
         if (blocks > 0) {
           chunk =

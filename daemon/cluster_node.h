@@ -123,9 +123,21 @@ class ClusterNode final : public ClusterHooks {
   // A pooled client of `ns_name` on the peer at `address`; nullptr when it cannot connect.
   std::unique_ptr<Client> Checkout(const std::string& address, const std::string& ns_name);
   void Return(const std::string& address, const std::string& ns_name, std::unique_ptr<Client> c);
-  // Stores a fetched block in the host tier (as a local put would).
-  bool StoreLocal(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
-                  const std::vector<uint8_t>& bytes);
+  // Where FetchMissing receives one block: a host-tier slot reserved for it once its size is
+  // known (state kReserved), or why there is none (kPresent, kInProgress: this node holds it or
+  // is storing it; kRefused: no room). `asked`: the peer said its size.
+  struct Landing {
+    bool asked = false;
+    tiers::ReserveState state = tiers::ReserveState::kRefused;
+    uint64_t reservation_id = 0;
+    uint8_t* data = nullptr;
+    uint64_t size = 0;
+  };
+  Landing ReserveLanding(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
+                         uint64_t size);
+  // After the fetch: commits a landed block (or aborts its slot when `got` failed), or waits for
+  // the local put storing it. Whether the block is now stored here.
+  bool SettleLanding(NamespaceId ns, const BlockKey& key, const Landing& l, const GetResult& got);
 
   const ClusterNodeOptions options_;
   tiers::TierManager& tiers_;

@@ -507,6 +507,46 @@ TEST(DaemonTest, ServesOverTcpWhenAsked) {
   ExpectIdentical(**c, chain);
 }
 
+// Client::GetWith: each block lands where its callback says once its size is known, with the
+// checksum it was verified against; a block given no buffer is skipped and its bytes discarded,
+// and the blocks after it still arrive. Over the socket and through shared memory.
+TEST(DaemonTest, GetWithPutsEachBlockWhereItsCallbackSays) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  Chain chain = MakeChain(Tokens(62, 4 * kTokensPerBlock), 0);
+  for (size_t i = 0; i < chain.blocks.size(); ++i) chain.blocks[i] = BlockBytes(90 + i, 70000 + i);
+  for (DataPath path : {DataPath::kSocket, DataPath::kSharedMemory}) {
+    ClientOptions o = d.Options();
+    o.data_path = path;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    PutAll(**c, chain);
+    std::vector<BlockKey> keys = chain.keys;
+    keys.push_back(MakeChain(Tokens(63, kTokensPerBlock), 1).keys[0]);  // never put
+    std::vector<std::vector<uint8_t>> out(keys.size());
+    std::vector<uint64_t> sizes(keys.size(), 0);
+    auto got = (*c)->GetWith(keys, [&](size_t i, uint64_t size) -> MutableBuffer {
+      sizes[i] = size;
+      if (i == 1) return {};  // skipped
+      out[i].assign(size, 0xEE);
+      return {out[i].data(), out[i].size()};
+    });
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    for (size_t i = 0; i < chain.blocks.size(); ++i) {
+      EXPECT_EQ(sizes[i], chain.blocks[i].size()) << i;
+      if (i == 1) {
+        EXPECT_EQ((*got)[i].status.code(), StatusCode::kInvalidArgument) << i;
+        continue;
+      }
+      ASSERT_TRUE((*got)[i].status.ok()) << i << ": " << (*got)[i].status.ToString();
+      EXPECT_EQ(out[i], chain.blocks[i]) << i;
+      EXPECT_EQ((*got)[i].checksum, BlockChecksum(chain.blocks[i].data(), chain.blocks[i].size()));
+    }
+    EXPECT_EQ(sizes.back(), 0u) << "a miss has no size to ask a buffer for";
+    EXPECT_TRUE((*got).back().status.IsNotFound());
+  }
+}
+
 TEST(DaemonTest, ExposesPrometheusMetrics) {
   DaemonProcess d({"--metrics_listen=127.0.0.1:0"});
   ASSERT_OK(d.Start());

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -156,6 +157,9 @@ struct GetResult {
   Status status;    // OK; NotFound for a miss; InvalidArgument if the buffer was too small
   size_t size = 0;  // bytes written into the buffer
   Tier tier = Tier::kNone;
+  // With status OK into host memory: the xxh3-64 of the bytes (common/checksum.h), which the
+  // client checked them against on arrival. 0 where not known (device buffers).
+  uint64_t checksum = 0;
   // Non-zero: the bytes were decoded from a copy the daemon stored in this encoding on demotion
   // (KVPOOL_ENCODING_* of <kvpool/kernels.h>; the namespace accepted lossy copies): close to,
   // not exactly, what was put. 0: exactly what was put.
@@ -517,6 +521,19 @@ class Client {
   // As Get, into buffers the library allocates to each block's size.
   Result<std::vector<FetchedBlock>> GetBlocks(std::span<const BlockKey> keys,
                                               const GetOptions& options = {});
+
+  // As Get, but block i goes where `buffer_for(i, size)` says once its size is known: host
+  // memory of at least `size` bytes, or {nullptr, 0} to skip the block (its result is then
+  // InvalidArgument and its bytes are discarded). Called on the calling thread before any byte
+  // of that block is written, once per block, or again for the same block when a call on a
+  // connection that had died idle is retried once (ClientOptions::auto_reconnect); once this
+  // returns nothing writes into the buffers any more. Only a result with status OK says its
+  // buffer holds the block. Blocks come as put (encoded copies are decoded by the daemon). For
+  // a caller that places blocks itself, e.g. a daemon fetching from a peer straight into its
+  // host tier.
+  using BufferFor = std::function<MutableBuffer(size_t index, uint64_t size)>;
+  Result<std::vector<GetResult>> GetWith(std::span<const BlockKey> keys,
+                                         const BufferFor& buffer_for);
 
   // Stores blocks, put-if-absent: a block already cached costs no payload transfer.
   Result<PutResult> Put(std::span<const PutBlock> blocks, const PutOptions& options = {});
