@@ -135,10 +135,8 @@ TEST_F(ClusterTest, MembersJoinLeaveAndSurviveAnEtcdOutage) {
   for (const ClusterMember& m : va->members) EXPECT_NE(m.node_id, "node-d");
   // Over TCP, a daemon in cluster mode serves only clients that prove the cluster secret.
   {
-    const std::string log = a.log();
-    const size_t at = log.find("tcp://");
-    ASSERT_NE(at, std::string::npos);
-    const std::string address = log.substr(at, log.find_first_of(" \n", at) - at);
+    const std::string address = a.PrintedAddress("tcp://");
+    ASSERT_FALSE(address.empty()) << a.log();
     ClientOptions o = a.Options();
     o.address = address;
     o.data_path = DataPath::kSocket;

@@ -483,19 +483,10 @@ namespace kvpool::testing {
 namespace {
 
 // The "tcp://HOST:PORT" or "http://HOST:PORT" the daemon printed at start.
-std::string Printed(const DaemonProcess& d, const std::string& scheme) {
-  const std::string log = d.log();
-  const size_t at = log.find(scheme);
-  if (at == std::string::npos) return "";
-  size_t end = at + scheme.size();
-  while (end < log.size() && log[end] != ' ' && log[end] != '\n' && log[end] != '/') ++end;
-  return log.substr(at, end - at);
-}
-
 TEST(DaemonTest, ServesOverTcpWhenAsked) {
   DaemonProcess d({"--listen=tcp://127.0.0.1:0"});
   ASSERT_OK(d.Start());
-  const std::string address = Printed(d, "tcp://");
+  const std::string address = d.PrintedAddress("tcp://");
   ASSERT_FALSE(address.empty()) << d.log();
   ClientOptions o = d.Options();
   o.address = address;
@@ -554,7 +545,7 @@ TEST(DaemonTest, ExposesPrometheusMetrics) {
   Chain chain = MakeChain(Tokens(62, 2 * kTokensPerBlock), 1000);
   PutAll(*client, chain);
   ExpectIdentical(*client, chain);
-  const std::string url = Printed(d, "http://");
+  const std::string url = d.PrintedAddress("http://");
   ASSERT_FALSE(url.empty()) << d.log();
   const std::string hostport = url.substr(7);
   const std::string cmd =

@@ -14,19 +14,10 @@
 namespace kvpool::testing {
 namespace {
 
-std::string TcpAddress(const DaemonProcess& d) {
-  const std::string log = d.log();
-  const size_t at = log.find("tcp://");
-  if (at == std::string::npos) return "";
-  size_t end = at;
-  while (end < log.size() && log[end] != ' ' && log[end] != '\n') ++end;
-  return log.substr(at, end - at);
-}
-
 std::unique_ptr<Client> UcxClient(const DaemonProcess& d,
                                   std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   ClientOptions o = d.Options();
-  o.address = TcpAddress(d);
+  o.address = d.PrintedAddress("tcp://");
   o.data_path = DataPath::kUcx;
   o.ucx_transports = "tcp";
   o.ucx_net_devices = "lo";

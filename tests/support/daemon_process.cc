@@ -201,6 +201,21 @@ void DaemonProcess::Kill() {
 
 std::string DaemonProcess::log() const { return ReadFile(log_path_); }
 
+std::string DaemonProcess::PrintedAddress(const std::string& scheme,
+                                          std::chrono::milliseconds wait) const {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    const std::string s = log();
+    const size_t at = s.find(scheme);
+    if (at != std::string::npos) {
+      const size_t end = s.find_first_of(" \n/", at + scheme.size());
+      return s.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 std::string DaemonProcess::LogTail(size_t bytes) const {
   const std::string s = log();
   return s.size() <= bytes ? s : s.substr(s.size() - bytes);
