@@ -647,6 +647,7 @@ class Client::Impl {
         } else {
           r.size = b.size;
           r.tier = b.tier;
+          r.checksum = b.checksum;
         }
       } else if (!dsums.ok()) {
         r.status = dsums.status().WithContext("checking a copy from the gpu tier");

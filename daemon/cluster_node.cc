@@ -191,47 +191,105 @@ ClusterNode::Landing ClusterNode::ReserveLanding(NamespaceId ns, const BlockKey&
   item.key = key;
   item.size = size;
   item.parent = parent;  // the checksum comes at commit: the client verified the bytes against it
-  const tiers::ReserveOutcome r = tiers_.Reserve(ns, kClusterOwner, {&item, 1})[0];
   Landing l;
   l.asked = true;
   l.size = size;
+  // Inside the peer's request, under its deadline: never wait here for room (a disk write in
+  // flight); such a block is received into memory of its own and stored after the request.
+  const tiers::ReserveOutcome r =
+      tiers_.Reserve(ns, kClusterOwner, {&item, 1}, /*may_wait=*/false)[0];
   l.state = r.state;
-  if (r.state != tiers::ReserveState::kReserved) return l;
-  Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r.reservation_id);
-  if (!t.ok()) {
+  if (r.state == tiers::ReserveState::kReserved) {
+    Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r.reservation_id);
+    if (t.ok()) {
+      l.reservation_id = r.reservation_id;
+      l.data = t->data;
+      return l;
+    }
     tiers_.Abort(kClusterOwner, r.reservation_id);
     l.state = tiers::ReserveState::kRefused;
-    return l;
   }
-  l.reservation_id = r.reservation_id;
-  l.data = t->data;
+  if (l.state == tiers::ReserveState::kRefused) l.spill.resize(size);
   return l;
 }
 
-bool ClusterNode::SettleLanding(NamespaceId ns, const BlockKey& key, const Landing& l,
-                                const GetResult& got) {
-  switch (l.state) {
-    case tiers::ReserveState::kReserved:
-      if (!got.status.ok()) {
-        tiers_.Abort(kClusterOwner, l.reservation_id);
-        return false;
-      }
+MutableBuffer ClusterNode::Landing::Buffer(uint64_t want) {
+  if (want != size) return {};
+  if (state == tiers::ReserveState::kReserved) return {data, size};
+  if (state == tiers::ReserveState::kRefused) {
+    return {spill.data(), spill.size()};
+  }
+  return {};  // held here already, or being stored: not transferred again
+}
+
+void ClusterNode::SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
+                                 std::span<const size_t> indices, std::vector<Landing>& landing,
+                                 const std::vector<GetResult>& got, FetchTally& tally) {
+  // First every slot this request reserved is committed or aborted, with no wait between;
+  // then the blocks that need one (room for a spilled block, another writer's put) are settled.
+  std::vector<size_t> later;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const GetResult& r = got[k];
+    Landing& l = landing[k];
+    const size_t i = indices[k];
+    const bool reserved = l.state == tiers::ReserveState::kReserved;
+    if (r.status.IsNotFound()) {  // the peer lacks it (also after a retry that had sized it)
+      if (reserved) tiers_.Abort(kClusterOwner, l.reservation_id);
+      continue;
+    }
+    if (!l.asked) {  // an error there, before any size: says nothing of the block
+      tally.inconclusive[i] = true;
+      continue;
+    }
+    const bool transferred = reserved || l.state == tiers::ReserveState::kRefused;
+    if (transferred && (!r.status.ok() || r.checksum == 0)) {  // damaged, cut off, unverified
+      if (reserved) tiers_.Abort(kClusterOwner, l.reservation_id);
+      tally.inconclusive[i] = true;
+      continue;
+    }
+    tally.found[i] = true;
+    tally.bytes += l.size;
+    ++tally.blocks;
+    if (reserved) {
       // Stored with the checksum the client verified the bytes against on arrival: hashing the
       // slot again would read every fetched byte a second time.
-      return tiers_
-          .Commit(kClusterOwner, l.reservation_id,
-                  got.checksum != 0 ? got.checksum : BlockChecksum(l.data, l.size))
-          .ok();
-    case tiers::ReserveState::kPresent:
-      return true;
-    case tiers::ReserveState::kInProgress:
-      // Another writer (a replica pushed here, a client's put) is storing it right now: the block
-      // counts once that put commits, so the lookup after this fetch does not stop short at it.
-      return tiers_.AwaitInFlightPut(ns, key, options_.peer_timeout);
-    case tiers::ReserveState::kRefused:
-      return false;
+      if (tiers_.Commit(kClusterOwner, l.reservation_id, r.checksum).ok()) ++tally.stored;
+    } else if (l.state == tiers::ReserveState::kPresent) {
+      ++tally.stored;
+    } else {
+      later.push_back(k);
+    }
   }
-  return false;
+  for (size_t k : later) {
+    const Landing& l = landing[k];
+    const size_t i = indices[k];
+    if (l.state == tiers::ReserveState::kInProgress) {
+      // Another writer (a replica pushed here, a client's put) is storing it right now: the
+      // block counts once that put commits, so the lookup after this fetch does not stop short.
+      if (tiers_.AwaitInFlightPut(ns, keys[i], options_.peer_timeout)) ++tally.stored;
+      continue;
+    }
+    // Received into its own memory (no room without waiting): stored as a local put would be.
+    tiers::PutRequestItem item;
+    item.key = keys[i];
+    item.size = l.size;
+    item.checksum = got[k].checksum;
+    item.parent = i > 0 ? keys[i - 1] : BlockKey{};
+    const tiers::ReserveOutcome r = tiers_.Reserve(ns, kClusterOwner, {&item, 1})[0];
+    if (r.state == tiers::ReserveState::kPresent) {
+      ++tally.stored;
+    } else if (r.state == tiers::ReserveState::kInProgress) {
+      if (tiers_.AwaitInFlightPut(ns, keys[i], options_.peer_timeout)) ++tally.stored;
+    } else if (r.state == tiers::ReserveState::kReserved) {
+      Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r.reservation_id);
+      if (!t.ok()) {
+        tiers_.Abort(kClusterOwner, r.reservation_id);
+        continue;
+      }
+      std::memcpy(t->data, l.spill.data(), l.size);
+      if (tiers_.Commit(kClusterOwner, r.reservation_id, got[k].checksum).ok()) ++tally.stored;
+    }
+  }
 }
 
 size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
@@ -286,13 +344,11 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
         std::vector<Landing> landing(end - start);
         const Client::BufferFor land = [&](size_t k, uint64_t size) -> MutableBuffer {
           Landing& l = landing[k];
-          if (!l.asked) {
+          if (!l.asked) {  // (asked again only when the call is retried: the same buffer)
             const size_t i = indices[start + k];
             l = ReserveLanding(ns, keys[i], i > 0 ? keys[i - 1] : BlockKey{}, size);
           }
-          // (Asked again only when the call is retried on a fresh connection: the same slot.)
-          const bool usable = l.state == tiers::ReserveState::kReserved && l.size == size;
-          return usable ? MutableBuffer{l.data, size} : MutableBuffer{};
+          return l.Buffer(size);
         };
         Result<std::vector<GetResult>> got = c->GetWith(ask, land);
         if (!got.ok()) {
@@ -306,26 +362,11 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
           for (size_t k = start; k < indices.size(); ++k) inconclusive[indices[k]] = true;
           break;
         }
-        uint64_t bytes = 0, blocks = 0;
-        for (size_t k = start; k < end; ++k) {
-          const GetResult& r = (*got)[k - start];
-          const Landing& l = landing[k - start];
-          const size_t i = indices[k];
-          if (!l.asked) {
-            // Never sized: the peer lacks it (a miss says so; an error there says nothing).
-            if (!r.status.IsNotFound()) inconclusive[i] = true;
-            continue;
-          }
-          // The peer holds it (a block this node holds or is storing itself comes as a skipped
-          // buffer, not its bytes).
-          const bool transferred = l.state == tiers::ReserveState::kReserved;
-          if (transferred && !r.status.ok()) inconclusive[i] = true;  // damaged or cut off
-          if (SettleLanding(ns, keys[i], l, r)) ++stored;
-          if (transferred && !r.status.ok()) continue;
-          found[i] = true;
-          bytes += l.size;
-          ++blocks;
-        }
+        FetchTally tally{found, inconclusive};
+        SettleLandings(ns, keys, std::span<const size_t>(indices).subspan(start, end - start),
+                       landing, *got, tally);
+        stored += tally.stored;
+        const uint64_t bytes = tally.bytes, blocks = tally.blocks;
         if (blocks > 0) {
           chunk =
               std::clamp<size_t>(kFetchChunkBytes / std::max<uint64_t>(1, bytes / blocks), 1, 256);

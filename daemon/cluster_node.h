@@ -123,21 +123,37 @@ class ClusterNode final : public ClusterHooks {
   // A pooled client of `ns_name` on the peer at `address`; nullptr when it cannot connect.
   std::unique_ptr<Client> Checkout(const std::string& address, const std::string& ns_name);
   void Return(const std::string& address, const std::string& ns_name, std::unique_ptr<Client> c);
-  // Where FetchMissing receives one block: a host-tier slot reserved for it once its size is
-  // known (state kReserved), or why there is none (kPresent, kInProgress: this node holds it or
-  // is storing it; kRefused: no room). `asked`: the peer said its size.
+  // Where FetchMissing receives one block, chosen once the peer has said its size (`asked`): a
+  // host-tier slot reserved for it without waiting (state kReserved), or memory of its own when
+  // there was no room now (kRefused; stored after the request), or nowhere, as this node holds it
+  // (kPresent) or is storing it (kInProgress).
   struct Landing {
     bool asked = false;
     tiers::ReserveState state = tiers::ReserveState::kRefused;
     uint64_t reservation_id = 0;
     uint8_t* data = nullptr;
     uint64_t size = 0;
+    std::vector<uint8_t> spill;
+    // The buffer for a block of `want` bytes (empty: do not transfer it).
+    MutableBuffer Buffer(uint64_t want);
   };
   Landing ReserveLanding(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
                          uint64_t size);
-  // After the fetch: commits a landed block (or aborts its slot when `got` failed), or waits for
-  // the local put storing it. Whether the block is now stored here.
-  bool SettleLanding(NamespaceId ns, const BlockKey& key, const Landing& l, const GetResult& got);
+  // What one fetch request found, for FetchMissing's bookkeeping.
+  struct FetchTally {
+    std::vector<bool>& found;         // by key index: a peer holds it
+    std::vector<bool>& inconclusive;  // by key index: an error said nothing of it
+    size_t stored = 0;                // now stored here
+    uint64_t bytes = 0;               // of the blocks found
+    uint64_t blocks = 0;
+  };
+  // After a fetch request answered: commits each block that landed in a reserved slot (with the
+  // checksum it was verified against) or aborts its slot, then stores the blocks received into
+  // their own memory and waits for the local puts storing the others. `indices`: the key index
+  // of each block asked; `landing` and `got` by the same position.
+  void SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
+                      std::span<const size_t> indices, std::vector<Landing>& landing,
+                      const std::vector<GetResult>& got, FetchTally& tally);
 
   const ClusterNodeOptions options_;
   tiers::TierManager& tiers_;

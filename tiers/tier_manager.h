@@ -283,9 +283,11 @@ class TierManager {
   uint32_t DropDamagedGpuCopies(NamespaceId ns, std::span<const BlockKey> keys);
 
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
-  // connection) until committed, aborted or expired.
+  // connection) until committed, aborted or expired. Making room may wait for a disk write or
+  // read in flight to end; with `may_wait` false it does not, and a block that would have to is
+  // refused (Unavailable) instead.
   std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
-                                      std::span<const PutRequestItem> items);
+                                      std::span<const PutRequestItem> items, bool may_wait = true);
   // The bytes of a reservation, for the transport to fill. NotFound if unknown, expired or
   // owned by someone else. From the first call on the reservation no longer expires: only
   // Commit, Abort or AbortOwner (which the owner must not call while it still writes) free it.
@@ -410,8 +412,9 @@ class TierManager {
   // `drop_host`: the block is lost, counted). Clears kBusyDemoting.
   Status WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees host space until `bytes` can be allocated for `ns` or nothing more can be evicted.
-  Result<HostSlot> AllocateHostLocked(NamespaceId ns, uint64_t bytes)
+  // Frees host space until `bytes` can be allocated for `ns` or nothing more can be evicted;
+  // then, with `may_wait`, waits for a disk write or read in flight to free or unblock more.
+  Result<HostSlot> AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Picks up to `budget` bytes of coldest host candidates; drops those with a disk copy, and
   // demotes the rest. Returns bytes released or scheduled.

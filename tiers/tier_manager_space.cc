@@ -316,7 +316,7 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only) {
   return released + demote_bytes;
 }
 
-Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes) {
+Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait) {
   for (;;) {
     Result<HostSlot> slot = host_.Allocate(ns, bytes);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
@@ -328,6 +328,9 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes)
       // Nothing to evict now; if a write-down or read is in flight, its end frees or unblocks
       // a block (e.g. the chain tail the flusher is demoting): wait for it and try again.
       if (io_in_flight_ > 0 && !stopping_) {
+        if (!may_wait) {
+          return Status::Unavailable("no host room until a disk write or read in flight ends");
+        }
         changed_.Wait(&mu_);
         continue;
       }

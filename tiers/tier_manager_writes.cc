@@ -16,7 +16,8 @@ namespace kvpool::tiers {
 // Writes
 
 std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
-                                                 std::span<const PutRequestItem> items) {
+                                                 std::span<const PutRequestItem> items,
+                                                 bool may_wait) {
   std::vector<ReserveOutcome> out(items.size());
   absl::MutexLock lock(&mu_);
   const uint32_t now = NowSeconds();
@@ -52,7 +53,7 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
     // nothing the new block is then stored without its parent link, unreachable by lookups,
     // until it ages out. Holding the parent instead would leave a chain longer than the host
     // tier nothing to evict, tail first.)
-    Result<HostSlot> slot = AllocateHostLocked(ns, item.size);
+    Result<HostSlot> slot = AllocateHostLocked(ns, item.size, may_wait);
     if (!slot.ok()) {
       o.status = slot.status();
       continue;

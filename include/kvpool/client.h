@@ -525,10 +525,10 @@ class Client {
   // As Get, but block i goes where `buffer_for(i, size)` says once its size is known: host
   // memory of at least `size` bytes, or {nullptr, 0} to skip the block (its result is then
   // InvalidArgument and its bytes are discarded). Called on the calling thread before any byte
-  // of that block is written, once per block, or again for the same block when a call on a
-  // connection that had died idle is retried once (ClientOptions::auto_reconnect); once this
-  // returns nothing writes into the buffers any more. Only a result with status OK says its
-  // buffer holds the block. Blocks come as put (encoded copies are decoded by the daemon). For
+  // of that block is written; it may be asked again for the same block (a call on a connection
+  // that had died idle is retried once, ClientOptions::auto_reconnect) and must then give the
+  // same buffer. Once this returns nothing writes into the buffers any more. Only a result with
+  // status OK says its buffer holds the block. Blocks come as put (encoded copies are decoded by the daemon). For
   // a caller that places blocks itself, e.g. a daemon fetching from a peer straight into its
   // host tier.
   using BufferFor = std::function<MutableBuffer(size_t index, uint64_t size)>;

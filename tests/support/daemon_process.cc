@@ -205,12 +205,13 @@ std::string DaemonProcess::PrintedAddress(const std::string& scheme,
                                           std::chrono::milliseconds wait) const {
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
-    const std::string s = log();
+    // In the latest start's output, and only once the rest of its line is there too.
+    const std::string all = log();
+    const std::string s = log_offset_ <= all.size() ? all.substr(log_offset_) : all;
     const size_t at = s.find(scheme);
-    if (at != std::string::npos) {
-      const size_t end = s.find_first_of(" \n/", at + scheme.size());
-      return s.substr(at, end == std::string::npos ? std::string::npos : end - at);
-    }
+    const size_t end =
+        at == std::string::npos ? std::string::npos : s.find_first_of(" \n/", at + scheme.size());
+    if (end != std::string::npos) return s.substr(at, end - at);
     if (std::chrono::steady_clock::now() >= deadline) return "";
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -88,9 +88,9 @@ class DaemonProcess {
   const std::string& tcp_address() const { return tcp_; }
   // The daemon's stdout and stderr so far, over all its starts.
   std::string log() const;
-  // The first address the log names with `scheme` ("tcp://", "http://"), up to the next space,
-  // newline or path, waiting up to `wait` for it to be printed (a listener may log its address
-  // after the Unix socket Start() waits for answers). Empty if none came in time.
+  // The first address the latest start's log names with `scheme` ("tcp://", "http://"), up to
+  // the next space, newline or path, waiting up to `wait` for it to be printed (a listener may log
+  // its address after the Unix socket Start() waits for answers). Empty if none came in time.
   std::string PrintedAddress(const std::string& scheme,
                              std::chrono::milliseconds wait = std::chrono::seconds(10)) const;
   // The last `bytes` of log().
