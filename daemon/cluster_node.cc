@@ -208,15 +208,20 @@ ClusterNode::Landing ClusterNode::ReserveLanding(NamespaceId ns, const BlockKey&
     }
     tiers_.Abort(kClusterOwner, r.reservation_id);
     l.state = tiers::ReserveState::kRefused;
+    return l;
   }
-  if (l.state == tiers::ReserveState::kRefused) l.spill.resize(size);
+  // Only a block refused for want of a wait gets memory of its own: room made later stores it.
+  // (Refused otherwise, e.g. a tier whose every block is leased, it is not transferred.)
+  if (l.state == tiers::ReserveState::kRefused && r.status.code() == StatusCode::kUnavailable) {
+    l.spill.resize(size);
+  }
   return l;
 }
 
 MutableBuffer ClusterNode::Landing::Buffer(uint64_t want) {
   if (want != size) return {};
   if (state == tiers::ReserveState::kReserved) return {data, size};
-  if (state == tiers::ReserveState::kRefused) {
+  if (spilled()) {
     return {spill.data(), spill.size()};
   }
   return {};  // held here already, or being stored: not transferred again
@@ -241,7 +246,7 @@ void ClusterNode::SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
       tally.inconclusive[i] = true;
       continue;
     }
-    const bool transferred = reserved || l.state == tiers::ReserveState::kRefused;
+    const bool transferred = reserved || l.spilled();
     if (transferred && (!r.status.ok() || r.checksum == 0)) {  // damaged, cut off, unverified
       if (reserved) tiers_.Abort(kClusterOwner, l.reservation_id);
       tally.inconclusive[i] = true;
@@ -256,9 +261,9 @@ void ClusterNode::SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
       if (tiers_.Commit(kClusterOwner, l.reservation_id, r.checksum).ok()) ++tally.stored;
     } else if (l.state == tiers::ReserveState::kPresent) {
       ++tally.stored;
-    } else {
+    } else if (l.state == tiers::ReserveState::kInProgress || l.spilled()) {
       later.push_back(k);
-    }
+    }  // else refused outright: the peer holds it, this node has no room for it
   }
   for (size_t k : later) {
     const Landing& l = landing[k];

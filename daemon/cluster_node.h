@@ -125,8 +125,9 @@ class ClusterNode final : public ClusterHooks {
   void Return(const std::string& address, const std::string& ns_name, std::unique_ptr<Client> c);
   // Where FetchMissing receives one block, chosen once the peer has said its size (`asked`): a
   // host-tier slot reserved for it without waiting (state kReserved), or memory of its own when
-  // there was no room now (kRefused; stored after the request), or nowhere, as this node holds it
-  // (kPresent) or is storing it (kInProgress).
+  // there was no room without a wait (kRefused and spilled(); stored after the request), or
+  // nowhere: this node holds it (kPresent), is storing it (kInProgress), or has no room for it
+  // (kRefused).
   struct Landing {
     bool asked = false;
     tiers::ReserveState state = tiers::ReserveState::kRefused;
@@ -136,6 +137,7 @@ class ClusterNode final : public ClusterHooks {
     std::vector<uint8_t> spill;
     // The buffer for a block of `want` bytes (empty: do not transfer it).
     MutableBuffer Buffer(uint64_t want);
+    bool spilled() const { return state == tiers::ReserveState::kRefused && !spill.empty(); }
   };
   Landing ReserveLanding(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
                          uint64_t size);

@@ -283,9 +283,9 @@ class TierManager {
   uint32_t DropDamagedGpuCopies(NamespaceId ns, std::span<const BlockKey> keys);
 
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
-  // connection) until committed, aborted or expired. Making room may wait for a disk write or
-  // read in flight to end; with `may_wait` false it does not, and a block that would have to is
-  // refused (Unavailable) instead.
+  // connection) until committed, aborted or expired. Making room may demote blocks (a disk
+  // write) and wait for a disk write or read in flight to end; with `may_wait` false it does
+  // neither, and a block that would need either is refused with Unavailable.
   std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
                                       std::span<const PutRequestItem> items, bool may_wait = true);
   // The bytes of a reservation, for the transport to fill. NotFound if unknown, expired or
@@ -413,13 +413,16 @@ class TierManager {
   Status WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees host space until `bytes` can be allocated for `ns` or nothing more can be evicted;
-  // then, with `may_wait`, waits for a disk write or read in flight to free or unblock more.
+  // then waits for a disk write or read in flight to free or unblock more. Without `may_wait`
+  // it neither waits nor writes (demotes) anything: Unavailable when dropping copies that are
+  // on disk already does not make room.
   Result<HostSlot> AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Picks up to `budget` bytes of coldest host candidates; drops those with a disk copy, and
-  // demotes the rest. Returns bytes released or scheduled.
-  // With `only`, from that namespace's candidates alone (it holds its quota).
-  uint64_t EvictHostLocked(uint64_t budget, NamespaceId only = kNoNamespace)
+  // demotes the rest (without `may_write`: leaves them, writing nothing). Returns bytes
+  // released or scheduled. With `only`, from that namespace's candidates alone (it holds its
+  // quota).
+  uint64_t EvictHostLocked(uint64_t budget, NamespaceId only = kNoNamespace, bool may_write = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room for `extra` more disk bytes of `ns` within its disk quota (if it has one) by
   // dropping its own coldest disk copies. ResourceExhausted when it cannot.

@@ -277,7 +277,7 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
   return st.ok() ? quota_status : st;
 }
 
-uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only) {
+uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool may_write) {
   uint64_t released = 0;
   uint64_t demote_bytes = 0;
   std::vector<EntryId> to_demote;
@@ -304,7 +304,7 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only) {
       ++host_counters_.evictions;
       ++blocks_not_admitted_;
       DropHostCopyLocked(id);
-    } else {
+    } else if (may_write) {
       e.busy |= kBusyDemoting;
       to_demote.push_back(id);
       demote_bytes += PagesBytes(e.size);
@@ -324,13 +324,13 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
     // namespace that holds its quota of segments frees its own.
     const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());
     const bool over_quota = host_.AtSegmentLimit(ns);
-    if (EvictHostLocked(budget, over_quota ? ns : kNoNamespace) == 0) {
+    if (EvictHostLocked(budget, over_quota ? ns : kNoNamespace, /*may_write=*/may_wait) == 0) {
+      if (!may_wait) {
+        return Status::Unavailable("no host room without writing to disk or waiting for it");
+      }
       // Nothing to evict now; if a write-down or read is in flight, its end frees or unblocks
       // a block (e.g. the chain tail the flusher is demoting): wait for it and try again.
       if (io_in_flight_ > 0 && !stopping_) {
-        if (!may_wait) {
-          return Status::Unavailable("no host room until a disk write or read in flight ends");
-        }
         changed_.Wait(&mu_);
         continue;
       }

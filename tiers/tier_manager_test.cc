@@ -364,6 +364,39 @@ TEST_F(TierManagerTest, ALongChainThroughASmallHostStaysWhole) {
   ExpectHostAccountingConsistent();
 }
 
+// A reservation that may not wait (a daemon fetching from a peer under the peer's deadline)
+// neither waits nor writes to make room: with the host full of blocks that have no disk copy it
+// is refused with Unavailable and nothing is demoted; one that may wait demotes and succeeds.
+TEST_F(TierManagerTest, AReservationThatMayNotWaitDemotesNothing) {
+  options_.host_high_watermark = 1.0;  // the flusher stays idle: only reservations make room
+  options_.host_low_watermark = 1.0;
+  Open();
+  std::vector<BlockKey> held;
+  for (int i = 0; i < 8; ++i) {  // 8 x 1 MiB segments, each full with one block
+    held.push_back(KeyOf(3000 + i));
+    ASSERT_TRUE(Put(held.back(), kMiB - 4 * kKiB).ok()) << i;
+  }
+  manager_->WaitIdleForTest();
+  ASSERT_EQ(manager_->GetStats().disk_blocks, 0u);
+  const BlockKey key = KeyOf(3100);
+  const std::vector<uint8_t> bytes = BytesFor(key, kMiB - 4 * kKiB);
+  const PutRequestItem item = ItemFor(key, bytes);
+
+  const ReserveOutcome now = manager_->Reserve(kNs, 1, {&item, 1}, /*may_wait=*/false)[0];
+  EXPECT_EQ(now.state, ReserveState::kRefused);
+  EXPECT_EQ(now.status.code(), StatusCode::kUnavailable) << now.status.ToString();
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 0u) << "a no-wait reservation wrote to disk";
+  EXPECT_EQ(manager_->GetStats().host_counters.demotions, 0u);
+
+  const ReserveOutcome later = manager_->Reserve(kNs, 1, {&item, 1})[0];
+  ASSERT_EQ(later.state, ReserveState::kReserved) << later.status.ToString();
+  manager_->Abort(1, later.reservation_id);
+  manager_->WaitIdleForTest();
+  EXPECT_GT(manager_->GetStats().host_counters.demotions, 0u);
+  for (const BlockKey& k : held) ExpectServed(k);
+}
+
 TEST_F(TierManagerTest, LeasedBlocksStayPutWhileTheHostChurns) {
   Open();
   const BlockKey leased_key = KeyOf(1000);
