@@ -326,7 +326,10 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
       if (!found[i] && !skip[i] && round < order[i].size()) by_node[order[i][round]].push_back(i);
     }
     if (by_node.empty()) break;
-    for (const auto& [node, indices] : by_node) {
+    for (const auto& asked : by_node) {
+      // (Named, not a structured binding: the lambda below uses them, which clang 14 refuses.)
+      const std::string& node = asked.first;
+      const std::vector<size_t>& indices = asked.second;
       const std::string& address = addresses[node];
       // A peer that failed a moment ago would cost its timeout again: its keys are misses.
       const bool skipped = memory_.Skip(address);
