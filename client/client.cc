@@ -1353,7 +1353,7 @@ Result<std::vector<FetchedBlock>> Client::GetBlocks(std::span<const BlockKey> ke
 }
 
 Result<std::vector<GetResult>> Client::GetWith(std::span<const BlockKey> keys,
-                                              const BufferFor& buffer_for) {
+                                               const BufferFor& buffer_for) {
   const Impl::BufferFor host_only = [&](size_t i, uint64_t size) {
     MutableBuffer buf = buffer_for(i, size);
     if (buf.memory != Memory::kHost) return MutableBuffer{};  // host memory only (see client.h)

@@ -528,9 +528,9 @@ class Client {
   // of that block is written; it may be asked again for the same block (a call on a connection
   // that had died idle is retried once, ClientOptions::auto_reconnect) and must then give the
   // same buffer. Once this returns nothing writes into the buffers any more. Only a result with
-  // status OK says its buffer holds the block. Blocks come as put (encoded copies are decoded by the daemon). For
-  // a caller that places blocks itself, e.g. a daemon fetching from a peer straight into its
-  // host tier.
+  // status OK says its buffer holds the block. Blocks come as put (encoded copies are decoded by
+  // the daemon). For a caller that places blocks itself, e.g. a daemon fetching from a peer
+  // straight into its host tier.
   using BufferFor = std::function<MutableBuffer(size_t index, uint64_t size)>;
   Result<std::vector<GetResult>> GetWith(std::span<const BlockKey> keys,
                                          const BufferFor& buffer_for);
