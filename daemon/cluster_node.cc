@@ -268,33 +268,38 @@ void ClusterNode::SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
   for (size_t k : later) {
     const Landing& l = landing[k];
     const size_t i = indices[k];
-    if (l.state == tiers::ReserveState::kInProgress) {
-      // Another writer (a replica pushed here, a client's put) is storing it right now: the
-      // block counts once that put commits, so the lookup after this fetch does not stop short.
-      if (tiers_.AwaitInFlightPut(ns, keys[i], options_.peer_timeout)) ++tally.stored;
-      continue;
-    }
-    // Received into its own memory (no room without waiting): stored as a local put would be.
-    tiers::PutRequestItem item;
-    item.key = keys[i];
-    item.size = l.size;
-    item.checksum = got[k].checksum;
-    item.parent = i > 0 ? keys[i - 1] : BlockKey{};
-    const tiers::ReserveOutcome r = tiers_.Reserve(ns, kClusterOwner, {&item, 1})[0];
-    if (r.state == tiers::ReserveState::kPresent) {
-      ++tally.stored;
-    } else if (r.state == tiers::ReserveState::kInProgress) {
-      if (tiers_.AwaitInFlightPut(ns, keys[i], options_.peer_timeout)) ++tally.stored;
-    } else if (r.state == tiers::ReserveState::kReserved) {
-      Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r.reservation_id);
-      if (!t.ok()) {
-        tiers_.Abort(kClusterOwner, r.reservation_id);
-        continue;
-      }
-      std::memcpy(t->data, l.spill.data(), l.size);
-      if (tiers_.Commit(kClusterOwner, r.reservation_id, got[k].checksum).ok()) ++tally.stored;
-    }
+    const bool now_stored = l.state == tiers::ReserveState::kInProgress
+                                ? AwaitOtherWriter(ns, keys[i])
+                                : StoreReceived(ns, keys[i], i > 0 ? keys[i - 1] : BlockKey{},
+                                                l.spill, got[k].checksum);
+    if (now_stored) ++tally.stored;
   }
+}
+
+bool ClusterNode::AwaitOtherWriter(NamespaceId ns, const BlockKey& key) {
+  // Another writer (a replica pushed here, a client's put) is storing it right now: the block
+  // counts once that put commits, so the lookup after this fetch does not stop short at it.
+  return tiers_.AwaitInFlightPut(ns, key, options_.peer_timeout);
+}
+
+bool ClusterNode::StoreReceived(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
+                                const std::vector<uint8_t>& bytes, uint64_t checksum) {
+  tiers::PutRequestItem item;
+  item.key = key;
+  item.size = bytes.size();
+  item.checksum = checksum;
+  item.parent = parent;
+  const tiers::ReserveOutcome r = tiers_.Reserve(ns, kClusterOwner, {&item, 1})[0];
+  if (r.state == tiers::ReserveState::kPresent) return true;
+  if (r.state == tiers::ReserveState::kInProgress) return AwaitOtherWriter(ns, key);
+  if (r.state != tiers::ReserveState::kReserved) return false;
+  Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r.reservation_id);
+  if (!t.ok()) {
+    tiers_.Abort(kClusterOwner, r.reservation_id);
+    return false;
+  }
+  std::memcpy(t->data, bytes.data(), bytes.size());
+  return tiers_.Commit(kClusterOwner, r.reservation_id, checksum).ok();
 }
 
 size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,

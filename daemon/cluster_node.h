@@ -156,6 +156,12 @@ class ClusterNode final : public ClusterHooks {
   void SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
                       std::span<const size_t> indices, std::vector<Landing>& landing,
                       const std::vector<GetResult>& got, FetchTally& tally);
+  // Waits (up to the peer timeout) for the local put storing `key`; whether it is stored now.
+  bool AwaitOtherWriter(NamespaceId ns, const BlockKey& key);
+  // Stores a fetched block, verified against `checksum`, in the host tier as a local put would
+  // (waiting for room). Whether it is stored here now.
+  bool StoreReceived(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
+                     const std::vector<uint8_t>& bytes, uint64_t checksum);
 
   const ClusterNodeOptions options_;
   tiers::TierManager& tiers_;
