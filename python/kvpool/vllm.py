@@ -28,15 +28,26 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   prompt (vLLM must compute at least one token). build_connector_meta hands the workers the
   token ids and vLLM block ids of the blocks to load, and of the prompt's newly computed full
   blocks to save.
-- Worker side, synchronous: start_load_kv reads every block of the step (verified: OK and
-  exactly the layout's size) and scatters them before the forward; wait_for_save gathers the
-  step's full blocks from the paged KV after the forward and puts the ones kvpool lacks
-  (put-if-absent, lookup first). save_kv_layer and wait_for_layer_load have nothing to do.
+- Loads are asynchronous by default (extra config "load_async": true): the scheduler side
+  answers (tokens, True), vLLM allocates the request's blocks and parks it in
+  WAITING_FOR_REMOTE_KVS, update_state_after_alloc records those blocks and the next
+  build_connector_meta hands them to the workers. Each worker loads them on one background
+  thread with a kvpool client of its own (on a GPU: on a CUDA stream of its own that first
+  waits for what vLLM queued before start_load_kv, e.g. the blocks' zeroing) while the batch's
+  other requests go on computing; get_finished reports the request once every copy into the
+  paged KV is done, together with any block that failed (get_block_ids_with_load_errors, the
+  same pass), and vLLM schedules it from there. Every load handed to a worker is reported
+  finished exactly once, also for a request aborted meanwhile (vLLM keeps its blocks until
+  then). With "load_async": false, start_load_kv loads before the forward instead.
+- A load reads every block (verified: OK and exactly the layout's size) and scatters the good
+  prefix; wait_for_save gathers the step's full blocks from the paged KV after the forward and
+  puts the ones kvpool lacks (put-if-absent, lookup first). save_kv_layer and
+  wait_for_layer_load have nothing to do.
 - kvpool failures never reach vLLM: kvpool.Error, OSError and TimeoutError are a miss
   (0 matched tokens), a skipped store, or a failed load whose vLLM block ids are reported by
   get_block_ids_with_load_errors (with kv_load_failure_policy "recompute" vLLM recomputes
   them; with "fail", its default, it fails the request). Each outage is one warning on the
-  "kvpool.vllm" logger. The client uses a short timeout (2 s) and is made again after a
+  "kvpool.vllm" logger. Each client uses a short timeout (2 s) and is made again after a
   failure, so a restarted daemon is found.
 - Only the first KV cache group (uniform full-attention models) and fp16/bf16/fp32 KV; for
   anything else (hybrid models, fp8 KV, MLA) the connector disables itself with a warning and
@@ -45,6 +56,7 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import re
@@ -93,8 +105,35 @@ class BlockSpan:
 
 @dataclasses.dataclass
 class KvpoolConnectorMetadata(KVConnectorMetadata):
-    loads: list[BlockSpan] = dataclasses.field(default_factory=list)
+    loads: list[BlockSpan] = dataclasses.field(default_factory=list)         # before the forward
+    async_loads: list[BlockSpan] = dataclasses.field(default_factory=list)   # in the background
     saves: list[BlockSpan] = dataclasses.field(default_factory=list)
+
+
+class _Link:
+    """One thread's kvpool client: made on first use, dropped after a failure (so the next call
+    connects again and finds a restarted daemon), each outage logged once."""
+
+    def __init__(self, factory: Callable[[], kvpool.Client], outage: OutageLog) -> None:
+        self._factory = factory
+        self._client: kvpool.Client | None = None
+        self._outage = outage
+
+    def client(self) -> kvpool.Client:
+        if self._client is None:
+            self._client = self._factory()
+        return self._client
+
+    def failed(self, what: str, e: BaseException) -> None:
+        self.close()
+        self._outage.failed(what, e)
+
+    def answered(self) -> None:
+        self._outage.answered()
+
+    def close(self) -> None:
+        close_quietly(self._client)
+        self._client = None
 
 
 @dataclasses.dataclass
@@ -125,7 +164,8 @@ class KvpoolConnector(KVConnectorBase_V1):
     """vLLM KV connector over kvpoold. Extra config keys: socket (default: kvpool's default
     socket), namespace ("default"), secret (the namespace secret salting every key; required),
     model_id (default: the model path, "@revision" when set), timeout (seconds, 2.0),
-    client_factory (tests: a callable returning a kvpool.Client)."""
+    load_async (true: load in the background while the batch computes), client_factory
+    (tests: a callable returning a kvpool.Client)."""
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None):
@@ -172,15 +212,20 @@ class KvpoolConnector(KVConnectorBase_V1):
             reach = client_kwargs(extra)
             factory = lambda: kvpool.Client(address, namespace=namespace,  # noqa: E731
                                             timeout=timeout, connect_timeout=timeout, **reach)
-        self._factory: Callable[[], kvpool.Client] = factory
-        self._client: kvpool.Client | None = None
-        self._outage = OutageLog(log, "kvpool.vllm", "misses")
+        self._link = _Link(factory, OutageLog(log, "kvpool.vllm", "misses"))
+        self._load_async = _flag(extra.get("load_async", True))
         # scheduler side
         self._trackers: dict[str, _Tracker] = {}
         self._pending_load: dict[str, tuple[int, int]] = {}   # req_id -> (first, end) blocks
+        self._async_loads: list[BlockSpan] = []   # allocated, for the next build_connector_meta
+        self._loaded_end: dict[str, int] = {}     # req_id -> end of its asynchronous load
         # worker side
         self._kv_caches: list[torch.Tensor] = []
         self._load_errors: set[int] = set()
+        self._loader: concurrent.futures.ThreadPoolExecutor | None = None
+        self._loader_link = _Link(factory, OutageLog(log, "kvpool.vllm", "misses (loads)"))
+        self._loader_stream: Any = None   # torch.cuda.Stream of the loader thread, made there
+        self._loading: dict[concurrent.futures.Future[int], BlockSpan] = {}
 
     # ---- config ----
 
@@ -207,21 +252,6 @@ class KvpoolConnector(KVConnectorBase_V1):
         return kvpool.hash_chain(list(tokens), secret=self._secret, layout=layout or self.layout,
                                  tokens_per_block=self._block_size)
 
-    # ---- failures ----
-
-    def _get_client(self) -> kvpool.Client:
-        if self._client is None:
-            self._client = self._factory()
-        return self._client
-
-    def _failed(self, what: str, e: BaseException) -> None:
-        close_quietly(self._client)
-        self._client = None
-        self._outage.failed(what, e)
-
-    def _ok(self) -> None:
-        self._outage.answered()
-
     # ==== scheduler side ====
 
     def get_num_new_matched_tokens(self, request: "Request",
@@ -235,38 +265,60 @@ class KvpoolConnector(KVConnectorBase_V1):
             return 0, False
         tokens = prompt[:usable * B]
         try:
-            client = self._get_client()
+            client = self._link.client()
             hit = usable
             for layout in self._layouts:   # every tp rank must find its blocks
                 hit = min(hit, client.lookup(self._keys(tokens, layout)).hit_blocks)
                 if hit == 0:
                     break
         except Exception as e:  # noqa: BLE001 - any failure is a miss
-            self._failed("lookup", e)
+            self._link.failed("lookup", e)
             return 0, False
-        self._ok()
+        self._link.answered()
         matched = hit * B
         if matched <= num_computed_tokens:
             return 0, False
         self._pending_load[request.request_id] = (num_computed_tokens // B, hit)
-        return matched - num_computed_tokens, False
+        return matched - num_computed_tokens, self._load_async
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
-        if num_external_tokens == 0:
-            self._pending_load.pop(request.request_id, None)
+        req_id = request.request_id
+        if num_external_tokens == 0:   # nothing to load (also: the call after an async load)
+            self._pending_load.pop(req_id, None)
+            return
+        pending = self._pending_load.get(req_id)
+        if pending is None:
+            return
+        # vLLM may take fewer tokens than offered: load the blocks that hold what it took.
+        first, end = pending
+        end = min(end, first + -(-num_external_tokens // self._block_size))
+        if not self._load_async:
+            self._pending_load[req_id] = (first, end)
+            return
+        del self._pending_load[req_id]
+        # The request waits in WAITING_FOR_REMOTE_KVS and is not in this step's scheduled
+        # requests: its blocks are known only here.
+        block_ids = list(blocks.get_block_ids()[0])
+        prompt = list(request.prompt_token_ids or [])
+        self._async_loads.append(BlockSpan(req_id, prompt[:end * self._block_size], first, end,
+                                           block_ids[first:end]))
+        self._loaded_end[req_id] = end
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = KvpoolConnectorMetadata()
+        # Every recorded load goes out, also for a request finished since: vLLM frees the
+        # blocks of an aborted load only when a worker reports it finished.
+        meta.async_loads, self._async_loads = self._async_loads, []
         for req_id in scheduler_output.finished_req_ids:
-            self._trackers.pop(req_id, None)
-            self._pending_load.pop(req_id, None)
+            self._forget(req_id)
         if self._disabled:
             return meta
         B = self._block_size
         for new in scheduler_output.scheduled_new_reqs:
             prompt = list(new.prompt_token_ids or [])
-            tr = _Tracker(prompt=prompt, block_ids=list(new.block_ids[0]), saved_blocks=0)
+            tr = _Tracker(prompt=prompt, block_ids=list(new.block_ids[0]),
+                          saved_blocks=self._loaded_blocks(new.req_id, new.num_computed_tokens))
             self._trackers[new.req_id] = tr
             load = self._pending_load.pop(new.req_id, None)
             if load is not None:
@@ -284,7 +336,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             new_ids = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:   # preempted: new_block_ids are all of them
                 tr.block_ids = list(new_ids[0]) if new_ids else []
-                tr.saved_blocks = 0
+                tr.saved_blocks = self._loaded_blocks(req_id, cached.num_computed_tokens[i])
                 load = self._pending_load.pop(req_id, None)
                 if load is not None:
                     first, end = load
@@ -296,6 +348,17 @@ class KvpoolConnector(KVConnectorBase_V1):
             self._add_save(meta, req_id, tr, cached.num_computed_tokens[i]
                            + scheduler_output.num_scheduled_tokens[req_id])
         return meta
+
+    def _loaded_blocks(self, req_id: str, num_computed_tokens: int) -> int:
+        """Blocks of a request scheduled after its asynchronous load that came from kvpool (so
+        are not stored again): the load's, less any vLLM cut off after a failed block."""
+        end = self._loaded_end.pop(req_id, 0)
+        return min(end, num_computed_tokens // self._block_size)
+
+    def _forget(self, req_id: str) -> None:
+        self._trackers.pop(req_id, None)
+        self._pending_load.pop(req_id, None)
+        self._loaded_end.pop(req_id, None)
 
     def _add_save(self, meta: KvpoolConnectorMetadata, req_id: str, tr: _Tracker,
                   computed_after_step: int) -> None:
@@ -309,8 +372,7 @@ class KvpoolConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: "Request",
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self._trackers.pop(request.request_id, None)
-        self._pending_load.pop(request.request_id, None)
+        self._forget(request.request_id)
         return False, None   # saves are synchronous: the blocks may be freed now
 
     # ==== worker side ====
@@ -378,23 +440,55 @@ class KvpoolConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvpoolConnectorMetadata)
         for span in meta.loads:
-            good = self._load_span(span)
+            good = self._load_span(span, self._link)
             if good < len(span.block_ids):
                 self._load_errors.update(span.block_ids[good:])
+        if not meta.async_loads:
+            return
+        if self._loader is None:
+            self._loader = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="kvpool-vllm-load")
+        queued = self._queued_event()
+        for span in meta.async_loads:
+            self._loading[self._loader.submit(self._load_in_background, span, queued)] = span
 
-    def _load_span(self, span: BlockSpan) -> int:
-        """Loads the span's blocks; returns how many from its start were loaded."""
+    def _queued_event(self) -> Any:
+        """On a GPU, an event after everything vLLM queued so far on its stream (the zeroing
+        of freshly allocated blocks among it): the loader's copies wait for it."""
+        if not self._kv_caches or not self._kv_caches[0].is_cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self._kv_caches[0].device))
+        return event
+
+    def _load_in_background(self, span: BlockSpan, queued: Any) -> int:
+        """The loader thread's part of an asynchronous load: returns, once the blocks are in
+        the paged KV, how many from the span's start were loaded."""
+        if queued is None:
+            return self._load_span(span, self._loader_link)
+        if self._loader_stream is None:
+            self._loader_stream = torch.cuda.Stream(self._kv_caches[0].device)
+        stream = self._loader_stream
+        stream.wait_event(queued)
+        with torch.cuda.stream(stream):
+            good = self._load_span(span, self._loader_link)
+        stream.synchronize()
+        return good
+
+    def _load_span(self, span: BlockSpan, link: _Link) -> int:
+        """Loads the span's blocks through `link` (the calling thread's); returns how many from
+        its start were loaded."""
         n = span.end - span.first
         if self._disabled or not self._kv_caches or n <= 0:
             return 0
         keys = self._keys(span.token_ids)[span.first:span.end]
         staging = self._staging(n)
         try:
-            results = self._get_client().get_into(keys, self._block_buffers(staging))
+            results = link.client().get_into(keys, self._block_buffers(staging))
         except Exception as e:  # noqa: BLE001 - a failed load is recomputed by vLLM
-            self._failed("load", e)
+            link.failed("load", e)
             return 0
-        self._ok()
+        link.answered()
         good = 0
         for r in results:
             if not r.ok or r.size != self.block_bytes:
@@ -408,7 +502,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         return good
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return   # start_load_kv is synchronous
+        return   # a step's synchronous loads are done when start_load_kv returns
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
@@ -425,7 +519,7 @@ class KvpoolConnector(KVConnectorBase_V1):
     def _save_span(self, span: BlockSpan) -> int:
         keys = self._keys(span.token_ids)
         try:
-            client = self._get_client()
+            client = self._link.client()
             have = client.lookup(keys[:span.end], prefetch=False).hit_blocks
             stored = 0
             i = max(have, span.first)
@@ -444,19 +538,44 @@ class KvpoolConnector(KVConnectorBase_V1):
                     return stored
                 i += n
         except Exception as e:  # noqa: BLE001 - a failed store is skipped, never raised
-            self._failed("store", e)
+            self._link.failed("store", e)
             return 0
-        self._ok()
+        self._link.answered()
         return stored
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
                                                                 set[str] | None]:
-        return None, None   # no asynchronous transfers
+        """(None: saves are synchronous, the requests whose asynchronous loads are done). A
+        load's failed blocks go to the load errors first, so vLLM sees them in this pass."""
+        done: set[str] = set()
+        for future in [f for f in self._loading if f.done()]:
+            span = self._loading.pop(future)
+            try:
+                good = future.result()
+            except Exception:  # noqa: BLE001 - a bug in the load: its blocks are recomputed
+                log.exception("kvpool.vllm: loading request %s failed; recomputed",
+                              span.req_id)
+                good = 0
+            if good < len(span.block_ids):
+                self._load_errors.update(span.block_ids[good:])
+            done.add(span.req_id)
+        return None, done or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def shutdown(self) -> None:
-        close_quietly(self._client)
-        self._client = None
+        if self._loader is not None:
+            self._loader.shutdown(wait=True, cancel_futures=True)
+            self._loader = None
+        self._loading.clear()
+        self._link.close()
+        self._loader_link.close()
+
+
+def _flag(value: Any) -> bool:
+    """A boolean of the extra config, which may arrive as JSON true/false or a string."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off", "")
+    return bool(value)

@@ -10,13 +10,17 @@ import logging
 import pytest
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import RequestStatus
 
 import kvpool
 import kvpool.vllm
-from vllm_env import (BLOCK, SECRET, kv_config, kv_views, make_config, request, scheduler, step, token_kv,
-                      worker)
+from vllm_env import (BLOCK, SECRET, admit, finish, forward, kv_config, kv_views, make_config,
+                      request, scheduler, step, token_kv, worker)
 
 LAYOUTS = list(KVCacheLayout)
 PROMPT = [(i * 7919 + 13) % 997 + 3 for i in range(50)]   # 3 full blocks + 2 tokens
@@ -47,14 +51,20 @@ def test_views_are_not_contiguous_in_most_layouts():
     assert len({v.stride() for v in views}) == len(LAYOUTS)
 
 
+def _keys(model_dir, tokens):
+    layout = kvpool.vllm.layout_for(model_dir, torch.bfloat16, 2, 2, 16, BLOCK)
+    return kvpool.hash_chain(tokens, secret=SECRET, layout=layout, tokens_per_block=BLOCK)
+
+
+@pytest.mark.parametrize("load_async", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("src", LAYOUTS, ids=[lay.name for lay in LAYOUTS])
-def test_store_then_load_into_other_blocks_and_layout(model_dir, daemon, src):
+def test_store_then_load_into_other_blocks_and_layout(model_dir, daemon, src, load_async):
     dst = LAYOUTS[(LAYOUTS.index(src) + 3) % len(LAYOUTS)]
     views_a, blocks_a, _ = _store(model_dir, daemon, src, PROMPT, seed=1)
 
     # A second instance: other random KV, another physical order, and a filler request first
     # so the prompt lands in other blocks; its prompt extends the stored one.
-    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=load_async)
     views_b, kvc = kv_views(dst, seed=2)
     sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
     assert isinstance(sched.connector, kvpool.vllm.KvpoolConnector)  # via the module path
@@ -65,12 +75,19 @@ def test_store_then_load_into_other_blocks_and_layout(model_dir, daemon, src):
     sched.add_request(req)
     out = step(sched, w)
     new = {r.req_id: r for r in out.scheduled_new_reqs}
+    assert new[filler.request_id].num_computed_tokens == 0
+    if load_async:   # the prompt waits for its blocks while the filler computes
+        assert req.request_id not in new and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        kv_out = finish(sched, w, out)
+        assert kv_out.finished_recving == {req.request_id} and not kv_out.invalid_block_ids
+        out = step(sched, w)
+        new = {r.req_id: r for r in out.scheduled_new_reqs}
+    else:
+        assert w.get_block_ids_with_load_errors() == set()
     blocks_b = list(new[req.request_id].block_ids[0])
     assert new[req.request_id].num_computed_tokens == 48      # the stored full blocks
     assert out.num_scheduled_tokens[req.request_id] == len(prompt_b) - 48
-    assert new[filler.request_id].num_computed_tokens == 0
     assert blocks_b[:3] != blocks_a[:3]
-    assert w.get_block_ids_with_load_errors() == set()
     got = token_kv(views_b, blocks_b, 48).view(torch.int16)
     want = token_kv(views_a, blocks_a, 48).view(torch.int16)
     assert torch.equal(got, want)                             # byte-identical per token
@@ -95,8 +112,7 @@ def test_kernel_split_blocks(model_dir, daemon):
         sched.add_request(request([4] * 20))
         req = request(PROMPT + [3])
         sched.add_request(req)
-        out = step(sched, w)
-        new = {r.req_id: r for r in out.scheduled_new_reqs}[req.request_id]
+        new = admit(sched, w)[req.request_id]
         assert new.num_computed_tokens == 48
         assert torch.equal(token_kv(views, list(new.block_ids[0]), 48).view(torch.int16),
                            token_kv(views_a, blocks_a, 48).view(torch.int16))
@@ -114,25 +130,25 @@ def test_chunked_prefill_saves_each_chunks_full_blocks(model_dir, daemon):
     out = step(sched, w)
     assert out.num_scheduled_tokens[rid] == 32
     blocks_a = list(out.scheduled_new_reqs[0].block_ids[0])
-    assert _matched(model_dir, daemon, PROMPT + [1]) == (32, False)
+    assert _matched(model_dir, daemon, PROMPT + [1]) == (32, True)
     sched.update_from_output(out, ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0},
                                                     sampled_token_ids=[[]]))
     out = step(sched, w)
     assert out.num_scheduled_tokens[rid] == 18 and not out.scheduled_new_reqs
     for ids in out.scheduled_cached_reqs.new_block_ids:
         blocks_a += list(ids[0]) if ids else []
-    assert _matched(model_dir, daemon, PROMPT + [1]) == (48, False)
+    assert _matched(model_dir, daemon, PROMPT + [1]) == (48, True)
     sched.update_from_output(out, ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0},
                                                     sampled_token_ids=[[PROMPT[0]]]))
     step(sched, w)                                           # a decode step: nothing stored
-    assert _matched(model_dir, daemon, PROMPT + [PROMPT[0]] * 20) == (48, False)
+    assert _matched(model_dir, daemon, PROMPT + [PROMPT[0]] * 20) == (48, True)
 
     views_b, kvc_b = kv_views(KVCacheLayout.LBNHC, seed=8)
     sched, w = scheduler(make_config(model_dir, daemon.socket, secret=SECRET), kvc_b), \
         worker(cfg, kvc_b, views_b)
     req = request(PROMPT + [1])
     sched.add_request(req)
-    new = step(sched, w).scheduled_new_reqs[0]
+    new = admit(sched, w)[req.request_id]
     assert new.num_computed_tokens == 48
     assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).view(torch.int16),
                        token_kv(views_a, blocks_a, 48).view(torch.int16))
@@ -140,14 +156,15 @@ def test_chunked_prefill_saves_each_chunks_full_blocks(model_dir, daemon):
 
 def test_matched_is_block_aligned_and_less_than_the_prompt(model_dir, daemon):
     _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
-    assert _matched(model_dir, daemon, PROMPT[:48]) == (32, False)   # one token must be computed
-    assert _matched(model_dir, daemon, PROMPT[:49]) == (48, False)
-    assert _matched(model_dir, daemon, PROMPT + [1, 2, 3]) == (48, False)
-    assert _matched(model_dir, daemon, PROMPT[:20] + [999] * 30) == (16, False)
+    assert _matched(model_dir, daemon, PROMPT[:48]) == (32, True)   # one token must be computed
+    assert _matched(model_dir, daemon, PROMPT[:49]) == (48, True)
+    assert _matched(model_dir, daemon, PROMPT + [1, 2, 3]) == (48, True)
+    assert _matched(model_dir, daemon, PROMPT[:20] + [999] * 30) == (16, True)
     assert _matched(model_dir, daemon, [999] + PROMPT[1:]) == (0, False)
+    assert _matched(model_dir, daemon, PROMPT[:49], load_async=False) == (48, False)
     cfg = make_config(model_dir, daemon.socket, secret=SECRET)
     c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
-    assert c.get_num_new_matched_tokens(request(PROMPT), 16) == (32, False)
+    assert c.get_num_new_matched_tokens(request(PROMPT), 16) == (32, True)
     assert c.get_num_new_matched_tokens(request(PROMPT), 48) == (0, False)
 
 
@@ -155,10 +172,8 @@ def test_keys_are_kvpools_own_over_token_ids(model_dir, daemon):
     """What vLLM stored is found by any kvpool client that computes the same layout's keys
     (kvpool.hf, SGLang): kvpool.hash_chain over the token ids, not vLLM's block hashes."""
     _store(model_dir, daemon, KVCacheLayout.LBNHC, PROMPT)
-    layout = kvpool.vllm.layout_for(model_dir, torch.bfloat16, 2, 2, 16, BLOCK)
-    keys = kvpool.hash_chain(PROMPT, secret=SECRET, layout=layout, tokens_per_block=BLOCK)
     with kvpool.Client(daemon.socket, namespace="vllm-test") as c:
-        assert c.lookup(keys).hit_blocks == 3
+        assert c.lookup(_keys(model_dir, PROMPT)).hit_blocks == 3
 
 
 @pytest.mark.parametrize("change", [{"model_id": "another/model"}, {"secret": "other"},
@@ -166,14 +181,14 @@ def test_keys_are_kvpools_own_over_token_ids(model_dir, daemon):
                                     {"block_size": 8}])
 def test_other_model_layout_or_namespace_is_a_miss(model_dir, daemon, change):
     _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
-    assert _matched(model_dir, daemon, PROMPT + [7]) == (48, False)
+    assert _matched(model_dir, daemon, PROMPT + [7]) == (48, True)
     assert _matched(model_dir, daemon, PROMPT + [7], **change) == (0, False)
 
 
 def test_daemon_killed_is_a_miss_and_a_load_error_then_recovers(model_dir, daemon, caplog):
     caplog.set_level(logging.INFO, logger="kvpool.vllm")
     views_a, blocks_a, _ = _store(model_dir, daemon, KVCacheLayout.BLHNC, PROMPT)
-    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=False)
     views_b, kvc = kv_views(KVCacheLayout.LHBNC, seed=3)
     sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
 
@@ -185,10 +200,7 @@ def test_daemon_killed_is_a_miss_and_a_load_error_then_recovers(model_dir, daemo
     blocks = list(out.scheduled_new_reqs[0].block_ids[0])
     assert out.scheduled_new_reqs[0].num_computed_tokens == 48
     daemon.kill()
-    w.bind_connector_metadata(out.kv_connector_metadata)
-    w.start_load_kv(None)
-    w.wait_for_save()
-    w.clear_connector_metadata()
+    forward(w, out)
     assert w.get_block_ids_with_load_errors() == set(blocks[:3])
     assert w.get_block_ids_with_load_errors() == set()        # reported once
     assert any(r.name == "kvpool.vllm" and r.levelno == logging.WARNING for r in caplog.records)
@@ -207,3 +219,85 @@ def test_daemon_killed_is_a_miss_and_a_load_error_then_recovers(model_dir, daemo
     step(sched, w)                                             # stores 2 blocks
     assert sched.connector.get_num_new_matched_tokens(request([21] * 40), 0) == (32, False)
     assert any("answers again" in r.getMessage() for r in caplog.records)
+
+
+def _parked(model_dir, d, layout, seed, prompt):
+    """An instance with asynchronous loads and a request for `prompt` that vLLM parked waiting
+    for its kvpool blocks: (scheduler, worker, views, request, its SchedulerOutput, its block
+    ids). The worker has not started the load yet."""
+    cfg = make_config(model_dir, d.socket, secret=SECRET)
+    views, kvc = kv_views(layout, seed=seed)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+    req = request(prompt)
+    sched.add_request(req)
+    out = sched.schedule()
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not out.scheduled_new_reqs
+    return sched, w, views, req, out, list(sched.kv_cache_manager.get_block_ids(req.request_id)[0])
+
+
+def test_async_load_failure_comes_with_the_finished_request_and_is_recomputed(model_dir, daemon):
+    _store(model_dir, daemon, KVCacheLayout.BLHNC, PROMPT)
+    sched, w, _, req, out, blocks = _parked(model_dir, daemon, KVCacheLayout.LHBNC, 3,
+                                            PROMPT + [1])
+    daemon.kill()
+    forward(w, out)
+    kv_out = finish(sched, w, out)
+    assert kv_out.finished_recving == {req.request_id}       # finished, failed, same pass
+    assert kv_out.invalid_block_ids == set(blocks[:3])
+    new = admit(sched, w)[req.request_id]
+    assert new.num_computed_tokens == 0                      # vLLM computes the whole prompt
+
+
+def test_async_load_of_a_block_gone_meanwhile_recomputes_and_stores_it_again(model_dir, daemon):
+    views_a, blocks_a, _ = _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    sched, w, views_b, req, out, blocks = _parked(model_dir, daemon, KVCacheLayout.BLNHC, 4,
+                                                  PROMPT + [1])
+    keys = _keys(model_dir, PROMPT)
+    with kvpool.Client(daemon.socket, namespace="vllm-test") as c:
+        assert c.evict("disk", keys[2:])["evicted"] == 1         # the tail block leaves kvpool
+        forward(w, out)
+        kv_out = finish(sched, w, out)
+        assert kv_out.invalid_block_ids == {blocks[2]}
+        new = admit(sched, w)[req.request_id]
+        assert new.num_computed_tokens == 32                      # the two good blocks
+        assert torch.equal(token_kv(views_b, blocks, 32).view(torch.int16),
+                           token_kv(views_a, blocks_a, 32).view(torch.int16))
+        assert c.lookup(keys).hit_blocks == 3                     # recomputed and stored again
+
+
+def test_a_request_aborted_while_loading_keeps_its_blocks_until_the_load_ends(model_dir, daemon):
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    sched, w, _, req, out, _ = _parked(model_dir, daemon, KVCacheLayout.LBHNC, 5, PROMPT + [1])
+    pool = sched.kv_cache_manager.block_pool
+    sched.finish_requests(req.request_id, RequestStatus.FINISHED_ABORTED)
+    held = pool.get_num_free_blocks()
+    forward(w, out)                                          # the load still runs
+    kv_out = finish(sched, w, out, expect={req.request_id})
+    assert kv_out.finished_recving == {req.request_id}
+    assert req.request_id not in sched.requests
+    assert pool.get_num_free_blocks() > held                 # freed once reported
+    assert not admit(sched, w)                               # nothing left to schedule
+
+
+@pytest.mark.parametrize("taken,end", [(48, 3), (20, 2)])
+def test_a_recorded_load_goes_out_even_for_a_request_finished_before_it(model_dir, daemon, taken,
+                                                                          end):
+    """vLLM may finish a request between update_state_after_alloc and the next
+    build_connector_meta (its deferred loads), and then frees the blocks only once a worker
+    reports the load: the load still goes out. It covers the tokens vLLM took (`taken`), which
+    may be fewer than offered."""
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    c = kvpool.vllm.KvpoolConnector(make_config(model_dir, daemon.socket, secret=SECRET),
+                                    KVConnectorRole.SCHEDULER, kv_config())
+    req = request(PROMPT + [1])
+    assert c.get_num_new_matched_tokens(req, 0) == (48, True)
+    c.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in (7, 3, 9, 4)],)),
+                               taken)
+    assert c.request_finished(req, [7, 3, 9, 4]) == (False, None)
+    out = SchedulerOutput.make_empty()
+    out.finished_req_ids = {req.request_id}
+    meta = c.build_connector_meta(out)
+    assert [(s.req_id, s.first, s.end, s.block_ids) for s in meta.async_loads] == [
+        (req.request_id, 0, end, [7, 3, 9][:end])]
+    assert meta.async_loads[0].token_ids == (PROMPT + [1])[:end * BLOCK]
+    assert not c.build_connector_meta(SchedulerOutput.make_empty()).async_loads   # once

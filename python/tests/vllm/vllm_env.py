@@ -6,6 +6,7 @@ per-layer KV views laid out by vLLM's own compute_layout_strides / create_kv_cac
 from __future__ import annotations
 
 import itertools
+import time
 
 import torch
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
@@ -17,7 +18,8 @@ from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCach
                                         KVCacheTensor, compute_layout_strides,
                                         create_kv_cache_views)
 from vllm.v1.kv_cache_layout import KVCacheLayout
-from vllm.v1.request import Request
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 import kvpool.vllm
@@ -31,8 +33,10 @@ _ids = itertools.count()
 
 def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "vllm-test",
                 model_id: str | None = None, block_size: int = BLOCK,
-                dtype: str = "bfloat16", max_batched_tokens: int = 2048) -> VllmConfig:
-    extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 1.0}
+                dtype: str = "bfloat16", max_batched_tokens: int = 2048,
+                load_async: bool = True) -> VllmConfig:
+    extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 1.0,
+             "load_async": load_async}
     if model_id is not None:
         extra["model_id"] = model_id
     return VllmConfig(
@@ -99,16 +103,68 @@ def request(tokens: list[int], max_tokens: int = 4) -> Request:
 
 
 def step(sched: Scheduler, w: kvpool.vllm.KvpoolConnector):
-    """One scheduler step and the worker connector's part of the forward around it (the model
-    itself does not run): bind metadata, load, save, unbind. Returns the SchedulerOutput."""
+    """One scheduler step and the worker connector's part of the forward around it. Returns the
+    SchedulerOutput."""
     out = sched.schedule()
+    forward(w, out)
+    return out
+
+
+def forward(w: kvpool.vllm.KvpoolConnector, out) -> None:
+    """The worker connector's part of a step's forward (the model itself does not run): bind
+    metadata, load, save, unbind."""
     w.bind_connector_metadata(out.kv_connector_metadata)
     w.start_load_kv(None)
     for name in LAYER_NAMES:
         w.wait_for_layer_load(name)
     w.wait_for_save()
     w.clear_connector_metadata()
-    return out
+
+
+def loading(sched: Scheduler) -> set[str]:
+    """Requests parked in WAITING_FOR_REMOTE_KVS whose load no worker has reported done."""
+    return {r.request_id for r in sched.requests.values()
+            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            and r.request_id not in sched.finished_recving_kv_req_ids}
+
+
+def finish(sched: Scheduler, w: kvpool.vllm.KvpoolConnector, out, expect: set[str] = frozenset(),
+           timeout: float = 10.0) -> KVConnectorOutput:
+    """Ends the step `out` as vLLM's model runner does: the worker's finished loads and load
+    errors go back to the scheduler with the step's output, where each scheduled request whose
+    prompt is now computed samples one token (1). Waits (as later steps would) until the loads
+    of every waiting request, and of `expect`, are reported done. Returns the KVConnectorOutput."""
+    waiting = loading(sched) | set(expect)
+    done: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        done |= w.get_transfer_results(out.finished_req_ids).finished_recving
+        if waiting <= done:
+            break
+        assert time.monotonic() < deadline, f"loads of {waiting - done} never finished"
+        time.sleep(0.005)
+    kv_out = KVConnectorOutput(finished_recving=done or None,
+                               invalid_block_ids=w.get_block_ids_with_load_errors())
+    ids = list(out.num_scheduled_tokens)
+    sampled = [[1] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
+               else [] for r in ids]
+    sched.update_from_output(out, ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=sampled, kv_connector_output=kv_out))
+    return kv_out
+
+
+def admit(sched: Scheduler, w: kvpool.vllm.KvpoolConnector) -> dict:
+    """Steps (each ended by `finish`) until no request waits for a kvpool load; returns the
+    NewRequestData of every request first scheduled on the way, by request id."""
+    new = {}
+    while True:
+        out = step(sched, w)
+        new.update({r.req_id: r for r in out.scheduled_new_reqs})
+        finish(sched, w, out)
+        if not any(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                   for r in sched.requests.values()):
+            return new
 
 
 def token_kv(views: dict, block_ids: list[int], n_tokens: int) -> torch.Tensor:
