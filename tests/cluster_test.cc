@@ -295,6 +295,69 @@ TEST_F(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// A node whose host tier is full of blocks that are on no disk yet cannot take a fetched block
+// into a reserved slot inside the peer's request (that slot would have to be bought with a disk
+// write, under the peer's deadline). It receives such blocks into memory of its own and stores
+// them after the request, demoting its own blocks then: still a byte-identical hit, and kept.
+TEST_F(ClusterTest, AFetchIntoAHostFullOfUnwrittenBlocksIsStoredAfterTheRequest) {
+  auto flags = [&](const std::string& id) {
+    std::vector<std::string> f = Flags(id);
+    f.push_back("--replicas=0");
+    // The flusher stays idle: only a reservation that may wait demotes.
+    f.push_back("--host_high_watermark=1.0");
+    f.push_back("--host_low_watermark=1.0");
+    return f;
+  };
+  DaemonProcess a(flags("node-a"));
+  DaemonProcess c(flags("node-c"));
+  ASSERT_OK(a.Start());
+  ASSERT_OK(c.Start());
+  auto ca = a.Connect("tenant");
+  auto cc = c.Connect("tenant");
+  ASSERT_TRUE(AllSee({ca.get(), cc.get()}, 2));
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  constexpr size_t kBlockBytes = 256 << 10;
+  auto put_chain = [&](Client& cl, uint64_t seed, size_t n) {
+    const std::vector<BlockKey> keys = hasher.Hash(Tokens(seed, n * 16));
+    std::vector<std::vector<uint8_t>> blocks;
+    for (size_t i = 0; i < n; ++i) blocks.push_back(BlockBytes(seed * 1000 + i, kBlockBytes));
+    std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+    auto put = cl.PutChain(keys, spans);
+    EXPECT_TRUE(put.ok() && put->all_ok());
+    return std::make_pair(keys, blocks);
+  };
+  // Node C's own chain fills its host tier exactly; none of it is on disk.
+  auto cs = cc->Stats();
+  ASSERT_TRUE(cs.ok());
+  const size_t fill = cs->tiers[0].capacity_bytes / kBlockBytes;
+  put_chain(*cc, 51, fill);
+  cs = cc->Stats();
+  ASSERT_TRUE(cs.ok());
+  ASSERT_EQ(cs->tiers[0].blocks, fill);
+  ASSERT_EQ(cs->tiers[0].demotions, 0u);
+
+  const auto [keys, blocks] = put_chain(*ca, 52, 8);
+  auto got = cc->GetBlocks(keys);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE((*got)[i].status.ok()) << i << ": " << (*got)[i].status.ToString();
+    EXPECT_EQ((*got)[i].bytes, blocks[i]) << i;
+  }
+  // Room was made after the request, by demoting C's own blocks.
+  cs = cc->Stats();
+  ASSERT_TRUE(cs.ok());
+  EXPECT_GE(cs->tiers[0].demotions, keys.size());
+  // C kept what it fetched: A gone, C still serves the chain, byte for byte.
+  a.Kill();
+  ASSERT_TRUE(AllSee({cc.get()}, 1));
+  got = cc->GetBlocks(keys);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE((*got)[i].status.ok()) << i << ": " << (*got)[i].status.ToString();
+    EXPECT_EQ((*got)[i].bytes, blocks[i]) << i;
+  }
+}
+
 // What a request router asks: which node holds how much of a chain. No replicas, so each node
 // holds exactly what was put through it; locate asks every member in one round and promotes
 // nothing.
