@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""What a kvpool hit costs the other requests of a vLLM batch: kvpool.vllm's synchronous load
+against its asynchronous one (vLLM 0.33's load_kv_async), with vLLM's real Scheduler and KV
+views on the CPU and a real kvpoold.
+
+A prompt of --blocks blocks of an 8B-shaped model (32 layers, 8 KV heads, head dim 128, 16
+tokens a block: 2 MiB a block) is stored through one vLLM instance; a second instance then
+asks for it. Measured per load, median of --reps:
+
+- step stall: how long the worker's start_load_kv holds up the step's forward, i.e. every
+  other request of the batch (synchronous: the whole load; asynchronous: handing it to the
+  loader thread);
+- load done: from start_load_kv until the blocks are in the paged KV (asynchronous: until
+  get_finished reports the request);
+- and, once, the step stall of the store: wait_for_save gathering and putting the blocks;
+
+beside, in the same run, a bare kvpool get_into of the same blocks (the data path alone) and a
+torch copy of the same bytes (the machine's limit for moving them once).
+
+    KVPOOL_KVPOOLD=build/daemon/kvpoold .venv/vllm/bin/python bench/vllm_load_stall.py \\
+        [--blocks 64] [--reps 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        KVCacheTensor, compute_layout_strides,
+                                        create_kv_cache_views)
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+import kvpool
+import kvpool.vllm
+from kvpool.testing import Daemon
+
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 32, 8, 128, 16   # Llama-3-8B's KV shape
+SECRET = "bench-secret"
+
+
+def model_dir(root: pathlib.Path) -> str:
+    (root / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": HEADS * HEAD_DIM, "intermediate_size": 14336,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
+        "num_hidden_layers": LAYERS, "vocab_size": 128256, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}))
+    return str(root)
+
+
+class Instance:
+    """One vLLM instance: its Scheduler (with the scheduler-side connector) and the worker-side
+    connector over per-layer KV views of `num_blocks` blocks."""
+
+    def __init__(self, model: str, socket: str, num_blocks: int, load_async: bool, seed: int):
+        extra = {"socket": socket, "namespace": "bench", "secret": SECRET, "timeout": 30.0,
+                 "load_async": load_async}
+        tokens = (num_blocks + 1) * BLOCK
+        cfg = VllmConfig(
+            model_config=ModelConfig(model=model, tokenizer=model, skip_tokenizer_init=True,
+                                     dtype="bfloat16", max_model_len=tokens, seed=0),
+            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+            scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=tokens,
+                                             enable_chunked_prefill=True, max_model_len=tokens,
+                                             is_encoder_decoder=False),
+            device_config=DeviceConfig("cpu"),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="KvpoolConnector", kv_connector_module_path="kvpool.vllm",
+                kv_role="kv_both", kv_load_failure_policy="recompute",
+                kv_connector_extra_config=extra))
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM,
+                                 dtype=torch.bfloat16)
+        names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+        layout = KVCacheLayout.LBHNC
+        strides = compute_layout_strides(spec, num_blocks, LAYERS, layout)
+        size = spec.page_size_bytes * num_blocks * LAYERS
+        tensor = KVCacheTensor(size=size, layers=names, layer_stride=strides[0],
+                               block_stride=strides[1])
+        raw = torch.randint(-128, 127, (size,), dtype=torch.int8,
+                            generator=torch.Generator().manual_seed(seed))
+        views = create_kv_cache_views(raw, spec, num_blocks, layout, tensor)
+        kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
+                            kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        cfg.cache_config.num_gpu_blocks = num_blocks
+        self.sched = Scheduler(vllm_config=cfg, kv_cache_config=kvc,
+                               structured_output_manager=StructuredOutputManager(cfg),
+                               block_size=BLOCK, log_stats=False)
+        self.worker = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.WORKER, kvc)
+        self.worker.register_kv_caches(dict(zip(names, views)))
+
+    def schedule(self, prompt: list[int], rid: str):
+        self.sched.add_request(Request(request_id=rid, prompt_token_ids=prompt,
+                                       sampling_params=SamplingParams(max_tokens=1),
+                                       pooling_params=None))
+        return self.sched.schedule()
+
+    def forward(self, out) -> tuple[float, float]:
+        """The worker connector's part of the step; returns the seconds start_load_kv and
+        wait_for_save took."""
+        w = self.worker
+        w.bind_connector_metadata(out.kv_connector_metadata)
+        t0 = time.perf_counter()
+        w.start_load_kv(None)
+        t1 = time.perf_counter()
+        w.wait_for_save()
+        t2 = time.perf_counter()
+        w.clear_connector_metadata()
+        return t1 - t0, t2 - t1
+
+    def await_loaded(self, rid: str) -> None:
+        while rid not in (self.worker.get_finished(set())[1] or ()):
+            time.sleep(0.0002)
+        if self.worker.get_block_ids_with_load_errors():
+            raise RuntimeError("kvpool.vllm reported load errors")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    n = args.blocks
+    prompt = [(i * 7919 + 13) % 32000 + 3 for i in range(n * BLOCK + 1)]
+    block_bytes = LAYERS * 2 * BLOCK * KV_HEADS * HEAD_DIM * 2
+    capacity_mib = max(512, 2 * n * block_bytes >> 20)
+    with tempfile.TemporaryDirectory() as tmp, \
+            Daemon([f"--host_capacity={capacity_mib}MiB", "--host_segment_size=64MiB"]) as d:
+        model = model_dir(pathlib.Path(tmp))
+        src = Instance(model, d.socket, n + 2, load_async=False, seed=1)
+        save_s = src.forward(src.schedule(prompt, "store"))[1]   # puts the prompt's blocks
+        keys = kvpool.hash_chain(prompt[:n * BLOCK], secret=SECRET, layout=src.worker.layout,
+                                 tokens_per_block=BLOCK)
+        with kvpool.Client(d.socket, namespace="bench") as c:
+            if c.lookup(keys).hit_blocks != n:
+                raise RuntimeError("the stored prompt is not all in kvpool")
+            staging = torch.empty((n, block_bytes), dtype=torch.uint8)
+            bufs = [staging[i].numpy() for i in range(n)]
+
+            def bare_get() -> None:
+                if not all(c.get_into(keys, bufs)):
+                    raise RuntimeError("bare get missed")
+
+            dst = torch.empty_like(staging)
+            figures = {"blocks": n, "block_bytes": block_bytes, "save_stall_s": save_s,
+                       "bare_get_s": median_s(bare_get, args.reps),
+                       "copy_s": median_s(lambda: dst.copy_(staging), args.reps)}
+        for mode in ("sync", "async"):
+            stalls, dones = [], []
+            for rep in range(args.reps + 1):   # the first is a warm-up
+                inst = Instance(model, d.socket, n + 2, load_async=mode == "async", seed=2)
+                out = inst.schedule(prompt, f"{mode}-{rep}")
+                t0 = time.perf_counter()
+                stall = inst.forward(out)[0]
+                if mode == "async":
+                    inst.await_loaded(f"{mode}-{rep}")
+                done = time.perf_counter() - t0
+                inst.worker.shutdown()
+                if rep:
+                    stalls.append(stall)
+                    dones.append(done)
+            figures[f"{mode}_stall_s"] = statistics.median(stalls)
+            figures[f"{mode}_done_s"] = statistics.median(dones)
+    mib = n * block_bytes / 2**20
+    print(f"kvpool.vllm load of {n} blocks x {block_bytes >> 20} MiB ({mib:.0f} MiB), "
+          f"median of {args.reps}:")
+    for mode in ("sync", "async"):
+        print(f"  {mode:5s}  step stall {figures[mode + '_stall_s'] * 1e3:8.2f} ms   "
+              f"load done {figures[mode + '_done_s'] * 1e3:8.2f} ms")
+    print(f"  save (synchronous) step stall {save_s * 1e3:8.2f} ms (one run)")
+    print(f"  bare kvpool get_into   {figures['bare_get_s'] * 1e3:8.2f} ms")
+    print(f"  torch copy, same bytes {figures['copy_s'] * 1e3:8.2f} ms")
+    print(f"  async stall / sync stall {figures['async_stall_s'] / figures['sync_stall_s']:.4f}; "
+          f"sync load / bare get {figures['sync_done_s'] / figures['bare_get_s']:.2f}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    return 0
+
+
+def median_s(fn, reps: int) -> float:
+    fn()   # warm: page faults, mappings
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
