@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""What a kvpool hit costs the other requests of a vLLM batch: kvpool.vllm's synchronous load
-against its asynchronous one (vLLM 0.33's load_kv_async), with vLLM's real Scheduler and KV
-views on the CPU and a real kvpoold.
+"""What a kvpool hit, and a store, cost the other requests of a vLLM batch: kvpool.vllm's
+synchronous loads and saves against its asynchronous ones (vLLM 0.33's load_kv_async; saves on
+a background thread), with vLLM's real Scheduler and KV views on the CPU and a real kvpoold.
 
 A prompt of --blocks blocks of an 8B-shaped model (32 layers, 8 KV heads, head dim 128, 16
 tokens a block: 2 MiB a block) is stored through one vLLM instance; a second instance then
@@ -12,7 +12,8 @@ asks for it. Measured per load, median of --reps:
   loader thread);
 - load done: from start_load_kv until the blocks are in the paged KV (asynchronous: until
   get_finished reports the request);
-- and, once, the step stall of the store: wait_for_save gathering and putting the blocks;
+- the same for a store of such a prompt: the stall is wait_for_save (synchronous: gathering
+  and putting the blocks), done is until they are in kvpool;
 
 beside, in the same run, a bare kvpool get_into of the same blocks (the data path alone) and a
 torch copy of the same bytes (the machine's limit for moving them once).
@@ -66,9 +67,9 @@ class Instance:
     """One vLLM instance: its Scheduler (with the scheduler-side connector) and the worker-side
     connector over per-layer KV views of `num_blocks` blocks."""
 
-    def __init__(self, model: str, socket: str, num_blocks: int, load_async: bool, seed: int):
+    def __init__(self, model: str, socket: str, num_blocks: int, background: bool, seed: int):
         extra = {"socket": socket, "namespace": "bench", "secret": SECRET, "timeout": 30.0,
-                 "load_async": load_async}
+                 "load_async": background, "save_async": background}
         tokens = (num_blocks + 1) * BLOCK
         cfg = VllmConfig(
             model_config=ModelConfig(model=model, tokenizer=model, skip_tokenizer_init=True,
@@ -134,15 +135,37 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
+    # One torch thread everywhere: on a 2-vCPU VM torch's two-thread strided copies (the
+    # gather and scatter between kvpool's block layout and vLLM's views) ran 10-45x slower than
+    # one thread, while the background threads ran one; that would compare thread counts.
+    torch.set_num_threads(1)
     n = args.blocks
-    prompt = [(i * 7919 + 13) % 32000 + 3 for i in range(n * BLOCK + 1)]
     block_bytes = LAYERS * 2 * BLOCK * KV_HEADS * HEAD_DIM * 2
-    capacity_mib = max(512, 2 * n * block_bytes >> 20)
+    # Every store puts a prompt of its own (kvpool skips blocks it holds).
+    capacity_mib = max(512, (2 * args.reps + 4) * n * block_bytes >> 20)
+    figures: dict[str, float] = {"blocks": n, "block_bytes": block_bytes}
     with tempfile.TemporaryDirectory() as tmp, \
             Daemon([f"--host_capacity={capacity_mib}MiB", "--host_segment_size=64MiB"]) as d:
         model = model_dir(pathlib.Path(tmp))
-        src = Instance(model, d.socket, n + 2, load_async=False, seed=1)
-        save_s = src.forward(src.schedule(prompt, "store"))[1]   # puts the prompt's blocks
+        prompts = iter(prompt_of(n, i) for i in range(1 << 20))
+        for mode in ("sync", "async"):
+            stalls, dones = [], []
+            for rep in range(args.reps + 1):   # the first is a warm-up
+                inst = Instance(model, d.socket, n + 2, mode == "async", seed=1)
+                out = inst.schedule(next(prompts), f"store-{mode}-{rep}")
+                t0 = time.perf_counter()
+                stall = inst.forward(out)[1]
+                inst.worker.wait_for_background()
+                done = time.perf_counter() - t0
+                inst.worker.shutdown()
+                if rep:
+                    stalls.append(stall)
+                    dones.append(done)
+            figures[f"save_{mode}_stall_s"] = statistics.median(stalls)
+            figures[f"save_{mode}_done_s"] = statistics.median(dones)
+        prompt = next(prompts)
+        src = Instance(model, d.socket, n + 2, False, seed=1)
+        src.forward(src.schedule(prompt, "store"))
         keys = kvpool.hash_chain(prompt[:n * BLOCK], secret=SECRET, layout=src.worker.layout,
                                  tokens_per_block=BLOCK)
         with kvpool.Client(d.socket, namespace="bench") as c:
@@ -156,13 +179,12 @@ def main() -> int:
                     raise RuntimeError("bare get missed")
 
             dst = torch.empty_like(staging)
-            figures = {"blocks": n, "block_bytes": block_bytes, "save_stall_s": save_s,
-                       "bare_get_s": median_s(bare_get, args.reps),
-                       "copy_s": median_s(lambda: dst.copy_(staging), args.reps)}
+            figures["bare_get_s"] = median_s(bare_get, args.reps)
+            figures["copy_s"] = median_s(lambda: dst.copy_(staging), args.reps)
         for mode in ("sync", "async"):
             stalls, dones = [], []
-            for rep in range(args.reps + 1):   # the first is a warm-up
-                inst = Instance(model, d.socket, n + 2, load_async=mode == "async", seed=2)
+            for rep in range(args.reps + 1):
+                inst = Instance(model, d.socket, n + 2, mode == "async", seed=2)
                 out = inst.schedule(prompt, f"{mode}-{rep}")
                 t0 = time.perf_counter()
                 stall = inst.forward(out)[0]
@@ -173,22 +195,28 @@ def main() -> int:
                 if rep:
                     stalls.append(stall)
                     dones.append(done)
-            figures[f"{mode}_stall_s"] = statistics.median(stalls)
-            figures[f"{mode}_done_s"] = statistics.median(dones)
-    mib = n * block_bytes / 2**20
-    print(f"kvpool.vllm load of {n} blocks x {block_bytes >> 20} MiB ({mib:.0f} MiB), "
-          f"median of {args.reps}:")
-    for mode in ("sync", "async"):
-        print(f"  {mode:5s}  step stall {figures[mode + '_stall_s'] * 1e3:8.2f} ms   "
-              f"load done {figures[mode + '_done_s'] * 1e3:8.2f} ms")
-    print(f"  save (synchronous) step stall {save_s * 1e3:8.2f} ms (one run)")
-    print(f"  bare kvpool get_into   {figures['bare_get_s'] * 1e3:8.2f} ms")
-    print(f"  torch copy, same bytes {figures['copy_s'] * 1e3:8.2f} ms")
-    print(f"  async stall / sync stall {figures['async_stall_s'] / figures['sync_stall_s']:.4f}; "
-          f"sync load / bare get {figures['sync_done_s'] / figures['bare_get_s']:.2f}")
+            figures[f"load_{mode}_stall_s"] = statistics.median(stalls)
+            figures[f"load_{mode}_done_s"] = statistics.median(dones)
+    print(f"kvpool.vllm, a prompt of {n} blocks x {block_bytes >> 20} MiB "
+          f"({n * block_bytes / 2**20:.0f} MiB), median of {args.reps}:")
+    for op in ("load", "save"):
+        for mode in ("sync", "async"):
+            print(f"  {op} {mode:5s}  step stall {figures[f'{op}_{mode}_stall_s'] * 1e3:8.2f} ms"
+                  f"   done {figures[f'{op}_{mode}_done_s'] * 1e3:8.2f} ms")
+    print(f"  bare kvpool get_into      {figures['bare_get_s'] * 1e3:8.2f} ms")
+    print(f"  torch copy of the bytes   {figures['copy_s'] * 1e3:8.2f} ms")
+    print(f"  async / sync step stall: load "
+          f"{figures['load_async_stall_s'] / figures['load_sync_stall_s']:.4f}, save "
+          f"{figures['save_async_stall_s'] / figures['save_sync_stall_s']:.4f}; "
+          f"sync load / bare get {figures['load_sync_done_s'] / figures['bare_get_s']:.2f}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     return 0
+
+
+def prompt_of(n: int, i: int) -> list[int]:
+    """A prompt of n full blocks and one token, its own for each i."""
+    return [(t * 7919 + 13 + i * 104729) % 32000 + 3 for t in range(n * BLOCK + 1)]
 
 
 def median_s(fn, reps: int) -> float:

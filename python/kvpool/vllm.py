@@ -39,10 +39,17 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   same pass), and vLLM schedules it from there. Every load handed to a worker is reported
   finished exactly once, also for a request aborted meanwhile (vLLM keeps its blocks until
   then). With "load_async": false, start_load_kv loads before the forward instead.
+- Saves are asynchronous too by default ("save_async"): wait_for_save hands the step's newly
+  computed full prompt blocks to a second background thread (its own client; on a GPU its own
+  stream, after an event recorded behind the forward), which gathers them from the paged KV and
+  puts the ones kvpool lacks (put-if-absent, lookup first). A request that had saves handed out
+  keeps its blocks past its end (request_finished answers True) until every worker reports it in
+  finished_sending; a preempted request's saves are waited for in handle_preemptions (and in
+  bind_connector_metadata, for a step without a forward) before the forward can write its freed
+  blocks. With "save_async": false, wait_for_save stores before it returns.
 - A load reads every block (verified: OK and exactly the layout's size) and scatters the good
-  prefix; wait_for_save gathers the step's full blocks from the paged KV after the forward and
-  puts the ones kvpool lacks (put-if-absent, lookup first). save_kv_layer and
-  wait_for_layer_load have nothing to do.
+  prefix. Each kvpool call moves at most 32 MiB through a staging buffer that each thread keeps.
+  save_kv_layer and wait_for_layer_load have nothing to do.
 - kvpool failures never reach vLLM: kvpool.Error, OSError and TimeoutError are a miss
   (0 matched tokens), a skipped store, or a failed load whose vLLM block ids are reported by
   get_block_ids_with_load_errors (with kv_load_failure_policy "recompute" vLLM recomputes
@@ -108,6 +115,9 @@ class KvpoolConnectorMetadata(KVConnectorMetadata):
     loads: list[BlockSpan] = dataclasses.field(default_factory=list)         # before the forward
     async_loads: list[BlockSpan] = dataclasses.field(default_factory=list)   # in the background
     saves: list[BlockSpan] = dataclasses.field(default_factory=list)
+    # Requests preempted (their blocks freed) since the last step: a save of theirs still
+    # reading those blocks is waited for before the forward writes them again.
+    preempted: set[str] = dataclasses.field(default_factory=set)
 
 
 class _Link:
@@ -150,6 +160,43 @@ class _Link:
         return buf[:numel].view(shape)
 
 
+class _Background:
+    """One background thread of a worker connector (loads, or saves), with a kvpool link of its
+    own and, on a GPU, a CUDA stream of its own: work runs there in submission order."""
+
+    def __init__(self, name: str, factory: Callable[[], kvpool.Client], outage: OutageLog):
+        self.link = _Link(factory, outage)
+        self._name = name
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stream: Any = None   # made, and used, on the thread only
+
+    def submit(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan,
+               after: Any) -> "concurrent.futures.Future[int]":
+        """Runs work(span, link) on the thread. `after`: None on the CPU; on a GPU, an event
+        that the thread's stream waits for first (what vLLM queued before)."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=self._name)
+        return self._executor.submit(self._run, work, span, after)
+
+    def _run(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan, after: Any) -> int:
+        if after is None:
+            return work(span, self.link)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        self._stream.wait_event(after)
+        with torch.cuda.stream(self._stream):
+            result = work(span, self.link)
+        self._stream.synchronize()   # the copies are done once the future is
+        return result
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        self.link.close()
+
+
 @dataclasses.dataclass
 class _Tracker:
     """Scheduler-side state of one running request."""
@@ -178,8 +225,8 @@ class KvpoolConnector(KVConnectorBase_V1):
     """vLLM KV connector over kvpoold. Extra config keys: socket (default: kvpool's default
     socket), namespace ("default"), secret (the namespace secret salting every key; required),
     model_id (default: the model path, "@revision" when set), timeout (seconds, 2.0),
-    load_async (true: load in the background while the batch computes), client_factory
-    (tests: a callable returning a kvpool.Client)."""
+    load_async and save_async (true: load, and store, in the background while the batch
+    computes), client_factory (tests: a callable returning a kvpool.Client)."""
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None):
@@ -230,18 +277,24 @@ class KvpoolConnector(KVConnectorBase_V1):
                                             timeout=timeout, connect_timeout=timeout, **reach)
         self._link = _Link(factory, OutageLog(log, "kvpool.vllm", "misses"))
         self._load_async = _flag(extra.get("load_async", True))
+        self._save_async = _flag(extra.get("save_async", True))
         # scheduler side
         self._trackers: dict[str, _Tracker] = {}
         self._pending_load: dict[str, tuple[int, int]] = {}   # req_id -> (first, end) blocks
         self._async_loads: list[BlockSpan] = []   # allocated, for the next build_connector_meta
         self._loaded_end: dict[str, int] = {}     # req_id -> end of its asynchronous load
+        self._saving_reqs: set[str] = set()   # asynchronous saves handed out since admission
         # worker side
         self._kv_caches: list[torch.Tensor] = []
         self._load_errors: set[int] = set()
-        self._loader: concurrent.futures.ThreadPoolExecutor | None = None
-        self._loader_link = _Link(factory, OutageLog(log, "kvpool.vllm", "misses (loads)"))
-        self._loader_stream: Any = None   # torch.cuda.Stream of the loader thread, made there
+        self._loader = _Background("kvpool-vllm-load", factory,
+                                   OutageLog(log, "kvpool.vllm", "misses (loads)"))
         self._loading: dict[concurrent.futures.Future[int], BlockSpan] = {}
+        self._saver = _Background("kvpool-vllm-save", factory,
+                                  OutageLog(log, "kvpool.vllm", "stores skipped"))
+        self._saves: dict[concurrent.futures.Future[int], str] = {}   # -> req_id
+        self._save_reqs: set[str] = set()       # requests with saves handed to the saver
+        self._finished_saving: set[str] = set()   # of those, finished in vLLM: report when done
 
     # ---- config ----
 
@@ -328,6 +381,10 @@ class KvpoolConnector(KVConnectorBase_V1):
         meta.async_loads, self._async_loads = self._async_loads, []
         for req_id in scheduler_output.finished_req_ids:
             self._forget(req_id)
+        # A preempted request's saves are finished (the workers wait for them before the
+        # blocks are written again): from here on it holds no blocks a save reads.
+        meta.preempted = set(scheduler_output.preempted_req_ids or ())
+        self._saving_reqs -= meta.preempted
         if self._disabled:
             return meta
         B = self._block_size
@@ -385,11 +442,18 @@ class KvpoolConnector(KVConnectorBase_V1):
             meta.saves.append(BlockSpan(req_id, tr.prompt[:end * self._block_size],
                                         tr.saved_blocks, end, tr.block_ids[tr.saved_blocks:end]))
             tr.saved_blocks = end
+            if self._save_async:
+                self._saving_reqs.add(req_id)
 
     def request_finished(self, request: "Request",
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._forget(request.request_id)
-        return False, None   # saves are synchronous: the blocks may be freed now
+        # With asynchronous saves in its past, the blocks stay until the workers report the
+        # request in finished_sending (its saves done).
+        if request.request_id in self._saving_reqs:
+            self._saving_reqs.discard(request.request_id)
+            return True, None
+        return False, None
 
     # ==== worker side ====
 
@@ -475,35 +539,19 @@ class KvpoolConnector(KVConnectorBase_V1):
                 self._load_errors.update(span.block_ids[good:])
         if not meta.async_loads:
             return
-        if self._loader is None:
-            self._loader = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="kvpool-vllm-load")
         queued = self._queued_event()
         for span in meta.async_loads:
-            self._loading[self._loader.submit(self._load_in_background, span, queued)] = span
+            self._loading[self._loader.submit(self._load_span, span, queued)] = span
 
     def _queued_event(self) -> Any:
         """On a GPU, an event after everything vLLM queued so far on its stream (the zeroing
-        of freshly allocated blocks among it): the loader's copies wait for it."""
+        of freshly allocated blocks, the forward that computed the KV to save): the
+        background copies wait for it."""
         if not self._kv_caches or not self._kv_caches[0].is_cuda:
             return None
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self._kv_caches[0].device))
         return event
-
-    def _load_in_background(self, span: BlockSpan, queued: Any) -> int:
-        """The loader thread's part of an asynchronous load: returns, once the blocks are in
-        the paged KV, how many from the span's start were loaded."""
-        if queued is None:
-            return self._load_span(span, self._loader_link)
-        if self._loader_stream is None:
-            self._loader_stream = torch.cuda.Stream(self._kv_caches[0].device)
-        stream = self._loader_stream
-        stream.wait_event(queued)
-        with torch.cuda.stream(stream):
-            good = self._load_span(span, self._loader_link)
-        stream.synchronize()
-        return good
 
     def _load_span(self, span: BlockSpan, link: _Link) -> int:
         """Loads the span's blocks through `link` (the calling thread's), a chunk at a time
@@ -546,25 +594,60 @@ class KvpoolConnector(KVConnectorBase_V1):
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
         return   # wait_for_save gathers every layer of a block at once (one kvpool block)
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """Before the forward: a save still reading a preempted request's blocks finishes
+        before the forward writes them for another request."""
+        assert isinstance(kv_connector_metadata, KvpoolConnectorMetadata)
+        self._await_saves(kv_connector_metadata.preempted)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        # Also here: a step without a forward may not call handle_preemptions, and the next
+        # step's metadata no longer names the preempted requests.
+        assert isinstance(connector_metadata, KvpoolConnectorMetadata)
+        self._await_saves(connector_metadata.preempted)
+        super().bind_connector_metadata(connector_metadata)
+
+    def _await_saves(self, req_ids: set[str]) -> None:
+        if not req_ids or not self._saves:
+            return
+        for future, req_id in list(self._saves.items()):
+            if req_id in req_ids:
+                concurrent.futures.wait([future])
+        # Preempted: from now on the request holds no blocks of those saves (nor reports them).
+        self._save_reqs -= req_ids
+
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvpoolConnectorMetadata)
-        if self._disabled or not self._kv_caches:
+        if not meta.saves:
             return
+        if not self._save_async:
+            if self._disabled or not self._kv_caches:
+                return
+            for span in meta.saves:
+                self._save_span(span, self._link)
+            return
+        queued = self._queued_event()
         for span in meta.saves:
-            self._save_span(span)
+            # Reported in finished_sending when it finishes, whatever happens to the save:
+            # vLLM holds its blocks until then.
+            self._save_reqs.add(span.req_id)
+            if not self._disabled and self._kv_caches:
+                self._saves[self._saver.submit(self._save_span, span, queued)] = span.req_id
 
-    def _save_span(self, span: BlockSpan) -> int:
+    def _save_span(self, span: BlockSpan, link: _Link) -> int:
+        """Stores the span's blocks kvpool lacks through `link` (the calling thread's);
+        returns how many were stored."""
         keys = self._keys(span.token_ids)
         try:
-            client = self._link.client()
+            client = link.client()
             have = client.lookup(keys[:span.end], prefetch=False).hit_blocks
             stored = 0
             i = max(have, span.first)
             while i < span.end:
                 n = min(self._chunk_blocks, span.end - i)
-                staging = self._link.staging(self._staging_shape(n), self._dtype,
-                                             self._kv_caches[0].device)
+                staging = link.staging(self._staging_shape(n), self._dtype,
+                                       self._kv_caches[0].device)
                 self._gather(span.block_ids[i - span.first:i - span.first + n], staging)
                 r = client.put(keys[i:i + n], self._block_buffers(staging),
                                parent=keys[i - 1] if i else None)
@@ -576,15 +659,32 @@ class KvpoolConnector(KVConnectorBase_V1):
                     return stored
                 i += n
         except Exception as e:  # noqa: BLE001 - a failed store is skipped, never raised
-            self._link.failed("store", e)
+            link.failed("store", e)
             return 0
-        self._link.answered()
+        link.answered()
         return stored
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
                                                                 set[str] | None]:
-        """(None: saves are synchronous, the requests whose asynchronous loads are done). A
-        load's failed blocks go to the load errors first, so vLLM sees them in this pass."""
+        """(requests finished in vLLM whose asynchronous saves are all done, requests whose
+        asynchronous loads are done). A load's failed blocks go to the load errors first, so
+        vLLM sees them in this pass."""
+        return self._finished_saves(finished_req_ids) or None, self._finished_loads() or None
+
+    def _finished_saves(self, finished_req_ids: set[str]) -> set[str]:
+        for future in [f for f in self._saves if f.done()]:
+            req_id = self._saves.pop(future)
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - a bug in the save: those blocks are not stored
+                log.exception("kvpool.vllm: storing request %s failed; skipped", req_id)
+        self._finished_saving |= set(finished_req_ids) & self._save_reqs
+        done = self._finished_saving - set(self._saves.values())
+        self._finished_saving -= done
+        self._save_reqs -= done
+        return done
+
+    def _finished_loads(self) -> set[str]:
         done: set[str] = set()
         for future in [f for f in self._loading if f.done()]:
             span = self._loading.pop(future)
@@ -597,19 +697,24 @@ class KvpoolConnector(KVConnectorBase_V1):
             if good < len(span.block_ids):
                 self._load_errors.update(span.block_ids[good:])
             done.add(span.req_id)
-        return None, done or None
+        return done
+
+    def wait_for_background(self, timeout: float | None = None) -> bool:
+        """Blocks until every load and save handed to the background threads so far is done
+        (tests, benchmarks; vLLM never needs it). False when `timeout` ran out first."""
+        pending = list(self._loading) + list(self._saves)
+        return not concurrent.futures.wait(pending, timeout=timeout).not_done
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def shutdown(self) -> None:
-        if self._loader is not None:
-            self._loader.shutdown(wait=True, cancel_futures=True)
-            self._loader = None
+        self._loader.shutdown()
+        self._saver.shutdown()
         self._loading.clear()
+        self._saves.clear()
         self._link.close()
-        self._loader_link.close()
 
 
 def _flag(value: Any) -> bool:

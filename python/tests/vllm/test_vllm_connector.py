@@ -6,6 +6,7 @@ through kvpool unchanged into another instance's different blocks and physical l
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -301,3 +302,88 @@ def test_a_recorded_load_goes_out_even_for_a_request_finished_before_it(model_di
         (req.request_id, 0, end, [7, 3, 9][:end])]
     assert meta.async_loads[0].token_ids == (PROMPT + [1])[:end * BLOCK]
     assert not c.build_connector_meta(SchedulerOutput.make_empty()).async_loads   # once
+
+
+def _hold_saver(w):
+    """Keeps the worker's save thread busy until the returned event is set: saves handed to it
+    meanwhile wait, as a slow put would."""
+    gate = threading.Event()
+    w._saver.submit(lambda _span, _link: gate.wait(10) and 0, None, None)
+    return gate
+
+
+def test_a_finished_request_keeps_its_blocks_until_its_saves_are_stored(model_dir, daemon):
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    views, kvc = kv_views(KVCacheLayout.LBHNC, seed=9)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+    pool = sched.kv_cache_manager.block_pool
+    free0 = pool.get_num_free_blocks()
+    gate = _hold_saver(w)
+    req = request(PROMPT, max_tokens=1)
+    sched.add_request(req)
+    out = step(sched, w, settle=False)                       # hands 3 blocks to the saver
+    kv_out = finish(sched, w, out)                           # samples its one token: finished
+    assert not kv_out.finished_sending
+    assert req.request_id in sched.requests                  # blocks held for the save
+    out = step(sched, w, settle=False)                       # tells the worker it finished
+    assert out.finished_req_ids == {req.request_id}
+    assert not w.get_transfer_results(out.finished_req_ids).finished_sending   # still saving
+    assert pool.get_num_free_blocks() < free0
+    with kvpool.Client(daemon.socket, namespace="vllm-test") as c:
+        assert c.lookup(_keys(model_dir, PROMPT[:48]), prefetch=False).hit_blocks == 0
+        gate.set()
+        assert w.wait_for_background(timeout=10.0)
+        assert c.lookup(_keys(model_dir, PROMPT[:48])).hit_blocks == 3
+    kv_out = finish(sched, w, out)
+    assert kv_out.finished_sending == {req.request_id}       # reported once stored
+    assert req.request_id not in sched.requests
+    assert pool.get_num_free_blocks() == free0
+    assert not finish(sched, w, step(sched, w)).finished_sending   # and only once
+
+
+def test_a_preempted_requests_save_reads_its_blocks_before_they_are_written_again(model_dir,
+                                                                                  daemon):
+    """Two requests decode in a KV cache too small for both: vLLM preempts one and hands its
+    blocks to the other. The save of the preempted one's prompt, still queued, finishes before
+    the step's forward (here: the test) writes those blocks; what kvpool holds is the KV the
+    prompt had."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    views, kvc = kv_views(KVCacheLayout.LHBNC, seed=10, num_blocks=8)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+    a, b = request(PROMPT, max_tokens=40), request([(t * 13) % 997 + 5 for t in range(40)],
+                                                   max_tokens=40)
+    sched.add_request(a)
+    sched.add_request(b)
+    gate = _hold_saver(w)                                    # every save stays queued
+    out = step(sched, w, settle=False)                       # both prefill: saves handed out
+    finish(sched, w, out)
+    blocks_b = list(sched.kv_cache_manager.get_block_ids(b.request_id)[0])
+    want = token_kv(views, blocks_b, 32).clone()             # B's two full prompt blocks
+    while True:                                              # decode until the cache is full
+        out = sched.schedule()
+        if out.preempted_req_ids:
+            break
+        forward(w, out, settle=False)
+        finish(sched, w, out)
+    assert out.preempted_req_ids == {b.request_id}
+    threading.Timer(0.5, gate.set).start()
+    forward(w, out, settle=False)                            # waits for B's save first
+    for blk in blocks_b[:2]:                                 # the forward writes B's old blocks
+        for v in views.values():
+            v[blk].fill_(7)
+    assert w.wait_for_background(timeout=10.0)
+    assert _keys_hit(model_dir, daemon, b.prompt_token_ids) == 2
+    views_c, kvc_c = kv_views(KVCacheLayout.BHLNC, seed=11)
+    cfg_c = make_config(model_dir, daemon.socket, secret=SECRET)
+    sched_c, w_c = scheduler(cfg_c, kvc_c), worker(cfg_c, kvc_c, views_c)
+    req = request(b.prompt_token_ids[:33])
+    sched_c.add_request(req)
+    new = admit(sched_c, w_c)[req.request_id]
+    assert new.num_computed_tokens == 32
+    assert torch.equal(token_kv(views_c, list(new.block_ids[0]), 32).view(torch.int16),
+                       want.view(torch.int16))
+
+
+def _keys_hit(model_dir, d, tokens):
+    with kvpool.Client(d.socket, namespace="vllm-test") as c:
+        return c.lookup(_keys(model_dir, tokens)).hit_blocks

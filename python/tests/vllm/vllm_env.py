@@ -34,9 +34,9 @@ _ids = itertools.count()
 def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "vllm-test",
                 model_id: str | None = None, block_size: int = BLOCK,
                 dtype: str = "bfloat16", max_batched_tokens: int = 2048,
-                load_async: bool = True) -> VllmConfig:
+                load_async: bool = True, save_async: bool = True) -> VllmConfig:
     extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 1.0,
-             "load_async": load_async}
+             "load_async": load_async, "save_async": save_async}
     if model_id is not None:
         extra["model_id"] = model_id
     return VllmConfig(
@@ -102,23 +102,27 @@ def request(tokens: list[int], max_tokens: int = 4) -> Request:
                    sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None)
 
 
-def step(sched: Scheduler, w: kvpool.vllm.KvpoolConnector):
-    """One scheduler step and the worker connector's part of the forward around it. Returns the
-    SchedulerOutput."""
+def step(sched: Scheduler, w: kvpool.vllm.KvpoolConnector, settle: bool = True):
+    """One scheduler step and the worker connector's part of the forward around it (`forward`).
+    Returns the SchedulerOutput."""
     out = sched.schedule()
-    forward(w, out)
+    forward(w, out, settle)
     return out
 
 
-def forward(w: kvpool.vllm.KvpoolConnector, out) -> None:
+def forward(w: kvpool.vllm.KvpoolConnector, out, settle: bool = True) -> None:
     """The worker connector's part of a step's forward (the model itself does not run): bind
-    metadata, load, save, unbind."""
+    metadata, load, save, unbind; then (settle) wait for the worker's background work, so what
+    the step stored is in kvpool on return."""
     w.bind_connector_metadata(out.kv_connector_metadata)
+    w.handle_preemptions(out.kv_connector_metadata)
     w.start_load_kv(None)
     for name in LAYER_NAMES:
         w.wait_for_layer_load(name)
     w.wait_for_save()
     w.clear_connector_metadata()
+    if settle:
+        assert w.wait_for_background(timeout=10.0), "background loads or saves hang"
 
 
 def loading(sched: Scheduler) -> set[str]:
@@ -136,14 +140,17 @@ def finish(sched: Scheduler, w: kvpool.vllm.KvpoolConnector, out, expect: set[st
     of every waiting request, and of `expect`, are reported done. Returns the KVConnectorOutput."""
     waiting = loading(sched) | set(expect)
     done: set[str] = set()
+    sent: set[str] = set()
     deadline = time.monotonic() + timeout
     while True:
-        done |= w.get_transfer_results(out.finished_req_ids).finished_recving
+        results = w.get_transfer_results(out.finished_req_ids)
+        done |= results.finished_recving
+        sent |= results.finished_sending
         if waiting <= done:
             break
         assert time.monotonic() < deadline, f"loads of {waiting - done} never finished"
         time.sleep(0.005)
-    kv_out = KVConnectorOutput(finished_recving=done or None,
+    kv_out = KVConnectorOutput(finished_recving=done or None, finished_sending=sent or None,
                                invalid_block_ids=w.get_block_ids_with_load_errors())
     ids = list(out.num_scheduled_tokens)
     sampled = [[1] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
