@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import torch
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
@@ -149,8 +150,7 @@ def main() -> int:
         model = model_dir(pathlib.Path(tmp))
         prompts = iter(prompt_of(n, i) for i in range(1 << 20))
         for mode in ("sync", "async"):
-            stalls, dones = [], []
-            for rep in range(args.reps + 1):   # the first is a warm-up
+            def store(rep: int) -> tuple[float, float]:
                 inst = Instance(model, d.socket, n + 2, mode == "async", seed=1)
                 out = inst.schedule(next(prompts), f"store-{mode}-{rep}")
                 t0 = time.perf_counter()
@@ -158,11 +158,10 @@ def main() -> int:
                 inst.worker.wait_for_background()
                 done = time.perf_counter() - t0
                 inst.worker.shutdown()
-                if rep:
-                    stalls.append(stall)
-                    dones.append(done)
-            figures[f"save_{mode}_stall_s"] = statistics.median(stalls)
-            figures[f"save_{mode}_done_s"] = statistics.median(dones)
+                return stall, done
+
+            figures[f"save_{mode}_stall_s"], figures[f"save_{mode}_done_s"] = medians(
+                store, args.reps)
         prompt = next(prompts)
         src = Instance(model, d.socket, n + 2, False, seed=1)
         src.forward(src.schedule(prompt, "store"))
@@ -182,8 +181,7 @@ def main() -> int:
             figures["bare_get_s"] = median_s(bare_get, args.reps)
             figures["copy_s"] = median_s(lambda: dst.copy_(staging), args.reps)
         for mode in ("sync", "async"):
-            stalls, dones = [], []
-            for rep in range(args.reps + 1):
+            def load(rep: int) -> tuple[float, float]:
                 inst = Instance(model, d.socket, n + 2, mode == "async", seed=2)
                 out = inst.schedule(prompt, f"{mode}-{rep}")
                 t0 = time.perf_counter()
@@ -192,11 +190,10 @@ def main() -> int:
                     inst.await_loaded(f"{mode}-{rep}")
                 done = time.perf_counter() - t0
                 inst.worker.shutdown()
-                if rep:
-                    stalls.append(stall)
-                    dones.append(done)
-            figures[f"load_{mode}_stall_s"] = statistics.median(stalls)
-            figures[f"load_{mode}_done_s"] = statistics.median(dones)
+                return stall, done
+
+            figures[f"load_{mode}_stall_s"], figures[f"load_{mode}_done_s"] = medians(
+                load, args.reps)
     print(f"kvpool.vllm, a prompt of {n} blocks x {block_bytes >> 20} MiB "
           f"({n * block_bytes / 2**20:.0f} MiB), median of {args.reps}:")
     for op in ("load", "save"):
@@ -212,6 +209,12 @@ def main() -> int:
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     return 0
+
+
+def medians(run: Callable[[int], tuple[float, float]], reps: int) -> tuple[float, float]:
+    """Medians of run(rep)'s two figures over reps runs, after one to warm up."""
+    figures = [run(rep) for rep in range(reps + 1)][1:]
+    return (statistics.median(f[0] for f in figures), statistics.median(f[1] for f in figures))
 
 
 def prompt_of(n: int, i: int) -> list[int]:
