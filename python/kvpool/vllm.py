@@ -171,24 +171,34 @@ class _Background:
         self._stream: Any = None   # made, and used, on the thread only
 
     def submit(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan,
-               after: Any) -> "concurrent.futures.Future[int]":
-        """Runs work(span, link) on the thread. `after`: None on the CPU; on a GPU, an event
-        that the thread's stream waits for first (what vLLM queued before)."""
+               device: torch.device, after: Any) -> "concurrent.futures.Future[int]":
+        """Runs work(span, link) on the thread, for the KV cache on `device`. `after`: None on
+        the CPU; on a GPU, an event that the thread's stream waits for first (what vLLM queued
+        before)."""
         if self._executor is None:
+            # On a GPU the thread works on the KV cache's device from its start: a thread left
+            # on device 0 would make a CUDA context there for every rank of another GPU.
+            cuda = device.type == "cuda"
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=self._name)
-        return self._executor.submit(self._run, work, span, after)
+                max_workers=1, thread_name_prefix=self._name,
+                initializer=torch.cuda.set_device if cuda else None,
+                initargs=(device,) if cuda else ())
+        return self._executor.submit(self._run, work, span, device, after)
 
-    def _run(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan, after: Any) -> int:
+    def _run(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan,
+             device: torch.device, after: Any) -> int:
         if after is None:
             return work(span, self.link)
         if self._stream is None:
-            self._stream = torch.cuda.Stream()
+            self._stream = torch.cuda.Stream(device)
         self._stream.wait_event(after)
-        with torch.cuda.stream(self._stream):
-            result = work(span, self.link)
-        self._stream.synchronize()   # the copies are done once the future is
-        return result
+        try:
+            with torch.cuda.stream(self._stream):
+                return work(span, self.link)
+        finally:
+            # The copies are done once the future is, also when the work raised halfway: vLLM
+            # may hand a failed load's blocks to another request at once.
+            self._stream.synchronize()
 
     def shutdown(self) -> None:
         if self._executor is not None:
@@ -283,6 +293,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._pending_load: dict[str, tuple[int, int]] = {}   # req_id -> (first, end) blocks
         self._async_loads: list[BlockSpan] = []   # allocated, for the next build_connector_meta
         self._loaded_end: dict[str, int] = {}     # req_id -> end of its asynchronous load
+        # req_id -> request.num_preemptions when its asynchronous load was handed out: asked
+        # again in that admission, the load failed from its first block (vLLM re-admits it).
+        self._load_admission: dict[str, int] = {}
         self._saving_reqs: set[str] = set()   # asynchronous saves handed out since admission
         # worker side
         self._kv_caches: list[torch.Tensor] = []
@@ -326,6 +339,10 @@ class KvpoolConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._disabled:
+            return 0, False
+        if self._load_admission.get(request.request_id) == request.num_preemptions:
+            # Its load failed from the first block: computed, not offered again (a load that
+            # fails every time, e.g. a worker that turned itself off, would loop forever).
             return 0, False
         prompt = list(request.prompt_token_ids or [])
         B = self._block_size
@@ -373,6 +390,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._async_loads.append(BlockSpan(req_id, prompt[:end * self._block_size], first, end,
                                            block_ids[first:end]))
         self._loaded_end[req_id] = end
+        self._load_admission[req_id] = request.num_preemptions
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = KvpoolConnectorMetadata()
@@ -432,6 +450,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._trackers.pop(req_id, None)
         self._pending_load.pop(req_id, None)
         self._loaded_end.pop(req_id, None)
+        self._load_admission.pop(req_id, None)
 
     def _add_save(self, meta: KvpoolConnectorMetadata, req_id: str, tr: _Tracker,
                   computed_after_step: int) -> None:
@@ -540,8 +559,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         if not meta.async_loads:
             return
         queued = self._queued_event()
+        device = self._kv_caches[0].device if self._kv_caches else torch.device("cpu")
         for span in meta.async_loads:
-            self._loading[self._loader.submit(self._load_span, span, queued)] = span
+            self._loading[self._loader.submit(self._load_span, span, device, queued)] = span
 
     def _queued_event(self) -> Any:
         """On a GPU, an event after everything vLLM queued so far on its stream (the zeroing
@@ -633,7 +653,8 @@ class KvpoolConnector(KVConnectorBase_V1):
             # vLLM holds its blocks until then.
             self._save_reqs.add(span.req_id)
             if not self._disabled and self._kv_caches:
-                self._saves[self._saver.submit(self._save_span, span, queued)] = span.req_id
+                self._saves[self._saver.submit(self._save_span, span, self._kv_caches[0].device,
+                                               queued)] = span.req_id
 
     def _save_span(self, span: BlockSpan, link: _Link) -> int:
         """Stores the span's blocks kvpool lacks through `link` (the calling thread's);

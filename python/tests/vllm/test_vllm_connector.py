@@ -16,12 +16,15 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import RequestStatus
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request, RequestStatus
 
 import kvpool
 import kvpool.vllm
-from vllm_env import (BLOCK, SECRET, admit, finish, forward, kv_config, kv_views, make_config,
-                      request, scheduler, step, token_kv, worker)
+from vllm_env import (BLOCK, NUM_BLOCKS, SECRET, admit, finish, forward, kv_config, kv_views,
+                      make_config, request, scheduler, step, token_kv, worker)
 
 LAYOUTS = list(KVCacheLayout)
 PROMPT = [(i * 7919 + 13) % 997 + 3 for i in range(50)]   # 3 full blocks + 2 tokens
@@ -272,12 +275,12 @@ def test_a_request_aborted_while_loading_keeps_its_blocks_until_the_load_ends(mo
     pool = sched.kv_cache_manager.block_pool
     sched.finish_requests(req.request_id, RequestStatus.FINISHED_ABORTED)
     held = pool.get_num_free_blocks()
+    assert held < NUM_BLOCKS - 1                              # the load's blocks stay taken
     forward(w, out)                                          # the load still runs
     kv_out = finish(sched, w, out, expect={req.request_id})
     assert kv_out.finished_recving == {req.request_id}
     assert req.request_id not in sched.requests
-    assert pool.get_num_free_blocks() > held                 # freed once reported
-    assert not admit(sched, w)                               # nothing left to schedule
+    assert pool.get_num_free_blocks() == NUM_BLOCKS - 1      # all free once reported
 
 
 @pytest.mark.parametrize("taken,end", [(48, 3), (20, 2)])
@@ -308,7 +311,7 @@ def _hold_saver(w):
     """Keeps the worker's save thread busy until the returned event is set: saves handed to it
     meanwhile wait, as a slow put would."""
     gate = threading.Event()
-    w._saver.submit(lambda _span, _link: gate.wait(10) and 0, None, None)
+    w._saver.submit(lambda _span, _link: gate.wait(10) and 0, None, torch.device("cpu"), None)
     return gate
 
 
@@ -387,3 +390,62 @@ def test_a_preempted_requests_save_reads_its_blocks_before_they_are_written_agai
 def _keys_hit(model_dir, d, tokens):
     with kvpool.Client(d.socket, namespace="vllm-test") as c:
         return c.lookup(_keys(model_dir, tokens)).hit_blocks
+
+
+def test_a_load_failing_from_its_first_block_every_time_is_computed_not_retried(model_dir,
+                                                                                 daemon):
+    """kvpool has the prompt, but this worker turned itself off (its KV dtype does not match
+    the scheduler's config), so every load fails from its first block. vLLM re-admits the
+    request, and the connector then offers nothing: it is computed (without that, vLLM would
+    look up and load again every step)."""
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    views, kvc = kv_views(KVCacheLayout.LBHNC, seed=12)
+    sched = scheduler(make_config(model_dir, daemon.socket, secret=SECRET), kvc)
+    w = worker(make_config(model_dir, daemon.socket, secret=SECRET, dtype="float16"), kvc, views)
+    req = request(PROMPT + [1])
+    sched.add_request(req)
+    for _ in range(3):
+        out = step(sched, w)
+        new = {r.req_id: r for r in out.scheduled_new_reqs}
+        if req.request_id in new:
+            break
+        kv_out = finish(sched, w, out)
+        assert kv_out.invalid_block_ids                      # the failed load, reported
+    assert new[req.request_id].num_computed_tokens == 0
+    assert out.num_scheduled_tokens[req.request_id] == len(PROMPT) + 1
+
+
+def test_a_load_after_a_local_prefix_hit_fills_the_blocks_after_it(model_dir, daemon):
+    """With vLLM's own prefix cache holding the prompt's first block, kvpool loads blocks 1-2
+    into the request's blocks 1-2 (not 0-1)."""
+    init_none_hash(sha256)
+    views_a, blocks_a, _ = _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    cfg.cache_config.enable_prefix_caching = True
+    views, kvc = kv_views(KVCacheLayout.BLHNC, seed=13)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+    first = _hashed(PROMPT[:16] + [999] * 10)               # computed here: block 0 cached
+    sched.add_request(first)
+    admit(sched, w)
+    # The blocks vLLM computed for `first` hold random KV in this test: make block 0 the
+    # stored prompt's, as a forward would have.
+    block0 = sched.kv_cache_manager.get_block_ids(first.request_id)[0][0]
+    for name, v in views.items():
+        v[block0].copy_(views_a[name][blocks_a[0]])
+    req = _hashed(PROMPT + [1])
+    sched.add_request(req)
+    out = step(sched, w)
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert [(s.first, s.end) for s in out.kv_connector_metadata.async_loads] == [(1, 3)]
+    new = admit(sched, w)[req.request_id]
+    assert new.num_computed_tokens == 48
+    assert new.block_ids[0][0] == block0                      # vLLM's own hit
+    assert torch.equal(token_kv(views, list(new.block_ids[0]), 48).view(torch.int16),
+                       token_kv(views_a, blocks_a, 48).view(torch.int16))
+
+
+def _hashed(tokens):
+    """A request carrying vLLM's block hasher, so its prefix cache can find it."""
+    return Request(request_id=f"hashed-{len(tokens)}-{tokens[-1]}", prompt_token_ids=list(tokens),
+                   sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+                   block_hasher=get_request_block_hasher(BLOCK, sha256))
