@@ -56,9 +56,12 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   them; with "fail", its default, it fails the request). Each outage is one warning on the
   "kvpool.vllm" logger. Each client uses a short timeout (2 s) and is made again after a
   failure, so a restarted daemon is found.
-- Only the first KV cache group (uniform full-attention models) and fp16/bf16/fp32 KV; for
-  anything else (hybrid models, fp8 KV, MLA) the connector disables itself with a warning and
-  every request is a miss.
+- Only one KV cache group of full attention (uniform models), fp16/bf16/fp32 KV and no
+  pipeline parallelism (a stage's layers are not in the layout string); for anything else
+  (hybrid or sliding-window models, fp8 KV, MLA, pipeline stages) the connector disables itself
+  with a warning and every request is a miss. A request whose KV depends on more than its
+  token ids (a LoRA adapter, images, prompt embeddings, a cache salt) is never looked up or
+  stored.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -263,6 +267,16 @@ class KvpoolConnector(KVConnectorBase_V1):
             self._disabled = "MLA models"
         elif kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) != 1:
             self._disabled = "more than one KV cache group (hybrid models)"
+        elif kv_cache_config is not None and (
+                type(kv_cache_config.kv_cache_groups[0].kv_cache_spec) is not FullAttentionSpec):
+            # Sliding-window or chunked-local attention frees a running request's blocks that
+            # left the window: a queued save could read them after their reuse.
+            spec = type(kv_cache_config.kv_cache_groups[0].kv_cache_spec).__name__
+            self._disabled = f"{spec} KV (kvpool.vllm: full attention only)"
+        elif int(getattr(pc, "pipeline_parallel_size", 1)) > 1:
+            # A stage holds some layers, and the layout string does not say which: two stages
+            # would store different KV under one key.
+            self._disabled = "pipeline parallelism"
         self._layouts: list[str] = []
         if self._disabled is None:
             self._layouts = [layout_for(model_id, self._dtype, self._layers, self._kv_heads,
@@ -293,6 +307,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._pending_load: dict[str, tuple[int, int]] = {}   # req_id -> (first, end) blocks
         self._async_loads: list[BlockSpan] = []   # allocated, for the next build_connector_meta
         self._loaded_end: dict[str, int] = {}     # req_id -> end of its asynchronous load
+        # Requests whose KV the token ids alone do not determine (LoRA, images, prompt
+        # embeddings, a cache salt): never looked up, never stored.
+        self._unkeyed: set[str] = set()
         # req_id -> request.num_preemptions when its asynchronous load was handed out: asked
         # again in that admission, the load failed from its first block (vLLM re-admits it).
         self._load_admission: dict[str, int] = {}
@@ -339,6 +356,9 @@ class KvpoolConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._disabled:
+            return 0, False
+        if _unkeyed(request):
+            self._unkeyed.add(request.request_id)
             return 0, False
         if self._load_admission.get(request.request_id) == request.num_preemptions:
             # Its load failed from the first block: computed, not offered again (a load that
@@ -407,6 +427,8 @@ class KvpoolConnector(KVConnectorBase_V1):
             return meta
         B = self._block_size
         for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self._unkeyed or _unkeyed(new):
+                continue
             prompt = list(new.prompt_token_ids or [])
             tr = _Tracker(prompt=prompt, block_ids=list(new.block_ids[0]),
                           saved_blocks=self._loaded_blocks(new.req_id, new.num_computed_tokens))
@@ -451,6 +473,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._pending_load.pop(req_id, None)
         self._loaded_end.pop(req_id, None)
         self._load_admission.pop(req_id, None)
+        self._unkeyed.discard(req_id)
 
     def _add_save(self, meta: KvpoolConnectorMetadata, req_id: str, tr: _Tracker,
                   computed_after_step: int) -> None:
@@ -467,12 +490,13 @@ class KvpoolConnector(KVConnectorBase_V1):
     def request_finished(self, request: "Request",
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._forget(request.request_id)
-        # With asynchronous saves in its past, the blocks stay until the workers report the
-        # request in finished_sending (its saves done).
-        if request.request_id in self._saving_reqs:
-            self._saving_reqs.discard(request.request_id)
-            return True, None
-        return False, None
+        had_saves = request.request_id in self._saving_reqs
+        self._saving_reqs.discard(request.request_id)
+        # With asynchronous saves handed out since its admission, the blocks stay until the
+        # workers report the request in finished_sending (its saves done). Not a request
+        # preempted since (no computed tokens, blocks already freed): the workers drop it when
+        # the preemption reaches them, in the same metadata as its end.
+        return had_saves and request.num_computed_tokens > 0, None
 
     # ==== worker side ====
 
@@ -621,20 +645,20 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._await_saves(kv_connector_metadata.preempted)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
-        # Also here: a step without a forward may not call handle_preemptions, and the next
-        # step's metadata no longer names the preempted requests.
+        # Also here, whichever hook a model runner calls first (vLLM 0.33's calls
+        # handle_preemptions first, also for a step without a forward).
         assert isinstance(connector_metadata, KvpoolConnectorMetadata)
         self._await_saves(connector_metadata.preempted)
         super().bind_connector_metadata(connector_metadata)
 
     def _await_saves(self, req_ids: set[str]) -> None:
-        if not req_ids or not self._saves:
+        """Waits for the saves of requests just preempted, then forgets them: the scheduler side
+        did too, so neither reports them when they end (only saves handed out after this)."""
+        if not req_ids:
             return
-        for future, req_id in list(self._saves.items()):
-            if req_id in req_ids:
-                concurrent.futures.wait([future])
-        # Preempted: from now on the request holds no blocks of those saves (nor reports them).
+        concurrent.futures.wait([f for f, r in self._saves.items() if r in req_ids])
         self._save_reqs -= req_ids
+        self._finished_saving -= req_ids
 
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
@@ -736,6 +760,15 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._loading.clear()
         self._saves.clear()
         self._link.close()
+
+
+def _unkeyed(request: Any) -> bool:
+    """True when a request's KV depends on more than its token ids, which is all kvpool's keys
+    hash here: a LoRA adapter, multimodal inputs, prompt embeddings, or a cache salt (vLLM's
+    tenant isolation). `request`: a vLLM Request or NewRequestData."""
+    return bool(getattr(request, "lora_request", None) or getattr(request, "mm_features", None)
+                or getattr(request, "prompt_embeds", None) is not None
+                or getattr(request, "cache_salt", None))
 
 
 def _flag(value: Any) -> bool:

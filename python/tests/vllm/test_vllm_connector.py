@@ -14,6 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.sampling_params import SamplingParams
@@ -449,3 +450,72 @@ def _hashed(tokens):
     return Request(request_id=f"hashed-{len(tokens)}-{tokens[-1]}", prompt_token_ids=list(tokens),
                    sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
                    block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+def test_preempted_resumed_from_kvpool_and_finished_requests_end_cleanly(model_dir, daemon):
+    """Two requests in a cache too small for both: one is preempted after its saves are done,
+    comes back through an asynchronous load of all its full blocks (so hands out no new save),
+    and both run to their end. Every block comes back and nothing is reported that vLLM does
+    not wait for (its scheduler asserts on that)."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    views, kvc = kv_views(KVCacheLayout.LHBNC, seed=14, num_blocks=8)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+    a = request(PROMPT, max_tokens=30)
+    b = request([(t * 13) % 997 + 5 for t in range(40)], max_tokens=36)
+    sched.add_request(a)
+    sched.add_request(b)
+    preempted, reloaded = set(), set()
+    for _ in range(150):
+        out = step(sched, w)
+        preempted |= out.preempted_req_ids or set()
+        reloaded |= {s.req_id for s in out.kv_connector_metadata.async_loads}
+        finish(sched, w, out)
+        if not sched.requests:
+            break
+    assert preempted and preempted <= reloaded
+    assert not sched.requests
+    finish(sched, w, step(sched, w))                        # their ends reach the worker
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 7
+
+
+def test_sliding_window_and_pipeline_stages_turn_the_connector_off(model_dir, daemon):
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    swa = kv_config()
+    swa.kv_cache_groups[0] = KVCacheGroupSpec(
+        swa.kv_cache_groups[0].layer_names,
+        SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.bfloat16,
+                          sliding_window=32))
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, swa)
+    assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
+    # Stage 0 of 2 holds layer 0: blocks of a one-layer layout, which stage 1 (layer 1) would
+    # compute too. They are there, and still not used.
+    cfg.parallel_config.pipeline_parallel_size = 2
+    stage = kvpool.vllm.layout_for(model_dir, torch.bfloat16, 1, 2, 16, BLOCK)
+    keys = kvpool.hash_chain(PROMPT[:48], secret=SECRET, layout=stage, tokens_per_block=BLOCK)
+    with kvpool.Client(daemon.socket, namespace="vllm-test") as client:
+        assert client.put(keys, [bytes(1 * 2 * BLOCK * 2 * 16 * 2)] * 3).all_ok()
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
+
+
+def test_a_salted_request_is_neither_looked_up_nor_stored(model_dir, daemon):
+    """vLLM's cache salt keeps tenants' prefixes apart; kvpool's keys here hash token ids only,
+    so such a request does not use kvpool (nor LoRA, multimodal or embedding requests)."""
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    views, kvc = kv_views(KVCacheLayout.LBHNC, seed=15)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+    salted = Request(request_id="salted", prompt_token_ids=PROMPT + [1],
+                     sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+                     cache_salt="tenant-a")
+    other = Request(request_id="salted-new", prompt_token_ids=[8] * 40,
+                    sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+                    cache_salt="tenant-a")
+    sched.add_request(salted)
+    sched.add_request(other)
+    out = step(sched, w)
+    new = {r.req_id: r for r in out.scheduled_new_reqs}
+    assert new["salted"].num_computed_tokens == 0            # kvpool's hit not used
+    assert not out.kv_connector_metadata.saves
+    assert _keys_hit(model_dir, daemon, [8] * 40) == 0       # nor stored
