@@ -27,6 +27,10 @@ if "KVPOOL_KVPOOLD" not in os.environ and (REPO / "build/daemon/kvpoold").exists
 
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+
+
 @pytest.fixture
 def daemon():
     with Daemon() as d:

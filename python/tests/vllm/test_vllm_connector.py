@@ -31,11 +31,11 @@ LAYOUTS = list(KVCacheLayout)
 PROMPT = [(i * 7919 + 13) % 997 + 3 for i in range(50)]   # 3 full blocks + 2 tokens
 
 
-def _store(model_dir, d, layout, tokens, seed=1, **cfg_kw):
+def _store(model_dir, d, layout, tokens, seed=1, device="cpu", **cfg_kw):
     """A vLLM instance whose forward "computed" `tokens`: one step stores their full blocks.
     Returns (views, block ids of the request, scheduler output)."""
     cfg = make_config(model_dir, d.socket, secret=SECRET, **cfg_kw)
-    views, kvc = kv_views(layout, seed=seed)
+    views, kvc = kv_views(layout, seed=seed, device=device)
     sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
     req = request(tokens)
     sched.add_request(req)
@@ -519,3 +519,23 @@ def test_a_salted_request_is_neither_looked_up_nor_stored(model_dir, daemon):
     assert new["salted"].num_computed_tokens == 0            # kvpool's hit not used
     assert not out.kv_connector_metadata.saves
     assert _keys_hit(model_dir, daemon, [8] * 40) == 0       # nor stored
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("background", [True, False], ids=["async", "sync"])
+def test_store_then_load_in_gpu_memory(model_dir, daemon, background):
+    """The paged KV in CUDA memory: staging on the device, get_into/put of CUDA tensors and,
+    in the background, the loader's and saver's own streams behind events on vLLM's."""
+    views_a, blocks_a, _ = _store(model_dir, daemon, KVCacheLayout.LHBNC, PROMPT, device="cuda",
+                                  save_async=background)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=background,
+                      save_async=background)
+    views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=16, device="cuda")
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
+    req = request(PROMPT + [1])
+    sched.add_request(req)
+    new = admit(sched, w)[req.request_id]
+    assert new.num_computed_tokens == 48
+    assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).cpu().view(torch.int16),
+                       token_kv(views_a, blocks_a, 48).cpu().view(torch.int16))

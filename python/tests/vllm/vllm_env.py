@@ -61,17 +61,18 @@ def spec(block_size: int = BLOCK, dtype: torch.dtype = torch.bfloat16) -> FullAt
 
 
 def kv_views(layout: KVCacheLayout, *, block_size: int = BLOCK, seed: int = 0,
-             num_blocks: int = NUM_BLOCKS, kernel_block_size: int | None = None):
-    """One flat int8 buffer viewed as vLLM's per-layer [B, H, N, C] caches in `layout`
-    (random bf16 contents), and the KVCacheConfig describing it. kernel_block_size: vLLM's
-    split of each block into smaller kernel blocks (the views then have N < block_size)."""
+             num_blocks: int = NUM_BLOCKS, kernel_block_size: int | None = None,
+             device: str = "cpu"):
+    """One flat int8 buffer on `device` viewed as vLLM's per-layer [B, H, N, C] caches in
+    `layout` (random bf16 contents), and the KVCacheConfig describing it. kernel_block_size:
+    vLLM's split of each block into smaller kernel blocks (the views then have N < block_size)."""
     s = spec(block_size)
     strides = compute_layout_strides(s, num_blocks, LAYERS, layout)  # manager-block strides
     size = s.page_size_bytes * num_blocks * LAYERS
     tensor = KVCacheTensor(size=size, layers=list(LAYER_NAMES), layer_stride=strides[0],
                            block_stride=strides[1])
     g = torch.Generator().manual_seed(seed)
-    raw = torch.randn(size // 2, generator=g).to(torch.bfloat16).view(torch.int8)
+    raw = torch.randn(size // 2, generator=g).to(torch.bfloat16).view(torch.int8).to(device)
     views = create_kv_cache_views(raw, s, num_blocks, layout, tensor,
                                   kernel_block_size=kernel_block_size)
     cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
