@@ -70,6 +70,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import re
+import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -82,6 +83,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 if TYPE_CHECKING:
@@ -93,7 +95,8 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-__all__ = ["KvpoolConnector", "KvpoolConnectorMetadata", "BlockSpan", "layout_for"]
+__all__ = ["KvpoolConnector", "KvpoolConnectorMetadata", "KvpoolConnectorStats", "BlockSpan",
+           "layout_for"]
 
 log = logging.getLogger("kvpool.vllm")
 
@@ -122,6 +125,44 @@ class KvpoolConnectorMetadata(KVConnectorMetadata):
     # Requests preempted (their blocks freed) since the last step: a save of theirs still
     # reading those blocks is waited for before the forward writes them again.
     preempted: set[str] = dataclasses.field(default_factory=set)
+
+
+# Counters of KvpoolConnectorStats: the scheduler side's lookups, the workers' loads and stores.
+_STAT_KEYS = ("lookups", "lookup_errors", "hit_tokens",
+              "loads", "blocks_loaded", "blocks_load_failed", "bytes_loaded", "load_seconds",
+              "stores", "blocks_stored", "bytes_stored", "store_seconds")
+
+
+class KvpoolConnectorStats(KVConnectorStats):
+    """What kvpool.vllm did in one interval, as counters (`_STAT_KEYS`). vLLM gathers them
+    from the scheduler and every worker each step (aggregate: sums) and logs reduce() with its
+    other statistics; an operator sees failed loads there (each one recomputed) beside
+    kvpoold's own metrics."""
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            self.reset()
+
+    def reset(self) -> None:
+        self.data = dict.fromkeys(_STAT_KEYS, 0)
+
+    def record(self, **counts: float) -> None:
+        for key, value in counts.items():
+            self.data[key] = self.data.get(key, 0) + value
+
+    def aggregate(self, other: KVConnectorStats) -> "KvpoolConnectorStats":
+        self.record(**other.data)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out = dict(self.data)
+        for op, moved in (("load", "bytes_loaded"), ("store", "bytes_stored")):
+            seconds = self.data.get(f"{op}_seconds", 0)
+            out[f"{op}_GBps"] = round(self.data.get(moved, 0) / seconds / 1e9, 3) if seconds else 0
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
 
 
 class _Link:
@@ -175,10 +216,10 @@ class _Background:
         self._stream: Any = None   # made, and used, on the thread only
 
     def submit(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan,
-               device: torch.device, after: Any) -> "concurrent.futures.Future[int]":
-        """Runs work(span, link) on the thread, for the KV cache on `device`. `after`: None on
-        the CPU; on a GPU, an event that the thread's stream waits for first (what vLLM queued
-        before)."""
+               device: torch.device, after: Any) -> "concurrent.futures.Future[tuple[int, float]]":
+        """Runs work(span, link) on the thread, for the KV cache on `device`; the future gives
+        its result and the seconds it took. `after`: None on the CPU; on a GPU, an event that
+        the thread's stream waits for first (what vLLM queued before)."""
         if self._executor is None:
             # On a GPU the thread works on the KV cache's device from its start: a thread left
             # on device 0 would make a CUDA context there for every rank of another GPU.
@@ -190,19 +231,21 @@ class _Background:
         return self._executor.submit(self._run, work, span, device, after)
 
     def _run(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan,
-             device: torch.device, after: Any) -> int:
+             device: torch.device, after: Any) -> tuple[int, float]:
+        t0 = time.perf_counter()
         if after is None:
-            return work(span, self.link)
+            return work(span, self.link), time.perf_counter() - t0
         if self._stream is None:
             self._stream = torch.cuda.Stream(device)
         self._stream.wait_event(after)
         try:
             with torch.cuda.stream(self._stream):
-                return work(span, self.link)
+                result = work(span, self.link)
         finally:
             # The copies are done once the future is, also when the work raised halfway: vLLM
             # may hand a failed load's blocks to another request at once.
             self._stream.synchronize()
+        return result, time.perf_counter() - t0
 
     def shutdown(self) -> None:
         if self._executor is not None:
@@ -325,6 +368,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._saves: dict[concurrent.futures.Future[int], str] = {}   # -> req_id
         self._save_reqs: set[str] = set()       # requests with saves handed to the saver
         self._finished_saving: set[str] = set()   # of those, finished in vLLM: report when done
+        self._stats = KvpoolConnectorStats()   # since the last get_kv_connector_stats
 
     # ---- config ----
 
@@ -379,9 +423,11 @@ class KvpoolConnector(KVConnectorBase_V1):
                     break
         except Exception as e:  # noqa: BLE001 - any failure is a miss
             self._link.failed("lookup", e)
+            self._stats.record(lookups=1, lookup_errors=1)
             return 0, False
         self._link.answered()
         matched = hit * B
+        self._stats.record(lookups=1, hit_tokens=max(matched - num_computed_tokens, 0))
         if matched <= num_computed_tokens:
             return 0, False
         self._pending_load[request.request_id] = (num_computed_tokens // B, hit)
@@ -577,9 +623,8 @@ class KvpoolConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvpoolConnectorMetadata)
         for span in meta.loads:
-            good = self._load_span(span, self._link)
-            if good < len(span.block_ids):
-                self._load_errors.update(span.block_ids[good:])
+            t0 = time.perf_counter()
+            self._loaded(span, self._load_span(span, self._link), time.perf_counter() - t0)
         if not meta.async_loads:
             return
         queued = self._queued_event()
@@ -669,7 +714,8 @@ class KvpoolConnector(KVConnectorBase_V1):
             if self._disabled or not self._kv_caches:
                 return
             for span in meta.saves:
-                self._save_span(span, self._link)
+                t0 = time.perf_counter()
+                self._stored(self._save_span(span, self._link), time.perf_counter() - t0)
             return
         queued = self._queued_event()
         for span in meta.saves:
@@ -720,7 +766,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         for future in [f for f in self._saves if f.done()]:
             req_id = self._saves.pop(future)
             try:
-                future.result()
+                self._stored(*future.result())
             except Exception:  # noqa: BLE001 - a bug in the save: those blocks are not stored
                 log.exception("kvpool.vllm: storing request %s failed; skipped", req_id)
         self._finished_saving |= set(finished_req_ids) & self._save_reqs
@@ -729,20 +775,42 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._save_reqs -= done
         return done
 
+    def _stored(self, blocks: int, seconds: float) -> None:
+        self._stats.record(stores=1, blocks_stored=blocks, bytes_stored=blocks * self.block_bytes,
+                           store_seconds=seconds)
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """This side's counters since the last call (None when nothing happened)."""
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, KvpoolConnectorStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KVConnectorStats | None:
+        return KvpoolConnectorStats(data=dict(data or {}))
+
     def _finished_loads(self) -> set[str]:
         done: set[str] = set()
         for future in [f for f in self._loading if f.done()]:
             span = self._loading.pop(future)
             try:
-                good = future.result()
+                good, seconds = future.result()
             except Exception:  # noqa: BLE001 - a bug in the load: its blocks are recomputed
                 log.exception("kvpool.vllm: loading request %s failed; recomputed",
                               span.req_id)
-                good = 0
-            if good < len(span.block_ids):
-                self._load_errors.update(span.block_ids[good:])
+                good, seconds = 0, 0.0
+            self._loaded(span, good, seconds)
             done.add(span.req_id)
         return done
+
+    def _loaded(self, span: BlockSpan, good: int, seconds: float) -> None:
+        """A load of `span` ended with its first `good` blocks in the paged KV."""
+        if good < len(span.block_ids):
+            self._load_errors.update(span.block_ids[good:])
+        self._stats.record(loads=1, blocks_loaded=good, bytes_loaded=good * self.block_bytes,
+                           blocks_load_failed=len(span.block_ids) - good, load_seconds=seconds)
 
     def wait_for_background(self, timeout: float | None = None) -> bool:
         """Blocks until every load and save handed to the background threads so far is done

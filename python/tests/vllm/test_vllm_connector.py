@@ -539,3 +539,32 @@ def test_store_then_load_in_gpu_memory(model_dir, daemon, background):
     assert new.num_computed_tokens == 48
     assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).cpu().view(torch.int16),
                        token_kv(views_a, blocks_a, 48).cpu().view(torch.int16))
+
+
+def test_connector_stats_count_lookups_loads_and_stores(model_dir, daemon):
+    """What vLLM gathers each step (get_kv_connector_stats on the scheduler and every worker,
+    summed through build_kv_connector_stats / aggregate) and logs (reduce)."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    views_a, kvc = kv_views(KVCacheLayout.LBHNC, seed=17)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_a)
+    sched.add_request(request(PROMPT))
+    finish(sched, w, step(sched, w))
+    stored = w.get_kv_connector_stats()
+    assert stored.reduce()["blocks_stored"] == 3 and stored.reduce()["stores"] == 1
+    assert w.get_kv_connector_stats() is None                 # counted once
+
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (48, True)
+    looked = c.get_kv_connector_stats().reduce()              # (vLLM's scheduler asks itself)
+    assert looked["lookups"] == 1 and looked["hit_tokens"] == 48
+    views_b, kvc_b = kv_views(KVCacheLayout.BHLNC, seed=18)
+    sched_b, w_b = scheduler(cfg, kvc_b), worker(cfg, kvc_b, views_b)
+    req = request(PROMPT + [1])
+    sched_b.add_request(req)
+    assert admit(sched_b, w_b)[req.request_id].num_computed_tokens == 48
+    loaded = w_b.get_kv_connector_stats()
+    assert loaded.reduce()["blocks_loaded"] == 3 and loaded.reduce()["blocks_load_failed"] == 0
+    assert loaded.reduce()["bytes_loaded"] == 3 * w_b.block_bytes
+    total = kvpool.vllm.KvpoolConnector.build_kv_connector_stats(stored.data).aggregate(loaded)
+    assert total.reduce()["blocks_stored"] == 3 and total.reduce()["blocks_loaded"] == 3
+    assert total.reduce()["load_GBps"] > 0
