@@ -77,7 +77,8 @@ import torch
 
 import kvpool
 from kvpool._options import client_kwargs
-from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
+from kvpool._outage import KVPOOL_FAILURES, OutageLog
+from kvpool._transfer import Link, TransferThread
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -163,95 +164,6 @@ class KvpoolConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
-
-
-class _Link:
-    """One thread's kvpool client, made on first use and dropped after a failure (so the next
-    call connects again and finds a restarted daemon), each outage logged once; and the
-    thread's staging buffer."""
-
-    def __init__(self, factory: Callable[[], kvpool.Client], outage: OutageLog) -> None:
-        self._factory = factory
-        self._client: kvpool.Client | None = None
-        self._outage = outage
-        self._staging: torch.Tensor | None = None
-
-    def client(self) -> kvpool.Client:
-        if self._client is None:
-            self._client = self._factory()
-        return self._client
-
-    def failed(self, what: str, e: BaseException) -> None:
-        self.close()
-        self._outage.failed(what, e)
-
-    def answered(self) -> None:
-        self._outage.answered()
-
-    def close(self) -> None:
-        close_quietly(self._client)
-        self._client = None
-
-    def staging(self, shape: tuple[int, ...], dtype: torch.dtype,
-                device: torch.device) -> torch.Tensor:
-        """A tensor of `shape` over this thread's staging memory, kept from call to call (a
-        fresh one would fault in every page again on the host: a third of a load's time)."""
-        numel = 1
-        for d in shape:
-            numel *= d
-        buf = self._staging
-        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
-            buf = self._staging = torch.empty(numel, dtype=dtype, device=device)
-        return buf[:numel].view(shape)
-
-
-class _Background:
-    """One background thread of a worker connector (loads, or saves), with a kvpool link of its
-    own and, on a GPU, a CUDA stream of its own: work runs there in submission order."""
-
-    def __init__(self, name: str, factory: Callable[[], kvpool.Client], outage: OutageLog):
-        self.link = _Link(factory, outage)
-        self._name = name
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._stream: Any = None   # made, and used, on the thread only
-
-    def submit(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan,
-               device: torch.device, after: Any) -> "concurrent.futures.Future[tuple[int, float]]":
-        """Runs work(span, link) on the thread, for the KV cache on `device`; the future gives
-        its result and the seconds it took. `after`: None on the CPU; on a GPU, an event that
-        the thread's stream waits for first (what vLLM queued before)."""
-        if self._executor is None:
-            # On a GPU the thread works on the KV cache's device from its start: a thread left
-            # on device 0 would make a CUDA context there for every rank of another GPU.
-            cuda = device.type == "cuda"
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=self._name,
-                initializer=torch.cuda.set_device if cuda else None,
-                initargs=(device,) if cuda else ())
-        return self._executor.submit(self._run, work, span, device, after)
-
-    def _run(self, work: Callable[[BlockSpan, _Link], int], span: BlockSpan,
-             device: torch.device, after: Any) -> tuple[int, float]:
-        t0 = time.perf_counter()
-        if after is None:
-            return work(span, self.link), time.perf_counter() - t0
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device)
-        self._stream.wait_event(after)
-        try:
-            with torch.cuda.stream(self._stream):
-                result = work(span, self.link)
-        finally:
-            # The copies are done once the future is, also when the work raised halfway: vLLM
-            # may hand a failed load's blocks to another request at once.
-            self._stream.synchronize()
-        return result, time.perf_counter() - t0
-
-    def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
-        self.link.close()
 
 
 @dataclasses.dataclass
@@ -342,7 +254,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             reach = client_kwargs(extra)
             factory = lambda: kvpool.Client(address, namespace=namespace,  # noqa: E731
                                             timeout=timeout, connect_timeout=timeout, **reach)
-        self._link = _Link(factory, OutageLog(log, "kvpool.vllm", "misses"))
+        self._link = Link(factory, OutageLog(log, "kvpool.vllm", "misses"))
         self._load_async = _flag(extra.get("load_async", True))
         self._save_async = _flag(extra.get("save_async", True))
         # scheduler side
@@ -360,12 +272,12 @@ class KvpoolConnector(KVConnectorBase_V1):
         # worker side
         self._kv_caches: list[torch.Tensor] = []
         self._load_errors: set[int] = set()
-        self._loader = _Background("kvpool-vllm-load", factory,
+        self._loader = TransferThread("kvpool-vllm-load", factory,
                                    OutageLog(log, "kvpool.vllm", "misses (loads)"))
-        self._loading: dict[concurrent.futures.Future[int], BlockSpan] = {}
-        self._saver = _Background("kvpool-vllm-save", factory,
+        self._loading: dict[concurrent.futures.Future[tuple[int, float]], BlockSpan] = {}
+        self._saver = TransferThread("kvpool-vllm-save", factory,
                                   OutageLog(log, "kvpool.vllm", "stores skipped"))
-        self._saves: dict[concurrent.futures.Future[int], str] = {}   # -> req_id
+        self._saves: dict[concurrent.futures.Future[tuple[int, float]], str] = {}   # -> req_id
         self._save_reqs: set[str] = set()       # requests with saves handed to the saver
         self._finished_saving: set[str] = set()   # of those, finished in vLLM: report when done
         self._stats = KvpoolConnectorStats()   # since the last get_kv_connector_stats
@@ -642,7 +554,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         event.record(torch.cuda.current_stream(self._kv_caches[0].device))
         return event
 
-    def _load_span(self, span: BlockSpan, link: _Link) -> int:
+    def _load_span(self, span: BlockSpan, link: Link) -> int:
         """Loads the span's blocks through `link` (the calling thread's), a chunk at a time
         through its staging buffer; returns how many from the span's start were loaded."""
         if self._disabled or not self._kv_caches or span.end <= span.first:
@@ -726,7 +638,7 @@ class KvpoolConnector(KVConnectorBase_V1):
                 self._saves[self._saver.submit(self._save_span, span, self._kv_caches[0].device,
                                                queued)] = span.req_id
 
-    def _save_span(self, span: BlockSpan, link: _Link) -> int:
+    def _save_span(self, span: BlockSpan, link: Link) -> int:
         """Stores the span's blocks kvpool lacks through `link` (the calling thread's);
         returns how many were stored."""
         keys = self._keys(span.token_ids)

@@ -312,7 +312,7 @@ def _hold_saver(w):
     """Keeps the worker's save thread busy until the returned event is set: saves handed to it
     meanwhile wait, as a slow put would."""
     gate = threading.Event()
-    w._saver.submit(lambda _span, _link: gate.wait(10) and 0, None, torch.device("cpu"), None)
+    w._saver.submit(lambda _item, _link: gate.wait(10) and 0, None, torch.device("cpu"), None)
     return gate
 
 
