@@ -21,21 +21,12 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 
+from bench_timing import median_s   # bench/ is the script's directory
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def median_s(fn, reps):
-    fn()  # warm: page faults of the destination, leases, mappings
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def load_lib():

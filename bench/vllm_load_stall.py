@@ -49,6 +49,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 import kvpool
 import kvpool.vllm
+from bench_timing import median_s   # bench/ is the script's directory
 from kvpool.testing import Daemon
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 32, 8, 128, 16   # Llama-3-8B's KV shape
@@ -237,16 +238,6 @@ def medians(run: Callable[[int], tuple[float, float]], reps: int) -> tuple[float
 def prompt_of(n: int, i: int) -> list[int]:
     """A prompt of n full blocks and one token, its own for each i."""
     return [(t * 7919 + 13 + i * 104729) % 32000 + 3 for t in range(n * BLOCK + 1)]
-
-
-def median_s(fn, reps: int) -> float:
-    fn()   # warm: page faults, mappings
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 if __name__ == "__main__":
