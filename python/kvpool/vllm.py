@@ -45,8 +45,8 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   puts the ones kvpool lacks (put-if-absent, lookup first). A request that had saves handed out
   keeps its blocks past its end (request_finished answers True) until every worker reports it in
   finished_sending; a preempted request's saves are waited for in handle_preemptions (and in
-  bind_connector_metadata, for a step without a forward) before the forward can write its freed
-  blocks. With "save_async": false, wait_for_save stores before it returns.
+  bind_connector_metadata, whichever a model runner calls first) before the forward can write
+  its freed blocks. With "save_async": false, wait_for_save stores before it returns.
 - A load reads every block (verified: OK and exactly the layout's size) and scatters the good
   prefix. Each kvpool call moves at most 32 MiB through a staging buffer that each thread keeps.
   save_kv_layer and wait_for_layer_load have nothing to do.
@@ -383,7 +383,6 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._saving_reqs -= meta.preempted
         if self._disabled:
             return meta
-        B = self._block_size
         for new in scheduler_output.scheduled_new_reqs:
             if new.req_id in self._unkeyed or _unkeyed(new):
                 continue
@@ -391,12 +390,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             tr = _Tracker(prompt=prompt, block_ids=list(new.block_ids[0]),
                           saved_blocks=self._loaded_blocks(new.req_id, new.num_computed_tokens))
             self._trackers[new.req_id] = tr
-            load = self._pending_load.pop(new.req_id, None)
-            if load is not None:
-                first, end = load
-                meta.loads.append(BlockSpan(new.req_id, prompt[:end * B], first, end,
-                                            tr.block_ids[first:end]))
-                tr.saved_blocks = end
+            self._add_load(meta, new.req_id, tr)
             self._add_save(meta, new.req_id, tr, new.num_computed_tokens
                            + scheduler_output.num_scheduled_tokens[new.req_id])
         cached = scheduler_output.scheduled_cached_reqs
@@ -408,17 +402,22 @@ class KvpoolConnector(KVConnectorBase_V1):
             if req_id in cached.resumed_req_ids:   # preempted: new_block_ids are all of them
                 tr.block_ids = list(new_ids[0]) if new_ids else []
                 tr.saved_blocks = self._loaded_blocks(req_id, cached.num_computed_tokens[i])
-                load = self._pending_load.pop(req_id, None)
-                if load is not None:
-                    first, end = load
-                    meta.loads.append(BlockSpan(req_id, tr.prompt[:end * B], first, end,
-                                                tr.block_ids[first:end]))
-                    tr.saved_blocks = end
+                self._add_load(meta, req_id, tr)
             elif new_ids:
                 tr.block_ids.extend(new_ids[0])
             self._add_save(meta, req_id, tr, cached.num_computed_tokens[i]
                            + scheduler_output.num_scheduled_tokens[req_id])
         return meta
+
+    def _add_load(self, meta: KvpoolConnectorMetadata, req_id: str, tr: _Tracker) -> None:
+        """The synchronous load get_num_new_matched_tokens offered the request, if any, now that
+        it is scheduled and its blocks are known."""
+        load = self._pending_load.pop(req_id, None)
+        if load is not None:
+            first, end = load
+            meta.loads.append(BlockSpan(req_id, tr.prompt[:end * self._block_size], first, end,
+                                        tr.block_ids[first:end]))
+            tr.saved_blocks = end
 
     def _loaded_blocks(self, req_id: str, num_computed_tokens: int) -> int:
         """Blocks of a request scheduled after its asynchronous load that came from kvpool (so
@@ -487,11 +486,12 @@ class KvpoolConnector(KVConnectorBase_V1):
                  + torch.arange(self._block_size, dtype=torch.int64)[None, :]).flatten()
         return (slots // view_tokens).to(device), (slots % view_tokens).to(device)
 
-    def _staging_shape(self, n: int) -> tuple[int, ...]:
-        """n blocks [n, layers, 2, B, H, D], kvpool's payload layout. The staging buffer is
-        where the KV cache is: on a GPU the blocks move between it and kvpool's shared memory
-        by one copy each, with no host buffer."""
-        return (n, self._layers, 2, self._block_size, self._kv_heads, self._head_dim)
+    def _staging(self, link: Link, n: int) -> torch.Tensor:
+        """Room for n blocks [n, layers, 2, B, H, D] (kvpool's payload layout) in `link`'s
+        staging buffer, where the KV cache is: on a GPU the blocks move between it and
+        kvpool's shared memory by one copy each, with no host buffer."""
+        return link.staging((n, self._layers, 2, self._block_size, self._kv_heads,
+                             self._head_dim), self._dtype, self._kv_caches[0].device)
 
     @staticmethod
     def _block_buffers(staging: torch.Tensor) -> list[Any]:
@@ -563,8 +563,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         good = 0
         while good < len(keys):
             n = min(self._chunk_blocks, len(keys) - good)
-            staging = link.staging(self._staging_shape(n), self._dtype,
-                                   self._kv_caches[0].device)
+            staging = self._staging(link, n)
             try:
                 results = link.client().get_into(keys[good:good + n],
                                                  self._block_buffers(staging))
@@ -649,8 +648,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             i = max(have, span.first)
             while i < span.end:
                 n = min(self._chunk_blocks, span.end - i)
-                staging = link.staging(self._staging_shape(n), self._dtype,
-                                       self._kv_caches[0].device)
+                staging = self._staging(link, n)
                 self._gather(span.block_ids[i - span.first:i - span.first + n], staging)
                 r = client.put(keys[i:i + n], self._block_buffers(staging),
                                parent=keys[i - 1] if i else None)

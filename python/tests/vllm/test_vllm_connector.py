@@ -17,10 +17,9 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import RequestStatus
 
 import kvpool
 import kvpool.vllm
@@ -447,9 +446,7 @@ def test_a_load_after_a_local_prefix_hit_fills_the_blocks_after_it(model_dir, da
 
 def _hashed(tokens):
     """A request carrying vLLM's block hasher, so its prefix cache can find it."""
-    return Request(request_id=f"hashed-{len(tokens)}-{tokens[-1]}", prompt_token_ids=list(tokens),
-                   sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
-                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+    return request(tokens, block_hasher=get_request_block_hasher(BLOCK, sha256))
 
 
 def test_preempted_resumed_from_kvpool_and_finished_requests_end_cleanly(model_dir, daemon):
@@ -506,17 +503,13 @@ def test_a_salted_request_is_neither_looked_up_nor_stored(model_dir, daemon):
     cfg = make_config(model_dir, daemon.socket, secret=SECRET)
     views, kvc = kv_views(KVCacheLayout.LBHNC, seed=15)
     sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
-    salted = Request(request_id="salted", prompt_token_ids=PROMPT + [1],
-                     sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
-                     cache_salt="tenant-a")
-    other = Request(request_id="salted-new", prompt_token_ids=[8] * 40,
-                    sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
-                    cache_salt="tenant-a")
+    salted = request(PROMPT + [1], cache_salt="tenant-a")
+    other = request([8] * 40, cache_salt="tenant-a")
     sched.add_request(salted)
     sched.add_request(other)
     out = step(sched, w)
     new = {r.req_id: r for r in out.scheduled_new_reqs}
-    assert new["salted"].num_computed_tokens == 0            # kvpool's hit not used
+    assert new[salted.request_id].num_computed_tokens == 0   # kvpool's hit not used
     assert not out.kv_connector_metadata.saves
     assert _keys_hit(model_dir, daemon, [8] * 40) == 0       # nor stored
 

@@ -98,9 +98,11 @@ def worker(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
     return w
 
 
-def request(tokens: list[int], max_tokens: int = 4) -> Request:
+def request(tokens: list[int], max_tokens: int = 4, **kw) -> Request:
+    """A vLLM Request for `tokens`; `kw` go to Request (block_hasher, cache_salt, ...)."""
     return Request(request_id=f"req-{next(_ids)}", prompt_token_ids=list(tokens),
-                   sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None)
+                   sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None,
+                   **kw)
 
 
 def step(sched: Scheduler, w: kvpool.vllm.KvpoolConnector, settle: bool = True):
