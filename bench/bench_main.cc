@@ -94,6 +94,10 @@ DEFINE_uint32(busy_poll_us, 0,
               "Busy-poll window of every kvpool connection (ClientOptions::busy_poll) and of the "
               "started daemon's I/O threads (--io_busy_poll_us): each side spins this long for "
               "the other before it sleeps. 0: both sleep at once.");
+DEFINE_bool(fresh_connections, false,
+            "Connect each kvpool bench thread anew for every phase, instead of keeping its "
+            "connection (and its mappings of the host segments) from phase to phase as an "
+            "engine's worker does.");
 DEFINE_string(daemon_cpus, "",
               "With --pin: CPUs of the daemon. Default: first half of the "
               "allowed CPUs.");
@@ -336,6 +340,7 @@ Figure Bench::NewFigure(const BenchSystem& sys, const std::string& op, uint64_t 
   f.extra["latency"] = "per call";
   f.extra["pin"] = c_.pin.description;
   f.extra["busy_poll_us"] = FLAGS_busy_poll_us;
+  f.extra["fresh_connections"] = FLAGS_fresh_connections;
   f.extra["run"] = c_.run_secret.substr(0, 8);
   return f;
 }
@@ -1053,7 +1058,7 @@ int Main(const std::string& command) {
   for (DataPath p : config->paths) {
     systems.push_back(std::make_unique<KvpoolSystem>(
         p == DataPath::kUcx ? ucx_address : address, FLAGS_namespace_name, p,
-        std::chrono::microseconds(FLAGS_busy_poll_us)));
+        std::chrono::microseconds(FLAGS_busy_poll_us), FLAGS_fresh_connections));
   }
   Bench bench(*config, std::move(systems));
   Status st = bench.RunAll();

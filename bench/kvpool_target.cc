@@ -25,9 +25,16 @@ ClientOptions Options(const std::string& address, const std::string& ns, int thr
   return o;
 }
 
+}  // namespace
+
 class KvpoolTarget : public BenchTarget {
  public:
-  explicit KvpoolTarget(std::unique_ptr<Client> client) : client_(std::move(client)) {}
+  KvpoolTarget(KvpoolSystem& system, int thread_index, std::unique_ptr<Client> client)
+      : system_(system), thread_index_(thread_index), client_(std::move(client)) {}
+  ~KvpoolTarget() override {
+    (void)borrowed_.Release();
+    system_.Keep(thread_index_, std::move(client_));
+  }
 
   // BenchTarget
   Status Put(std::span<const BenchBlock> blocks) override {
@@ -86,20 +93,29 @@ class KvpoolTarget : public BenchTarget {
   uint64_t slow_tier_hits() const override { return slow_hits_; }
 
  private:
+  KvpoolSystem& system_;
+  const int thread_index_;
   std::unique_ptr<Client> client_;
   BorrowedBlocks borrowed_;     // the last Borrow's, until ReleaseBorrowed
   std::vector<PutBlock> puts_;  // reused so a put allocates nothing per call
   uint64_t slow_hits_ = 0;
 };
 
-}  // namespace
-
 KvpoolSystem::KvpoolSystem(std::string address, std::string namespace_name, DataPath data_path,
-                           std::chrono::microseconds busy_poll)
+                           std::chrono::microseconds busy_poll, bool fresh_connections)
     : address_(std::move(address)),
       namespace_name_(std::move(namespace_name)),
       data_path_(data_path),
-      busy_poll_(busy_poll) {}
+      busy_poll_(busy_poll),
+      fresh_connections_(fresh_connections) {}
+
+KvpoolSystem::~KvpoolSystem() = default;
+
+void KvpoolSystem::Keep(int thread_index, std::unique_ptr<Client> client) {
+  if (fresh_connections_ || client == nullptr) return;
+  std::lock_guard<std::mutex> lock(idle_mu_);
+  idle_[thread_index] = std::move(client);
+}
 
 Result<DataPath> KvpoolSystem::ParsePath(const std::string& name) {
   if (name == "socket") return DataPath::kSocket;
@@ -120,6 +136,15 @@ std::string KvpoolSystem::path() const {
 }
 
 Result<std::unique_ptr<BenchTarget>> KvpoolSystem::NewTarget(int thread_index) {
+  {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    auto kept = idle_.find(thread_index);
+    if (kept != idle_.end()) {
+      std::unique_ptr<Client> c = std::move(kept->second);
+      idle_.erase(kept);
+      return std::unique_ptr<BenchTarget>(new KvpoolTarget(*this, thread_index, std::move(c)));
+    }
+  }
   KVPOOL_ASSIGN_OR_RETURN(
       std::unique_ptr<Client> c,
       Client::Connect(Options(address_, namespace_name_, thread_index, data_path_, busy_poll_)));
@@ -133,7 +158,7 @@ Result<std::unique_ptr<BenchTarget>> KvpoolSystem::NewTarget(int thread_index) {
     return Status::FailedPrecondition("asked for the " + path() + " path but the connection " +
                                       (ucx ? "uses" : "does not use") + " UCX");
   }
-  return std::unique_ptr<BenchTarget>(new KvpoolTarget(std::move(c)));
+  return std::unique_ptr<BenchTarget>(new KvpoolTarget(*this, thread_index, std::move(c)));
 }
 
 Status KvpoolSystem::EnsureAdmin() {

@@ -1,7 +1,7 @@
 // GpuTier over the device double of tests/support/fake_device.h: slots in namespace-owned
-// segments of device memory, copies in and out byte exact, quotas, and the isolation rule: a
-// segment is renewed (fresh, zeroed memory, new generation) before another namespace gets it, and
-// a descriptor exported before that still reaches only the old memory.
+// segments of device memory, copies in and out byte exact, quotas, and the isolation rule: an
+// emptied segment is renewed (fresh, zeroed memory, new generation) before another namespace gets
+// it, and a descriptor exported before that still reaches only the old memory.
 
 #include "tiers/gpu_tier.h"
 
@@ -116,10 +116,12 @@ TEST_F(GpuTierTest, SegmentsAreExportedOnlyToTheirOwnerAndRenewedBeforeReuse) {
   close(*fd);
   EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(old_map) + loc.offset, secret.data(), 8192), 0);
 
-  tier_.Free(*a);  // the segment empties: renewed
-  auto stale = tier_.ExportSegment(loc.segment, loc.generation, 1, false);
-  EXPECT_EQ(stale.status().code(), StatusCode::kNotFound);
-  // Namespace 2 now gets fresh, zeroed memory, maybe the same segment.
+  tier_.Free(*a);  // the segment empties: vacant, still namespace 1's
+  auto vacant = tier_.ExportSegment(loc.segment, loc.generation, 1, false);
+  ASSERT_TRUE(vacant.ok()) << vacant.status().ToString();
+  close(*vacant);
+  // Four other namespaces take every segment, namespace 1's among them: each gets fresh, zeroed
+  // memory, and namespace 1's descriptor of the old generation is refused.
   std::vector<MemorySlot> b;
   for (int i = 0; i < 4; ++i) {
     auto s = tier_.Allocate(/*ns=*/2 + i, kSegment);
@@ -128,6 +130,8 @@ TEST_F(GpuTierTest, SegmentsAreExportedOnlyToTheirOwnerAndRenewedBeforeReuse) {
     Fill(*s, std::vector<uint8_t>(kSegment, 0xEE));
     b.push_back(*s);
   }
+  auto stale = tier_.ExportSegment(loc.segment, loc.generation, 1, false);
+  EXPECT_EQ(stale.status().code(), StatusCode::kNotFound);
   // Namespace 1's old mapping still shows its own old bytes, none of the new owners'.
   EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(old_map) + loc.offset, secret.data(), 8192), 0);
   munmap(old_map, kSegment);

@@ -222,7 +222,9 @@ TEST(HostTierTest, ReturnsEmptySegmentToPool) {
   EXPECT_EQ(tier->OwnerOf(seg_start), 1u);
   tier->Free(b);
   EXPECT_EQ(tier->GetStats().free_segments, 8u);
-  EXPECT_EQ(tier->OwnerOf(seg_start), kNoNamespace);
+  EXPECT_EQ(tier->GetStats().vacant_segments, 1u);
+  EXPECT_EQ(tier->OwnerOf(seg_start), 1u);  // vacant: still its memory
+  EXPECT_EQ(tier->SegmentsOf(1), 0u);
 
   // Another namespace can now take every segment, that one included.
   std::set<uint64_t> taken;
@@ -233,6 +235,72 @@ TEST(HostTierTest, ReturnsEmptySegmentToPool) {
   }
   EXPECT_EQ(taken.size(), 8u);
   EXPECT_TRUE(taken.count(seg_start / kSegment));
+  EXPECT_EQ(tier->GetStats().vacant_segments, 0u);
+}
+
+TEST(HostTierTest, AnEmptiedSegmentGoesBackToItsNamespaceWithItsMemoryAndMappings) {
+  auto tier = MakeTier(2 * kSegment);
+  HostSlot a = MustAllocate(*tier, 1, 3 * kPage);
+  const SegmentLocation loc = tier->Locate(a.offset);
+  Result<int> fd = tier->ExportSegment(loc.segment, loc.generation, 1, /*writable=*/false);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  auto* view = static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *fd, 0));
+  ASSERT_NE(view, MAP_FAILED);
+  close(*fd);
+  tier->Free(a);
+  // Namespace 1 takes the same segment back, not the clean one: same memory, same generation,
+  // and the mapping its client already has shows what is written there now.
+  HostSlot b = MustAllocate(*tier, 1, 5 * kPage);
+  EXPECT_EQ(b.offset / kSegment, a.offset / kSegment);
+  EXPECT_EQ(tier->Locate(b.offset).generation, loc.generation);
+  EXPECT_EQ(tier->GetStats().vacant_segments, 0u);
+  EXPECT_EQ(tier->SegmentsOf(1), 1u);
+  Fill(*tier, b, 9);
+  EXPECT_EQ(std::memcmp(view + tier->Locate(b.offset).offset, tier->Data(b), b.length), 0);
+  munmap(view, kSegment);
+}
+
+TEST(HostTierTest, AnotherNamespaceTakesAVacantSegmentOnlyWhenNoCleanOneIsLeft) {
+  auto tier = MakeTier(3 * kSegment);
+  HostSlot a = MustAllocate(*tier, 1, kPage);
+  HostSlot a2 = MustAllocate(*tier, 1, kSegment);  // a second segment of namespace 1
+  const uint32_t first = tier->Locate(a.offset).segment;
+  const uint32_t second = tier->Locate(a2.offset).segment;
+  tier->Free(a);
+  tier->Free(a2);
+  EXPECT_EQ(tier->GetStats().vacant_segments, 2u);
+  // Namespace 2 gets the clean segment first, then the longest vacant one, renewed.
+  HostSlot b = MustAllocate(*tier, 2, kSegment);
+  EXPECT_NE(tier->Locate(b.offset).segment, first);
+  EXPECT_NE(tier->Locate(b.offset).segment, second);
+  const uint32_t gen_first = tier->Locate(uint64_t{first} * kSegment).generation;
+  HostSlot c = MustAllocate(*tier, 2, kPage * 2 + kSegment / 2);
+  EXPECT_EQ(tier->Locate(c.offset).segment, first);
+  EXPECT_NE(tier->Locate(c.offset).generation, gen_first);
+  EXPECT_EQ(tier->OwnerOf(c.offset), 2u);
+  // Namespace 1 still has its other vacant segment, unrenewed.
+  EXPECT_EQ(tier->OwnerOf(uint64_t{second} * kSegment), 1u);
+  HostSlot d = MustAllocate(*tier, 1, kPage);
+  EXPECT_EQ(tier->Locate(d.offset).segment, second);
+}
+
+TEST(HostTierTest, VacantSegmentsDoNotCountTowardsAQuota) {
+  auto tier = MakeTier(2 * kSegment);
+  tier->SetSegmentLimit(1, 1);
+  HostSlot a = MustAllocate(*tier, 1, kPage);
+  EXPECT_TRUE(tier->AtSegmentLimit(1));
+  tier->Free(a);
+  EXPECT_FALSE(tier->AtSegmentLimit(1));
+  HostSlot b = MustAllocate(*tier, 1, kPage);
+  EXPECT_EQ(b.offset / kSegment, a.offset / kSegment);
+  EXPECT_TRUE(tier->AtSegmentLimit(1));
+  // At its quota it renews nobody's vacant segment: the other namespace's stays.
+  HostSlot c = MustAllocate(*tier, 2, kPage);
+  tier->Free(c);
+  Result<HostSlot> over = tier->Allocate(1, kSegment);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(tier->OwnerOf(c.offset), 2u);
+  EXPECT_EQ(tier->GetStats().vacant_segments, 1u);
 }
 
 TEST(HostTierTest, FullArenaGivesResourceExhausted) {
@@ -421,6 +489,12 @@ TEST(HostTierTest, ExportRefusesOtherNamespacesAndStaleGenerations) {
                 .code(),
             StatusCode::kPermissionDenied);
   tier->Free(s);
+  // Vacant, it is still namespace 1's; once namespace 2 takes it, that generation is gone.
+  Result<int> vacant = tier->ExportSegment(loc.segment, loc.generation, 1, false);
+  ASSERT_TRUE(vacant.ok());
+  close(*vacant);
+  MustAllocate(*tier, 2, kSegment);
+  MustAllocate(*tier, 2, kSegment);
   EXPECT_TRUE(tier->ExportSegment(loc.segment, loc.generation, 1, false).status().IsNotFound());
   EXPECT_NE(tier->Locate(s.offset).generation, loc.generation);
 }

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "common/units.h"
 
@@ -99,15 +100,26 @@ Result<MemorySlot> SegmentPages::Allocate(NamespaceId ns, uint64_t length) {
   };
   for (uint32_t i = 0; i < segment_count_; ++i) {
     Segment& seg = segments_[i];
-    if (seg.owner != ns || seg.quarantined || pages_per_segment_ - seg.used_pages < pages) {
+    if (seg.owner != ns || seg.vacant || seg.quarantined ||
+        pages_per_segment_ - seg.used_pages < pages) {
       continue;
     }
     int64_t first = FindRun(seg, pages);
     if (first >= 0) return take(i, first);
   }
-  if (const uint32_t limit = LimitOf(ns); limit != 0 && segments_of_[ns] >= limit) {
-    return Status::ResourceExhausted("namespace holds its quota of " + std::to_string(limit) + " " +
-                                     tier_name_ + " segments");
+  if (AtSegmentLimit(ns)) {
+    return Status::ResourceExhausted("namespace holds its quota of " +
+                                     std::to_string(LimitOf(ns)) + " " + tier_name_ + " segments");
+  }
+  // Its own vacant segment first (the most recently emptied): its memory and its clients'
+  // mappings are still good.
+  for (auto it = vacant_.rbegin(); it != vacant_.rend(); ++it) {
+    if (segments_[*it].owner != ns) continue;
+    const uint32_t index = *it;
+    vacant_.erase(std::next(it).base());
+    segments_[index].vacant = false;
+    ++segments_of_[ns];
+    return take(index, 0);
   }
   if (free_segments_.empty()) return Status::ResourceExhausted(tier_name_ + " arena full");
   const uint32_t fresh = free_segments_.back();
@@ -130,20 +142,30 @@ bool SegmentPages::Free(const MemorySlot& slot) {
   payload_bytes_ -= slot.length;
   --blocks_;
   if (seg.used_pages != 0) return false;
-  // Empty: it no longer counts towards its owner's quota, whatever becomes of it.
+  // Empty: vacant, no longer counted towards its owner's quota.
   if (auto held = segments_of_.find(seg.owner); held != segments_of_.end()) {
     if (--held->second == 0) segments_of_.erase(held);
   }
+  seg.vacant = true;
+  vacant_.push_back(seg_index);
   return true;
+}
+
+std::optional<uint32_t> SegmentPages::TakeVacant(NamespaceId ns) {
+  if (vacant_.empty() || AtSegmentLimit(ns)) return std::nullopt;
+  const uint32_t index = vacant_.front();
+  vacant_.erase(vacant_.begin());
+  segments_[index].vacant = false;
+  return index;
 }
 
 void SegmentPages::Recycled(uint32_t index, bool renewed) {
   Segment& seg = segments_[index];
+  seg.owner = kNoNamespace;
   if (!renewed) {
     seg.quarantined = true;
     return;
   }
-  seg.owner = kNoNamespace;
   free_segments_.push_back(index);
 }
 
@@ -179,10 +201,11 @@ MemoryTierStats SegmentPages::Stats() const {
   s.payload_bytes = payload_bytes_;
   s.blocks = blocks_;
   s.segments = segment_count_;
-  s.free_segments = free_segments_.size();
-  uint64_t largest_pages = free_segments_.empty() ? 0 : pages_per_segment_;
+  s.free_segments = free_segments_.size() + vacant_.size();
+  s.vacant_segments = vacant_.size();
+  uint64_t largest_pages = s.free_segments == 0 ? 0 : pages_per_segment_;
   for (const Segment& seg : segments_) {
-    if (seg.owner == kNoNamespace || seg.used_pages == pages_per_segment_) continue;
+    if (seg.owner == kNoNamespace || seg.vacant || seg.used_pages == pages_per_segment_) continue;
     largest_pages = std::max<uint64_t>(largest_pages, LargestRun(seg));
   }
   s.largest_free_run = largest_pages * kPage;
@@ -197,14 +220,18 @@ MemoryTierStats SegmentPages::Stats() const {
 
 Result<MemorySlot> SegmentedTier::Allocate(NamespaceId ns, uint64_t length) {
   absl::MutexLock lock(&mu_);
-  return pages_.Allocate(ns, length);
+  for (;;) {
+    Result<MemorySlot> slot = pages_.Allocate(ns, length);
+    if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    const std::optional<uint32_t> vacant = pages_.TakeVacant(ns);
+    if (!vacant) return slot;
+    pages_.Recycled(*vacant, RenewSegmentLocked(*vacant));
+  }
 }
 
 void SegmentedTier::Free(const MemorySlot& slot) {
   absl::MutexLock lock(&mu_);
-  if (!pages_.Free(slot)) return;
-  const uint32_t index = pages_.SegmentOf(slot.offset);
-  pages_.Recycled(index, RenewSegmentLocked(index));
+  pages_.Free(slot);
 }
 
 uint64_t SegmentedTier::allocated_bytes() const {

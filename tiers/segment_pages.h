@@ -6,13 +6,18 @@
 // A segment belongs to at most one namespace at a time, and a block lives entirely inside one
 // segment of its own namespace. Inside a segment space is handed out in pages (4 KiB) from a
 // bitmap: fixed metadata (one bit per page), no per-block allocation, every slot page aligned.
-// When a segment's last page is freed the tier gives it fresh memory before any namespace may
-// have it again (Free says so; Recycled ends it), so a client that kept a mapping of it never
-// sees another namespace's blocks.
+// A segment whose last page is freed stays *vacant*: still its namespace's, with the same memory
+// and generation, counted free but not against the namespace's quota. The namespace takes its own
+// vacant segments back first; that costs nothing, and its clients' mappings stay valid. Only when
+// another namespace needs a segment and no clean one is left does the tier give the longest
+// vacant one fresh memory (TakeVacant, then Recycled), so a client that kept a mapping of it never
+// sees another namespace's blocks. Renewing is what costs: a new memfd populated and locked takes
+// ~40 ms per 64 MiB (docs/BENCHMARKS.md), and every client of the namespace maps it again.
 //
 // Thread safety: none; the owning tier serializes access under its mutex.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,15 +38,18 @@ class SegmentPages {
   uint64_t segment_bytes() const { return segment_bytes_; }
   uint32_t segment_count() const { return segment_count_; }
 
-  // As MemoryTier::Allocate: a slot in a segment `ns` owns, taking a free segment when none has
-  // room. InvalidArgument for 0 or more than a segment; ResourceExhausted when nothing fits or
-  // `ns` holds its limit of segments.
+  // As MemoryTier::Allocate: a slot in a segment `ns` owns, taking back one of its vacant
+  // segments, else a clean one, when none has room. InvalidArgument for 0 or more than a
+  // segment; ResourceExhausted when nothing fits or `ns` holds its limit of segments.
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length);
   // Returns a slot's pages (CHECK-fails on a slot outside the tier or freed twice). True when its
-  // segment is now empty: it no longer counts towards its owner and is given to nobody until the
-  // tier has renewed its memory and calls Recycled.
+  // segment is now empty: vacant, no longer counted towards its owner.
   bool Free(const MemorySlot& slot);
-  // The emptied segment `index` goes back to the free pool (`renewed`), or out of use for good.
+  // After Allocate(ns, ...) failed with ResourceExhausted: a vacant segment of another namespace
+  // that the tier must renew (then call Recycled) for `ns` to get room, the longest vacant first;
+  // nullopt when none is left or `ns` is at its quota (renewing would not help it).
+  std::optional<uint32_t> TakeVacant(NamespaceId ns);
+  // The segment `index` from TakeVacant goes to the clean pool (`renewed`), or out of use for good.
   void Recycled(uint32_t index, bool renewed);
 
   NamespaceId OwnerOf(uint32_t index) const { return segments_[index].owner; }
@@ -62,6 +70,7 @@ class SegmentPages {
     NamespaceId owner = kNoNamespace;
     uint32_t used_pages = 0;
     std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
+    bool vacant = false;           // empty, still `owner`'s memory (see above)
     bool quarantined = false;      // could not be renewed: never allocated from again
   };
 
@@ -75,7 +84,8 @@ class SegmentPages {
   const uint32_t segment_count_;
   const uint32_t pages_per_segment_;
   std::vector<Segment> segments_;
-  std::vector<uint32_t> free_segments_;
+  std::vector<uint32_t> free_segments_;  // clean: nobody's memory
+  std::vector<uint32_t> vacant_;         // vacant segments, longest vacant first
   uint64_t allocated_bytes_ = 0;
   uint64_t payload_bytes_ = 0;
   uint64_t blocks_ = 0;
@@ -89,11 +99,13 @@ class SegmentPages {
 
 // SegmentedTier: a MemoryTier whose pages SegmentPages keeps under one mutex: the allocation,
 // quota and accounting calls every segmented tier answers alike. A tier brings its memory and
-// says what becomes of a segment that emptied (RenewSegmentLocked).
+// renews a vacant segment before another namespace gets it (RenewSegmentLocked).
 class SegmentedTier : public MemoryTier {
  public:
+  // As SegmentPages::Allocate, renewing another namespace's vacant segment when no clean one is
+  // left.
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) override;
-  // Returns a slot's pages; an emptied segment is renewed before anyone may have it again.
+  // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.
   void Free(const MemorySlot& slot) override;
   uint64_t allocated_bytes() const override;
   void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
@@ -105,8 +117,8 @@ class SegmentedTier : public MemoryTier {
   SegmentedTier(std::string tier_name, uint64_t segment_bytes, uint32_t segment_count)
       : pages_(std::move(tier_name), segment_bytes, segment_count) {}
 
-  // Gives emptied segment `index` fresh memory; false (logged) when it could not: it then stays
-  // out of use.
+  // Gives vacant segment `index` fresh memory (a new generation); false (logged) when it could
+  // not: it then stays out of use.
   virtual bool RenewSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 
   mutable absl::Mutex mu_;

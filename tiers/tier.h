@@ -70,7 +70,8 @@ struct MemoryTierStats {
   uint64_t allocated_bytes = 0;  // pages handed out
   uint64_t payload_bytes = 0;    // bytes of the blocks in them
   uint64_t blocks = 0;
-  uint64_t free_segments = 0;
+  uint64_t free_segments = 0;    // clean and vacant ones (tiers/segment_pages.h)
+  uint64_t vacant_segments = 0;  // empty, still holding their last namespace's memory
   uint64_t segments = 0;
   uint64_t largest_free_run = 0;  // bytes, in any single segment (free segments included)
   // 1 - largest_free_run / min(free bytes, segment size): 0 when the largest possible block (or
