@@ -10,7 +10,7 @@
 // Ownership protocol: a reserved slot belongs to its writer until commit, abort, expiry or
 // disconnect; after that the writer must not touch it. A writer that breaks this can only reach
 // its own namespace's segments (descriptors are per segment and per namespace, and an emptied
-// segment gets a fresh memfd before another namespace may use it), and readers verify
+// segment gets a fresh memfd before another namespace may have it), and readers verify
 // checksums, so the worst it causes is a miss in its own namespace.
 //
 // Requests that do not ask in place go to the delivery below (daemon/delivery.h). Called by the

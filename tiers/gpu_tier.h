@@ -11,9 +11,10 @@
 // allocation, only to the namespace that owns it (a client imports it with
 // cuMemImportFromShareableHandle and maps it). The descriptor reaches that segment and nothing
 // else; it cannot be made read-only, so treat a client as able to write its own namespace's
-// segments, as with the host arena. When a segment's last page is freed it is renewed (fresh,
-// zeroed memory; its generation changes) before another namespace may have it: a client that
-// kept the old one sees its own namespace's old bytes, never another namespace's blocks.
+// segments, as with the host arena. A segment whose last page is freed stays its namespace's
+// (vacant, tiers/segment_pages.h) and is renewed (fresh, zeroed memory; its generation changes)
+// before another namespace may have it: a client that kept the old one sees its own namespace's
+// old bytes, never another namespace's blocks.
 //
 // Thread safety: every method may be called from any thread (one internal mutex).
 

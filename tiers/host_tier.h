@@ -12,11 +12,11 @@
 // descriptor limits a well-behaved client; a hostile one can reopen a memfd writable through
 // /proc, so treat any client as able to write its own namespace's segments. Every memfd is
 // sealed at its size, so no client can shrink it under the daemon.) Since a descriptor
-// can map only its own memfd, a client can never reach another namespace's segment. When a
-// segment's last page is freed, the segment gets a fresh memfd before it can be given to
-// another namespace (its generation changes) and the old one's pages are released: a client
-// that kept a mapping of the old one sees its own namespace's old bytes or zeros, never
-// another namespace's blocks.
+// can map only its own memfd, a client can never reach another namespace's segment. A segment
+// whose last page is freed stays its namespace's (vacant, tiers/segment_pages.h); before it is
+// given to another namespace it gets a fresh memfd (its generation changes) and the old one's
+// pages are released: a client that kept a mapping of the old one sees its own namespace's old
+// bytes or zeros, never another namespace's blocks.
 //
 // The tier knows nothing of keys: the block index records each block's HostSlot.
 //
