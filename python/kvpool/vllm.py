@@ -59,15 +59,24 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
 - Only one KV cache group of full attention (uniform models), fp16/bf16/fp32 KV and no
   pipeline parallelism (a stage's layers are not in the layout string); for anything else
   (hybrid or sliding-window models, fp8 KV, MLA, pipeline stages) the connector disables itself
-  with a warning and every request is a miss. A request whose KV depends on more than its
-  token ids (a LoRA adapter, images, prompt embeddings, a cache salt) is never looked up or
-  stored.
+  with a warning and every request is a miss.
+- A request whose KV depends on more than its token ids gets keys that say so, as vLLM's own
+  prefix-cache hashes do (v1/core/kv_cache_utils.py, generate_block_hash_extra_keys): a block's
+  layout string gains ";extra=" and the hex SHA-256 of what it depends on: the LoRA adapter
+  (name and path) in every block, each multimodal input (its content hash and its offset in
+  the block) in every block it overlaps, the cache salt in the first block. Every key chains its
+  parent, so a block's key commits to all of that up to it: blocks before a request's first
+  image are shared with the same text without it, nothing after. (spec/block-keys.md lets a
+  layout's owner add properties; these are this connector's.) A request with prompt
+  embeddings is never looked up or stored.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
+import json
 import logging
 import re
 import time
@@ -116,6 +125,8 @@ class BlockSpan:
     first: int
     end: int
     block_ids: list[int]
+    # The request's key context (_key_context): runs of (first block, layout suffix).
+    context: tuple[tuple[int, str], ...] = ()
 
 
 @dataclasses.dataclass
@@ -173,6 +184,7 @@ class _Tracker:
     prompt: list[int]
     block_ids: list[int]
     saved_blocks: int   # prompt blocks known to be in kvpool or already handed to a save
+    context: tuple[tuple[int, str], ...] = ()   # _key_context
 
 
 def layout_for(model_id: str, dtype: torch.dtype, layers: int, kv_heads: int, head_dim: int,
@@ -262,8 +274,10 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._pending_load: dict[str, tuple[int, int]] = {}   # req_id -> (first, end) blocks
         self._async_loads: list[BlockSpan] = []   # allocated, for the next build_connector_meta
         self._loaded_end: dict[str, int] = {}     # req_id -> end of its asynchronous load
-        # Requests whose KV the token ids alone do not determine (LoRA, images, prompt
-        # embeddings, a cache salt): never looked up, never stored.
+        # req_id -> its key context (_key_context), from get_num_new_matched_tokens; a request
+        # never seen there is not stored (its context is unknown).
+        self._contexts: dict[str, tuple[tuple[int, str], ...]] = {}
+        # Requests that cannot be keyed (prompt embeddings): never looked up, never stored.
         self._unkeyed: set[str] = set()
         # req_id -> request.num_preemptions when its asynchronous load was handed out: asked
         # again in that admission, the load failed from its first block (vLLM re-admits it).
@@ -303,9 +317,26 @@ class KvpoolConnector(KVConnectorBase_V1):
                   "float32": torch.float32, "float": torch.float32}.get(cache_dtype)
         return dt if dt in _DTYPE_NAMES else None
 
-    def _keys(self, tokens: Sequence[int], layout: str | None = None) -> list[bytes]:
-        return kvpool.hash_chain(list(tokens), secret=self._secret, layout=layout or self.layout,
-                                 tokens_per_block=self._block_size)
+    def _keys(self, tokens: Sequence[int], layout: str | None = None,
+              context: tuple[tuple[int, str], ...] = ()) -> list[bytes]:
+        """kvpool's keys of the full blocks of `tokens`: one chain, each run of `context` hashed
+        with its suffix on the layout string, continuing from the key before it."""
+        layout = layout or self.layout
+        tokens, B = list(tokens), self._block_size
+        if not context:
+            return kvpool.hash_chain(tokens, secret=self._secret, layout=layout,
+                                     tokens_per_block=B)
+        runs = ([(0, "")] if context[0][0] > 0 else []) + list(context)
+        blocks = len(tokens) // B
+        keys: list[bytes] = []
+        for i, (start, suffix) in enumerate(runs):
+            if start >= blocks:
+                break
+            stop = min(runs[i + 1][0] if i + 1 < len(runs) else blocks, blocks)
+            keys += kvpool.hash_chain(tokens[start * B:stop * B], secret=self._secret,
+                                      layout=layout + suffix, tokens_per_block=B,
+                                      parent=keys[-1] if keys else None)
+        return keys
 
     # ==== scheduler side ====
 
@@ -313,15 +344,17 @@ class KvpoolConnector(KVConnectorBase_V1):
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._disabled:
             return 0, False
-        if _unkeyed(request):
+        prompt = list(request.prompt_token_ids or [])
+        B = self._block_size
+        context = _key_context(request, len(prompt) // B, B)
+        if context is None:
             self._unkeyed.add(request.request_id)
             return 0, False
+        self._contexts[request.request_id] = context
         if self._load_admission.get(request.request_id) == request.num_preemptions:
             # Its load failed from the first block: computed, not offered again (a load that
             # fails every time, e.g. a worker that turned itself off, would loop forever).
             return 0, False
-        prompt = list(request.prompt_token_ids or [])
-        B = self._block_size
         usable = max(len(prompt) - 1, 0) // B   # vLLM must compute at least one token
         if usable * B <= num_computed_tokens:
             return 0, False
@@ -330,7 +363,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             client = self._link.client()
             hit = usable
             for layout in self._layouts:   # every tp rank must find its blocks
-                hit = min(hit, client.lookup(self._keys(tokens, layout)).hit_blocks)
+                hit = min(hit, client.lookup(self._keys(tokens, layout, context)).hit_blocks)
                 if hit == 0:
                     break
         except Exception as e:  # noqa: BLE001 - any failure is a miss
@@ -366,7 +399,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         block_ids = list(blocks.get_block_ids()[0])
         prompt = list(request.prompt_token_ids or [])
         self._async_loads.append(BlockSpan(req_id, prompt[:end * self._block_size], first, end,
-                                           block_ids[first:end]))
+                                           block_ids[first:end], self._contexts.get(req_id, ())))
         self._loaded_end[req_id] = end
         self._load_admission[req_id] = request.num_preemptions
 
@@ -384,11 +417,12 @@ class KvpoolConnector(KVConnectorBase_V1):
         if self._disabled:
             return meta
         for new in scheduler_output.scheduled_new_reqs:
-            if new.req_id in self._unkeyed or _unkeyed(new):
+            if new.req_id not in self._contexts or new.prompt_embeds is not None:
                 continue
             prompt = list(new.prompt_token_ids or [])
             tr = _Tracker(prompt=prompt, block_ids=list(new.block_ids[0]),
-                          saved_blocks=self._loaded_blocks(new.req_id, new.num_computed_tokens))
+                          saved_blocks=self._loaded_blocks(new.req_id, new.num_computed_tokens),
+                          context=self._contexts[new.req_id])
             self._trackers[new.req_id] = tr
             self._add_load(meta, new.req_id, tr)
             self._add_save(meta, new.req_id, tr, new.num_computed_tokens
@@ -416,7 +450,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         if load is not None:
             first, end = load
             meta.loads.append(BlockSpan(req_id, tr.prompt[:end * self._block_size], first, end,
-                                        tr.block_ids[first:end]))
+                                        tr.block_ids[first:end], tr.context))
             tr.saved_blocks = end
 
     def _loaded_blocks(self, req_id: str, num_computed_tokens: int) -> int:
@@ -431,6 +465,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._loaded_end.pop(req_id, None)
         self._load_admission.pop(req_id, None)
         self._unkeyed.discard(req_id)
+        self._contexts.pop(req_id, None)
 
     def _add_save(self, meta: KvpoolConnectorMetadata, req_id: str, tr: _Tracker,
                   computed_after_step: int) -> None:
@@ -439,7 +474,8 @@ class KvpoolConnector(KVConnectorBase_V1):
         end = min(end, len(tr.block_ids))
         if end > tr.saved_blocks:
             meta.saves.append(BlockSpan(req_id, tr.prompt[:end * self._block_size],
-                                        tr.saved_blocks, end, tr.block_ids[tr.saved_blocks:end]))
+                                        tr.saved_blocks, end, tr.block_ids[tr.saved_blocks:end],
+                                        tr.context))
             tr.saved_blocks = end
             if self._save_async:
                 self._saving_reqs.add(req_id)
@@ -559,7 +595,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         through its staging buffer; returns how many from the span's start were loaded."""
         if self._disabled or not self._kv_caches or span.end <= span.first:
             return 0
-        keys = self._keys(span.token_ids)[span.first:span.end]
+        keys = self._keys(span.token_ids, context=span.context)[span.first:span.end]
         good = 0
         while good < len(keys):
             n = min(self._chunk_blocks, len(keys) - good)
@@ -640,7 +676,7 @@ class KvpoolConnector(KVConnectorBase_V1):
     def _save_span(self, span: BlockSpan, link: Link) -> int:
         """Stores the span's blocks kvpool lacks through `link` (the calling thread's);
         returns how many were stored."""
-        keys = self._keys(span.token_ids)
+        keys = self._keys(span.token_ids, context=span.context)
         try:
             client = link.client()
             have = client.lookup(keys[:span.end], prefetch=False).hit_blocks
@@ -740,13 +776,47 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._link.close()
 
 
-def _unkeyed(request: Any) -> bool:
-    """True when a request's KV depends on more than its token ids, which is all kvpool's keys
-    hash here: a LoRA adapter, multimodal inputs, prompt embeddings, or a cache salt (vLLM's
-    tenant isolation). `request`: a vLLM Request or NewRequestData."""
-    return bool(getattr(request, "lora_request", None) or getattr(request, "mm_features", None)
-                or getattr(request, "prompt_embeds", None) is not None
-                or getattr(request, "cache_salt", None))
+def _key_context(request: Any, blocks: int,
+                 block_size: int) -> tuple[tuple[int, str], ...] | None:
+    """What the KV of a request's first `blocks` blocks depends on besides its token ids, as
+    runs of (first block, layout suffix) in block order; blocks before the first run have none.
+    () for a plain request; None when it cannot be keyed (prompt embeddings, or a multimodal
+    input without a content hash). `request`: a vLLM Request. See the module docstring."""
+    if getattr(request, "prompt_embeds", None) is not None:
+        return None
+    lora = getattr(request, "lora_request", None)
+    salt = getattr(request, "cache_salt", None)
+    mm = list(getattr(request, "mm_features", None) or ())
+    if not (lora or salt or mm):
+        return ()
+    if any(getattr(f, "identifier", None) is None for f in mm):
+        return None
+    every: list[list[Any]] = [["lora", lora.lora_name, lora.lora_path]] if lora else []
+    own: dict[int, list[list[Any]]] = {}   # block -> what only it depends on
+    if salt and blocks > 0:
+        own.setdefault(0, []).append(["salt", salt])
+    for f in mm:
+        offset, length = f.mm_position.offset, f.mm_position.length
+        for b in range(offset // block_size,
+                       min(-(-(offset + length) // block_size), blocks)):
+            own.setdefault(b, []).append(["mm", f.identifier, offset - b * block_size])
+
+    def suffix(parts: list[list[Any]]) -> str:
+        if not parts:   # JSON: one string per list of parts, whatever the names hold
+            return ""
+        return ";extra=" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+    # Only a block in `own` and the one after it can differ from the block before.
+    runs: list[tuple[int, str]] = []
+    last = ""
+    for b in sorted({0, *own, *(b + 1 for b in own)}):
+        if b >= blocks:
+            break
+        this = suffix(every + own.get(b, []))
+        if this != last:
+            runs.append((b, this))
+            last = this
+    return tuple(runs)
 
 
 def _flag(value: Any) -> bool:

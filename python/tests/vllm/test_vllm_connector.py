@@ -20,6 +20,8 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import RequestStatus
+from vllm.lora.request import LoRARequest
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 
 import kvpool
 import kvpool.vllm
@@ -496,22 +498,92 @@ def test_sliding_window_and_pipeline_stages_turn_the_connector_off(model_dir, da
     assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
 
 
-def test_a_salted_request_is_neither_looked_up_nor_stored(model_dir, daemon):
-    """vLLM's cache salt keeps tenants' prefixes apart; kvpool's keys here hash token ids only,
-    so such a request does not use kvpool (nor LoRA, multimodal or embedding requests)."""
+EXTRAS = {
+    "salt": ({"cache_salt": "tenant-a"}, {"cache_salt": "tenant-b"}),
+    "lora": ({"lora_request": LoRARequest("adapter-a", 1, "/adapters/a")},
+             {"lora_request": LoRARequest("adapter-a", 1, "/adapters/a-v2")}),
+    "salt+lora": ({"cache_salt": "t", "lora_request": LoRARequest("adapter-a", 1, "/a")},
+                  {"cache_salt": "t", "lora_request": LoRARequest("adapter-b", 2, "/a")}),
+}
+
+
+@pytest.mark.parametrize("kind", list(EXTRAS))
+def test_salted_and_lora_requests_use_keys_of_their_own(model_dir, daemon, kind):
+    """vLLM's cache salt keeps tenants' prefixes apart and a LoRA adapter changes the KV: such a
+    request stores and finds its blocks under keys that say so, never a plain request's, nor
+    another salt's or adapter's (vLLM's own prefix-cache hash extras)."""
+    mine, other = EXTRAS[kind]
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    views_a, kvc = kv_views(KVCacheLayout.LBHNC, seed=21)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_a)
+    req = request(PROMPT, **mine)
+    sched.add_request(req)
+    out = step(sched, w)
+    assert [(s.first, s.end) for s in out.kv_connector_metadata.saves] == [(0, 3)]
+    blocks_a = list(out.scheduled_new_reqs[0].block_ids[0])
+    assert _keys_hit(model_dir, daemon, PROMPT) == 0          # not under the plain keys
+
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    assert c.get_num_new_matched_tokens(request(PROMPT + [1], **mine), 0) == (48, True)
+    assert c.get_num_new_matched_tokens(request(PROMPT + [1], **other), 0) == (0, False)
+    assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
+
+    # Another instance loads them (the workers compute the same keys) byte for byte.
+    views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=22)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
+    sched.add_request(request([6] * 20))
+    req = request(PROMPT + [1], **mine)
+    sched.add_request(req)
+    new = admit(sched, w)[req.request_id]
+    assert new.num_computed_tokens == 48
+    assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).view(torch.int16),
+                       token_kv(views_a, blocks_a, 48).view(torch.int16))
+
+
+def _image(identifier: str, offset: int, length: int) -> MultiModalFeatureSpec:
+    return MultiModalFeatureSpec(data=None, modality="image", identifier=identifier,
+                                 mm_position=PlaceholderRange(offset=offset, length=length))
+
+
+def test_a_multimodal_request_shares_only_the_blocks_before_its_first_image(model_dir,
+                                                                            daemon):
+    """An image's placeholder tokens are the same for every image: the blocks an image
+    overlaps, and every block after them, are keyed with its content hash and its offset."""
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)   # the text alone, 3 blocks
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    plain = request(PROMPT + [1])
+    assert c.get_num_new_matched_tokens(plain, 0) == (48, True)
+    with_image = request(PROMPT + [1], mm_features=[_image("img-a", 20, 8)])   # in block 1
+    assert c.get_num_new_matched_tokens(with_image, 0) == (16, True)
+    late_image = request(PROMPT + [1], mm_features=[_image("img-a", 40, 4)])   # in block 2
+    assert c.get_num_new_matched_tokens(late_image, 0) == (32, True)
+
+    # Keys: equal to the plain chain before the image; from its block on, they depend on the
+    # image and on where it sits.
+    B = BLOCK
+    keys = {}
+    for name, feats in [("plain", []), ("a@20", [_image("img-a", 20, 8)]),
+                        ("b@20", [_image("img-b", 20, 8)]), ("a@18", [_image("img-a", 18, 8)]),
+                        ("a@20 again", [_image("img-a", 20, 8)])]:
+        r = request(PROMPT, mm_features=feats)
+        keys[name] = c._keys(PROMPT, c.layout, kvpool.vllm._key_context(r, len(PROMPT) // B, B))
+    assert keys["plain"] == _keys(model_dir, PROMPT)
+    assert keys["a@20"][0] == keys["plain"][0]
+    for other in ("plain", "b@20", "a@18"):
+        assert all(x != y for x, y in zip(keys["a@20"][1:], keys[other][1:])), other
+    assert keys["a@20 again"] == keys["a@20"]
+
+
+def test_a_request_with_prompt_embeddings_is_neither_looked_up_nor_stored(model_dir, daemon):
+    """Its KV depends on embeddings kvpool's keys do not hash."""
     _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
     cfg = make_config(model_dir, daemon.socket, secret=SECRET)
-    views, kvc = kv_views(KVCacheLayout.LBHNC, seed=15)
-    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
-    salted = request(PROMPT + [1], cache_salt="tenant-a")
-    other = request([8] * 40, cache_salt="tenant-a")
-    sched.add_request(salted)
-    sched.add_request(other)
-    out = step(sched, w)
-    new = {r.req_id: r for r in out.scheduled_new_reqs}
-    assert new[salted.request_id].num_computed_tokens == 0   # kvpool's hit not used
-    assert not out.kv_connector_metadata.saves
-    assert _keys_hit(model_dir, daemon, [8] * 40) == 0       # nor stored
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    embedded = request(PROMPT + [1])
+    embedded.prompt_embeds = torch.zeros(len(PROMPT) + 1, 8)
+    assert c.get_num_new_matched_tokens(embedded, 0) == (0, False)
+    assert embedded.request_id in c._unkeyed
 
 
 @pytest.mark.gpu
