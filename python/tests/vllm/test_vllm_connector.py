@@ -16,7 +16,8 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import RequestStatus
@@ -27,6 +28,7 @@ import kvpool
 import kvpool.vllm
 from vllm_env import (BLOCK, NUM_BLOCKS, SECRET, admit, finish, forward, kv_config, kv_views,
                       make_config, request, scheduler, step, token_kv, worker)
+from conftest import HEAD_DIM, KV_HEADS, LAYERS
 
 LAYOUTS = list(KVCacheLayout)
 PROMPT = [(i * 7919 + 13) % 997 + 3 for i in range(50)]   # 3 full blocks + 2 tokens
@@ -252,6 +254,42 @@ def test_async_load_failure_comes_with_the_finished_request_and_is_recomputed(mo
     assert kv_out.invalid_block_ids == set(blocks[:3])
     new = admit(sched, w)[req.request_id]
     assert new.num_computed_tokens == 0                      # vLLM computes the whole prompt
+
+
+@pytest.mark.parametrize("load_async", [True, False], ids=["async", "sync"])
+def test_an_exception_inside_a_load_or_save_is_a_recompute_not_a_crash(model_dir, daemon,
+                                                                       load_async, caplog):
+    """Not a kvpool failure but a bug (here: the scatter into the paged KV raises): the load's
+    blocks are load errors, reported with the request; a save that raises stores nothing; the
+    engine goes on."""
+    _store(model_dir, daemon, KVCacheLayout.BLHNC, PROMPT)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=load_async,
+                      save_async=load_async)
+    views, kvc = kv_views(KVCacheLayout.LHBNC, seed=7)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("scatter bug")
+
+    w._scatter = broken
+    w._gather = broken
+    req = request(PROMPT + [1])
+    sched.add_request(req)
+    out = step(sched, w)
+    blocks = list(sched.kv_cache_manager.get_block_ids(req.request_id)[0])
+    kv_out = finish(sched, w, out, expect={req.request_id} if load_async else set())
+    if load_async:
+        assert kv_out.finished_recving == {req.request_id}
+    assert kv_out.invalid_block_ids == set(blocks[:3])
+    if load_async:
+        assert admit(sched, w)[req.request_id].num_computed_tokens == 0
+    else:                                # scheduled with the load; vLLM rolls it back
+        assert req.num_computed_tokens == 0, req.num_computed_tokens
+    other = request([13] * 40)                               # a save that raises: nothing stored
+    sched.add_request(other)
+    finish(sched, w, step(sched, w))
+    assert _keys_hit(model_dir, daemon, [13] * 40) == 0
+    assert any("scatter bug" in (r.exc_text or "") for r in caplog.records)
 
 
 def test_async_load_of_a_block_gone_meanwhile_recomputes_and_stores_it_again(model_dir, daemon):
@@ -496,6 +534,78 @@ def test_sliding_window_and_pipeline_stages_turn_the_connector_off(model_dir, da
         assert client.put(keys, [bytes(1 * 2 * BLOCK * 2 * 16 * 2)] * 3).all_ok()
     c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
     assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
+
+
+def test_two_tensor_parallel_ranks_store_and_load_their_own_shards(model_dir, daemon):
+    """Each rank stores its KV heads under its own layout (tp_rank in the layout string); the
+    scheduler offers only what every rank has; vLLM's KVOutputAggregator reports a load done
+    once both ranks did theirs, and each rank's shard comes back byte for byte."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, tp_size=2)
+    heads = KV_HEADS // 2
+
+    def instance(layout, seed):
+        shards = [kv_views(layout, seed=seed + r, kv_heads=heads) for r in (0, 1)]
+        sched = scheduler(cfg, shards[0][1])
+        workers = [worker(cfg, kvc, views, tp_rank=r) for r, (views, kvc) in enumerate(shards)]
+        return sched, workers, [views for views, _ in shards]
+
+    def run_step(sched, workers, agg):
+        out = sched.schedule()
+        for w in workers:
+            forward(w, out)
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[1] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
+                   else [] for r in ids]
+        outputs = []
+        for w in workers:
+            res = w.get_transfer_results(out.finished_req_ids)
+            outputs.append(ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=sampled,
+                kv_connector_output=KVConnectorOutput(
+                    finished_recving=res.finished_recving or None,
+                    finished_sending=res.finished_sending or None,
+                    invalid_block_ids=w.get_block_ids_with_load_errors())))
+        sched.update_from_output(out, agg.aggregate(outputs))
+        return out
+
+    sched, workers, views_a = instance(KVCacheLayout.LBHNC, seed=31)
+    assert [w.layout for w in workers] == [
+        kvpool.vllm.layout_for(model_dir, torch.bfloat16, LAYERS, heads, HEAD_DIM, BLOCK, r, 2)
+        for r in (0, 1)]
+    agg = KVOutputAggregator(expected_finished_count=2)
+    req = request(PROMPT)
+    sched.add_request(req)
+    out = run_step(sched, workers, agg)
+    blocks_a = list(out.scheduled_new_reqs[0].block_ids[0])
+    with kvpool.Client(daemon.socket, namespace="vllm-test") as c:
+        rank_keys = [kvpool.hash_chain(PROMPT, secret=SECRET, layout=w.layout,
+                                       tokens_per_block=BLOCK) for w in workers]
+        assert [c.lookup(k).hit_blocks for k in rank_keys] == [3, 3]
+        assert rank_keys[0] != rank_keys[1]
+
+    # Another instance: both ranks load in the background; the request runs once both are done.
+    sched, workers, views_b = instance(KVCacheLayout.BHLNC, seed=41)
+    agg = KVOutputAggregator(expected_finished_count=2)
+    req = request(PROMPT + [1])
+    sched.add_request(req)
+    new = {}
+    for _ in range(10):
+        out = run_step(sched, workers, agg)
+        new.update({r.req_id: r for r in out.scheduled_new_reqs})
+        if req.request_id in new:
+            break
+    assert new[req.request_id].num_computed_tokens == 48
+    blocks_b = list(new[req.request_id].block_ids[0])
+    for r in (0, 1):
+        assert torch.equal(token_kv(views_b[r], blocks_b, 48).view(torch.int16),
+                           token_kv(views_a[r], blocks_a, 48).view(torch.int16)), r
+
+    # Rank 1 lost its last block: only the blocks both ranks have are offered.
+    with kvpool.Client(daemon.socket, namespace="vllm-test") as c:
+        c.evict("disk", rank_keys[1][2:])
+    s = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    assert s.get_num_new_matched_tokens(request(PROMPT + [2]), 0) == (32, True)
 
 
 EXTRAS = {

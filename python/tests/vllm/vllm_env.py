@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from unittest import mock
 
 import torch
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
@@ -34,12 +35,12 @@ _ids = itertools.count()
 def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "vllm-test",
                 model_id: str | None = None, block_size: int = BLOCK,
                 dtype: str = "bfloat16", max_batched_tokens: int = 2048,
-                load_async: bool = True, save_async: bool = True) -> VllmConfig:
+                load_async: bool = True, save_async: bool = True, tp_size: int = 1) -> VllmConfig:
     extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 1.0,
              "load_async": load_async, "save_async": save_async}
     if model_id is not None:
         extra["model_id"] = model_id
-    return VllmConfig(
+    cfg = VllmConfig(
         model_config=ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                                  dtype=dtype, max_model_len=2048, seed=0),
         cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=False),
@@ -53,20 +54,25 @@ def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "v
                                             kv_role="kv_both",
                                             kv_load_failure_policy="recompute",
                                             kv_connector_extra_config=extra))
+    # Tensor parallelism as each rank's config says it (no process group: a test gives each
+    # worker connector its rank, see worker()).
+    cfg.parallel_config.tensor_parallel_size = tp_size
+    return cfg
 
 
-def spec(block_size: int = BLOCK, dtype: torch.dtype = torch.bfloat16) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=KV_HEADS, head_size=HEAD_DIM,
+def spec(block_size: int = BLOCK, dtype: torch.dtype = torch.bfloat16,
+         kv_heads: int = KV_HEADS) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=kv_heads, head_size=HEAD_DIM,
                              dtype=dtype)
 
 
 def kv_views(layout: KVCacheLayout, *, block_size: int = BLOCK, seed: int = 0,
              num_blocks: int = NUM_BLOCKS, kernel_block_size: int | None = None,
-             device: str = "cpu"):
+             device: str = "cpu", kv_heads: int = KV_HEADS):
     """One flat int8 buffer on `device` viewed as vLLM's per-layer [B, H, N, C] caches in
     `layout` (random bf16 contents), and the KVCacheConfig describing it. kernel_block_size:
     vLLM's split of each block into smaller kernel blocks (the views then have N < block_size)."""
-    s = spec(block_size)
+    s = spec(block_size, kv_heads=kv_heads)
     strides = compute_layout_strides(s, num_blocks, LAYERS, layout)  # manager-block strides
     size = s.page_size_bytes * num_blocks * LAYERS
     tensor = KVCacheTensor(size=size, layers=list(LAYER_NAMES), layer_stride=strides[0],
@@ -91,9 +97,13 @@ def scheduler(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Schedu
                      block_size=vllm_config.cache_config.block_size, log_stats=False)
 
 
-def worker(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
-           kv_caches: dict) -> kvpool.vllm.KvpoolConnector:
-    w = kvpool.vllm.KvpoolConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+def worker(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv_caches: dict,
+           tp_rank: int = 0) -> kvpool.vllm.KvpoolConnector:
+    """A worker-side connector over `kv_caches`; `tp_rank`: the tensor-parallel rank vLLM's
+    process group would give it."""
+    with mock.patch.object(kvpool.vllm.KvpoolConnector, "_own_tp_rank",
+                           staticmethod(lambda: tp_rank)):
+        w = kvpool.vllm.KvpoolConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
     w.register_kv_caches(kv_caches)
     return w
 
