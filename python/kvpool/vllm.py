@@ -93,7 +93,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorPromMetrics,
+                                                                  KVConnectorStats)
+from vllm.v1.metrics.utils import create_metric_per_engine
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 if TYPE_CHECKING:
@@ -105,8 +107,8 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-__all__ = ["KvpoolConnector", "KvpoolConnectorMetadata", "KvpoolConnectorStats", "BlockSpan",
-           "layout_for"]
+__all__ = ["KvpoolConnector", "KvpoolConnectorMetadata", "KvpoolConnectorStats",
+           "KvpoolPromMetrics", "BlockSpan", "layout_for"]
 
 log = logging.getLogger("kvpool.vllm")
 
@@ -139,10 +141,23 @@ class KvpoolConnectorMetadata(KVConnectorMetadata):
     preempted: set[str] = dataclasses.field(default_factory=set)
 
 
-# Counters of KvpoolConnectorStats: the scheduler side's lookups, the workers' loads and stores.
-_STAT_KEYS = ("lookups", "lookup_errors", "hit_tokens",
-              "loads", "blocks_loaded", "blocks_load_failed", "bytes_loaded", "load_seconds",
-              "stores", "blocks_stored", "bytes_stored", "store_seconds")
+# Counters of KvpoolConnectorStats: the scheduler side's lookups, the workers' loads and stores
+# (what each counts, also the help text of its Prometheus counter vllm:kvpool_<key>_total).
+_STAT_DOCS = {
+    "lookups": "Prompts looked up in kvpool by vLLM's scheduler.",
+    "lookup_errors": "Lookups that failed (kvpool unreachable or erring): misses.",
+    "hit_tokens": "Prompt tokens found in kvpool beyond vLLM's own prefix cache.",
+    "loads": "Loads of a request's blocks from kvpool into the paged KV cache (per worker).",
+    "blocks_loaded": "Blocks loaded from kvpool into the paged KV cache.",
+    "blocks_load_failed": "Blocks a load could not bring (vLLM recomputes them).",
+    "bytes_loaded": "Bytes loaded from kvpool.",
+    "load_seconds": "Seconds spent loading from kvpool (in the background or before a forward).",
+    "stores": "Stores of a request's new prompt blocks into kvpool (per worker).",
+    "blocks_stored": "Blocks stored into kvpool (those it lacked).",
+    "bytes_stored": "Bytes stored into kvpool.",
+    "store_seconds": "Seconds spent storing into kvpool.",
+}
+_STAT_KEYS = tuple(_STAT_DOCS)
 
 
 class KvpoolConnectorStats(KVConnectorStats):
@@ -175,6 +190,28 @@ class KvpoolConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
+
+
+class KvpoolPromMetrics(KVConnectorPromMetrics):
+    """KvpoolConnectorStats as Prometheus counters on vLLM's /metrics endpoint, one
+    vllm:kvpool_<key>_total per counter and engine (vLLM calls observe with each interval's
+    sums)."""
+
+    def __init__(self, vllm_config: "VllmConfig", metric_types: dict[type, type],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {
+            key: create_metric_per_engine(
+                self._counter_cls(name=f"vllm:kvpool_{key}", documentation=doc,
+                                  labelnames=labelnames),
+                self.per_engine_labelvalues)
+            for key, doc in _STAT_DOCS.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for key, per_engine in self._counters.items():
+            value = transfer_stats_data.get(key, 0)
+            if value:
+                per_engine[engine_idx].inc(value)
 
 
 @dataclasses.dataclass
@@ -746,6 +783,12 @@ class KvpoolConnector(KVConnectorBase_V1):
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
                                  ) -> KVConnectorStats | None:
         return KvpoolConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: dict[type, type],
+                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+                           ) -> KVConnectorPromMetrics | None:
+        return KvpoolPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def _finished_loads(self) -> set[str]:
         done: set[str] = set()

@@ -5,9 +5,11 @@ through kvpool unchanged into another instance's different blocks and physical l
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
+import prometheus_client
 import pytest
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -730,7 +732,8 @@ def test_connector_stats_count_lookups_loads_and_stores(model_dir, daemon):
 
     c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
     assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (48, True)
-    looked = c.get_kv_connector_stats().reduce()              # (vLLM's scheduler asks itself)
+    looked_stats = c.get_kv_connector_stats()                 # (vLLM's scheduler asks itself)
+    looked = looked_stats.reduce()
     assert looked["lookups"] == 1 and looked["hit_tokens"] == 48
     views_b, kvc_b = kv_views(KVCacheLayout.BHLNC, seed=18)
     sched_b, w_b = scheduler(cfg, kvc_b), worker(cfg, kvc_b, views_b)
@@ -743,3 +746,22 @@ def test_connector_stats_count_lookups_loads_and_stores(model_dir, daemon):
     total = kvpool.vllm.KvpoolConnector.build_kv_connector_stats(stored.data).aggregate(loaded)
     assert total.reduce()["blocks_stored"] == 3 and total.reduce()["blocks_loaded"] == 3
     assert total.reduce()["load_GBps"] > 0
+    # And as Prometheus counters on vLLM's /metrics (its KVConnectorProm builds them through
+    # build_prom_metrics and observes each interval's sums).
+    registry = prometheus_client.CollectorRegistry()
+    types = {k: functools.partial(k, registry=registry)
+             for k in (prometheus_client.Counter, prometheus_client.Gauge,
+                       prometheus_client.Histogram)}
+    prom = kvpool.vllm.KvpoolConnector.build_prom_metrics(cfg, types, ["model_name", "engine"],
+                                                          {0: ["m", "0"], 1: ["m", "1"]})
+    prom.observe(total.to_dict(), engine_idx=1)
+    prom.observe(looked_stats.to_dict(), engine_idx=1)
+
+    def sample(name, engine="1"):
+        return registry.get_sample_value(f"vllm:kvpool_{name}_total",
+                                         {"model_name": "m", "engine": engine})
+
+    assert sample("blocks_stored") == 3 and sample("blocks_loaded") == 3
+    assert sample("bytes_loaded") == 3 * w_b.block_bytes and sample("lookups") == 1
+    assert sample("hit_tokens") == 48 and sample("blocks_load_failed") == 0
+    assert sample("blocks_loaded", engine="0") == 0
