@@ -87,6 +87,7 @@ class DaemonImpl final : public Daemon {
         std::min<uint64_t>(options_.host_segment_bytes, options_.host_capacity_bytes);
     ho.segment_bytes -= ho.segment_bytes % tiers::HostTier::kPageBytes;
     ho.lock_memory = options_.lock_memory;
+    ho.spare_segments = options_.host_spare_segments;
     KVPOOL_ASSIGN_OR_RETURN(host_, tiers::HostTier::Create(ho));
     disk_ = std::make_unique<tiers::DiskTier>(*store_);
     std::vector<tiers::StorageTier*> stack_tiers;

@@ -54,6 +54,8 @@ struct DaemonOptions {
   uint64_t disk_capacity_bytes = 0;
   // mlock the host arena. Default: true.
   bool lock_memory = true;
+  // Host segments kept clean ahead of need (tiers::HostTierOptions::spare_segments). Default: 2.
+  uint32_t host_spare_segments = 2;
   // Node id; empty: the stored one, or a generated one on first start.
   std::string node_id;
   // Default write policy name for every namespace (tiers/policy.h). Default: write-back.

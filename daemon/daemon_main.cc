@@ -60,6 +60,9 @@ DEFINE_string(disk_capacity, "",
               "space under --data-dir, whichever is smaller.");
 DEFINE_bool(lock_memory, true,
             "mlock the host arena (warns and runs unlocked if the limit is low).");
+DEFINE_uint32(host_spare_segments, 2,
+              "Host segments a background thread keeps clean by renewing ones another namespace "
+              "emptied, so taking a segment rarely waits for a renewal (0: renew on demand).");
 DEFINE_string(node_id, "",
               "Node id. Default: the stored one, or <hostname>-<random> at first start.");
 DEFINE_string(write_policy, "write-back",
@@ -197,6 +200,7 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   o.host_segment_bytes = *segment;
   o.disk_capacity_bytes = *disk;
   o.lock_memory = FLAGS_lock_memory;
+  o.host_spare_segments = FLAGS_host_spare_segments;
   o.node_id = FLAGS_node_id;
   o.write_policy = FLAGS_write_policy;
   o.namespace_policies = FLAGS_namespace_policy;

@@ -118,7 +118,7 @@ fuzz() {
 # (scripts/tsan.supp).
 TSAN_TESTS=(
   tier_manager_test tier_manager_strategies_test leases_test mover_test tls_test
-  block_service_test
+  block_service_test host_tier_test
 )
 
 # abseil's source, as Debian ships it (the same release as libabsl-dev), for a build whose

@@ -34,7 +34,8 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
     return Status::FromErrno(errno, "reserving " + FormatBytes(bytes) + " for the host arena");
   }
   std::unique_ptr<HostTier> tier(new HostTier(static_cast<uint8_t*>(p), options.segment_bytes,
-                                              static_cast<uint32_t>(count), options.lock_memory));
+                                              static_cast<uint32_t>(count), options.lock_memory,
+                                              options.spare_segments));
   absl::MutexLock lock(&tier->mu_);
   for (uint32_t i = 0; i < count; ++i) {
     KVPOOL_RETURN_IF_ERROR(tier->MapSegmentLocked(i));
@@ -54,20 +55,30 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
                       "Raise LimitMEMLOCK (the systemd unit sets infinity).";
     }
   }
+  if (options.spare_segments > 0) {
+    tier->spare_renewer_ = std::thread([t = tier.get()] { t->RenewSpares(); });
+  }
   return tier;
 }
 
-HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock)
+HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
+                   uint32_t spare_segments)
     : SegmentedTier("host", segment_bytes, segment_count),
       base_(base),
       segment_bytes_(segment_bytes),
       segment_count_(segment_count),
-      lock_(lock) {
+      lock_(lock),
+      spare_segments_(spare_segments) {
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
 }
 
 HostTier::~HostTier() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (spare_renewer_.joinable()) spare_renewer_.join();
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < seg_registered_.size(); ++i) {
@@ -82,6 +93,12 @@ HostTier::~HostTier() {
 }
 
 Status HostTier::MapSegmentLocked(uint32_t index) {
+  KVPOOL_ASSIGN_OR_RETURN(const int fd, MapFreshMemfd(index, locked_));
+  ReleaseMemfd(InstallMemfdLocked(index, fd));
+  return Status::OK();
+}
+
+Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it) const {
   const std::string name = "kvpool-segment-" + std::to_string(index);
   int fd;
   KVPOOL_RETURN_IF_ERRNO(fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING), fd < 0,
@@ -101,11 +118,16 @@ Status HostTier::MapSegmentLocked(uint32_t index) {
     close(fd);
     return Status::FromErrno(err, "mapping host segment " + std::to_string(index));
   }
-  if (locked_) {
+  if (mlock_it) {
     mlock(at, segment_bytes_);
   } else if (!lock_) {
     madvise(at, segment_bytes_, MADV_WILLNEED);
   }
+  return fd;
+}
+
+int HostTier::InstallMemfdLocked(uint32_t index, int fd) {
+  uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
   // Pinned for CUDA where a GPU is usable, so GPU copies from blocks need no staging.
   if (seg_registered_.size() > index && seg_registered_[index]) {
     kernels::UnregisterHostMemory(at);
@@ -124,14 +146,47 @@ Status HostTier::MapSegmentLocked(uint32_t index) {
   const int old = seg.fd;
   seg.fd = fd;
   ++seg.generation;
-  if (old >= 0) {
-    // Clients that still map the old memfd keep (their own namespace's) old bytes at worst;
-    // release its pages now so that costs no memory, then drop our reference.
-    fallocate(old, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-              static_cast<off_t>(segment_bytes_));
-    close(old);
+  return old;
+}
+
+void HostTier::ReleaseMemfd(int fd) const {
+  if (fd < 0) return;
+  // Clients that still map the old memfd keep (their own namespace's) old bytes at worst;
+  // release its pages now so that costs no memory, then drop our reference.
+  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(segment_bytes_));
+  close(fd);
+}
+
+bool HostTier::SpareWantedOrStopping() const {
+  return stopping_ || (pages_.clean_segments() < spare_segments_ && pages_.vacant_segments() > 0);
+}
+
+void HostTier::RenewSpares() {
+  mu_.Lock();
+  for (;;) {
+    mu_.Await(absl::Condition(this, &HostTier::SpareWantedOrStopping));
+    if (stopping_) break;
+    const std::optional<uint32_t> index = pages_.TakeLongestVacant();
+    if (!index) continue;
+    // Out of every pool and owned by nobody: no slot, no allocation and no export reaches the
+    // segment while its memory is replaced without the lock.
+    const bool mlock_it = locked_;
+    mu_.Unlock();
+    Result<int> fd = MapFreshMemfd(*index, mlock_it);
+    mu_.Lock();
+    if (!fd.ok()) {
+      LOG(ERROR) << "host segment " << *index << " could not get a fresh memfd ("
+                 << fd.status().ToString() << "); it stays out of use";
+      pages_.Recycled(*index, false);
+      continue;
+    }
+    const int old = InstallMemfdLocked(*index, *fd);
+    pages_.Recycled(*index, true);
+    mu_.Unlock();
+    ReleaseMemfd(old);
+    mu_.Lock();
   }
-  return Status::OK();
+  mu_.Unlock();
 }
 
 bool HostTier::RenewSegmentLocked(uint32_t index) {

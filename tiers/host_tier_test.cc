@@ -7,10 +7,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 namespace kvpool::tiers {
@@ -282,6 +284,52 @@ TEST(HostTierTest, AnotherNamespaceTakesAVacantSegmentOnlyWhenNoCleanOneIsLeft) 
   EXPECT_EQ(tier->OwnerOf(uint64_t{second} * kSegment), 1u);
   HostSlot d = MustAllocate(*tier, 1, kPage);
   EXPECT_EQ(tier->Locate(d.offset).segment, second);
+}
+
+TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
+  HostTierOptions o;
+  o.capacity_bytes = 3 * kSegment;
+  o.segment_bytes = kSegment;
+  o.lock_memory = false;
+  o.spare_segments = 1;
+  Result<std::unique_ptr<HostTier>> made = HostTier::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  HostTier& tier = **made;
+  std::vector<HostSlot> full;
+  for (int i = 0; i < 3; ++i) full.push_back(MustAllocate(tier, 1, kSegment));
+  Fill(tier, full[0], 5);
+  const SegmentLocation loc = tier.Locate(full[0].offset);
+  Result<int> fd = tier.ExportSegment(loc.segment, loc.generation, 1, /*writable=*/false);
+  ASSERT_TRUE(fd.ok());
+  auto* old_view = static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *fd, 0));
+  ASSERT_NE(old_view, MAP_FAILED);
+  close(*fd);
+  tier.Free(full[0]);
+  // The thread renews it in the background: clean, owned by nobody, a new generation.
+  for (int i = 0; i < 500 && tier.GetStats().vacant_segments != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(tier.GetStats().vacant_segments, 0u);
+  EXPECT_EQ(tier.GetStats().free_segments, 1u);
+  EXPECT_EQ(tier.OwnerOf(full[0].offset), kNoNamespace);
+  const uint32_t renewed = tier.Locate(full[0].offset).generation;
+  EXPECT_NE(renewed, loc.generation);
+  // Namespace 2 takes it with no renewal of its own, and namespace 1's old mapping never sees
+  // what namespace 2 writes.
+  HostSlot b = MustAllocate(tier, 2, kSegment);
+  EXPECT_EQ(b.offset, full[0].offset);
+  EXPECT_EQ(tier.Locate(b.offset).generation, renewed);
+  std::memset(tier.Data(b), 0x5E, b.length);
+  for (uint64_t i = 0; i < b.length; i += 97) ASSERT_NE(old_view[i], 0x5E) << i;
+  munmap(old_view, kSegment);
+  // Emptied segments beyond the one spare stay vacant, their namespace's.
+  tier.Free(full[1]);
+  tier.Free(b);
+  for (int i = 0; i < 500 && tier.GetStats().vacant_segments != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(tier.GetStats().free_segments, 2u);
+  EXPECT_EQ(tier.GetStats().vacant_segments, 1u);
 }
 
 TEST(HostTierTest, VacantSegmentsDoNotCountTowardsAQuota) {

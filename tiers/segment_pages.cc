@@ -152,10 +152,16 @@ bool SegmentPages::Free(const MemorySlot& slot) {
 }
 
 std::optional<uint32_t> SegmentPages::TakeVacant(NamespaceId ns) {
-  if (vacant_.empty() || AtSegmentLimit(ns)) return std::nullopt;
+  if (AtSegmentLimit(ns)) return std::nullopt;
+  return TakeLongestVacant();
+}
+
+std::optional<uint32_t> SegmentPages::TakeLongestVacant() {
+  if (vacant_.empty()) return std::nullopt;
   const uint32_t index = vacant_.front();
   vacant_.erase(vacant_.begin());
   segments_[index].vacant = false;
+  segments_[index].owner = kNoNamespace;
   return index;
 }
 

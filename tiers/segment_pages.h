@@ -49,6 +49,11 @@ class SegmentPages {
   // that the tier must renew (then call Recycled) for `ns` to get room, the longest vacant first;
   // nullopt when none is left or `ns` is at its quota (renewing would not help it).
   std::optional<uint32_t> TakeVacant(NamespaceId ns);
+  // The longest-vacant segment of any namespace, taken out of every pool and owned by nobody
+  // (no export reaches it) until Recycled; nullopt when none is vacant.
+  std::optional<uint32_t> TakeLongestVacant();
+  uint32_t clean_segments() const { return static_cast<uint32_t>(free_segments_.size()); }
+  uint32_t vacant_segments() const { return static_cast<uint32_t>(vacant_.size()); }
   // The segment `index` from TakeVacant goes to the clean pool (`renewed`), or out of use for good.
   void Recycled(uint32_t index, bool renewed);
 
