@@ -1,11 +1,11 @@
 // kvpool-segment-handoff: what a namespace waits for when it takes a host segment another
 // namespace emptied (tiers/segment_pages.h). Namespace 1 fills every segment of a HostTier with
-// one block and, one at a time, empties a segment; after an idle gap (a workload between
-// requests) namespace 2 allocates a segment-sized block, timed. Without spare segments the
-// allocation renews the vacant segment itself (a fresh memfd populated and locked, the old one
-// released); with --spare_segments the tier's thread has renewed it during the gap. Also times
-// namespace 1 taking back a segment it emptied (no renewal at all). Figures in
-// docs/BENCHMARKS.md.
+// one block and, one at a time, empties a segment; after an idle gap (longer than the tier's
+// spare_after) namespace 2 allocates a segment-sized block, timed; or at once, as an eviction
+// to make room does, namespace 1 takes it back, timed (no renewal at all). Without spare
+// segments namespace 2's allocation renews the vacant segment itself (a fresh memfd populated
+// and locked, the old one released); with spare segments the tier's thread has renewed it
+// during the gap. Figures in docs/BENCHMARKS.md.
 
 #include <gflags/gflags.h>
 
@@ -20,8 +20,11 @@
 #include "tiers/host_tier.h"
 
 DEFINE_string(segment_size, "64MiB", "Host segment size.");
-DEFINE_uint32(segments, 16, "Segments in the arena (and handoffs measured).");
-DEFINE_uint32(gap_ms, 100, "Idle time between emptying a segment and the next allocation.");
+DEFINE_uint32(segments, 8, "Segments in the arena (and handoffs measured).");
+DEFINE_uint32(gap_ms, 1200, "Idle time between emptying a segment and the next allocation.");
+DEFINE_uint32(spare_after_ms, 1000,
+              "HostTierOptions::spare_after: how long a segment stays vacant before the tier's "
+              "thread may renew it (kvpoold: 1 s).");
 DEFINE_bool(lock_memory, true, "mlock the arena, as kvpoold does by default.");
 
 namespace {
@@ -45,6 +48,7 @@ int Run(uint64_t segment_bytes, uint32_t spares) {
   o.segment_bytes = segment_bytes;
   o.lock_memory = FLAGS_lock_memory;
   o.spare_segments = spares;
+  o.spare_after = std::chrono::milliseconds(FLAGS_spare_after_ms);
   kvpool::Result<std::unique_ptr<HostTier>> made = HostTier::Create(o);
   if (!made.ok()) {
     std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
@@ -58,8 +62,8 @@ int Run(uint64_t segment_bytes, uint32_t spares) {
   std::vector<HostSlot> ns2;
   for (uint32_t i = 0; i < FLAGS_segments; ++i) {
     tier.Free(ns1[i]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(FLAGS_gap_ms));
     if (i % 2 == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(FLAGS_gap_ms));
       const auto t0 = Clock::now();
       kvpool::Result<HostSlot> s = tier.Allocate(2, segment_bytes);
       handoff.push_back(Ms(Clock::now() - t0));
@@ -76,9 +80,9 @@ int Run(uint64_t segment_bytes, uint32_t spares) {
       ns1[i] = *s;
     }
   }
-  std::printf("spare_segments=%u, %s segments, gap %u ms, mlock %s\n", spares,
-              kvpool::FormatBytes(segment_bytes).c_str(), FLAGS_gap_ms,
-              tier.GetStats().locked ? "yes" : "no");
+  std::printf("spare_segments=%u (after %u ms vacant), %s segments, gap %u ms, mlock %s\n",
+              spares, FLAGS_spare_after_ms, kvpool::FormatBytes(segment_bytes).c_str(),
+              FLAGS_gap_ms, tier.GetStats().locked ? "yes" : "no");
   Report("  another namespace takes an emptied segment", handoff);
   Report("  its namespace takes it back", take_back);
   return 0;

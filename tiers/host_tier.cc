@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstring>
 
+#include "absl/time/time.h"
 #include "common/units.h"
 #include "kernels/pinned_memory.h"
 
@@ -35,7 +36,7 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   }
   std::unique_ptr<HostTier> tier(new HostTier(static_cast<uint8_t*>(p), options.segment_bytes,
                                               static_cast<uint32_t>(count), options.lock_memory,
-                                              options.spare_segments));
+                                              options.spare_segments, options.spare_after));
   absl::MutexLock lock(&tier->mu_);
   for (uint32_t i = 0; i < count; ++i) {
     KVPOOL_RETURN_IF_ERROR(tier->MapSegmentLocked(i));
@@ -62,13 +63,14 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
 }
 
 HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
-                   uint32_t spare_segments)
+                   uint32_t spare_segments, std::chrono::milliseconds spare_after)
     : SegmentedTier("host", segment_bytes, segment_count),
       base_(base),
       segment_bytes_(segment_bytes),
       segment_count_(segment_count),
       lock_(lock),
-      spare_segments_(spare_segments) {
+      spare_segments_(spare_segments),
+      spare_after_(spare_after) {
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
 }
@@ -166,6 +168,14 @@ void HostTier::RenewSpares() {
   for (;;) {
     mu_.Await(absl::Condition(this, &HostTier::SpareWantedOrStopping));
     if (stopping_) break;
+    // Not one its namespace may take back at once: wait until it has been vacant a while (or
+    // is taken, or another empties).
+    const auto since = pages_.LongestVacantSince();
+    const auto waited = std::chrono::steady_clock::now() - *since;
+    if (waited < spare_after_) {
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(spare_after_ - waited));
+      continue;
+    }
     const std::optional<uint32_t> index = pages_.TakeLongestVacant();
     if (!index) continue;
     // Out of every pool and owned by nobody: no slot, no allocation and no export reaches the

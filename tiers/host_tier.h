@@ -24,6 +24,7 @@
 // returns a stable pointer for the life of the tier; the caller's lease protocol (see
 // tiers/tier_manager.h) decides who may touch a slot's bytes.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -56,6 +57,10 @@ struct HostTierOptions {
   // 64 MiB, docs/BENCHMARKS.md) on its request path. 0: no thread; renewal happens when a
   // namespace needs the segment. Default: 0.
   uint32_t spare_segments = 0;
+  // The thread renews only segments vacant this long: a namespace evicting to make room takes its
+  // emptied segment back at once, and renewing that one would only make its clients map it
+  // again. Default: 1 s.
+  std::chrono::milliseconds spare_after{1000};
 };
 
 class HostTier final : public SegmentedTier {
@@ -95,7 +100,7 @@ class HostTier final : public SegmentedTier {
   };
 
   HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
-           uint32_t spare_segments);
+           uint32_t spare_segments, std::chrono::milliseconds spare_after);
   // Creates a memfd for segment `index` and maps it over its range. IoError/ResourceExhausted.
   Status MapSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The part of giving segment `index` fresh memory that needs no lock, for a segment no slot
@@ -118,6 +123,7 @@ class HostTier final : public SegmentedTier {
   const uint32_t segment_count_;
   const bool lock_;
   const uint32_t spare_segments_;
+  const std::chrono::milliseconds spare_after_;
   bool locked_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread spare_renewer_;

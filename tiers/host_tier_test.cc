@@ -292,6 +292,7 @@ TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
   o.segment_bytes = kSegment;
   o.lock_memory = false;
   o.spare_segments = 1;
+  o.spare_after = std::chrono::milliseconds(20);
   Result<std::unique_ptr<HostTier>> made = HostTier::Create(o);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   HostTier& tier = **made;
@@ -330,6 +331,31 @@ TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
   }
   EXPECT_EQ(tier.GetStats().free_segments, 2u);
   EXPECT_EQ(tier.GetStats().vacant_segments, 1u);
+}
+
+TEST(HostTierTest, TheSpareThreadLeavesASegmentItsNamespaceTakesBackAtOnce) {
+  HostTierOptions o;
+  o.capacity_bytes = 2 * kSegment;
+  o.segment_bytes = kSegment;
+  o.lock_memory = false;
+  o.spare_segments = 2;
+  o.spare_after = std::chrono::seconds(30);  // longer than this test
+  Result<std::unique_ptr<HostTier>> made = HostTier::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  HostTier& tier = **made;
+  HostSlot a = MustAllocate(tier, 1, kSegment);
+  HostSlot a2 = MustAllocate(tier, 1, kSegment);
+  const uint32_t generation = tier.Locate(a.offset).generation;
+  // As an eviction to make room does: empty a segment, and take it again.
+  tier.Free(a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  HostSlot again = MustAllocate(tier, 1, kSegment);
+  EXPECT_EQ(again.offset, a.offset);
+  EXPECT_EQ(tier.Locate(again.offset).generation, generation);  // its clients' mappings hold
+  tier.Free(a2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(tier.GetStats().vacant_segments, 1u);
+  EXPECT_EQ(tier.OwnerOf(a2.offset), 1u);
 }
 
 TEST(HostTierTest, VacantSegmentsDoNotCountTowardsAQuota) {

@@ -147,8 +147,14 @@ bool SegmentPages::Free(const MemorySlot& slot) {
     if (--held->second == 0) segments_of_.erase(held);
   }
   seg.vacant = true;
+  seg.vacant_since = std::chrono::steady_clock::now();
   vacant_.push_back(seg_index);
   return true;
+}
+
+std::optional<std::chrono::steady_clock::time_point> SegmentPages::LongestVacantSince() const {
+  if (vacant_.empty()) return std::nullopt;
+  return segments_[vacant_.front()].vacant_since;
 }
 
 std::optional<uint32_t> SegmentPages::TakeVacant(NamespaceId ns) {

@@ -16,6 +16,7 @@
 //
 // Thread safety: none; the owning tier serializes access under its mutex.
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -54,6 +55,8 @@ class SegmentPages {
   std::optional<uint32_t> TakeLongestVacant();
   uint32_t clean_segments() const { return static_cast<uint32_t>(free_segments_.size()); }
   uint32_t vacant_segments() const { return static_cast<uint32_t>(vacant_.size()); }
+  // When the longest-vacant segment emptied; nullopt when none is vacant.
+  std::optional<std::chrono::steady_clock::time_point> LongestVacantSince() const;
   // The segment `index` from TakeVacant goes to the clean pool (`renewed`), or out of use for good.
   void Recycled(uint32_t index, bool renewed);
 
@@ -76,6 +79,7 @@ class SegmentPages {
     uint32_t used_pages = 0;
     std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
     bool vacant = false;           // empty, still `owner`'s memory (see above)
+    std::chrono::steady_clock::time_point vacant_since;  // when it emptied, while vacant
     bool quarantined = false;      // could not be renewed: never allocated from again
   };
 
