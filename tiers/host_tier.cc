@@ -181,13 +181,17 @@ void HostTier::RenewSpares() {
     // Out of every pool and owned by nobody: no slot, no allocation and no export reaches the
     // segment while its memory is replaced without the lock.
     const bool mlock_it = locked_;
+    ++renewing_;
     mu_.Unlock();
     Result<int> fd = MapFreshMemfd(*index, mlock_it);
     mu_.Lock();
+    --renewing_;
     if (!fd.ok()) {
       LOG(ERROR) << "host segment " << *index << " could not get a fresh memfd ("
                  << fd.status().ToString() << "); it stays out of use";
-      pages_.Recycled(*index, false);
+      QuarantineLocked(*index);
+      // Whatever failed (descriptors, memory) may fail for the next one too: pause.
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
       continue;
     }
     const int old = InstallMemfdLocked(*index, *fd);
@@ -202,11 +206,20 @@ void HostTier::RenewSpares() {
 bool HostTier::RenewSegmentLocked(uint32_t index) {
   Status st = MapSegmentLocked(index);
   if (!st.ok()) {
-    // The old memfd was never remapped or closed: the segment may not go to any namespace.
+    // The old memfd was never closed: the segment may not go to any namespace.
     LOG(ERROR) << "host segment " << index << " could not get a fresh memfd (" << st.ToString()
                << "); it stays out of use";
+    fallocate(segments_[index].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+              static_cast<off_t>(segment_bytes_));
   }
   return st.ok();
+}
+
+void HostTier::QuarantineLocked(uint32_t index) {
+  // Its old bytes go (a client still mapping them sees zeros); the segment is used no more.
+  fallocate(segments_[index].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+            static_cast<off_t>(segment_bytes_));
+  pages_.Recycled(index, false);
 }
 
 SegmentLocation HostTier::Locate(uint64_t offset) const {

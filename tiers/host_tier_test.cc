@@ -307,7 +307,9 @@ TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
   close(*fd);
   tier.Free(full[0]);
   // The thread renews it in the background: clean, owned by nobody, a new generation.
-  for (int i = 0; i < 500 && tier.GetStats().vacant_segments != 0; ++i) {
+  for (int i = 0; i < 500 && (tier.GetStats().free_segments != 1 ||
+                              tier.Locate(full[0].offset).generation == loc.generation);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(tier.GetStats().vacant_segments, 0u);
@@ -326,7 +328,9 @@ TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
   // Emptied segments beyond the one spare stay vacant, their namespace's.
   tier.Free(full[1]);
   tier.Free(b);
-  for (int i = 0; i < 500 && tier.GetStats().vacant_segments != 1; ++i) {
+  for (int i = 0; i < 500 && !(tier.GetStats().free_segments == 2 &&
+                               tier.GetStats().vacant_segments == 1);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(tier.GetStats().free_segments, 2u);

@@ -232,11 +232,24 @@ MemoryTierStats SegmentPages::Stats() const {
 
 Result<MemorySlot> SegmentedTier::Allocate(NamespaceId ns, uint64_t length) {
   absl::MutexLock lock(&mu_);
+  bool renewed_one = false;
   for (;;) {
     Result<MemorySlot> slot = pages_.Allocate(ns, length);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    if (pages_.AtSegmentLimit(ns)) return slot;
+    if (renewing_ > 0) {
+      // A segment being renewed in the background is about to be clean: wait for it rather
+      // than report a full tier (the caller would evict for room that is on its way).
+      mu_.Await(absl::Condition(
+          +[](uint32_t* renewing) { return *renewing == 0; }, &renewing_));
+      continue;
+    }
+    // At most one renewal per call: one that fails (out of descriptors or memory) must not take
+    // every vacant segment out of use in one go.
+    if (renewed_one) return slot;
     const std::optional<uint32_t> vacant = pages_.TakeVacant(ns);
     if (!vacant) return slot;
+    renewed_one = true;
     pages_.Recycled(*vacant, RenewSegmentLocked(*vacant));
   }
 }

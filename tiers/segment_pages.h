@@ -132,6 +132,9 @@ class SegmentedTier : public MemoryTier {
 
   mutable absl::Mutex mu_;
   SegmentPages pages_ ABSL_GUARDED_BY(mu_);
+  // Segments taken out of every pool for a renewal that runs without mu_ (the host tier's spare
+  // thread); Allocate waits for them instead of reporting the tier full.
+  uint32_t renewing_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvpool::tiers

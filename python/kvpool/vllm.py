@@ -312,10 +312,8 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._async_loads: list[BlockSpan] = []   # allocated, for the next build_connector_meta
         self._loaded_end: dict[str, int] = {}     # req_id -> end of its asynchronous load
         # req_id -> its key context (_key_context), from get_num_new_matched_tokens; a request
-        # never seen there is not stored (its context is unknown).
+        # never seen there, or one that cannot be keyed (prompt embeddings), is not stored.
         self._contexts: dict[str, tuple[tuple[int, str], ...]] = {}
-        # Requests that cannot be keyed (prompt embeddings): never looked up, never stored.
-        self._unkeyed: set[str] = set()
         # req_id -> request.num_preemptions when its asynchronous load was handed out: asked
         # again in that admission, the load failed from its first block (vLLM re-admits it).
         self._load_admission: dict[str, int] = {}
@@ -385,7 +383,6 @@ class KvpoolConnector(KVConnectorBase_V1):
         B = self._block_size
         context = _key_context(request, len(prompt) // B, B)
         if context is None:
-            self._unkeyed.add(request.request_id)
             return 0, False
         self._contexts[request.request_id] = context
         if self._load_admission.get(request.request_id) == request.num_preemptions:
@@ -435,8 +432,12 @@ class KvpoolConnector(KVConnectorBase_V1):
         # requests: its blocks are known only here.
         block_ids = list(blocks.get_block_ids()[0])
         prompt = list(request.prompt_token_ids or [])
+        context = self._contexts.get(req_id)
+        if context is None:   # (cannot happen: the lookup that offered the load recorded it)
+            log.error("kvpool.vllm: request %s has no key context; its load fails", req_id)
+            prompt = []       # no keys: every block is a load error, recomputed
         self._async_loads.append(BlockSpan(req_id, prompt[:end * self._block_size], first, end,
-                                           block_ids[first:end], self._contexts.get(req_id, ())))
+                                           block_ids[first:end], context or ()))
         self._loaded_end[req_id] = end
         self._load_admission[req_id] = request.num_preemptions
 
@@ -501,7 +502,6 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._pending_load.pop(req_id, None)
         self._loaded_end.pop(req_id, None)
         self._load_admission.pop(req_id, None)
-        self._unkeyed.discard(req_id)
         self._contexts.pop(req_id, None)
 
     def _add_save(self, meta: KvpoolConnectorMetadata, req_id: str, tr: _Tracker,

@@ -695,7 +695,7 @@ def test_a_request_with_prompt_embeddings_is_neither_looked_up_nor_stored(model_
     embedded = request(PROMPT + [1])
     embedded.prompt_embeds = torch.zeros(len(PROMPT) + 1, 8)
     assert c.get_num_new_matched_tokens(embedded, 0) == (0, False)
-    assert embedded.request_id in c._unkeyed
+    assert embedded.request_id not in c._contexts               # so never stored either
 
 
 @pytest.mark.gpu
