@@ -307,6 +307,10 @@ class Bench {
                  int case_index);
   Status WarmUp(BenchSystem& sys, uint64_t block_bytes, int threads, const PatternSet& pattern,
                 int case_index);
+  std::vector<std::unique_ptr<PhaseWorker>> PutWorkers(BenchSystem& sys, uint64_t block_bytes,
+                                                       int threads, const PatternSet& pattern,
+                                                       const std::string& stream,
+                                                       std::vector<PutWorker*>* puts);
   Status RunBorrows(BenchSystem& sys, uint64_t block_bytes, int threads, const PatternSet& pattern,
                     const std::vector<StoredBlock>& stored, const std::vector<size_t>& starts);
   Status RunLookups(BenchSystem& sys, int threads);
@@ -528,16 +532,9 @@ Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
   KVPOOL_ASSIGN_OR_RETURN(ArenaStats before, sys.Arena());
 
   // Put: fresh keys only.
-  std::vector<std::unique_ptr<PhaseWorker>> workers;
   std::vector<PutWorker*> puts;
-  const size_t per_thread = BlocksPerThread(c_, block_bytes, threads);
-  for (int i = 0; i < threads; ++i) {
-    auto w = std::make_unique<PutWorker>(
-        sys, i, pattern, c_.batch, c_.run_secret,
-        "case-" + std::to_string(case_index) + "-thread-" + std::to_string(i), per_thread);
-    puts.push_back(w.get());
-    workers.push_back(std::move(w));
-  }
+  std::vector<std::unique_ptr<PhaseWorker>> workers =
+      PutWorkers(sys, block_bytes, threads, pattern, "case-" + std::to_string(case_index), &puts);
   Result<PhaseStats> put_stats = RunPhase(workers, c_.pin.bench_cpus, c_.limits);
   std::vector<StoredBlock> stored;
   std::vector<size_t> starts;
@@ -605,19 +602,30 @@ Status Bench::RunCase(BenchSystem& sys, uint64_t block_bytes, int threads,
   return sys.Drop(keys).WithContext("dropping the blocks of " + tag);
 }
 
+// One PutWorker per thread storing its share of the working set under keys of stream
+// `stream`-thread-i (so no two phases share keys); `puts` gets each.
+std::vector<std::unique_ptr<PhaseWorker>> Bench::PutWorkers(BenchSystem& sys, uint64_t block_bytes,
+                                                            int threads, const PatternSet& pattern,
+                                                            const std::string& stream,
+                                                            std::vector<PutWorker*>* puts) {
+  std::vector<std::unique_ptr<PhaseWorker>> workers;
+  const size_t per_thread = BlocksPerThread(c_, block_bytes, threads);
+  for (int i = 0; i < threads; ++i) {
+    auto w = std::make_unique<PutWorker>(sys, i, pattern, c_.batch, c_.run_secret,
+                                         stream + "-thread-" + std::to_string(i), per_thread);
+    puts->push_back(w.get());
+    workers.push_back(std::move(w));
+  }
+  return workers;
+}
+
 // The case's working set put once, untimed, under keys of its own, then dropped.
 Status Bench::WarmUp(BenchSystem& sys, uint64_t block_bytes, int threads,
                      const PatternSet& pattern, int case_index) {
-  std::vector<std::unique_ptr<PhaseWorker>> workers;
   std::vector<PutWorker*> puts;
-  const size_t per_thread = BlocksPerThread(c_, block_bytes, threads);
-  for (int i = 0; i < threads; ++i) {
-    auto w = std::make_unique<PutWorker>(
-        sys, i, pattern, c_.batch, c_.run_secret,
-        "warm-up-" + std::to_string(case_index) + "-thread-" + std::to_string(i), per_thread);
-    puts.push_back(w.get());
-    workers.push_back(std::move(w));
-  }
+  std::vector<std::unique_ptr<PhaseWorker>> workers =
+      PutWorkers(sys, block_bytes, threads, pattern, "warm-up-" + std::to_string(case_index),
+                 &puts);
   const PhaseLimits until_stored{/*seconds=*/300, /*max_ops=*/0};
   const Status st = RunPhase(workers, c_.pin.bench_cpus, until_stored).status();
   std::vector<BlockKey> keys;

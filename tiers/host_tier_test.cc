@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -286,16 +287,31 @@ TEST(HostTierTest, AnotherNamespaceTakesAVacantSegmentOnlyWhenNoCleanOneIsLeft) 
   EXPECT_EQ(tier->Locate(d.offset).segment, second);
 }
 
-TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
+// A tier of `segments` whose thread keeps `spares` clean, renewing segments vacant `after`.
+std::unique_ptr<HostTier> MakeSpareTier(uint64_t segments, uint32_t spares,
+                                        std::chrono::milliseconds after) {
   HostTierOptions o;
-  o.capacity_bytes = 3 * kSegment;
+  o.capacity_bytes = segments * kSegment;
   o.segment_bytes = kSegment;
   o.lock_memory = false;
-  o.spare_segments = 1;
-  o.spare_after = std::chrono::milliseconds(20);
-  Result<std::unique_ptr<HostTier>> made = HostTier::Create(o);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  HostTier& tier = **made;
+  o.spare_segments = spares;
+  o.spare_after = after;
+  Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+// Polls `done` for up to 5 s (the spare thread works in the background).
+void WaitUntil(const std::function<bool()>& done) {
+  for (int i = 0; i < 500 && !done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
+  auto made = MakeSpareTier(3, 1, std::chrono::milliseconds(20));
+  ASSERT_TRUE(made);
+  HostTier& tier = *made;
   std::vector<HostSlot> full;
   for (int i = 0; i < 3; ++i) full.push_back(MustAllocate(tier, 1, kSegment));
   Fill(tier, full[0], 5);
@@ -307,11 +323,10 @@ TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
   close(*fd);
   tier.Free(full[0]);
   // The thread renews it in the background: clean, owned by nobody, a new generation.
-  for (int i = 0; i < 500 && (tier.GetStats().free_segments != 1 ||
-                              tier.Locate(full[0].offset).generation == loc.generation);
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] {
+    return tier.GetStats().free_segments == 1 &&
+           tier.Locate(full[0].offset).generation != loc.generation;
+  });
   EXPECT_EQ(tier.GetStats().vacant_segments, 0u);
   EXPECT_EQ(tier.GetStats().free_segments, 1u);
   EXPECT_EQ(tier.OwnerOf(full[0].offset), kNoNamespace);
@@ -328,25 +343,18 @@ TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
   // Emptied segments beyond the one spare stay vacant, their namespace's.
   tier.Free(full[1]);
   tier.Free(b);
-  for (int i = 0; i < 500 && !(tier.GetStats().free_segments == 2 &&
-                               tier.GetStats().vacant_segments == 1);
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] {
+    const HostTierStats st = tier.GetStats();
+    return st.free_segments == 2 && st.vacant_segments == 1;
+  });
   EXPECT_EQ(tier.GetStats().free_segments, 2u);
   EXPECT_EQ(tier.GetStats().vacant_segments, 1u);
 }
 
 TEST(HostTierTest, TheSpareThreadLeavesASegmentItsNamespaceTakesBackAtOnce) {
-  HostTierOptions o;
-  o.capacity_bytes = 2 * kSegment;
-  o.segment_bytes = kSegment;
-  o.lock_memory = false;
-  o.spare_segments = 2;
-  o.spare_after = std::chrono::seconds(30);  // longer than this test
-  Result<std::unique_ptr<HostTier>> made = HostTier::Create(o);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  HostTier& tier = **made;
+  auto made = MakeSpareTier(2, 2, std::chrono::seconds(30));  // longer than this test
+  ASSERT_TRUE(made);
+  HostTier& tier = *made;
   HostSlot a = MustAllocate(tier, 1, kSegment);
   HostSlot a2 = MustAllocate(tier, 1, kSegment);
   const uint32_t generation = tier.Locate(a.offset).generation;
