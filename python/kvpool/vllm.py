@@ -79,6 +79,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -328,6 +329,10 @@ class KvpoolConnector(KVConnectorBase_V1):
                                   OutageLog(log, "kvpool.vllm", "stores skipped"))
         self._saves: dict[concurrent.futures.Future[tuple[int, float]], str] = {}   # -> req_id
         self._save_reqs: set[str] = set()       # requests with saves handed to the saver
+        # req_id -> keys of its prompt blocks hashed by its saves so far (_chain); the saver
+        # thread adds, get_finished drops a finished request's once none of its saves is queued.
+        self._chains: dict[str, list[bytes]] = {}
+        self._chains_lock = threading.Lock()
         self._finished_saving: set[str] = set()   # of those, finished in vLLM: report when done
         self._stats = KvpoolConnectorStats()   # since the last get_kv_connector_stats
 
@@ -353,24 +358,24 @@ class KvpoolConnector(KVConnectorBase_V1):
         return dt if dt in _DTYPE_NAMES else None
 
     def _keys(self, tokens: Sequence[int], layout: str | None = None,
-              context: tuple[tuple[int, str], ...] = ()) -> list[bytes]:
-        """kvpool's keys of the full blocks of `tokens`: one chain, each run of `context` hashed
-        with its suffix on the layout string, continuing from the key before it."""
+              context: tuple[tuple[int, str], ...] = (), first: int = 0,
+              parent: bytes | None = None) -> list[bytes]:
+        """kvpool's keys of the full blocks [first, ...) of `tokens`: one chain, each run of
+        `context` hashed with its suffix on the layout string, continuing from the key before
+        it; `parent` is the key of block first - 1 (None for block 0)."""
         layout = layout or self.layout
         tokens, B = list(tokens), self._block_size
-        if not context:
-            return kvpool.hash_chain(tokens, secret=self._secret, layout=layout,
-                                     tokens_per_block=B)
-        runs = ([(0, "")] if context[0][0] > 0 else []) + list(context)
         blocks = len(tokens) // B
+        runs = ([(0, "")] if not context or context[0][0] > 0 else []) + list(context)
         keys: list[bytes] = []
         for i, (start, suffix) in enumerate(runs):
-            if start >= blocks:
-                break
             stop = min(runs[i + 1][0] if i + 1 < len(runs) else blocks, blocks)
+            start = max(start, first)
+            if start >= stop:
+                continue
             keys += kvpool.hash_chain(tokens[start * B:stop * B], secret=self._secret,
                                       layout=layout + suffix, tokens_per_block=B,
-                                      parent=keys[-1] if keys else None)
+                                      parent=keys[-1] if keys else parent)
         return keys
 
     # ==== scheduler side ====
@@ -723,12 +728,12 @@ class KvpoolConnector(KVConnectorBase_V1):
     def _save_span(self, span: BlockSpan, link: Link) -> int:
         """Stores the span's blocks kvpool lacks through `link` (the calling thread's);
         returns how many were stored."""
-        keys = self._keys(span.token_ids, context=span.context)
+        keys = self._chain(span)
         try:
             client = link.client()
-            have = client.lookup(keys[:span.end], prefetch=False).hit_blocks
+            have = client.lookup(keys[span.first:span.end], prefetch=False).hit_blocks
             stored = 0
-            i = max(have, span.first)
+            i = span.first + have
             while i < span.end:
                 n = min(self._chunk_blocks, span.end - i)
                 staging = self._staging(link, n)
@@ -748,12 +753,34 @@ class KvpoolConnector(KVConnectorBase_V1):
         link.answered()
         return stored
 
+    def _chain(self, span: BlockSpan) -> list[bytes]:
+        """Keys of the first span.end blocks of the span's request, hashing only blocks no
+        earlier save of it hashed (a chunked prefill saves chunk by chunk: without this, each
+        chunk would hash the whole prompt so far again)."""
+        with self._chains_lock:
+            known = self._chains.get(span.req_id, [])
+        if len(known) < span.end:
+            known = known + self._keys(span.token_ids[:span.end * self._block_size],
+                                       context=span.context, first=len(known),
+                                       parent=known[-1] if known else None)
+            with self._chains_lock:
+                self._chains[span.req_id] = known
+        return known[:span.end]
+
+    def _forget_chains(self, req_ids: set[str]) -> None:
+        with self._chains_lock:
+            for req_id in req_ids:
+                self._chains.pop(req_id, None)
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
                                                                 set[str] | None]:
         """(requests finished in vLLM whose asynchronous saves are all done, requests whose
         asynchronous loads are done). A load's failed blocks go to the load errors first, so
         vLLM sees them in this pass."""
-        return self._finished_saves(finished_req_ids) or None, self._finished_loads() or None
+        saved = self._finished_saves(finished_req_ids)
+        # A finished request's chain goes once no save of it is queued (its saves' end, here).
+        self._forget_chains(saved | (set(finished_req_ids) - set(self._saves.values())))
+        return saved or None, self._finished_loads() or None
 
     def _finished_saves(self, finished_req_ids: set[str]) -> set[str]:
         for future in [f for f in self._saves if f.done()]:

@@ -130,10 +130,14 @@ def test_kernel_split_blocks(model_dir, daemon):
 
 def test_chunked_prefill_saves_each_chunks_full_blocks(model_dir, daemon):
     """A 50-token prompt prefilled in chunks of 32 tokens: the first step stores 2 blocks, the
-    second (a cached request in vLLM's SchedulerOutput) the third; decode KV is not stored."""
+    second (a cached request in vLLM's SchedulerOutput) the third, hashing only that block;
+    decode KV is not stored."""
     cfg = make_config(model_dir, daemon.socket, secret=SECRET, max_batched_tokens=32)
     views_a, kvc = kv_views(KVCacheLayout.BHLNC, seed=7)
     sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_a)
+    hashed = []                                              # blocks each worker hash call keyed
+    keys_of = w._keys
+    w._keys = lambda *a, **kw: hashed.append(len(k := keys_of(*a, **kw))) or k
     req = request(PROMPT, max_tokens=3)
     sched.add_request(req)
     rid = req.request_id
@@ -152,6 +156,9 @@ def test_chunked_prefill_saves_each_chunks_full_blocks(model_dir, daemon):
                                                     sampled_token_ids=[[PROMPT[0]]]))
     step(sched, w)                                           # a decode step: nothing stored
     assert _matched(model_dir, daemon, PROMPT + [PROMPT[0]] * 20) == (48, True)
+    assert hashed == [2, 1]                                  # each block hashed once
+    w.get_finished({rid})                                    # its saves done: its chain goes
+    assert rid not in w._chains
 
     views_b, kvc_b = kv_views(KVCacheLayout.LBNHC, seed=8)
     sched, w = scheduler(make_config(model_dir, daemon.socket, secret=SECRET), kvc_b), \

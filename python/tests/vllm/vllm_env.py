@@ -36,7 +36,9 @@ def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "v
                 model_id: str | None = None, block_size: int = BLOCK,
                 dtype: str = "bfloat16", max_batched_tokens: int = 2048,
                 load_async: bool = True, save_async: bool = True, tp_size: int = 1) -> VllmConfig:
-    extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 1.0,
+    # A generous client timeout: on a loaded 2-core CI machine a call can take over a second,
+    # which would turn a hit into a miss and a store into a skip. (A killed daemon refuses at once.)
+    extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 5.0,
              "load_async": load_async, "save_async": save_async}
     if model_id is not None:
         extra["model_id"] = model_id
