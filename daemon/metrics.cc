@@ -92,6 +92,12 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Metric(&o, "kvpool_host_fragmentation_ratio", "gauge",
          "1 - largest free run / free bytes in the host arena.");
   Value(&o, "kvpool_host_fragmentation_ratio", t.host.fragmentation);
+  Metric(&o, "kvpool_host_free_segments", "gauge",
+         "Host segments no block uses: clean ones and vacant ones (still their last namespace's).");
+  Value(&o, "kvpool_host_free_segments", static_cast<double>(t.host.free_segments));
+  Metric(&o, "kvpool_host_vacant_segments", "gauge",
+         "Emptied host segments kept for their namespace until another one needs them.");
+  Value(&o, "kvpool_host_vacant_segments", static_cast<double>(t.host.vacant_segments));
   Metric(&o, "kvpool_disk_device_bytes", "gauge", "RocksDB SST and blob file bytes.");
   Value(&o, "kvpool_disk_device_bytes", static_cast<double>(t.disk_bytes_on_device));
   Metric(&o, "kvpool_rocksdb_memory_bytes", "gauge",

@@ -568,6 +568,9 @@ TEST(DaemonTest, ExposesPrometheusMetrics) {
   EXPECT_NE(body.find("kvpool_namespace_bytes{namespace=\"test\",tier=\"host\"} 1048576\n"),
             std::string::npos)
       << body;
+  // No segment has emptied yet.
+  EXPECT_NE(body.find("# TYPE kvpool_host_free_segments gauge"), std::string::npos) << body;
+  EXPECT_NE(body.find("kvpool_host_vacant_segments 0\n"), std::string::npos) << body;
 }
 
 }  // namespace
