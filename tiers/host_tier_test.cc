@@ -23,11 +23,16 @@ constexpr uint64_t kSegment = 1ull << 20;
 constexpr uint64_t kCapacity = 8 * kSegment;
 constexpr uint64_t kPage = HostTier::kPageBytes;
 
-std::unique_ptr<HostTier> MakeTier(uint64_t capacity = kCapacity, uint64_t segment = kSegment) {
+// `spares` and `after`: HostTierOptions::spare_segments and spare_after.
+std::unique_ptr<HostTier> MakeTier(uint64_t capacity = kCapacity, uint64_t segment = kSegment,
+                                   uint32_t spares = 0,
+                                   std::chrono::milliseconds after = std::chrono::seconds(1)) {
   HostTierOptions o;
   o.capacity_bytes = capacity;
   o.segment_bytes = segment;
   o.lock_memory = false;
+  o.spare_segments = spares;
+  o.spare_after = after;
   Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   return t.ok() ? std::move(t).value() : nullptr;
@@ -287,20 +292,6 @@ TEST(HostTierTest, AnotherNamespaceTakesAVacantSegmentOnlyWhenNoCleanOneIsLeft) 
   EXPECT_EQ(tier->Locate(d.offset).segment, second);
 }
 
-// A tier of `segments` whose thread keeps `spares` clean, renewing segments vacant `after`.
-std::unique_ptr<HostTier> MakeSpareTier(uint64_t segments, uint32_t spares,
-                                        std::chrono::milliseconds after) {
-  HostTierOptions o;
-  o.capacity_bytes = segments * kSegment;
-  o.segment_bytes = kSegment;
-  o.lock_memory = false;
-  o.spare_segments = spares;
-  o.spare_after = after;
-  Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return t.ok() ? std::move(t).value() : nullptr;
-}
-
 // Polls `done` for up to 5 s (the spare thread works in the background).
 void WaitUntil(const std::function<bool()>& done) {
   for (int i = 0; i < 500 && !done(); ++i) {
@@ -309,7 +300,7 @@ void WaitUntil(const std::function<bool()>& done) {
 }
 
 TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
-  auto made = MakeSpareTier(3, 1, std::chrono::milliseconds(20));
+  auto made = MakeTier(3 * kSegment, kSegment, /*spares=*/1, std::chrono::milliseconds(20));
   ASSERT_TRUE(made);
   HostTier& tier = *made;
   std::vector<HostSlot> full;
@@ -352,7 +343,8 @@ TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
 }
 
 TEST(HostTierTest, TheSpareThreadLeavesASegmentItsNamespaceTakesBackAtOnce) {
-  auto made = MakeSpareTier(2, 2, std::chrono::seconds(30));  // longer than this test
+  // The thread renews nothing vacant less than 30 s, longer than this test.
+  auto made = MakeTier(2 * kSegment, kSegment, /*spares=*/2, std::chrono::seconds(30));
   ASSERT_TRUE(made);
   HostTier& tier = *made;
   HostSlot a = MustAllocate(tier, 1, kSegment);
