@@ -620,12 +620,11 @@ std::vector<std::unique_ptr<PhaseWorker>> Bench::PutWorkers(BenchSystem& sys, ui
 }
 
 // The case's working set put once, untimed, under keys of its own, then dropped.
-Status Bench::WarmUp(BenchSystem& sys, uint64_t block_bytes, int threads,
-                     const PatternSet& pattern, int case_index) {
+Status Bench::WarmUp(BenchSystem& sys, uint64_t block_bytes, int threads, const PatternSet& pattern,
+                     int case_index) {
   std::vector<PutWorker*> puts;
-  std::vector<std::unique_ptr<PhaseWorker>> workers =
-      PutWorkers(sys, block_bytes, threads, pattern, "warm-up-" + std::to_string(case_index),
-                 &puts);
+  std::vector<std::unique_ptr<PhaseWorker>> workers = PutWorkers(
+      sys, block_bytes, threads, pattern, "warm-up-" + std::to_string(case_index), &puts);
   const PhaseLimits until_stored{/*seconds=*/300, /*max_ops=*/0};
   const Status st = RunPhase(workers, c_.pin.bench_cpus, until_stored).status();
   std::vector<BlockKey> keys;

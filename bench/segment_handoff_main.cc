@@ -80,9 +80,9 @@ int Run(uint64_t segment_bytes, uint32_t spares) {
       ns1[i] = *s;
     }
   }
-  std::printf("spare_segments=%u (after %u ms vacant), %s segments, gap %u ms, mlock %s\n",
-              spares, FLAGS_spare_after_ms, kvpool::FormatBytes(segment_bytes).c_str(),
-              FLAGS_gap_ms, tier.GetStats().locked ? "yes" : "no");
+  std::printf("spare_segments=%u (after %u ms vacant), %s segments, gap %u ms, mlock %s\n", spares,
+              FLAGS_spare_after_ms, kvpool::FormatBytes(segment_bytes).c_str(), FLAGS_gap_ms,
+              tier.GetStats().locked ? "yes" : "no");
   Report("  another namespace takes an emptied segment", handoff);
   Report("  its namespace takes it back", take_back);
   return 0;

@@ -108,8 +108,8 @@ Result<MemorySlot> SegmentPages::Allocate(NamespaceId ns, uint64_t length) {
     if (first >= 0) return take(i, first);
   }
   if (AtSegmentLimit(ns)) {
-    return Status::ResourceExhausted("namespace holds its quota of " +
-                                     std::to_string(LimitOf(ns)) + " " + tier_name_ + " segments");
+    return Status::ResourceExhausted("namespace holds its quota of " + std::to_string(LimitOf(ns)) +
+                                     " " + tier_name_ + " segments");
   }
   // Its own vacant segment first (the most recently emptied): its memory and its clients'
   // mappings are still good.

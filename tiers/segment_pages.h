@@ -80,7 +80,7 @@ class SegmentPages {
     std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
     bool vacant = false;           // empty, still `owner`'s memory (see above)
     std::chrono::steady_clock::time_point vacant_since;  // when it emptied, while vacant
-    bool quarantined = false;      // could not be renewed: never allocated from again
+    bool quarantined = false;  // could not be renewed: never allocated from again
   };
 
   // First run of `pages` free pages in `seg`, or -1.
