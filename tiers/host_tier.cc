@@ -155,7 +155,7 @@ void HostTier::ReleaseMemfd(int fd) const {
   if (fd < 0) return;
   // Clients that still map the old memfd keep (their own namespace's) old bytes at worst;
   // release its pages now so that costs no memory, then drop our reference.
-  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(segment_bytes_));
+  PunchPages(fd);
   close(fd);
 }
 
@@ -187,9 +187,8 @@ void HostTier::RenewSpares() {
     mu_.Lock();
     --renewing_;
     if (!fd.ok()) {
-      LOG(ERROR) << "host segment " << *index << " could not get a fresh memfd ("
-                 << fd.status().ToString() << "); it stays out of use";
-      QuarantineLocked(*index);
+      AbandonLocked(*index, fd.status());
+      pages_.Recycled(*index, false);
       // Whatever failed (descriptors, memory) may fail for the next one too: pause.
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
       continue;
@@ -207,19 +206,20 @@ bool HostTier::RenewSegmentLocked(uint32_t index) {
   Status st = MapSegmentLocked(index);
   if (!st.ok()) {
     // The old memfd was never closed: the segment may not go to any namespace.
-    LOG(ERROR) << "host segment " << index << " could not get a fresh memfd (" << st.ToString()
-               << "); it stays out of use";
-    fallocate(segments_[index].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-              static_cast<off_t>(segment_bytes_));
+    AbandonLocked(index, st);
   }
   return st.ok();
 }
 
-void HostTier::QuarantineLocked(uint32_t index) {
-  // Its old bytes go (a client still mapping them sees zeros); the segment is used no more.
-  fallocate(segments_[index].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-            static_cast<off_t>(segment_bytes_));
-  pages_.Recycled(index, false);
+void HostTier::AbandonLocked(uint32_t index, const Status& why) {
+  LOG(ERROR) << "host segment " << index << " could not get a fresh memfd (" << why.ToString()
+             << "); it stays out of use";
+  // Its old bytes go (a client still mapping them sees zeros).
+  PunchPages(segments_[index].fd);
+}
+
+void HostTier::PunchPages(int fd) const {
+  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(segment_bytes_));
 }
 
 SegmentLocation HostTier::Locate(uint64_t offset) const {

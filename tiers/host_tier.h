@@ -111,8 +111,11 @@ class HostTier final : public SegmentedTier {
   // usable). Returns the old descriptor (or -1) for ReleaseMemfd, which needs no lock.
   int InstallMemfdLocked(uint32_t index, int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseMemfd(int fd) const;
-  // A segment that could not be renewed: its old memfd's pages released, out of use for good.
-  void QuarantineLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A segment that could not be renewed (the caller keeps it out of use): logged, and its old
+  // memfd's pages released.
+  void AbandonLocked(uint32_t index, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the pages of memfd `fd` (its size stays).
+  void PunchPages(int fd) const;
   // The spare-segment thread (HostTierOptions::spare_segments).
   void RenewSpares();
   bool SpareWantedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -157,11 +157,6 @@ std::optional<std::chrono::steady_clock::time_point> SegmentPages::LongestVacant
   return segments_[vacant_.front()].vacant_since;
 }
 
-std::optional<uint32_t> SegmentPages::TakeVacant(NamespaceId ns) {
-  if (AtSegmentLimit(ns)) return std::nullopt;
-  return TakeLongestVacant();
-}
-
 std::optional<uint32_t> SegmentPages::TakeLongestVacant() {
   if (vacant_.empty()) return std::nullopt;
   const uint32_t index = vacant_.front();
@@ -247,7 +242,7 @@ Result<MemorySlot> SegmentedTier::Allocate(NamespaceId ns, uint64_t length) {
     // At most one renewal per call: one that fails (out of descriptors or memory) must not take
     // every vacant segment out of use in one go.
     if (renewed_one) return slot;
-    const std::optional<uint32_t> vacant = pages_.TakeVacant(ns);
+    const std::optional<uint32_t> vacant = pages_.TakeLongestVacant();
     if (!vacant) return slot;
     renewed_one = true;
     pages_.Recycled(*vacant, RenewSegmentLocked(*vacant));

@@ -10,9 +10,9 @@
 // and generation, counted free but not against the namespace's quota. The namespace takes its own
 // vacant segments back first; that costs nothing, and its clients' mappings stay valid. Only when
 // another namespace needs a segment and no clean one is left does the tier give the longest
-// vacant one fresh memory (TakeVacant, then Recycled), so a client that kept a mapping of it never
-// sees another namespace's blocks. Renewing is what costs: a new memfd populated and locked takes
-// ~40 ms per 64 MiB (docs/BENCHMARKS.md), and every client of the namespace maps it again.
+// vacant one fresh memory (TakeLongestVacant, then Recycled), so a client that kept a mapping of it
+// never sees another namespace's blocks. Renewing is what costs: a new memfd populated and locked
+// takes ~40 ms per 64 MiB (docs/BENCHMARKS.md), and every client of the namespace maps it again.
 //
 // Thread safety: none; the owning tier serializes access under its mutex.
 
@@ -46,18 +46,17 @@ class SegmentPages {
   // Returns a slot's pages (CHECK-fails on a slot outside the tier or freed twice). True when its
   // segment is now empty: vacant, no longer counted towards its owner.
   bool Free(const MemorySlot& slot);
-  // After Allocate(ns, ...) failed with ResourceExhausted: a vacant segment of another namespace
-  // that the tier must renew (then call Recycled) for `ns` to get room, the longest vacant first;
-  // nullopt when none is left or `ns` is at its quota (renewing would not help it).
-  std::optional<uint32_t> TakeVacant(NamespaceId ns);
   // The longest-vacant segment of any namespace, taken out of every pool and owned by nobody
-  // (no export reaches it) until Recycled; nullopt when none is vacant.
+  // (no export reaches it) until the tier renews it and calls Recycled; nullopt when none is
+  // vacant. (After Allocate(ns, ...) failed for want of a segment, the one to renew for `ns`:
+  // it has no vacant segment of its own left.)
   std::optional<uint32_t> TakeLongestVacant();
   uint32_t clean_segments() const { return static_cast<uint32_t>(free_segments_.size()); }
   uint32_t vacant_segments() const { return static_cast<uint32_t>(vacant_.size()); }
   // When the longest-vacant segment emptied; nullopt when none is vacant.
   std::optional<std::chrono::steady_clock::time_point> LongestVacantSince() const;
-  // The segment `index` from TakeVacant goes to the clean pool (`renewed`), or out of use for good.
+  // The segment `index` from TakeLongestVacant goes to the clean pool (`renewed`), or out of use
+  // for good.
   void Recycled(uint32_t index, bool renewed);
 
   NamespaceId OwnerOf(uint32_t index) const { return segments_[index].owner; }
