@@ -275,10 +275,10 @@ Status UcxEngine::Impl::Init() {
   }
   // UCT settings go by their names without the transport's prefix (ucp_config_modify keeps
   // them for the transports that have them); "TCP_TX_SEG_SIZE" would be accepted and ignored.
-  if (st.ok() && options_.tcp_segment_bytes > 0 && std::getenv("UCX_TCP_TX_SEG_SIZE") == nullptr &&
+  if (st.ok() && options_.tcp_receive_segment_bytes > 0 &&
+      std::getenv("UCX_TCP_TX_SEG_SIZE") == nullptr &&
       std::getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
-    st = modify("TX_SEG_SIZE", std::to_string(options_.tcp_segment_bytes));
-    if (st.ok()) st = modify("RX_SEG_SIZE", std::to_string(options_.tcp_segment_bytes));
+    st = modify("RX_SEG_SIZE", std::to_string(options_.tcp_receive_segment_bytes));
   }
   if (st.ok()) {
     ucp_params_t params{};

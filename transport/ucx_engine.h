@@ -52,12 +52,13 @@ struct UcxOptions {
   // default is 20 s).
   std::chrono::milliseconds keepalive_interval{2000};
 
-  // UCX's tcp transport sends and receives through buffers ("segments") of this size, one of
-  // each per endpoint while it moves data. UCX's own default is 8 KiB; with 256 KiB, blocks of
+  // UCX's tcp transport receives through a buffer ("segment") of this size per endpoint while
+  // data comes in (UCX's TCP_RX_SEG_SIZE; a sender's segment, TCP_TX_SEG_SIZE, must not be
+  // larger than its peer's receive segment). UCX's own default is 64 KiB; with 256 KiB, blocks of
   // 64 KiB to 4 MiB move 1.3-1.35x faster over loopback (docs/UCX.md). Not applied when
-  // $UCX_TCP_TX_SEG_SIZE or $UCX_TCP_RX_SEG_SIZE is set (the environment decides then); 0: UCX's
+  // $UCX_TCP_RX_SEG_SIZE or $UCX_TCP_TX_SEG_SIZE is set (the environment decides then); 0: UCX's
   // default. Default: 256 KiB.
-  uint64_t tcp_segment_bytes = 256 * 1024;
+  uint64_t tcp_receive_segment_bytes = 256 * 1024;
 
   // After work, the progress thread keeps polling this long before it sleeps on the event fd:
   // back-to-back transfers then avoid a wake-up each. Default: 50 us.
