@@ -64,11 +64,12 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   prefix-cache hashes do (v1/core/kv_cache_utils.py, generate_block_hash_extra_keys): a block's
   layout string gains ";extra=" and the hex SHA-256 of what it depends on: the LoRA adapter
   (name and path) in every block, each multimodal input (its content hash and its offset in
-  the block) in every block it overlaps, the cache salt in the first block. Every key chains its
-  parent, so a block's key commits to all of that up to it: blocks before a request's first
-  image are shared with the same text without it, nothing after. (spec/block-keys.md lets a
-  layout's owner add properties; these are this connector's.) A request with prompt
-  embeddings is never looked up or stored.
+  the block) in every block it overlaps, the cache salt in the first block, and for a request
+  with prompt embeddings, each block's own rows of them (the SHA-256 of their bytes, and which
+  of its positions are token ids in a prompt that mixes both; vLLM's token ids are 0 where an
+  embedding stands). Every key chains its parent, so a block's key commits to all of that up to
+  it: blocks before a request's first image are shared with the same text without it, nothing
+  after. (spec/block-keys.md lets a layout's owner add properties; these are this connector's.)
 """
 
 from __future__ import annotations
@@ -313,7 +314,8 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._async_loads: list[BlockSpan] = []   # allocated, for the next build_connector_meta
         self._loaded_end: dict[str, int] = {}     # req_id -> end of its asynchronous load
         # req_id -> its key context (_key_context), from get_num_new_matched_tokens; a request
-        # never seen there, or one that cannot be keyed (prompt embeddings), is not stored.
+        # never seen there, or one that cannot be keyed (a multimodal input without a content
+        # hash), is not stored.
         self._contexts: dict[str, tuple[tuple[int, str], ...]] = {}
         # req_id -> request.num_preemptions when its asynchronous load was handed out: asked
         # again in that admission, the load failed from its first block (vLLM re-admits it).
@@ -384,9 +386,11 @@ class KvpoolConnector(KVConnectorBase_V1):
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._disabled:
             return 0, False
-        prompt = list(request.prompt_token_ids or [])
+        prompt = _prompt_tokens(request)
         B = self._block_size
-        context = _key_context(request, len(prompt) // B, B)
+        context = self._contexts.get(request.request_id)   # asked again while it waits
+        if context is None:
+            context = _key_context(request, len(prompt) // B, B)
         if context is None:
             return 0, False
         self._contexts[request.request_id] = context
@@ -436,7 +440,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         # The request waits in WAITING_FOR_REMOTE_KVS and is not in this step's scheduled
         # requests: its blocks are known only here.
         block_ids = list(blocks.get_block_ids()[0])
-        prompt = list(request.prompt_token_ids or [])
+        prompt = _prompt_tokens(request)
         context = self._contexts.get(req_id)
         if context is None:   # (cannot happen: the lookup that offered the load recorded it)
             log.error("kvpool.vllm: request %s has no key context; its load fails", req_id)
@@ -460,9 +464,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         if self._disabled:
             return meta
         for new in scheduler_output.scheduled_new_reqs:
-            if new.req_id not in self._contexts or new.prompt_embeds is not None:
+            if new.req_id not in self._contexts:
                 continue
-            prompt = list(new.prompt_token_ids or [])
+            prompt = _prompt_tokens(new)
             tr = _Tracker(prompt=prompt, block_ids=list(new.block_ids[0]),
                           saved_blocks=self._loaded_blocks(new.req_id, new.num_computed_tokens),
                           context=self._contexts[new.req_id])
@@ -856,18 +860,37 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._link.close()
 
 
+def _prompt_tokens(request: Any) -> list[int]:
+    """The token ids a request's keys hash, as vLLM's Request.all_token_ids begins: its prompt's,
+    with 0 where a prompt embedding stands. `request`: a vLLM Request or NewRequestData."""
+    ids = getattr(request, "prompt_token_ids", None)
+    embeds = getattr(request, "prompt_embeds", None)
+    if ids is None:
+        return [0] * (len(embeds) if embeds is not None else 0)
+    is_token = getattr(request, "prompt_is_token_ids", None)
+    if embeds is None or is_token is None:
+        return list(ids)
+    return [t if k else 0 for t, k in zip(ids, is_token)]
+
+
+def _embeds_digest(rows: Any) -> str:
+    """Hex SHA-256 of a tensor's bytes (row-major, its own dtype), as vLLM hashes a block's prompt
+    embeddings for its prefix cache."""
+    return hashlib.sha256(rows.detach().flatten().cpu().contiguous().view(torch.uint8)
+                          .numpy()).hexdigest()
+
+
 def _key_context(request: Any, blocks: int,
                  block_size: int) -> tuple[tuple[int, str], ...] | None:
     """What the KV of a request's first `blocks` blocks depends on besides its token ids, as
     runs of (first block, layout suffix) in block order; blocks before the first run have none.
-    () for a plain request; None when it cannot be keyed (prompt embeddings, or a multimodal
-    input without a content hash). `request`: a vLLM Request. See the module docstring."""
-    if getattr(request, "prompt_embeds", None) is not None:
-        return None
+    () for a plain request; None when it cannot be keyed (a multimodal input without a content
+    hash). `request`: a vLLM Request. See the module docstring."""
     lora = getattr(request, "lora_request", None)
     salt = getattr(request, "cache_salt", None)
     mm = list(getattr(request, "mm_features", None) or ())
-    if not (lora or salt or mm):
+    embeds = getattr(request, "prompt_embeds", None)
+    if not (lora or salt or mm or embeds is not None):
         return ()
     if any(getattr(f, "identifier", None) is None for f in mm):
         return None
@@ -880,6 +903,14 @@ def _key_context(request: Any, blocks: int,
         for b in range(offset // block_size,
                        min(-(-(offset + length) // block_size), blocks)):
             own.setdefault(b, []).append(["mm", f.identifier, offset - b * block_size])
+    if embeds is not None:
+        is_token = getattr(request, "prompt_is_token_ids", None)
+        for b in range(min(blocks, len(embeds) // block_size)):
+            first, end = b * block_size, (b + 1) * block_size
+            part = ["embeds", _embeds_digest(embeds[first:end])]
+            if is_token is not None:   # which rows stand for token ids, not embeddings
+                part.append("".join("t" if k else "e" for k in is_token[first:end]))
+            own.setdefault(b, []).append(part)
 
     def suffix(parts: list[list[Any]]) -> str:
         if not parts:   # JSON: one string per list of parts, whatever the names hold

@@ -694,15 +694,70 @@ def test_a_multimodal_request_shares_only_the_blocks_before_its_first_image(mode
     assert keys["a@20 again"] == keys["a@20"]
 
 
-def test_a_request_with_prompt_embeddings_is_neither_looked_up_nor_stored(model_dir, daemon):
-    """Its KV depends on embeddings kvpool's keys do not hash."""
-    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+def _embeds(rows: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, 8, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.bfloat16)
+
+
+def test_a_request_with_prompt_embeddings_is_keyed_by_them(model_dir, daemon):
+    """Its KV depends on the embeddings, not on token ids (vLLM gives 0 for each): each block's
+    key hashes its own rows of them, so the same embeddings find the blocks, and a change in a
+    block misses it and every block after it."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    views_a, kvc = kv_views(KVCacheLayout.LBHNC, seed=23)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_a)
+    embeds = _embeds(len(PROMPT), seed=5)
+    req = request(None, prompt_embeds=embeds)
+    sched.add_request(req)
+    out = step(sched, w)
+    assert [(s.first, s.end) for s in out.kv_connector_metadata.saves] == [(0, 3)]
+    blocks_a = list(out.scheduled_new_reqs[0].block_ids[0])
+    assert _keys_hit(model_dir, daemon, [0] * len(PROMPT)) == 0   # not under token ids 0
+
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    more = torch.cat([embeds, _embeds(1, seed=6)])
+    assert c.get_num_new_matched_tokens(request(None, prompt_embeds=more), 0) == (48, True)
+    changed = more.clone()
+    changed[20, 3] += 1                                            # a row of block 1
+    assert c.get_num_new_matched_tokens(request(None, prompt_embeds=changed), 0) == (16, True)
+    assert c.get_num_new_matched_tokens(request(None, prompt_embeds=more.float()), 0) == \
+        (0, False)                                                 # other bytes, other keys
+    assert c.get_num_new_matched_tokens(request([0] * len(more)), 0) == (0, False)
+
+    # Another instance loads them (the workers compute the same keys) byte for byte.
+    views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=24)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
+    sched.add_request(request([6] * 20))
+    req = request(None, prompt_embeds=more)
+    sched.add_request(req)
+    new = admit(sched, w)[req.request_id]
+    assert new.num_computed_tokens == 48
+    assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).view(torch.int16),
+                       token_kv(views_a, blocks_a, 48).view(torch.int16))
+
+
+def test_a_prompt_mixing_token_ids_and_embeddings_keys_which_rows_are_which(model_dir, daemon):
+    """vLLM zeroes the token id where an embedding stands: the keys say which positions are
+    token ids, so a token 0 and an embedding at the same place never share a key."""
     cfg = make_config(model_dir, daemon.socket, secret=SECRET)
     c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
-    embedded = request(PROMPT + [1])
-    embedded.prompt_embeds = torch.zeros(len(PROMPT) + 1, 8)
-    assert c.get_num_new_matched_tokens(embedded, 0) == (0, False)
-    assert embedded.request_id not in c._contexts               # so never stored either
+    tokens = list(PROMPT)
+    tokens[20] = 0
+    embeds = _embeds(len(PROMPT), seed=7)
+    mask = [True] * len(PROMPT)
+    B = BLOCK
+
+    def keys(is_token):
+        r = request(tokens, prompt_embeds=embeds, prompt_is_token_ids=is_token)
+        assert kvpool.vllm._prompt_tokens(r) == [t if k else 0 for t, k in zip(tokens, is_token)]
+        return c._keys(kvpool.vllm._prompt_tokens(r), c.layout,
+                       kvpool.vllm._key_context(r, len(PROMPT) // B, B))
+
+    all_tokens = keys(mask)
+    one_embedded = keys([i != 20 for i in range(len(PROMPT))])
+    assert one_embedded[0] == all_tokens[0]
+    assert all(x != y for x, y in zip(one_embedded[1:], all_tokens[1:]))
+    assert keys([i != 20 for i in range(len(PROMPT))]) == one_embedded
 
 
 @pytest.mark.gpu

@@ -110,9 +110,11 @@ def worker(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv_caches: d
     return w
 
 
-def request(tokens: list[int], max_tokens: int = 4, **kw) -> Request:
-    """A vLLM Request for `tokens`; `kw` go to Request (block_hasher, cache_salt, ...)."""
-    return Request(request_id=f"req-{next(_ids)}", prompt_token_ids=list(tokens),
+def request(tokens: list[int] | None, max_tokens: int = 4, **kw) -> Request:
+    """A vLLM Request for `tokens` (None: prompt embeddings alone); `kw` go to Request
+    (block_hasher, cache_salt, prompt_embeds, ...)."""
+    return Request(request_id=f"req-{next(_ids)}",
+                   prompt_token_ids=None if tokens is None else list(tokens),
                    sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None,
                    **kw)
 
