@@ -33,6 +33,7 @@ struct DiskBenchConfig {
   uint64_t block_bytes = 1ull << 20;  // bytes of every block and of every fio read
   uint64_t working_set = 2ull << 30;  // bytes put, and the size of fio's file
   int readers = 4;                    // kvpool reader threads, promotion threads and fio jobs
+  uint32_t blocks_per_call = 1;       // blocks each kvpool get asks for (fio reads one a call)
   PinPlan pin;                        // the daemon on daemon_cpus; readers and fio on bench_cpus
 };
 
