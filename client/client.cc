@@ -40,16 +40,6 @@ bool PutResult::all_ok() const {
 }
 
 namespace {
-
-// A get of many blocks over shared memory asks for them in rounds of about this many bytes, the
-// next round's GET sent before the last round's blocks are copied (Client::Impl::Get). 32 MiB is
-// what a node fetching from a peer asks for at once.
-constexpr uint64_t kGetRoundBytes = 32ull << 20;
-// The first round of a client's first gets, before any block size is known, and the fewest keys
-// of any round.
-constexpr size_t kFirstGetRoundKeys = 32;
-constexpr size_t kMinGetRoundKeys = 16;
-
 PolicyInfo PolicyFromWire(const wire::NamespacePolicyInfo& p) {
   return {p.namespace_name(),   p.eviction(),       p.write(),  p.admission(),
           p.read_ahead(),       p.encoding(),       p.source(), p.host_quota_bytes(),
@@ -757,37 +747,6 @@ class Client::Impl {
     return TallyCommit(cresp, indices, result);
   }
 
-  // Keys of one GET round: all the daemon takes, or when pipelined, about kGetRoundBytes of
-  // blocks at the size this client's gets found lately (before any: kFirstGetRoundKeys).
-  size_t RoundKeys(bool pipelined) const {
-    const size_t most = server_.max_batch_keys;
-    if (!pipelined) return most;
-    if (typical_block_bytes_ == 0) return std::min<size_t>(most, kFirstGetRoundKeys);
-    return std::clamp<size_t>(kGetRoundBytes / typical_block_bytes_,
-                              std::min<size_t>(most, kMinGetRoundKeys), most);
-  }
-
-  void NoteBlockSizes(const std::vector<InPlace>& blocks) {
-    uint64_t bytes = 0;
-    for (const InPlace& b : blocks) bytes += b.size;
-    typical_block_bytes_ = std::max<uint64_t>(1, bytes / blocks.size());
-  }
-
-  // Maps the segments of `blocks`' host slots now (which may ask the daemon for them), so that
-  // copying them asks nothing more. False when a segment cannot be mapped.
-  bool MappedAhead(const std::vector<InPlace>& blocks, Deadline deadline) {
-    std::vector<std::pair<uint32_t, uint32_t>> segs;
-    for (const InPlace& b : blocks) {
-      if (b.gpu) return false;
-      segs.emplace_back(b.segment, b.generation);
-    }
-    if (segs.empty()) return true;
-    Result<std::vector<Status>> mapped =
-        mappings_.EnsureMapped(segs, /*writable=*/false, segment_source_, deadline);
-    return mapped.ok() &&
-           std::all_of(mapped->begin(), mapped->end(), [](const Status& st) { return st.ok(); });
-  }
-
   // `staging` takes the blocks meant for device buffers that do not come through shared memory.
   // `gpu_device` >= 0: the device buffers are on that device; blocks in the daemon's gpu tier
   // there come as gpu slots and are copied device to device.
@@ -811,68 +770,30 @@ class Client::Impl {
     std::vector<GetResult> out(keys.size());
     std::vector<size_t> todo(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
-    const bool via_ucx = server_.ucx && !server_.shared_memory;
-    // Over shared memory a get asks in rounds of about kGetRoundBytes and sends each round's GET
-    // before it copies (or lends) the round before: the daemon finds, reads up from disk or
-    // fetches from a peer the next blocks while this thread copies. (A round with gpu slots
-    // waits: importing a gpu segment asks the daemon.)
-    const bool pipelined = server_.shared_memory;
-    struct Asked {
-      uint64_t id = 0;
-      uint64_t tag_base = 0;
-      size_t end = 0;  // the round: todo[start, end)
-    };
-    // Sends the GET of todo[start, end).
-    auto ask = [&](size_t start, size_t end) -> Result<Asked> {
-      wire::GetRequest req;
-      std::string* packed = req.mutable_packed_keys();
-      packed->reserve((end - start) * BlockKey::kSize);
-      for (size_t j = start; j < end; ++j) packed->append(keys[todo[j]].AsStringView());
-      req.set_in_place(server_.shared_memory);
-      req.set_accept_encoded(accept_encoded);
-      if (ask_gpu) {
-        req.set_to_gpu(true);
-        req.set_gpu_device(daemon_gpu);
-      }
-      Asked a;
-      a.end = end;
-      a.tag_base = ucx_.NextGetTagBase();
-      if (via_ucx) {
-        req.set_via_ucx(true);
-        req.set_ucx_tag_base(a.tag_base);
-      }
-      KVPOOL_ASSIGN_OR_RETURN(
-          a.id, connection_.SendRequest(wire::GET, req, {}, connection_.NewDeadline()));
-      return a;
-    };
-    // A GET asked ahead whose answer was not read: on a return before it is, the connection is
-    // closed (its answer would otherwise be read as the next call's).
-    struct Unanswered {
-      ControlConnection& connection;
-      bool pending = false;
-      ~Unanswered() {
-        if (pending) connection.Close();
-      }
-    } unanswered{connection_};
     while (!todo.empty()) {
       std::vector<size_t> deferred;
-      Asked asked;         // the GET of the round at `start`
-      bool ahead = false;  // ... already sent, ahead of the round before
-      for (size_t start = 0, end = 0; start < todo.size(); start = end) {
-        if (!ahead) {
-          KVPOOL_ASSIGN_OR_RETURN(asked,
-                                  ask(start, std::min(todo.size(), start + RoundKeys(pipelined))));
-          unanswered.pending = true;
+      for (size_t start = 0; start < todo.size(); start += server_.max_batch_keys) {
+        const size_t end = std::min(todo.size(), start + server_.max_batch_keys);
+        wire::GetRequest req;
+        std::string* packed = req.mutable_packed_keys();
+        packed->reserve((end - start) * BlockKey::kSize);
+        for (size_t j = start; j < end; ++j) packed->append(keys[todo[j]].AsStringView());
+        req.set_in_place(server_.shared_memory);
+        req.set_accept_encoded(accept_encoded);
+        if (ask_gpu) {
+          req.set_to_gpu(true);
+          req.set_gpu_device(daemon_gpu);
         }
-        ahead = false;
-        end = asked.end;
-        const uint64_t tag_base = asked.tag_base;
+        const bool via_ucx = server_.ucx && !server_.shared_memory;
+        const uint64_t tag_base = ucx_.NextGetTagBase();
+        if (via_ucx) {
+          req.set_via_ucx(true);
+          req.set_ucx_tag_base(tag_base);
+        }
         wire::GetResponse resp;
         FrameHeader rh;
         const Deadline deadline = connection_.NewDeadline();
-        Status answered = connection_.ReceiveResponse(wire::GET, asked.id, &resp, deadline, &rh);
-        unanswered.pending = false;
-        KVPOOL_RETURN_IF_ERROR(answered);
+        KVPOOL_RETURN_IF_ERROR(connection_.ExchangeOnce(wire::GET, req, {}, &resp, deadline, &rh));
         Status st = FromWire(resp.status());
         if (!st.ok()) {
           KVPOOL_RETURN_IF_ERROR(connection_.DiscardPayload(rh.payload_bytes, deadline));
@@ -956,14 +877,6 @@ class Client::Impl {
         if (consumed != rh.payload_bytes) {
           connection_.Close();
           return Status::Internal("GET response payload longer than its block list");
-        }
-        if (!in_place.empty()) NoteBlockSizes(in_place);
-        if (pipelined && end < todo.size() && MappedAhead(in_place, deadline)) {
-          // Nothing below asks the daemon anything else before this answer is read.
-          const size_t next_end = std::min(todo.size(), end + RoundKeys(pipelined));
-          KVPOOL_ASSIGN_OR_RETURN(asked, ask(end, next_end));
-          unanswered.pending = true;
-          ahead = true;
         }
         if (!in_place.empty() && lend != nullptr) {
           KVPOOL_RETURN_IF_ERROR(
@@ -1191,9 +1104,8 @@ class Client::Impl {
     std::shared_ptr<kernels::ImportedSegment> segment;
   };
   std::map<std::pair<int, uint32_t>, GpuMapping> gpu_mappings_;
-  bool gpu_import_failed_ = false;    // since the last hello
-  uint64_t typical_block_bytes_ = 0;  // mean block size of the last GET answered in place
-  uint64_t epoch_ = 0;                // counts connections (hellos), for borrowed blocks' leases
+  bool gpu_import_failed_ = false;  // since the last hello
+  uint64_t epoch_ = 0;              // counts connections (hellos), for borrowed blocks' leases
   // What borrowed blocks reach this client through; nulled when it goes.
   std::shared_ptr<Impl*> self_ = std::make_shared<Impl*>(this);
 };

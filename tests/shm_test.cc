@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "common/checksum.h"
@@ -249,63 +248,6 @@ DaemonStats WaitFor(const DaemonProcess& d, Pred pred) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return s;
-}
-
-// A get of more blocks than one round holds asks for them in rounds, each GET sent before the
-// round before it is copied: every block comes back whole and in its place, with misses and a
-// too-small buffer reported where they are, the segments of later rounds mapped on the way, and
-// the client's next call answered as usual (nothing of the rounds left on the connection).
-TEST(ShmTest, AGetOfManyBlocksIsAskedInRoundsAndComesBackWhole) {
-  DaemonProcess d({"--host_capacity=256MiB", "--host_segment_size=16MiB"});
-  ASSERT_OK(d.Start());
-  constexpr size_t kBlocks = 102;
-  constexpr size_t kSize = 1u << 20;
-  const std::set<size_t> missing = {40, 77};
-  {
-    auto writer = ShmClient(d);
-    ASSERT_NE(writer, nullptr);
-    for (size_t i = 0; i < kBlocks; ++i) {
-      if (missing.count(i) != 0) continue;
-      const std::vector<uint8_t> bytes = BlockBytes(i, kSize);
-      PutBlock b{KeyOf(i), bytes.data(), bytes.size(), {}, {}};
-      auto put = writer->Put(std::span(&b, 1));
-      ASSERT_TRUE(put.ok() && put->all_ok()) << i;
-    }
-  }
-  auto c = ShmClient(d);  // maps every segment during the get
-  ASSERT_NE(c, nullptr);
-  std::vector<BlockKey> keys;
-  for (size_t i = 0; i < kBlocks; ++i) keys.push_back(KeyOf(i));
-  std::vector<std::vector<uint8_t>> out(kBlocks, std::vector<uint8_t>(kSize, 0xCD));
-  std::vector<MutableBuffer> bufs;
-  for (auto& o : out) bufs.push_back({o.data(), o.size()});
-  bufs[50].capacity = kSize - 1;  // in the second round
-  const uint64_t gets_before = StatsOf(d).gets;
-  auto got = c->Get(keys, bufs);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  for (size_t i = 0; i < kBlocks; ++i) {
-    const GetResult& r = (*got)[i];
-    if (missing.count(i) != 0) {
-      EXPECT_EQ(r.status.code(), StatusCode::kNotFound) << i;
-    } else if (i == 50) {
-      EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << r.status.ToString();
-    } else {
-      ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.ToString();
-      EXPECT_EQ(out[i], BlockBytes(i, kSize)) << i;
-    }
-  }
-  // 32 keys before any size is known, then 32 MiB worth: 32 + 32 + 32 + 6.
-  EXPECT_EQ(StatsOf(d).gets - gets_before, 4u);
-
-  // The next call: sizes known, one round of 16.
-  std::vector<uint8_t> again(kSize);
-  MutableBuffer buf{again.data(), again.size()};
-  const BlockKey k = KeyOf(3);
-  auto one = c->Get(std::span(&k, 1), std::span(&buf, 1));
-  ASSERT_TRUE(one.ok() && (*one)[0].status.ok());
-  EXPECT_EQ(again, BlockBytes(3, kSize));
-  const DaemonStats s = WaitFor(d, [](const DaemonStats& s) { return s.leases_active == 0; });
-  EXPECT_EQ(s.leases_active, 0u);
 }
 
 TEST(ShmTest, LeasesAndReservationsOfAStuckOrDeadClientAreReclaimed) {
