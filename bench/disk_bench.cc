@@ -27,7 +27,15 @@
 namespace kvpool::bench {
 namespace {
 
-constexpr uint64_t kHostBytes = 64ull << 20;  // one host segment: the bulk must live on disk
+// The host tier: one segment, so that the bulk lives on disk, or room for every reader's call
+// twice over (blocks read up from disk land there before they are served; without room a get
+// reads them straight from disk, one after another).
+uint64_t HostBytes(const DiskBenchConfig& c) {
+  constexpr uint64_t kSegment = 64ull << 20;
+  const uint64_t calls =
+      2ull * static_cast<uint64_t>(c.readers) * c.blocks_per_call * c.block_bytes;
+  return std::max(kSegment, (calls + kSegment - 1) / kSegment * kSegment);
+}
 constexpr size_t kPutBatch = 16;
 constexpr size_t kPatternSlots = 16;
 
@@ -234,10 +242,11 @@ Status RunDiskBench(const DiskBenchConfig& c, const std::function<void(Figure)>&
   if (count < static_cast<uint64_t>(c.readers)) {
     return Status::InvalidArgument("the working set holds fewer blocks than there are readers");
   }
-  const uint64_t host_blocks = (kHostBytes + c.block_bytes - 1) / c.block_bytes;
+  const uint64_t host_bytes = HostBytes(c);
+  const uint64_t host_blocks = (host_bytes + c.block_bytes - 1) / c.block_bytes;
   const uint64_t disk_bytes = (count + 2 * host_blocks) * c.block_bytes * 2;
   DaemonProcessOptions o = BenchDaemonOptions(
-      c.kvpoold, kHostBytes,
+      c.kvpoold, host_bytes,
       {"--write_policy=write-through", "--lock_memory=false",
        "--disk_capacity=" + std::to_string(std::max<uint64_t>(disk_bytes, 1ull << 30) >> 20) +
            "MiB",
