@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "tiers/eviction_pools.h"
@@ -80,6 +81,50 @@ TEST(BlockIndexTest, TheBucketHashIsKeyedAndCoversTheWholeKey) {
     low_bits.insert(a.HashForTest(1, k) & 1023);
   }
   EXPECT_GT(low_bits.size(), 500u);
+}
+
+// Two keys that std::hash<std::string_view> (libstdc++'s 64-bit murmur, no seed) maps to one
+// value: key `a` with its second word changed, and its third word chosen so that murmur's state
+// after it is a's again. Murmur's step per word is invertible, so anyone can do this.
+std::pair<BlockKey, BlockKey> MurmurCollision() {
+  constexpr uint64_t kMul = (uint64_t{0xc6a4a793} << 32) + 0x5bd1e995;
+  uint64_t inverse = kMul;  // Newton's iteration: kMul * inverse == 1 mod 2^64
+  for (int i = 0; i < 6; ++i) inverse *= 2 - kMul * inverse;
+  auto shift_mix = [](uint64_t v) { return v ^ (v >> 47); };  // its own inverse
+  auto data = [&](uint64_t w) { return shift_mix(w * kMul) * kMul; };
+  auto word_of = [&](uint64_t d) { return shift_mix(d * inverse) * inverse; };
+  uint64_t a[4] = {0x0123456789abcdef, 0x1111111111111111, 0x2222222222222222, 0x3333333333333333};
+  uint64_t b[4] = {a[0], a[1] ^ 1, 0, a[3]};
+  uint64_t ha = 0xc70f6907 ^ (32 * kMul);  // libstdc++'s seed and the length
+  uint64_t hb = ha;
+  ha = (ha ^ data(a[0])) * kMul;
+  hb = (hb ^ data(b[0])) * kMul;
+  ha = (ha ^ data(a[1])) * kMul;
+  hb = (hb ^ data(b[1])) * kMul;
+  b[2] = word_of(ha ^ hb ^ data(a[2]));  // (hb ^ data(b[2])) == (ha ^ data(a[2]))
+  BlockKey ka, kb;
+  std::memcpy(ka.bytes.data(), a, 32);
+  std::memcpy(kb.bytes.data(), b, 32);
+  return {ka, kb};
+}
+
+TEST(BlockIndexTest, KeysWhoseUnseededHashCollidesStillHashApart) {
+  const auto [k1, k2] = MurmurCollision();
+  ASSERT_NE(k1, k2);
+  auto as_view = [](const BlockKey& k) {
+    return std::string_view(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
+  };
+  if (std::hash<std::string_view>()(as_view(k1)) != std::hash<std::string_view>()(as_view(k2))) {
+    GTEST_SKIP() << "this standard library's std::hash is not the murmur the keys were made for";
+  }
+  // The index's bucket hash, and abseil's hash of a namespaced key (leases, fetch memory).
+  BlockIndex index;
+  EXPECT_NE(index.HashForTest(1, k1), index.HashForTest(1, k2));
+  EXPECT_NE(absl::Hash<NamespacedKey>()({1, k1}), absl::Hash<NamespacedKey>()({1, k2}));
+  BlockKey same_start = k1;
+  same_start.bytes[31] ^= 1;
+  EXPECT_NE(absl::Hash<NamespacedKey>()({1, k1}), absl::Hash<NamespacedKey>()({1, same_start}))
+      << "a namespaced key's hash covers more than its first 8 bytes";
 }
 
 TEST(BlockIndexTest, InsertFindErasePerNamespace) {

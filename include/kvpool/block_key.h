@@ -85,6 +85,8 @@ struct LayoutSpec {
   std::string ToCanonicalString() const;
 };
 
+// A key's first 8 bytes: uniform for keys made by ChainHasher (SHA-256), and nothing more. For
+// keys that someone else may choose (a daemon's), hash every byte with a seed instead.
 struct BlockKeyHash {
   size_t operator()(const BlockKey& k) const {
     size_t h;
