@@ -23,16 +23,17 @@ GpuTier::GpuTier(std::unique_ptr<kernels::DeviceArena> arena)
   generations_.assign(segment_count_, 1);
 }
 
-bool GpuTier::RenewSegmentLocked(uint32_t index) {
+SegmentPages::Renewal GpuTier::RenewSegmentLocked(uint32_t index) {
   const Status st = arena_->Renew(index);
   if (!st.ok()) {
-    // Its old memory may still hold the last owner's blocks: it goes to nobody.
+    // Its old memory may still hold the last owner's blocks: it goes to nobody. (Where the
+    // arena's failure left the segment is not known here: never handed back.)
     LOG(ERROR) << "gpu " << arena_->device() << " segment " << index
                << " could not get fresh memory (" << st.ToString() << "); it stays out of use";
-    return false;
+    return SegmentPages::Renewal::kLost;
   }
   ++generations_[index];
-  return true;
+  return SegmentPages::Renewal::kRenewed;
 }
 
 SegmentLocation GpuTier::Locate(uint64_t offset) const {

@@ -62,7 +62,8 @@ class GpuTier final : public SegmentedTier {
   MemoryTierStats GetStats() const override;
 
  private:
-  bool RenewSegmentLocked(uint32_t index) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SegmentPages::Renewal RenewSegmentLocked(uint32_t index) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<kernels::DeviceArena> arena_;
   const uint64_t segment_bytes_;

@@ -94,13 +94,17 @@ HostTier::~HostTier() {
   }
 }
 
-Status HostTier::MapSegmentLocked(uint32_t index) {
-  KVPOOL_ASSIGN_OR_RETURN(const int fd, MapFreshMemfd(index, locked_));
-  ReleaseMemfd(InstallMemfdLocked(index, fd));
+Status HostTier::MapSegmentLocked(uint32_t index, bool* mapped_over) {
+  bool touched = false;
+  Result<int> fd = MapFreshMemfd(index, locked_, &touched);
+  if (mapped_over != nullptr) *mapped_over = touched;
+  KVPOOL_RETURN_IF_ERROR(fd.status());
+  ReleaseMemfd(InstallMemfdLocked(index, *fd));
   return Status::OK();
 }
 
-Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it) const {
+Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_over) const {
+  *mapped_over = false;
   const std::string name = "kvpool-segment-" + std::to_string(index);
   int fd;
   KVPOOL_RETURN_IF_ERRNO(fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING), fd < 0,
@@ -114,6 +118,7 @@ Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it) const {
     return Status::FromErrno(err, "sizing and sealing host segment " + std::to_string(index));
   }
   uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
+  *mapped_over = true;
   void* p = mmap(at, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
@@ -183,18 +188,18 @@ void HostTier::RenewSpares() {
     const bool mlock_it = locked_;
     ++renewing_;
     mu_.Unlock();
-    Result<int> fd = MapFreshMemfd(*index, mlock_it);
+    bool mapped_over = false;
+    Result<int> fd = MapFreshMemfd(*index, mlock_it, &mapped_over);
     mu_.Lock();
     --renewing_;
     if (!fd.ok()) {
-      AbandonLocked(*index, fd.status());
-      pages_.Recycled(*index, false);
+      pages_.Recycled(*index, FailedRenewalLocked(*index, fd.status(), mapped_over));
       // Whatever failed (descriptors, memory) may fail for the next one too: pause.
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
       continue;
     }
     const int old = InstallMemfdLocked(*index, *fd);
-    pages_.Recycled(*index, true);
+    pages_.Recycled(*index, SegmentPages::Renewal::kRenewed);
     mu_.Unlock();
     ReleaseMemfd(old);
     mu_.Lock();
@@ -202,20 +207,28 @@ void HostTier::RenewSpares() {
   mu_.Unlock();
 }
 
-bool HostTier::RenewSegmentLocked(uint32_t index) {
-  Status st = MapSegmentLocked(index);
-  if (!st.ok()) {
-    // The old memfd was never closed: the segment may not go to any namespace.
-    AbandonLocked(index, st);
-  }
-  return st.ok();
+SegmentPages::Renewal HostTier::RenewSegmentLocked(uint32_t index) {
+  bool mapped_over = false;
+  const Status st = MapSegmentLocked(index, &mapped_over);
+  if (st.ok()) return SegmentPages::Renewal::kRenewed;
+  return FailedRenewalLocked(index, st, mapped_over);
 }
 
-void HostTier::AbandonLocked(uint32_t index, const Status& why) {
+SegmentPages::Renewal HostTier::FailedRenewalLocked(uint32_t index, const Status& why,
+                                                    bool mapped_over) {
+  if (!mapped_over) {
+    // Nothing of the segment changed (its old memfd still maps it): it stays its owner's.
+    LOG(WARNING) << "host segment " << index << " could not get a fresh memfd (" << why.ToString()
+                 << "); it stays with its namespace for now";
+    return SegmentPages::Renewal::kUnchanged;
+  }
+  // The old memfd was never closed, and the range may be unmapped: the segment may not go to
+  // any namespace.
   LOG(ERROR) << "host segment " << index << " could not get a fresh memfd (" << why.ToString()
              << "); it stays out of use";
   // Its old bytes go (a client still mapping them sees zeros).
   PunchPages(segments_[index].fd);
+  return SegmentPages::Renewal::kLost;
 }
 
 void HostTier::PunchPages(int fd) const {

@@ -101,27 +101,35 @@ class HostTier final : public SegmentedTier {
 
   HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
            uint32_t spare_segments, std::chrono::milliseconds spare_after);
-  // Creates a memfd for segment `index` and maps it over its range. IoError/ResourceExhausted.
-  Status MapSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates a memfd for segment `index` and maps it over its range. IoError/ResourceExhausted;
+  // `*mapped_over` (when given) says whether the range was touched before a failure.
+  Status MapSegmentLocked(uint32_t index, bool* mapped_over = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The part of giving segment `index` fresh memory that needs no lock, for a segment no slot
   // and no namespace holds: a new sealed memfd mapped over the segment's range (mlocked when
-  // `mlock_it`). Its descriptor, or the error (the range may then be unmapped).
-  Result<int> MapFreshMemfd(uint32_t index, bool mlock_it) const;
+  // `mlock_it`). Its descriptor, or the error. `*mapped_over`: false when the failure came before
+  // the range was touched (the old memfd still maps it), true when it came from the mapping
+  // itself (the range may then be unmapped).
+  Result<int> MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_over) const;
   // Makes `fd` segment `index`'s memfd (a new generation, pinned for CUDA where a GPU is
   // usable). Returns the old descriptor (or -1) for ReleaseMemfd, which needs no lock.
   int InstallMemfdLocked(uint32_t index, int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseMemfd(int fd) const;
-  // A segment that could not be renewed (the caller keeps it out of use): logged, and its old
-  // memfd's pages released.
-  void AbandonLocked(uint32_t index, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A renewal of segment `index` that failed (`mapped_over`: see MapFreshMemfd): logged; the
+  // segment stays its owner's (kUnchanged), or, its old memfd's pages released, out of use
+  // (kLost).
+  SegmentPages::Renewal FailedRenewalLocked(uint32_t index, const Status& why, bool mapped_over)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the pages of memfd `fd` (its size stays).
   void PunchPages(int fd) const;
   // The spare-segment thread (HostTierOptions::spare_segments).
   void RenewSpares();
   bool SpareWantedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives an emptied segment a fresh memfd and releases the old one's pages; on failure the
-  // segment is kept out of the pool (logged) rather than risk handing its old memfd on.
-  bool RenewSegmentLocked(uint32_t index) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives an emptied segment a fresh memfd and releases the old one's pages. A failure before the
+  // old mapping was touched (out of descriptors) leaves the segment its owner's; one in the
+  // mapping keeps it out of the pool (logged) rather than risk handing its old memfd on.
+  SegmentPages::Renewal RenewSegmentLocked(uint32_t index) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   uint8_t* const base_;
   const uint64_t segment_bytes_;

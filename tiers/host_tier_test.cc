@@ -5,10 +5,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <random>
@@ -290,6 +293,65 @@ TEST(HostTierTest, AnotherNamespaceTakesAVacantSegmentOnlyWhenNoCleanOneIsLeft) 
   EXPECT_EQ(tier->OwnerOf(uint64_t{second} * kSegment), 1u);
   HostSlot d = MustAllocate(*tier, 1, kPage);
   EXPECT_EQ(tier->Locate(d.offset).segment, second);
+}
+
+// Takes every file descriptor this process may still open, for as long as it lives: the soft
+// limit is lowered to just above the highest descriptor open now and the rest filled, so that
+// memfd_create fails (EMFILE) as in a daemon out of descriptors.
+class OutOfDescriptors {
+ public:
+  OutOfDescriptors() {
+    if (getrlimit(RLIMIT_NOFILE, &saved_) != 0) return;
+    int highest = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      highest = std::max(highest, std::stoi(entry.path().filename().string()));
+    }
+    rlimit low = saved_;
+    low.rlim_cur = static_cast<rlim_t>(highest) + 16;
+    if (low.rlim_cur >= saved_.rlim_cur || setrlimit(RLIMIT_NOFILE, &low) != 0) return;
+    lowered_ = true;
+    for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) held_.push_back(fd);
+    full_ = errno == EMFILE;
+  }
+  ~OutOfDescriptors() {
+    for (int fd : held_) close(fd);
+    if (lowered_) setrlimit(RLIMIT_NOFILE, &saved_);
+  }
+  bool full() const { return full_; }
+
+ private:
+  rlimit saved_{};
+  bool lowered_ = false;
+  bool full_ = false;
+  std::vector<int> held_;
+};
+
+// A renewal that fails before it touched the segment (no descriptor for a new memfd) leaves the
+// segment as it was, its namespace's, instead of out of use for good: a daemon short of
+// descriptors for a while loses no host memory.
+TEST(HostTierTest, ARenewalOutOfDescriptorsLeavesTheSegmentWithItsNamespace) {
+  auto tier = MakeTier(kSegment);  // one segment
+  ASSERT_TRUE(tier);
+  const HostSlot a = MustAllocate(*tier, 1, kSegment);
+  const SegmentLocation loc = tier->Locate(a.offset);
+  tier->Free(a);
+  {
+    OutOfDescriptors no_fds;
+    ASSERT_TRUE(no_fds.full());
+    EXPECT_EQ(tier->Allocate(2, kPage).status().code(), StatusCode::kResourceExhausted);
+  }
+  EXPECT_EQ(tier->GetStats().vacant_segments, 1u);
+  EXPECT_EQ(tier->OwnerOf(a.offset), 1u);
+  // Its namespace takes it back as it was (same memory, same generation)...
+  HostSlot back = MustAllocate(*tier, 1, kPage);
+  EXPECT_EQ(tier->Locate(back.offset).segment, loc.segment);
+  EXPECT_EQ(tier->Locate(back.offset).generation, loc.generation);
+  tier->Free(back);
+  // ... and, descriptors back, another namespace gets it renewed.
+  const HostSlot c = MustAllocate(*tier, 2, kPage);
+  EXPECT_EQ(tier->Locate(c.offset).segment, loc.segment);
+  EXPECT_NE(tier->Locate(c.offset).generation, loc.generation);
+  EXPECT_EQ(tier->OwnerOf(c.offset), 2u);
 }
 
 // Polls `done` for up to 5 s (the spare thread works in the background).

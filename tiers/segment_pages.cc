@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <utility>
 
 #include "common/units.h"
 
@@ -161,19 +162,33 @@ std::optional<uint32_t> SegmentPages::TakeLongestVacant() {
   if (vacant_.empty()) return std::nullopt;
   const uint32_t index = vacant_.front();
   vacant_.erase(vacant_.begin());
-  segments_[index].vacant = false;
-  segments_[index].owner = kNoNamespace;
+  Segment& seg = segments_[index];
+  seg.vacant = false;
+  seg.taken_from = seg.owner;
+  seg.owner = kNoNamespace;
   return index;
 }
 
-void SegmentPages::Recycled(uint32_t index, bool renewed) {
+void SegmentPages::Recycled(uint32_t index, Renewal how) {
   Segment& seg = segments_[index];
   seg.owner = kNoNamespace;
-  if (!renewed) {
-    seg.quarantined = true;
-    return;
+  const NamespaceId was = std::exchange(seg.taken_from, kNoNamespace);
+  switch (how) {
+    case Renewal::kRenewed:
+      free_segments_.push_back(index);
+      return;
+    case Renewal::kUnchanged:
+      // Its memory and its clients' mappings are still its owner's: vacant again, from now (the
+      // spare thread tries the others first).
+      seg.owner = was;
+      seg.vacant = true;
+      seg.vacant_since = std::chrono::steady_clock::now();
+      vacant_.push_back(index);
+      return;
+    case Renewal::kLost:
+      seg.quarantined = true;
+      return;
   }
-  free_segments_.push_back(index);
 }
 
 void SegmentPages::SetSegmentLimit(NamespaceId ns, uint32_t max_segments) {

@@ -55,9 +55,13 @@ class SegmentPages {
   uint32_t vacant_segments() const { return static_cast<uint32_t>(vacant_.size()); }
   // When the longest-vacant segment emptied; nullopt when none is vacant.
   std::optional<std::chrono::steady_clock::time_point> LongestVacantSince() const;
-  // The segment `index` from TakeLongestVacant goes to the clean pool (`renewed`), or out of use
-  // for good.
-  void Recycled(uint32_t index, bool renewed);
+  // How renewing a segment from TakeLongestVacant ended.
+  enum class Renewal {
+    kRenewed,    // fresh memory: to the clean pool
+    kUnchanged,  // failed before its memory or mapping changed: back to its owner, vacant
+    kLost,       // failed part way (its mapping may be gone): out of use for good
+  };
+  void Recycled(uint32_t index, Renewal how);
 
   NamespaceId OwnerOf(uint32_t index) const { return segments_[index].owner; }
   uint32_t SegmentOf(uint64_t offset) const {
@@ -79,7 +83,8 @@ class SegmentPages {
     std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
     bool vacant = false;           // empty, still `owner`'s memory (see above)
     std::chrono::steady_clock::time_point vacant_since;  // when it emptied, while vacant
-    bool quarantined = false;  // could not be renewed: never allocated from again
+    bool quarantined = false;               // could not be renewed: never allocated from again
+    NamespaceId taken_from = kNoNamespace;  // its owner, while TakeLongestVacant has it
   };
 
   // First run of `pages` free pages in `seg`, or -1.
@@ -125,9 +130,10 @@ class SegmentedTier : public MemoryTier {
   SegmentedTier(std::string tier_name, uint64_t segment_bytes, uint32_t segment_count)
       : pages_(std::move(tier_name), segment_bytes, segment_count) {}
 
-  // Gives vacant segment `index` fresh memory (a new generation); false (logged) when it could
-  // not: it then stays out of use.
-  virtual bool RenewSegmentLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // Gives vacant segment `index` fresh memory (a new generation); a failure is logged, and says
+  // whether the segment is as it was (SegmentPages::Renewal).
+  virtual SegmentPages::Renewal RenewSegmentLocked(uint32_t index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 
   mutable absl::Mutex mu_;
   SegmentPages pages_ ABSL_GUARDED_BY(mu_);
