@@ -617,6 +617,19 @@ def test_two_tensor_parallel_ranks_store_and_load_their_own_shards(model_dir, da
     assert s.get_num_new_matched_tokens(request(PROMPT + [2]), 0) == (32, True)
 
 
+def _loads_48_elsewhere(cfg, req, views_a, blocks_a, seed):
+    """Another instance (other blocks, another layout), busy with a request of its own, admits
+    `req`: its first 48 tokens load from kvpool and hold views_a's blocks_a byte for byte."""
+    views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=seed)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
+    sched.add_request(request([6] * 20))
+    sched.add_request(req)
+    new = admit(sched, w)[req.request_id]
+    assert new.num_computed_tokens == 48
+    assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).view(torch.int16),
+                       token_kv(views_a, blocks_a, 48).view(torch.int16))
+
+
 EXTRAS = {
     "salt": ({"cache_salt": "tenant-a"}, {"cache_salt": "tenant-b"}),
     "lora": ({"lora_request": LoRARequest("adapter-a", 1, "/adapters/a")},
@@ -648,15 +661,7 @@ def test_salted_and_lora_requests_use_keys_of_their_own(model_dir, daemon, kind)
     assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
 
     # Another instance loads them (the workers compute the same keys) byte for byte.
-    views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=22)
-    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
-    sched.add_request(request([6] * 20))
-    req = request(PROMPT + [1], **mine)
-    sched.add_request(req)
-    new = admit(sched, w)[req.request_id]
-    assert new.num_computed_tokens == 48
-    assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).view(torch.int16),
-                       token_kv(views_a, blocks_a, 48).view(torch.int16))
+    _loads_48_elsewhere(cfg, request(PROMPT + [1], **mine), views_a, blocks_a, seed=22)
 
 
 def _image(identifier: str, offset: int, length: int) -> MultiModalFeatureSpec:
@@ -725,15 +730,7 @@ def test_a_request_with_prompt_embeddings_is_keyed_by_them(model_dir, daemon):
     assert c.get_num_new_matched_tokens(request([0] * len(more)), 0) == (0, False)
 
     # Another instance loads them (the workers compute the same keys) byte for byte.
-    views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=24)
-    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
-    sched.add_request(request([6] * 20))
-    req = request(None, prompt_embeds=more)
-    sched.add_request(req)
-    new = admit(sched, w)[req.request_id]
-    assert new.num_computed_tokens == 48
-    assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).view(torch.int16),
-                       token_kv(views_a, blocks_a, 48).view(torch.int16))
+    _loads_48_elsewhere(cfg, request(None, prompt_embeds=more), views_a, blocks_a, seed=24)
 
 
 def test_a_prompt_mixing_token_ids_and_embeddings_keys_which_rows_are_which(model_dir, daemon):
