@@ -218,8 +218,9 @@ SegmentPages::Renewal HostTier::FailedRenewalLocked(uint32_t index, const Status
                                                     bool mapped_over) {
   if (!mapped_over) {
     // Nothing of the segment changed (its old memfd still maps it): it stays its owner's.
-    LOG(WARNING) << "host segment " << index << " could not get a fresh memfd (" << why.ToString()
-                 << "); it stays with its namespace for now";
+    // Out of descriptors lasts: a line a minute or so, not one per try.
+    LOG_EVERY_N(WARNING, 60) << "host segment " << index << " could not get a fresh memfd ("
+                             << why.ToString() << "); it stays with its namespace for now";
     return SegmentPages::Renewal::kUnchanged;
   }
   // The old memfd was never closed, and the range may be unmapped: the segment may not go to
