@@ -5,7 +5,6 @@
 // hash maps keyed by both.
 
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include <kvpool/block_key.h>
@@ -20,14 +19,11 @@ struct NamespacedKey {
   NamespaceId ns;
   BlockKey key;
   bool operator==(const NamespacedKey& o) const { return ns == o.ns && key == o.key; }
-  // Every byte of the key, as four integers mixed into abseil's seeded state: keys come from
-  // clients, who may choose them (BlockKeyHash, the key's first 8 bytes, trusts them not to).
+  // Every byte of the key (BlockKey's own AbslHashValue): keys come from clients, who may choose
+  // them (BlockKeyHash, the key's first 8 bytes, trusts them not to).
   template <typename H>
   friend H AbslHashValue(H h, const NamespacedKey& k) {
-    uint64_t w[4];
-    static_assert(sizeof(w) == BlockKey::kSize);
-    std::memcpy(w, k.key.bytes.data(), sizeof(w));
-    return H::combine(std::move(h), k.ns, w[0], w[1], w[2], w[3]);
+    return H::combine(std::move(h), k.ns, k.key);
   }
 };
 

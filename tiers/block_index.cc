@@ -4,8 +4,6 @@
 
 #include <sys/random.h>
 
-#include <cstring>
-#include <string_view>
 #include <type_traits>
 
 #include "absl/hash/hash.h"
@@ -18,14 +16,9 @@ size_t BlockIndex::Hash::operator()(EntryId id) const {
 }
 
 size_t BlockIndex::Hash::operator()(const Probe& p) const {
-  // Keys come from clients, who may choose them: the whole key, the namespace and this index's
-  // random seed, so that nobody can aim many keys at one bucket. As four integers, each mixed
-  // into the seeded state: this abseil hashes a std::string_view through std::hash, an unseeded
-  // murmur whose collisions anyone can compute, before the seed could help.
-  std::array<uint64_t, 4> words;
-  static_assert(sizeof(words) == BlockKey::kSize);
-  std::memcpy(words.data(), p.key->bytes.data(), sizeof(words));
-  return absl::HashOf(index->seed_, p.ns, words[0], words[1], words[2], words[3]);
+  // Keys come from clients, who may choose them: the whole key (BlockKey's AbslHashValue), the
+  // namespace and this index's random seed, so that nobody can aim many keys at one bucket.
+  return absl::HashOf(index->seed_, p.ns, *p.key);
 }
 
 namespace {

@@ -12,10 +12,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <kvpool/status.h>
@@ -42,6 +44,17 @@ struct BlockKey {
   friend bool operator==(const BlockKey& a, const BlockKey& b) { return a.bytes == b.bytes; }
   friend bool operator!=(const BlockKey& a, const BlockKey& b) { return !(a == b); }
   friend bool operator<(const BlockKey& a, const BlockKey& b) { return a.bytes < b.bytes; }
+  // abseil's hash (absl::Hash, absl::HashOf, its hash maps): all 32 bytes, as four words mixed
+  // into abseil's seeded state, for keys that clients may choose. (Hashed as a std::string_view
+  // they would go through std::hash in Debian's abseil: an unseeded murmur whose collisions
+  // anyone can compute.)
+  template <typename H>
+  friend H AbslHashValue(H h, const BlockKey& k) {
+    uint64_t w[4];
+    static_assert(sizeof(w) == kSize);
+    std::memcpy(w, k.bytes.data(), sizeof(w));
+    return H::combine(std::move(h), w[0], w[1], w[2], w[3]);
+  }
 };
 
 // SHA-256 of the namespace secret (the salt mixed into every key of that namespace).
@@ -86,7 +99,7 @@ struct LayoutSpec {
 };
 
 // A key's first 8 bytes: uniform for keys made by ChainHasher (SHA-256), and nothing more. For
-// keys that someone else may choose (a daemon's), hash every byte with a seed instead.
+// keys that someone else may choose (a daemon's), use absl::Hash<BlockKey> instead.
 struct BlockKeyHash {
   size_t operator()(const BlockKey& k) const {
     size_t h;
