@@ -300,6 +300,15 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
 }
 
 Response BlockHandlers::PutReserve(Connection& c, std::string_view body) {
+  return *ReserveBlocks(c, body, /*inline_only=*/false);
+}
+
+std::optional<Response> BlockHandlers::TryPutReserveInline(Connection& c, std::string_view body) {
+  return ReserveBlocks(c, body, /*inline_only=*/true);
+}
+
+std::optional<Response> BlockHandlers::ReserveBlocks(Connection& c, std::string_view body,
+                                                     bool inline_only) {
   wire::PutReserveRequest req;
   wire::PutReserveResponse resp;
   Status st = Parse(body, &req, "PUT_RESERVE");
@@ -340,7 +349,14 @@ Response BlockHandlers::PutReserve(Connection& c, std::string_view body) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::PUT_RESERVE, resp, st);
   }
-  std::vector<tiers::ReserveOutcome> outcomes = tiers_.Reserve(c.ns, c.owner, items);
+  std::vector<tiers::ReserveOutcome> outcomes;
+  if (inline_only) {
+    std::optional<std::vector<tiers::ReserveOutcome>> now = tiers_.TryReserve(c.ns, c.owner, items);
+    if (!now) return std::nullopt;  // room needs a disk write or a wait: a worker's to make
+    outcomes = std::move(*now);
+  } else {
+    outcomes = tiers_.Reserve(c.ns, c.owner, items);
+  }
   uint64_t dedup = 0;
   for (const tiers::ReserveOutcome& o : outcomes) {
     wire::Reservation* out = resp.add_reservations();
@@ -487,6 +503,44 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
       LOG_EVERY_N(WARNING, 100) << "PUT_COMMIT to gpu " << gpu_device << ": "
                                 << queued.status().ToString();
     }
+  }
+  metrics_.Add(metrics_.puts_committed, committed);
+  metrics_.Add(metrics_.bytes_in, bytes);
+  return Reply(wire::PUT_COMMIT, resp, Status::OK());
+}
+
+std::optional<Response> BlockHandlers::TryPutCommitInline(Connection& c, std::string_view body) {
+  // Bytes that came in the frame are hashed before they are published, and a cluster replicates
+  // what is committed: both are a worker's to run. So is anything unusual (the worker answers
+  // the malformed request, or the gpu placement).
+  if (!c.commit.ids.empty() || cluster_.Get() != nullptr) return std::nullopt;
+  wire::PutCommitRequest req;
+  if (!Parse(body, &req, "PUT_COMMIT").ok()) return std::nullopt;
+  const int n = req.reservation_ids_size();
+  if (!req.in_place() || req.via_ucx() || req.to_gpu() || n == 0 ||
+      n > static_cast<int>(options_.max_batch_keys) || req.sizes_size() != n ||
+      req.checksums_size() != n) {
+    return std::nullopt;
+  }
+  PathAsk in_place;
+  in_place.in_place = true;
+  if (!c.delivery->Check(in_place).ok()) return std::nullopt;
+  const auto span = [](const google::protobuf::RepeatedField<uint64_t>& f) {
+    return std::span<const uint64_t>(f.data(), static_cast<size_t>(f.size()));
+  };
+  std::optional<std::vector<Status>> done = tiers_.TryCommit(
+      c.owner, span(req.reservation_ids()), span(req.sizes()), span(req.checksums()));
+  if (!done) return std::nullopt;  // a namespace writes to disk on commit
+  wire::PutCommitResponse resp;
+  uint64_t committed = 0;
+  uint64_t bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    const Status& st = (*done)[static_cast<size_t>(i)];
+    if (st.ok()) {
+      ++committed;
+      bytes += req.sizes(i);
+    }
+    SetStatus(resp.add_results(), st);
   }
   metrics_.Add(metrics_.puts_committed, committed);
   metrics_.Add(metrics_.bytes_in, bytes);

@@ -9,8 +9,8 @@
 // Called by BlockService (daemon/block_service.h), which routes by message type and has
 // already refused every request but HELLO on a connection that did not say hello.
 // Thread safety: called concurrently for different connections, never for one connection at
-// once; LOOKUP, LOCATE (standalone), PREFETCH and RELEASE run on the control I/O thread, the
-// rest on request workers.
+// once; LOOKUP, LOCATE (standalone), PREFETCH and RELEASE run on the control I/O thread, so do
+// the Try*Inline calls, the rest on request workers.
 
 #include <optional>
 #include <string_view>
@@ -46,12 +46,20 @@ class BlockHandlers {
   // nothing done (a malformed request is answered: that does not wait either).
   std::optional<transport::Response> TryGetInline(Connection& c, std::string_view body);
   transport::Response PutReserve(Connection& c, std::string_view body);
+  // PutReserve, answered only if it need not wait: every block has room in host without a disk
+  // write or a wait (TierManager::TryReserve). nullopt otherwise, with nothing reserved (a
+  // malformed request is answered).
+  std::optional<transport::Response> TryPutReserveInline(Connection& c, std::string_view body);
   // Where the payload of a PUT_COMMIT frame goes (into c.commit). Non-OK only for a body that
   // cannot be parsed or does not match its payload (the server closes the connection); a
   // reservation that cannot take its bytes gets a null sink and its error in c.commit.
   Status PayloadSinks(Connection& c, std::string_view body,
                       std::vector<transport::PayloadSink>* sinks);
   transport::Response PutCommit(Connection& c, std::string_view body);
+  // PutCommit of an in-place writer that gives its checksums, answered only if it need not
+  // wait: no payload in the frame, no cluster, no gpu placement, and no namespace that writes
+  // to disk on commit (TierManager::TryCommit). nullopt otherwise, with nothing done.
+  std::optional<transport::Response> TryPutCommitInline(Connection& c, std::string_view body);
   transport::Response PutAbort(Connection& c, std::string_view body);
   transport::Response Prefetch(Connection& c, std::string_view body);
   // No answer is sent.
@@ -68,6 +76,9 @@ class BlockHandlers {
   // for; otherwise always an answer.
   std::optional<transport::Response> GetBlocks(Connection& c, std::string_view body,
                                                bool inline_only);
+  // PutReserve and TryPutReserveInline, the same way.
+  std::optional<transport::Response> ReserveBlocks(Connection& c, std::string_view body,
+                                                   bool inline_only);
 
   const BlockServiceOptions& options_;
   tiers::TierManager& tiers_;

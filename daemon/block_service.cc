@@ -64,11 +64,29 @@ bool BlockService::RunsInline(uint16_t type) const {
 std::optional<Response> BlockService::TryInline(transport::ConnectionState& state,
                                                 const FrameHeader& header, std::string_view body) {
   auto& c = static_cast<Connection&>(state);
-  if (header.type != wire::GET || !c.hello || cluster_.Get() != nullptr) return std::nullopt;
+  if (!c.hello) return std::nullopt;
   const auto start = std::chrono::steady_clock::now();
-  std::optional<Response> r = blocks_.TryGetInline(c, body);
+  Op op;
+  std::optional<Response> r;
+  switch (header.type) {
+    case wire::GET:
+      if (cluster_.Get() != nullptr) return std::nullopt;  // a miss may be a peer's to fetch
+      op = Op::kGet;
+      r = blocks_.TryGetInline(c, body);
+      break;
+    case wire::PUT_RESERVE:
+      op = Op::kPutReserve;
+      r = blocks_.TryPutReserveInline(c, body);
+      break;
+    case wire::PUT_COMMIT:
+      op = Op::kPutCommit;
+      r = blocks_.TryPutCommitInline(c, body);
+      break;
+    default:
+      return std::nullopt;
+  }
   if (r) {
-    metrics_.latency[static_cast<size_t>(Op::kGet)].Observe(
+    metrics_.latency[static_cast<size_t>(op)].Observe(
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
             .count());
   }

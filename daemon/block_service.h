@@ -73,7 +73,9 @@ class BlockService final : public transport::RequestHandler {
   // Lookups, prefetch hints (without gpu tiers) and lease releases only take the tier
   // manager's lock (no disk I/O, no waiting): the server runs them on its I/O thread.
   bool RunsInline(uint16_t type) const override;
-  // A GET whose blocks are all in host memory, without a cluster (BlockHandlers::TryGetInline).
+  // A GET whose blocks are all in host memory, without a cluster (BlockHandlers::TryGetInline);
+  // a PUT_RESERVE with room in host without a disk write (TryPutReserveInline); an in-place
+  // PUT_COMMIT that does not write to disk, without a cluster (TryPutCommitInline).
   std::optional<transport::Response> TryInline(transport::ConnectionState& state,
                                                const transport::FrameHeader& header,
                                                std::string_view body) override;

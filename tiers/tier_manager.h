@@ -288,6 +288,12 @@ class TierManager {
   // neither, and a block that would need either is refused with Unavailable.
   std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
                                       std::span<const PutRequestItem> items, bool may_wait = true);
+  // Reserve, only when it would not wait: when every block can have a slot without a disk write
+  // or a wait, the answer of Reserve; otherwise nullopt, and nothing is reserved (copies already
+  // on disk may have been evicted from host for room, as Reserve would have). For a caller that
+  // must not block (an I/O thread).
+  std::optional<std::vector<ReserveOutcome>> TryReserve(NamespaceId ns, uint64_t owner,
+                                                        std::span<const PutRequestItem> items);
   // The bytes of a reservation, for the transport to fill. NotFound if unknown, expired or
   // owned by someone else. From the first call on the reservation no longer expires: only
   // Commit, Abort or AbortOwner (which the owner must not call while it still writes) free it.
@@ -299,6 +305,13 @@ class TierManager {
   // readers verify (see tier_manager_writes.cc).
   Status Commit(uint64_t owner, uint64_t reservation_id,
                 std::optional<uint64_t> checksum = std::nullopt);
+  // Commits `ids` with the writer's own checksums (as Commit with `checksum`), under one hold of
+  // the lock, only when it would not wait: nullopt, with nothing done, when a namespace of theirs
+  // writes to disk on commit. Otherwise each one's status: NotFound for a reservation unknown to
+  // `owner`, InvalidArgument (and the reservation aborted) where `sizes` does not match it.
+  std::optional<std::vector<Status>> TryCommit(uint64_t owner, std::span<const uint64_t> ids,
+                                               std::span<const uint64_t> sizes,
+                                               std::span<const uint64_t> checksums);
   void Abort(uint64_t owner, uint64_t reservation_id);
   // Whether `owner` holds an open reservation in host segment `segment` (a writable mapping of
   // a segment is given only for that).
@@ -444,6 +457,16 @@ class TierManager {
   // Ends a lease the table handed back: the entry's count drops.
   void EndLeaseLocked(EntryId entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeReservationLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserve's body. With `may_wait` it may let go of mu_ while it makes room. The entries of
+  // blocks already cached are touched, or with `present` only listed there, for the caller.
+  std::vector<ReserveOutcome> ReserveLocked(NamespaceId ns, uint64_t owner,
+                                            std::span<const PutRequestItem> items, bool may_wait,
+                                            std::vector<EntryId>* present)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commit's end: reservation `reservation_id` (`r`, as it was read) becomes the block's host
+  // copy when `actual`, the hash of its slot, matches its checksum.
+  Status PublishLocked(uint64_t reservation_id, const Reservation& r, uint64_t actual)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The mover's work: one flusher round (expiry, write-after-hits, demotion to the low
   // watermark), and a promotion it will never run.
   void FlushRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -397,6 +397,123 @@ TEST_F(TierManagerTest, AReservationThatMayNotWaitDemotesNothing) {
   for (const BlockKey& k : held) ExpectServed(k);
 }
 
+TEST_F(TierManagerTest, TryReserveReservesNothingWhenOneBlockWouldWait) {
+  options_.host_high_watermark = 1.0;  // the flusher stays idle: only reservations make room
+  options_.host_low_watermark = 1.0;
+  Open();
+  std::vector<BlockKey> held;
+  for (int i = 0; i < 8; ++i) {  // 8 x 1 MiB segments, each with one block and 4 KiB free
+    held.push_back(KeyOf(3000 + i));
+    ASSERT_TRUE(Put(held.back(), kMiB - 4 * kKiB).ok()) << i;
+  }
+  manager_->WaitIdleForTest();
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_EQ(before.disk_blocks, 0u);
+  const BlockKey small = KeyOf(3100);
+  const BlockKey large = KeyOf(3101);
+  const std::vector<uint8_t> small_bytes = BytesFor(small, 4 * kKiB);
+  const std::vector<uint8_t> large_bytes = BytesFor(large, kMiB - 4 * kKiB);
+  // The small block fits in a free page; the large one needs a block written to disk first.
+  const std::vector<PutRequestItem> both = {ItemFor(small, small_bytes), ItemFor(held[0], {}),
+                                            ItemFor(large, large_bytes)};
+  EXPECT_FALSE(manager_->TryReserve(kNs, 1, both).has_value());
+  manager_->WaitIdleForTest();
+  TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.reservations_active, 0u) << "the small block's slot was kept";
+  EXPECT_EQ(after.host.allocated_bytes, before.host.allocated_bytes);
+  EXPECT_EQ(after.disk_blocks, 0u) << "a reservation that may not wait wrote to disk";
+  EXPECT_EQ(after.host_counters.demotions, 0u);
+
+  // Alone, the small block is reserved, and TryCommit publishes it with the writer's checksum.
+  std::optional<std::vector<ReserveOutcome>> now =
+      manager_->TryReserve(kNs, 1, std::vector<PutRequestItem>{ItemFor(small, small_bytes)});
+  ASSERT_TRUE(now.has_value());
+  ASSERT_EQ((*now)[0].state, ReserveState::kReserved) << (*now)[0].status.ToString();
+  const uint64_t rid = (*now)[0].reservation_id;
+  Result<ReservationTarget> t = manager_->TargetOf(1, rid);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::memcpy(t->data, small_bytes.data(), small_bytes.size());
+  const uint64_t size = small_bytes.size();
+  const uint64_t sum = BlockChecksum(small_bytes.data(), small_bytes.size());
+  std::optional<std::vector<Status>> done =
+      manager_->TryCommit(1, {&rid, 1}, {&size, 1}, {&sum, 1});
+  ASSERT_TRUE(done.has_value());
+  ASSERT_TRUE((*done)[0].ok()) << (*done)[0].ToString();
+  expected_[{kNs, small}] = small_bytes;
+  ExpectServed(small);
+  for (const BlockKey& k : held) ExpectServed(k);
+}
+
+TEST_F(TierManagerTest, TryCommitPublishesOnlyWhenNoNamespaceWritesOnCommit) {
+  options_.flush_on_shutdown = false;
+  Open();
+  Result<NamespacePolicy> wt = ComposePolicy("", "write-through", "", "");
+  ASSERT_TRUE(wt.ok()) << wt.status().ToString();
+  ASSERT_TRUE(manager_->SetNamespacePolicy(2, *wt).ok());
+  constexpr uint64_t kOwner = 5;
+  const std::vector<BlockKey> keys = {KeyOf(1), KeyOf(2), KeyOf(3)};
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<PutRequestItem> items;
+  for (const BlockKey& k : keys) {
+    bytes.push_back(BytesFor(k, 5000));
+    items.push_back(ItemFor(k, bytes.back()));
+  }
+  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, kOwner, items);
+  std::vector<uint64_t> ids, sizes, sums;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(r[i].state, ReserveState::kReserved) << i;
+    Result<ReservationTarget> t = manager_->TargetOf(kOwner, r[i].reservation_id);
+    ASSERT_TRUE(t.ok());
+    std::memcpy(t->data, bytes[i].data(), bytes[i].size());
+    ids.push_back(r[i].reservation_id);
+    sizes.push_back(bytes[i].size());
+    sums.push_back(BlockChecksum(bytes[i].data(), bytes[i].size()));
+  }
+  // Another owner's commit names nothing of its own.
+  std::optional<std::vector<Status>> other = manager_->TryCommit(kOwner + 1, ids, sizes, sums);
+  ASSERT_TRUE(other.has_value());
+  for (const Status& st : *other) EXPECT_TRUE(st.IsNotFound()) << st.ToString();
+  EXPECT_EQ(manager_->GetStats().reservations_active, 3u);
+
+  // Block 0 commits; an unknown reservation is NotFound; block 2 with a wrong size is refused
+  // and its reservation ends.
+  std::vector<uint64_t> asked_ids = {ids[0], 987654321, ids[2]};
+  std::vector<uint64_t> asked_sizes = {sizes[0], sizes[1], sizes[2] + 1};
+  std::vector<uint64_t> asked_sums = {sums[0], sums[1], sums[2]};
+  std::optional<std::vector<Status>> done =
+      manager_->TryCommit(kOwner, asked_ids, asked_sizes, asked_sums);
+  ASSERT_TRUE(done.has_value());
+  ASSERT_EQ(done->size(), 3u);
+  EXPECT_TRUE((*done)[0].ok()) << (*done)[0].ToString();
+  EXPECT_TRUE((*done)[1].IsNotFound()) << (*done)[1].ToString();
+  EXPECT_EQ((*done)[2].code(), StatusCode::kInvalidArgument) << (*done)[2].ToString();
+  expected_[{kNs, keys[0]}] = bytes[0];
+  ExpectServed(keys[0]);
+  ExpectMiss(keys[2]);
+  EXPECT_EQ(manager_->GetStats().reservations_active, 1u);  // block 1's
+  manager_->Abort(kOwner, ids[1]);
+
+  // A namespace that writes to disk on commit is left to Commit: nothing is done.
+  const BlockKey wkey = KeyOf(10);
+  const std::vector<uint8_t> wbytes = BytesFor(wkey, 5000);
+  const PutRequestItem witem = ItemFor(wkey, wbytes);
+  const ReserveOutcome w = manager_->Reserve(2, kOwner, {&witem, 1})[0];
+  ASSERT_EQ(w.state, ReserveState::kReserved);
+  Result<ReservationTarget> wt_target = manager_->TargetOf(kOwner, w.reservation_id);
+  ASSERT_TRUE(wt_target.ok());
+  std::memcpy(wt_target->data, wbytes.data(), wbytes.size());
+  const uint64_t wsize = wbytes.size();
+  const uint64_t wsum = BlockChecksum(wbytes.data(), wbytes.size());
+  EXPECT_FALSE(
+      manager_->TryCommit(kOwner, {&w.reservation_id, 1}, {&wsize, 1}, {&wsum, 1}).has_value());
+  EXPECT_EQ(manager_->GetStats().reservations_active, 1u);
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 0u);
+  ASSERT_TRUE(manager_->Commit(kOwner, w.reservation_id, wsum).ok());
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 1u);
+  expected_[{2, wkey}] = wbytes;
+  ExpectServed(wkey, 2);
+}
+
 TEST_F(TierManagerTest, LeasedBlocksStayPutWhileTheHostChurns) {
   Open();
   const BlockKey leased_key = KeyOf(1000);

@@ -18,8 +18,39 @@ namespace kvpool::tiers {
 std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
                                                  std::span<const PutRequestItem> items,
                                                  bool may_wait) {
-  std::vector<ReserveOutcome> out(items.size());
   absl::MutexLock lock(&mu_);
+  return ReserveLocked(ns, owner, items, may_wait, /*present=*/nullptr);
+}
+
+std::optional<std::vector<ReserveOutcome>> TierManager::TryReserve(
+    NamespaceId ns, uint64_t owner, std::span<const PutRequestItem> items) {
+  absl::MutexLock lock(&mu_);
+  std::vector<EntryId> present;
+  std::vector<ReserveOutcome> out = ReserveLocked(ns, owner, items, /*may_wait=*/false, &present);
+  for (const ReserveOutcome& o : out) {
+    if (o.state == ReserveState::kRefused && o.status.code() == StatusCode::kUnavailable) {
+      // Room for this one needs a disk write or a wait: undo the call (the copies evicted for
+      // the others stay evicted, as a waiting Reserve would also have evicted them).
+      for (const ReserveOutcome& r : out) {
+        if (r.state == ReserveState::kReserved) FreeReservationLocked(r.reservation_id);
+      }
+      return std::nullopt;
+    }
+  }
+  // Used now that the call stands. (Under this one hold of the lock nothing inserted an entry,
+  // so an id that is no longer live was evicted making room for another block.)
+  const uint32_t now = NowSeconds();
+  for (EntryId id : present) {
+    if (index_.at(id).live) index_.Touch(id, now);
+  }
+  return out;
+}
+
+std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t owner,
+                                                       std::span<const PutRequestItem> items,
+                                                       bool may_wait,
+                                                       std::vector<EntryId>* present) {
+  std::vector<ReserveOutcome> out(items.size());
   const uint32_t now = NowSeconds();
   const uint64_t max_block = max_block_bytes();
   for (size_t i = 0; i < items.size(); ++i) {
@@ -38,7 +69,11 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
     auto classify = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const EntryId id = FindCachedLocked(ns, item.key);
       if (id != kNoEntry) {
-        index_.Touch(id, now);
+        if (present != nullptr) {
+          present->push_back(id);
+        } else {
+          index_.Touch(id, now);
+        }
         o.state = ReserveState::kPresent;
         return true;
       }
@@ -133,6 +168,41 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
       checksum.has_value() ? *checksum : BlockChecksum(host_.Data(r.slot), r.item.size);
 
   absl::MutexLock lock(&mu_);
+  return PublishLocked(reservation_id, r, actual);
+}
+
+std::optional<std::vector<Status>> TierManager::TryCommit(uint64_t owner,
+                                                          std::span<const uint64_t> ids,
+                                                          std::span<const uint64_t> sizes,
+                                                          std::span<const uint64_t> checksums) {
+  absl::MutexLock lock(&mu_);
+  for (uint64_t rid : ids) {
+    const Reservation* found = reservations_.FindOwned(rid, owner);
+    if (found != nullptr && PolicyLocked(found->ns).write->WriteOnCommit()) return std::nullopt;
+  }
+  std::vector<Status> out;
+  out.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Reservation* found = reservations_.FindOwned(ids[i], owner);
+    if (found == nullptr) {
+      out.push_back(
+          Status::NotFound("reservation " + std::to_string(ids[i]) + " is unknown or expired"));
+      continue;
+    }
+    if (found->item.size != sizes[i]) {
+      FreeReservationLocked(ids[i]);
+      out.push_back(Status::InvalidArgument("reservation size mismatch"));
+      continue;
+    }
+    // The writer's checksum is stored as given, as in Commit.
+    found->item.checksum = checksums[i];
+    const Reservation r = *found;
+    out.push_back(PublishLocked(ids[i], r, checksums[i]));
+  }
+  return out;
+}
+
+Status TierManager::PublishLocked(uint64_t reservation_id, const Reservation& r, uint64_t actual) {
   changed_.SignalAll();  // AwaitInFlightPut: whatever happens below, this reservation ends
   if (!reservations_.Remove(reservation_id).has_value()) {
     // Its slot was freed (and may be reused): publishing it would serve or free foreign bytes.
