@@ -7,12 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/checksum.h"
@@ -270,6 +273,65 @@ TEST_F(DiskFaultTest, TiersWorkAgainAfterTheDiskRecovers) {
   EXPECT_EQ(o.failed, 0u);
   EXPECT_EQ(o.missing, manager_->GetStats().blocks_not_admitted);
   EXPECT_GT(o.served, 0u);
+}
+
+// The device stops answering (a stalled WAL append) while blocks are dropped from disk. Their
+// records are deleted with the tier lock released, so a read of a host block goes on meanwhile.
+// A block put again and written down while its old record's delete is stalled is written after
+// that delete: once the device answers, a restart finds the dropped block gone and the rewritten
+// one whole.
+TEST_F(DiskFaultTest, AStalledDiskDeleteHoldsNoReaderBack) {
+  std::vector<BlockKey> on_disk;
+  for (uint64_t n = 0; n < 4; ++n) {
+    ASSERT_TRUE(Put(n).ok());
+    on_disk.push_back(KeyOf(n));
+  }
+  ASSERT_EQ(manager_->Evict(kNs, Tier::kHost, on_disk).evicted, 4u);  // written down, host dropped
+  manager_->WaitIdleForTest();
+  ASSERT_EQ(manager_->GetStats().disk_blocks, 4u);
+  ASSERT_TRUE(Put(10).ok());
+  const BlockKey hot = KeyOf(10);
+
+  fs_->Stall(Op::kWrite);
+  std::thread dropper([&] {
+    const std::vector<BlockKey> drop = {KeyOf(0), KeyOf(1)};
+    EXPECT_EQ(manager_->Evict(kNs, Tier::kDisk, drop).evicted, 2u);
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (fs_->stalled(Op::kWrite) == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(fs_->stalled(Op::kWrite), 0u) << "the delete never reached the device";
+
+  std::future<bool> read = std::async(std::launch::async, [&] {
+    std::vector<BlockRead> reads = manager_->Acquire(kNs, {&hot, 1});
+    const std::vector<uint8_t>& want = expected_[10];
+    const bool same = reads[0].status.ok() && reads[0].size == want.size() &&
+                      std::memcmp(reads[0].data, want.data(), want.size()) == 0;
+    manager_->Release(reads[0]);
+    return same;
+  });
+  const bool answered = read.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(answered) << "a read of a host block waited for a stalled disk delete";
+
+  // Block 1 again, written down while its old record's delete is stalled.
+  ASSERT_TRUE(Put(1).ok());
+  std::thread rewriter([&] {
+    const BlockKey again = KeyOf(1);
+    EXPECT_EQ(manager_->Evict(kNs, Tier::kHost, {&again, 1}).evicted, 1u);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  fs_->Resume(Op::kWrite);
+  dropper.join();
+  rewriter.join();
+  EXPECT_TRUE(read.get());
+
+  Close();
+  Open();
+  const Outcome o = ReadAll(/*must_miss=*/{0});
+  EXPECT_EQ(o.served, 4u);  // 1 (rewritten), 2, 3 and 10 (flushed at shutdown)
+  EXPECT_EQ(o.missing, 1u);
+  EXPECT_EQ(o.failed, 0u);
 }
 
 // A full device (ENOSPC) under RocksDB: its writes stop (with Debian's RocksDB 7.8 a NoSpace

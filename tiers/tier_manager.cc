@@ -264,7 +264,10 @@ void TierManager::Shutdown() {
   absl::MutexLock lock(&mu_);
   for (uint64_t rid : reservations_.All()) FreeReservationLocked(rid);
   changed_.SignalAll();
+  DeleteDroppedLocked();  // a restart must not find what was dropped
   if (!options_.flush_on_shutdown || !started_) return;
+  // (Each write-down below deletes what it dropped for room before it writes, except one that
+  // found no room at all: the last line deletes those.)
   // Write down every host-only block so a restart serves it again.
   std::vector<EntryId> batch;
   uint64_t batch_bytes = 0;
@@ -302,6 +305,7 @@ void TierManager::Shutdown() {
     }
   }
   LOG(INFO) << "flushed " << written << " host-only blocks to disk at shutdown";
+  DeleteDroppedLocked();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -392,6 +396,7 @@ EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const Block
     }
     done ? ++outcome.evicted : ++outcome.skipped;
   }
+  if (tier == Tier::kDisk) mover_.WakeFlusher();  // its round deletes the dropped records
   return outcome;
 }
 

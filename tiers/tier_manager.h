@@ -411,7 +411,12 @@ class TierManager {
   Result<MemorySlot> AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes the disk copy (RocksDB) of each id and updates the index.
+  // Forgets the disk copies of `ids` and queues their records for deletion (done off the lock by
+  // DeleteDroppedLocked, run by the next write-down, flusher round or shutdown).
   void DropDiskCopiesLocked(const std::vector<EntryId>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes the queued records from disk, with mu_ released while RocksDB works: a stalled
+  // device holds no reader back.
+  void DeleteDroppedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes disk room for `bytes` more by dropping cold candidates (--disk_capacity counts payload),
   // and accounts them as used. ResourceExhausted, dropping nothing, when the device itself has
   // no room for them (a dropped block's space comes back only when RocksDB compacts).
@@ -492,6 +497,11 @@ class TierManager {
   ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<EntryId, std::shared_ptr<Promotion>> promotions_ ABSL_GUARDED_BY(mu_);
   std::vector<NamespacedKey> write_queue_ ABSL_GUARDED_BY(mu_);  // write-after-hits candidates
+  // Disk records the index has forgotten (DropDiskCopiesLocked) and RocksDB has not yet deleted:
+  // queued, then being deleted with mu_ released (DeleteDroppedLocked). A write of one of these
+  // keys waits for its delete, so a delete never lands after a newer record of the same block.
+  std::vector<std::pair<NamespaceId, BlockKey>> delete_queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<NamespacedKey> deleting_ ABSL_GUARDED_BY(mu_);  // queued or in flight
   absl::CondVar changed_;                        // an I/O finished or a busy flag cleared
   uint64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes on disk + in flight
   // What the disk tier may still add to its device (DiskDeviceRoom), refreshed each flusher

@@ -43,17 +43,12 @@ void TierManager::DropHostCopyLocked(EntryId id) {
 
 void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
   if (ids.empty()) return;
-  std::vector<std::pair<NamespaceId, BlockKey>> keys;
-  keys.reserve(ids.size());
-  for (EntryId id : ids) keys.emplace_back(index_.at(id).ns, index_.at(id).key);
-  Status st = disk_.Delete(keys);
-  if (!st.ok()) {
-    // The index forgets them either way; a record left behind is valid data and is served
-    // again (verified) after a restart.
-    LOG(ERROR) << "deleting " << ids.size() << " blocks from disk: " << st.ToString();
-  }
   for (EntryId id : ids) {
     Entry& e = index_.at(id);
+    // (A key is never queued twice: writing it again waits for its delete, and only a written
+    // copy can be dropped.)
+    delete_queue_.emplace_back(e.ns, e.key);
+    deleting_.insert(NamespacedKey{e.ns, e.key});
     index_.RemoveCopy(id, Tier::kDisk);
     disk_used_ -= e.disk_bytes();
     if (auto it = disk_used_of_.find(e.ns); it != disk_used_of_.end()) {
@@ -65,6 +60,22 @@ void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
     --disk_blocks_;
     MaybeEraseLocked(id);
   }
+}
+
+void TierManager::DeleteDroppedLocked() {
+  if (delete_queue_.empty()) return;
+  std::vector<std::pair<NamespaceId, BlockKey>> batch;
+  batch.swap(delete_queue_);
+  mu_.Unlock();
+  Status st = disk_.Delete(batch);
+  mu_.Lock();
+  if (!st.ok()) {
+    // The index forgot them either way; a record left behind is valid data and is served
+    // again (verified) after a restart.
+    LOG(ERROR) << "deleting " << batch.size() << " blocks from disk: " << st.ToString();
+  }
+  for (const auto& [ns, key] : batch) deleting_.erase(NamespacedKey{ns, key});
+  changed_.SignalAll();  // writers of these keys (WriteDownLocked) wait for this
 }
 
 uint64_t DiskDeviceRoom(std::optional<uint64_t> free) {
@@ -237,9 +248,20 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
       w.data = host_.Data(HostSlot{e.host_offset, e.size});
       writes.push_back(w);
     }
+    // Records dropped to make room (ReserveDiskLocked above) go first, off the lock; a block
+    // whose older record is still being deleted (by another thread) is written after that.
+    // The entries are kBusyDemoting: nobody frees their host copies meanwhile.
+    DeleteDroppedLocked();
+    const auto deleting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (deleting_.empty()) return false;
+      for (const DiskWrite& w : writes) {
+        if (deleting_.contains(NamespacedKey{w.ns, w.key})) return true;
+      }
+      return false;
+    };
+    while (deleting()) changed_.Wait(&mu_);
     ++io_in_flight_;
     mu_.Unlock();
-    // The entries are kBusyDemoting: nobody frees their host copies meanwhile.
     st = WriteDown(disk_, writes, encoding_of, sync);
     mu_.Lock();
     --io_in_flight_;
@@ -465,6 +487,7 @@ void TierManager::PromoteOne(EntryId id) {
 }
 
 void TierManager::FlushRoundLocked() {
+  DeleteDroppedLocked();  // records an eviction or a failed check dropped since the last round
   RefreshDiskSpaceLocked();
   ExpireReservationsLocked();
   ExpireLeasesLocked();

@@ -201,7 +201,38 @@ IOStatus FaultInjectionFileSystem::InjectedError(Op op) const {
   return st;
 }
 
+FaultInjectionFileSystem::~FaultInjectionFileSystem() {
+  for (Op op : {Op::kWrite, Op::kSync, Op::kRead}) Resume(op);
+}
+
+void FaultInjectionFileSystem::Stall(Op op) {
+  std::lock_guard<std::mutex> lock(stall_mu_);
+  stalling_[static_cast<int>(op)] = true;
+}
+
+void FaultInjectionFileSystem::Resume(Op op) {
+  {
+    std::lock_guard<std::mutex> lock(stall_mu_);
+    stalling_[static_cast<int>(op)] = false;
+  }
+  resumed_.notify_all();
+}
+
+uint64_t FaultInjectionFileSystem::stalled(Op op) const {
+  std::lock_guard<std::mutex> lock(stall_mu_);
+  return waiting_[static_cast<int>(op)];
+}
+
 IOStatus FaultInjectionFileSystem::MaybeFail(Op op) {
+  {
+    std::unique_lock<std::mutex> lock(stall_mu_);
+    const int i = static_cast<int>(op);
+    if (stalling_[i]) {
+      ++waiting_[i];
+      resumed_.wait(lock, [&] { return !stalling_[i]; });
+      --waiting_[i];
+    }
+  }
   Switch& s = switch_of(op);
   // Acquire: pairs with the release in Fail().
   if (!s.on.load(std::memory_order_acquire)) return IOStatus::OK();

@@ -9,7 +9,8 @@
 //   syncs:  FSWritableFile Sync, Fsync and RangeSync
 //   reads:  FSRandomAccessFile Read, MultiRead and ReadAsync; FSSequentialFile Read and
 //           PositionedRead (WAL and MANIFEST replay at open)
-// A failed call reaches nothing underneath: a refused Append writes no byte. Opening, renaming
+// A failed call reaches nothing underneath: a refused Append writes no byte. A stalled call
+// (Stall) goes on to the file once resumed. Opening, renaming
 // and deleting files always succeed, and RocksDB's info LOG is never affected.
 //
 // Thread safety: every method may be called from any thread; RocksDB calls the file methods from
@@ -20,8 +21,10 @@
 #include <rocksdb/file_system.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 namespace kvpool::testing {
 
@@ -35,6 +38,7 @@ class FaultInjectionFileSystem : public rocksdb::FileSystemWrapper {
 
   explicit FaultInjectionFileSystem(
       std::shared_ptr<rocksdb::FileSystem> base = rocksdb::FileSystem::Default());
+  ~FaultInjectionFileSystem() override;
 
   // From now on, after `after` more calls of `op` succeed, every call of `op` fails with `error`
   // until Heal(op). `retryable` marks the IOStatus retryable, which RocksDB treats as a transient
@@ -45,6 +49,12 @@ class FaultInjectionFileSystem : public rocksdb::FileSystemWrapper {
   bool failing(Op op) const;
   // How many calls of `op` this file system has failed so far.
   uint64_t failures(Op op) const;
+
+  // From now on every call of `op` waits (a device that stops answering, e.g. a stalled WAL
+  // write) until Resume(op); stalled(op) counts the calls waiting now. The destructor resumes.
+  void Stall(Op op);
+  void Resume(Op op);
+  uint64_t stalled(Op op) const;
 
   // The status a failed call returns (also for tests that compare messages).
   rocksdb::IOStatus InjectedError(Op op) const;
@@ -91,6 +101,11 @@ class FaultInjectionFileSystem : public rocksdb::FileSystemWrapper {
   const Switch& switch_of(Op op) const { return switches_[static_cast<int>(op)]; }
 
   Switch switches_[3];
+  // Stall(): which ops wait, and how many calls wait now, under stall_mu_.
+  mutable std::mutex stall_mu_;
+  std::condition_variable resumed_;
+  bool stalling_[3] = {false, false, false};
+  uint64_t waiting_[3] = {0, 0, 0};
   std::atomic<bool> fake_free_{false};
   std::atomic<uint64_t> free_bytes_{0};
 };
