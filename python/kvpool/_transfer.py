@@ -1,4 +1,5 @@
-"""The threads an engine adapter moves KV on (kvpool.vllm's loads and saves).
+"""The threads an engine adapter moves KV on (kvpool.vllm's loads and saves; kvpool.sglang's
+calls from SGLang's own threads use a Link each).
 
 A `Link` is one thread's kvpool client, made on first use and dropped after a failure so the
 next call connects again (a restarted daemon is found), with each outage logged once through an

@@ -68,6 +68,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 import kvpool
 from kvpool._options import client_kwargs
 from kvpool._outage import OutageLog
+from kvpool._transfer import Link
 
 __all__ = ["KvpoolHiCacheStorage"]
 
@@ -152,13 +153,10 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self.close()
 
     def close(self) -> None:
-        client = getattr(self._local, "client", None)
-        self._local.client = None
-        if client is not None:
-            try:
-                client.close()
-            except _FAILURES:
-                pass
+        """Closes this thread's client (the next call connects again)."""
+        link = getattr(self._local, "link", None)
+        if link is not None:
+            link.close()
 
     def get_stats(self):
         try:
@@ -184,21 +182,27 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return self._keys([extra_info.prefix_keys[-1]])[0]
         return None
 
+    def _link(self) -> Link:
+        """This thread's client (SGLang calls from its prefetch and backup threads)."""
+        link = getattr(self._local, "link", None)
+        if link is None:
+            link = Link(self._connect, self._outage)
+            self._local.link = link
+        return link
+
+    def _connect(self) -> kvpool.Client:
+        return kvpool.Client(self.address, namespace=self.namespace, timeout=self.timeout,
+                             connect_timeout=self.timeout, client_name="kvpool.sglang",
+                             **self._reach)
+
     def _client(self) -> kvpool.Client:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = kvpool.Client(self.address, namespace=self.namespace, timeout=self.timeout,
-                                   connect_timeout=self.timeout, client_name="kvpool.sglang",
-                                   **self._reach)
-            self._local.client = client
-        return client
+        return self._link().client()
 
     def _failed(self, what: str, err: BaseException) -> None:
-        self.close()  # the next call makes a new client
-        self._outage.failed(what, err)
+        self._link().failed(what, err)  # closes the client: the next call makes a new one
 
     def _answered(self) -> None:
-        self._outage.answered()
+        self._link().answered()
 
     def _ready(self) -> bool:
         return self.layout is not None
