@@ -1,7 +1,8 @@
 // CopyWithChecksum against an independent reference (memcpy, then libxxhash's one-shot XXH3 of
-// the copy): the same bytes and the same checksum for every length around its chunk size and
-// every alignment of source and destination within a cache line (it copies in short pieces when
-// the destination is a few bytes past the source modulo 4 KiB).
+// the copy): the same bytes and the same checksum for every length around its chunk and stripe
+// block sizes, in both its forms, and every alignment of source and destination within a cache
+// line (it copies in short pieces when the destination is a few bytes past the source modulo
+// 4 KiB).
 
 #include "common/checksum.h"
 
@@ -12,6 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "common/checksum_fused.h"
+
 namespace kvpool {
 namespace {
 
@@ -20,8 +23,11 @@ TEST(CopyWithChecksumTest, MatchesMemcpyAndXxh3ForEveryAlignmentAndLength) {
   std::vector<uint8_t> src(300 * 1024 + 128);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
   std::vector<uint8_t> dst(src.size() + 128);
-  const size_t lengths[] = {0,    1,     15,    63,    64,         65,        4095,
-                            4096, 65535, 65536, 65537, 131072 + 7, 300 * 1024};
+  // Around XXH3's mid-size limit (240: longer inputs take the one-pass form where the CPU has
+  // AVX2), its 1 KiB blocks of stripes, and the 64 KiB chunks of the other form.
+  const size_t lengths[] = {0,    1,    15,    63,    64,    65,    240,        241,
+                            255,  256,  1023,  1024,  1025,  1087,  1088,       1089,
+                            4095, 4096, 65535, 65536, 65537, 70000, 131072 + 7, 300 * 1024};
   for (size_t length : lengths) {
     for (size_t src_off : {0, 1, 16, 48}) {
       for (size_t dst_off : {0, 3, 16, 32, 63, 80}) {
@@ -35,6 +41,31 @@ TEST(CopyWithChecksumTest, MatchesMemcpyAndXxh3ForEveryAlignmentAndLength) {
         for (size_t i = 0; i < dst_off; ++i) ASSERT_EQ(dst[i], 0xee);
         for (size_t i = dst_off + length; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xee);
       }
+    }
+  }
+}
+
+// The one-pass form on its own (CopyWithChecksum takes it only where the CPU has AVX2), at every
+// length from its least to a few blocks of stripes past 4 KiB, against libxxhash.
+TEST(CopyWithChecksumTest, TheOnePassFormMatchesXxh3AtEveryLength) {
+  if (!internal::CanCopyWithChecksumFused()) {
+    GTEST_SKIP() << "this CPU has no AVX2";
+  }
+  std::mt19937_64 rng(7);
+  std::vector<uint8_t> src(8192 + 64);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> dst(src.size() + 64);
+  for (size_t length = internal::kFusedMinBytes; length <= 8192; ++length) {
+    const size_t src_off = length % 7;
+    const size_t dst_off = length % 13;
+    std::fill(dst.begin(), dst.end(), 0xee);
+    const uint64_t got =
+        internal::CopyWithChecksumFused(dst.data() + dst_off, src.data() + src_off, length);
+    ASSERT_EQ(got, XXH3_64bits(src.data() + src_off, length)) << length;
+    ASSERT_EQ(std::memcmp(dst.data() + dst_off, src.data() + src_off, length), 0) << length;
+    ASSERT_EQ(dst[dst_off + length], 0xee) << length;
+    if (dst_off > 0) {
+      ASSERT_EQ(dst[dst_off - 1], 0xee) << length;
     }
   }
 }
