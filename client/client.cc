@@ -1066,7 +1066,7 @@ class Client::Impl {
         continue;
       }
       // One pass: copy into the slot and hash what was copied.
-      add(k, CopyWithChecksum(slot, b.data, b.size));
+      add(k, CopyWithChecksum(slot, b.data, b.size, CopyCache::kBypass));
     }
     if (!from_device.empty()) {
       const Status done = device->Wait(stream);

@@ -40,10 +40,12 @@ void Copy(uint8_t* d, const uint8_t* s, size_t n) {
 
 }  // namespace
 
-uint64_t CopyWithChecksum(void* dst, const void* src, size_t length) {
+uint64_t CopyWithChecksum(void* dst, const void* src, size_t length, CopyCache cache) {
   if (length >= internal::kFusedMinBytes && internal::CanCopyWithChecksumFused()) {
-    // One pass (1.10-1.14x a memcpy here, against 1.23-1.29x for the chunks below).
-    return internal::CopyWithChecksumFused(dst, src, length);
+    // One pass: 1.03-1.14x a memcpy here, against 1.08-1.29x for the chunks below; with
+    // kBypass 0.84-0.89x (docs/BENCHMARKS.md).
+    const bool stream = cache == CopyCache::kBypass && reinterpret_cast<uintptr_t>(dst) % 32 == 0;
+    return internal::CopyWithChecksumFused(dst, src, length, stream);
   }
   constexpr size_t kChunk = 64 * 1024;  // stays in L2 between the copy and the hash
   auto* d = static_cast<uint8_t*>(dst);

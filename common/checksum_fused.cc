@@ -22,28 +22,26 @@ namespace kvpool::internal {
 
 namespace {
 
-// One 64-byte stripe: copied, then accumulated from the source (in L1 now).
+// One 64-byte stripe: copied (`kStream`: non-temporal stores to an aligned `d`), then
+// accumulated from the source (in L1 now).
+template <bool kStream>
 __attribute__((target("avx2"), always_inline)) inline void CopyStripe(xxh_u64* acc, uint8_t* d,
                                                                       const uint8_t* s,
                                                                       const uint8_t* secret) {
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
   const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), lo);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 32), hi);
+  if constexpr (kStream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), lo);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), hi);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 32), hi);
+  }
   XXH3_accumulate_512_avx2(acc, s, secret);
 }
 
-}  // namespace
-
-bool CanCopyWithChecksumFused() {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-}
-
-__attribute__((target("avx2"))) uint64_t CopyWithChecksumFused(void* dst, const void* src,
-                                                               size_t length) {
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
+template <bool kStream>
+__attribute__((target("avx2"))) uint64_t CopyAndHash(uint8_t* d, const uint8_t* s, size_t length) {
   const uint8_t* const secret = XXH3_kSecret;
   constexpr size_t kSecretBytes = sizeof(XXH3_kSecret);
   constexpr size_t kStripesPerBlock = (kSecretBytes - XXH_STRIPE_LEN) / XXH_SECRET_CONSUME_RATE;
@@ -54,7 +52,7 @@ __attribute__((target("avx2"))) uint64_t CopyWithChecksumFused(void* dst, const 
   const size_t blocks = (length - 1) / kBlockBytes;
   for (size_t b = 0; b < blocks; ++b) {
     for (size_t n = 0; n < kStripesPerBlock; ++n, off += XXH_STRIPE_LEN) {
-      CopyStripe(acc, d + off, s + off, secret + n * XXH_SECRET_CONSUME_RATE);
+      CopyStripe<kStream>(acc, d + off, s + off, secret + n * XXH_SECRET_CONSUME_RATE);
     }
     XXH3_scrambleAcc_avx2(acc, secret + kSecretBytes - XXH_STRIPE_LEN);
   }
@@ -62,9 +60,10 @@ __attribute__((target("avx2"))) uint64_t CopyWithChecksumFused(void* dst, const 
   // them are copied as they are, and hashed by the final stripe.
   const size_t stripes = ((length - 1) - kBlockBytes * blocks) / XXH_STRIPE_LEN;
   for (size_t n = 0; n < stripes; ++n, off += XXH_STRIPE_LEN) {
-    CopyStripe(acc, d + off, s + off, secret + n * XXH_SECRET_CONSUME_RATE);
+    CopyStripe<kStream>(acc, d + off, s + off, secret + n * XXH_SECRET_CONSUME_RATE);
   }
   std::memcpy(d + off, s + off, length - off);
+  if constexpr (kStream) _mm_sfence();  // the stream stores are seen before what follows
   // The last 64 bytes, overlapping what came before, with their own part of the secret.
   XXH3_accumulate_512_avx2(acc, s + length - XXH_STRIPE_LEN,
                            secret + kSecretBytes - XXH_STRIPE_LEN - XXH_SECRET_LASTACC_START);
@@ -72,11 +71,24 @@ __attribute__((target("avx2"))) uint64_t CopyWithChecksumFused(void* dst, const 
                         static_cast<xxh_u64>(length) * XXH_PRIME64_1);
 }
 
+}  // namespace
+
+bool CanCopyWithChecksumFused() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+}
+
+uint64_t CopyWithChecksumFused(void* dst, const void* src, size_t length, bool stream) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  return stream ? CopyAndHash<true>(d, s, length) : CopyAndHash<false>(d, s, length);
+}
+
 #else  // not x86-64: the chunked form only
 
 bool CanCopyWithChecksumFused() { return false; }
 
-uint64_t CopyWithChecksumFused(void*, const void*, size_t) { return 0; }
+uint64_t CopyWithChecksumFused(void*, const void*, size_t, bool) { return 0; }
 
 #endif
 

@@ -17,7 +17,8 @@ bool CanCopyWithChecksumFused();
 inline constexpr size_t kFusedMinBytes = 241;
 
 // Copies `length` (>= kFusedMinBytes) bytes from `src` to `dst` and returns their XXH3-64.
-// Only where CanCopyWithChecksumFused().
-uint64_t CopyWithChecksumFused(void* dst, const void* src, size_t length);
+// Only where CanCopyWithChecksumFused(). With `stream` (`dst` must be 32-byte aligned) the
+// stores are non-temporal, and fenced before it returns.
+uint64_t CopyWithChecksumFused(void* dst, const void* src, size_t length, bool stream);
 
 }  // namespace kvpool::internal

@@ -45,8 +45,9 @@ TEST(CopyWithChecksumTest, MatchesMemcpyAndXxh3ForEveryAlignmentAndLength) {
   }
 }
 
-// The one-pass form on its own (CopyWithChecksum takes it only where the CPU has AVX2), at every
-// length from its least to a few blocks of stripes past 4 KiB, against libxxhash.
+// The one-pass form on its own (CopyWithChecksum takes it only where the CPU has AVX2), with
+// plain and with non-temporal stores, at every length from its least to a few blocks of stripes
+// past 4 KiB, against libxxhash.
 TEST(CopyWithChecksumTest, TheOnePassFormMatchesXxh3AtEveryLength) {
   if (!internal::CanCopyWithChecksumFused()) {
     GTEST_SKIP() << "this CPU has no AVX2";
@@ -55,17 +56,23 @@ TEST(CopyWithChecksumTest, TheOnePassFormMatchesXxh3AtEveryLength) {
   std::vector<uint8_t> src(8192 + 64);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
   std::vector<uint8_t> dst(src.size() + 64);
+  constexpr size_t kAlignedBytes = 8192 + 128;
+  alignas(64) static uint8_t aligned[kAlignedBytes];
   for (size_t length = internal::kFusedMinBytes; length <= 8192; ++length) {
     const size_t src_off = length % 7;
     const size_t dst_off = length % 13;
-    std::fill(dst.begin(), dst.end(), 0xee);
-    const uint64_t got =
-        internal::CopyWithChecksumFused(dst.data() + dst_off, src.data() + src_off, length);
-    ASSERT_EQ(got, XXH3_64bits(src.data() + src_off, length)) << length;
-    ASSERT_EQ(std::memcmp(dst.data() + dst_off, src.data() + src_off, length), 0) << length;
-    ASSERT_EQ(dst[dst_off + length], 0xee) << length;
-    if (dst_off > 0) {
-      ASSERT_EQ(dst[dst_off - 1], 0xee) << length;
+    for (bool stream : {false, true}) {
+      // Non-temporal stores need an aligned destination.
+      uint8_t* const d = stream ? aligned + dst_off / 32 * 32 : dst.data() + dst_off;
+      std::fill(dst.begin(), dst.end(), 0xee);
+      std::fill(aligned, aligned + kAlignedBytes, 0xee);
+      const uint64_t got = internal::CopyWithChecksumFused(d, src.data() + src_off, length, stream);
+      ASSERT_EQ(got, XXH3_64bits(src.data() + src_off, length)) << length << " " << stream;
+      ASSERT_EQ(std::memcmp(d, src.data() + src_off, length), 0) << length << " " << stream;
+      ASSERT_EQ(d[length], 0xee) << length << " " << stream;
+      if (!stream && dst_off > 0) {
+        ASSERT_EQ(d[-1], 0xee) << length;
+      }
     }
   }
 }
