@@ -242,11 +242,23 @@ MemoryTierStats SegmentPages::Stats() const {
 
 Result<MemorySlot> SegmentedTier::Allocate(NamespaceId ns, uint64_t length) {
   absl::MutexLock lock(&mu_);
+  return AllocateLocked(ns, length, /*may_wait=*/true);
+}
+
+Result<MemorySlot> SegmentedTier::TryAllocate(NamespaceId ns, uint64_t length) {
+  absl::MutexLock lock(&mu_);
+  return AllocateLocked(ns, length, /*may_wait=*/false);
+}
+
+Result<MemorySlot> SegmentedTier::AllocateLocked(NamespaceId ns, uint64_t length, bool may_wait) {
   bool renewed_one = false;
   for (;;) {
     Result<MemorySlot> slot = pages_.Allocate(ns, length);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
     if (pages_.AtSegmentLimit(ns)) return slot;
+    if (!may_wait && (renewing_ > 0 || pages_.vacant_segments() > 0)) {
+      return Status::Unavailable("room in this tier needs a segment renewed");
+    }
     if (renewing_ > 0) {
       // A segment being renewed in the background is about to be clean: wait for it rather
       // than report a full tier (the caller would evict for room that is on its way).

@@ -118,6 +118,7 @@ class SegmentedTier : public MemoryTier {
   // As SegmentPages::Allocate, renewing another namespace's vacant segment when no clean one is
   // left.
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) override;
+  Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) override;
   // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.
   void Free(const MemorySlot& slot) override;
   uint64_t allocated_bytes() const override;
@@ -137,6 +138,13 @@ class SegmentedTier : public MemoryTier {
 
   mutable absl::Mutex mu_;
   SegmentPages pages_ ABSL_GUARDED_BY(mu_);
+
+ private:
+  // Allocate, and with `may_wait` false TryAllocate.
+  Result<MemorySlot> AllocateLocked(NamespaceId ns, uint64_t length, bool may_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+ protected:
   // Segments taken out of every pool for a renewal that runs without mu_ (the host tier's spare
   // thread); Allocate waits for them instead of reporting the tier full.
   uint32_t renewing_ ABSL_GUARDED_BY(mu_) = 0;

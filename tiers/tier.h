@@ -90,6 +90,10 @@ class MemoryTier : public StorageTier {
   // `length` bytes for a block of namespace `ns` in one of its segments. InvalidArgument for 0 or
   // more than a segment; ResourceExhausted when nothing fits (the caller evicts and retries).
   virtual Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) = 0;
+  // Allocate, only when it would not wait: Unavailable where room needs a segment renewed
+  // (another namespace's vacant segment given fresh memory: tens of milliseconds) or one being
+  // renewed already. For a caller that must not block (an I/O thread).
+  virtual Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) = 0;
   // Returns a slot's pages. The slot must come from Allocate and not be freed twice.
   virtual void Free(const MemorySlot& slot) = 0;
   // The slot's bytes, addressable by this process (device memory for a GPU tier).

@@ -396,7 +396,7 @@ EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const Block
     }
     done ? ++outcome.evicted : ++outcome.skipped;
   }
-  if (tier == Tier::kDisk) mover_.WakeFlusher();  // its round deletes the dropped records
+  DeleteDroppedLocked();  // evicted is gone from disk once answered, also after a crash
   return outcome;
 }
 
@@ -452,7 +452,7 @@ void TierManager::WaitFlusherRoundForTest() { mover_.WaitFlusherRound(); }
 void TierManager::WaitIdleForTest() {
   absl::MutexLock lock(&mu_);
   while (mover_.queued() > 0 || mover_.gpu_pending() > 0 || !promotions_.empty() ||
-         io_in_flight_ > 0) {
+         io_in_flight_ > 0 || !deleting_.empty()) {
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(10));
   }
 }

@@ -28,8 +28,8 @@
 // Threads: the mover's flusher (ThreadRole::kTierFlusher) and `promotion_threads` promoters
 // (ThreadRole::kPrefetcher), started by Start() and joined by Shutdown().
 // Thread safety: every public method may be called from any thread; one mutex guards the index
-// and all bookkeeping, and no disk I/O or block copy runs under it, except RocksDB deletes of
-// dropped blocks (small WAL appends).
+// and all bookkeeping, and no disk I/O or block copy runs under it (RocksDB deletes of dropped
+// blocks included: DeleteDroppedLocked), except the index rebuild's at start.
 
 #include <chrono>
 #include <cstdint>
@@ -288,10 +288,12 @@ class TierManager {
   // neither, and a block that would need either is refused with Unavailable.
   std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
                                       std::span<const PutRequestItem> items, bool may_wait = true);
-  // Reserve, only when it would not wait: when every block can have a slot without a disk write
-  // or a wait, the answer of Reserve; otherwise nullopt, and nothing is reserved (copies already
-  // on disk may have been evicted from host for room, as Reserve would have). For a caller that
-  // must not block (an I/O thread).
+  // Reserve, only when it would not wait: when every block can have a slot without a disk
+  // write, a wait or a segment renewal, the answer of Reserve; otherwise nullopt, and nothing is
+  // reserved. What it did on the way stands, as the Reserve that follows would do it too: blocks
+  // already cached were touched, and host copies were evicted for room (copies on disk already,
+  // and those of namespaces whose disk does not admit them, which leave the cache). For a caller
+  // that must not block (an I/O thread).
   std::optional<std::vector<ReserveOutcome>> TryReserve(NamespaceId ns, uint64_t owner,
                                                         std::span<const PutRequestItem> items);
   // The bytes of a reservation, for the transport to fill. NotFound if unknown, expired or
@@ -410,9 +412,8 @@ class TierManager {
   // its quota there) until one fits.
   Result<MemorySlot> AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Deletes the disk copy (RocksDB) of each id and updates the index.
   // Forgets the disk copies of `ids` and queues their records for deletion (done off the lock by
-  // DeleteDroppedLocked, run by the next write-down, flusher round or shutdown).
+  // DeleteDroppedLocked, run by the next write-down, flusher round, admin evict or shutdown).
   void DropDiskCopiesLocked(const std::vector<EntryId>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes the queued records from disk, with mu_ released while RocksDB works: a stalled
   // device holds no reader back.
@@ -425,17 +426,20 @@ class TierManager {
   // (flusher only).
   void RefreshDiskSpaceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the host copies of `ids` (marked kBusyDemoting by the caller) to disk, releasing
-  // the mutex for the write. On success each gains a disk copy; when `drop_host`, unleased
-  // host copies are then freed. On failure the host copies are kept (or dropped when
-  // `drop_host`: the block is lost, counted). Clears kBusyDemoting.
+  // the mutex for the write, and first for the deletes queued by DropDiskCopiesLocked (those
+  // its own room needed among them) and for any other thread's delete of one of its keys. On
+  // success each gains a disk copy; when `drop_host`, unleased host copies are then freed. On
+  // failure the host copies are kept (or dropped when `drop_host`: the block is lost, counted).
+  // Clears kBusyDemoting.
   Status WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees host space until `bytes` can be allocated for `ns` or nothing more can be evicted;
   // then waits for a disk write or read in flight to free or unblock more. Without `may_wait`
   // it neither waits nor writes (demotes) anything: Unavailable when dropping copies that are
-  // on disk already does not make room.
-  Result<HostSlot> AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait = true)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // on disk already does not make room. Without `may_renew`, also Unavailable where the host
+  // tier would renew a segment for room (MemoryTier::TryAllocate).
+  Result<HostSlot> AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait = true,
+                                      bool may_renew = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Picks up to `budget` bytes of coldest host candidates; drops those with a disk copy, and
   // demotes the rest (without `may_write`: leaves them, writing nothing). Returns bytes
   // released or scheduled. With `only`, from that namespace's candidates alone (it holds its
@@ -462,11 +466,11 @@ class TierManager {
   // Ends a lease the table handed back: the entry's count drops.
   void EndLeaseLocked(EntryId entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeReservationLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserve's body. With `may_wait` it may let go of mu_ while it makes room. The entries of
-  // blocks already cached are touched, or with `present` only listed there, for the caller.
+  // Reserve's body. With `may_wait` it may let go of mu_ while it makes room; `may_renew` as
+  // AllocateHostLocked.
   std::vector<ReserveOutcome> ReserveLocked(NamespaceId ns, uint64_t owner,
                                             std::span<const PutRequestItem> items, bool may_wait,
-                                            std::vector<EntryId>* present)
+                                            bool may_renew = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commit's end: reservation `reservation_id` (`r`, as it was read) becomes the block's host
   // copy when `actual`, the hash of its slot, matches its checksum.

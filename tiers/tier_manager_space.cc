@@ -250,7 +250,9 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
     }
     // Records dropped to make room (ReserveDiskLocked above) go first, off the lock; a block
     // whose older record is still being deleted (by another thread) is written after that.
-    // The entries are kBusyDemoting: nobody frees their host copies meanwhile.
+    // The entries are kBusyDemoting: nobody frees their host copies meanwhile, and counted in
+    // flight from here, so that a reservation needing their room waits for them.
+    ++io_in_flight_;
     DeleteDroppedLocked();
     const auto deleting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (deleting_.empty()) return false;
@@ -260,7 +262,6 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
       return false;
     };
     while (deleting()) changed_.Wait(&mu_);
-    ++io_in_flight_;
     mu_.Unlock();
     st = WriteDown(disk_, writes, encoding_of, sync);
     mu_.Lock();
@@ -338,9 +339,10 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool ma
   return released + demote_bytes;
 }
 
-Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait) {
+Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait,
+                                                 bool may_renew) {
   for (;;) {
-    Result<HostSlot> slot = host_.Allocate(ns, bytes);
+    Result<HostSlot> slot = may_renew ? host_.Allocate(ns, bytes) : host_.TryAllocate(ns, bytes);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
     // Other namespaces' free pages do not help this one: free at least a segment's worth. A
     // namespace that holds its quota of segments frees its own.
@@ -436,6 +438,7 @@ void TierManager::HandleCorruptLocked(EntryId id, const Status& why) {
   if (e.In(Tier::kDisk) && e.busy == 0) {
     ++disk_counters_.evictions;
     DropDiskCopiesLocked({id});
+    mover_.WakeFlusher();  // its round deletes the record
   }
 }
 

@@ -414,8 +414,9 @@ TEST_F(TierManagerTest, TryReserveReservesNothingWhenOneBlockWouldWait) {
   const std::vector<uint8_t> small_bytes = BytesFor(small, 4 * kKiB);
   const std::vector<uint8_t> large_bytes = BytesFor(large, kMiB - 4 * kKiB);
   // The small block fits in a free page; the large one needs a block written to disk first.
-  const std::vector<PutRequestItem> both = {ItemFor(small, small_bytes), ItemFor(held[0], {}),
-                                            ItemFor(large, large_bytes)};
+  const std::vector<uint8_t> held_bytes = BytesFor(held[0], kMiB - 4 * kKiB);
+  const std::vector<PutRequestItem> both = {
+      ItemFor(small, small_bytes), ItemFor(held[0], held_bytes), ItemFor(large, large_bytes)};
   EXPECT_FALSE(manager_->TryReserve(kNs, 1, both).has_value());
   manager_->WaitIdleForTest();
   TierManagerStats after = manager_->GetStats();
@@ -442,6 +443,35 @@ TEST_F(TierManagerTest, TryReserveReservesNothingWhenOneBlockWouldWait) {
   expected_[{kNs, small}] = small_bytes;
   ExpectServed(small);
   for (const BlockKey& k : held) ExpectServed(k);
+}
+
+// A block TryReserve answers as present is used at once: making room for the next block of the
+// same call evicts another, never it (the client does not send a block it was told is stored).
+TEST_F(TierManagerTest, TryReserveKeepsTheBlocksItAnswersPresent) {
+  options_.host_high_watermark = 1.0;  // the flusher stays idle: only reservations make room
+  options_.host_low_watermark = 1.0;
+  Open();
+  Result<NamespacePolicy> wt = ComposePolicy("", "write-through", "", "");
+  ASSERT_TRUE(wt.ok()) << wt.status().ToString();
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, *wt).ok());
+  std::vector<BlockKey> held;  // in host and on disk, coldest first
+  for (int i = 0; i < 8; ++i) {
+    held.push_back(KeyOf(4000 + i));
+    ASSERT_TRUE(Put(held.back(), kMiB - 4 * kKiB).ok()) << i;
+  }
+  manager_->WaitIdleForTest();
+  ASSERT_EQ(manager_->GetStats().disk_blocks, 8u);
+  const BlockKey fresh = KeyOf(4100);
+  const std::vector<uint8_t> fresh_bytes = BytesFor(fresh, kMiB - 4 * kKiB);
+  const std::vector<PutRequestItem> items = {ItemFor(held[0], expected_[{kNs, held[0]}]),
+                                             ItemFor(fresh, fresh_bytes)};
+  std::optional<std::vector<ReserveOutcome>> r = manager_->TryReserve(kNs, 1, items);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ((*r)[0].state, ReserveState::kPresent);
+  ASSERT_EQ((*r)[1].state, ReserveState::kReserved) << (*r)[1].status.ToString();
+  EXPECT_EQ(TiersOf({held[0]}), std::vector<Tier>{Tier::kHost}) << "evicted for the next block";
+  EXPECT_EQ(TiersOf({held[1]}), std::vector<Tier>{Tier::kDisk}) << "the coldest other block";
+  manager_->Abort(1, (*r)[1].reservation_id);
 }
 
 TEST_F(TierManagerTest, TryCommitPublishesOnlyWhenNoNamespaceWritesOnCommit) {

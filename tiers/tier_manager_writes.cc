@@ -19,37 +19,31 @@ std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
                                                  std::span<const PutRequestItem> items,
                                                  bool may_wait) {
   absl::MutexLock lock(&mu_);
-  return ReserveLocked(ns, owner, items, may_wait, /*present=*/nullptr);
+  return ReserveLocked(ns, owner, items, may_wait);
 }
 
 std::optional<std::vector<ReserveOutcome>> TierManager::TryReserve(
     NamespaceId ns, uint64_t owner, std::span<const PutRequestItem> items) {
   absl::MutexLock lock(&mu_);
-  std::vector<EntryId> present;
-  std::vector<ReserveOutcome> out = ReserveLocked(ns, owner, items, /*may_wait=*/false, &present);
+  std::vector<ReserveOutcome> out =
+      ReserveLocked(ns, owner, items, /*may_wait=*/false, /*may_renew=*/false);
   for (const ReserveOutcome& o : out) {
     if (o.state == ReserveState::kRefused && o.status.code() == StatusCode::kUnavailable) {
-      // Room for this one needs a disk write or a wait: undo the call (the copies evicted for
-      // the others stay evicted, as a waiting Reserve would also have evicted them).
+      // Room for this one needs a disk write, a wait or a segment renewed: undo the call's
+      // reservations. (What it did besides stands, as a worker's Reserve would do it again: the
+      // blocks already cached were touched, and host copies were evicted for room.)
       for (const ReserveOutcome& r : out) {
         if (r.state == ReserveState::kReserved) FreeReservationLocked(r.reservation_id);
       }
       return std::nullopt;
     }
   }
-  // Used now that the call stands. (Under this one hold of the lock nothing inserted an entry,
-  // so an id that is no longer live was evicted making room for another block.)
-  const uint32_t now = NowSeconds();
-  for (EntryId id : present) {
-    if (index_.at(id).live) index_.Touch(id, now);
-  }
   return out;
 }
 
 std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t owner,
                                                        std::span<const PutRequestItem> items,
-                                                       bool may_wait,
-                                                       std::vector<EntryId>* present) {
+                                                       bool may_wait, bool may_renew) {
   std::vector<ReserveOutcome> out(items.size());
   const uint32_t now = NowSeconds();
   const uint64_t max_block = max_block_bytes();
@@ -69,11 +63,7 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
     auto classify = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const EntryId id = FindCachedLocked(ns, item.key);
       if (id != kNoEntry) {
-        if (present != nullptr) {
-          present->push_back(id);
-        } else {
-          index_.Touch(id, now);
-        }
+        index_.Touch(id, now);  // at once: making room for the next blocks must not evict it
         o.state = ReserveState::kPresent;
         return true;
       }
@@ -88,7 +78,7 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
     // nothing the new block is then stored without its parent link, unreachable by lookups,
     // until it ages out. Holding the parent instead would leave a chain longer than the host
     // tier nothing to evict, tail first.)
-    Result<HostSlot> slot = AllocateHostLocked(ns, item.size, may_wait);
+    Result<HostSlot> slot = AllocateHostLocked(ns, item.size, may_wait, may_renew);
     if (!slot.ok()) {
       o.status = slot.status();
       continue;
@@ -180,24 +170,31 @@ std::optional<std::vector<Status>> TierManager::TryCommit(uint64_t owner,
     const Reservation* found = reservations_.FindOwned(rid, owner);
     if (found != nullptr && PolicyLocked(found->ns).write->WriteOnCommit()) return std::nullopt;
   }
-  std::vector<Status> out;
-  out.reserve(ids.size());
+  // As PutCommit's worker path answers: every reservation is checked first, then each one that
+  // passed is published and each one that did not is aborted, in order.
+  std::vector<Status> out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Reservation* found = reservations_.FindOwned(ids[i], owner);
+    if (found == nullptr) {
+      out[i] = Status::NotFound("reservation " + std::to_string(ids[i]) + " is unknown or expired");
+    } else if (found->item.size != sizes[i]) {
+      out[i] = Status::InvalidArgument("reservation size mismatch");
+    }
+  }
   for (size_t i = 0; i < ids.size(); ++i) {
     Reservation* found = reservations_.FindOwned(ids[i], owner);
-    if (found == nullptr) {
-      out.push_back(
-          Status::NotFound("reservation " + std::to_string(ids[i]) + " is unknown or expired"));
+    if (!out[i].ok()) {
+      if (found != nullptr) FreeReservationLocked(ids[i]);
       continue;
     }
-    if (found->item.size != sizes[i]) {
-      FreeReservationLocked(ids[i]);
-      out.push_back(Status::InvalidArgument("reservation size mismatch"));
+    if (found == nullptr) {  // named twice: the first one committed it
+      out[i] = Status::NotFound("reservation " + std::to_string(ids[i]) + " is unknown or expired");
       continue;
     }
     // The writer's checksum is stored as given, as in Commit.
     found->item.checksum = checksums[i];
     const Reservation r = *found;
-    out.push_back(PublishLocked(ids[i], r, checksums[i]));
+    out[i] = PublishLocked(ids[i], r, checksums[i]);
   }
   return out;
 }
