@@ -300,6 +300,32 @@ TEST(HostTierTest, AnotherNamespaceTakesAVacantSegmentOnlyWhenNoCleanOneIsLeft) 
   EXPECT_EQ(tier->Locate(d.offset).segment, second);
 }
 
+// TryAllocate (an I/O thread's allocation) does what Allocate does without a renewal: where
+// room needs another namespace's vacant segment renewed it is Unavailable and changes nothing;
+// Allocate then renews it.
+TEST(HostTierTest, TryAllocateNeverRenewsASegment) {
+  auto tier = MakeTier(2 * kSegment);
+  HostSlot a = MustAllocate(*tier, 1, kSegment);
+  HostSlot own = MustAllocate(*tier, 1, kPage);  // namespace 1's second segment
+  const uint32_t vacated = tier->Locate(a.offset).segment;
+  const uint32_t generation = tier->Locate(a.offset).generation;
+  tier->Free(a);
+  ASSERT_EQ(tier->GetStats().vacant_segments, 1u);
+  // Room in a segment of its own, or its own vacant one: as Allocate.
+  Result<MemorySlot> mine = tier->TryAllocate(1, kPage);
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  tier->Free(*mine);
+  // Namespace 2 needs namespace 1's vacant segment renewed: refused, the segment untouched.
+  Result<MemorySlot> other = tier->TryAllocate(2, kPage);
+  EXPECT_EQ(other.status().code(), StatusCode::kUnavailable) << other.status().ToString();
+  EXPECT_EQ(tier->OwnerOf(uint64_t{vacated} * kSegment), 1u);
+  EXPECT_EQ(tier->Locate(uint64_t{vacated} * kSegment).generation, generation);
+  HostSlot renewed = MustAllocate(*tier, 2, kPage);
+  EXPECT_EQ(tier->Locate(renewed.offset).segment, vacated);
+  EXPECT_NE(tier->Locate(renewed.offset).generation, generation);
+  tier->Free(own);
+}
+
 // Runs `fn` on a thread of its own on which memfd_create fails with EMFILE, as in a daemon out of
 // descriptors: a seccomp filter on that thread alone. (Taking every descriptor instead would
 // starve the sanitizers' runtimes, which need some to check memory.) 0, or the errno with which
