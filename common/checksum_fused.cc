@@ -74,7 +74,10 @@ __attribute__((target("avx2"))) uint64_t CopyAndHash(uint8_t* d, const uint8_t* 
 }  // namespace
 
 bool CanCopyWithChecksumFused() {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 = [] {
+    __builtin_cpu_init();  // also where this runs before the constructors that would call it
+    return __builtin_cpu_supports("avx2") != 0;  // the CPU has it and the OS saves its registers
+  }();
   return avx2;
 }
 
