@@ -141,6 +141,13 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Value(&o, "kvpool_gpu_hints_dropped_total", static_cast<double>(t.gpu_hints_dropped));
   Metric(&o, "kvpool_disk_write_errors_total", "counter", "Failed RocksDB block writes.");
   Value(&o, "kvpool_disk_write_errors_total", static_cast<double>(t.disk_write_errors));
+  Metric(&o, "kvpool_disk_deletes_pending", "gauge",
+         "Blocks dropped from the disk tier whose RocksDB records are not deleted yet (grows "
+         "while the device stalls).");
+  Value(&o, "kvpool_disk_deletes_pending", static_cast<double>(t.disk_deletes_pending));
+  Metric(&o, "kvpool_disk_delete_errors_total", "counter",
+         "Failed RocksDB deletes of dropped blocks (their records come back after a restart).");
+  Value(&o, "kvpool_disk_delete_errors_total", static_cast<double>(t.disk_delete_errors));
   Metric(&o, "kvpool_blocks_lost_total", "counter",
          "Host-only blocks dropped because the disk tier could not take them.");
   Value(&o, "kvpool_blocks_lost_total", static_cast<double>(t.blocks_lost));

@@ -320,6 +320,7 @@ TEST_F(DiskFaultTest, AStalledDiskDeleteHoldsNoReaderBack) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_GT(fs_->stalled(Op::kWrite), 0u) << "the delete never reached the device";
+  EXPECT_EQ(manager_->GetStats().disk_deletes_pending, 2u);  // what an operator sees meanwhile
 
   read = std::async(std::launch::async, [&] {
     std::vector<BlockRead> reads = manager_->Acquire(kNs, {&hot, 1});
@@ -343,6 +344,8 @@ TEST_F(DiskFaultTest, AStalledDiskDeleteHoldsNoReaderBack) {
   fs_->Resume(Op::kWrite);
   dropper.join();
   rewriter.join();
+  EXPECT_EQ(manager_->GetStats().disk_deletes_pending, 0u);
+  EXPECT_EQ(manager_->GetStats().disk_delete_errors, 0u);
 
   Close();
   Open();

@@ -430,6 +430,8 @@ TierManagerStats TierManager::GetStats() const {
   s.checksum_failures = checksum_failures_;
   s.gpu_hints_dropped = gpu_hints_dropped_;
   s.disk_write_errors = disk_write_errors_;
+  s.disk_deletes_pending = deleting_.size();
+  s.disk_delete_errors = disk_delete_errors_;
   s.blocks_lost = blocks_lost_;
   s.blocks_not_admitted = blocks_not_admitted_;
   s.blocks_over_quota = blocks_over_quota_;

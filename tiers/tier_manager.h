@@ -177,6 +177,9 @@ struct TierManagerStats {
   uint64_t prefetches_useful = 0;
   uint64_t checksum_failures = 0;
   uint64_t disk_write_errors = 0;
+  uint64_t disk_deletes_pending =
+      0;                             // dropped records not yet deleted from disk (a stall grows it)
+  uint64_t disk_delete_errors = 0;   // failed deletes (their records come back after a restart)
   uint64_t blocks_lost = 0;          // host-only blocks dropped because disk could not take them
   uint64_t blocks_not_admitted = 0;  // host-only blocks dropped because disk admission said no
   uint64_t blocks_over_quota = 0;    // copies a namespace gave up (or could not write) over quota
@@ -536,6 +539,7 @@ class TierManager {
   uint64_t prefetches_useful_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t checksum_failures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t disk_write_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t disk_delete_errors_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_lost_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_not_admitted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t read_aheads_ ABSL_GUARDED_BY(mu_) = 0;

@@ -72,6 +72,7 @@ void TierManager::DeleteDroppedLocked() {
   if (!st.ok()) {
     // The index forgot them either way; a record left behind is valid data and is served
     // again (verified) after a restart.
+    ++disk_delete_errors_;
     LOG(ERROR) << "deleting " << batch.size() << " blocks from disk: " << st.ToString();
   }
   for (const auto& [ns, key] : batch) deleting_.erase(NamespacedKey{ns, key});
