@@ -12,6 +12,16 @@
 
 namespace kvpool::tiers {
 
+namespace {
+
+// A reservation `owner` does not hold: never made, expired, committed, aborted or another's.
+Status UnknownReservation(uint64_t reservation_id) {
+  return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                          " is unknown or expired");
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Writes
 
@@ -104,10 +114,7 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
 Result<ReservationTarget> TierManager::TargetOf(uint64_t owner, uint64_t reservation_id) {
   absl::MutexLock lock(&mu_);
   Reservation* found = reservations_.FindOwned(reservation_id, owner);
-  if (found == nullptr) {
-    return Status::NotFound("reservation " + std::to_string(reservation_id) +
-                            " is unknown or expired");
-  }
+  if (found == nullptr) return UnknownReservation(reservation_id);
   Reservation& r = *found;
   // The caller now writes through a raw pointer, maybe for a while (a slow client's payload):
   // expiry must not free the slot under it, where another block (of any namespace) could be
@@ -137,10 +144,7 @@ Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
   {
     absl::MutexLock lock(&mu_);
     Reservation* found = reservations_.FindOwned(reservation_id, owner);
-    if (found == nullptr) {
-      return Status::NotFound("reservation " + std::to_string(reservation_id) +
-                              " is unknown or expired");
-    }
+    if (found == nullptr) return UnknownReservation(reservation_id);
     found->deadline = Clock::TimePoint::max();  // committing
     if (checksum.has_value()) found->item.checksum = *checksum;
     r = *found;
@@ -166,17 +170,16 @@ std::optional<std::vector<Status>> TierManager::TryCommit(uint64_t owner,
                                                           std::span<const uint64_t> sizes,
                                                           std::span<const uint64_t> checksums) {
   absl::MutexLock lock(&mu_);
-  for (uint64_t rid : ids) {
-    const Reservation* found = reservations_.FindOwned(rid, owner);
-    if (found != nullptr && PolicyLocked(found->ns).write->WriteOnCommit()) return std::nullopt;
-  }
-  // As PutCommit's worker path answers: every reservation is checked first, then each one that
-  // passed is published and each one that did not is aborted, in order.
+  // As PutCommit's worker path answers: every reservation is checked first (and a namespace
+  // that writes on commit leaves the whole batch to Commit), then each one that passed is
+  // published and each one that did not is aborted, in order.
   std::vector<Status> out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const Reservation* found = reservations_.FindOwned(ids[i], owner);
     if (found == nullptr) {
-      out[i] = Status::NotFound("reservation " + std::to_string(ids[i]) + " is unknown or expired");
+      out[i] = UnknownReservation(ids[i]);
+    } else if (PolicyLocked(found->ns).write->WriteOnCommit()) {
+      return std::nullopt;
     } else if (found->item.size != sizes[i]) {
       out[i] = Status::InvalidArgument("reservation size mismatch");
     }
@@ -188,7 +191,7 @@ std::optional<std::vector<Status>> TierManager::TryCommit(uint64_t owner,
       continue;
     }
     if (found == nullptr) {  // named twice: the first one committed it
-      out[i] = Status::NotFound("reservation " + std::to_string(ids[i]) + " is unknown or expired");
+      out[i] = UnknownReservation(ids[i]);
       continue;
     }
     // The writer's checksum is stored as given, as in Commit.
