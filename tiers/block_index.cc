@@ -10,15 +10,14 @@
 
 namespace kvpool::tiers {
 
-size_t BlockIndex::Hash::operator()(EntryId id) const {
-  const Entry& e = index->at(id);
-  return (*this)(Probe{e.ns, &e.key});
+size_t KeyHasher::operator()(NamespaceId ns, const BlockKey& key) const {
+  // The whole key (BlockKey's AbslHashValue), the namespace and the seed.
+  return absl::HashOf(seed_, ns, key);
 }
 
-size_t BlockIndex::Hash::operator()(const Probe& p) const {
-  // Keys come from clients, who may choose them: the whole key (BlockKey's AbslHashValue), the
-  // namespace and this index's random seed, so that nobody can aim many keys at one bucket.
-  return absl::HashOf(index->seed_, p.ns, *p.key);
+size_t BlockIndex::Hash::operator()(EntryId id) const {
+  const Entry& e = index->at(id);
+  return index->hasher_(e.ns, e.key);
 }
 
 namespace {
@@ -36,18 +35,18 @@ uint64_t RandomSeed() {
 }  // namespace
 
 uint64_t BlockIndex::HashForTest(NamespaceId ns, const BlockKey& key) const {
-  return Hash{this}(Probe{ns, &key});
+  return hasher_(ns, key);
 }
 
-bool BlockIndex::Eq::operator()(EntryId a, const Probe& p) const {
+bool BlockIndex::Eq::operator()(EntryId a, const HashedKey& k) const {
   const Entry& e = index->at(a);
-  return e.ns == p.ns && e.key == *p.key;
+  return e.ns == k.ns && e.key == *k.key;
 }
 
-BlockIndex::BlockIndex() : seed_(RandomSeed()), set_(0, Hash{this}, Eq{this}) {}
+BlockIndex::BlockIndex() : hasher_(RandomSeed()), set_(0, Hash{this}, Eq{this}) {}
 
-EntryId BlockIndex::Find(NamespaceId ns, const BlockKey& key) const {
-  auto it = set_.find(Probe{ns, &key});
+EntryId BlockIndex::Find(const HashedKey& k) const {
+  auto it = set_.find(k);
   return it == set_.end() ? kNoEntry : *it;
 }
 
@@ -110,6 +109,7 @@ void BlockIndex::Erase(EntryId id) {
   }
   e.live = false;
   free_ids_.push_back(id);
+  ++erasures_;
 }
 
 size_t BlockIndex::MemoryBytes() const {

@@ -15,7 +15,8 @@
 // of a candidate, to its CandidateObserver (tiers/eviction_pools.h), which keeps the eviction
 // orders; the per-tier `order_*` fields of an entry belong to the order that holds it.
 //
-// Thread safety: none. The tier manager serializes all access under its mutex.
+// Thread safety: none, but const calls may run side by side. The tier manager serializes all
+// access under its mutex (lookups hold it shared); a KeyHasher needs no lock.
 
 #include <array>
 #include <cstdint>
@@ -114,6 +115,25 @@ class CandidateObserver {
   virtual void OnUse(EntryId id, Tier tier) = 0;
 };
 
+// The index's bucket hash of (namespace, key): the whole key, the namespace and a random seed per
+// index (clients choose keys, so nobody can aim many keys at one bucket). Immutable, so a caller
+// hashes a batch of keys before it takes the lock that guards the index, and each key once.
+class KeyHasher {
+ public:
+  explicit KeyHasher(uint64_t seed) : seed_(seed) {}
+  size_t operator()(NamespaceId ns, const BlockKey& key) const;
+
+ private:
+  uint64_t seed_;
+};
+
+// A key with its bucket hash, for BlockIndex::Find and Prefetch.
+struct HashedKey {
+  NamespaceId ns;
+  const BlockKey* key;
+  size_t hash;
+};
+
 class BlockIndex {
  public:
   BlockIndex();
@@ -121,11 +141,17 @@ class BlockIndex {
   // Where candidacy changes go; set before the first AddCopy and kept for the index's life.
   void SetObserver(CandidateObserver* observer) { observer_ = observer; }
 
+  const KeyHasher& hasher() const { return hasher_; }
+  HashedKey Hashed(NamespaceId ns, const BlockKey& key) const {
+    return HashedKey{ns, &key, hasher_(ns, key)};
+  }
   // The entry for (ns, key), or kNoEntry.
-  EntryId Find(NamespaceId ns, const BlockKey& key) const;
+  EntryId Find(NamespaceId ns, const BlockKey& key) const { return Find(Hashed(ns, key)); }
+  EntryId Find(const HashedKey& k) const;
   // Starts loading the hash slots a Find or Insert of (ns, key) will read, so a loop over many
-  // keys can overlap their cache misses (bulk loads: Recover).
-  void Prefetch(NamespaceId ns, const BlockKey& key) const { set_.prefetch(Probe{ns, &key}); }
+  // keys can overlap their cache misses (lookups, bulk loads).
+  void Prefetch(NamespaceId ns, const BlockKey& key) const { Prefetch(Hashed(ns, key)); }
+  void Prefetch(const HashedKey& k) const { set_.prefetch(k); }
   // Starts loading entry `id` (every cache line of it).
   void PrefetchEntry(EntryId id) const {
     const char* p = reinterpret_cast<const char*>(&at(id));
@@ -141,6 +167,10 @@ class BlockIndex {
   // "ghost" (a miss for lookups) until they go; see CanErase.
   void Erase(EntryId id);
   bool CanErase(EntryId id) const;
+  // Entries erased so far. While it stays the same, every id found still names its key (ids
+  // are reused only after an erase), so a caller that found ids under one hold of the lock can
+  // use them under the next without finding them again.
+  uint64_t erasures() const { return erasures_; }
 
   Entry& at(EntryId id) { return Chunk(id)[id % kChunkEntries]; }
   const Entry& at(EntryId id) const { return Chunk(id)[id % kChunkEntries]; }
@@ -187,22 +217,19 @@ class BlockIndex {
  private:
   static constexpr uint32_t kChunkEntries = 1u << 16;
 
-  struct Probe {
-    NamespaceId ns;
-    const BlockKey* key;
-  };
+  // The set hashes an id through its entry, a HashedKey by the hash it carries.
   struct Hash {
     using is_transparent = void;
     const BlockIndex* index;
     size_t operator()(EntryId id) const;
-    size_t operator()(const Probe& p) const;
+    size_t operator()(const HashedKey& k) const { return k.hash; }
   };
   struct Eq {
     using is_transparent = void;
     const BlockIndex* index;
     bool operator()(EntryId a, EntryId b) const { return a == b; }
-    bool operator()(EntryId a, const Probe& p) const;
-    bool operator()(const Probe& p, EntryId a) const { return (*this)(a, p); }
+    bool operator()(EntryId a, const HashedKey& k) const;
+    bool operator()(const HashedKey& k, EntryId a) const { return (*this)(a, k); }
   };
 
   Entry* Chunk(EntryId id) const { return chunks_[id / kChunkEntries].get(); }
@@ -220,7 +247,8 @@ class BlockIndex {
   std::vector<std::unique_ptr<Entry, FreeChunk>> chunks_;
   std::vector<EntryId> free_ids_;
   EntryId next_id_ = 0;
-  const uint64_t seed_;
+  uint64_t erasures_ = 0;
+  const KeyHasher hasher_;
   absl::flat_hash_set<EntryId, Hash, Eq, IndexAllocator<EntryId>> set_;
   std::array<size_t, kStoredTiers> candidates_{};
   CandidateObserver* observer_ = nullptr;

@@ -36,6 +36,7 @@ TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
       disk_(stack_.disk()),
       clock_(options.clock != nullptr ? *options.clock : RealClock()),
       start_(clock_.Now()),
+      hasher_(index_.hasher()),
       default_policy_(DefaultNamespacePolicy()),
       mover_(mu_, clock_,
              MoverOptions{.promotion_threads = options.promotion_threads,
@@ -107,8 +108,8 @@ const NamespacePolicy& TierManager::PolicyLocked(NamespaceId ns) const {
   return it == policies_.end() ? default_policy_ : it->second;
 }
 
-EntryId TierManager::FindCachedLocked(NamespaceId ns, const BlockKey& key) const {
-  EntryId id = index_.Find(ns, key);
+EntryId TierManager::FindCachedLocked(const HashedKey& k) const {
+  EntryId id = index_.Find(k);
   if (id == kNoEntry || index_.at(id).tiers == 0) return kNoEntry;
   return id;
 }

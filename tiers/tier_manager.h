@@ -403,7 +403,12 @@ class TierManager {
   const NamespacePolicy& PolicyLocked(NamespaceId ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A live entry with at least one copy, or kNoEntry.
   EntryId FindCachedLocked(NamespaceId ns, const BlockKey& key) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return FindCachedLocked(HashedKey{ns, &key, hasher_(ns, key)});
+  }
+  EntryId FindCachedLocked(const HashedKey& k) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // `keys` with their index hashes (no lock needed); they point into `keys`.
+  std::vector<HashedKey> HashKeys(NamespaceId ns, std::span<const BlockKey> keys) const;
   // Erases `id` and then its copy-less ancestors while nothing holds them.
   void MaybeEraseLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the host copy, and the gpu copy with it.
@@ -498,6 +503,7 @@ class TierManager {
 
   mutable absl::Mutex mu_;
   BlockIndex index_ ABSL_GUARDED_BY(mu_);
+  const KeyHasher hasher_;  // index_'s, immutable: keys are hashed before mu_ is taken
   EvictionPools pools_ ABSL_GUARDED_BY(mu_){index_};
   absl::flat_hash_map<NamespaceId, NamespacePolicy> policies_ ABSL_GUARDED_BY(mu_);
   NamespacePolicy default_policy_ ABSL_GUARDED_BY(mu_);

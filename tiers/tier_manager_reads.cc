@@ -16,26 +16,51 @@ namespace kvpool::tiers {
 // Reads
 
 LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch) {
+  // Keys are hashed before the lock and found under a shared hold of it, so lookups on other
+  // threads find theirs alongside; only marking the hits used (and starting their promotions)
+  // takes mu_ alone, and that touches entries the first pass left in the cache.
+  const std::vector<HashedKey> keys = HashKeys(ns, chain);
+  std::vector<EntryId> ids;
+  ids.reserve(keys.size());
   LookupResult result;
+  uint64_t erasures = 0;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    erasures = index_.erasures();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      // A large index lives in DRAM: ask for the hash slots of a key ahead (tier_manager.h).
+      if (i + kIndexPrefetchAhead < keys.size()) index_.Prefetch(keys[i + kIndexPrefetchAhead]);
+      const EntryId id = FindCachedLocked(keys[i]);
+      if (id == kNoEntry) break;
+      ids.push_back(id);
+      result.tiers.push_back(FastestTier(index_.at(id)));
+    }
+  }
+  result.hit_blocks = static_cast<uint32_t>(ids.size());
+  if (ids.empty()) return result;
   absl::MutexLock lock(&mu_);
   const uint32_t now = NowSeconds();
-  for (size_t i = 0; i < chain.size(); ++i) {
-    // A large index lives in DRAM: ask for the hash slots of a key ahead (tier_manager.h).
-    if (i + kIndexPrefetchAhead < chain.size()) {
-      index_.Prefetch(ns, chain[i + kIndexPrefetchAhead]);
-    }
-    const EntryId id = FindCachedLocked(ns, chain[i]);
-    if (id == kNoEntry) break;
-    Entry& e = index_.at(id);
-    result.tiers.push_back(FastestTier(e));
-    index_.Touch(id, now);
-    if (prefetch && CanStartPromotionLocked(id, e)) {
-      StartPromotionLocked(id, /*prefetch=*/true);
+  // Where no entry was erased between the two holds, each id still names its key.
+  const bool ids_hold = index_.erasures() == erasures;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Entry& e = index_.at(ids[i]);
+    // A block that went between the two holds (its id perhaps reused) is answered as found,
+    // but not marked: only what is still cached under its key is.
+    if (e.tiers == 0 || (!ids_hold && (!e.live || e.ns != ns || e.key != chain[i]))) continue;
+    index_.Touch(ids[i], now);
+    if (prefetch && CanStartPromotionLocked(ids[i], e)) {
+      StartPromotionLocked(ids[i], /*prefetch=*/true);
       ++result.promotions_started;
     }
   }
-  result.hit_blocks = static_cast<uint32_t>(result.tiers.size());
   return result;
+}
+
+std::vector<HashedKey> TierManager::HashKeys(NamespaceId ns, std::span<const BlockKey> keys) const {
+  std::vector<HashedKey> out;
+  out.reserve(keys.size());
+  for (const BlockKey& key : keys) out.push_back(HashedKey{ns, &key, hasher_(ns, key)});
+  return out;
 }
 
 uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {

@@ -600,6 +600,36 @@ TEST_F(TierManagerTest, LookupReportsTiersAndStartsPromotions) {
   EXPECT_EQ(manager_->Prefetch(kNs, chain), 0u);  // nothing left to promote
 }
 
+// A lookup is a use: the blocks it finds move to the back of their eviction order, so a full
+// host gives up blocks nobody asked for first. (Lookups find their keys under a shared hold of
+// the tier lock and mark them under an exclusive one.)
+TEST_F(TierManagerTest, ALookupMarksItsHitsUsed) {
+  Open();
+  const BlockKey looked_up = KeyOf(100);
+  const BlockKey untouched = KeyOf(101);
+  ASSERT_TRUE(Put(looked_up, 256 * kKiB).ok());
+  ASSERT_TRUE(Put(untouched, 256 * kKiB).ok());
+  std::vector<BlockKey> others;
+  for (int i = 0; i < 20; ++i) {
+    others.push_back(KeyOf(1000 + i));
+    ASSERT_TRUE(Put(others.back(), 256 * kKiB).ok());
+  }
+  manager_->WaitIdleForTest();
+  ASSERT_EQ(manager_->Lookup(kNs, {&looked_up, 1}, /*prefetch=*/false).hit_blocks, 1u);
+  // 3 MiB more than the 8 MiB host holds below its watermark: the oldest blocks go to disk.
+  for (int i = 20; i < 32; ++i) {
+    others.push_back(KeyOf(1000 + i));
+    ASSERT_TRUE(Put(others.back(), 256 * kKiB).ok());
+  }
+  manager_->WaitIdleForTest();
+  ASSERT_GT(manager_->GetStats().host_counters.demotions, 0u);
+  const std::vector<Tier> where = manager_->Where(kNs, std::vector<BlockKey>{looked_up, untouched});
+  EXPECT_EQ(where[0], Tier::kHost) << "the block just looked up was demoted";
+  EXPECT_EQ(where[1], Tier::kDisk) << "the older block nobody asked for stayed";
+  ExpectServed(looked_up);
+  ExpectServed(untouched);
+}
+
 TEST_F(TierManagerTest, AcquireOfDiskBlocksPromotesAndServesThem) {
   Open();
   const std::vector<BlockKey> chain = PutChain(0, {5000, 70000, 1, kMiB});

@@ -371,11 +371,13 @@ std::vector<TierManager::CachedBlock> TierManager::SnapshotCached() const {
 }
 
 std::vector<Tier> TierManager::Where(NamespaceId ns, std::span<const BlockKey> keys) const {
-  absl::MutexLock lock(&mu_);
+  const std::vector<HashedKey> hashed = HashKeys(ns, keys);
+  absl::ReaderMutexLock lock(&mu_);
   std::vector<Tier> out;
   out.reserve(keys.size());
-  for (const BlockKey& key : keys) {
-    const EntryId id = FindCachedLocked(ns, key);
+  for (size_t i = 0; i < hashed.size(); ++i) {
+    if (i + kIndexPrefetchAhead < hashed.size()) index_.Prefetch(hashed[i + kIndexPrefetchAhead]);
+    const EntryId id = FindCachedLocked(hashed[i]);
     if (id == kNoEntry) {
       out.push_back(Tier::kNone);
     } else {
