@@ -409,6 +409,10 @@ class TierManager {
   EntryId FindCachedLocked(const HashedKey& k) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // `keys` with their index hashes (no lock needed); they point into `keys`.
   std::vector<HashedKey> HashKeys(NamespaceId ns, std::span<const BlockKey> keys) const;
+  // Each key's cached entry, or kNoEntry; with `prefix`, only up to the first miss. Prefetches
+  // the hash slots of the keys ahead (kIndexPrefetchAhead).
+  std::vector<EntryId> FindEachLocked(std::span<const HashedKey> keys, bool prefix) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Erases `id` and then its copy-less ancestors while nothing holds them.
   void MaybeEraseLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the host copy, and the gpu copy with it.

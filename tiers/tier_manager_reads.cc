@@ -21,20 +21,14 @@ LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain
   // takes mu_ alone, and that touches entries the first pass left in the cache.
   const std::vector<HashedKey> keys = HashKeys(ns, chain);
   std::vector<EntryId> ids;
-  ids.reserve(keys.size());
   LookupResult result;
   uint64_t erasures = 0;
   {
     absl::ReaderMutexLock lock(&mu_);
     erasures = index_.erasures();
-    for (size_t i = 0; i < keys.size(); ++i) {
-      // A large index lives in DRAM: ask for the hash slots of a key ahead (tier_manager.h).
-      if (i + kIndexPrefetchAhead < keys.size()) index_.Prefetch(keys[i + kIndexPrefetchAhead]);
-      const EntryId id = FindCachedLocked(keys[i]);
-      if (id == kNoEntry) break;
-      ids.push_back(id);
-      result.tiers.push_back(FastestTier(index_.at(id)));
-    }
+    ids = FindEachLocked(keys, /*prefix=*/true);
+    result.tiers.reserve(ids.size());
+    for (EntryId id : ids) result.tiers.push_back(FastestTier(index_.at(id)));
   }
   result.hit_blocks = static_cast<uint32_t>(ids.size());
   if (ids.empty()) return result;
@@ -54,6 +48,20 @@ LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain
     }
   }
   return result;
+}
+
+std::vector<EntryId> TierManager::FindEachLocked(std::span<const HashedKey> keys,
+                                                 bool prefix) const {
+  std::vector<EntryId> ids;
+  ids.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    // A large index lives in DRAM: ask for the hash slots of a key ahead (tier_manager.h).
+    if (i + kIndexPrefetchAhead < keys.size()) index_.Prefetch(keys[i + kIndexPrefetchAhead]);
+    const EntryId id = FindCachedLocked(keys[i]);
+    if (id == kNoEntry && prefix) break;
+    ids.push_back(id);
+  }
+  return ids;
 }
 
 std::vector<HashedKey> TierManager::HashKeys(NamespaceId ns, std::span<const BlockKey> keys) const {

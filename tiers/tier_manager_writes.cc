@@ -375,25 +375,18 @@ std::vector<Tier> TierManager::Where(NamespaceId ns, std::span<const BlockKey> k
   absl::ReaderMutexLock lock(&mu_);
   std::vector<Tier> out;
   out.reserve(keys.size());
-  for (size_t i = 0; i < hashed.size(); ++i) {
-    if (i + kIndexPrefetchAhead < hashed.size()) index_.Prefetch(hashed[i + kIndexPrefetchAhead]);
-    const EntryId id = FindCachedLocked(hashed[i]);
-    if (id == kNoEntry) {
-      out.push_back(Tier::kNone);
-    } else {
-      out.push_back(FastestTier(index_.at(id)));
-    }
+  for (EntryId id : FindEachLocked(hashed, /*prefix=*/false)) {
+    out.push_back(id == kNoEntry ? Tier::kNone : FastestTier(index_.at(id)));
   }
   return out;
 }
 
 uint32_t TierManager::CountCached(NamespaceId ns, std::span<const BlockKey> chain) {
-  absl::MutexLock lock(&mu_);
-  uint32_t n = 0;
-  for (const BlockKey& key : chain) {
-    if (FindCachedLocked(ns, key) != kNoEntry) ++n;
-  }
-  return n;
+  const std::vector<HashedKey> hashed = HashKeys(ns, chain);
+  absl::ReaderMutexLock lock(&mu_);
+  const std::vector<EntryId> ids = FindEachLocked(hashed, /*prefix=*/false);
+  return static_cast<uint32_t>(
+      std::count_if(ids.begin(), ids.end(), [](EntryId id) { return id != kNoEntry; }));
 }
 
 }  // namespace kvpool::tiers

@@ -41,7 +41,14 @@ struct BlockKey {
   }
   bool IsZero() const;
 
-  friend bool operator==(const BlockKey& a, const BlockKey& b) { return a.bytes == b.bytes; }
+  // Four word compares, inline (std::array's == is a call to memcmp: one per key a lookup finds).
+  friend bool operator==(const BlockKey& a, const BlockKey& b) {
+    uint64_t x[4], y[4];
+    static_assert(sizeof(x) == kSize);
+    std::memcpy(x, a.bytes.data(), kSize);
+    std::memcpy(y, b.bytes.data(), kSize);
+    return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+  }
   friend bool operator!=(const BlockKey& a, const BlockKey& b) { return !(a == b); }
   friend bool operator<(const BlockKey& a, const BlockKey& b) { return a.bytes < b.bytes; }
   // abseil's hash (absl::Hash, absl::HashOf, its hash maps): all 32 bytes, as four words mixed
