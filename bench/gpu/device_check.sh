@@ -11,7 +11,17 @@
 # 3. Runs kvpool-device-copy-check: the client's device-buffer copies (kernels/device_copy.h)
 #    between device memory and a registered shared mapping, as a same-node client maps the host
 #    arena, checked byte exact and timed beside cudaMemcpyAsync from cudaMallocHost memory.
-# 4. Prints the short tables last: paste them into docs/BENCHMARKS.md with the date and the card.
+# 4. Where bench/gpu/bundle.sh packed .gpu-bundle/ (kvpoold and kvpool-gpu-tier-check built
+#    here with their shared libraries; the GPU machine cannot build the daemon), runs
+#    kvpool-gpu-tier-check: kvpoold's gpu tier end to end (a put from device memory placed in
+#    the gpu tier, gets device to device by CUDA IPC beside cudaMemcpy D2D, gets from the host
+#    arena beside cudaMemcpy H2D from cudaMallocHost, device views borrowed, a second process
+#    reading by CUDA IPC), every block checked byte for byte.
+# 5. Prints the short tables last: paste them into docs/BENCHMARKS.md with the date and the card.
+#
+# NCCL: one GPU cannot hold two ranks of a communicator (NCCL refuses a duplicate GPU), so
+# nothing of NCCL between daemons can be checked on a one-GPU machine; kvpoold does not use
+# NCCL yet.
 #
 # Usage: bench/gpu/device_check.sh [--quick] [kvpool-kernel-check flags]
 # Env:   KVPOOL_GPU_BUILD_DIR (default /tmp/kvpool-gpu-check), CUDA_ARCH (default: the card's),
@@ -55,8 +65,22 @@ if ! cmake --build "$BUILD" -j"$(nproc)" --target kvpool-kernel-check kvpool-dev
 fi
 echo "device_check: built in $((SECONDS - START)) s"
 
+BUNDLE="$ROOT/.gpu-bundle"
+TIER_LOG="$BUILD/gpu_tier_check.log"
+TIER_RC=-1
+TIER_SECONDS=150
+if [ -x "$BUNDLE/bin/kvpool-gpu-tier-check" ]; then
+  LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout "$TIER_SECONDS" \
+    "$BUNDLE/bin/kvpool-gpu-tier-check" --kvpoold="$BUNDLE/bin/kvpoold" 2>&1 | tee "$TIER_LOG"
+  TIER_RC=${PIPESTATUS[0]}
+  [ "$TIER_RC" -eq 124 ] && echo "device_check: kvpool-gpu-tier-check timed out after ${TIER_SECONDS} s" >&2
+else
+  echo "device_check: no .gpu-bundle (run bench/gpu/bundle.sh where kvpoold builds, and carry it): the gpu tier check is skipped" | tee "$TIER_LOG"
+fi
+
 LOG="$BUILD/kernel_check.log"
-REMAINING=$((LIMIT - (SECONDS - START)))
+COPY_SECONDS=120
+REMAINING=$((LIMIT - (SECONDS - START) - COPY_SECONDS))
 [ "$REMAINING" -lt 60 ] && REMAINING=60
 timeout "$REMAINING" "$BUILD/kernels/kvpool-kernel-check" "$@" 2>&1 | tee "$LOG"
 RC=${PIPESTATUS[0]}
@@ -65,9 +89,10 @@ if [ "$RC" -eq 124 ]; then
 fi
 
 COPY_LOG="$BUILD/device_copy_check.log"
-timeout 120 "$BUILD/kernels/kvpool-device-copy-check" 2>&1 | tee "$COPY_LOG"
+timeout "$COPY_SECONDS" "$BUILD/kernels/kvpool-device-copy-check" 2>&1 | tee "$COPY_LOG"
 COPY_RC=${PIPESTATUS[0]}
 [ "$RC" -eq 0 ] && RC=$COPY_RC
+[ "$RC" -eq 0 ] && [ "$TIER_RC" -gt 0 ] && RC=$TIER_RC
 
 TABLE="$BUILD/kernel_check_table.md"
 {
@@ -81,9 +106,14 @@ TABLE="$BUILD/kernel_check_table.md"
   echo
   grep '^|' "$COPY_LOG"
   grep '^RESULT' "$COPY_LOG" || echo "RESULT: INCOMPLETE (exit $COPY_RC)"
+  echo
+  echo "kvpoold's gpu tier end to end (kvpool-gpu-tier-check from .gpu-bundle)"
+  echo
+  grep '^|' "$TIER_LOG" || true
+  grep '^RESULT' "$TIER_LOG" || echo "RESULT: NOT RUN or INCOMPLETE (exit $TIER_RC)"
 } >"$TABLE"
 if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
-  cp "$LOG" "$COPY_LOG" "$TABLE" "$BUILD.build.log" "$OUT"/ 2>/dev/null || true
+  cp "$LOG" "$COPY_LOG" "$TIER_LOG" "$TABLE" "$BUILD.build.log" "$OUT"/ 2>/dev/null || true
 fi
 echo "device_check: finished in $((SECONDS - START)) s, exit $RC"
 cat "$TABLE"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# bench/gpu/bundle.sh: packs what bench/gpu/device_check.sh needs to run kvpoold's gpu tier on a
+# GPU machine that cannot build it (no RocksDB, UCX, Boost or protobuf there): kvpoold and
+# kvpool-gpu-tier-check from a CUDA build of this tree, stripped, with the shared libraries they
+# load that are not part of the C runtime, and UCX's transport modules.
+#
+# Usage: bench/gpu/bundle.sh [BUILD_DIR (default: build)]
+# Writes <repo>/.gpu-bundle/{bin,lib} (git-ignored). Pass it along to the GPU machine (the device
+# tool's `carry`); device_check.sh finds it there and runs the check with it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="${1:-$ROOT/build}"
+OUT="$ROOT/.gpu-bundle"
+
+cmake --build "$BUILD" --target kvpoold kvpool_gpu_tier_check >/dev/null
+rm -rf "$OUT"
+mkdir -p "$OUT/bin" "$OUT/lib"
+for b in daemon/kvpoold bench/kvpool-gpu-tier-check; do
+  strip -o "$OUT/bin/$(basename "$b")" "$BUILD/$b"
+done
+
+# The C runtime (glibc, libstdc++, libgcc) stays the machine's own, which must be as new as this
+# one's; so does the GPU driver's libcuda.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so)'
+for b in "$OUT"/bin/*; do
+  ldd "$b" | awk '$3 ~ /^\// {print $1, $3}'
+done | sort -u | while read -r name path; do
+  if [[ ! "$name" =~ $skip ]]; then cp -L "$path" "$OUT/lib/$name"; fi
+done
+# libucs loads its transports (libuct_*.so.0, ...) from ucx/ beside itself.
+UCX_MODULES="$(dirname "$(ldconfig -p | awk '/libucs.so.0 /{print $NF; exit}')")/ucx"
+if [ -d "$UCX_MODULES" ]; then
+  mkdir -p "$OUT/lib/ucx"
+  cp -L "$UCX_MODULES"/*.so.0 "$OUT/lib/ucx/"
+fi
+du -sh "$OUT"

@@ -1,0 +1,442 @@
+// kvpool-gpu-tier-check: the gpu data path of a real kvpoold on a real GPU, end to end, checked
+// byte for byte and timed beside the CUDA copy each path stands for. Run by
+// bench/gpu/device_check.sh on a machine with a GPU (it needs one; CI has none).
+//
+// It starts kvpoold with a gpu tier on device 0 (--gpu_devices=0) and, through one client on
+// the shared-memory path:
+//   1. puts blocks from device memory with a gpu placement hint (D2H into the reserved host
+//      slots), then prefetches them into the gpu tier and waits for the placement;
+//   2. gets them into device buffers: device to device out of the gpu tier, through the segment
+//      the client imports by CUDA IPC; timed beside cudaMemcpy D2D of the same bytes
+//      (issue 9's target: >= 0.8);
+//   3. gets blocks that are only in host memory into device buffers: one H2D copy straight from
+//      the shared-memory arena; timed beside cudaMemcpy H2D from cudaMallocHost memory of the
+//      same bytes (target: >= 0.9);
+//   4. borrows the gpu-tier blocks as device views (verified on the GPU) and reads them;
+//   5. starts a second process (this program, --child) that reads the gpu-tier blocks into its
+//      own device memory by CUDA IPC and checks them.
+// Every block read is copied back to the host and compared with what was put. The table it
+// prints last goes into docs/BENCHMARKS.md with the date and the card.
+//
+// Exit: 0 every check passed; 1 a check failed; 2 no GPU, no daemon, or a setup error.
+
+#include <cuda_runtime.h>
+#include <gflags/gflags.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <kvpool/kvpool.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_daemon.h"
+
+DEFINE_string(kvpoold, "",
+              "kvpoold binary (default: ../daemon/kvpoold or kvpoold beside this one)");
+DEFINE_uint64(block_bytes, 1 << 20, "Bytes of every block.");
+DEFINE_uint32(blocks, 64, "Blocks of each set (one in the gpu tier, one in host only).");
+DEFINE_uint32(batch, 16, "Blocks each timed get asks for.");
+DEFINE_uint32(rounds, 20, "Timed rounds of each figure (the median is reported).");
+DEFINE_string(child, "", "Internal: the daemon socket a second process reads the gpu set from.");
+DEFINE_uint64(nonce, 0, "Internal: the run's nonce (keys and bytes derive from it).");
+
+namespace kvpool::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kDevice = 0;
+
+// Key and bytes of block i of set `set` in the run `nonce`: derived, so the child process
+// regenerates what it must read.
+BlockKey KeyOf(uint64_t nonce, int set, uint32_t i) {
+  BlockKey k;
+  const uint64_t words[4] = {nonce, static_cast<uint64_t>(set), i, 0x6770752d74696572ull};
+  std::memcpy(k.bytes.data(), words, sizeof(words));
+  return k;
+}
+
+void FillBytes(uint64_t nonce, int set, uint32_t i, uint8_t* out, size_t n) {
+  uint64_t x = nonce ^ (static_cast<uint64_t>(set) << 48) ^ (static_cast<uint64_t>(i) << 16) ^
+               0x9e3779b97f4a7c15ull;
+  size_t off = 0;
+  while (off < n) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const size_t take = std::min<size_t>(8, n - off);
+    std::memcpy(out + off, &x, take);
+    off += take;
+  }
+}
+
+struct Row {
+  std::string check;
+  bool ok = false;
+  std::string detail;
+};
+
+class Check {
+ public:
+  explicit Check(uint64_t nonce) : nonce_(nonce), bytes_(FLAGS_block_bytes), n_(FLAGS_blocks) {}
+  ~Check() {
+    for (void* p : device_) cudaFree(p);
+    for (void* p : pinned_) cudaFreeHost(p);
+  }
+
+  std::vector<Row>& rows() { return rows_; }
+
+  // Device memory of `bytes`, freed with the check.
+  uint8_t* DeviceBuffer(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    device_.push_back(p);
+    return static_cast<uint8_t*>(p);
+  }
+  uint8_t* PinnedBuffer(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) return nullptr;
+    pinned_.push_back(p);
+    return static_cast<uint8_t*>(p);
+  }
+
+  std::vector<BlockKey> Keys(int set) const {
+    std::vector<BlockKey> keys;
+    for (uint32_t i = 0; i < n_; ++i) keys.push_back(KeyOf(nonce_, set, i));
+    return keys;
+  }
+
+  // Whether the n_ blocks at `device` (block i at i * bytes_) hold set `set`'s bytes.
+  bool DeviceHoldsSet(const uint8_t* device, int set, std::string* why) {
+    std::vector<uint8_t> got(bytes_), want(bytes_);
+    for (uint32_t i = 0; i < n_; ++i) {
+      if (cudaMemcpy(got.data(), device + i * bytes_, bytes_, cudaMemcpyDeviceToHost) !=
+          cudaSuccess) {
+        *why = "cudaMemcpy D2H of block " + std::to_string(i) + " failed";
+        return false;
+      }
+      FillBytes(nonce_, set, i, want.data(), bytes_);
+      if (got != want) {
+        *why = "block " + std::to_string(i) + " differs from what was put";
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void Add(std::string check, bool ok, std::string detail) {
+    std::printf("%s %s: %s\n", ok ? "ok  " : "FAIL", check.c_str(), detail.c_str());
+    std::fflush(stdout);
+    rows_.push_back({std::move(check), ok, std::move(detail)});
+  }
+
+  uint64_t nonce() const { return nonce_; }
+  size_t bytes() const { return bytes_; }
+  uint32_t n() const { return n_; }
+
+ private:
+  const uint64_t nonce_;
+  const size_t bytes_;
+  const uint32_t n_;
+  std::vector<void*> device_;
+  std::vector<void*> pinned_;
+  std::vector<Row> rows_;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Seconds of `fn` (synchronous), the median of FLAGS_rounds after one untimed round.
+template <typename Fn>
+double TimeRounds(Fn fn, bool* ok) {
+  std::vector<double> s;
+  for (uint32_t r = 0; r <= FLAGS_rounds; ++r) {
+    const Clock::time_point t0 = Clock::now();
+    if (!fn()) {
+      *ok = false;
+      return 0;
+    }
+    if (r > 0) s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return Median(s);
+}
+
+std::string Rate(double bytes, double seconds) {
+  char b[64];
+  std::snprintf(b, sizeof(b), "%.1f GB/s", seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+  return b;
+}
+
+std::string Ratio(double ours, double peer, double target) {
+  char b[96];
+  std::snprintf(b, sizeof(b), "%.2f of it (target >= %.1f)", peer > 0 ? ours / peer : 0.0, target);
+  return b;
+}
+
+// Gets `keys` batch by batch into device memory at `dst` (block i at i * bytes).
+bool GetInto(Client& client, const std::vector<BlockKey>& keys, uint8_t* dst, size_t bytes,
+             Tier want, std::string* why) {
+  for (size_t start = 0; start < keys.size(); start += FLAGS_batch) {
+    const size_t end = std::min(keys.size(), start + FLAGS_batch);
+    std::vector<MutableBuffer> buffers;
+    for (size_t i = start; i < end; ++i) {
+      buffers.push_back(MutableBuffer{dst + i * bytes, bytes, Memory::kCuda});
+    }
+    Result<std::vector<GetResult>> r =
+        client.Get(std::span<const BlockKey>(keys).subspan(start, end - start), buffers);
+    if (!r.ok()) {
+      *why = "Get: " + r.status().ToString();
+      return false;
+    }
+    for (size_t i = 0; i < r->size(); ++i) {
+      const GetResult& g = (*r)[i];
+      if (!g.status.ok() || g.size != bytes || (want != Tier::kNone && g.tier != want)) {
+        *why = "block " + std::to_string(start + i) + ": " + g.status.ToString() + ", " +
+               std::to_string(g.size) + " bytes from tier " + std::string(TierName(g.tier));
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The second process: reads the gpu set into its own device memory by CUDA IPC and checks it.
+int RunChild() {
+  Check c(FLAGS_nonce);
+  ClientOptions o;
+  o.address = FLAGS_child;
+  Result<std::unique_ptr<Client>> client = Client::Connect(o);
+  if (!client.ok()) {
+    std::fprintf(stderr, "child: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  uint8_t* dst = c.DeviceBuffer(c.n() * c.bytes());
+  std::string why;
+  if (dst == nullptr || !GetInto(**client, c.Keys(0), dst, c.bytes(), Tier::kGpu, &why) ||
+      !c.DeviceHoldsSet(dst, 0, &why)) {
+    std::fprintf(stderr, "child: %s\n", why.empty() ? "cudaMalloc failed" : why.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+std::string FindKvpoold(const char* argv0) {
+  if (!FLAGS_kvpoold.empty()) return FLAGS_kvpoold;
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) self = argv0;
+  const std::filesystem::path dir = self.parent_path();
+  for (const std::filesystem::path& p :
+       {dir / ".." / "daemon" / "kvpoold", dir / ".." / ".." / "daemon" / "kvpoold",
+        dir / "kvpoold"}) {
+    if (std::filesystem::exists(p, ec)) return std::filesystem::weakly_canonical(p, ec).string();
+  }
+  return "kvpoold";
+}
+
+int Run(const char* argv0) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "kvpool-gpu-tier-check: no CUDA device (%s)\n",
+                 cudaGetErrorString(cudaGetLastError()));
+    return 2;
+  }
+  if (FLAGS_blocks == 0 || FLAGS_batch == 0 || FLAGS_block_bytes == 0) {
+    std::fprintf(stderr, "kvpool-gpu-tier-check: --blocks, --batch and --block_bytes > 0\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, kDevice);
+  const uint64_t nonce = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  Check c(nonce);
+  const size_t set_bytes = static_cast<size_t>(c.n()) * c.bytes();
+  // Two sets in host, one of them in the gpu tier too, with room to spare.
+  const uint64_t host = std::max<uint64_t>(4 * set_bytes, 256ull << 20);
+  const uint64_t gpu = std::max<uint64_t>(2 * set_bytes, 128ull << 20);
+  DaemonProcessOptions d =
+      BenchDaemonOptions(FindKvpoold(argv0), host,
+                         {"--gpu_devices=" + std::to_string(kDevice),
+                          "--gpu_capacity=" + std::to_string(gpu), "--gpu_segment_size=64MiB",
+                          // What this check does not look at stays out of its way in a sandbox.
+                          "--lock_memory=false", "--ucx=false"});
+  d.dir_prefix = "kvpool-gpu-tier-check";
+  Result<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Launch(d);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "kvpool-gpu-tier-check: kvpoold (%s): %s\n", d.binary.c_str(),
+                 daemon.status().ToString().c_str());
+    return 2;
+  }
+  ClientOptions o;
+  o.address = (*daemon)->socket_path();
+  Result<std::unique_ptr<Client>> connected = Client::Connect(o);
+  if (!connected.ok()) {
+    std::fprintf(stderr, "kvpool-gpu-tier-check: connect: %s\n",
+                 connected.status().ToString().c_str());
+    return 2;
+  }
+  Client& client = **connected;
+  std::printf("kvpool-gpu-tier-check: %s, %u blocks of %zu bytes a set, gets of %u\n", prop.name,
+              c.n(), c.bytes(), FLAGS_batch);
+
+  // The two sets' bytes in device memory, and set 1's in pinned host memory too.
+  uint8_t* src = c.DeviceBuffer(2 * set_bytes);
+  uint8_t* pinned = c.PinnedBuffer(set_bytes);
+  uint8_t* dst = c.DeviceBuffer(set_bytes);
+  uint8_t* peer = c.DeviceBuffer(set_bytes);
+  if (src == nullptr || pinned == nullptr || dst == nullptr || peer == nullptr) {
+    std::fprintf(stderr, "kvpool-gpu-tier-check: CUDA allocation of %zu bytes failed\n",
+                 5 * set_bytes);
+    return 2;
+  }
+  for (int set = 0; set < 2; ++set) {
+    for (uint32_t i = 0; i < c.n(); ++i) {
+      FillBytes(nonce, set, i, pinned + i * c.bytes(), c.bytes());
+    }
+    cudaMemcpy(src + set * set_bytes, pinned, set_bytes, cudaMemcpyHostToDevice);
+  }
+  const std::vector<BlockKey> gpu_keys = c.Keys(0);
+  const std::vector<BlockKey> host_keys = c.Keys(1);
+  std::string why;
+
+  // 1. Puts from device memory: set 0 with the gpu hint, set 1 without.
+  for (int set = 0; set < 2; ++set) {
+    std::vector<PutBlock> blocks;
+    for (uint32_t i = 0; i < c.n(); ++i) {
+      PutBlock b;
+      b.key = set == 0 ? gpu_keys[i] : host_keys[i];
+      b.data = src + set * set_bytes + i * c.bytes();
+      b.size = c.bytes();
+      b.memory = Memory::kCuda;
+      blocks.push_back(b);
+    }
+    Result<PutResult> put = client.Put(blocks, {.gpu_device = set == 0 ? kDevice : -1});
+    const bool ok = put.ok() && put->stored == c.n() && put->all_ok();
+    c.Add(set == 0 ? "put from device memory, gpu hint" : "put from device memory", ok,
+          put.ok() ? std::to_string(put->stored) + " of " + std::to_string(c.n()) + " stored"
+                   : put.status().ToString());
+  }
+  // The put's hint places in the background; the prefetch places what is left and waits.
+  Result<PrefetchResult> placed = client.Prefetch(gpu_keys, {.gpu_device = kDevice});
+  bool all_gpu = false;
+  for (const Clock::time_point until = Clock::now() + std::chrono::seconds(10);
+       placed.ok() && !all_gpu && Clock::now() < until;) {
+    Result<std::vector<Tier>> where = client.Where(gpu_keys);
+    all_gpu = where.ok() &&
+              std::all_of(where->begin(), where->end(), [](Tier t) { return t == Tier::kGpu; });
+    if (!all_gpu) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  c.Add("placed in the gpu tier", placed.ok() && all_gpu,
+        placed.ok() ? std::to_string(placed->gpu_placed) + " placed by the prefetch; " +
+                          (all_gpu ? "every block in gpu" : "not every block in gpu after 10 s")
+                    : placed.status().ToString());
+
+  // 2. Device to device out of the gpu tier, beside cudaMemcpy D2D.
+  bool ok = true;
+  const double gpu_get =
+      TimeRounds([&] { return GetInto(client, gpu_keys, dst, c.bytes(), Tier::kGpu, &why); }, &ok);
+  ok = ok && c.DeviceHoldsSet(dst, 0, &why);
+  const double d2d = TimeRounds(
+      [&] {
+        return cudaMemcpy(peer, src, set_bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
+               cudaDeviceSynchronize() == cudaSuccess;
+      },
+      &ok);
+  c.Add("get from the gpu tier into device memory (D2D by CUDA IPC)", ok,
+        ok ? Rate(set_bytes, gpu_get) + "; cudaMemcpy D2D " + Rate(set_bytes, d2d) + "; " +
+                 Ratio(set_bytes / gpu_get, set_bytes / d2d, 0.8)
+           : why);
+
+  // 3. Host tier into device memory (H2D from the arena), beside cudaMemcpy from pinned memory.
+  ok = true;
+  why.clear();
+  const double host_get = TimeRounds(
+      [&] { return GetInto(client, host_keys, dst, c.bytes(), Tier::kHost, &why); }, &ok);
+  ok = ok && c.DeviceHoldsSet(dst, 1, &why);
+  const double h2d = TimeRounds(
+      [&] {
+        return cudaMemcpy(peer, pinned, set_bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+               cudaDeviceSynchronize() == cudaSuccess;
+      },
+      &ok);
+  c.Add("get from the host tier into device memory (H2D from the arena)", ok,
+        ok ? Rate(set_bytes, host_get) + "; cudaMemcpy H2D from cudaMallocHost " +
+                 Rate(set_bytes, h2d) + "; " + Ratio(set_bytes / host_get, set_bytes / h2d, 0.9)
+           : why);
+
+  // 4. Device views of the gpu-tier blocks, verified on the GPU, read where they are.
+  {
+    Result<BorrowedBlocks> lent = client.Borrow(gpu_keys, {.gpu_device = kDevice, .verify = true});
+    ok = lent.ok();
+    why = ok ? "" : lent.status().ToString();
+    for (uint32_t i = 0; ok && i < c.n(); ++i) {
+      const BlockView& v = lent->views()[i];
+      if (!v.status.ok() || v.memory != Memory::kCuda || v.size != c.bytes() ||
+          cudaMemcpy(dst + i * c.bytes(), v.data, v.size, cudaMemcpyDeviceToDevice) !=
+              cudaSuccess) {
+        ok = false;
+        why = "view " + std::to_string(i) + ": " + v.status.ToString() +
+              (v.memory == Memory::kCuda ? "" : " (not a device view)");
+      }
+    }
+    if (ok) ok = lent->Verify().ok() && c.DeviceHoldsSet(dst, 0, &why);
+    if (ok) ok = lent->Release().ok();
+    c.Add("borrow device views of the gpu tier", ok, ok ? "every view read and verified" : why);
+  }
+
+  // 5. A second process reads the gpu set by CUDA IPC.
+  {
+    std::error_code ec;
+    std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) self = argv0;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string socket = "--child=" + (*daemon)->socket_path();
+      const std::string n = "--nonce=" + std::to_string(nonce);
+      const std::string b = "--block_bytes=" + std::to_string(c.bytes());
+      const std::string k = "--blocks=" + std::to_string(c.n());
+      const std::string bt = "--batch=" + std::to_string(FLAGS_batch);
+      execl(self.c_str(), self.c_str(), socket.c_str(), n.c_str(), b.c_str(), k.c_str(), bt.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    int status = 0;
+    const bool waited = pid > 0 && waitpid(pid, &status, 0) == pid;
+    ok = waited && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    c.Add("a second process reads the gpu tier by CUDA IPC", ok,
+          ok ? "its device copies match" : "it exited with status " + std::to_string(status));
+  }
+
+  const Status stopped = (*daemon)->Stop();
+  c.Add("kvpoold stops cleanly", stopped.ok(), stopped.ok() ? "exit 0" : stopped.ToString());
+
+  std::printf("\n| check | result | figures |\n| --- | --- | --- |\n");
+  bool all = true;
+  for (const Row& r : c.rows()) {
+    std::printf("| %s | %s | %s |\n", r.check.c_str(), r.ok ? "ok" : "FAIL", r.detail.c_str());
+    all = all && r.ok;
+  }
+  std::printf("RESULT: %s\n", all ? "PASS" : "FAIL");
+  return all ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kvpool::bench
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "kvpool-gpu-tier-check: kvpoold's gpu tier on this machine's GPU, end to end. See "
+      "bench/gpu/device_check.sh.");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (!FLAGS_child.empty()) return kvpool::bench::RunChild();
+  return kvpool::bench::Run(argv[0]);
+}
