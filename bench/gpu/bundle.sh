@@ -23,6 +23,12 @@ done
 # The C runtime (glibc, libstdc++, libgcc) stays the machine's own, which must be as new as this
 # one's; so does the GPU driver's libcuda.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so)'
+missing="$(for b in "$OUT"/bin/*; do ldd "$b"; done | awk '/not found/ {print $1}' |
+  grep -v '^libcuda\.so' || true)"
+if [ -n "$missing" ]; then
+  echo "bundle.sh: libraries not found here: $missing" >&2
+  exit 1
+fi
 for b in "$OUT"/bin/*; do
   ldd "$b" | awk '$3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r name path; do
@@ -34,4 +40,5 @@ if [ -d "$UCX_MODULES" ]; then
   mkdir -p "$OUT/lib/ucx"
   cp -L "$UCX_MODULES"/*.so.0 "$OUT/lib/ucx/"
 fi
+echo "$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- . ':!.gpu-bundle' || echo -dirty)" >"$OUT/COMMIT"
 du -sh "$OUT"

@@ -25,7 +25,8 @@
 #
 # Usage: bench/gpu/device_check.sh [--quick] [kvpool-kernel-check flags]
 # Env:   KVPOOL_GPU_BUILD_DIR (default /tmp/kvpool-gpu-check), CUDA_ARCH (default: the card's),
-#        OUT (if set, the log and table are copied there).
+#        OUT (if set, the log and table are copied there), KVPOOL_REQUIRE_GPU_BUNDLE=1 (a missing
+#        .gpu-bundle fails the run instead of skipping its check).
 # Exit:  0 all checks pass, 1 a check failed, 2 build or device problem.
 set -uo pipefail
 
@@ -38,15 +39,36 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   echo "device_check: no NVIDIA GPU visible (nvidia-smi failed)" >&2
   exit 2
 fi
-CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+CARD="$(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader | head -1)"
 ARCH="${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')}"
 NVCC="$(command -v nvcc || true)"
 [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+echo "device_check: $(date -u +%Y-%m-%dT%H:%MZ) card: $CARD (sm_$ARCH), nvcc: $([ -n "$NVCC" ] && "$NVCC" --version | tail -1)"
+
+# The gpu tier check first: it needs neither nvcc nor the build below, only the bundle.
+mkdir -p "$BUILD"
+BUNDLE="$ROOT/.gpu-bundle"
+TIER_LOG="$BUILD/gpu_tier_check.log"
+TIER_RC=-1
+TIER_SECONDS=150
+if [ -f "$BUNDLE/bin/kvpool-gpu-tier-check" ]; then
+  chmod +x "$BUNDLE"/bin/* 2>/dev/null || true
+  echo "device_check: gpu tier check from .gpu-bundle built at $(cat "$BUNDLE/COMMIT" 2>/dev/null || echo '?')"
+  LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout "$TIER_SECONDS" \
+    "$BUNDLE/bin/kvpool-gpu-tier-check" --kvpoold="$BUNDLE/bin/kvpoold" 2>&1 | tee "$TIER_LOG"
+  TIER_RC=${PIPESTATUS[0]}
+  [ "$TIER_RC" -eq 124 ] && echo "device_check: kvpool-gpu-tier-check timed out after ${TIER_SECONDS} s" >&2
+  # 0 passed, 1 a check failed; anything else (timeout, loader, no daemon) is a setup problem.
+  [ "$TIER_RC" -gt 1 ] && TIER_RC=2
+else
+  echo "device_check: no .gpu-bundle (run bench/gpu/bundle.sh where kvpoold builds, and carry it): the gpu tier check is skipped" | tee "$TIER_LOG"
+  [ "${KVPOOL_REQUIRE_GPU_BUNDLE:-0}" = 1 ] && TIER_RC=2
+fi
+
 if [ -z "$NVCC" ]; then
   echo "device_check: nvcc not found (PATH or /usr/local/cuda/bin)" >&2
   exit 2
 fi
-echo "device_check: $(date -u +%Y-%m-%dT%H:%MZ) card: $CARD (sm_$ARCH), nvcc: $("$NVCC" --version | tail -1)"
 
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
@@ -64,19 +86,6 @@ if ! cmake --build "$BUILD" -j"$(nproc)" --target kvpool-kernel-check kvpool-dev
   exit 2
 fi
 echo "device_check: built in $((SECONDS - START)) s"
-
-BUNDLE="$ROOT/.gpu-bundle"
-TIER_LOG="$BUILD/gpu_tier_check.log"
-TIER_RC=-1
-TIER_SECONDS=150
-if [ -x "$BUNDLE/bin/kvpool-gpu-tier-check" ]; then
-  LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout "$TIER_SECONDS" \
-    "$BUNDLE/bin/kvpool-gpu-tier-check" --kvpoold="$BUNDLE/bin/kvpoold" 2>&1 | tee "$TIER_LOG"
-  TIER_RC=${PIPESTATUS[0]}
-  [ "$TIER_RC" -eq 124 ] && echo "device_check: kvpool-gpu-tier-check timed out after ${TIER_SECONDS} s" >&2
-else
-  echo "device_check: no .gpu-bundle (run bench/gpu/bundle.sh where kvpoold builds, and carry it): the gpu tier check is skipped" | tee "$TIER_LOG"
-fi
 
 LOG="$BUILD/kernel_check.log"
 COPY_SECONDS=120
