@@ -15,6 +15,11 @@ size_t KeyHasher::operator()(NamespaceId ns, const BlockKey& key) const {
   return absl::HashOf(seed_, ns, key);
 }
 
+size_t BlockIndex::Hash::operator()(const HashedKey& k) const {
+  DCHECK_EQ(k.hash, index->hasher_(k.ns, *k.key)) << "a key hashed by another index's hasher";
+  return k.hash;
+}
+
 size_t BlockIndex::Hash::operator()(EntryId id) const {
   const Entry& e = index->at(id);
   return index->hasher_(e.ns, e.key);

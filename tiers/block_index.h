@@ -15,8 +15,9 @@
 // of a candidate, to its CandidateObserver (tiers/eviction_pools.h), which keeps the eviction
 // orders; the per-tier `order_*` fields of an entry belong to the order that holds it.
 //
-// Thread safety: none, but const calls may run side by side. The tier manager serializes all
-// access under its mutex (lookups hold it shared); a KeyHasher needs no lock.
+// Thread safety: none, except that const calls may run side by side with each other (never with
+// a non-const one). The tier manager serializes all access under its mutex, which lookups, Where
+// and CountCached hold shared; a KeyHasher needs no lock.
 
 #include <array>
 #include <cstdint>
@@ -127,7 +128,8 @@ class KeyHasher {
   uint64_t seed_;
 };
 
-// A key with its bucket hash, for BlockIndex::Find and Prefetch.
+// A key with its bucket hash, for BlockIndex::Find and Prefetch. The hash must be this index's
+// (BlockIndex::Hashed, or its hasher()): with another, the key is simply not found.
 struct HashedKey {
   NamespaceId ns;
   const BlockKey* key;
@@ -148,8 +150,9 @@ class BlockIndex {
   // The entry for (ns, key), or kNoEntry.
   EntryId Find(NamespaceId ns, const BlockKey& key) const { return Find(Hashed(ns, key)); }
   EntryId Find(const HashedKey& k) const;
-  // Starts loading the hash slots a Find or Insert of (ns, key) will read, so a loop over many
-  // keys can overlap their cache misses (lookups, bulk loads).
+  // Starts loading the hash slots a Find or Insert of (ns, key) will read (not the entry a hit
+  // then compares), so a loop over many keys can overlap those cache misses (lookups, bulk
+  // loads).
   void Prefetch(NamespaceId ns, const BlockKey& key) const { Prefetch(Hashed(ns, key)); }
   void Prefetch(const HashedKey& k) const { set_.prefetch(k); }
   // Starts loading entry `id` (every cache line of it).
@@ -169,7 +172,8 @@ class BlockIndex {
   bool CanErase(EntryId id) const;
   // Entries erased so far. While it stays the same, every id found still names its key (ids
   // are reused only after an erase), so a caller that found ids under one hold of the lock can
-  // use them under the next without finding them again.
+  // use them under the next without finding them again. The entry may have lost its copies in
+  // between: check `tiers`.
   uint64_t erasures() const { return erasures_; }
 
   Entry& at(EntryId id) { return Chunk(id)[id % kChunkEntries]; }
@@ -222,7 +226,7 @@ class BlockIndex {
     using is_transparent = void;
     const BlockIndex* index;
     size_t operator()(EntryId id) const;
-    size_t operator()(const HashedKey& k) const { return k.hash; }
+    size_t operator()(const HashedKey& k) const;
   };
   struct Eq {
     using is_transparent = void;

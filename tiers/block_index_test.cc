@@ -171,6 +171,37 @@ TEST(BlockIndexTest, InsertFindErasePerNamespace) {
   EXPECT_EQ(index.at(c).cached_children(), 0u);
 }
 
+// A key hashed once, outside the tier lock (KeyHasher), finds what Find(ns, key) finds; and the
+// erasure count a lookup relies on to reuse ids across two holds of the lock moves with every
+// Erase, and only then, so an id reused for another key is never taken for the old one.
+TEST(BlockIndexTest, HashedKeysFindTheSameAndErasuresCountReuse) {
+  BlockIndex index;
+  EvictionPools pools(index);
+  const EntryId a = index.Insert(1, KeyOf(1));
+  const BlockKey k1 = KeyOf(1);
+  const BlockKey k2 = KeyOf(2);
+  const HashedKey h1 = index.Hashed(1, k1);
+  EXPECT_EQ(h1.hash, index.HashForTest(1, k1));
+  EXPECT_EQ(KeyHasher(index.hasher())(1, k1), h1.hash);  // a copy hashes alike, lock-free
+  EXPECT_EQ(index.Find(h1), a);
+  EXPECT_EQ(index.Find(index.Hashed(2, k1)), kNoEntry);
+  EXPECT_EQ(index.Find(index.Hashed(1, k2)), kNoEntry);
+
+  EXPECT_EQ(index.erasures(), 0u);
+  const EntryId b = index.Insert(1, k2);
+  index.AddCopy(b, Tier::kHost);
+  index.RemoveCopy(b, Tier::kHost);
+  EXPECT_EQ(index.erasures(), 0u) << "only an erase counts";
+  index.Erase(a);
+  EXPECT_EQ(index.erasures(), 1u);
+  // The freed id goes to the next key: the count says so.
+  const EntryId c = index.Insert(1, KeyOf(3));
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(index.at(c).key, KeyOf(3));
+  EXPECT_EQ(index.erasures(), 1u);
+  EXPECT_EQ(index.Find(h1), kNoEntry);
+}
+
 TEST(BlockIndexTest, ManyEntriesAcrossChunksStayFindable) {
   BlockIndex index;
   EvictionPools pools(index);

@@ -28,8 +28,9 @@
 // Threads: the mover's flusher (ThreadRole::kTierFlusher) and `promotion_threads` promoters
 // (ThreadRole::kPrefetcher), started by Start() and joined by Shutdown().
 // Thread safety: every public method may be called from any thread; one mutex guards the index
-// and all bookkeeping, and no disk I/O or block copy runs under it (RocksDB deletes of dropped
-// blocks included: DeleteDroppedLocked), except the index rebuild's at start.
+// and all bookkeeping (lookups, Where and CountCached find their keys under a shared hold), and no
+// disk I/O or block copy runs under it (RocksDB deletes of dropped blocks included:
+// DeleteDroppedLocked), except the index rebuild's at start.
 
 #include <chrono>
 #include <cstdint>
@@ -190,7 +191,8 @@ struct TierManagerStats {
 
 // How far ahead of the key it is looking up a loop over many keys prefetches the index's hash
 // slots (BlockIndex::Prefetch): at 10^6 blocks and more the index is far larger than the CPU's
-// caches, and the misses of consecutive keys then overlap instead of adding up.
+// caches, and those misses of consecutive keys then overlap instead of adding up (the entry a
+// hit compares is not prefetched).
 inline constexpr size_t kIndexPrefetchAhead = 8;
 
 // What kvpool leaves free on the disk tier's device for RocksDB to flush, compact and delete.
@@ -410,7 +412,8 @@ class TierManager {
   // `keys` with their index hashes (no lock needed); they point into `keys`.
   std::vector<HashedKey> HashKeys(NamespaceId ns, std::span<const BlockKey> keys) const;
   // Each key's cached entry, or kNoEntry; with `prefix`, only up to the first miss. Prefetches
-  // the hash slots of the keys ahead (kIndexPrefetchAhead).
+  // the hash slots of the keys ahead (kIndexPrefetchAhead). Reads only: runs under a shared
+  // hold.
   std::vector<EntryId> FindEachLocked(std::span<const HashedKey> keys, bool prefix) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Erases `id` and then its copy-less ancestors while nothing holds them.
@@ -507,7 +510,9 @@ class TierManager {
 
   mutable absl::Mutex mu_;
   BlockIndex index_ ABSL_GUARDED_BY(mu_);
-  const KeyHasher hasher_;  // index_'s, immutable: keys are hashed before mu_ is taken
+  // index_'s (copied from it, so declared after it), immutable: keys are hashed before mu_ is
+  // taken.
+  const KeyHasher hasher_;
   EvictionPools pools_ ABSL_GUARDED_BY(mu_){index_};
   absl::flat_hash_map<NamespaceId, NamespacePolicy> policies_ ABSL_GUARDED_BY(mu_);
   NamespacePolicy default_policy_ ABSL_GUARDED_BY(mu_);

@@ -18,29 +18,31 @@ namespace kvpool::tiers {
 LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain, bool prefetch) {
   // Keys are hashed before the lock and found under a shared hold of it, so lookups on other
   // threads find theirs alongside; only marking the hits used (and starting their promotions)
-  // takes mu_ alone, and that touches entries the first pass left in the cache.
+  // takes mu_ alone, and that touches entries the first pass left in the cache. (The whole
+  // chain is hashed, ~4 ns a key outside the lock, even where it misses early.)
   const std::vector<HashedKey> keys = HashKeys(ns, chain);
   std::vector<EntryId> ids;
   LookupResult result;
-  uint64_t erasures = 0;
+  uint64_t erasures_seen = 0;
   {
     absl::ReaderMutexLock lock(&mu_);
-    erasures = index_.erasures();
+    const BlockIndex& index = index_;  // only reads under a shared hold
+    erasures_seen = index.erasures();
     ids = FindEachLocked(keys, /*prefix=*/true);
     result.tiers.reserve(ids.size());
-    for (EntryId id : ids) result.tiers.push_back(FastestTier(index_.at(id)));
+    for (EntryId id : ids) result.tiers.push_back(FastestTier(index.at(id)));
   }
   result.hit_blocks = static_cast<uint32_t>(ids.size());
   if (ids.empty()) return result;
   absl::MutexLock lock(&mu_);
   const uint32_t now = NowSeconds();
   // Where no entry was erased between the two holds, each id still names its key.
-  const bool ids_hold = index_.erasures() == erasures;
+  const bool ids_valid = index_.erasures() == erasures_seen;
   for (size_t i = 0; i < ids.size(); ++i) {
     Entry& e = index_.at(ids[i]);
     // A block that went between the two holds (its id perhaps reused) is answered as found,
     // but not marked: only what is still cached under its key is.
-    if (e.tiers == 0 || (!ids_hold && (!e.live || e.ns != ns || e.key != chain[i]))) continue;
+    if (e.tiers == 0 || (!ids_valid && (!e.live || e.ns != ns || e.key != chain[i]))) continue;
     index_.Touch(ids[i], now);
     if (prefetch && CanStartPromotionLocked(ids[i], e)) {
       StartPromotionLocked(ids[i], /*prefetch=*/true);

@@ -1116,9 +1116,16 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverSeeWrongBytes) {
           manager_->Release(r);
         }
       } else if (what < 95) {
+        // Lookups find under a shared hold of the tier lock, beside the writers above.
         const int start = k - k % kChainLength;
         std::vector<BlockKey> chain(keys.begin() + start, keys.begin() + start + kChainLength);
-        manager_->Lookup(kNs, chain, /*prefetch=*/true);
+        const LookupResult l = manager_->Lookup(kNs, chain, /*prefetch=*/true);
+        if (l.hit_blocks > chain.size() || l.tiers.size() != l.hit_blocks) ++unexpected;
+        const std::vector<Tier> where = manager_->Where(kNs, chain);
+        if (where.size() != chain.size() ||
+            manager_->CountCached(kNs, chain) > static_cast<uint32_t>(chain.size())) {
+          ++unexpected;
+        }
       } else {
         manager_->Evict(kNs, Tier::kHost, {&keys[k], 1});
       }

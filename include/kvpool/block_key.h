@@ -41,7 +41,8 @@ struct BlockKey {
   }
   bool IsZero() const;
 
-  // Four word compares, inline (std::array's == is a call to memcmp: one per key a lookup finds).
+  // Four word compares, inline (g++ 12 makes std::array's == a call to memcmp: one per key a
+  // lookup finds).
   friend bool operator==(const BlockKey& a, const BlockKey& b) {
     uint64_t x[4], y[4];
     static_assert(sizeof(x) == kSize);
