@@ -58,7 +58,8 @@ if [ -f "$BUNDLE/bin/kvpool-gpu-tier-check" ]; then
     "$BUNDLE/bin/kvpool-gpu-tier-check" --kvpoold="$BUNDLE/bin/kvpoold" 2>&1 | tee "$TIER_LOG"
   TIER_RC=${PIPESTATUS[0]}
   [ "$TIER_RC" -eq 124 ] && echo "device_check: kvpool-gpu-tier-check timed out after ${TIER_SECONDS} s" >&2
-  # 0 passed, 1 a check failed; anything else (timeout, loader, no daemon) is a setup problem.
+  # 0 passed, 1 a check failed; anything else (no device, timeout, loader, no daemon) is a
+  # setup problem.
   [ "$TIER_RC" -gt 1 ] && TIER_RC=2
 else
   echo "device_check: no .gpu-bundle (run bench/gpu/bundle.sh where kvpoold builds, and carry it): the gpu tier check is skipped" | tee "$TIER_LOG"

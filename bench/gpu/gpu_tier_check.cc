@@ -21,7 +21,8 @@
 // bare cudaMemcpy does not). The table it prints last goes into docs/BENCHMARKS.md with the date
 // and the card.
 //
-// Exit: 0 every check passed; 1 a check failed; 2 no GPU, no daemon, or a setup error.
+// Exit: 0 every check passed; 1 a check failed; 77 no CUDA device (ctest counts it skipped);
+// 2 no daemon, or another setup error.
 
 #include <cuda_runtime.h>
 #include <gflags/gflags.h>
@@ -278,7 +279,7 @@ int Run(const char* argv0) {
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::fprintf(stderr, "kvpool-gpu-tier-check: no CUDA device (%s)\n",
                  cudaGetErrorString(cudaGetLastError()));
-    return 2;
+    return 77;
   }
   if (FLAGS_blocks == 0 || FLAGS_batch == 0 || FLAGS_rounds == 0 || FLAGS_block_bytes == 0 ||
       FLAGS_block_bytes > (64ull << 20)) {
