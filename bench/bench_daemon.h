@@ -3,10 +3,11 @@
 // process helper (tests/support/daemon_process.h) with the benches' flags, a host tier sized for
 // the run in whole 64 MiB segments, and nothing kept at exit.
 //
-// Thread safety: a pure function.
+// Thread safety: pure functions.
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,20 @@ using testing::DaemonProcessOptions;
 
 // Options for a bench daemon at `binary` whose host tier holds `host_capacity_bytes` (rounded up
 // to whole 64 MiB segments); `extra_flags` follow (a later flag wins).
+// The kvpoold a bench starts: `given` (its --kvpoold flag) when set, else the build tree's
+// (<this binary's dir>/../daemon/kvpoold), else one beside this binary.
+inline std::string FindKvpoold(const std::string& given) {
+  if (!given.empty()) return given;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "kvpoold";
+  const std::filesystem::path dir = self.parent_path();
+  for (const std::filesystem::path& p : {dir / ".." / "daemon" / "kvpoold", dir / "kvpoold"}) {
+    if (std::filesystem::exists(p, ec)) return std::filesystem::weakly_canonical(p, ec).string();
+  }
+  return (dir / ".." / "daemon" / "kvpoold").string();
+}
+
 inline DaemonProcessOptions BenchDaemonOptions(const std::string& binary,
                                                uint64_t host_capacity_bytes,
                                                std::vector<std::string> extra_flags = {}) {

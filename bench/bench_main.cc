@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -272,18 +271,6 @@ uint64_t NeededHostBytes(const Config& c) {
     }
   }
   return largest + static_cast<uint64_t>(FLAGS_chain_blocks) * c.lookup_block_bytes;
-}
-
-std::string FindKvpoold() {
-  if (!FLAGS_kvpoold.empty()) return FLAGS_kvpoold;
-  std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "kvpoold";
-  const std::filesystem::path dir = self.parent_path();
-  for (const std::filesystem::path& p : {dir / ".." / "daemon" / "kvpoold", dir / "kvpoold"}) {
-    if (std::filesystem::exists(p, ec)) return std::filesystem::weakly_canonical(p, ec).string();
-  }
-  return (dir / ".." / "daemon" / "kvpoold").string();
 }
 
 class Bench {
@@ -878,7 +865,7 @@ int RunMode(const Status& parsed, const PinPlan& pin, const std::function<void()
 // kvpool-bench --scale (bench/scale_bench.h).
 int ScaleMain(const std::string& command) {
   ScaleConfig c;
-  c.kvpoold = FindKvpoold();
+  c.kvpoold = FindKvpoold(FLAGS_kvpoold);
   c.chain_blocks = FLAGS_scale_chain_blocks;
   c.seconds = FLAGS_seconds;
   const Status parsed = [&]() -> Status {
@@ -926,7 +913,7 @@ int ScaleMain(const std::string& command) {
 // kvpool-bench --disk (bench/disk_bench.h).
 int DiskMain(const std::string& command) {
   DiskBenchConfig c;
-  c.kvpoold = FindKvpoold();
+  c.kvpoold = FindKvpoold(FLAGS_kvpoold);
   c.readers = FLAGS_disk_readers;
   c.blocks_per_call = FLAGS_disk_blocks_per_call;
   const Status parsed = [&]() -> Status {
@@ -1014,7 +1001,7 @@ int Main(const std::string& command) {
     // Demote only past 99.5%: no case comes near (the tier is 1.5x the largest working set), and
     // the fragmentation probe may fill every segment without the flusher moving blocks away.
     DaemonProcessOptions o =
-        BenchDaemonOptions(FindKvpoold(), host_capacity,
+        BenchDaemonOptions(FindKvpoold(FLAGS_kvpoold), host_capacity,
                            {"--host_high_watermark=0.995", "--host_low_watermark=0.99",
                             "--io_busy_poll_us=" + std::to_string(FLAGS_busy_poll_us)});
     o.listen_tcp_loopback = ucx;

@@ -32,7 +32,6 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -85,18 +84,6 @@ constexpr size_t kPatternSlots = 16;
 constexpr size_t kPutBatch = 64;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string FindKvpoold() {
-  if (!FLAGS_kvpoold.empty()) return FLAGS_kvpoold;
-  std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "kvpoold";
-  const std::filesystem::path dir = self.parent_path();
-  for (const std::filesystem::path& p : {dir / ".." / "daemon" / "kvpoold", dir / "kvpoold"}) {
-    if (std::filesystem::exists(p, ec)) return std::filesystem::weakly_canonical(p, ec).string();
-  }
-  return (dir / ".." / "daemon" / "kvpoold").string();
-}
 
 std::string LoadAverage() {
   std::ifstream in("/proc/loadavg");
@@ -318,7 +305,7 @@ int Run() {
 
   auto start = [&](const std::string& id) {
     DaemonProcessOptions o =
-        BenchDaemonOptions(FindKvpoold(), host,
+        BenchDaemonOptions(FindKvpoold(FLAGS_kvpoold), host,
                            {"--cluster=" + (*etcd)->endpoint(), "--cluster_name=bench",
                             "--node_id=" + id, "--cluster_secret_file=" + secret_file,
                             "--replicas=0", "--v=" + std::to_string(FLAGS_daemon_vlog)});

@@ -116,6 +116,14 @@ class CandidateObserver {
   virtual void OnUse(EntryId id, Tier tier) = 0;
 };
 
+// A key with its bucket hash, for BlockIndex::Find and Prefetch. The hash must be this index's
+// (BlockIndex::Hashed, or its hasher()): with another, the key is simply not found.
+struct HashedKey {
+  NamespaceId ns;
+  const BlockKey* key;
+  size_t hash;
+};
+
 // The index's bucket hash of (namespace, key): the whole key, the namespace and a random seed per
 // index (clients choose keys, so nobody can aim many keys at one bucket). Immutable, so a caller
 // hashes a batch of keys before it takes the lock that guards the index, and each key once.
@@ -123,17 +131,13 @@ class KeyHasher {
  public:
   explicit KeyHasher(uint64_t seed) : seed_(seed) {}
   size_t operator()(NamespaceId ns, const BlockKey& key) const;
+  // `key` (which must outlive the result) with its hash.
+  HashedKey Hashed(NamespaceId ns, const BlockKey& key) const {
+    return HashedKey{ns, &key, (*this)(ns, key)};
+  }
 
  private:
   uint64_t seed_;
-};
-
-// A key with its bucket hash, for BlockIndex::Find and Prefetch. The hash must be this index's
-// (BlockIndex::Hashed, or its hasher()): with another, the key is simply not found.
-struct HashedKey {
-  NamespaceId ns;
-  const BlockKey* key;
-  size_t hash;
 };
 
 class BlockIndex {
@@ -144,9 +148,7 @@ class BlockIndex {
   void SetObserver(CandidateObserver* observer) { observer_ = observer; }
 
   const KeyHasher& hasher() const { return hasher_; }
-  HashedKey Hashed(NamespaceId ns, const BlockKey& key) const {
-    return HashedKey{ns, &key, hasher_(ns, key)};
-  }
+  HashedKey Hashed(NamespaceId ns, const BlockKey& key) const { return hasher_.Hashed(ns, key); }
   // The entry for (ns, key), or kNoEntry.
   EntryId Find(NamespaceId ns, const BlockKey& key) const { return Find(Hashed(ns, key)); }
   EntryId Find(const HashedKey& k) const;

@@ -406,7 +406,7 @@ class TierManager {
   // A live entry with at least one copy, or kNoEntry.
   EntryId FindCachedLocked(NamespaceId ns, const BlockKey& key) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return FindCachedLocked(HashedKey{ns, &key, hasher_(ns, key)});
+    return FindCachedLocked(hasher_.Hashed(ns, key));
   }
   EntryId FindCachedLocked(const HashedKey& k) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // `keys` with their index hashes (no lock needed); they point into `keys`.

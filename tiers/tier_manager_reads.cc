@@ -41,8 +41,9 @@ LookupResult TierManager::Lookup(NamespaceId ns, std::span<const BlockKey> chain
   for (size_t i = 0; i < ids.size(); ++i) {
     Entry& e = index_.at(ids[i]);
     // A block that went between the two holds (its id perhaps reused) is answered as found,
-    // but not marked: only what is still cached under its key is.
-    if (e.tiers == 0 || (!ids_valid && (!e.live || e.ns != ns || e.key != chain[i]))) continue;
+    // but not marked: only what is still cached under its key is. (An erased entry has no
+    // copies, so `tiers` covers it.)
+    if (e.tiers == 0 || (!ids_valid && (e.ns != ns || e.key != chain[i]))) continue;
     index_.Touch(ids[i], now);
     if (prefetch && CanStartPromotionLocked(ids[i], e)) {
       StartPromotionLocked(ids[i], /*prefetch=*/true);
@@ -69,7 +70,7 @@ std::vector<EntryId> TierManager::FindEachLocked(std::span<const HashedKey> keys
 std::vector<HashedKey> TierManager::HashKeys(NamespaceId ns, std::span<const BlockKey> keys) const {
   std::vector<HashedKey> out;
   out.reserve(keys.size());
-  for (const BlockKey& key : keys) out.push_back(HashedKey{ns, &key, hasher_(ns, key)});
+  for (const BlockKey& key : keys) out.push_back(hasher_.Hashed(ns, key));
   return out;
 }
 

@@ -260,20 +260,6 @@ int RunChild() {
   return 0;
 }
 
-std::string FindKvpoold(const char* argv0) {
-  if (!FLAGS_kvpoold.empty()) return FLAGS_kvpoold;
-  std::error_code ec;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) self = argv0;
-  const std::filesystem::path dir = self.parent_path();
-  for (const std::filesystem::path& p :
-       {dir / ".." / "daemon" / "kvpoold", dir / ".." / ".." / "daemon" / "kvpoold",
-        dir / "kvpoold"}) {
-    if (std::filesystem::exists(p, ec)) return std::filesystem::weakly_canonical(p, ec).string();
-  }
-  return "kvpoold";
-}
-
 int Run(const char* argv0) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -301,7 +287,7 @@ int Run(const char* argv0) {
   const uint64_t host = std::max<uint64_t>(4 * set_bytes, 256ull << 20);
   const uint64_t gpu = std::max<uint64_t>(2 * set_bytes, 128ull << 20);
   DaemonProcessOptions d =
-      BenchDaemonOptions(FindKvpoold(argv0), host,
+      BenchDaemonOptions(FindKvpoold(FLAGS_kvpoold), host,
                          {"--gpu_devices=" + std::to_string(kDevice),
                           "--gpu_capacity=" + std::to_string(gpu), "--gpu_segment_size=64MiB",
                           // What this check does not look at stays out of its way in a sandbox.
