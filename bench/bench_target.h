@@ -69,6 +69,10 @@ class BenchTarget {
     return Status::Unimplemented("no in-place reads");
   }
   virtual Status ReleaseBorrowed() { return Status::OK(); }
+  // Returns once what this target sent without waiting for an answer (ReleaseBorrowed's end of
+  // the leases) has taken effect, so another connection's next call sees it. Default: such
+  // sends are synchronous already.
+  virtual Status Settle() { return Status::OK(); }
 
   // Blocks served by Get from below the system's fastest tier since this target was made
   // (kvpool: from disk rather than host). The bench sizes the fast tier so this stays 0.
