@@ -504,6 +504,84 @@ TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
   EXPECT_EQ(l->hit_blocks, 0u) << "a damaged block became visible";
 }
 
+// kvpoold reads what a socket holds at once and parses the frames out of it. Frames sent back to
+// back in one write are each answered, in order: hundreds without a reply (RELEASE), then a
+// request; a commit whose payload arrived in the same read as its header and the next request;
+// and a frame that trickles in a byte at a time.
+TEST(RobustnessTest, FramesSentBackToBackAreEachAnsweredInOrder) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  const int fd = RawConnect(d.socket_path());
+  ASSERT_GE(fd, 0);
+  const std::vector<uint8_t> bytes = BlockBytes(11, 3000);
+  BlockKey key;
+  key.bytes[7] = 11;
+  wire::LookupRequest lookup;
+  lookup.add_keys(std::string(key.AsStringView()));
+  wire::ReleaseRequest release;
+  release.add_lease_ids(424242);  // no such lease: ignored
+  std::string burst = Hello("test");
+  for (int i = 0; i < 500; ++i) burst += Frame(wire::RELEASE, release, 0, 100 + i);
+  burst += Frame(wire::LOOKUP, lookup, 0, 7);
+  ASSERT_TRUE(SendAll(fd, burst.data(), burst.size()));
+  std::string body;
+  ASSERT_EQ(ReadResponse(fd, &body).type, wire::HELLO);
+  FrameHeader r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::LOOKUP) << d.log();
+  EXPECT_EQ(r.request_id, 7u);
+  wire::LookupResponse lr;
+  ASSERT_TRUE(lr.ParseFromString(body));
+  EXPECT_EQ(lr.hit_blocks(), 0u);
+
+  wire::PutReserveRequest req;
+  wire::PutItem* it = req.add_items();
+  it->set_key(std::string(key.AsStringView()));
+  it->set_size(bytes.size());
+  it->set_checksum(BlockChecksum(bytes.data(), bytes.size()));
+  std::string f = Frame(wire::PUT_RESERVE, req, 0, 8);
+  ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+  ASSERT_EQ(ReadResponse(fd, &body).type, wire::PUT_RESERVE);
+  wire::PutReserveResponse rr;
+  ASSERT_TRUE(rr.ParseFromString(body));
+  ASSERT_EQ(rr.reservations(0).state(), wire::RESERVED);
+  wire::PutCommitRequest commit;
+  commit.add_reservation_ids(rr.reservations(0).reservation_id());
+  commit.add_sizes(bytes.size());
+  burst = Frame(wire::PUT_COMMIT, commit, static_cast<uint32_t>(bytes.size()), 9);
+  burst.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  burst += Frame(wire::LOOKUP, lookup, 0, 10);
+  ASSERT_TRUE(SendAll(fd, burst.data(), burst.size()));
+  r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::PUT_COMMIT) << d.log();
+  wire::PutCommitResponse cr;
+  ASSERT_TRUE(cr.ParseFromString(body));
+  ASSERT_EQ(cr.results_size(), 1);
+  EXPECT_EQ(cr.results(0).code(), 0) << cr.results(0).message();
+  r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::LOOKUP);
+  EXPECT_EQ(r.request_id, 10u);
+  ASSERT_TRUE(lr.ParseFromString(body));
+  EXPECT_EQ(lr.hit_blocks(), 1u);
+
+  f = Frame(wire::LOOKUP, lookup, 0, 11);
+  for (char c : f) {
+    ASSERT_TRUE(SendAll(fd, &c, 1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::LOOKUP);
+  EXPECT_EQ(r.request_id, 11u);
+  close(fd);
+
+  auto c = d.Connect();
+  std::vector<uint8_t> got(bytes.size());
+  const MutableBuffer buf{got.data(), got.size()};
+  auto g = c->Get(std::span(&key, 1), std::span(&buf, 1));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_OK((*g)[0].status);
+  EXPECT_EQ(got, bytes);
+}
+
 // The client of the test below, run in a child process: a raw TCP connection whose hello offers
 // a UCX worker that never posts a receive, asking for `keys` until the daemon refuses. Returns 0
 // when refused as the bound says, else prints why and returns 1. The child then _exits without

@@ -287,12 +287,24 @@ Status ControlChannel::ReceiveInto(void* dst, size_t n, Deadline deadline) {
     }
     return Status::OK();
   }
+  const size_t early = std::min(n, ahead_end_ - ahead_pos_);
+  if (early > 0) {
+    std::memcpy(p, ahead_.data() + ahead_pos_, early);
+    ahead_pos_ += early;
+    p += early;
+    n -= early;
+  }
+  if (n == 0) return Status::OK();
+  // Nothing is buffered now. Whatever arrives past the n bytes asked for lands in ahead_ (the
+  // rest of a short frame, read with its header).
+  if (ahead_.empty()) ahead_.resize(kReadAhead);
+  ahead_pos_ = ahead_end_ = 0;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
   while (n > 0) {
-    iovec iov{p, n};
+    iovec iov[2] = {{p, n}, {ahead_.data(), ahead_.size()}};
     msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
     const ssize_t got = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
@@ -304,8 +316,10 @@ Status ControlChannel::ReceiveInto(void* dst, size_t n, Deadline deadline) {
       }
     }
     if (got > 0) {
-      p += got;
-      n -= static_cast<size_t>(got);
+      const size_t mine = std::min(n, static_cast<size_t>(got));
+      p += mine;
+      n -= mine;
+      ahead_end_ = static_cast<size_t>(got) - mine;
       continue;
     }
     if (got == 0) {
@@ -334,6 +348,11 @@ Status ControlChannel::Discard(size_t n, Deadline deadline) {
 }
 
 Result<FrameHeader> ControlChannel::ReceiveHeader(const FrameLimits& limits, Deadline deadline) {
+  if (ssl_ == nullptr && ahead_pos_ == ahead_end_ && !broken()) {
+    // An answer is rarely there the moment its request has gone: wait for it first rather
+    // than try a receive that fails.
+    KVPOOL_RETURN_IF_ERROR(Wait(/*for_write=*/false, deadline));
+  }
   uint8_t hdr[kFrameHeaderBytes];
   KVPOOL_RETURN_IF_ERROR(ReceiveInto(hdr, sizeof(hdr), deadline));
   Result<FrameHeader> h = DecodeFrameHeader(hdr, limits);

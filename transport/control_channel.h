@@ -41,7 +41,11 @@ class ControlChannel {
 
   Status Send(const FrameHeader& header, std::string_view body, std::span<const iovec> payload,
               Deadline deadline);
+  // Receives the next frame's header (waiting for it first when nothing is buffered).
   Result<FrameHeader> ReceiveHeader(const FrameLimits& limits, Deadline deadline);
+  // Receives exactly `n` bytes. On a plain socket each receive also takes up to kReadAhead
+  // bytes beyond them, which the next call returns first: a header and a short body (or a whole
+  // short frame) cost one receive.
   Status ReceiveInto(void* dst, size_t n, Deadline deadline);
   Status Discard(size_t n, Deadline deadline);
 
@@ -68,8 +72,13 @@ class ControlChannel {
   Result<int> RunTls(const std::function<int()>& op, const char* what, Deadline deadline);
   Status SendTls(std::span<const iovec> pieces, Deadline deadline);
 
+  static constexpr size_t kReadAhead = 16 * 1024;
+
   int fd_;
-  SSL* ssl_ = nullptr;  // tls:// only
+  SSL* ssl_ = nullptr;          // tls:// only
+  std::vector<uint8_t> ahead_;  // ahead_[ahead_pos_, ahead_end_): received, not yet taken
+  size_t ahead_pos_ = 0;
+  size_t ahead_end_ = 0;
   std::string address_;
   std::vector<int> received_fds_;
   std::chrono::microseconds busy_poll_{0};

@@ -50,8 +50,16 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
  private:
   void Handshake();  // strand, TLS only: then ReadHeader
+  // Reads arrive through `in_`: one read takes what the socket holds, up to kReadAhead bytes,
+  // so a short frame (header and body) costs one read, and frames a client sent back to back
+  // (a RELEASE, then the next GET) come in together. A longer body is read straight into
+  // body_, a payload straight into its sinks, after what `in_` already holds of them.
   void ReadHeader();
+  // Reads more into `in_`, then ReadHeader again; a failure closes the connection, quietly
+  // when the peer hung up between frames.
+  void ReadMore();
   void ReadBody();
+  void OnBody();  // the body is whole: the payload, or Dispatch
   void ReadPayload(size_t sink_index, uint64_t done);
   void Dispatch();
   void Write(Response response);
@@ -73,9 +81,18 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   bool admitted_ = false;       // strand: the handler admitted it (cached once true)
   bool handshaking_ = false;    // strand: a TLS handshake is under way
   std::unique_ptr<ConnectionState> state_;
+  static constexpr size_t kReadAhead = 16 * 1024;
+  size_t Buffered() const { return in_end_ - in_pos_; }
+  // Copies up to `n` buffered bytes to `dst` (null: drops them); how many.
+  size_t TakeBuffered(uint8_t* dst, size_t n);
+
+  std::vector<uint8_t> in_;  // kReadAhead bytes once the first read needs them
+  size_t in_pos_ = 0;        // in_[in_pos_, in_end_) is received and not yet taken
+  size_t in_end_ = 0;
   uint8_t header_bytes_[kFrameHeaderBytes];
   FrameHeader header_;
   std::string body_;
+  size_t body_got_ = 0;  // bytes of body_ received
   std::vector<PayloadSink> sinks_;
   std::vector<uint8_t> scratch_;
   uint8_t out_header_[kFrameHeaderBytes];
@@ -320,92 +337,133 @@ void Connection<Stream>::DisarmTimer() {
 }
 
 template <typename Stream>
+size_t Connection<Stream>::TakeBuffered(uint8_t* dst, size_t n) {
+  n = std::min(n, Buffered());
+  if (dst != nullptr && n > 0) std::memcpy(dst, in_.data() + in_pos_, n);
+  in_pos_ += n;
+  if (in_pos_ == in_end_) in_pos_ = in_end_ = 0;
+  return n;
+}
+
+template <typename Stream>
+void Connection<Stream>::ReadMore() {
+  if (in_.empty()) in_.resize(kReadAhead);
+  if (in_pos_ > 0) {  // keep the partial header at the front
+    std::memmove(in_.data(), in_.data() + in_pos_, Buffered());
+    in_end_ -= in_pos_;
+    in_pos_ = 0;
+  }
+  auto self = this->shared_from_this();
+  socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+                          asio::bind_executor(strand_, [self](error_code ec, size_t n) {
+                            if (ec) {
+                              // A client that hangs up between frames (a TLS one without a
+                              // close_notify) is an orderly close.
+                              const bool hung_up = ec == asio::error::eof ||
+                                                   ec == asio::ssl::error::stream_truncated;
+                              self->Close(hung_up ? "" : "read: " + ec.message());
+                              return;
+                            }
+                            self->in_end_ += n;
+                            self->ReadHeader();
+                          }));
+}
+
+template <typename Stream>
 void Connection<Stream>::ReadHeader() {
   if (closed_) return;
-  auto self = this->shared_from_this();
-  asio::async_read(
-      socket_, asio::buffer(header_bytes_),
-      asio::bind_executor(strand_, [self](error_code ec, size_t) {
-        if (ec) {
-          // A client that hangs up between frames (a TLS one without a
-          // close_notify) is an orderly close.
-          const bool hung_up = ec == asio::error::eof || ec == asio::ssl::error::stream_truncated;
-          self->Close(hung_up ? "" : "read: " + ec.message());
-          return;
-        }
-        Result<FrameHeader> h =
-            DecodeFrameHeader(self->header_bytes_, self->server_.options().limits);
-        if (!h.ok()) {
-          self->Close("protocol error: " + h.status().message());
-          return;
-        }
-        if (h->is_response()) {
-          self->Close("protocol error: a client sent a response frame");
-          return;
-        }
-        if (!self->admitted_) {
-          self->admitted_ = self->server_.handler().Admitted(*self->state_);
-        }
-        const uint32_t hello_max = self->server_.options().max_hello_body_bytes;
-        if (!self->admitted_ && (h->body_bytes > hello_max || h->payload_bytes > 0)) {
-          self->Close("protocol error: before its hello a connection may send " +
-                      std::to_string(hello_max) + " body bytes and no payload in a frame");
-          return;
-        }
-        self->header_ = *h;
-        self->ArmTimer("frame not completed within the frame timeout");
-        self->ReadBody();
-      }));
+  if (Buffered() < kFrameHeaderBytes) {
+    ReadMore();
+    return;
+  }
+  TakeBuffered(header_bytes_, kFrameHeaderBytes);
+  Result<FrameHeader> h = DecodeFrameHeader(header_bytes_, server_.options().limits);
+  if (!h.ok()) {
+    Close("protocol error: " + h.status().message());
+    return;
+  }
+  if (h->is_response()) {
+    Close("protocol error: a client sent a response frame");
+    return;
+  }
+  if (!admitted_) admitted_ = server_.handler().Admitted(*state_);
+  const uint32_t hello_max = server_.options().max_hello_body_bytes;
+  if (!admitted_ && (h->body_bytes > hello_max || h->payload_bytes > 0)) {
+    Close("protocol error: before its hello a connection may send " + std::to_string(hello_max) +
+          " body bytes and no payload in a frame");
+    return;
+  }
+  header_ = *h;
+  ArmTimer("frame not completed within the frame timeout");
+  body_.resize(header_.body_bytes);
+  body_got_ = 0;
+  ReadBody();
 }
 
 template <typename Stream>
 void Connection<Stream>::ReadBody() {
-  body_.resize(header_.body_bytes);
+  body_got_ +=
+      TakeBuffered(reinterpret_cast<uint8_t*>(body_.data()) + body_got_, body_.size() - body_got_);
+  if (body_got_ == body_.size()) {
+    OnBody();
+    return;
+  }
+  auto self = this->shared_from_this();  // nothing is buffered now: the rest straight into body_
+  asio::async_read(socket_, asio::buffer(body_.data() + body_got_, body_.size() - body_got_),
+                   asio::bind_executor(strand_, [self](error_code ec, size_t) {
+                     if (ec) {
+                       self->Close("truncated frame body: " + ec.message());
+                       return;
+                     }
+                     self->body_got_ = self->body_.size();
+                     self->OnBody();
+                   }));
+}
+
+template <typename Stream>
+void Connection<Stream>::OnBody() {
+  if (header_.payload_bytes == 0) {
+    DisarmTimer();
+    Dispatch();
+    return;
+  }
+  // Ask the handler where the payload goes (it may take a lock: worker).
+  handling_ = true;
   auto self = this->shared_from_this();
-  asio::async_read(
-      socket_, asio::buffer(body_), asio::bind_executor(strand_, [self](error_code ec, size_t) {
-        if (ec) {
-          self->Close("truncated frame body: " + ec.message());
-          return;
-        }
-        if (self->header_.payload_bytes == 0) {
-          self->DisarmTimer();
-          self->Dispatch();
-          return;
-        }
-        // Ask the handler where the payload goes (it may take a lock: worker).
-        self->handling_ = true;
-        asio::post(self->server_.workers(), [self] {
-          self->sinks_.clear();
-          Status st = self->server_.handler().PayloadSinks(*self->state_, self->header_,
-                                                           self->body_, &self->sinks_);
-          uint64_t total = 0;
-          for (const PayloadSink& s : self->sinks_) total += s.size;
-          if (st.ok() && total != self->header_.payload_bytes) {
-            st = Status::InvalidArgument("payload of " +
-                                         std::to_string(self->header_.payload_bytes) +
-                                         " bytes does not match the " + std::to_string(total) +
-                                         " bytes the request describes");
-          }
-          asio::post(self->strand_, [self, st] {
-            self->EndHandling();
-            if (self->closed_) return;
-            if (!st.ok()) {
-              self->Close("protocol error: " + st.message());
-              return;
-            }
-            self->ReadPayload(0, 0);
-          });
-        });
-      }));
+  asio::post(server_.workers(), [self] {
+    self->sinks_.clear();
+    Status st = self->server_.handler().PayloadSinks(*self->state_, self->header_, self->body_,
+                                                     &self->sinks_);
+    uint64_t total = 0;
+    for (const PayloadSink& s : self->sinks_) total += s.size;
+    if (st.ok() && total != self->header_.payload_bytes) {
+      st = Status::InvalidArgument("payload of " + std::to_string(self->header_.payload_bytes) +
+                                   " bytes does not match the " + std::to_string(total) +
+                                   " bytes the request describes");
+    }
+    asio::post(self->strand_, [self, st] {
+      self->EndHandling();
+      if (self->closed_) return;
+      if (!st.ok()) {
+        self->Close("protocol error: " + st.message());
+        return;
+      }
+      self->ReadPayload(0, 0);
+    });
+  });
 }
 
 template <typename Stream>
 void Connection<Stream>::ReadPayload(size_t sink_index, uint64_t done) {
   if (closed_) return;
-  while (sink_index < sinks_.size() && done == sinks_[sink_index].size) {
-    ++sink_index;
-    done = 0;
+  for (;;) {
+    while (sink_index < sinks_.size() && done == sinks_[sink_index].size) {
+      ++sink_index;
+      done = 0;
+    }
+    if (sink_index == sinks_.size() || Buffered() == 0) break;
+    const PayloadSink& sink = sinks_[sink_index];  // what came with the header and body first
+    done += TakeBuffered(sink.data != nullptr ? sink.data + done : nullptr, sink.size - done);
   }
   if (sink_index == sinks_.size()) {
     DisarmTimer();
@@ -456,7 +514,15 @@ void Connection<Stream>::Write(Response response) {
   if (closed_ || response.no_reply) {
     if (response.release) response.release();
     for (int fd : response.fds) ::close(fd);
-    if (!closed_) ReadHeader();
+    if (closed_) return;
+    if (Buffered() > 0) {
+      // The next frame is here already: read it from a fresh handler, so a run of frames with
+      // no reply (RELEASEs sent back to back) does not nest one call per frame.
+      auto self = this->shared_from_this();
+      asio::post(strand_, [self] { self->ReadHeader(); });
+    } else {
+      ReadHeader();
+    }
     return;
   }
   FrameHeader h;
