@@ -18,6 +18,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "absl/synchronization/mutex.h"
 #include "build_info.h"  // generated: cmake/build_info.h.in
 #include "common/units.h"
 #include "daemon/daemon.h"
@@ -116,6 +117,15 @@ DEFINE_string(cluster_advertise, "",
               "--listen address.");
 DEFINE_uint32(replicas, 1, "Cluster mode: copies of each block beyond the first.");
 DEFINE_bool(flush_on_shutdown, true, "Write host-only blocks to disk on SIGTERM.");
+#ifdef NDEBUG
+constexpr bool kDebugBuild = false;
+#else
+constexpr bool kDebugBuild = true;
+#endif
+DEFINE_bool(mutex_deadlock_detection, kDebugBuild,
+            "Check each mutex acquisition for lock-order cycles and abort on one (abseil's "
+            "deadlock detection, which Debian's abseil runs by default: a global lock and a graph "
+            "update per acquisition). Default: on in Debug builds of kvpool, off otherwise.");
 DEFINE_double(host_high_watermark, 0.90, "Host occupancy at which demotion to disk starts.");
 DEFINE_double(host_low_watermark, 0.80, "Host occupancy at which demotion stops.");
 
@@ -142,6 +152,10 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Before any thread starts.
+  absl::SetMutexDeadlockDetectionMode(FLAGS_mutex_deadlock_detection
+                                          ? absl::OnDeadlockCycle::kAbort
+                                          : absl::OnDeadlockCycle::kIgnore);
   google::InstallFailureSignalHandler();
   kvpool::daemon::QuietProtobufLogs();
 
