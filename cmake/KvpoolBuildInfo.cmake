@@ -20,7 +20,8 @@ foreach(_part IN ITEMS CUDA NCCL UCX)
   if(_part STREQUAL "CUDA")
     set(_on ${KVPOOL_CUDA_ENABLED})
   elseif(_part STREQUAL "NCCL")
-    # No target uses NCCL yet; a future option sets KVPOOL_NCCL_ENABLED.
+    # kvpoold does not use NCCL yet (transport/ builds kvpool_nccl and its test where NCCL is
+    # found); the option that wires it in sets KVPOOL_NCCL_ENABLED.
     set(_on ${KVPOOL_NCCL_ENABLED})
   else()
     if(TARGET kvpool_ucx)

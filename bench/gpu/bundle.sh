@@ -2,7 +2,9 @@
 # bench/gpu/bundle.sh: packs what bench/gpu/device_check.sh needs to run kvpoold's gpu tier on a
 # GPU machine that cannot build it (no RocksDB, UCX, Boost or protobuf there): kvpoold and
 # kvpool-gpu-tier-check from a CUDA build of this tree, stripped, with the shared libraries they
-# load that are not part of the C runtime, and UCX's transport modules.
+# load that are not part of the C runtime, and UCX's transport modules; and nccl_link_test
+# (transport/nccl_link.h) where this build has NCCL. libnccl itself (~200 MB) is left out: the
+# device check uses the GPU machine's own.
 #
 # Usage: bench/gpu/bundle.sh [BUILD_DIR (default: build)]
 # Writes <repo>/.gpu-bundle/{bin,lib} (git-ignored). Pass it along to the GPU machine (the device
@@ -13,18 +15,25 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${1:-$ROOT/build}"
 OUT="$ROOT/.gpu-bundle"
 
-cmake --build "$BUILD" --target kvpoold kvpool_gpu_tier_check >/dev/null
+BINARIES=(daemon/kvpoold bench/kvpool-gpu-tier-check)
+TARGETS=(kvpoold kvpool_gpu_tier_check)
+if [ -f "$BUILD/transport/nccl_link_test" ] ||
+  cmake --build "$BUILD" --target help 2>/dev/null | grep -q "nccl_link_test"; then
+  BINARIES+=(transport/nccl_link_test)
+  TARGETS+=(nccl_link_test)
+fi
+cmake --build "$BUILD" --target "${TARGETS[@]}" >/dev/null
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib"
-for b in daemon/kvpoold bench/kvpool-gpu-tier-check; do
+for b in "${BINARIES[@]}"; do
   strip -o "$OUT/bin/$(basename "$b")" "$BUILD/$b"
 done
 
 # The C runtime (glibc, libstdc++, libgcc) stays the machine's own, which must be as new as this
 # one's; so does the GPU driver's libcuda.
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so)'
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libnccl\.so)'
 missing="$(for b in "$OUT"/bin/*; do ldd "$b"; done | awk '/not found/ {print $1}' |
-  grep -v '^libcuda\.so' || true)"
+  grep -Ev '^(libcuda|libnccl)\.so' || true)"
 if [ -n "$missing" ]; then
   echo "bundle.sh: libraries not found here: $missing" >&2
   exit 1

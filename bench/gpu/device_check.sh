@@ -17,11 +17,12 @@
 #    the gpu tier, gets device to device by CUDA IPC beside cudaMemcpy D2D, gets from the host
 #    arena beside cudaMemcpy H2D from cudaMallocHost, device views borrowed, a second process
 #    reading by CUDA IPC), every block checked byte for byte.
-# 5. Prints the short tables last: paste them into docs/BENCHMARKS.md with the date and the card.
-#
-# NCCL: one GPU cannot hold two ranks of a communicator (NCCL refuses a duplicate GPU), so
-# nothing of NCCL between daemons can be checked on a one-GPU machine; kvpoold does not use
-# NCCL yet.
+# 5. Where the bundle holds nccl_link_test (transport/nccl_link.h, built with NCCL), runs it
+#    with the machine's own libnccl: a single-rank link sending blocks to itself (bytes
+#    compared), a transfer nobody completes aborted by its deadline and a new link working after
+#    it, and two ranks (on one GPU NCCL is expected to refuse them by their deadline: two ranks
+#    need two GPUs). kvpoold does not use NCCL links yet.
+# 6. Prints the short tables last: paste them into docs/BENCHMARKS.md with the date and the card.
 #
 # Usage: bench/gpu/device_check.sh [--quick] [kvpool-kernel-check flags]
 # Env:   KVPOOL_GPU_BUILD_DIR (default /tmp/kvpool-gpu-check), CUDA_ARCH (default: the card's),
@@ -66,6 +67,29 @@ else
   [ "${KVPOOL_REQUIRE_GPU_BUNDLE:-0}" = 1 ] && TIER_RC=2
 fi
 
+# The NCCL link's test, with this machine's libnccl (the bundle leaves it out: ~200 MB).
+NCCL_LOG="$BUILD/nccl_link_test.log"
+NCCL_RC=-1
+if [ -f "$BUNDLE/bin/nccl_link_test" ]; then
+  NCCL_DIR=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu \
+    $(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null); do
+    if [ -e "$d/libnccl.so.2" ]; then NCCL_DIR="$d"; break; fi
+  done
+  if [ -z "$NCCL_DIR" ]; then
+    echo "device_check: no libnccl.so.2 on this machine: the NCCL link test is skipped" | tee "$NCCL_LOG"
+  else
+    echo "device_check: nccl_link_test with $NCCL_DIR/libnccl.so.2"
+    LD_LIBRARY_PATH="$BUNDLE/lib:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 90 \
+      "$BUNDLE/bin/nccl_link_test" 2>&1 | tee "$NCCL_LOG"
+    NCCL_RC=${PIPESTATUS[0]}
+    [ "$NCCL_RC" -eq 124 ] && echo "device_check: nccl_link_test timed out after 90 s" >&2
+    [ "$NCCL_RC" -gt 1 ] && NCCL_RC=2
+  fi
+else
+  echo "device_check: no nccl_link_test in .gpu-bundle: the NCCL link test is skipped" | tee "$NCCL_LOG"
+fi
+
 if [ -z "$NVCC" ]; then
   echo "device_check: nvcc not found (PATH or /usr/local/cuda/bin)" >&2
   exit 2
@@ -103,6 +127,7 @@ timeout "$COPY_SECONDS" "$BUILD/kernels/kvpool-device-copy-check" 2>&1 | tee "$C
 COPY_RC=${PIPESTATUS[0]}
 [ "$RC" -eq 0 ] && RC=$COPY_RC
 [ "$RC" -eq 0 ] && [ "$TIER_RC" -gt 0 ] && RC=$TIER_RC
+[ "$RC" -eq 0 ] && [ "$NCCL_RC" -gt 0 ] && RC=$NCCL_RC
 
 TABLE="$BUILD/kernel_check_table.md"
 {
@@ -121,9 +146,13 @@ TABLE="$BUILD/kernel_check_table.md"
   echo
   grep '^|' "$TIER_LOG" || true
   grep '^RESULT' "$TIER_LOG" || echo "RESULT: NOT RUN or INCOMPLETE (exit $TIER_RC)"
+  echo
+  echo "NCCL link (nccl_link_test from .gpu-bundle, exit $NCCL_RC; -1: not run)"
+  echo
+  grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^one GPU:|^no libnccl|^device_check: no nccl' "$NCCL_LOG" || true
 } >"$TABLE"
 if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
-  cp "$LOG" "$COPY_LOG" "$TIER_LOG" "$TABLE" "$BUILD.build.log" "$OUT"/ 2>/dev/null || true
+  cp "$LOG" "$COPY_LOG" "$TIER_LOG" "$NCCL_LOG" "$TABLE" "$BUILD.build.log" "$OUT"/ 2>/dev/null || true
 fi
 echo "device_check: finished in $((SECONDS - START)) s, exit $RC"
 cat "$TABLE"

@@ -1,0 +1,219 @@
+#include "transport/nccl_link.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+
+namespace kvpool::transport {
+namespace {
+
+static_assert(NcclLink::kIdBytes == NCCL_UNIQUE_ID_BYTES);
+
+Status NcclStatus(ncclResult_t r, ncclComm_t comm, const std::string& what) {
+  StatusCode code = StatusCode::kInternal;
+  switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case ncclUnhandledCudaError:
+    case ncclSystemError:
+    case ncclRemoteError:
+      code = StatusCode::kUnavailable;
+      break;
+    default:
+      break;
+  }
+  std::string message = what + ": " + ncclGetErrorString(r);
+  if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0') {
+    message += std::string(" (") + last + ")";
+  }
+  return Status(code, std::move(message));
+}
+
+// Makes `device` current for a scope and restores the one before.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    if (cudaGetDevice(&before_) != cudaSuccess) before_ = -1;
+    ok_ = cudaSetDevice(device) == cudaSuccess;
+  }
+  ~CurrentDevice() {
+    if (before_ >= 0) cudaSetDevice(before_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  int before_ = -1;
+  bool ok_ = false;
+};
+
+// Waits between polls: spins briefly (a short transfer ends within microseconds), then sleeps.
+void Pause(int polls) {
+  if (polls < 1000) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+}  // namespace
+
+struct NcclLink::Comm {
+  ncclComm_t comm = nullptr;
+};
+
+NcclLink::NcclLink(std::unique_ptr<Comm> comm, int device, int ranks, int rank)
+    : comm_(std::move(comm)), device_(device), ranks_(ranks), rank_(rank) {}
+
+Result<std::string> NcclLink::NewId() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return NcclStatus(r, nullptr, "ncclGetUniqueId");
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+Result<std::unique_ptr<NcclLink>> NcclLink::Join(const std::string& id, int ranks, int rank,
+                                                 int device, Deadline deadline) {
+  if (id.size() != kIdBytes) {
+    return Status::InvalidArgument("an NCCL id is " + std::to_string(kIdBytes) + " bytes, not " +
+                                   std::to_string(id.size()));
+  }
+  if (ranks < 1 || rank < 0 || rank >= ranks) {
+    return Status::InvalidArgument("rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
+                                   " is not a rank of the communicator");
+  }
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || device < 0 || device >= count) {
+    cudaGetLastError();  // clear it for the caller's next CUDA call
+    return Status::Unavailable("no CUDA device " + std::to_string(device) + " for NCCL" +
+                               (e != cudaSuccess ? std::string(": ") + cudaGetErrorString(e)
+                                                 : " (" + std::to_string(count) + " present)"));
+  }
+  const CurrentDevice on(device);
+  if (!on.ok()) {
+    return Status::Unavailable("cannot use CUDA device " + std::to_string(device) + " for NCCL");
+  }
+  ncclUniqueId uid;
+  std::memcpy(uid.internal, id.data(), kIdBytes);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every wait below is bounded by the deadline instead
+  auto comm = std::make_unique<Comm>();
+  const ncclResult_t r = ncclCommInitRankConfig(&comm->comm, ranks, uid, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    Status st = NcclStatus(r, comm->comm, "ncclCommInitRankConfig");
+    if (comm->comm != nullptr) ncclCommAbort(comm->comm);
+    return st;
+  }
+  std::unique_ptr<NcclLink> link(new NcclLink(std::move(comm), device, ranks, rank));
+  KVPOOL_RETURN_IF_ERROR(link->WaitIdle(deadline, "joining the NCCL communicator"));
+  return link;
+}
+
+NcclLink::~NcclLink() {
+  if (comm_->comm == nullptr) return;  // aborted
+  const CurrentDevice on(device_);
+  const ncclResult_t r = ncclCommFinalize(comm_->comm);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    Break(Status::Internal("finalize failed")).IgnoreError();
+    return;
+  }
+  if (!WaitIdle(std::chrono::steady_clock::now() + std::chrono::seconds(1), "finalizing").ok()) {
+    return;  // aborted by WaitIdle
+  }
+  ncclCommDestroy(comm_->comm);
+  comm_->comm = nullptr;
+}
+
+Status NcclLink::Break(Status why) {
+  broken_ = true;
+  if (comm_->comm != nullptr) {
+    ncclCommAbort(comm_->comm);
+    comm_->comm = nullptr;
+  }
+  return why;
+}
+
+Status NcclLink::WaitIdle(Deadline deadline, const char* what) {
+  for (int polls = 0;; ++polls) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_->comm, &state);
+    if (r != ncclSuccess) return Break(NcclStatus(r, comm_->comm, what));
+    if (state == ncclSuccess) return Status::OK();
+    if (state != ncclInProgress) return Break(NcclStatus(state, comm_->comm, what));
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Break(Status::DeadlineExceeded(std::string(what) +
+                                            ": the peer did not take part in time (aborted)"));
+    }
+    Pause(polls);
+  }
+}
+
+Status NcclLink::Transfer(std::span<const Op> ops, void* stream, Deadline deadline) {
+  if (broken_) {
+    return Status::FailedPrecondition("this NCCL link failed earlier: join a new one");
+  }
+  for (const Op& op : ops) {
+    if (op.peer < 0 || op.peer >= ranks_ || (op.data == nullptr && op.bytes > 0)) {
+      return Status::InvalidArgument("an NCCL operation names rank " + std::to_string(op.peer) +
+                                     " of " + std::to_string(ranks_) + " or no memory");
+    }
+  }
+  if (ops.empty()) return Status::OK();
+  const CurrentDevice on(device_);
+  if (!on.ok()) return Break(Status::Unavailable("cannot use CUDA device for NCCL"));
+  auto* s = static_cast<cudaStream_t>(stream);
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return Break(NcclStatus(r, comm_->comm, "ncclGroupStart"));
+  for (const Op& op : ops) {
+    r = op.send ? ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm_->comm, s)
+                : ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm_->comm, s);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      ncclGroupEnd();
+      return Break(NcclStatus(r, comm_->comm, op.send ? "ncclSend" : "ncclRecv"));
+    }
+  }
+  r = ncclGroupEnd();
+  if (r != ncclSuccess && r != ncclInProgress) {
+    return Break(NcclStatus(r, comm_->comm, "ncclGroupEnd"));
+  }
+  KVPOOL_RETURN_IF_ERROR(WaitIdle(deadline, "posting NCCL sends and receives"));
+  // Posted on the stream: wait for it there, watching the communicator for a failed peer.
+  cudaEvent_t done = nullptr;
+  if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(done, s) != cudaSuccess) {
+    if (done != nullptr) cudaEventDestroy(done);
+    return Break(Status::Internal(std::string("recording a CUDA event after NCCL: ") +
+                                  cudaGetErrorString(cudaGetLastError())));
+  }
+  Status st;
+  for (int polls = 0;; ++polls) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) {
+      st = Break(Status::Internal(std::string("waiting for NCCL on its stream: ") +
+                                  cudaGetErrorString(q)));
+      break;
+    }
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_->comm, &state);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      st = Break(NcclStatus(state, comm_->comm, "NCCL transfer"));
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      st = Break(Status::DeadlineExceeded(
+          "NCCL transfer not finished by its deadline: a peer is gone or not receiving "
+          "(aborted)"));
+      break;
+    }
+    Pause(polls);
+  }
+  cudaEventDestroy(done);
+  return st;
+}
+
+}  // namespace kvpool::transport
