@@ -507,7 +507,8 @@ TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
 // kvpoold reads what a socket holds at once and parses the frames out of it. Frames sent back to
 // back in one write are each answered, in order: hundreds without a reply (RELEASE), then a
 // request; a commit whose payload arrived in the same read as its header and the next request;
-// and a frame that trickles in a byte at a time.
+// one whose payload is larger than the read-ahead; one of an unknown reservation, whose payload
+// is dropped; and a frame that trickles in a byte at a time.
 TEST(RobustnessTest, FramesSentBackToBackAreEachAnsweredInOrder) {
   DaemonProcess d;
   ASSERT_OK(d.Start());
@@ -563,6 +564,51 @@ TEST(RobustnessTest, FramesSentBackToBackAreEachAnsweredInOrder) {
   ASSERT_TRUE(lr.ParseFromString(body));
   EXPECT_EQ(lr.hit_blocks(), 1u);
 
+  // A payload larger than the read-ahead: part of it read ahead, the rest read into its slot.
+  const std::vector<uint8_t> big = BlockBytes(12, 200 * 1024);
+  BlockKey big_key;
+  big_key.bytes[7] = 12;
+  it->set_key(std::string(big_key.AsStringView()));
+  it->set_size(big.size());
+  it->set_checksum(BlockChecksum(big.data(), big.size()));
+  f = Frame(wire::PUT_RESERVE, req, 0, 12);
+  ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+  ASSERT_EQ(ReadResponse(fd, &body).type, wire::PUT_RESERVE);
+  ASSERT_TRUE(rr.ParseFromString(body));
+  ASSERT_EQ(rr.reservations(0).state(), wire::RESERVED);
+  commit.set_reservation_ids(0, rr.reservations(0).reservation_id());
+  commit.set_sizes(0, big.size());
+  burst = Frame(wire::PUT_COMMIT, commit, static_cast<uint32_t>(big.size()), 13);
+  burst.append(reinterpret_cast<const char*>(big.data()), big.size());
+  // Then a commit of a reservation that does not exist: its payload is read and dropped.
+  wire::PutCommitRequest unknown;
+  unknown.add_reservation_ids(987654321);
+  unknown.add_sizes(5000);
+  burst += Frame(wire::PUT_COMMIT, unknown, 5000, 14) + std::string(5000, 'z');
+  wire::LookupRequest both;
+  both.add_keys(std::string(key.AsStringView()));
+  both.add_keys(std::string(big_key.AsStringView()));
+  both.set_each_key(true);
+  burst += Frame(wire::LOOKUP, both, 0, 15);
+  ASSERT_TRUE(SendAll(fd, burst.data(), burst.size()));
+  r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::PUT_COMMIT) << d.log();
+  EXPECT_EQ(r.request_id, 13u);
+  ASSERT_TRUE(cr.ParseFromString(body));
+  ASSERT_EQ(cr.results_size(), 1);
+  EXPECT_EQ(cr.results(0).code(), 0) << cr.results(0).message();
+  r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::PUT_COMMIT) << d.log();
+  EXPECT_EQ(r.request_id, 14u);
+  ASSERT_TRUE(cr.ParseFromString(body));
+  EXPECT_TRUE(cr.status().code() != 0 || (cr.results_size() == 1 && cr.results(0).code() != 0))
+      << "a commit of an unknown reservation succeeded";
+  r = ReadResponse(fd, &body);
+  ASSERT_EQ(r.type, wire::LOOKUP) << d.log();
+  EXPECT_EQ(r.request_id, 15u);
+  ASSERT_TRUE(lr.ParseFromString(body));
+  EXPECT_EQ(lr.hit_blocks(), 2u);
+
   f = Frame(wire::LOOKUP, lookup, 0, 11);
   for (char c : f) {
     ASSERT_TRUE(SendAll(fd, &c, 1));
@@ -575,11 +621,15 @@ TEST(RobustnessTest, FramesSentBackToBackAreEachAnsweredInOrder) {
 
   auto c = d.Connect();
   std::vector<uint8_t> got(bytes.size());
-  const MutableBuffer buf{got.data(), got.size()};
-  auto g = c->Get(std::span(&key, 1), std::span(&buf, 1));
+  std::vector<uint8_t> got_big(big.size());
+  const BlockKey keys[] = {key, big_key};
+  const MutableBuffer bufs[] = {{got.data(), got.size()}, {got_big.data(), got_big.size()}};
+  auto g = c->Get(keys, bufs);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   ASSERT_OK((*g)[0].status);
+  ASSERT_OK((*g)[1].status);
   EXPECT_EQ(got, bytes);
+  EXPECT_EQ(got_big, big);
 }
 
 // The client of the test below, run in a child process: a raw TCP connection whose hello offers

@@ -50,7 +50,9 @@ class ControlChannel {
   Status Discard(size_t n, Deadline deadline);
 
   // File descriptors that arrived with received bytes (SCM_RIGHTS, Unix sockets), in order; the
-  // caller owns them.
+  // caller owns them. With the read-ahead, descriptors sent with the next frame may arrive with
+  // the end of this one: callers take them per exchange, which is right only while a client
+  // never has two answers carrying descriptors on their way at once (none does).
   std::vector<int> TakeReceivedFds();
 
   // Before blocking for an answer, poll the socket without sleeping for up to `window`: a
