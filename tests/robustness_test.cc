@@ -108,6 +108,36 @@ int RawHello(const std::string& socket, const std::string& ns) {
   return fd;
 }
 
+// Reserves `bytes` under `key` on raw connection `fd` (request `request_id`): the reservation's
+// id, or 0 when the daemon did not reserve it.
+uint64_t RawReserve(int fd, const BlockKey& key, const std::vector<uint8_t>& bytes,
+                    uint64_t request_id) {
+  wire::PutReserveRequest req;
+  wire::PutItem* it = req.add_items();
+  it->set_key(std::string(key.AsStringView()));
+  it->set_size(bytes.size());
+  it->set_checksum(BlockChecksum(bytes.data(), bytes.size()));
+  const std::string f = Frame(wire::PUT_RESERVE, req, 0, request_id);
+  std::string body;
+  if (!SendAll(fd, f.data(), f.size()) || ReadResponse(fd, &body).type != wire::PUT_RESERVE) {
+    return 0;
+  }
+  wire::PutReserveResponse rr;
+  if (!rr.ParseFromString(body) || rr.reservations_size() != 1 ||
+      rr.reservations(0).state() != wire::RESERVED) {
+    return 0;
+  }
+  return rr.reservations(0).reservation_id();
+}
+
+// A PUT_COMMIT frame of one reservation, whose `size` payload bytes the caller sends after it.
+std::string CommitFrame(uint64_t reservation, uint64_t size, uint64_t request_id) {
+  wire::PutCommitRequest commit;
+  commit.add_reservation_ids(reservation);
+  commit.add_sizes(size);
+  return Frame(wire::PUT_COMMIT, commit, static_cast<uint32_t>(size), request_id);
+}
+
 // True when the daemon closed `fd` (read returns 0 or an error) within 5 s.
 bool ClosedByDaemon(int fd) {
   char c;
@@ -473,21 +503,9 @@ TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
   const std::vector<uint8_t> bytes = BlockBytes(9, 5000);
   BlockKey key;
   key.bytes[5] = 9;
-  wire::PutReserveRequest req;
-  wire::PutItem* it = req.add_items();
-  it->set_key(std::string(key.AsStringView()));
-  it->set_size(bytes.size());
-  it->set_checksum(BlockChecksum(bytes.data(), bytes.size()));
-  std::string f = Frame(wire::PUT_RESERVE, req, 0, 2);
-  SendAll(fd, f.data(), f.size());
-  ReadResponse(fd, &body);
-  wire::PutReserveResponse rr;
-  ASSERT_TRUE(rr.ParseFromString(body));
-  ASSERT_EQ(rr.reservations(0).state(), wire::RESERVED);
-  wire::PutCommitRequest commit;
-  commit.add_reservation_ids(rr.reservations(0).reservation_id());
-  commit.add_sizes(bytes.size());
-  f = Frame(wire::PUT_COMMIT, commit, static_cast<uint32_t>(bytes.size()), 3);
+  const uint64_t reservation = RawReserve(fd, key, bytes, 2);
+  ASSERT_NE(reservation, 0u);
+  const std::string f = CommitFrame(reservation, bytes.size(), 3);
   std::vector<uint8_t> damaged = bytes;
   damaged[100] ^= 1;
   SendAll(fd, f.data(), f.size());
@@ -534,21 +552,9 @@ TEST(RobustnessTest, FramesSentBackToBackAreEachAnsweredInOrder) {
   ASSERT_TRUE(lr.ParseFromString(body));
   EXPECT_EQ(lr.hit_blocks(), 0u);
 
-  wire::PutReserveRequest req;
-  wire::PutItem* it = req.add_items();
-  it->set_key(std::string(key.AsStringView()));
-  it->set_size(bytes.size());
-  it->set_checksum(BlockChecksum(bytes.data(), bytes.size()));
-  std::string f = Frame(wire::PUT_RESERVE, req, 0, 8);
-  ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
-  ASSERT_EQ(ReadResponse(fd, &body).type, wire::PUT_RESERVE);
-  wire::PutReserveResponse rr;
-  ASSERT_TRUE(rr.ParseFromString(body));
-  ASSERT_EQ(rr.reservations(0).state(), wire::RESERVED);
-  wire::PutCommitRequest commit;
-  commit.add_reservation_ids(rr.reservations(0).reservation_id());
-  commit.add_sizes(bytes.size());
-  burst = Frame(wire::PUT_COMMIT, commit, static_cast<uint32_t>(bytes.size()), 9);
+  const uint64_t reservation = RawReserve(fd, key, bytes, 8);
+  ASSERT_NE(reservation, 0u);
+  burst = CommitFrame(reservation, bytes.size(), 9);
   burst.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   burst += Frame(wire::LOOKUP, lookup, 0, 10);
   ASSERT_TRUE(SendAll(fd, burst.data(), burst.size()));
@@ -568,23 +574,12 @@ TEST(RobustnessTest, FramesSentBackToBackAreEachAnsweredInOrder) {
   const std::vector<uint8_t> big = BlockBytes(12, 200 * 1024);
   BlockKey big_key;
   big_key.bytes[7] = 12;
-  it->set_key(std::string(big_key.AsStringView()));
-  it->set_size(big.size());
-  it->set_checksum(BlockChecksum(big.data(), big.size()));
-  f = Frame(wire::PUT_RESERVE, req, 0, 12);
-  ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
-  ASSERT_EQ(ReadResponse(fd, &body).type, wire::PUT_RESERVE);
-  ASSERT_TRUE(rr.ParseFromString(body));
-  ASSERT_EQ(rr.reservations(0).state(), wire::RESERVED);
-  commit.set_reservation_ids(0, rr.reservations(0).reservation_id());
-  commit.set_sizes(0, big.size());
-  burst = Frame(wire::PUT_COMMIT, commit, static_cast<uint32_t>(big.size()), 13);
+  const uint64_t big_reservation = RawReserve(fd, big_key, big, 12);
+  ASSERT_NE(big_reservation, 0u);
+  burst = CommitFrame(big_reservation, big.size(), 13);
   burst.append(reinterpret_cast<const char*>(big.data()), big.size());
   // Then a commit of a reservation that does not exist: its payload is read and dropped.
-  wire::PutCommitRequest unknown;
-  unknown.add_reservation_ids(987654321);
-  unknown.add_sizes(5000);
-  burst += Frame(wire::PUT_COMMIT, unknown, 5000, 14) + std::string(5000, 'z');
+  burst += CommitFrame(987654321, 5000, 14) + std::string(5000, 'z');
   wire::LookupRequest both;
   both.add_keys(std::string(key.AsStringView()));
   both.add_keys(std::string(big_key.AsStringView()));
@@ -609,7 +604,7 @@ TEST(RobustnessTest, FramesSentBackToBackAreEachAnsweredInOrder) {
   ASSERT_TRUE(lr.ParseFromString(body));
   EXPECT_EQ(lr.hit_blocks(), 2u);
 
-  f = Frame(wire::LOOKUP, lookup, 0, 11);
+  const std::string f = Frame(wire::LOOKUP, lookup, 0, 11);
   for (char c : f) {
     ASSERT_TRUE(SendAll(fd, &c, 1));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <thread>
 
+#include "kernels/cuda_check.h"
+
 namespace kvpool::transport {
 namespace {
 
@@ -32,23 +34,6 @@ Status NcclStatus(ncclResult_t r, ncclComm_t comm, const std::string& what) {
   }
   return Status(code, std::move(message));
 }
-
-// Makes `device` current for a scope and restores the one before.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device) {
-    if (cudaGetDevice(&before_) != cudaSuccess) before_ = -1;
-    ok_ = cudaSetDevice(device) == cudaSuccess;
-  }
-  ~CurrentDevice() {
-    if (before_ >= 0) cudaSetDevice(before_);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  int before_ = -1;
-  bool ok_ = false;
-};
 
 // Waits between polls: spins briefly (a short transfer ends within microseconds), then sleeps.
 void Pause(int polls) {
@@ -93,7 +78,7 @@ Result<std::unique_ptr<NcclLink>> NcclLink::Join(const std::string& id, int rank
                                (e != cudaSuccess ? std::string(": ") + cudaGetErrorString(e)
                                                  : " (" + std::to_string(count) + " present)"));
   }
-  const CurrentDevice on(device);
+  const kernels::ScopedDevice on(device);
   if (!on.ok()) {
     return Status::Unavailable("cannot use CUDA device " + std::to_string(device) + " for NCCL");
   }
@@ -115,7 +100,7 @@ Result<std::unique_ptr<NcclLink>> NcclLink::Join(const std::string& id, int rank
 
 NcclLink::~NcclLink() {
   if (comm_->comm == nullptr) return;  // aborted
-  const CurrentDevice on(device_);
+  const kernels::ScopedDevice on(device_);
   const ncclResult_t r = ncclCommFinalize(comm_->comm);
   if (r != ncclSuccess && r != ncclInProgress) {
     Break(Status::Internal("finalize failed")).IgnoreError();
@@ -163,7 +148,7 @@ Status NcclLink::Transfer(std::span<const Op> ops, void* stream, Deadline deadli
     }
   }
   if (ops.empty()) return Status::OK();
-  const CurrentDevice on(device_);
+  const kernels::ScopedDevice on(device_);
   if (!on.ok()) return Break(Status::Unavailable("cannot use CUDA device for NCCL"));
   auto* s = static_cast<cudaStream_t>(stream);
   ncclResult_t r = ncclGroupStart();

@@ -57,6 +57,18 @@ struct DeviceBuffer {
   size_t size;
 };
 
+// A single-rank link on device 0 (the test fails when it cannot be made).
+std::unique_ptr<NcclLink> JoinAlone() {
+  Result<std::string> id = NcclLink::NewId();
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  if (!id.ok()) return nullptr;
+  Result<std::unique_ptr<NcclLink>> link =
+      NcclLink::Join(*id, 1, 0, 0, steady_clock::now() + std::chrono::seconds(30));
+  EXPECT_TRUE(link.ok()) << link.status().ToString();
+  if (!link.ok()) return nullptr;
+  return std::move(*link);
+}
+
 TEST(NcclLinkTest, IdsAreFreshAndOfNcclSize) {
   Result<std::string> a = NcclLink::NewId();
   Result<std::string> b = NcclLink::NewId();
@@ -90,11 +102,8 @@ TEST(NcclLinkTest, WithoutAGpuJoiningFailsAtOnce) {
 
 TEST(NcclLinkTest, ASingleRankLinkSendsToItself) {
   if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  Result<std::string> id = NcclLink::NewId();
-  ASSERT_TRUE(id.ok());
-  Result<std::unique_ptr<NcclLink>> link =
-      NcclLink::Join(*id, 1, 0, 0, steady_clock::now() + std::chrono::seconds(30));
-  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  std::unique_ptr<NcclLink> link = JoinAlone();
+  ASSERT_NE(link, nullptr);
   const std::vector<size_t> sizes = {1, 4096 + 3, 1 << 20, 4 << 20};
   std::vector<std::vector<uint8_t>> want;
   std::vector<std::unique_ptr<DeviceBuffer>> src, dst;
@@ -108,7 +117,7 @@ TEST(NcclLinkTest, ASingleRankLinkSendsToItself) {
   }
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  Status st = (*link)->Transfer(ops, stream, steady_clock::now() + std::chrono::seconds(30));
+  Status st = link->Transfer(ops, stream, steady_clock::now() + std::chrono::seconds(30));
   ASSERT_TRUE(st.ok()) << st.ToString();
   for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(dst[i]->Read(), want[i]) << "block " << i;
   cudaStreamDestroy(stream);
@@ -116,31 +125,25 @@ TEST(NcclLinkTest, ASingleRankLinkSendsToItself) {
 
 TEST(NcclLinkTest, ATransferNobodyCompletesIsAbortedAndANewLinkWorks) {
   if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  Result<std::string> id = NcclLink::NewId();
-  ASSERT_TRUE(id.ok());
-  Result<std::unique_ptr<NcclLink>> link =
-      NcclLink::Join(*id, 1, 0, 0, steady_clock::now() + std::chrono::seconds(30));
-  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  std::unique_ptr<NcclLink> link = JoinAlone();
+  ASSERT_NE(link, nullptr);
   DeviceBuffer dst(0, 1 << 20);
   const NcclLink::Op recv{false, 0, dst.data, dst.size};  // no matching send
-  Status st = (*link)->Transfer(std::span(&recv, 1), nullptr,
-                                steady_clock::now() + std::chrono::milliseconds(500));
+  Status st = link->Transfer(std::span(&recv, 1), nullptr,
+                             steady_clock::now() + std::chrono::milliseconds(500));
   EXPECT_FALSE(st.ok());
-  EXPECT_TRUE((*link)->broken()) << st.ToString();
-  EXPECT_EQ((*link)->Transfer(std::span(&recv, 1), nullptr, steady_clock::now()).code(),
+  EXPECT_TRUE(link->broken()) << st.ToString();
+  EXPECT_EQ(link->Transfer(std::span(&recv, 1), nullptr, steady_clock::now()).code(),
             StatusCode::kFailedPrecondition);
-  link->reset();
+  link.reset();
 
-  Result<std::string> id2 = NcclLink::NewId();
-  ASSERT_TRUE(id2.ok());
-  Result<std::unique_ptr<NcclLink>> again =
-      NcclLink::Join(*id2, 1, 0, 0, steady_clock::now() + std::chrono::seconds(30));
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  std::unique_ptr<NcclLink> again = JoinAlone();
+  ASSERT_NE(again, nullptr);
   const std::vector<uint8_t> bytes = Pattern(65536, 9);
   DeviceBuffer src(0, bytes.size(), bytes);
   DeviceBuffer out(0, bytes.size());
   const NcclLink::Op ops[] = {{true, 0, src.data, src.size}, {false, 0, out.data, out.size}};
-  st = (*again)->Transfer(ops, nullptr, steady_clock::now() + std::chrono::seconds(30));
+  st = again->Transfer(ops, nullptr, steady_clock::now() + std::chrono::seconds(30));
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(out.Read(), bytes);
 }
