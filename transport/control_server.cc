@@ -82,11 +82,12 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   bool handshaking_ = false;    // strand: a TLS handshake is under way
   std::unique_ptr<ConnectionState> state_;
   static constexpr size_t kReadAhead = 16 * 1024;
+  static constexpr size_t kHelloReadAhead = 1024;  // before the hello admits the connection
   size_t Buffered() const { return in_end_ - in_pos_; }
   // Copies up to `n` buffered bytes to `dst` (null: drops them); how many.
   size_t TakeBuffered(uint8_t* dst, size_t n);
 
-  std::vector<uint8_t> in_;  // kReadAhead bytes once the first read needs them
+  std::vector<uint8_t> in_;  // kHelloReadAhead bytes at the first read, kReadAhead once admitted
   size_t in_pos_ = 0;        // in_[in_pos_, in_end_) is received and not yet taken
   size_t in_end_ = 0;
   uint8_t header_bytes_[kFrameHeaderBytes];
@@ -347,12 +348,15 @@ size_t Connection<Stream>::TakeBuffered(uint8_t* dst, size_t n) {
 
 template <typename Stream>
 void Connection<Stream>::ReadMore() {
-  if (in_.empty()) in_.resize(kReadAhead);
   if (in_pos_ > 0) {  // keep the partial header at the front
     std::memmove(in_.data(), in_.data() + in_pos_, Buffered());
     in_end_ -= in_pos_;
     in_pos_ = 0;
   }
+  // A connection not admitted yet holds a small buffer (its hello may take a few reads).
+  if (!admitted_) admitted_ = server_.handler().Admitted(*state_);
+  const size_t want = admitted_ ? kReadAhead : kHelloReadAhead;
+  if (in_.size() < want) in_.resize(want);
   auto self = this->shared_from_this();
   socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
                           asio::bind_executor(strand_, [self](error_code ec, size_t n) {
