@@ -62,6 +62,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   void OnBody();  // the body is whole: the payload, or Dispatch
   void ReadPayload(size_t sink_index, uint64_t done);
   void Dispatch();
+  // Whether the handler admitted this connection, asking it until it has (strand only).
+  bool Admitted();
   void Write(Response response);
   void SendWithFds(std::shared_ptr<Response> held, std::vector<asio::const_buffer> bufs);
   void ArmTimer(const char* what);
@@ -93,7 +95,6 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   uint8_t header_bytes_[kFrameHeaderBytes];
   FrameHeader header_;
   std::string body_;
-  size_t body_got_ = 0;  // bytes of body_ received
   std::vector<PayloadSink> sinks_;
   std::vector<uint8_t> scratch_;
   uint8_t out_header_[kFrameHeaderBytes];
@@ -277,8 +278,7 @@ void Connection<Stream>::ArmHelloTimer(std::chrono::milliseconds after) {
       self->ArmHelloTimer(std::chrono::milliseconds(100));
       return;
     }
-    self->admitted_ = self->server_.handler().Admitted(*self->state_);
-    if (!self->admitted_) self->Close("not admitted within the hello timeout");
+    if (!self->Admitted()) self->Close("not admitted within the hello timeout");
   }));
 }
 
@@ -354,8 +354,7 @@ void Connection<Stream>::ReadMore() {
     in_pos_ = 0;
   }
   // A connection not admitted yet holds a small buffer (its hello may take a few reads).
-  if (!admitted_) admitted_ = server_.handler().Admitted(*state_);
-  const size_t want = admitted_ ? kReadAhead : kHelloReadAhead;
+  const size_t want = Admitted() ? kReadAhead : kHelloReadAhead;
   if (in_.size() < want) in_.resize(want);
   auto self = this->shared_from_this();
   socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
@@ -390,9 +389,8 @@ void Connection<Stream>::ReadHeader() {
     Close("protocol error: a client sent a response frame");
     return;
   }
-  if (!admitted_) admitted_ = server_.handler().Admitted(*state_);
   const uint32_t hello_max = server_.options().max_hello_body_bytes;
-  if (!admitted_ && (h->body_bytes > hello_max || h->payload_bytes > 0)) {
+  if (!Admitted() && (h->body_bytes > hello_max || h->payload_bytes > 0)) {
     Close("protocol error: before its hello a connection may send " + std::to_string(hello_max) +
           " body bytes and no payload in a frame");
     return;
@@ -400,26 +398,23 @@ void Connection<Stream>::ReadHeader() {
   header_ = *h;
   ArmTimer("frame not completed within the frame timeout");
   body_.resize(header_.body_bytes);
-  body_got_ = 0;
   ReadBody();
 }
 
 template <typename Stream>
 void Connection<Stream>::ReadBody() {
-  body_got_ +=
-      TakeBuffered(reinterpret_cast<uint8_t*>(body_.data()) + body_got_, body_.size() - body_got_);
-  if (body_got_ == body_.size()) {
+  const size_t got = TakeBuffered(reinterpret_cast<uint8_t*>(body_.data()), body_.size());
+  if (got == body_.size()) {
     OnBody();
     return;
   }
   auto self = this->shared_from_this();  // nothing is buffered now: the rest straight into body_
-  asio::async_read(socket_, asio::buffer(body_.data() + body_got_, body_.size() - body_got_),
+  asio::async_read(socket_, asio::buffer(body_.data() + got, body_.size() - got),
                    asio::bind_executor(strand_, [self](error_code ec, size_t) {
                      if (ec) {
                        self->Close("truncated frame body: " + ec.message());
                        return;
                      }
-                     self->body_got_ = self->body_.size();
                      self->OnBody();
                    }));
 }
@@ -510,6 +505,12 @@ void Connection<Stream>::Dispatch() {
     Response r = self->server_.handler().Handle(*self->state_, self->header_, self->body_);
     asio::post(self->strand_, [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
   });
+}
+
+template <typename Stream>
+bool Connection<Stream>::Admitted() {
+  if (!admitted_) admitted_ = server_.handler().Admitted(*state_);
+  return admitted_;
 }
 
 template <typename Stream>
