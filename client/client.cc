@@ -898,9 +898,11 @@ class Client::Impl {
   }
 
   // `device`: the engine for the blocks in device memory (nullptr when there are none).
-  // `daemon_gpu` >= 0: the daemon places what it commits in that gpu tier (shared memory only).
+  // `daemon_gpu` >= 0: the daemon places what it commits in that gpu tier (shared memory only);
+  // with device blocks, it gives slots there where it has room, which this process writes
+  // through its mapping on `local_gpu` (its ordinal of that GPU) device to device.
   Result<PutResult> Put(std::span<const PutBlock> blocks, kernels::DeviceCopyEngine* device,
-                        void* stream, int daemon_gpu = -1) {
+                        void* stream, int daemon_gpu = -1, int local_gpu = -1) {
     if (device != nullptr && !server_.shared_memory) {
       // Only the shared-memory path copies device memory into its slot directly.
       std::vector<std::vector<uint8_t>> storage;
@@ -910,6 +912,12 @@ class Client::Impl {
     }
     PutResult result;
     result.errors.assign(blocks.size(), Status::OK());
+    // Slots in the daemon's gpu tier: for device blocks, where this process can map that tier.
+    // A block whose caller gave its xxh3 goes through host, where it is checked before commit.
+    const bool gpu_slots = device != nullptr && daemon_gpu >= 0 && local_gpu >= 0 &&
+                           server_.shared_memory && !gpu_import_failed_ &&
+                           std::none_of(blocks.begin(), blocks.end(),
+                                        [](const PutBlock& b) { return b.checksum.has_value(); });
     std::vector<uint64_t> checksums(blocks.size());
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (blocks[i].size == 0 || blocks[i].data == nullptr) {
@@ -947,6 +955,10 @@ class Client::Impl {
       }
       if (asked.empty()) continue;
       req.set_in_place(server_.shared_memory);
+      if (gpu_slots) {
+        req.set_to_gpu(true);
+        req.set_gpu_device(daemon_gpu);
+      }
       wire::PutReserveResponse resp;
       KVPOOL_RETURN_IF_ERROR(connection_.Simple(wire::PUT_RESERVE, req, &resp));
       if (resp.reservations_size() != static_cast<int>(asked.size())) {
@@ -954,10 +966,17 @@ class Client::Impl {
       }
       std::vector<std::pair<size_t, uint64_t>> reserved;  // block index, reservation id
       std::vector<wire::SegmentSlot> slots;
+      std::vector<std::pair<size_t, uint64_t>> reserved_gpu;  // the same, slots in gpu
+      std::vector<wire::SegmentSlot> gpu_slots_given;
       for (size_t j = 0; j < asked.size(); ++j) {
         const wire::Reservation& r = resp.reservations(static_cast<int>(j));
         switch (r.state()) {
           case wire::RESERVED:
+            if (r.slot().gpu()) {
+              reserved_gpu.emplace_back(asked[j], r.reservation_id());
+              gpu_slots_given.push_back(r.slot());
+              break;
+            }
             reserved.emplace_back(asked[j], r.reservation_id());
             slots.push_back(r.slot());
             break;
@@ -970,6 +989,11 @@ class Client::Impl {
           default:
             result.errors[asked[j]] = Status(static_cast<StatusCode>(r.code()), r.message());
         }
+      }
+      if (!reserved_gpu.empty()) {
+        if (!gpu_slots) return Status::Internal("kvpoold gave gpu slots to a put that asked none");
+        KVPOOL_RETURN_IF_ERROR(CommitIntoGpu(blocks, reserved_gpu, gpu_slots_given, result, *device,
+                                             stream, local_gpu));
       }
       if (server_.shared_memory && !reserved.empty()) {
         KVPOOL_RETURN_IF_ERROR(
@@ -1077,6 +1101,81 @@ class Client::Impl {
         }
         const PutBlock& b = blocks[reserved[k].first];
         add(k, BlockChecksum(mappings_.WriteBase(slots[k].segment()) + slots[k].offset(), b.size));
+      }
+    }
+    if (abort.reservation_ids_size() > 0) {
+      wire::PutAbortResponse aresp;
+      KVPOOL_RETURN_IF_ERROR(connection_.Simple(wire::PUT_ABORT, abort, &aresp));
+    }
+    if (in_frame.empty()) return Status::OK();
+    wire::PutCommitResponse cresp;
+    KVPOOL_RETURN_IF_ERROR(
+        connection_.ExchangeOnce(wire::PUT_COMMIT, commit, {}, &cresp, connection_.NewDeadline()));
+    return TallyCommit(cresp, in_frame, result);
+  }
+
+  // Writes reserved blocks into their slots of the daemon's gpu tier (mapped on `local_gpu`),
+  // device to device (host to device for a block in host memory), on `stream`; then checks what
+  // landed there on the GPU (one kernel) and commits each with that device checksum, which the
+  // daemon checks again on its side before it makes the block's host copy itself.
+  Status CommitIntoGpu(std::span<const PutBlock> blocks,
+                       const std::vector<std::pair<size_t, uint64_t>>& reserved,
+                       const std::vector<wire::SegmentSlot>& slots, PutResult& result,
+                       kernels::DeviceCopyEngine& device, void* stream, int local_gpu) {
+    const Deadline deadline = connection_.NewDeadline();
+    wire::PutCommitRequest commit;
+    commit.set_in_place(true);
+    wire::PutAbortRequest abort;
+    std::vector<size_t> in_frame;
+    const auto fail = [&](size_t k, Status why) {
+      result.errors[reserved[k].first] = std::move(why);
+      abort.add_reservation_ids(reserved[k].second);
+    };
+    std::vector<size_t> queued;  // indices into `reserved`
+    std::vector<kernels::ByteRange> written;
+    std::vector<std::shared_ptr<kernels::ImportedSegment>> holds;
+    for (size_t k = 0; k < reserved.size(); ++k) {
+      const PutBlock& b = blocks[reserved[k].first];
+      const wire::SegmentSlot& s = slots[k];
+      if (s.offset() + b.size > GpuSegmentBytes(s.gpu_device())) {
+        fail(k, Status::Internal("reserved gpu slot outside its segment"));
+        continue;
+      }
+      Result<std::shared_ptr<kernels::ImportedSegment>> seg =
+          GpuSegment(s.gpu_device(), local_gpu, s.segment(), s.generation(), deadline);
+      if (!seg.ok()) {
+        fail(k, seg.status());
+        continue;
+      }
+      uint8_t* slot = (*seg)->data() + s.offset();
+      Status st =
+          device.CopyAsync(slot, b.data, b.size,
+                           b.memory == Memory::kCuda ? kernels::CopyDirection::kDeviceToDevice
+                                                     : kernels::CopyDirection::kHostToDevice,
+                           stream);
+      if (!st.ok()) {
+        fail(k, std::move(st));
+        continue;
+      }
+      queued.push_back(k);
+      written.push_back({slot, b.size});
+      holds.push_back(*std::move(seg));
+    }
+    if (!queued.empty()) {
+      Status done = device.Wait(stream);
+      Result<std::vector<uint64_t>> dsums =
+          done.ok() ? device.DeviceChecksums(written.data(), written.size(), stream)
+                    : Result<std::vector<uint64_t>>(done.WithContext("copying into the gpu tier"));
+      for (size_t j = 0; j < queued.size(); ++j) {
+        const size_t k = queued[j];
+        if (!dsums.ok()) {
+          fail(k, dsums.status());
+          continue;
+        }
+        commit.add_reservation_ids(reserved[k].second);
+        commit.add_sizes(blocks[reserved[k].first].size);
+        commit.add_device_checksums((*dsums)[j]);
+        in_frame.push_back(reserved[k].first);
       }
     }
     if (abort.reservation_ids_size() > 0) {
@@ -1472,7 +1571,7 @@ Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions
     if (options.gpu_device >= 0) {
       KVPOOL_ASSIGN_OR_RETURN(daemon_gpu, impl_->DaemonGpuOf(options.gpu_device));
     }
-    return impl_->Put(blocks, device, options.cuda_stream, daemon_gpu);
+    return impl_->Put(blocks, device, options.cuda_stream, daemon_gpu, options.gpu_device);
   });
 }
 

@@ -345,12 +345,20 @@ std::optional<Response> BlockHandlers::ReserveBlocks(Connection& c, std::string_
   PathAsk ask;
   ask.in_place = req.in_place();
   if (st.ok()) st = c.delivery->Check(ask);
+  if (st.ok() && req.to_gpu() && !req.in_place()) {
+    st = Status::InvalidArgument(
+        "PUT_RESERVE to_gpu needs in_place (gpu slots are written "
+        "through the shared-memory path only)");
+  }
   if (!st.ok()) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::PUT_RESERVE, resp, st);
   }
   std::vector<tiers::ReserveOutcome> outcomes;
-  if (inline_only) {
+  if (req.to_gpu()) {
+    if (inline_only) return std::nullopt;  // gpu slots: a worker's to make
+    outcomes = tiers_.Reserve(c.ns, c.owner, items, /*may_wait=*/true, req.gpu_device());
+  } else if (inline_only) {
     std::optional<std::vector<tiers::ReserveOutcome>> now = tiers_.TryReserve(c.ns, c.owner, items);
     if (!now) return std::nullopt;  // room needs a disk write or a wait: a worker's to make
     outcomes = std::move(*now);
@@ -364,7 +372,11 @@ std::optional<Response> BlockHandlers::ReserveBlocks(Connection& c, std::string_
       case tiers::ReserveState::kReserved:
         out->set_state(wire::RESERVED);
         out->set_reservation_id(o.reservation_id);
-        c.delivery->DescribeSlot(ask, o.arena_offset, out);
+        if (o.gpu_device >= 0) {
+          DescribeGpuSlot(c.owner, o, out);
+        } else {
+          c.delivery->DescribeSlot(ask, o.arena_offset, out);
+        }
         break;
       case tiers::ReserveState::kPresent:
         out->set_state(wire::PRESENT);
@@ -458,6 +470,15 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
       }
       commit.checksums.assign(req.checksums().begin(), req.checksums().end());
     }
+    if (req.device_checksums_size() > 0) {
+      if (!req.in_place() || req.device_checksums_size() != n || req.checksums_size() > 0) {
+        commit.Clear();
+        return Reply(wire::PUT_COMMIT, resp,
+                     Status::InvalidArgument(
+                         "device checksums need in_place, one per block and no checksums"));
+      }
+      commit.device_checksums.assign(req.device_checksums().begin(), req.device_checksums().end());
+    }
     for (int i = 0; i < n; ++i) {
       Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, req.reservation_ids(i));
       if (!t.ok()) {
@@ -482,7 +503,9 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
       const uint64_t size = t.ok() ? t->size : 0;
       st = tiers_.Commit(
           c.owner, commit.ids[i],
-          commit.checksums.empty() ? std::nullopt : std::optional<uint64_t>(commit.checksums[i]));
+          commit.checksums.empty() ? std::nullopt : std::optional<uint64_t>(commit.checksums[i]),
+          commit.device_checksums.empty() ? std::nullopt
+                                          : std::optional<uint64_t>(commit.device_checksums[i]));
       if (st.ok()) {
         ++committed;
         bytes += size;
@@ -517,8 +540,8 @@ std::optional<Response> BlockHandlers::TryPutCommitInline(Connection& c, std::st
   wire::PutCommitRequest req;
   if (!Parse(body, &req, "PUT_COMMIT").ok()) return std::nullopt;
   const int n = req.reservation_ids_size();
-  if (!req.in_place() || req.via_ucx() || req.to_gpu() || n == 0 ||
-      n > static_cast<int>(options_.max_batch_keys) || req.sizes_size() != n ||
+  if (!req.in_place() || req.via_ucx() || req.to_gpu() || req.device_checksums_size() > 0 ||
+      n == 0 || n > static_cast<int>(options_.max_batch_keys) || req.sizes_size() != n ||
       req.checksums_size() != n) {
     return std::nullopt;
   }
@@ -545,6 +568,24 @@ std::optional<Response> BlockHandlers::TryPutCommitInline(Connection& c, std::st
   metrics_.Add(metrics_.puts_committed, committed);
   metrics_.Add(metrics_.bytes_in, bytes);
   return Reply(wire::PUT_COMMIT, resp, Status::OK());
+}
+
+void BlockHandlers::DescribeGpuSlot(uint64_t owner, const tiers::ReserveOutcome& o,
+                                    wire::Reservation* out) {
+  Result<tiers::SegmentLocation> loc = tiers_.LocateGpu(o.gpu_device, o.gpu_offset);
+  if (!loc.ok()) {  // cannot happen for a slot the tier just gave; refused if it does
+    tiers_.Abort(owner, o.reservation_id);
+    out->set_state(wire::REFUSED);
+    out->set_code(static_cast<int32_t>(StatusCode::kInternal));
+    out->set_message(loc.status().message());
+    return;
+  }
+  wire::SegmentSlot* slot = out->mutable_slot();
+  slot->set_segment(loc->segment);
+  slot->set_generation(loc->generation);
+  slot->set_offset(loc->offset);
+  slot->set_gpu(true);
+  slot->set_gpu_device(o.gpu_device);
 }
 
 Response BlockHandlers::PutAbort(Connection& c, std::string_view body) {

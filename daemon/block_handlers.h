@@ -77,6 +77,8 @@ class BlockHandlers {
   std::optional<transport::Response> GetBlocks(Connection& c, std::string_view body,
                                                bool inline_only);
   // PutReserve and TryPutReserveInline, the same way.
+  // A reservation's gpu slot, for the client that writes it (PUT_RESERVE to_gpu).
+  void DescribeGpuSlot(uint64_t owner, const tiers::ReserveOutcome& o, wire::Reservation* out);
   std::optional<transport::Response> ReserveBlocks(Connection& c, std::string_view body,
                                                    bool inline_only);
 

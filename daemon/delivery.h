@@ -51,12 +51,14 @@ struct LeaseTerms {
 // the frame) to its answer: one entry per reservation it names.
 struct PendingCommit {
   std::vector<uint64_t> ids;
-  std::vector<Status> status;       // non-OK: that block is aborted, not committed
-  std::vector<uint64_t> checksums;  // in-place commits that send their checksums late
+  std::vector<Status> status;              // non-OK: that block is aborted, not committed
+  std::vector<uint64_t> checksums;         // in-place commits that send their checksums late
+  std::vector<uint64_t> device_checksums;  // in-place commits into gpu slots
   void Clear() {
     ids.clear();
     status.clear();
     checksums.clear();
+    device_checksums.clear();
   }
 };
 

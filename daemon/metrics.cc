@@ -139,6 +139,10 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
          "GPU placement hints (puts, session loads) dropped while the GPU's copy worker was "
          "behind.");
   Value(&o, "kvpool_gpu_hints_dropped_total", static_cast<double>(t.gpu_hints_dropped));
+  Metric(&o, "kvpool_gpu_puts_total", "counter",
+         "Blocks put straight into a gpu tier from a client's device memory (device to device); "
+         "their host copies are made by the GPU's copy worker.");
+  Value(&o, "kvpool_gpu_puts_total", static_cast<double>(t.gpu_puts));
   Metric(&o, "kvpool_disk_write_errors_total", "counter", "Failed RocksDB block writes.");
   Value(&o, "kvpool_disk_write_errors_total", static_cast<double>(t.disk_write_errors));
   Metric(&o, "kvpool_disk_deletes_pending", "gauge",

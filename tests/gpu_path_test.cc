@@ -245,11 +245,34 @@ TEST_F(GpuPathTest, APutWithAGpuHintLandsInTheGpuTierAndIsReadDeviceToDevice) {
     blocks.push_back(
         {KeyOf(40 + i), src[i], size, i ? KeyOf(40 + i - 1) : BlockKey{}, {}, Memory::kCuda});
   }
+  const auto before_put = gpu_.counters();
   auto put = client_->Put(blocks, PutOptions{.gpu_device = 0});
   ASSERT_TRUE(put.ok()) << put.status().ToString();
   ASSERT_TRUE(put->all_ok());
+  EXPECT_EQ(put->stored, 3u);
   const std::vector<BlockKey> keys = Keys(40, 3);
-  EXPECT_EQ(WaitForTiers(*client_, keys, Tier::kGpu), std::vector<Tier>(3, Tier::kGpu));
+  // Straight into the gpu tier, device to device, and in gpu as soon as the put returns.
+  auto at_once = client_->Lookup(keys, /*prefetch=*/false);
+  ASSERT_TRUE(at_once.ok());
+  EXPECT_EQ(at_once->tiers, std::vector<Tier>(3, Tier::kGpu));
+  EXPECT_EQ(gpu_.counters().device_copies - before_put.device_copies, 3u);
+  // A reader of host memory right away gets the host copy the daemon makes of it (it waits
+  // for it if need be).
+  std::vector<uint8_t> host(size);
+  MutableBuffer hb{host.data(), size};
+  auto h = client_->Get(std::span(&keys[1], 1), std::span(&hb, 1));
+  ASSERT_TRUE(h.ok());
+  ASSERT_OK((*h)[0].status);
+  EXPECT_EQ(host, ref[1]);
+  // The daemon's copies down, one a block, come behind the put.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (gpu_.counters().to_host_copies - before_put.to_host_copies < 3 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto after_put = gpu_.counters();
+  EXPECT_EQ(after_put.to_host_copies - before_put.to_host_copies, 3u);
+  EXPECT_EQ(after_put.to_device_copies - before_put.to_device_copies, 0u);  // nothing copied up
   std::vector<MutableBuffer> bufs;
   for (int i = 0; i < 3; ++i) bufs.push_back({gpu_.Alloc(size), size, Memory::kCuda});
   const auto before = gpu_.counters();

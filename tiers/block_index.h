@@ -93,10 +93,13 @@ struct Entry {
   }
 };
 
-inline constexpr uint8_t kBusyPromoting = 1;   // being read from disk into host
-inline constexpr uint8_t kBusyDemoting = 2;    // being written from host to disk
-inline constexpr uint8_t kBusyReading = 4;     // read straight from disk by a get
-inline constexpr uint8_t kBusyToGpu = 8;       // its host copy is being copied into a gpu tier
+inline constexpr uint8_t kBusyPromoting = 1;  // being read from disk into host
+inline constexpr uint8_t kBusyDemoting = 2;   // being written from host to disk
+inline constexpr uint8_t kBusyReading = 4;    // read straight from disk by a get
+inline constexpr uint8_t kBusyToGpu = 8;      // its host copy is being copied into a gpu tier
+// Put straight into a gpu tier: its host copy is being made from its gpu copy (with
+// kBusyPromoting, so readers of host wait for it as for a promotion).
+inline constexpr uint8_t kBusyFromGpu = 16;
 inline constexpr uint8_t kFlagPrefetched = 1;  // promoted ahead of a get that has not come yet
 
 inline bool Entry::LeasableInHost() const {

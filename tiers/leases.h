@@ -65,7 +65,11 @@ struct Reservation {
   uint64_t owner = 0;
   NamespaceId ns = 0;
   PutRequestItem item;
-  MemorySlot slot;            // in the host tier
+  MemorySlot slot;  // in the host tier
+  // A put straight into gpu tier `gpu` (the index in the tier stack; -1: none) writes
+  // `gpu_slot` there; `slot` then receives the host copy the daemon makes from it.
+  int gpu = -1;
+  MemorySlot gpu_slot;
   Clock::TimePoint deadline;  // TimePoint::max(): being written or committed, never expires
 };
 

@@ -44,9 +44,10 @@ void Mover::Stop() {
     queue_.pop_front();
     if (work_.abandon) work_.abandon(id);
   }
-  for (GpuQueue& q : gpu_queues_) {
+  for (size_t g = 0; g < gpu_queues_.size(); ++g) {
+    GpuQueue& q = gpu_queues_[g];
     while (!q.jobs.empty()) {
-      if (work_.abandon_gpu) work_.abandon_gpu(q.jobs.front());
+      if (work_.abandon_gpu) work_.abandon_gpu(static_cast<int>(g), q.jobs.front());
       q.jobs.pop_front();
     }
   }

@@ -36,11 +36,13 @@ struct MoverOptions {
   int gpu_workers = 0;  // one per gpu tier, indexed as the tier stack orders them
 };
 
-// One job of a GPU's copy worker: copy these blocks of `ns` into that GPU's tier.
+// One job of a GPU's copy worker: copy these blocks of `ns` into that GPU's tier, or (with
+// `fill_host`, no keys) make the host copies of the blocks put straight into that GPU's tier.
 struct GpuPlacement {
   NamespaceId ns = 0;
   std::vector<BlockKey> keys;
   uint64_t ticket = 0;  // non-zero: a caller waits for the outcome under this ticket
+  bool fill_host = false;
 };
 
 struct MoverWork {
@@ -52,8 +54,8 @@ struct MoverWork {
   std::function<void(EntryId id)> abandon;
   // Runs a placement on gpu tier `gpu` (queued by EnqueueGpu).
   std::function<void(int gpu, const GpuPlacement& job)> place_on_gpu;
-  // At Stop, for each placement queued but never run.
-  std::function<void(const GpuPlacement& job)> abandon_gpu;
+  // At Stop, for each placement queued on gpu tier `gpu` but never run.
+  std::function<void(int gpu, const GpuPlacement& job)> abandon_gpu;
 };
 
 class Mover {

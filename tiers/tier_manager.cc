@@ -41,16 +41,17 @@ TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
       mover_(mu_, clock_,
              MoverOptions{.promotion_threads = options.promotion_threads,
                           .gpu_workers = static_cast<int>(gpus_.size())},
-             MoverWork{[this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { FlushRoundLocked(); },
-                       [this](EntryId id) ABSL_NO_THREAD_SAFETY_ANALYSIS { PromoteOne(id); },
-                       [this](EntryId id)
-                           ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonPromotionLocked(id); },
-                       [this](int gpu, const GpuPlacement& job)
-                           ABSL_NO_THREAD_SAFETY_ANALYSIS { RunGpuPlacementLocked(gpu, job); },
-                       [this](const GpuPlacement& job)
-                           ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonGpuPlacementLocked(job); }}) {
+             MoverWork{
+                 [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { FlushRoundLocked(); },
+                 [this](EntryId id) ABSL_NO_THREAD_SAFETY_ANALYSIS { PromoteOne(id); },
+                 [this](EntryId id) ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonPromotionLocked(id); },
+                 [this](int gpu, const GpuPlacement& job)
+                     ABSL_NO_THREAD_SAFETY_ANALYSIS { RunGpuPlacementLocked(gpu, job); },
+                 [this](int gpu, const GpuPlacement& job)
+                     ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonGpuPlacementLocked(gpu, job); }}) {
   absl::MutexLock lock(&mu_);
   gpu_blocks_.assign(gpus_.size(), 0);
+  gpu_fills_.resize(gpus_.size());
 }
 
 TierManager::~TierManager() { Shutdown(); }
@@ -430,6 +431,7 @@ TierManagerStats TierManager::GetStats() const {
   s.prefetches_useful = prefetches_useful_;
   s.checksum_failures = checksum_failures_;
   s.gpu_hints_dropped = gpu_hints_dropped_;
+  s.gpu_puts = gpu_puts_;
   s.disk_write_errors = disk_write_errors_;
   s.disk_deletes_pending = deleting_.size();
   s.disk_delete_errors = disk_delete_errors_;

@@ -12,8 +12,11 @@
 // tiers/policy.h.
 //
 // GPU tiers (one per device, above host) hold copies of host blocks, made on a hint
-// (PromoteToGpu): a gpu copy exists only while its host copy does, so dropping a host copy drops
-// its gpu copy, and making room in a gpu tier drops gpu copies alone, tail first.
+// (PromoteToGpu) or put there straight from a writer's device memory (Reserve with a gpu
+// device): a gpu copy exists only while its host copy does, so dropping a host copy drops its
+// gpu copy, and making room in a gpu tier drops gpu copies alone, tail first. A block put into a
+// gpu tier is published at once with a host slot whose bytes that GPU's copy worker then copies
+// down (D2H) and verifies; until they are there its readers wait, as for a promotion.
 //
 // Readers hold leases: a leased host copy is never freed or moved. A get that finds a block
 // mid-promotion waits for that promotion; it never reads the block twice. Every read from disk
@@ -130,6 +133,11 @@ struct ReserveOutcome {
   uint64_t reservation_id = 0;
   uint64_t arena_offset = 0;  // where a reserved slot is (for writers that map the arena)
   Status status;              // why, when refused
+  // >= 0 (only where Reserve was asked for gpu slots): the writer writes the block into the gpu
+  // tier of this CUDA device, at `gpu_offset` there, and commits it with its device checksum;
+  // `arena_offset` is then the daemon's, for the host copy it makes.
+  int gpu_device = -1;
+  uint64_t gpu_offset = 0;
 };
 
 // Where a reservation's bytes go: the transport writes exactly `size` bytes at `data`.
@@ -187,6 +195,7 @@ struct TierManagerStats {
   uint64_t read_aheads = 0;          // promotions started by read-ahead along a chain
   uint64_t encoded_writes = 0;       // blocks written to disk encoded (tiers/demotion_encoding.h)
   uint64_t gpu_hints_dropped = 0;    // gpu placement hints dropped: the GPU's worker was behind
+  uint64_t gpu_puts = 0;             // blocks put straight into a gpu tier (device to device)
 };
 
 // How far ahead of the key it is looking up a loop over many keys prefetches the index's hash
@@ -290,9 +299,14 @@ class TierManager {
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
   // connection) until committed, aborted or expired. Making room may demote blocks (a disk
   // write) and wait for a disk write or read in flight to end; with `may_wait` false it does
-  // neither, and a block that would need either is refused with Unavailable.
+  // neither, and a block that would need either is refused with Unavailable. With `gpu_device`
+  // >= 0 (a writer whose bytes are in device memory), each block also gets a slot in that
+  // device's gpu tier where it has room (dropping cold gpu copies for it) and the namespace does
+  // not write to disk on commit (ReserveOutcome::gpu_device says which did); InvalidArgument for
+  // a device without a gpu tier.
   std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
-                                      std::span<const PutRequestItem> items, bool may_wait = true);
+                                      std::span<const PutRequestItem> items, bool may_wait = true,
+                                      int gpu_device = -1);
   // Reserve, only when it would not wait: when every block can have a slot without a disk
   // write, a wait or a segment renewal, the answer of Reserve; otherwise nullopt, and nothing is
   // reserved. What it did on the way stands, as the Reserve that follows would do it too: blocks
@@ -310,8 +324,18 @@ class TierManager {
   // `checksum` (a writer that copied into the slot itself and hashed while it copied), that
   // checksum replaces the reserve-time one and is stored as given, the slot not read again:
   // readers verify (see tier_manager_writes.cc).
+  //
+  // A reservation with a gpu slot is committed with the `device_checksum`
+  // (kernels/device_checksum.h) of what the writer put there, which the slot's GPU checks (one
+  // kernel over the slot): Corruption, the slots reclaimed, when it differs. The block is then
+  // cached in gpu and host at once, and the GPU's copy worker copies it down into its host slot,
+  // checks it there against the device checksum and takes its xxh3 (a copy that fails drops the
+  // block). Committed without a device checksum, such a reservation is an ordinary one: its gpu
+  // slot is freed and its host slot must hold the bytes. A device checksum for a reservation
+  // without a gpu slot is InvalidArgument.
   Status Commit(uint64_t owner, uint64_t reservation_id,
-                std::optional<uint64_t> checksum = std::nullopt);
+                std::optional<uint64_t> checksum = std::nullopt,
+                std::optional<uint64_t> device_checksum = std::nullopt);
   // Commits `ids` with the writer's own checksums (as Commit with `checksum`), under one hold of
   // the lock, only when it would not wait: nullopt, with nothing done, when a namespace of theirs
   // writes to disk on commit. Otherwise each one's status: NotFound for a reservation unknown to
@@ -485,19 +509,28 @@ class TierManager {
   // AllocateHostLocked.
   std::vector<ReserveOutcome> ReserveLocked(NamespaceId ns, uint64_t owner,
                                             std::span<const PutRequestItem> items, bool may_wait,
-                                            bool may_renew = true)
+                                            bool may_renew = true, int gpu = -1)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commit's end: reservation `reservation_id` (`r`, as it was read) becomes the block's host
   // copy when `actual`, the hash of its slot, matches its checksum.
   Status PublishLocked(uint64_t reservation_id, const Reservation& r, uint64_t actual)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for a reservation written into its gpu slot, whose GPU computed `actual` over it:
+  // published in gpu and host, its host copy queued for the GPU's copy worker.
+  Status PublishGpuLocked(uint64_t reservation_id, const Reservation& r, uint64_t actual)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copy worker's job for gpu tier `gpu`: copies down every host copy queued in
+  // gpu_fills_[gpu], verifies each against its device checksum, and ends their readers' wait.
+  // Releases mu_ while it copies.
+  void FillHostCopiesLocked(int gpu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The mover's work: one flusher round (expiry, write-after-hits, demotion to the low
   // watermark), and a promotion it will never run.
   void FlushRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbandonPromotionLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The gpu copy worker's job (Mover::place_on_gpu): releases mu_ while it copies.
   void RunGpuPlacementLocked(int gpu, const GpuPlacement& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbandonGpuPlacementLocked(const GpuPlacement& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbandonGpuPlacementLocked(int gpu, const GpuPlacement& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HostAboveHighWatermarkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TierManagerOptions options_;
@@ -540,6 +573,10 @@ class TierManager {
   // The device checksum of each gpu copy, taken when it was made (and verified against its host
   // source).
   absl::flat_hash_map<EntryId, uint64_t> gpu_checksums_ ABSL_GUARDED_BY(mu_);
+  // Per gpu tier: blocks put straight into it whose host copies are not made yet (kBusyFromGpu).
+  // A fill job is queued whenever one is added to an empty list; the job takes the whole list.
+  std::vector<std::vector<EntryId>> gpu_fills_ ABSL_GUARDED_BY(mu_);
+  uint64_t gpu_puts_ ABSL_GUARDED_BY(mu_) = 0;  // blocks put straight into a gpu tier
   // Outcomes of waited-for gpu placements, by ticket, until their caller takes them.
   absl::flat_hash_map<uint64_t, std::pair<Status, uint32_t>> gpu_outcomes_ ABSL_GUARDED_BY(mu_);
   uint64_t next_gpu_ticket_ ABSL_GUARDED_BY(mu_) = 1;

@@ -5,6 +5,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "common/checksum.h"
 #include "tiers/tier_manager.h"
@@ -186,6 +187,7 @@ Result<uint32_t> TierManager::PlaceOnGpu(NamespaceId ns, std::span<const BlockKe
 }
 
 void TierManager::RunGpuPlacementLocked(int gpu, const GpuPlacement& job) {
+  if (job.fill_host) return FillHostCopiesLocked(gpu);
   // A placement copies from host: blocks only on disk are read up first, and the worker waits
   // for them (this GPU's later placements wait behind it; other GPUs' do not).
   std::vector<std::shared_ptr<Promotion>> reads;
@@ -217,10 +219,78 @@ void TierManager::RunGpuPlacementLocked(int gpu, const GpuPlacement& job) {
   }
 }
 
-void TierManager::AbandonGpuPlacementLocked(const GpuPlacement& job) {
+void TierManager::AbandonGpuPlacementLocked(int gpu, const GpuPlacement& job) {
+  // Host copies of committed blocks are made even now: the flush at shutdown writes them down.
+  if (job.fill_host) return FillHostCopiesLocked(gpu);
   if (job.ticket == 0 || gpu_tickets_abandoned_.erase(job.ticket)) return;
   gpu_outcomes_[job.ticket] = {Status::Aborted("daemon shutting down"), 0};
   changed_.SignalAll();
+}
+
+void TierManager::FillHostCopiesLocked(int g) {
+  GpuTier& gpu = *gpus_[g];
+  struct Fill {
+    EntryId id;
+    const uint8_t* src;  // the gpu copy
+    uint8_t* dst;        // its host slot
+    uint64_t size;
+    uint64_t device_checksum;
+  };
+  std::vector<Fill> fills;
+  for (EntryId id : std::exchange(gpu_fills_[g], {})) {
+    const Entry& e = index_.at(id);  // busy (kBusyFromGpu): neither moved nor erased meanwhile
+    fills.push_back({id, gpu.Data({uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size}),
+                     host_.Data({e.host_offset, e.size}), e.size, gpu_checksums_.at(id)});
+  }
+  if (fills.empty()) return;
+  mu_.Unlock();
+  Status st = Status::OK();
+  for (const Fill& f : fills) {
+    st = gpu.copies().CopyAsync(f.dst, f.src, f.size, kernels::CopyDirection::kDeviceToHost,
+                                nullptr);
+    if (!st.ok()) break;
+  }
+  // Waited for even after a failed enqueue: no copy may still run into a slot freed below.
+  const Status done = gpu.copies().Wait(nullptr);
+  if (st.ok()) st = done;
+  // Each host copy is checked against the device checksum the writer committed (and the GPU
+  // confirmed over the gpu copy), and hashed for the readers of host, disk and the cluster.
+  std::vector<bool> good(fills.size(), false);
+  std::vector<uint64_t> sums(fills.size(), 0);
+  for (size_t i = 0; st.ok() && i < fills.size(); ++i) {
+    const Fill& f = fills[i];
+    good[i] = kernels::DeviceChecksumCpu(f.dst, f.size) == f.device_checksum;
+    if (good[i]) sums[i] = BlockChecksum(f.dst, f.size);
+  }
+  mu_.Lock();
+  for (size_t i = 0; i < fills.size(); ++i) {
+    const EntryId id = fills[i].id;
+    Entry& e = index_.at(id);
+    e.busy &= static_cast<uint8_t>(~(kBusyPromoting | kBusyFromGpu));
+    Status outcome = Status::OK();
+    if (good[i]) {
+      e.checksum = sums[i];
+    } else {
+      if (st.ok()) {
+        ++checksum_failures_;
+        outcome = Status::Corruption("its copy from gpu " + std::to_string(gpu.device()) +
+                                     " does not match its device checksum");
+      } else {
+        outcome = st.WithContext("copying it down from gpu " + std::to_string(gpu.device()));
+      }
+      ++blocks_lost_;
+      LOG(ERROR) << "dropping block " << e.key.ShortHex() << " of namespace " << e.ns
+                 << ", put into gpu " << gpu.device() << ": " << outcome.ToString();
+    }
+    if (auto it = promotions_.find(id); it != promotions_.end()) {
+      it->second->status = outcome;
+      it->second->done = true;
+      promotions_.erase(it);
+    }
+    if (!outcome.ok()) DropHostCopyLocked(id);  // its gpu copy with it
+  }
+  changed_.SignalAll();
+  if (HostAboveHighWatermarkLocked()) mover_.WakeFlusher();
 }
 
 uint32_t TierManager::DropDamagedGpuCopies(NamespaceId ns, std::span<const BlockKey> keys) {

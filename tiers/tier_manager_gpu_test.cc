@@ -2,8 +2,12 @@
 // memory the host cannot touch, copies that run when waited for): blocks copied from host into a
 // GPU's tier byte for byte on a hint, reported as in gpu, dropped tail first when that GPU needs
 // room and with their host copies, evicted alone by an admin, and a failed copy leaves nothing
-// placed.
+// placed. Blocks put straight into a gpu tier (a writer's device memory, copied device to device
+// into its gpu slot): checked against their device checksum at commit, their host copies made by
+// the GPU's worker and verified, served from both, dropped when the copy down goes bad, kept
+// across a restart.
 
+#include "kernels/device_checksum.h"
 #include "tests/support/fake_device.h"
 #include "tests/support/status_matchers.h"
 #include "tiers/tier_manager_test_fixture.h"
@@ -36,6 +40,25 @@ class TierManagerGpuTest : public TierManagerTest {
   }
 
   uint64_t GpuBlocks(int device) { return manager_->GetStats().gpus[device].blocks; }
+
+  // A put as a writer with the bytes in device memory does it: a reservation with a gpu slot on
+  // `device`, the bytes written there, committed with their device checksum (plus `damage`).
+  Status PutIntoGpu(const BlockKey& key, uint64_t size, const BlockKey& parent = {}, int device = 0,
+                    uint64_t damage = 0) {
+    std::vector<uint8_t> bytes = BytesFor(key, size);
+    const PutRequestItem item = ItemFor(key, bytes, parent);
+    std::vector<ReserveOutcome> r =
+        manager_->Reserve(kNs, /*owner=*/1, {&item, 1}, /*may_wait=*/true, device);
+    if (r[0].state != ReserveState::kReserved) return r[0].status;
+    if (r[0].gpu_device != device) return Status::Internal("no gpu slot");
+    FakeDevice& dev = device == 0 ? gpu0_ : gpu1_;
+    dev.Write(stack_.gpus[device]->Data({r[0].gpu_offset, size}), bytes.data(), size);
+    const uint64_t dsum = kernels::DeviceChecksumCpu(bytes.data(), size);
+    KVPOOL_RETURN_IF_ERROR(
+        manager_->Commit(/*owner=*/1, r[0].reservation_id, std::nullopt, dsum ^ damage));
+    expected_[{kNs, key}] = std::move(bytes);
+    return Status::OK();
+  }
 
   FakeDevice gpu0_{0};
   FakeDevice gpu1_{1};
@@ -248,6 +271,130 @@ TEST_F(TierManagerGpuTest, AWaitThatEndsFirstLeavesThePlacementGoingOn) {
   auto next = manager_->PlaceOnGpu(kNs, more, 0, /*wait=*/true);
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_EQ(*next, 1u);
+}
+
+TEST_F(TierManagerGpuTest, APutIntoTheGpuIsServedFromThereAndFromTheHostCopyMadeOfIt) {
+  const Keys keys = ChainKeys(400, 3);
+  const std::vector<uint64_t> sizes = {100 * kKiB, 4097, 1};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_OK(PutIntoGpu(keys[i], sizes[i], i ? keys[i - 1] : BlockKey{}));
+  }
+  // A reader of host right after the commit waits for the host copy, then gets the bytes put.
+  ExpectServed(keys[2]);
+  manager_->WaitIdleForTest();
+  for (const BlockKey& k : keys) {
+    ExpectOnGpu(k, 0);
+    ExpectServed(k);
+  }
+  EXPECT_EQ(TiersOf(keys), std::vector<Tier>(3, Tier::kGpu));
+  // A reader on that GPU leases the gpu copy, with the device checksum the writer committed.
+  std::vector<BlockRead> reads = manager_->Acquire(kNs, keys, 7, {}, false, /*gpu_device=*/0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_OK(reads[i].status);
+    EXPECT_EQ(reads[i].from, Tier::kGpu);
+    const std::vector<uint8_t>& want = expected_[{kNs, keys[i]}];
+    EXPECT_EQ(reads[i].device_checksum, kernels::DeviceChecksumCpu(want.data(), want.size()));
+    manager_->Release(reads[i]);
+  }
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.gpu_puts, 3u);
+  EXPECT_EQ(s.gpus[0].blocks, 3u);
+  EXPECT_EQ(s.host_blocks, 3u);
+  EXPECT_EQ(s.gpu_counters.promotions, 0u);  // nothing copied up: the writer put it there
+  EXPECT_EQ(gpu0_.counters().to_host_copies, 3u);
+  EXPECT_EQ(gpu0_.counters().to_device_copies, 0u);
+  ExpectHostAccountingConsistent();
+  // The chain is one chain: tail first holds for its gpu and host copies alike.
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kGpu, {keys.data(), 1}).skipped, 1u);
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kGpu, keys).evicted, 3u);
+  EXPECT_EQ(TiersOf(keys), std::vector<Tier>(3, Tier::kHost));
+  for (const BlockKey& k : keys) ExpectServed(k);
+}
+
+TEST_F(TierManagerGpuTest, AGpuSlotThatDoesNotMatchItsDeviceChecksumIsRefused) {
+  const BlockKey key = KeyOf(410);
+  const Status st = PutIntoGpu(key, 64 * kKiB, {}, 0, /*damage=*/1);
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  ExpectMiss(key);
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.reservations_active, 0u);
+  EXPECT_EQ(s.gpus[0].memory.blocks, 0u);  // both slots freed
+  EXPECT_EQ(s.host.blocks, 0u);
+  EXPECT_EQ(s.gpu_puts, 0u);
+}
+
+TEST_F(TierManagerGpuTest, AHostCopyDamagedOnItsWayDownDropsTheBlock) {
+  const BlockKey key = KeyOf(420);
+  gpu0_.CorruptNextCopy();  // the worker's copy down is the next copy to run
+  ASSERT_OK(PutIntoGpu(key, 64 * kKiB));
+  manager_->WaitIdleForTest();
+  ExpectMiss(key);  // never served with wrong bytes: gone from gpu and host
+  const TierManagerStats s = manager_->GetStats();
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.blocks_lost, 1u);
+  EXPECT_EQ(s.gpus[0].memory.blocks, 0u);
+  EXPECT_EQ(s.host_blocks, 0u);
+  ExpectHostAccountingConsistent();
+}
+
+TEST_F(TierManagerGpuTest, GpuSlotsAreOnlyWhereTheyCanBeUsed) {
+  const std::vector<uint8_t> bytes = BytesFor(KeyOf(430), 8 * kKiB);
+  const PutRequestItem item = ItemFor(KeyOf(430), bytes, {});
+  // No gpu tier on that device.
+  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, 1, {&item, 1}, true, /*gpu_device=*/5);
+  EXPECT_EQ(r[0].status.code(), StatusCode::kInvalidArgument) << r[0].status.ToString();
+  // A device checksum for a host slot is refused, and the reservation is gone.
+  r = manager_->Reserve(kNs, 1, {&item, 1});
+  ASSERT_EQ(r[0].state, ReserveState::kReserved);
+  EXPECT_EQ(r[0].gpu_device, -1);
+  EXPECT_EQ(manager_->Commit(1, r[0].reservation_id, std::nullopt, 42).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(manager_->GetStats().reservations_active, 0u);
+  // A gpu reservation committed the ordinary way uses its host slot and frees its gpu slot.
+  r = manager_->Reserve(kNs, 1, {&item, 1}, true, 0);
+  ASSERT_EQ(r[0].gpu_device, 0);
+  Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
+  ASSERT_OK(t.status());
+  std::memcpy(t->data, bytes.data(), bytes.size());
+  ASSERT_OK(manager_->Commit(1, r[0].reservation_id));
+  expected_[{kNs, KeyOf(430)}] = bytes;
+  ExpectServed(KeyOf(430));
+  EXPECT_EQ(manager_->GetStats().gpus[0].memory.blocks, 0u);
+  EXPECT_EQ(TiersOf({KeyOf(430)}), std::vector<Tier>{Tier::kHost});
+  // A namespace that writes to disk on commit needs its bytes in host then: host slots only.
+  constexpr NamespaceId kThrough = 9;
+  Result<NamespacePolicy> through = ComposePolicy("", "write-through", "", "");
+  ASSERT_OK(through.status());
+  ASSERT_OK(manager_->SetNamespacePolicy(kThrough, *through));
+  r = manager_->Reserve(kThrough, 1, {&item, 1}, true, 0);
+  ASSERT_EQ(r[0].state, ReserveState::kReserved);
+  EXPECT_EQ(r[0].gpu_device, -1);
+  manager_->Abort(1, r[0].reservation_id);
+}
+
+TEST_F(TierManagerGpuTest, AFullGpuPutsIntoHostInstead) {
+  // Every gpu page leased: no gpu copy can be dropped for room.
+  const Keys held = PutChain(440, {1 * kMiB, 1 * kMiB});
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, held, 0).value(), 2u);
+  std::vector<BlockRead> leases = manager_->Acquire(kNs, held, 7, {}, false, 0);
+  const std::vector<uint8_t> bytes = BytesFor(KeyOf(450), 8 * kKiB);
+  const PutRequestItem item = ItemFor(KeyOf(450), bytes, {});
+  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, 1, {&item, 1}, true, 0);
+  ASSERT_EQ(r[0].state, ReserveState::kReserved);
+  EXPECT_EQ(r[0].gpu_device, -1);  // a host slot, as without a device
+  manager_->Abort(1, r[0].reservation_id);
+  for (BlockRead& l : leases) manager_->Release(l);
+}
+
+TEST_F(TierManagerGpuTest, ABlockPutIntoTheGpuSurvivesARestart) {
+  options_.flush_on_shutdown = true;
+  const Keys keys = ChainKeys(460, 2);
+  ASSERT_OK(PutIntoGpu(keys[0], 32 * kKiB));
+  ASSERT_OK(PutIntoGpu(keys[1], 32 * kKiB, keys[0]));
+  Reopen();  // at once: the host copies are made by the worker or at shutdown, then written
+  EXPECT_EQ(TiersOf(keys), std::vector<Tier>(2, Tier::kDisk));
+  for (const BlockKey& k : keys) ExpectServed(k);
 }
 
 }  // namespace

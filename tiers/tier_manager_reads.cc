@@ -151,22 +151,43 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     if (policy.read_ahead->depth() > 0) ReadAheadLocked(id);
   };
 
+  // A reader that asked for `gpu_device` also leases the block's copy there, if it has one.
+  auto lease_gpu_too = [&](size_t i, EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Entry& e = index_.at(id);
+    auto dsum = gpu_checksums_.find(id);
+    if (gpu_device < 0 || !e.In(Tier::kGpu) || e.gpu_device != gpu_device ||
+        dsum == gpu_checksums_.end()) {
+      return;
+    }
+    BlockRead& r = out[i];
+    r.from = Tier::kGpu;
+    r.gpu_device = gpu_device;
+    r.gpu_offset = uint64_t{e.gpu_page} * MemoryTier::kPageBytes;
+    r.device_checksum = dsum->second;
+    --host_counters_.hits;  // lease() counted a host hit
+    ++gpu_counters_.hits;
+  };
+
   // Blocks not in host wait for a promotion (theirs or another reader's), then are leased.
+  // A block put straight into gpu waits the same way for its host copy (kBusyFromGpu), and is
+  // then leased as found in host (and gpu).
   struct Wait {
     size_t i;
     std::shared_ptr<Promotion> promotion;  // null: another get reads it straight from disk
     int rounds;
+    Tier from = Tier::kDisk;  // what the lease reports once it is in host
   };
   std::vector<Wait> waits;
   constexpr int kMaxPromotionRounds = 3;
   auto wait_for = [&](size_t i, EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Entry& e = index_.at(id);
+    const Tier from = (e.busy & kBusyFromGpu) ? Tier::kHost : Tier::kDisk;
     if (!PromotableLocked(e)) {
       waits.push_back({i, nullptr, kMaxPromotionRounds});  // straight to a direct read
     } else if (e.busy & kBusyReading) {
       waits.push_back({i, nullptr, 0});
     } else if (auto it = promotions_.find(id); it != promotions_.end()) {
-      waits.push_back({i, it->second, 1});
+      waits.push_back({i, it->second, 1, from});
     } else {
       waits.push_back({i, StartPromotionLocked(id, /*prefetch=*/false), 1});
     }
@@ -182,17 +203,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     const Entry& e = index_.at(id);
     if (e.LeasableInHost()) {
       lease(i, id, Tier::kHost);
-      auto dsum = gpu_checksums_.find(id);
-      if (gpu_device >= 0 && e.In(Tier::kGpu) && e.gpu_device == gpu_device &&
-          dsum != gpu_checksums_.end()) {
-        BlockRead& r = out[i];
-        r.from = Tier::kGpu;
-        r.gpu_device = gpu_device;
-        r.gpu_offset = uint64_t{e.gpu_page} * MemoryTier::kPageBytes;
-        r.device_checksum = dsum->second;
-        --host_counters_.hits;  // lease() counted a host hit
-        ++gpu_counters_.hits;
-      }
+      lease_gpu_too(i, id);
     } else if (keep_encoding && !e.In(Tier::kHost) && e.disk_encoding != 0 && e.busy == 0) {
       as_stored.push_back(i);
     } else {
@@ -284,7 +295,8 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
       }
       Entry& e = index_.at(id);
       if (e.LeasableInHost()) {
-        lease(i, id, Tier::kDisk);
+        lease(i, id, w.from);
+        if (w.from == Tier::kHost) lease_gpu_too(i, id);
         continue;
       }
       if (stopping_) {
@@ -293,7 +305,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
       }
       if (e.busy & kBusyPromoting) {  // another reader's promotion: wait for it
         auto it = promotions_.find(id);
-        again.push_back({i, it != promotions_.end() ? it->second : nullptr, w.rounds});
+        again.push_back({i, it != promotions_.end() ? it->second : nullptr, w.rounds, w.from});
         continue;
       }
       if (e.busy & kBusyReading) {

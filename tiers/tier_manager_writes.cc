@@ -27,9 +27,23 @@ Status UnknownReservation(uint64_t reservation_id) {
 
 std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
                                                  std::span<const PutRequestItem> items,
-                                                 bool may_wait) {
+                                                 bool may_wait, int gpu_device) {
+  int gpu = -1;
+  if (gpu_device >= 0) {
+    for (size_t g = 0; g < gpus_.size(); ++g) {
+      if (gpus_[g]->device() == gpu_device) gpu = static_cast<int>(g);
+    }
+    if (gpu < 0) {
+      std::vector<ReserveOutcome> out(items.size());
+      for (ReserveOutcome& o : out) {
+        o.status =
+            Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(gpu_device));
+      }
+      return out;
+    }
+  }
   absl::MutexLock lock(&mu_);
-  return ReserveLocked(ns, owner, items, may_wait);
+  return ReserveLocked(ns, owner, items, may_wait, /*may_renew=*/true, gpu);
 }
 
 std::optional<std::vector<ReserveOutcome>> TierManager::TryReserve(
@@ -53,8 +67,10 @@ std::optional<std::vector<ReserveOutcome>> TierManager::TryReserve(
 
 std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t owner,
                                                        std::span<const PutRequestItem> items,
-                                                       bool may_wait, bool may_renew) {
+                                                       bool may_wait, bool may_renew, int gpu) {
   std::vector<ReserveOutcome> out(items.size());
+  // A namespace that writes to disk on commit needs the bytes in host by then: no gpu slots.
+  if (gpu >= 0 && PolicyLocked(ns).write->WriteOnCommit()) gpu = -1;
   const uint32_t now = NowSeconds();
   const uint64_t max_block = max_block_bytes();
   for (size_t i = 0; i < items.size(); ++i) {
@@ -103,6 +119,17 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
     r.item = item;
     r.slot = *slot;
     r.deadline = clock_.Now() + options_.reservation_timeout;
+    if (gpu >= 0 && item.size <= gpus_[gpu]->max_block_bytes()) {
+      // Room there is made by dropping cold gpu copies only (each has its host copy): no wait.
+      // None to be had, the block is put into host as any other.
+      Result<MemorySlot> gpu_slot = AllocateGpuLocked(*gpus_[gpu], ns, item.size);
+      if (gpu_slot.ok()) {
+        r.gpu = gpu;
+        r.gpu_slot = *gpu_slot;
+        o.gpu_device = gpus_[gpu]->device();
+        o.gpu_offset = gpu_slot->offset;
+      }
+    }
     const uint64_t rid = reservations_.Add(r);
     o.state = ReserveState::kReserved;
     o.reservation_id = rid;
@@ -127,6 +154,7 @@ Result<ReservationTarget> TierManager::TargetOf(uint64_t owner, uint64_t reserva
 void TierManager::FreeReservationLocked(uint64_t rid) {
   if (std::optional<Reservation> r = reservations_.Remove(rid)) {
     host_.Free(r->slot);
+    if (r->gpu >= 0) gpus_[r->gpu]->Free(r->gpu_slot);
     changed_.SignalAll();  // AwaitInFlightPut
   }
 }
@@ -139,15 +167,36 @@ void TierManager::ExpireReservationsLocked() {
 }
 
 Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
-                           std::optional<uint64_t> checksum) {
+                           std::optional<uint64_t> checksum,
+                           std::optional<uint64_t> device_checksum) {
   Reservation r;
   {
     absl::MutexLock lock(&mu_);
     Reservation* found = reservations_.FindOwned(reservation_id, owner);
     if (found == nullptr) return UnknownReservation(reservation_id);
+    if (device_checksum.has_value() && found->gpu < 0) {
+      FreeReservationLocked(reservation_id);
+      return Status::InvalidArgument("reservation " + std::to_string(reservation_id) +
+                                     " has no gpu slot: commit it with its checksum");
+    }
     found->deadline = Clock::TimePoint::max();  // committing
     if (checksum.has_value()) found->item.checksum = *checksum;
+    if (device_checksum.has_value()) found->item.checksum = *device_checksum;
     r = *found;
+  }
+  if (device_checksum.has_value()) {
+    // Checked on the slot's GPU, one kernel over the slot, off the lock. Abort, AbortOwner and
+    // Shutdown may free the slot meanwhile: PublishGpuLocked then discards the result.
+    GpuTier& gpu = *gpus_[r.gpu];
+    const kernels::ByteRange range{gpu.Data(r.gpu_slot), r.item.size};
+    Result<std::vector<uint64_t>> on_gpu = gpu.copies().DeviceChecksums(&range, 1, nullptr);
+    absl::MutexLock lock(&mu_);
+    if (!on_gpu.ok()) {
+      FreeReservationLocked(reservation_id);
+      return on_gpu.status().WithContext("checking block " + r.item.key.ShortHex() + " on gpu " +
+                                         std::to_string(gpu.device()));
+    }
+    return PublishGpuLocked(reservation_id, r, (*on_gpu)[0]);
   }
   // A writer that copied the bytes into the slot itself (in place) hashed them as it copied and
   // gives that checksum here: it is stored as given. Hashing the slot again would read every put
@@ -209,6 +258,8 @@ Status TierManager::PublishLocked(uint64_t reservation_id, const Reservation& r,
     return Status::Aborted("reservation " + std::to_string(reservation_id) +
                            " was aborted while committing");
   }
+  // Committed as an ordinary put (its bytes in the host slot): the gpu slot is not used.
+  if (r.gpu >= 0) gpus_[r.gpu]->Free(r.gpu_slot);
   if (actual != r.item.checksum) {
     host_.Free(r.slot);
     ++checksum_failures_;
@@ -248,6 +299,69 @@ Status TierManager::PublishLocked(uint64_t reservation_id, const Reservation& r,
       }
       return st.WithContext("write-through of block " + r.item.key.ShortHex());
     }
+  }
+  if (HostAboveHighWatermarkLocked()) mover_.WakeFlusher();
+  return Status::OK();
+}
+
+Status TierManager::PublishGpuLocked(uint64_t reservation_id, const Reservation& r,
+                                     uint64_t actual) {
+  changed_.SignalAll();  // AwaitInFlightPut
+  if (!reservations_.Remove(reservation_id).has_value()) {
+    return Status::Aborted("reservation " + std::to_string(reservation_id) +
+                           " was aborted while committing");
+  }
+  GpuTier& gpu = *gpus_[r.gpu];
+  const auto free_slots = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    host_.Free(r.slot);
+    gpu.Free(r.gpu_slot);
+  };
+  if (actual != r.item.checksum) {
+    free_slots();
+    ++checksum_failures_;
+    return Status::Corruption("block " + r.item.key.ShortHex() + " on gpu " +
+                              std::to_string(gpu.device()) +
+                              ": its slot does not match the device checksum it was committed "
+                              "with (damaged in the copy)");
+  }
+  if (stopping_) {  // the copy worker is gone: nobody would make the host copy
+    free_slots();
+    return Status::Unavailable("daemon shutting down");
+  }
+  EntryId id = index_.Find(r.ns, r.item.key);
+  if (id != kNoEntry && index_.at(id).tiers != 0) {
+    free_slots();  // cannot happen while reserved; harmless if it does
+    return Status::OK();
+  }
+  if (id == kNoEntry) id = index_.Insert(r.ns, r.item.key);
+  if (index_.at(id).parent == kNoEntry && !r.item.parent.IsZero()) {
+    const EntryId parent = index_.Find(r.ns, r.item.parent);
+    if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
+  }
+  Entry& e = index_.at(id);
+  e.size = static_cast<uint32_t>(r.item.size);
+  e.checksum = 0;  // its xxh3, once the copy worker has the bytes in host
+  e.host_offset = r.slot.offset;
+  e.gpu_page = static_cast<uint32_t>(r.gpu_slot.offset / MemoryTier::kPageBytes);
+  e.gpu_device = static_cast<uint8_t>(gpu.device());
+  // Busy until its host copy is made: not evicted, demoted, written down or leased meanwhile;
+  // readers wait for it as for a promotion (AcquireLocked).
+  e.busy |= kBusyPromoting | kBusyFromGpu;
+  index_.AddCopy(id, Tier::kHost);
+  index_.AddCopy(id, Tier::kGpu);
+  index_.Touch(id, NowSeconds());
+  gpu_checksums_[id] = actual;
+  promotions_.emplace(id, std::make_shared<Promotion>());
+  ++host_blocks_;
+  ++gpu_blocks_[r.gpu];
+  ++gpu_puts_;
+  std::vector<EntryId>& fills = gpu_fills_[r.gpu];
+  fills.push_back(id);
+  if (fills.size() == 1) {
+    GpuPlacement job;
+    job.ns = r.ns;
+    job.fill_host = true;
+    mover_.EnqueueGpu(r.gpu, std::move(job));
   }
   if (HostAboveHighWatermarkLocked()) mover_.WakeFlusher();
   return Status::OK();

@@ -216,11 +216,13 @@ struct PutOptions {
   // default stream): after the work queued there before the call, e.g. the kernel that wrote
   // the block. Put returns once they are done.
   void* cuda_stream = nullptr;
-  // >= 0: the blocks stored are also placed in the daemon's gpu tier on this CUDA device (this
-  // process's ordinal), in the background after the put returns, where there is room there: a
-  // later get into device memory on that GPU then copies device to device. Shared-memory path
-  // only; InvalidArgument, before anything is sent, when the daemon runs no gpu tier on it.
-  // Default: -1 (host only).
+  // >= 0: the blocks stored are also kept in the daemon's gpu tier on this CUDA device (this
+  // process's ordinal), where there is room there: a later get into device memory on that GPU
+  // then copies device to device. With Memory::kCuda blocks (and none with a `checksum` given)
+  // they are copied device to device straight into slots of that tier, on `cuda_stream`, and the
+  // daemon makes their host copies behind the put; otherwise they go into host and are placed
+  // there in the background after the put returns. Shared-memory path only; InvalidArgument,
+  // before anything is sent, when the daemon runs no gpu tier on it. Default: -1 (host only).
   int gpu_device = -1;
 };
 
