@@ -522,6 +522,36 @@ TEST(RobustnessTest, CorruptPayloadIsRefusedAtCommit) {
   EXPECT_EQ(l->hit_blocks, 0u) << "a damaged block became visible";
 }
 
+// Gpu slots are written through the shared-memory path only: a PUT_RESERVE asking for them on
+// a connection without it is refused with the reason, and the connection goes on.
+TEST(RobustnessTest, GpuSlotsAskedForWithoutSharedMemoryAreRefused) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  const int fd = RawHello(d.socket_path(), "test");
+  const std::vector<uint8_t> bytes = BlockBytes(11, 3000);
+  BlockKey key;
+  key.bytes[5] = 11;
+  wire::PutReserveRequest req;
+  wire::PutItem* it = req.add_items();
+  it->set_key(std::string(key.AsStringView()));
+  it->set_size(bytes.size());
+  req.set_to_gpu(true);
+  req.set_gpu_device(0);
+  const std::string f = Frame(wire::PUT_RESERVE, req, 0, 2);
+  ASSERT_TRUE(SendAll(fd, f.data(), f.size()));
+  std::string body;
+  ASSERT_EQ(ReadResponse(fd, &body).type, wire::PUT_RESERVE);
+  wire::PutReserveResponse rr;
+  ASSERT_TRUE(rr.ParseFromString(body));
+  EXPECT_EQ(rr.status().code(), static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_NE(rr.status().message().find("in_place"), std::string::npos) << rr.status().message();
+  EXPECT_EQ(rr.reservations_size(), 0);
+  // The same connection still reserves the ordinary way.
+  EXPECT_NE(RawReserve(fd, key, bytes, 3), 0u);
+  close(fd);
+  ExpectHealthy(d);
+}
+
 // kvpoold reads what a socket holds at once and parses the frames out of it. Frames sent back to
 // back in one write are each answered, in order: hundreds without a reply (RELEASE), then a
 // request; a commit whose payload arrived in the same read as its header and the next request;
