@@ -133,7 +133,8 @@ class Client:
     # Convenience: each block as new bytes, None for a miss.
     def get(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
     # Put-if-absent of a chain: blocks[i] are keys[i]'s bytes; parents follow chain order.
-    # gpu_device: the daemon also places them in its gpu tier there, in the background.
+    # gpu_device: the daemon also keeps them in its gpu tier there: CUDA tensors are copied
+    # device to device straight into it where it has room, host buffers placed in the background.
     def put(self, keys: Sequence[bytes], blocks: Sequence[Buffer],
             parent: bytes | None = None, stream: Any = None,
             gpu_device: int | None = None) -> PutResult: ...

@@ -854,9 +854,11 @@ void RegisterClient(nb::module_& m) {
            "tensor, taken without a copy) holds keys[i]'s bytes; parents follow chain order, "
            "the first block's is `parent`. A CUDA block is copied device-to-host straight into "
            "the daemon's shared memory on `stream` (as in get_into). With gpu_device, the daemon "
-           "also places the stored blocks in its gpu tier on that CUDA device, in the background "
-           "(get_into of CUDA tensors there then copies device to device); InvalidArgument when "
-           "it runs none there. Per-block errors are in PutResult.errors.")
+           "also keeps the stored blocks in its gpu tier on that CUDA device: CUDA blocks are "
+           "copied device to device straight into it where it has room (the daemon makes their "
+           "host copies itself), others placed there in the background (get_into of CUDA tensors "
+           "there then copies device to device); InvalidArgument when it runs none there. "
+           "Per-block errors are in PutResult.errors.")
       .def("borrow", &BorrowResult, nb::arg("keys"), nb::kw_only(),
            nb::arg("gpu_device") = nb::none(), nb::arg("verify") = true,
            "Lends the blocks in place, without copying them: a Borrowed of one BlockView per "
