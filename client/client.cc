@@ -992,8 +992,22 @@ class Client::Impl {
       }
       if (!reserved_gpu.empty()) {
         if (!gpu_slots) return Status::Internal("kvpoold gave gpu slots to a put that asked none");
+        std::vector<size_t> through_host;
         KVPOOL_RETURN_IF_ERROR(CommitIntoGpu(blocks, reserved_gpu, gpu_slots_given, result, *device,
-                                             stream, local_gpu));
+                                             stream, local_gpu, through_host));
+        if (!through_host.empty()) {
+          // This process could not map the gpu tier: those blocks go through host instead (and
+          // so do this client's later puts and gets: gpu_import_failed_).
+          std::vector<PutBlock> again;
+          for (size_t i : through_host) again.push_back(blocks[i]);
+          KVPOOL_ASSIGN_OR_RETURN(PutResult r, Put(again, device, stream, daemon_gpu));
+          result.stored += r.stored;
+          result.already_present += r.already_present;
+          result.in_progress += r.in_progress;
+          for (size_t j = 0; j < through_host.size(); ++j) {
+            result.errors[through_host[j]] = r.errors[j];
+          }
+        }
       }
       if (server_.shared_memory && !reserved.empty()) {
         KVPOOL_RETURN_IF_ERROR(
@@ -1117,11 +1131,14 @@ class Client::Impl {
   // Writes reserved blocks into their slots of the daemon's gpu tier (mapped on `local_gpu`),
   // device to device (host to device for a block in host memory), on `stream`; then checks what
   // landed there on the GPU (one kernel) and commits each with that device checksum, which the
-  // daemon checks again on its side before it makes the block's host copy itself.
+  // daemon checks again on its side before it makes the block's host copy itself. A block whose
+  // segment this process cannot map is aborted and left in `through_host` (indices into
+  // `blocks`) for the caller to put through host.
   Status CommitIntoGpu(std::span<const PutBlock> blocks,
                        const std::vector<std::pair<size_t, uint64_t>>& reserved,
                        const std::vector<wire::SegmentSlot>& slots, PutResult& result,
-                       kernels::DeviceCopyEngine& device, void* stream, int local_gpu) {
+                       kernels::DeviceCopyEngine& device, void* stream, int local_gpu,
+                       std::vector<size_t>& through_host) {
     const Deadline deadline = connection_.NewDeadline();
     wire::PutCommitRequest commit;
     commit.set_in_place(true);
@@ -1144,7 +1161,8 @@ class Client::Impl {
       Result<std::shared_ptr<kernels::ImportedSegment>> seg =
           GpuSegment(s.gpu_device(), local_gpu, s.segment(), s.generation(), deadline);
       if (!seg.ok()) {
-        fail(k, seg.status());
+        abort.add_reservation_ids(reserved[k].second);
+        through_host.push_back(reserved[k].first);
         continue;
       }
       uint8_t* slot = (*seg)->data() + s.offset();

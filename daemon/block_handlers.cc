@@ -496,24 +496,47 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
   ClusterHooks* cluster = cluster_.Get();
   std::vector<std::pair<BlockKey, BlockKey>> replicate;  // committed blocks (key, parent)
   std::vector<BlockKey> to_gpu;                          // committed blocks, for req.to_gpu()
-  for (size_t i = 0; i < commit.ids.size(); ++i) {
-    Status st = commit.status[i];
-    if (st.ok()) {
-      Result<tiers::ReservationTarget> t = tiers_.TargetOf(c.owner, commit.ids[i]);
-      const uint64_t size = t.ok() ? t->size : 0;
-      st = tiers_.Commit(
+  // The blocks (key, parent, size) of the reservations that passed the checks, read before
+  // they are committed.
+  const size_t n = commit.ids.size();
+  std::vector<Result<tiers::ReservationTarget>> targets;
+  targets.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    targets.push_back(commit.status[i].ok() ? tiers_.TargetOf(c.owner, commit.ids[i])
+                                            : Result<tiers::ReservationTarget>(commit.status[i]));
+  }
+  std::vector<Status> results = commit.status;
+  if (!commit.device_checksums.empty()) {
+    // Into gpu slots: each GPU checks all of its slots in one launch.
+    std::vector<uint64_t> ids;
+    std::vector<uint64_t> dsums;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < n; ++i) {
+      if (!results[i].ok()) continue;
+      ids.push_back(commit.ids[i]);
+      dsums.push_back(commit.device_checksums[i]);
+      at.push_back(i);
+    }
+    std::vector<Status> done = tiers_.CommitToGpu(c.owner, ids, dsums);
+    for (size_t j = 0; j < at.size(); ++j) results[at[j]] = std::move(done[j]);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      if (!results[i].ok()) continue;
+      results[i] = tiers_.Commit(
           c.owner, commit.ids[i],
-          commit.checksums.empty() ? std::nullopt : std::optional<uint64_t>(commit.checksums[i]),
-          commit.device_checksums.empty() ? std::nullopt
-                                          : std::optional<uint64_t>(commit.device_checksums[i]));
-      if (st.ok()) {
-        ++committed;
-        bytes += size;
-        if (t.ok() && cluster != nullptr && !c.peer) replicate.emplace_back(t->key, t->parent);
-        if (t.ok() && gpu_device >= 0) to_gpu.push_back(t->key);
-      }
-    } else {
+          commit.checksums.empty() ? std::nullopt : std::optional<uint64_t>(commit.checksums[i]));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Status& st = results[i];
+    if (!commit.status[i].ok()) {
       tiers_.Abort(c.owner, commit.ids[i]);
+    } else if (st.ok()) {
+      const Result<tiers::ReservationTarget>& t = targets[i];
+      ++committed;
+      bytes += t.ok() ? t->size : 0;
+      if (t.ok() && cluster != nullptr && !c.peer) replicate.emplace_back(t->key, t->parent);
+      if (t.ok() && gpu_device >= 0) to_gpu.push_back(t->key);
     }
     SetStatus(resp.add_results(), st);
   }

@@ -289,6 +289,37 @@ TEST_F(GpuPathTest, APutWithAGpuHintLandsInTheGpuTierAndIsReadDeviceToDevice) {
   EXPECT_FALSE(bad.ok());
 }
 
+TEST_F(GpuPathTest, APutIntoTheGpuThatCannotMapItGoesThroughHost) {
+  gpu_.FailImports(Status::Unavailable("no peer access (the test's)"));
+  const size_t size = 100000;
+  std::vector<std::vector<uint8_t>> ref;
+  std::vector<PutBlock> blocks;
+  for (int i = 0; i < 2; ++i) {
+    ref.push_back(BlockBytes(60 + i, size));
+    void* d = gpu_.Alloc(size);
+    gpu_.Write(d, ref.back().data(), size);
+    blocks.push_back({KeyOf(60 + i), d, size, i ? KeyOf(60) : BlockKey{}, {}, Memory::kCuda});
+  }
+  const auto before = gpu_.counters();
+  auto put = client_->Put(blocks, PutOptions{.gpu_device = 0});
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  EXPECT_TRUE(put->all_ok());
+  EXPECT_EQ(put->stored, 2u);
+  EXPECT_EQ(gpu_.counters().device_copies - before.device_copies, 0u);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<uint8_t> host(size);
+    MutableBuffer hb{host.data(), size};
+    const BlockKey key = KeyOf(60 + i);
+    auto got = client_->Get(std::span(&key, 1), std::span(&hb, 1));
+    ASSERT_TRUE(got.ok());
+    ASSERT_OK((*got)[0].status);
+    EXPECT_EQ(host, ref[i]);
+  }
+  const DaemonStats st =
+      WaitForStats(*client_, [](const DaemonStats& s) { return s.reservations_active == 0; });
+  EXPECT_EQ(st.reservations_active, 0u);  // the gpu reservations were given back
+}
+
 TEST_F(GpuPathTest, ASessionLoadedForAGpuIsPlacedThereFromDisk) {
   const size_t size = 150000;
   const auto ref = PutChain(60, 3, size);

@@ -324,18 +324,19 @@ class TierManager {
   // `checksum` (a writer that copied into the slot itself and hashed while it copied), that
   // checksum replaces the reserve-time one and is stored as given, the slot not read again:
   // readers verify (see tier_manager_writes.cc).
-  //
-  // A reservation with a gpu slot is committed with the `device_checksum`
-  // (kernels/device_checksum.h) of what the writer put there, which the slot's GPU checks (one
-  // kernel over the slot): Corruption, the slots reclaimed, when it differs. The block is then
-  // cached in gpu and host at once, and the GPU's copy worker copies it down into its host slot,
-  // checks it there against the device checksum and takes its xxh3 (a copy that fails drops the
-  // block). Committed without a device checksum, such a reservation is an ordinary one: its gpu
-  // slot is freed and its host slot must hold the bytes. A device checksum for a reservation
-  // without a gpu slot is InvalidArgument.
+  // A reservation with a gpu slot committed here is an ordinary one: its gpu slot is freed and
+  // its host slot must hold the bytes.
   Status Commit(uint64_t owner, uint64_t reservation_id,
-                std::optional<uint64_t> checksum = std::nullopt,
-                std::optional<uint64_t> device_checksum = std::nullopt);
+                std::optional<uint64_t> checksum = std::nullopt);
+  // Phase two for reservations with gpu slots, each with the device checksum
+  // (kernels/device_checksum.h) of what its writer put there. Each GPU checks its slots (one
+  // kernel launch for all of them): Corruption, the slots reclaimed, where a slot differs. Each
+  // block is then cached in gpu and host at once, and the GPU's copy worker copies it down into
+  // its host slot, checks it there against the device checksum and takes its xxh3 (a copy that
+  // fails drops the block); readers of host wait for that. One status per reservation: NotFound
+  // as Commit, InvalidArgument (the reservation aborted) for one without a gpu slot.
+  std::vector<Status> CommitToGpu(uint64_t owner, std::span<const uint64_t> ids,
+                                  std::span<const uint64_t> device_checksums);
   // Commits `ids` with the writer's own checksums (as Commit with `checksum`), under one hold of
   // the lock, only when it would not wait: nullopt, with nothing done, when a namespace of theirs
   // writes to disk on commit. Otherwise each one's status: NotFound for a reservation unknown to
@@ -496,11 +497,14 @@ class TierManager {
   void PromoteOne(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleCorruptLocked(EntryId id, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Acquire's body; may let go of mu_ while it waits for or reads from disk.
+  // Acquire's body; may let go of mu_ while it waits for or reads from disk. `hashed`: `keys`
+  // with their index hashes; `found` (empty, or one per key): each key's cached entry, found
+  // under this same hold of mu_.
   std::vector<BlockRead> AcquireLocked(NamespaceId ns, std::span<const BlockKey> keys,
-                                       uint64_t owner, std::chrono::milliseconds ttl,
-                                       bool keep_encoding, int gpu_device)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                       std::span<const HashedKey> hashed,
+                                       std::span<const EntryId> found, uint64_t owner,
+                                       std::chrono::milliseconds ttl, bool keep_encoding,
+                                       int gpu_device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a lease the table handed back: the entry's count drops.
   void EndLeaseLocked(EntryId entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -195,6 +195,9 @@ void TierManager::RunGpuPlacementLocked(int gpu, const GpuPlacement& job) {
     const EntryId id = FindCachedLocked(job.ns, key);
     if (id == kNoEntry) continue;
     const Entry& e = index_.at(id);
+    // Put straight into a gpu tier: nothing to place, and its host copy is made by a job that may
+    // be queued behind this one (on this GPU's worker or another's): never waited for here.
+    if (e.busy & kBusyFromGpu) continue;
     if (auto in_flight = promotions_.find(id); in_flight != promotions_.end()) {
       reads.push_back(in_flight->second);
     } else if (CanStartPromotionLocked(id, e)) {
@@ -243,6 +246,7 @@ void TierManager::FillHostCopiesLocked(int g) {
                      host_.Data({e.host_offset, e.size}), e.size, gpu_checksums_.at(id)});
   }
   if (fills.empty()) return;
+  ++io_in_flight_;  // a writer short of host room waits for this instead of failing
   mu_.Unlock();
   Status st = Status::OK();
   for (const Fill& f : fills) {
@@ -263,6 +267,7 @@ void TierManager::FillHostCopiesLocked(int g) {
     if (good[i]) sums[i] = BlockChecksum(f.dst, f.size);
   }
   mu_.Lock();
+  --io_in_flight_;
   for (size_t i = 0; i < fills.size(); ++i) {
     const EntryId id = fills[i].id;
     Entry& e = index_.at(id);

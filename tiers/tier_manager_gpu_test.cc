@@ -7,6 +7,10 @@
 // the GPU's worker and verified, served from both, dropped when the copy down goes bad, kept
 // across a restart.
 
+#include <chrono>
+#include <future>
+#include <thread>
+
 #include "kernels/device_checksum.h"
 #include "tests/support/fake_device.h"
 #include "tests/support/status_matchers.h"
@@ -54,8 +58,9 @@ class TierManagerGpuTest : public TierManagerTest {
     FakeDevice& dev = device == 0 ? gpu0_ : gpu1_;
     dev.Write(stack_.gpus[device]->Data({r[0].gpu_offset, size}), bytes.data(), size);
     const uint64_t dsum = kernels::DeviceChecksumCpu(bytes.data(), size);
+    const uint64_t committed = dsum ^ damage;
     KVPOOL_RETURN_IF_ERROR(
-        manager_->Commit(/*owner=*/1, r[0].reservation_id, std::nullopt, dsum ^ damage));
+        manager_->CommitToGpu(/*owner=*/1, {&r[0].reservation_id, 1}, {&committed, 1})[0]);
     expected_[{kNs, key}] = std::move(bytes);
     return Status::OK();
   }
@@ -348,7 +353,8 @@ TEST_F(TierManagerGpuTest, GpuSlotsAreOnlyWhereTheyCanBeUsed) {
   r = manager_->Reserve(kNs, 1, {&item, 1});
   ASSERT_EQ(r[0].state, ReserveState::kReserved);
   EXPECT_EQ(r[0].gpu_device, -1);
-  EXPECT_EQ(manager_->Commit(1, r[0].reservation_id, std::nullopt, 42).code(),
+  const uint64_t dsum = 42;
+  EXPECT_EQ(manager_->CommitToGpu(1, {&r[0].reservation_id, 1}, {&dsum, 1})[0].code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(manager_->GetStats().reservations_active, 0u);
   // A gpu reservation committed the ordinary way uses its host slot and frees its gpu slot.
@@ -395,6 +401,57 @@ TEST_F(TierManagerGpuTest, ABlockPutIntoTheGpuSurvivesARestart) {
   Reopen();  // at once: the host copies are made by the worker or at shutdown, then written
   EXPECT_EQ(TiersOf(keys), std::vector<Tier>(2, Tier::kDisk));
   for (const BlockKey& k : keys) ExpectServed(k);
+}
+
+TEST_F(TierManagerGpuTest, AReaderOfHostWaitsForTheCopyDownOfAPutIntoTheGpu) {
+  const BlockKey key = KeyOf(470);
+  gpu0_.HoldNextCopies();  // the copy down stays on its way until released
+  ASSERT_OK(PutIntoGpu(key, 48 * kKiB));
+  gpu0_.WaitUntilHeld();
+  EXPECT_EQ(TiersOf({key}), std::vector<Tier>{Tier::kGpu});  // found at once
+  auto reader = std::async(std::launch::async, [&] { ExpectServed(key); });
+  // Not served while its host slot does not hold the bytes yet.
+  EXPECT_EQ(reader.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  gpu0_.ReleaseHeldWait();
+  reader.get();
+  EXPECT_EQ(manager_->GetStats().leases_active, 0u);
+}
+
+TEST_F(TierManagerGpuTest, APlacementQueuedBeforeAPutIntoTheGpuDoesNotWaitForIt) {
+  // The GPU's worker busy with a copy down; a placement of a block not yet cached queued behind
+  // it; then that block put into the gpu: its copy down queues behind the placement, which must
+  // not wait for it (it would wait forever, and so would every reader of host).
+  const BlockKey first = KeyOf(480);
+  const BlockKey second = KeyOf(481);
+  gpu0_.HoldNextCopies();
+  ASSERT_OK(PutIntoGpu(first, 16 * kKiB));
+  gpu0_.WaitUntilHeld();
+  ASSERT_OK(manager_->PlaceOnGpu(kNs, {&second, 1}, 0, /*wait=*/false).status());
+  ASSERT_OK(PutIntoGpu(second, 16 * kKiB));
+  gpu0_.ReleaseHeldWait();
+  ExpectServed(first);
+  ExpectServed(second);
+  manager_->WaitIdleForTest();
+}
+
+TEST_F(TierManagerGpuTest, CopiesDownStillQueuedAtShutdownAreMadeAndFlushed) {
+  options_.flush_on_shutdown = true;
+  const BlockKey first = KeyOf(490);
+  const BlockKey second = KeyOf(491);
+  gpu0_.HoldNextCopies();
+  ASSERT_OK(PutIntoGpu(first, 16 * kKiB));
+  gpu0_.WaitUntilHeld();
+  ASSERT_OK(PutIntoGpu(second, 16 * kKiB));  // its copy down queued behind the held one
+  // Shut down meanwhile: the worker ends with the held copy, and the queued one is made at Stop,
+  // before the flush writes both down.
+  auto closing = std::async(std::launch::async, [&] { Close(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  gpu0_.ReleaseHeldWait();
+  closing.get();
+  Open();
+  EXPECT_EQ(TiersOf({first, second}), std::vector<Tier>(2, Tier::kDisk));
+  ExpectServed(first);
+  ExpectServed(second);
 }
 
 }  // namespace

@@ -91,8 +91,9 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
 std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys,
                                             uint64_t owner, std::chrono::milliseconds ttl,
                                             bool keep_encoding, int gpu_device) {
+  const std::vector<HashedKey> hashed = HashKeys(ns, keys);  // before the lock
   absl::MutexLock lock(&mu_);
-  return AcquireLocked(ns, keys, owner, ttl, keep_encoding, gpu_device);
+  return AcquireLocked(ns, keys, hashed, {}, owner, ttl, keep_encoding, gpu_device);
 }
 
 std::optional<std::vector<BlockRead>> TierManager::TryAcquireInHost(NamespaceId ns,
@@ -100,20 +101,23 @@ std::optional<std::vector<BlockRead>> TierManager::TryAcquireInHost(NamespaceId 
                                                                     uint64_t owner,
                                                                     std::chrono::milliseconds ttl,
                                                                     int gpu_device) {
+  const std::vector<HashedKey> hashed = HashKeys(ns, keys);  // before the lock
   absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kIndexPrefetchAhead < keys.size()) index_.Prefetch(ns, keys[i + kIndexPrefetchAhead]);
-    const EntryId id = FindCachedLocked(ns, keys[i]);
-    if (id == kNoEntry) continue;  // a miss answers at once
-    if (!index_.at(id).LeasableInHost()) return std::nullopt;
+  const std::vector<EntryId> found = FindEachLocked(hashed, /*prefix=*/false);
+  for (EntryId id : found) {
+    // A miss answers at once.
+    if (id != kNoEntry && !index_.at(id).LeasableInHost()) return std::nullopt;
   }
-  // Under the same hold of mu_: every cached block is leased in host, none waited for.
-  return AcquireLocked(ns, keys, owner, ttl, /*keep_encoding=*/false, gpu_device);
+  // Under the same hold of mu_ (the entries found stay what they are): every cached block is
+  // leased in host, none waited for.
+  return AcquireLocked(ns, keys, hashed, found, owner, ttl, /*keep_encoding=*/false, gpu_device);
 }
 
 std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<const BlockKey> keys,
-                                                  uint64_t owner, std::chrono::milliseconds ttl,
-                                                  bool keep_encoding, int gpu_device) {
+                                                  std::span<const HashedKey> hashed,
+                                                  std::span<const EntryId> found, uint64_t owner,
+                                                  std::chrono::milliseconds ttl, bool keep_encoding,
+                                                  int gpu_device) {
   std::vector<BlockRead> out(keys.size());
   const uint32_t now = NowSeconds();
   const auto deadline =
@@ -195,7 +199,13 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
   // Disk-only blocks stored encoded, for a reader that keeps encodings: read as stored below.
   std::vector<size_t> as_stored;
   for (size_t i = 0; i < keys.size(); ++i) {
-    const EntryId id = FindCachedLocked(ns, keys[i]);
+    EntryId id = kNoEntry;
+    if (!found.empty()) {
+      id = found[i];
+    } else {
+      if (i + kIndexPrefetchAhead < keys.size()) index_.Prefetch(hashed[i + kIndexPrefetchAhead]);
+      id = FindCachedLocked(hashed[i]);
+    }
     if (id == kNoEntry) {
       out[i].status = Status::NotFound("not cached");
       continue;
@@ -213,7 +223,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
 
   uint64_t direct_bytes = 0;  // read straight from disk by this call
   for (size_t i : as_stored) {
-    const EntryId id = FindCachedLocked(ns, keys[i]);
+    const EntryId id = FindCachedLocked(hashed[i]);
     if (id == kNoEntry) {
       out[i].status = Status::NotFound("not cached");
       continue;
@@ -272,7 +282,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     for (const Wait& w : waits) {
       if (w.promotion && !w.promotion->done) return true;
       if (!w.promotion) {
-        const EntryId id = FindCachedLocked(ns, keys[w.i]);
+        const EntryId id = FindCachedLocked(hashed[w.i]);
         if (id != kNoEntry && (index_.at(id).busy & kBusyReading)) return true;
       }
     }
@@ -285,7 +295,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     std::vector<Wait> again;
     for (const Wait& w : waits) {
       const size_t i = w.i;
-      const EntryId id = FindCachedLocked(ns, keys[i]);
+      const EntryId id = FindCachedLocked(hashed[i]);
       if (id == kNoEntry) {
         const Status& ps = w.promotion ? w.promotion->status : Status::OK();
         out[i].status = (!ps.ok() && !ps.IsNotFound() && ps.code() != StatusCode::kCorruption)

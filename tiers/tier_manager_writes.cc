@@ -167,36 +167,15 @@ void TierManager::ExpireReservationsLocked() {
 }
 
 Status TierManager::Commit(uint64_t owner, uint64_t reservation_id,
-                           std::optional<uint64_t> checksum,
-                           std::optional<uint64_t> device_checksum) {
+                           std::optional<uint64_t> checksum) {
   Reservation r;
   {
     absl::MutexLock lock(&mu_);
     Reservation* found = reservations_.FindOwned(reservation_id, owner);
     if (found == nullptr) return UnknownReservation(reservation_id);
-    if (device_checksum.has_value() && found->gpu < 0) {
-      FreeReservationLocked(reservation_id);
-      return Status::InvalidArgument("reservation " + std::to_string(reservation_id) +
-                                     " has no gpu slot: commit it with its checksum");
-    }
     found->deadline = Clock::TimePoint::max();  // committing
     if (checksum.has_value()) found->item.checksum = *checksum;
-    if (device_checksum.has_value()) found->item.checksum = *device_checksum;
     r = *found;
-  }
-  if (device_checksum.has_value()) {
-    // Checked on the slot's GPU, one kernel over the slot, off the lock. Abort, AbortOwner and
-    // Shutdown may free the slot meanwhile: PublishGpuLocked then discards the result.
-    GpuTier& gpu = *gpus_[r.gpu];
-    const kernels::ByteRange range{gpu.Data(r.gpu_slot), r.item.size};
-    Result<std::vector<uint64_t>> on_gpu = gpu.copies().DeviceChecksums(&range, 1, nullptr);
-    absl::MutexLock lock(&mu_);
-    if (!on_gpu.ok()) {
-      FreeReservationLocked(reservation_id);
-      return on_gpu.status().WithContext("checking block " + r.item.key.ShortHex() + " on gpu " +
-                                         std::to_string(gpu.device()));
-    }
-    return PublishGpuLocked(reservation_id, r, (*on_gpu)[0]);
   }
   // A writer that copied the bytes into the slot itself (in place) hashed them as it copied and
   // gives that checksum here: it is stored as given. Hashing the slot again would read every put
@@ -302,6 +281,67 @@ Status TierManager::PublishLocked(uint64_t reservation_id, const Reservation& r,
   }
   if (HostAboveHighWatermarkLocked()) mover_.WakeFlusher();
   return Status::OK();
+}
+
+std::vector<Status> TierManager::CommitToGpu(uint64_t owner, std::span<const uint64_t> ids,
+                                             std::span<const uint64_t> device_checksums) {
+  std::vector<Status> out(ids.size());
+  struct Checked {
+    size_t i;
+    Reservation r;
+    uint64_t actual = 0;
+    Status status;
+  };
+  std::vector<Checked> checked;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Reservation* found = reservations_.FindOwned(ids[i], owner);
+      if (found == nullptr) {
+        out[i] = UnknownReservation(ids[i]);
+      } else if (found->gpu < 0) {
+        FreeReservationLocked(ids[i]);
+        out[i] = Status::InvalidArgument("reservation " + std::to_string(ids[i]) +
+                                         " has no gpu slot: commit it with its checksum");
+      } else {
+        found->deadline = Clock::TimePoint::max();  // committing
+        found->item.checksum = device_checksums[i];
+        checked.push_back({i, *found});
+      }
+    }
+  }
+  // Off the lock, one kernel launch per GPU over its slots. Abort, AbortOwner and Shutdown may
+  // free a slot meanwhile: PublishGpuLocked then discards its result.
+  for (size_t g = 0; g < gpus_.size(); ++g) {
+    std::vector<kernels::ByteRange> ranges;
+    std::vector<Checked*> of_g;
+    for (Checked& c : checked) {
+      if (c.r.gpu != static_cast<int>(g)) continue;
+      ranges.push_back({gpus_[g]->Data(c.r.gpu_slot), c.r.item.size});
+      of_g.push_back(&c);
+    }
+    if (ranges.empty()) continue;
+    Result<std::vector<uint64_t>> sums =
+        gpus_[g]->copies().DeviceChecksums(ranges.data(), ranges.size(), nullptr);
+    for (size_t k = 0; k < of_g.size(); ++k) {
+      if (sums.ok()) {
+        of_g[k]->actual = (*sums)[k];
+      } else {
+        of_g[k]->status = sums.status().WithContext("checking the slots on gpu " +
+                                                    std::to_string(gpus_[g]->device()));
+      }
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  for (const Checked& c : checked) {
+    if (!c.status.ok()) {
+      if (reservations_.Contains(ids[c.i])) FreeReservationLocked(ids[c.i]);
+      out[c.i] = c.status;
+      continue;
+    }
+    out[c.i] = PublishGpuLocked(ids[c.i], c.r, c.actual);
+  }
+  return out;
 }
 
 Status TierManager::PublishGpuLocked(uint64_t reservation_id, const Reservation& r,

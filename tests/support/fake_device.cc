@@ -121,6 +121,10 @@ class FakeDevice::Imported final : public kernels::ImportedSegment {
 Result<std::unique_ptr<kernels::ImportedSegment>> FakeDevice::ImportSegment(int fd, uint64_t bytes,
                                                                             int device) {
   if (device != device_) return Status::InvalidArgument("FakeDevice: another device");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fail_imports_) return *fail_imports_;
+  }
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
     return Status::InvalidArgument("FakeDevice: not a segment of that size");
@@ -198,6 +202,27 @@ void FakeDevice::CorruptNextCopy() {
   corrupt_next_copy_ = true;
 }
 
+void FakeDevice::HoldNextCopies() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_ = Hold::kArmed;
+}
+
+void FakeDevice::WaitUntilHeld() {
+  std::unique_lock<std::mutex> lock(mu_);
+  hold_changed_.wait(lock, [&] { return hold_ == Hold::kHolding; });
+}
+
+void FakeDevice::ReleaseHeldWait() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_ = Hold::kReleased;
+  hold_changed_.notify_all();
+}
+
+void FakeDevice::FailImports(Status why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_imports_ = std::move(why);
+}
+
 void FakeDevice::FailNextWait(Status why) {
   std::lock_guard<std::mutex> lock(mu_);
   fail_next_wait_ = std::move(why);
@@ -264,10 +289,16 @@ Status FakeDevice::CopyAsync(void* dst, const void* src, size_t bytes,
 }
 
 Status FakeDevice::Wait(void* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   ++counters_.waits;
   std::vector<Copy> copies = std::move(queued_[stream]);
   queued_.erase(stream);
+  if (hold_ == Hold::kArmed && !copies.empty()) {
+    hold_ = Hold::kHolding;
+    hold_changed_.notify_all();
+    hold_changed_.wait(lock, [&] { return hold_ == Hold::kReleased; });
+    hold_ = Hold::kNone;
+  }
   if (fail_next_wait_) {
     Status why = std::move(*fail_next_wait_);
     fail_next_wait_.reset();

@@ -17,6 +17,7 @@
 //
 // Thread safety: every method may be called from any thread.
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -51,6 +52,14 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   // The next copy that runs lands with its first byte flipped (a copy gone bad on the way), and
   // its Wait still succeeds.
   void CorruptNextCopy();
+  // The next Wait that has copies to run holds them (a copy still on its way) until
+  // ReleaseHeldWait; WaitUntilHeld returns once a Wait holds.
+  void HoldNextCopies();
+  void WaitUntilHeld();
+  void ReleaseHeldWait();
+  // Every ImportSegment from now on fails with `why` (a process that cannot reach the daemon's
+  // gpu memory: no peer access, an old driver).
+  void FailImports(Status why);
 
   struct Counters {
     uint64_t to_device_copies = 0;
@@ -108,6 +117,10 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   std::map<void*, std::vector<Copy>> queued_;    // by stream
   std::optional<Status> fail_next_wait_;
   bool corrupt_next_copy_ = false;
+  std::optional<Status> fail_imports_;
+  enum class Hold { kNone, kArmed, kHolding, kReleased };
+  Hold hold_ = Hold::kNone;
+  std::condition_variable hold_changed_;
   std::vector<const void*> host_sides_;
   Counters counters_;
 };
