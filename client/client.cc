@@ -1117,6 +1117,14 @@ class Client::Impl {
         add(k, BlockChecksum(mappings_.WriteBase(slots[k].segment()) + slots[k].offset(), b.size));
       }
     }
+    return AbortThenCommit(abort, commit, in_frame, result);
+  }
+
+  // The end of an in-place put: gives back the reservations in `abort`, then commits those in
+  // `commit` (whose bytes are in their slots; in_frame[j]: the caller's index of the j-th) and
+  // counts the outcome into `result`.
+  Status AbortThenCommit(const wire::PutAbortRequest& abort, const wire::PutCommitRequest& commit,
+                         const std::vector<size_t>& in_frame, PutResult& result) {
     if (abort.reservation_ids_size() > 0) {
       wire::PutAbortResponse aresp;
       KVPOOL_RETURN_IF_ERROR(connection_.Simple(wire::PUT_ABORT, abort, &aresp));
@@ -1196,15 +1204,7 @@ class Client::Impl {
         in_frame.push_back(reserved[k].first);
       }
     }
-    if (abort.reservation_ids_size() > 0) {
-      wire::PutAbortResponse aresp;
-      KVPOOL_RETURN_IF_ERROR(connection_.Simple(wire::PUT_ABORT, abort, &aresp));
-    }
-    if (in_frame.empty()) return Status::OK();
-    wire::PutCommitResponse cresp;
-    KVPOOL_RETURN_IF_ERROR(
-        connection_.ExchangeOnce(wire::PUT_COMMIT, commit, {}, &cresp, connection_.NewDeadline()));
-    return TallyCommit(cresp, in_frame, result);
+    return AbortThenCommit(abort, commit, in_frame, result);
   }
 
   ClientOptions options_;

@@ -520,6 +520,9 @@ class TierManager {
   // copy when `actual`, the hash of its slot, matches its checksum.
   Status PublishLocked(uint64_t reservation_id, const Reservation& r, uint64_t actual)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copy-less entry a publication of `r` fills (inserted, linked under its parent), or
+  // kNoEntry when the block is cached already.
+  EntryId EntryToPublishLocked(const Reservation& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The same for a reservation written into its gpu slot, whose GPU computed `actual` over it:
   // published in gpu and host, its host copy queued for the GPU's copy worker.
   Status PublishGpuLocked(uint64_t reservation_id, const Reservation& r, uint64_t actual)

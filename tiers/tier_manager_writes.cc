@@ -230,6 +230,18 @@ std::optional<std::vector<Status>> TierManager::TryCommit(uint64_t owner,
   return out;
 }
 
+EntryId TierManager::EntryToPublishLocked(const Reservation& r) {
+  EntryId id = index_.Find(r.ns, r.item.key);
+  if (id != kNoEntry && index_.at(id).tiers != 0) return kNoEntry;
+  if (id == kNoEntry) id = index_.Insert(r.ns, r.item.key);
+  // A new entry, or a copy-less one (a session's pin kept it) that has no parent link yet.
+  if (index_.at(id).parent == kNoEntry && !r.item.parent.IsZero()) {
+    const EntryId parent = index_.Find(r.ns, r.item.parent);
+    if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
+  }
+  return id;
+}
+
 Status TierManager::PublishLocked(uint64_t reservation_id, const Reservation& r, uint64_t actual) {
   changed_.SignalAll();  // AwaitInFlightPut: whatever happens below, this reservation ends
   if (!reservations_.Remove(reservation_id).has_value()) {
@@ -245,16 +257,10 @@ Status TierManager::PublishLocked(uint64_t reservation_id, const Reservation& r,
     return Status::Corruption("block " + r.item.key.ShortHex() +
                               ": payload does not match its checksum (damaged in transfer)");
   }
-  EntryId id = index_.Find(r.ns, r.item.key);
-  if (id != kNoEntry && index_.at(id).tiers != 0) {
+  const EntryId id = EntryToPublishLocked(r);
+  if (id == kNoEntry) {
     host_.Free(r.slot);  // cannot happen while reserved; harmless if it does
     return Status::OK();
-  }
-  if (id == kNoEntry) id = index_.Insert(r.ns, r.item.key);
-  // A new entry, or a copy-less one (a session's pin kept it) that has no parent link yet.
-  if (index_.at(id).parent == kNoEntry && !r.item.parent.IsZero()) {
-    const EntryId parent = index_.Find(r.ns, r.item.parent);
-    if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
   }
   Entry& e = index_.at(id);
   e.size = static_cast<uint32_t>(r.item.size);
@@ -368,15 +374,10 @@ Status TierManager::PublishGpuLocked(uint64_t reservation_id, const Reservation&
     free_slots();
     return Status::Unavailable("daemon shutting down");
   }
-  EntryId id = index_.Find(r.ns, r.item.key);
-  if (id != kNoEntry && index_.at(id).tiers != 0) {
+  const EntryId id = EntryToPublishLocked(r);
+  if (id == kNoEntry) {
     free_slots();  // cannot happen while reserved; harmless if it does
     return Status::OK();
-  }
-  if (id == kNoEntry) id = index_.Insert(r.ns, r.item.key);
-  if (index_.at(id).parent == kNoEntry && !r.item.parent.IsZero()) {
-    const EntryId parent = index_.Find(r.ns, r.item.parent);
-    if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
   }
   Entry& e = index_.at(id);
   e.size = static_cast<uint32_t>(r.item.size);
