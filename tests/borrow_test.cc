@@ -175,7 +175,7 @@ TEST(BorrowTest, BlocksThatCannotBeLentInPlaceComeAsOwnedBytes) {
   auto shm = Connect(d, DataPath::kSharedMemory);
   ASSERT_NE(shm, nullptr);
   const auto ref = PutChain(*shm, 1, 2, 200000);
-  ASSERT_OK(shm->Evict(Tier::kHost).status());
+  ASSERT_OK(shm->Evict(Tier::kHost));
   auto where = shm->Where(Keys(1, 2));
   ASSERT_OK(where.status());
   ASSERT_EQ(*where, std::vector<Tier>(2, Tier::kDisk));

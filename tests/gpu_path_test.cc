@@ -188,7 +188,7 @@ TEST_F(GpuPathTest, BorrowLendsGpuCopiesAsDevicePointersWithoutACopy) {
     ASSERT_OK(v.status);
     EXPECT_EQ(v.memory, Memory::kCuda);
     EXPECT_EQ(v.tier, Tier::kGpu);
-    ASSERT_OK(gpu_.DeviceOf(v.data).status());  // device memory
+    ASSERT_OK(gpu_.DeviceOf(v.data));  // device memory
     EXPECT_EQ(gpu_.Read(v.data, size), ref[i]) << "block " << i;
   }
   ASSERT_OK((*b)[2].status);
@@ -325,7 +325,7 @@ TEST_F(GpuPathTest, ASessionLoadedForAGpuIsPlacedThereFromDisk) {
   const auto ref = PutChain(60, 3, size);
   const std::vector<BlockKey> keys = Keys(60, 3);
   ASSERT_OK(client_->SaveSession({.session_id = "s-gpu", .keys = keys, .token_count = 48}));
-  ASSERT_OK(client_->Evict(Tier::kHost).status());
+  ASSERT_OK(client_->Evict(Tier::kHost));
   ASSERT_EQ(*client_->Where(keys), std::vector<Tier>(3, Tier::kDisk));
   auto loaded = client_->LoadSession("s-gpu", LoadSessionOptions{.gpu_device = 0});
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
@@ -488,7 +488,7 @@ TEST_F(GpuPathTest, TheCApiCarriesGpuHintsAndAsynchronousGets) {
 
   // A session evicted to disk, loaded toward the gpu tier.
   ASSERT_OK(client_->SaveSession({.session_id = "c-gpu", .keys = Keys(90, 2), .token_count = 32}));
-  ASSERT_OK(client_->Evict(Tier::kHost).status());
+  ASSERT_OK(client_->Evict(Tier::kHost));
   std::vector<kvpool_key> loaded(4);
   size_t n_keys = 0;
   uint64_t tokens = 0;

@@ -436,7 +436,7 @@ TEST_F(TierManagerGpuTest, APlacementQueuedBeforeAPutIntoTheGpuDoesNotWaitForIt)
   gpu0_.HoldNextCopies();
   ASSERT_OK(PutIntoGpu(first, 16 * kKiB));
   gpu0_.WaitUntilHeld();
-  ASSERT_OK(manager_->PlaceOnGpu(kNs, {&second, 1}, 0, /*wait=*/false).status());
+  ASSERT_OK(manager_->PlaceOnGpu(kNs, {&second, 1}, 0, /*wait=*/false));
   ASSERT_OK(PutIntoGpu(second, 16 * kKiB));
   gpu0_.ReleaseHeldWait();
   ExpectServed(first);
