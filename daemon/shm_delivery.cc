@@ -32,11 +32,6 @@ uint64_t SharedMemoryDelivery::Send(const PathAsk& ask, uint32_t position, tiers
       slot->set_gpu(true);
       slot->set_gpu_device(read.gpu_device);
       info->set_device_checksum(read.device_checksum);
-    } else if (read.data == nullptr) {
-      // Its host copy is not made yet (put straight into the gpu tier): nothing to name.
-      info->set_code(static_cast<int32_t>(StatusCode::kUnavailable));
-      info->clear_slot();
-      return 0;
     } else {
       SetSlot(read.arena_offset, info->mutable_slot());  // its host copy, then
       info->set_tier(wire::TIER_HOST);

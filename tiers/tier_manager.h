@@ -118,8 +118,7 @@ struct BlockRead {
   std::unique_ptr<uint8_t[]> owned;
   // from == kGpu (only for a reader that asked for a device): the lease also holds the block's
   // copy in the gpu tier of CUDA device `gpu_device`, at `gpu_offset` there. `data` and
-  // `arena_offset` still name the host copy, except for a block put straight into that gpu tier
-  // whose host copy is not made yet: `data` is then null and `checksum` 0 (read the gpu copy).
+  // `arena_offset` still name the host copy.
   int gpu_device = -1;
   uint64_t gpu_offset = 0;
   // The gpu copy's device checksum (kernels/device_checksum.h), for a reader that copies it

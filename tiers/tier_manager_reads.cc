@@ -214,14 +214,6 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     if (e.LeasableInHost()) {
       lease(i, id, Tier::kHost);
       lease_gpu_too(i, id);
-    } else if ((e.busy & kBusyFromGpu) && gpu_device >= 0 && e.In(Tier::kGpu) &&
-               e.gpu_device == gpu_device) {
-      // Put straight into the gpu tier of this reader's GPU: its gpu copy is whole (checked at
-      // commit); only its host copy is still on the way. Leased there without waiting; the lease
-      // also holds the host slot, which this reader does not read (no data, no checksum yet).
-      lease(i, id, Tier::kHost);
-      lease_gpu_too(i, id);
-      out[i].data = nullptr;
     } else if (keep_encoding && !e.In(Tier::kHost) && e.disk_encoding != 0 && e.busy == 0) {
       as_stored.push_back(i);
     } else {
