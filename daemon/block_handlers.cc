@@ -595,20 +595,14 @@ std::optional<Response> BlockHandlers::TryPutCommitInline(Connection& c, std::st
 
 void BlockHandlers::DescribeGpuSlot(uint64_t owner, const tiers::ReserveOutcome& o,
                                     wire::Reservation* out) {
-  Result<tiers::SegmentLocation> loc = tiers_.LocateGpu(o.gpu_device, o.gpu_offset);
-  if (!loc.ok()) {  // cannot happen for a slot the tier just gave; refused if it does
+  const Status st = SetGpuSlot(tiers_, o.gpu_device, o.gpu_offset, out->mutable_slot());
+  if (!st.ok()) {  // cannot happen for a slot the tier just gave; refused if it does
     tiers_.Abort(owner, o.reservation_id);
+    out->clear_slot();
     out->set_state(wire::REFUSED);
     out->set_code(static_cast<int32_t>(StatusCode::kInternal));
-    out->set_message(loc.status().message());
-    return;
+    out->set_message(st.message());
   }
-  wire::SegmentSlot* slot = out->mutable_slot();
-  slot->set_segment(loc->segment);
-  slot->set_generation(loc->generation);
-  slot->set_offset(loc->offset);
-  slot->set_gpu(true);
-  slot->set_gpu_device(o.gpu_device);
 }
 
 Response BlockHandlers::PutAbort(Connection& c, std::string_view body) {

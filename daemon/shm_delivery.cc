@@ -1,5 +1,7 @@
 #include "daemon/shm_delivery.h"
 
+#include <utility>
+
 namespace kvpool::daemon {
 
 Status SharedMemoryDelivery::Check(const PathAsk& ask) const {
@@ -23,14 +25,9 @@ uint64_t SharedMemoryDelivery::Send(const PathAsk& ask, uint32_t position, tiers
   // The client copies it from its mapping and releases the lease; nothing in the frame.
   if (read.gpu_device >= 0) {
     // From the gpu tier the client asked for: it maps that segment (MAP_SEGMENTS gpu).
-    Result<tiers::SegmentLocation> loc = tiers_.LocateGpu(read.gpu_device, read.gpu_offset);
-    if (loc.ok()) {
-      wire::SegmentSlot* slot = info->mutable_slot();
-      slot->set_segment(loc->segment);
-      slot->set_generation(loc->generation);
-      slot->set_offset(loc->offset);
-      slot->set_gpu(true);
-      slot->set_gpu_device(read.gpu_device);
+    wire::SegmentSlot gpu_slot;
+    if (SetGpuSlot(tiers_, read.gpu_device, read.gpu_offset, &gpu_slot).ok()) {
+      *info->mutable_slot() = std::move(gpu_slot);
       info->set_device_checksum(read.device_checksum);
     } else {
       SetSlot(read.arena_offset, info->mutable_slot());  // its host copy, then
@@ -55,6 +52,17 @@ void SharedMemoryDelivery::DescribeSlot(const PathAsk& ask, uint64_t arena_offse
 void SharedMemoryDelivery::Receive(const PathAsk& ask, PendingCommit& commit,
                                    std::span<const uint64_t> sizes) {
   if (!ask.in_place) below().Receive(ask, commit, sizes);
+}
+
+Status SetGpuSlot(const tiers::TierManager& tiers, int device, uint64_t gpu_offset,
+                  wire::SegmentSlot* slot) {
+  KVPOOL_ASSIGN_OR_RETURN(tiers::SegmentLocation loc, tiers.LocateGpu(device, gpu_offset));
+  slot->set_segment(loc.segment);
+  slot->set_generation(loc.generation);
+  slot->set_offset(loc.offset);
+  slot->set_gpu(true);
+  slot->set_gpu_device(device);
+  return Status::OK();
 }
 
 void SharedMemoryDelivery::SetSlot(uint64_t arena_offset, wire::SegmentSlot* slot) const {

@@ -53,4 +53,10 @@ class SharedMemoryDelivery final : public LayeredDelivery {
   const std::chrono::milliseconds lease_timeout_;
 };
 
+// Names, in `slot`, the place `gpu_offset` of the gpu tier on CUDA device `device`, for a client
+// that maps that segment (MAP_SEGMENTS gpu): a leased gpu copy, or a gpu slot to write. Fails as
+// TierManager::LocateGpu, leaving `slot` as it was.
+Status SetGpuSlot(const tiers::TierManager& tiers, int device, uint64_t gpu_offset,
+                  wire::SegmentSlot* slot);
+
 }  // namespace kvpool::daemon
