@@ -446,8 +446,9 @@ class TierManager {
   // Drops the host copy, and the gpu copy with it.
   void DropHostCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropGpuCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The gpu tier of `device`, or null.
+  // The gpu tier of `device`, or null; its index in gpus_ (and the mover's gpu workers), or -1.
   GpuTier* GpuOf(int device) const;
+  int GpuIndexOf(int device) const;
   // A slot in `gpu` for `ns`, dropping cold gpu copies of that device (its own when it holds
   // its quota there) until one fits.
   Result<MemorySlot> AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes)

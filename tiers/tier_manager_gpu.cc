@@ -12,11 +12,16 @@
 
 namespace kvpool::tiers {
 
-GpuTier* TierManager::GpuOf(int device) const {
-  for (GpuTier* g : gpus_) {
-    if (g->device() == device) return g;
+int TierManager::GpuIndexOf(int device) const {
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    if (gpus_[i]->device() == device) return static_cast<int>(i);
   }
-  return nullptr;
+  return -1;
+}
+
+GpuTier* TierManager::GpuOf(int device) const {
+  const int i = GpuIndexOf(device);
+  return i < 0 ? nullptr : gpus_[static_cast<size_t>(i)];
 }
 
 void TierManager::DropGpuCopyLocked(EntryId id) {
@@ -120,8 +125,7 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
   }
   absl::MutexLock lock(&mu_);
   uint32_t placed = 0;
-  size_t gpu_index = 0;
-  while (gpus_[gpu_index] != gpu) ++gpu_index;
+  const auto gpu_index = static_cast<size_t>(GpuIndexOf(device));
   for (size_t i = 0; i < copies.size(); ++i) {
     const Copy& c = copies[i];
     Entry& e = index_.at(c.id);
@@ -151,10 +155,7 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
 
 Result<uint32_t> TierManager::PlaceOnGpu(NamespaceId ns, std::span<const BlockKey> keys, int device,
                                          bool wait, absl::Duration wait_limit) {
-  int gpu = -1;
-  for (size_t i = 0; i < gpus_.size(); ++i) {
-    if (gpus_[i]->device() == device) gpu = static_cast<int>(i);
-  }
+  const int gpu = GpuIndexOf(device);
   if (gpu < 0)
     return Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(device));
   absl::MutexLock lock(&mu_);

@@ -28,19 +28,14 @@ Status UnknownReservation(uint64_t reservation_id) {
 std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
                                                  std::span<const PutRequestItem> items,
                                                  bool may_wait, int gpu_device) {
-  int gpu = -1;
-  if (gpu_device >= 0) {
-    for (size_t g = 0; g < gpus_.size(); ++g) {
-      if (gpus_[g]->device() == gpu_device) gpu = static_cast<int>(g);
+  const int gpu = gpu_device >= 0 ? GpuIndexOf(gpu_device) : -1;
+  if (gpu_device >= 0 && gpu < 0) {
+    std::vector<ReserveOutcome> out(items.size());
+    for (ReserveOutcome& o : out) {
+      o.status =
+          Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(gpu_device));
     }
-    if (gpu < 0) {
-      std::vector<ReserveOutcome> out(items.size());
-      for (ReserveOutcome& o : out) {
-        o.status =
-            Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(gpu_device));
-      }
-      return out;
-    }
+    return out;
   }
   absl::MutexLock lock(&mu_);
   return ReserveLocked(ns, owner, items, may_wait, /*may_renew=*/true, gpu);
