@@ -357,6 +357,17 @@ int kvpool_prefetch_to_gpu(kvpool_client* c, const kvpool_key* keys, size_t n, i
   });
 }
 
+int kvpool_gpu_tier_of(kvpool_client* c, int gpu_device, int* daemon_device) {
+  if (c == nullptr) return KVPOOL_INVALID_ARGUMENT;
+  KVPOOL_C_REQUIRE(gpu_device >= 0, c, "kvpool_gpu_tier_of: gpu_device must be >= 0");
+  return Guard(c, [&] {
+    auto r = c->client->GpuTierOf(gpu_device);
+    if (!r.ok()) return Fail(c, r.status());
+    if (daemon_device) *daemon_device = *r;
+    return Ok(c);
+  });
+}
+
 int kvpool_session_save(kvpool_client* c, const char* session_id, const kvpool_key* keys,
                         size_t n_keys, uint64_t token_count, const char* const* meta_keys,
                         const char* const* meta_values, size_t n_meta) {

@@ -480,6 +480,9 @@ class Client::Impl {
   // number GPUs differently, e.g. under CUDA_VISIBLE_DEVICES). InvalidArgument when the daemon
   // runs no gpu tier on it.
   Result<int> DaemonGpuOf(int local) {
+    if (server_.gpu_tiers.empty()) {
+      return Status::InvalidArgument("kvpoold runs no gpu tier (or not on this connection)");
+    }
     KVPOOL_ASSIGN_OR_RETURN(kernels::DeviceCopyEngine * engine, DeviceEngine());
     KVPOOL_ASSIGN_OR_RETURN(std::string uuid, engine->DeviceUuid(local));
     for (const GpuTierInfo& g : server_.gpu_tiers) {
@@ -1241,6 +1244,18 @@ void UseCopyEngineForTest(Client& client, kernels::DeviceCopyEngine* engine) {
   Client::Impl::UseCopyEngine(client, engine);
 }
 }  // namespace client
+
+Result<int> Client::GpuTierOf(int cuda_device) {
+  return impl_->Run([&]() -> Result<int> {
+    if (!impl_->server_.shared_memory || impl_->gpu_import_failed_) {
+      return Status::InvalidArgument(
+          impl_->server_.shared_memory
+              ? "this client could not map the daemon's gpu tier (see the log); it uses host"
+              : "the daemon's gpu tier is only reached through shared memory (same node)");
+    }
+    return impl_->DaemonGpuOf(cuda_device);
+  });
+}
 
 Status Client::Reconnect() { return impl_->Connect(); }
 const ServerInfo& Client::server() const { return impl_->server_; }

@@ -318,6 +318,16 @@ TEST_F(GpuPathTest, APutIntoTheGpuThatCannotMapItGoesThroughHost) {
   const DaemonStats st =
       WaitForStats(*client_, [](const DaemonStats& s) { return s.reservations_active == 0; });
   EXPECT_EQ(st.reservations_active, 0u);  // the gpu reservations were given back
+  // An engine asking whether to put into the gpu tier is told no from now on.
+  auto tier = client_->GpuTierOf(0);
+  ASSERT_FALSE(tier.ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument) << tier.status().ToString();
+  // A new connection tries again.
+  gpu_.FailImports(Status::OK());
+  ASSERT_OK(client_->Reconnect());
+  auto again = client_->GpuTierOf(0);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, 0);
 }
 
 TEST_F(GpuPathTest, ASessionLoadedForAGpuIsPlacedThereFromDisk) {
@@ -397,6 +407,12 @@ TEST_F(GpuPathTest, AGpuCopyDamagedInDeviceMemoryIsRefusedByItsReadersAndDropped
 }
 
 TEST_F(GpuPathTest, AGpuTierOnADeviceTheDaemonHasNotIsRefused) {
+  auto tier = client_->GpuTierOf(0);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_EQ(*tier, 0);
+  auto none = client_->GpuTierOf(3);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status().ToString();
   PutChain(20, 1, 4096);
   auto placed = client_->Prefetch(Keys(20, 1), PrefetchOptions{.gpu_device = 3});
   ASSERT_FALSE(placed.ok());
@@ -423,6 +439,11 @@ TEST_F(GpuPathTest, TheCApiCarriesGpuHintsAndAsynchronousGets) {
     src.push_back(d);
     std::memcpy(keys[i].bytes, KeyOf(80 + i).bytes.data(), 32);
   }
+  int daemon_device = -1;
+  ASSERT_EQ(kvpool_gpu_tier_of(c, 0, &daemon_device), KVPOOL_OK);
+  EXPECT_EQ(daemon_device, 0);
+  EXPECT_EQ(kvpool_gpu_tier_of(c, 3, &daemon_device), KVPOOL_INVALID_ARGUMENT);
+  EXPECT_STRNE(kvpool_last_error(c), "");
   uint32_t stored = 0;
   uint32_t present = 0;
   // A device the daemon runs no gpu tier on is refused, with the reason, and nothing is stored.

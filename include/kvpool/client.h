@@ -579,6 +579,12 @@ class Client {
   // with the default's strategies and source). Unimplemented from a daemon too old to know.
   Result<PoliciesView> Policies(const std::string& namespace_name = "");
 
+  // The daemon's gpu tier on this process's CUDA device `cuda_device` (torch's ordinal; matched
+  // by UUID): its GpuTierInfo::device. InvalidArgument when the daemon runs none there, or when
+  // this client cannot map it (no shared memory, or its import failed since the last connect);
+  // Unavailable without CUDA. For an engine choosing whether to pass PutOptions::gpu_device.
+  Result<int> GpuTierOf(int cuda_device);
+
   // Drops the connection and connects again (also done by itself with auto_reconnect).
   Status Reconnect();
   const ServerInfo& server() const;

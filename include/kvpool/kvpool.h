@@ -155,6 +155,10 @@ int kvpool_prefetch(kvpool_client* client, const kvpool_key* keys, size_t n, uin
  * gpu tier in the background. */
 int kvpool_prefetch_to_gpu(kvpool_client* client, const kvpool_key* keys, size_t n, int gpu_device,
                            uint32_t* scheduled, uint32_t* gpu_placed);
+/* Whether the hints above pay off on CUDA device `gpu_device`: KVPOOL_OK with *daemon_device set
+ * to the daemon's number for its gpu tier there (may be NULL); KVPOOL_INVALID_ARGUMENT when it
+ * runs none there or this client cannot map it (then put without the hint). */
+int kvpool_gpu_tier_of(kvpool_client* client, int gpu_device, int* daemon_device);
 int kvpool_put_chain_to_gpu(kvpool_client* client, const kvpool_key* keys, size_t n,
                             const void* const* data, const size_t* sizes, const kvpool_key* parent,
                             int data_on_device, void* cuda_stream, int gpu_device, uint32_t* stored,

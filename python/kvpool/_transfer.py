@@ -1,5 +1,6 @@
 """The threads an engine adapter moves KV on (kvpool.vllm's loads and saves; kvpool.sglang's
-calls from SGLang's own threads use a Link each).
+calls from SGLang's own threads use a Link each), and where its puts from GPU memory go
+(`gpu_tier_device`).
 
 A `Link` is one thread's kvpool client, made on first use and dropped after a failure so the
 next call connects again (a restarted daemon is found), with each outage logged once through an
@@ -21,7 +22,21 @@ import torch
 import kvpool
 from kvpool._outage import OutageLog, close_quietly
 
-__all__ = ["Link", "TransferThread"]
+__all__ = ["Link", "TransferThread", "gpu_tier_device"]
+
+
+def gpu_tier_device(client: kvpool.Client, staged: torch.Tensor) -> int | None:
+    """The gpu_device a put of blocks staged in `staged` passes: its CUDA device where the
+    daemon runs a gpu tier there that `client` can map (the blocks are then copied device to
+    device into it, and a later load on that GPU reads them device to device); None otherwise
+    (host memory, or no gpu tier there: the blocks go into host, from device memory by one
+    copy into the shared-memory slot)."""
+    if not staged.is_cuda:
+        return None
+    device = staged.device.index
+    if device is None:
+        device = torch.cuda.current_device()
+    return device if client.gpu_tier(device) is not None else None
 
 
 class Link:

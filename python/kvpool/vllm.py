@@ -47,6 +47,12 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   finished_sending; a preempted request's saves are waited for in handle_preemptions (and in
   bind_connector_metadata, whichever a model runner calls first) before the forward can write
   its freed blocks. With "save_async": false, wait_for_save stores before it returns.
+- On a GPU whose kvpoold runs a gpu tier there (`kvpoold --gpu_devices`), saves are copied
+  device to device into that tier ("save_to_gpu": true, the default; the daemon makes the host
+  copy behind the put), so a later load on the node reads them device to device; elsewhere, or
+  with "save_to_gpu": false, they are copied from the staging buffer straight into the daemon's
+  host memory. Loads into the KV cache read device to device wherever a block is in the gpu
+  tier of the same GPU, and otherwise by one host-to-device copy from the daemon's memory.
 - A load reads every block (verified: OK and exactly the layout's size) and scatters the good
   prefix. Each kvpool call moves at most 32 MiB through a staging buffer that each thread keeps.
   save_kv_layer and wait_for_layer_load have nothing to do.
@@ -89,7 +95,7 @@ import torch
 import kvpool
 from kvpool._options import client_kwargs
 from kvpool._outage import KVPOOL_FAILURES, OutageLog
-from kvpool._transfer import Link, TransferThread
+from kvpool._transfer import Link, TransferThread, gpu_tier_device
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -308,6 +314,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._link = Link(factory, OutageLog(log, "kvpool.vllm", "misses"))
         self._load_async = _flag(extra.get("load_async", True))
         self._save_async = _flag(extra.get("save_async", True))
+        self._save_to_gpu = _flag(extra.get("save_to_gpu", True))
         # scheduler side
         self._trackers: dict[str, _Tracker] = {}
         self._pending_load: dict[str, tuple[int, int]] = {}   # req_id -> (first, end) blocks
@@ -742,8 +749,9 @@ class KvpoolConnector(KVConnectorBase_V1):
                 n = min(self._chunk_blocks, span.end - i)
                 staging = self._staging(link, n)
                 self._gather(span.block_ids[i - span.first:i - span.first + n], staging)
+                gpu = gpu_tier_device(client, staging) if self._save_to_gpu else None
                 r = client.put(keys[i:i + n], self._block_buffers(staging),
-                               parent=keys[i - 1] if i else None)
+                               parent=keys[i - 1] if i else None, gpu_device=gpu)
                 stored += r.stored
                 if not r.all_ok():
                     first = next((e for e in r.errors if e is not None), None)

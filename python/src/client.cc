@@ -360,6 +360,12 @@ class PyClient {
     return out;
   }
 
+  std::optional<int> GpuTier(int device) {
+    Result<int> r = Call([&](Client& c) { return c.GpuTierOf(device); });
+    if (!r.ok() && r.status().code() == StatusCode::kInvalidArgument) return std::nullopt;
+    return Unwrap(std::move(r));
+  }
+
   uint32_t Prefetch(nb::handle keys_obj, std::optional<int> gpu_device) {
     std::vector<BlockKey> keys = ToKeys(keys_obj, "keys");
     PrefetchOptions options;
@@ -827,6 +833,12 @@ void RegisterClient(nb::module_& m) {
                    "max_payload_bytes, max_batch_keys, shared_memory, ucx; plus address and "
                    "namespace.")
       .def_prop_ro("closed", &PyClient::closed)
+      .def("gpu_tier", &PyClient::GpuTier, nb::arg("device"),
+           "The daemon's gpu tier on this process's CUDA device `device` (torch's ordinal, "
+           "matched by UUID): its device number, or None when the daemon runs none there or "
+           "this client cannot map it (no shared memory, or mapping it failed). An engine "
+           "passes gpu_device=device to put only where this is not None. Raises Unavailable "
+           "without CUDA.")
       .def("lookup", &PyClient::Lookup, nb::arg("keys"), nb::arg("prefetch") = true,
            "Longest cached prefix of the chain `keys`. With prefetch, hits on disk start moving "
            "to host at once.")

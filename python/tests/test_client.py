@@ -130,6 +130,7 @@ def test_gpu_asks_without_a_gpu_fail_cleanly(client, make_keys):
     # errors or no-ops with a reason, never a crash, and the connection stays usable.
     keys = make_keys(2)
     client.put(keys, _blocks(2, 5))
+    assert client.gpu_tier(0) is None   # what an engine asks before passing gpu_device
     with pytest.raises((kvpool.Unavailable, kvpool.InvalidArgument, kvpool.Unimplemented)):
         client.prefetch(keys, gpu_device=0)
     with pytest.raises((kvpool.Unavailable, kvpool.InvalidArgument)):

@@ -44,6 +44,11 @@ Design (the why):
   a warning on the "kvpool.hf" logger (and an info line when kvpool answers again). The client
   is made with a short timeout (2 s by default) so a stalled daemon costs at most that, and is
   made again after an Unavailable, so a restarted daemon is found.
+- Blocks are staged where the model's KV is (`device`, by default the model's: a CUDA device
+  or the CPU), and loaded caches are made there. On a GPU each block moves between device
+  memory and kvpool's with one copy: into or out of the daemon's shared memory, or device to
+  device where kvpoold runs a gpu tier on that GPU (stores then go into it, and loads read
+  from it; kvpool._transfer.gpu_tier_device).
 - One sequence at a time (batch size 1): prefixes differ per row; a batching caller calls per
   row. Not thread-safe: one adapter per thread (it reuses a staging buffer).
 """
@@ -63,6 +68,7 @@ from transformers import DynamicCache
 
 import kvpool
 from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
+from kvpool._transfer import gpu_tier_device
 
 __all__ = ["KvpoolHFCache", "weights_fingerprint", "layout_for", "LoadInfo"]
 
@@ -150,9 +156,18 @@ def _decode_tokens(text: str) -> list[int]:
     return np.frombuffer(raw, dtype="<i4").tolist()
 
 
-def _byte_view(t: torch.Tensor) -> np.ndarray:
-    """A writable uint8 numpy view of a contiguous CPU tensor's memory (no copy)."""
-    return t.view(torch.uint8).numpy()
+def _byte_view(t: torch.Tensor) -> Any:
+    """A contiguous tensor's bytes as kvpool takes them, without a copy: a uint8 numpy view on
+    the CPU, the uint8 tensor itself on a GPU (by DLPack)."""
+    b = t.view(torch.uint8)
+    return b if b.is_cuda else b.numpy()
+
+
+def _model_device(model: Any) -> torch.device:
+    """Where a model's KV will be: its first parameter's device; the CPU for a config."""
+    params = getattr(model, "parameters", None)
+    first = next(params(), None) if callable(params) else None
+    return first.device if first is not None else torch.device("cpu")
 
 
 class KvpoolHFCache:
@@ -167,13 +182,16 @@ class KvpoolHFCache:
     namespace: the tenant the client authenticates as, when kvpool.hf makes the client.
     timeout: seconds for each kvpool call (and the connect), when kvpool.hf makes the client.
         Default: 2 s, so a stalled daemon delays a request by at most about that.
+    device: where blocks are staged and loaded caches are made ("cpu" or a CUDA device).
+        Default: the model's device (the CPU when given a config).
     """
 
     def __init__(self, client: "kvpool.Client | Callable[[], kvpool.Client] | str",
                  model: Any, *, model_id: str, secret: str | bytes,
                  tokens_per_block: int = 16, encoding: str = "raw",
                  dtype: torch.dtype | None = None, namespace: str = "default",
-                 timeout: float = 2.0, tp_rank: int = 0, tp_size: int = 1) -> None:
+                 timeout: float = 2.0, tp_rank: int = 0, tp_size: int = 1,
+                 device: torch.device | str | None = None) -> None:
         if encoding != "raw":
             raise ValueError("kvpool.hf writes raw blocks only (encoded layouts: kvpool.hf "
                              "compression modules)")
@@ -184,6 +202,10 @@ class KvpoolHFCache:
             dtype = getattr(model, "dtype", None)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError("pass dtype= with a config")
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"kvpool.hf stages KV on the CPU or a CUDA device, not "
+                             f"{self.device}")
         self.config = config
         self.dtype = dtype
         self.model_id = model_id
@@ -247,8 +269,12 @@ class KvpoolHFCache:
     def _staging_for(self, blocks: int) -> torch.Tensor:
         shape = (blocks, self.layers, 2, self.tokens_per_block, self.kv_heads, self.head_dim)
         if self._staging is None or self._staging.shape[0] < blocks:
-            self._staging = torch.empty(shape, dtype=self.dtype)
+            self._staging = torch.empty(shape, dtype=self.dtype, device=self.device)
         return self._staging[:blocks]
+
+    def _tail_buffer(self, tokens: int) -> torch.Tensor:
+        return torch.empty((self.layers, 2, tokens, self.kv_heads, self.head_dim),
+                           dtype=self.dtype, device=self.device)
 
     def _check_cache(self, cache: DynamicCache) -> bool:
         if len(cache.layers) != self.layers:
@@ -380,7 +406,8 @@ class KvpoolHFCache:
                 staging = self._staging_for(n)
                 self._pack(cache, i * self.tokens_per_block, n * self.tokens_per_block, staging)
                 r = client.put(keys[i:i + n], [_byte_view(staging[j]) for j in range(n)],
-                               parent=keys[i - 1] if i else None)
+                               parent=keys[i - 1] if i else None,
+                               gpu_device=gpu_tier_device(client, staging))
                 stored += r.stored
                 if not r.all_ok():
                     first = next((e for e in r.errors if e is not None), None)
@@ -417,10 +444,10 @@ class KvpoolHFCache:
             if tail_len:
                 parent = keys[-1] if keys else None
                 tail_key = self._tail_key(tokens[len(keys) * B:], parent)
-                tail = torch.empty((self.layers, 2, tail_len, self.kv_heads, self.head_dim),
-                                   dtype=self.dtype)
+                tail = self._tail_buffer(tail_len)
                 self._pack(cache, len(keys) * B, tail_len, tail)
-                r = client.put([tail_key], [_byte_view(tail)], parent=parent)
+                r = client.put([tail_key], [_byte_view(tail)], parent=parent,
+                               gpu_device=gpu_tier_device(client, tail))
                 if not r.all_ok():
                     log.warning("kvpool.hf: session %s: tail put failed: %s", session_id,
                                 r.errors[0])
@@ -499,8 +526,7 @@ class KvpoolHFCache:
         bufs = [_byte_view(staging[i]) for i in range(n_full)]
         tail = None
         if tail_len:
-            tail = torch.empty((self.layers, 2, tail_len, self.kv_heads, self.head_dim),
-                               dtype=self.dtype)
+            tail = self._tail_buffer(tail_len)
             bufs.append(_byte_view(tail))
         try:
             results = self._get_client().get_into(expect, bufs)

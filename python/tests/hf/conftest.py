@@ -25,6 +25,10 @@ NAMESPACE = "hf-test"
 MAX_NEW = 12
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+
+
 @pytest.fixture(scope="session")
 def model():
     torch.manual_seed(0)

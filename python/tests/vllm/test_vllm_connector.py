@@ -28,6 +28,7 @@ from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 
 import kvpool
 import kvpool.vllm
+from kvpool.testing import Daemon
 from vllm_env import (BLOCK, NUM_BLOCKS, SECRET, admit, finish, forward, kv_config, kv_views,
                       make_config, request, scheduler, step, token_kv, worker)
 from conftest import HEAD_DIM, KV_HEADS, LAYERS
@@ -775,6 +776,53 @@ def test_store_then_load_in_gpu_memory(model_dir, daemon, background):
     assert new.num_computed_tokens == 48
     assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).cpu().view(torch.int16),
                        token_kv(views_a, blocks_a, 48).cpu().view(torch.int16))
+
+
+def test_saves_ask_for_the_gpu_tier_only_from_device_memory_it_serves(daemon):
+    """gpu_tier_device, what a save passes as put's gpu_device: never for host memory, and for
+    device memory only where the daemon runs a gpu tier on that GPU (this one runs none)."""
+    from types import SimpleNamespace
+    from kvpool._transfer import gpu_tier_device
+    client = kvpool.Client(daemon.socket, namespace="vllm-test")
+    try:
+        assert gpu_tier_device(client, torch.zeros(4)) is None
+        on_gpu = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+        assert gpu_tier_device(client, on_gpu) is None
+    finally:
+        client.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("to_gpu", [True, False], ids=["gpu-tier", "host"])
+def test_saves_go_device_to_device_into_a_gpu_tier_and_load_from_it(model_dir, to_gpu):
+    """With kvpoold running a gpu tier on the KV cache's GPU, saves land in it (save_to_gpu,
+    the default) and the next instance's load reads them from there; with save_to_gpu false
+    they land in host. Either way the bytes are the ones saved."""
+    flags = ["--gpu_devices=0", "--gpu_capacity=256MiB", "--gpu_segment_size=64MiB"]
+    with Daemon(flags=flags) as d:
+        views_a, blocks_a, out = _store(model_dir, d, KVCacheLayout.LHBNC, PROMPT, device="cuda",
+                                        save_to_gpu=to_gpu, save_async=False)
+        client = kvpool.Client(d.socket, namespace="vllm-test")
+        try:
+            assert client.gpu_tier(torch.cuda.current_device()) is not None
+            saver = kvpool.vllm.KvpoolConnector(make_config(model_dir, d.socket, secret=SECRET),
+                                                KVConnectorRole.SCHEDULER, kv_config())
+            keys = saver._keys(PROMPT)
+            found = client.lookup(keys, prefetch=False)
+            assert found.hit_blocks == 3
+            assert found.tiers == (["gpu"] * 3 if to_gpu else ["host"] * 3)
+        finally:
+            client.close()
+        cfg = make_config(model_dir, d.socket, secret=SECRET)
+        views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=19, device="cuda")
+        sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
+        req = request(PROMPT + [1])
+        sched.add_request(req)
+        new = admit(sched, w)[req.request_id]
+        assert new.num_computed_tokens == 48
+        assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).cpu().view(torch.int16),
+                           token_kv(views_a, blocks_a, 48).cpu().view(torch.int16))
 
 
 def test_connector_stats_count_lookups_loads_and_stores(model_dir, daemon):

@@ -35,11 +35,12 @@ _ids = itertools.count()
 def make_config(model_dir: str, socket: str, *, secret: str, namespace: str = "vllm-test",
                 model_id: str | None = None, block_size: int = BLOCK,
                 dtype: str = "bfloat16", max_batched_tokens: int = 2048,
-                load_async: bool = True, save_async: bool = True, tp_size: int = 1) -> VllmConfig:
+                load_async: bool = True, save_async: bool = True, tp_size: int = 1,
+                save_to_gpu: bool = True) -> VllmConfig:
     # A generous client timeout: on a loaded 2-core CI machine a call can take over a second,
     # which would turn a hit into a miss and a store into a skip. (A killed daemon refuses at once.)
     extra = {"socket": socket, "namespace": namespace, "secret": secret, "timeout": 5.0,
-             "load_async": load_async, "save_async": save_async}
+             "load_async": load_async, "save_async": save_async, "save_to_gpu": save_to_gpu}
     if model_id is not None:
         extra["model_id"] = model_id
     cfg = VllmConfig(
