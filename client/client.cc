@@ -478,13 +478,23 @@ class Client::Impl {
 
   // The daemon's ordinal of this process's CUDA device `local`, matched by UUID (the two may
   // number GPUs differently, e.g. under CUDA_VISIBLE_DEVICES). InvalidArgument when the daemon
-  // runs no gpu tier on it.
+  // runs no gpu tier on it (or `local` names no CUDA device here); Unavailable when the daemon
+  // runs gpu tiers and this process has no CUDA.
   Result<int> DaemonGpuOf(int local) {
     if (server_.gpu_tiers.empty()) {
       return Status::InvalidArgument("kvpoold runs no gpu tier (or not on this connection)");
     }
     KVPOOL_ASSIGN_OR_RETURN(kernels::DeviceCopyEngine * engine, DeviceEngine());
-    KVPOOL_ASSIGN_OR_RETURN(std::string uuid, engine->DeviceUuid(local));
+    auto known = device_uuids_.find(local);
+    if (known == device_uuids_.end()) {
+      Result<std::string> uuid = engine->DeviceUuid(local);
+      if (!uuid.ok()) {
+        return Status::InvalidArgument("CUDA device " + std::to_string(local) +
+                                       " of this process: " + uuid.status().ToString());
+      }
+      known = device_uuids_.emplace(local, *std::move(uuid)).first;
+    }
+    const std::string& uuid = known->second;
     for (const GpuTierInfo& g : server_.gpu_tiers) {
       if (!g.uuid.empty() && g.uuid == uuid) return g.device;
     }
@@ -1224,8 +1234,9 @@ class Client::Impl {
     std::shared_ptr<kernels::ImportedSegment> segment;
   };
   std::map<std::pair<int, uint32_t>, GpuMapping> gpu_mappings_;
-  bool gpu_import_failed_ = false;  // since the last hello
-  uint64_t epoch_ = 0;              // counts connections (hellos), for borrowed blocks' leases
+  std::map<int, std::string> device_uuids_;  // this process's CUDA devices asked about so far
+  bool gpu_import_failed_ = false;           // since the last hello
+  uint64_t epoch_ = 0;  // counts connections (hellos), for borrowed blocks' leases
   // What borrowed blocks reach this client through; nulled when it goes.
   std::shared_ptr<Impl*> self_ = std::make_shared<Impl*>(this);
 };

@@ -548,7 +548,8 @@ class Client {
   // Hint: promote these toward host. Returns how many promotions started.
   Result<uint32_t> Prefetch(std::span<const BlockKey> keys);
   // The same, and with options.gpu_device toward that GPU's tier of the daemon as well.
-  // InvalidArgument when the daemon runs no gpu tier on that GPU; Unavailable without CUDA.
+  // InvalidArgument when the daemon runs no gpu tier on that GPU; Unavailable when it runs gpu
+  // tiers and this process has no CUDA.
   Result<PrefetchResult> Prefetch(std::span<const BlockKey> keys, const PrefetchOptions& options);
 
   // Persists a session and pins its chain on disk. FailedPrecondition when a chain block is not
@@ -582,7 +583,8 @@ class Client {
   // The daemon's gpu tier on this process's CUDA device `cuda_device` (torch's ordinal; matched
   // by UUID): its GpuTierInfo::device. InvalidArgument when the daemon runs none there, or when
   // this client cannot map it (no shared memory, or its import failed since the last connect);
-  // Unavailable without CUDA. For an engine choosing whether to pass PutOptions::gpu_device.
+  // Unavailable when the daemon runs gpu tiers and this process has no CUDA. For an engine
+  // choosing whether to pass PutOptions::gpu_device.
   Result<int> GpuTierOf(int cuda_device);
 
   // Drops the connection and connects again (also done by itself with auto_reconnect).

@@ -144,7 +144,7 @@ int kvpool_prefetch(kvpool_client* client, const kvpool_key* keys, size_t n, uin
 
 /* Hints toward the daemon's gpu tier on CUDA device `gpu_device` (this process's ordinal, as
  * torch names it). KVPOOL_INVALID_ARGUMENT when the daemon runs no gpu tier on it;
- * KVPOOL_UNAVAILABLE without CUDA here.
+ * KVPOOL_UNAVAILABLE when it runs gpu tiers and this process has no CUDA.
  * kvpool_prefetch_to_gpu: promotes the blocks toward host and copies them into that gpu tier,
  * returning once they are placed (`scheduled`: promotions started, `gpu_placed`: blocks placed;
  * either may be NULL).

@@ -838,7 +838,7 @@ void RegisterClient(nb::module_& m) {
            "matched by UUID): its device number, or None when the daemon runs none there or "
            "this client cannot map it (no shared memory, or mapping it failed). An engine "
            "passes gpu_device=device to put only where this is not None. Raises Unavailable "
-           "without CUDA.")
+           "when the daemon runs gpu tiers and this process has no CUDA.")
       .def("lookup", &PyClient::Lookup, nb::arg("keys"), nb::arg("prefetch") = true,
            "Longest cached prefix of the chain `keys`. With prefetch, hits on disk start moving "
            "to host at once.")

@@ -183,7 +183,8 @@ class KvpoolHFCache:
     timeout: seconds for each kvpool call (and the connect), when kvpool.hf makes the client.
         Default: 2 s, so a stalled daemon delays a request by at most about that.
     device: where blocks are staged and loaded caches are made ("cpu" or a CUDA device).
-        Default: the model's device (the CPU when given a config).
+        Default: the model's device (its first parameter's; the CPU when given a config). One
+        device per model: a model whose layers are spread over devices is not supported.
     """
 
     def __init__(self, client: "kvpool.Client | Callable[[], kvpool.Client] | str",
@@ -206,6 +207,8 @@ class KvpoolHFCache:
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"kvpool.hf stages KV on the CPU or a CUDA device, not "
                              f"{self.device}")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.config = config
         self.dtype = dtype
         self.model_id = model_id

@@ -27,6 +27,7 @@ from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 
 import kvpool
+import kvpool.kernels
 import kvpool.vllm
 from kvpool.testing import Daemon
 from vllm_env import (BLOCK, NUM_BLOCKS, SECRET, admit, finish, forward, kv_config, kv_views,
@@ -759,7 +760,8 @@ def test_a_prompt_mixing_token_ids_and_embeddings_keys_which_rows_are_which(mode
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available() or not kvpool.kernels.built_with_cuda,
+                    reason="no CUDA device, or kvpool built without CUDA")
 @pytest.mark.parametrize("background", [True, False], ids=["async", "sync"])
 def test_store_then_load_in_gpu_memory(model_dir, daemon, background):
     """The paged KV in CUDA memory: staging on the device, get_into/put of CUDA tensors and,
@@ -793,7 +795,8 @@ def test_saves_ask_for_the_gpu_tier_only_from_device_memory_it_serves(daemon):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available() or not kvpool.kernels.built_with_cuda,
+                    reason="no CUDA device, or kvpool built without CUDA (no gpu tier)")
 @pytest.mark.parametrize("to_gpu", [True, False], ids=["gpu-tier", "host"])
 def test_saves_go_device_to_device_into_a_gpu_tier_and_load_from_it(model_dir, to_gpu):
     """With kvpoold running a gpu tier on the KV cache's GPU, saves land in it (save_to_gpu,
