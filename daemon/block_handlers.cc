@@ -239,7 +239,17 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
     if (!missing.empty() && cluster->FetchMissing(c.ns, c.ns_name, missing) > 0) {
       std::vector<tiers::BlockRead> again =
           tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl, req.accept_encoded(), gpu_device);
-      for (size_t k = 0; k < where.size(); ++k) (*reads)[where[k]] = std::move(again[k]);
+      std::vector<BlockKey> to_gpu;
+      for (size_t k = 0; k < where.size(); ++k) {
+        if (gpu_device >= 0 && again[k].status.ok() && again[k].from != Tier::kGpu) {
+          to_gpu.push_back(missing[k]);
+        }
+        (*reads)[where[k]] = std::move(again[k]);
+      }
+      // A remote hit for a reader on a GPU with a gpu tier here: this read copies it from host
+      // (arriving over UCX, it is in host already), and it is placed in the gpu tier behind the
+      // read, so the next reader on that GPU copies device to device.
+      PlaceOnGpuBehind(c.ns, to_gpu, gpu_device, "GET (remote hits)");
     }
   }
   Response r;
@@ -542,14 +552,7 @@ Response BlockHandlers::PutCommit(Connection& c, std::string_view body) {
   }
   commit.Clear();
   if (!replicate.empty()) cluster->Replicate(c.ns, c.ns_name, std::move(replicate));
-  if (!to_gpu.empty()) {
-    // A hint: the put stands whatever becomes of it (the client checked the device at hello).
-    Result<uint32_t> queued = tiers_.PlaceOnGpu(c.ns, to_gpu, gpu_device, /*wait=*/false);
-    if (!queued.ok()) {
-      LOG_EVERY_N(WARNING, 100) << "PUT_COMMIT to gpu " << gpu_device << ": "
-                                << queued.status().ToString();
-    }
-  }
+  PlaceOnGpuBehind(c.ns, to_gpu, gpu_device, "PUT_COMMIT");
   metrics_.Add(metrics_.puts_committed, committed);
   metrics_.Add(metrics_.bytes_in, bytes);
   return Reply(wire::PUT_COMMIT, resp, Status::OK());
@@ -591,6 +594,16 @@ std::optional<Response> BlockHandlers::TryPutCommitInline(Connection& c, std::st
   metrics_.Add(metrics_.puts_committed, committed);
   metrics_.Add(metrics_.bytes_in, bytes);
   return Reply(wire::PUT_COMMIT, resp, Status::OK());
+}
+
+void BlockHandlers::PlaceOnGpuBehind(NamespaceId ns, std::span<const BlockKey> keys, int device,
+                                     const char* what) {
+  if (keys.empty()) return;
+  // The client checked at hello that the daemon runs a gpu tier on `device`.
+  Result<uint32_t> queued = tiers_.PlaceOnGpu(ns, keys, device, /*wait=*/false);
+  if (!queued.ok()) {
+    LOG_EVERY_N(WARNING, 100) << what << " to gpu " << device << ": " << queued.status().ToString();
+  }
 }
 
 void BlockHandlers::DescribeGpuSlot(uint64_t owner, const tiers::ReserveOutcome& o,

@@ -13,6 +13,7 @@
 // the Try*Inline calls, the rest on request workers.
 
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -81,6 +82,10 @@ class BlockHandlers {
   void DescribeGpuSlot(uint64_t owner, const tiers::ReserveOutcome& o, wire::Reservation* out);
   std::optional<transport::Response> ReserveBlocks(Connection& c, std::string_view body,
                                                    bool inline_only);
+  // Queues the placement of `keys` (in host) into the gpu tier on `device`, behind the request
+  // (`what` names it in the log): a hint, which the request stands without.
+  void PlaceOnGpuBehind(NamespaceId ns, std::span<const BlockKey> keys, int device,
+                        const char* what);
 
   const BlockServiceOptions& options_;
   tiers::TierManager& tiers_;

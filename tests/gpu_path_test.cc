@@ -4,19 +4,24 @@
 // tier on a prefetch hint and read from there device to device into device buffers (peer to peer
 // on a real node), through a gpu segment the client imports by descriptor; host buffers and
 // evicted gpu copies fall back to the host arena; the leases end. kvpoold itself never runs the
-// double: without CUDA it has no gpu tier (checked at the end).
+// double: without CUDA it has no gpu tier (checked at the end). In a cluster, a remote hit for a
+// device reader is placed in the gpu tier behind the read.
 
 #include <gtest/gtest.h>
 
 #include <kvpool/kvpool.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "client/device_buffers.h"
 #include "common/checksum.h"
 #include "daemon/daemon.h"
 #include "tests/support/daemon_process.h"
+#include "tests/support/etcd_test_server.h"
 #include "tests/support/fake_device.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/temp_dir.h"
@@ -525,6 +530,113 @@ TEST_F(GpuPathTest, TheCApiCarriesGpuHintsAndAsynchronousGets) {
                                        &tokens, nullptr),
             KVPOOL_INVALID_ARGUMENT);
   kvpool_close(c);
+}
+
+// A remote hit for a reader on a GPU: the daemon fetches it from its peer into host, the read
+// copies it from there, and the daemon places it in its gpu tier behind the read, so the next read
+// on that GPU is device to device. A real etcd and a peer kvpoold process (skipped without etcd);
+// this daemon runs in the test's process over the device double.
+TEST(GpuPathInCluster, ARemoteHitForADeviceReaderIsPlacedInTheGpuTier) {
+  auto etcd = EtcdTestServer::Start();
+  if (!etcd.ok() && etcd.status().IsNotFound()) {
+    GTEST_SKIP() << "no etcd binary: " << etcd.status().ToString();
+  }
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  TempDir dir{"kvpool-gpu-cluster"};
+  ASSERT_TRUE(dir.ok());
+  const std::string secret = "correct horse battery staple";
+  const std::string secret_file = dir.Join("secret");
+  std::ofstream(secret_file) << secret << "\n";
+  chmod(secret_file.c_str(), 0600);
+  // No replicas: a block stays on the node it was put through, so the read below is remote.
+  DaemonProcess peer({"--cluster=" + (*etcd)->endpoint(), "--cluster_name=test", "--node_id=peer",
+                      "--cluster_secret_file=" + secret_file, "--listen=tcp://127.0.0.1:0",
+                      "--ucx_transports=tcp", "--ucx_net_devices=lo", "--replicas=0"});
+  ASSERT_OK(peer.Start());
+
+  FakeDevice gpu{0};
+  daemon::DaemonOptions o;
+  o.data_dir = dir.Join("data");
+  o.socket_path = dir.Join("kvpool.sock");
+  o.host_capacity_bytes = 32 * kMiB;
+  o.host_segment_bytes = 2 * kMiB;
+  o.disk_capacity_bytes = 256 * kMiB;
+  o.lock_memory = false;
+  o.namespaces_file = "";
+  o.gpu_devices = {0};
+  o.gpu_capacity_bytes = 4 * kMiB;
+  o.gpu_segment_bytes = 2 * kMiB;
+  o.gpu_arena = [&gpu](int, uint64_t segment,
+                       uint32_t count) -> Result<std::unique_ptr<kernels::DeviceArena>> {
+    return gpu.CreateArena(segment, count);
+  };
+  o.cluster = (*etcd)->endpoint();
+  o.cluster_name = "test";
+  o.cluster_secret = secret;
+  o.node_id = "gpu-node";
+  o.tcp_listen = "tcp://127.0.0.1:0";
+  o.ucx_transports = "tcp";
+  o.ucx_net_devices = "lo";
+  o.replicas = 0;
+  auto d = daemon::Daemon::Start(std::move(o));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  std::unique_ptr<daemon::Daemon> local = std::move(d).value();
+
+  ClientOptions co;
+  co.address = dir.Join("kvpool.sock");
+  co.namespace_name = "gpu-test";
+  co.data_path = DataPath::kSharedMemory;
+  auto c = Client::Connect(co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::unique_ptr<Client> client = std::move(c).value();
+  client::UseCopyEngineForTest(*client, &gpu);
+  size_t members = 0;
+  for (int i = 0; i < 100 && members != 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto v = client->Cluster();
+    members = v.ok() ? v->members.size() : 0;
+  }
+  ASSERT_EQ(members, 2u) << "the peer did not join";
+
+  const size_t size = 100000;
+  const int n = 3;
+  std::vector<std::vector<uint8_t>> ref;
+  std::vector<BlockKey> keys;
+  std::vector<std::span<const uint8_t>> spans;
+  for (int i = 0; i < n; ++i) {
+    ref.push_back(BlockBytes(120 + i, size));
+    keys.push_back(KeyOf(120 + i));
+  }
+  for (const auto& r : ref) spans.emplace_back(r);
+  auto at_peer = peer.Connect("gpu-test");
+  auto put = at_peer->PutChain(keys, spans);
+  ASSERT_TRUE(put.ok() && put->all_ok());
+  ASSERT_EQ(*client->Where(keys), std::vector<Tier>(n, Tier::kNone));
+
+  std::vector<MutableBuffer> bufs;
+  for (int i = 0; i < n; ++i) bufs.push_back({gpu.Alloc(size), size, Memory::kCuda});
+  auto got = client->Get(keys, bufs);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (int i = 0; i < n; ++i) {
+    ASSERT_OK((*got)[i].status);
+    EXPECT_EQ(gpu.Read(bufs[i].data, size), ref[i]) << i;
+  }
+  EXPECT_EQ(WaitForTiers(*client, keys, Tier::kGpu), std::vector<Tier>(n, Tier::kGpu));
+
+  const auto before = gpu.counters();
+  std::vector<MutableBuffer> again;
+  for (int i = 0; i < n; ++i) again.push_back({gpu.Alloc(size), size, Memory::kCuda});
+  auto reread = client->Get(keys, again);
+  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
+  for (int i = 0; i < n; ++i) {
+    ASSERT_OK((*reread)[i].status);
+    EXPECT_EQ((*reread)[i].tier, Tier::kGpu);
+    EXPECT_EQ(gpu.Read(again[i].data, size), ref[i]) << i;
+  }
+  EXPECT_EQ(gpu.counters().device_copies - before.device_copies, uint64_t{n});
+  EXPECT_EQ(gpu.counters().to_device_copies, before.to_device_copies);  // no copy up this time
+  client.reset();
+  local->Stop();
 }
 
 TEST(GpuPathWithoutCuda, KvpooldRefusesAGpuTierItCannotRun) {
