@@ -379,6 +379,45 @@ TEST_F(TierManagerGpuTest, GpuSlotsAreOnlyWhereTheyCanBeUsed) {
   manager_->Abort(1, r[0].reservation_id);
 }
 
+// A writer that reserved gpu slots and never commits (it died, or its connection did) gives back
+// both slots of each block: at once when its owner goes, or when the reservation expires.
+TEST_F(TierManagerGpuTest, AWriterThatGoesAwayGivesItsGpuSlotsBack) {
+  options_.clock = &clock_;
+  options_.reservation_timeout = std::chrono::seconds(30);
+  Reopen();
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<PutRequestItem> items;
+  for (uint64_t i = 0; i < 3; ++i) bytes.push_back(BytesFor(KeyOf(470 + i), 200 * kKiB));
+  for (uint64_t i = 0; i < 3; ++i) items.push_back(ItemFor(KeyOf(470 + i), bytes[i], {}));
+  auto expect_all_back = [&] {
+    const TierManagerStats s = manager_->GetStats();
+    EXPECT_EQ(s.reservations_active, 0u);
+    EXPECT_EQ(s.gpus[0].memory.blocks, 0u);
+    EXPECT_EQ(s.host.blocks, 0u);
+    for (uint64_t i = 0; i < 3; ++i) ExpectMiss(KeyOf(470 + i));
+  };
+  // The owner goes (its connection closed): AbortOwner.
+  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, /*owner=*/5, items, true, 0);
+  for (const ReserveOutcome& o : r) ASSERT_EQ(o.gpu_device, 0);
+  EXPECT_EQ(manager_->GetStats().gpus[0].memory.blocks, 3u);
+  manager_->AbortOwner(5);
+  expect_all_back();
+  // The owner stays but never commits: the reservations expire.
+  r = manager_->Reserve(kNs, /*owner=*/6, items, true, 0);
+  for (const ReserveOutcome& o : r) ASSERT_EQ(o.gpu_device, 0);
+  clock_.Advance(std::chrono::seconds(31));
+  manager_->WaitFlusherRoundForTest();
+  expect_all_back();
+  const uint64_t dsum = 0;
+  EXPECT_EQ(manager_->CommitToGpu(6, {&r[0].reservation_id, 1}, {&dsum, 1})[0].code(),
+            StatusCode::kNotFound);
+  // The slots serve the next writer.
+  for (uint64_t i = 0; i < 3; ++i) {
+    ASSERT_OK(PutIntoGpu(KeyOf(480 + i), 200 * kKiB));
+  }
+  EXPECT_EQ(GpuBlocks(0), 3u);
+}
+
 TEST_F(TierManagerGpuTest, AFullGpuPutsIntoHostInstead) {
   // Every gpu page leased: no gpu copy can be dropped for room.
   const Keys held = PutChain(440, {1 * kMiB, 1 * kMiB});
