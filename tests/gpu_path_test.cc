@@ -38,37 +38,50 @@ BlockKey KeyOf(uint64_t i) {
   return k;
 }
 
+// A daemon in `dir` with a gpu tier of 4 MiB on CUDA device 0 of `gpu` (2 MiB segments).
+daemon::DaemonOptions GpuDaemonOptions(const TempDir& dir, FakeDevice& gpu) {
+  daemon::DaemonOptions o;
+  o.data_dir = dir.Join("data");
+  o.socket_path = dir.Join("kvpool.sock");
+  o.host_capacity_bytes = 32 * kMiB;
+  o.host_segment_bytes = 2 * kMiB;
+  o.disk_capacity_bytes = 256 * kMiB;
+  o.lock_memory = false;
+  o.ucx = false;
+  o.namespaces_file = "";
+  o.gpu_devices = {0};
+  o.gpu_capacity_bytes = 4 * kMiB;
+  o.gpu_segment_bytes = 2 * kMiB;
+  o.gpu_arena = [&gpu](int, uint64_t segment,
+                       uint32_t count) -> Result<std::unique_ptr<kernels::DeviceArena>> {
+    return gpu.CreateArena(segment, count);
+  };
+  return o;
+}
+
+// A shared-memory client of namespace "gpu-test" whose device buffers go through `gpu`.
+std::unique_ptr<Client> GpuClient(const TempDir& dir, FakeDevice& gpu) {
+  ClientOptions co;
+  co.address = dir.Join("kvpool.sock");
+  co.namespace_name = "gpu-test";
+  co.data_path = DataPath::kSharedMemory;
+  auto c = Client::Connect(co);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return nullptr;
+  std::unique_ptr<Client> client = std::move(c).value();
+  client::UseCopyEngineForTest(*client, &gpu);
+  return client;
+}
+
 class GpuPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(dir_.ok());
-    daemon::DaemonOptions o;
-    o.data_dir = dir_.Join("data");
-    o.socket_path = dir_.Join("kvpool.sock");
-    o.host_capacity_bytes = 32 * kMiB;
-    o.host_segment_bytes = 2 * kMiB;
-    o.disk_capacity_bytes = 256 * kMiB;
-    o.lock_memory = false;
-    o.ucx = false;
-    o.namespaces_file = "";
-    o.gpu_devices = {0};
-    o.gpu_capacity_bytes = 4 * kMiB;
-    o.gpu_segment_bytes = 2 * kMiB;
-    o.gpu_arena = [this](int, uint64_t segment,
-                         uint32_t count) -> Result<std::unique_ptr<kernels::DeviceArena>> {
-      return gpu_.CreateArena(segment, count);
-    };
-    auto d = daemon::Daemon::Start(std::move(o));
+    auto d = daemon::Daemon::Start(GpuDaemonOptions(dir_, gpu_));
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(d).value();
-    ClientOptions co;
-    co.address = dir_.Join("kvpool.sock");
-    co.namespace_name = "gpu-test";
-    co.data_path = DataPath::kSharedMemory;
-    auto c = Client::Connect(co);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    client_ = std::move(c).value();
-    client::UseCopyEngineForTest(*client_, &gpu_);
+    client_ = GpuClient(dir_, gpu_);
+    ASSERT_NE(client_, nullptr);
   }
   void TearDown() override {
     client_.reset();
@@ -555,21 +568,8 @@ TEST(GpuPathInCluster, ARemoteHitForADeviceReaderIsPlacedInTheGpuTier) {
   ASSERT_OK(peer.Start());
 
   FakeDevice gpu{0};
-  daemon::DaemonOptions o;
-  o.data_dir = dir.Join("data");
-  o.socket_path = dir.Join("kvpool.sock");
-  o.host_capacity_bytes = 32 * kMiB;
-  o.host_segment_bytes = 2 * kMiB;
-  o.disk_capacity_bytes = 256 * kMiB;
-  o.lock_memory = false;
-  o.namespaces_file = "";
-  o.gpu_devices = {0};
-  o.gpu_capacity_bytes = 4 * kMiB;
-  o.gpu_segment_bytes = 2 * kMiB;
-  o.gpu_arena = [&gpu](int, uint64_t segment,
-                       uint32_t count) -> Result<std::unique_ptr<kernels::DeviceArena>> {
-    return gpu.CreateArena(segment, count);
-  };
+  daemon::DaemonOptions o = GpuDaemonOptions(dir, gpu);
+  o.ucx = true;  // blocks come from the peer over UCX
   o.cluster = (*etcd)->endpoint();
   o.cluster_name = "test";
   o.cluster_secret = secret;
@@ -582,14 +582,8 @@ TEST(GpuPathInCluster, ARemoteHitForADeviceReaderIsPlacedInTheGpuTier) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   std::unique_ptr<daemon::Daemon> local = std::move(d).value();
 
-  ClientOptions co;
-  co.address = dir.Join("kvpool.sock");
-  co.namespace_name = "gpu-test";
-  co.data_path = DataPath::kSharedMemory;
-  auto c = Client::Connect(co);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  std::unique_ptr<Client> client = std::move(c).value();
-  client::UseCopyEngineForTest(*client, &gpu);
+  std::unique_ptr<Client> client = GpuClient(dir, gpu);
+  ASSERT_NE(client, nullptr);
   size_t members = 0;
   for (int i = 0; i < 100 && members != 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -768,9 +768,15 @@ def test_store_then_load_in_gpu_memory(model_dir, daemon, background):
     in the background, the loader's and saver's own streams behind events on vLLM's."""
     views_a, blocks_a, _ = _store(model_dir, daemon, KVCacheLayout.LHBNC, PROMPT, device="cuda",
                                   save_async=background)
-    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=background,
-                      save_async=background)
-    views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=16, device="cuda")
+    _expect_loaded_in_gpu_memory(model_dir, daemon, views_a, blocks_a, seed=16,
+                                 load_async=background, save_async=background)
+
+
+def _expect_loaded_in_gpu_memory(model_dir, d, views_a, blocks_a, seed, **cfg_kw):
+    """Another instance, its paged KV in CUDA memory in another layout, loads PROMPT's 3 stored
+    blocks: the same bytes per token as in views_a's blocks_a."""
+    cfg = make_config(model_dir, d.socket, secret=SECRET, **cfg_kw)
+    views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=seed, device="cuda")
     sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
     req = request(PROMPT + [1])
     sched.add_request(req)
@@ -804,8 +810,8 @@ def test_saves_go_device_to_device_into_a_gpu_tier_and_load_from_it(model_dir, t
     they land in host. Either way the bytes are the ones saved."""
     flags = ["--gpu_devices=0", "--gpu_capacity=256MiB", "--gpu_segment_size=64MiB"]
     with Daemon(flags=flags) as d:
-        views_a, blocks_a, out = _store(model_dir, d, KVCacheLayout.LHBNC, PROMPT, device="cuda",
-                                        save_to_gpu=to_gpu, save_async=False)
+        views_a, blocks_a, _ = _store(model_dir, d, KVCacheLayout.LHBNC, PROMPT, device="cuda",
+                                      save_to_gpu=to_gpu, save_async=False)
         client = kvpool.Client(d.socket, namespace="vllm-test")
         try:
             assert client.gpu_tier(torch.cuda.current_device()) is not None
@@ -817,15 +823,7 @@ def test_saves_go_device_to_device_into_a_gpu_tier_and_load_from_it(model_dir, t
             assert found.tiers == (["gpu"] * 3 if to_gpu else ["host"] * 3)
         finally:
             client.close()
-        cfg = make_config(model_dir, d.socket, secret=SECRET)
-        views_b, kvc = kv_views(KVCacheLayout.BLNHC, seed=19, device="cuda")
-        sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
-        req = request(PROMPT + [1])
-        sched.add_request(req)
-        new = admit(sched, w)[req.request_id]
-        assert new.num_computed_tokens == 48
-        assert torch.equal(token_kv(views_b, list(new.block_ids[0]), 48).cpu().view(torch.int16),
-                           token_kv(views_a, blocks_a, 48).cpu().view(torch.int16))
+        _expect_loaded_in_gpu_memory(model_dir, d, views_a, blocks_a, seed=19)
 
 
 def test_connector_stats_count_lookups_loads_and_stores(model_dir, daemon):
