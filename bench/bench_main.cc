@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "bench/bench_daemon.h"
 #include "bench/bench_target.h"
 #include "bench/block_data.h"
@@ -82,6 +83,8 @@ DEFINE_string(socket, "",
 DEFINE_string(kvpoold, "",
               "kvpoold to start. Default: <dir of kvpool-bench>/../daemon/kvpoold, "
               "then <dir of kvpool-bench>/kvpoold.");
+DEFINE_string(kvpoold_flags, "",
+              "More flags for the started kvpoold, separated by spaces (e.g. --host_huge_pages).");
 DEFINE_string(host_capacity, "",
               "Host tier of the started kvpoold. Default: 1.5 x (largest case's working set + "
               "lookup chain), in whole 64 MiB segments.");
@@ -1000,10 +1003,13 @@ int Main(const std::string& command) {
     }
     // Demote only past 99.5%: no case comes near (the tier is 1.5x the largest working set), and
     // the fragmentation probe may fill every segment without the flusher moving blocks away.
+    std::vector<std::string> flags = {"--host_high_watermark=0.995", "--host_low_watermark=0.99",
+                                      "--io_busy_poll_us=" + std::to_string(FLAGS_busy_poll_us)};
+    const std::vector<std::string> more =
+        absl::StrSplit(FLAGS_kvpoold_flags, ' ', absl::SkipEmpty());
+    flags.insert(flags.end(), more.begin(), more.end());
     DaemonProcessOptions o =
-        BenchDaemonOptions(FindKvpoold(FLAGS_kvpoold), host_capacity,
-                           {"--host_high_watermark=0.995", "--host_low_watermark=0.99",
-                            "--io_busy_poll_us=" + std::to_string(FLAGS_busy_poll_us)});
+        BenchDaemonOptions(FindKvpoold(FLAGS_kvpoold), host_capacity, std::move(flags));
     o.listen_tcp_loopback = ucx;
     o.cpus = config->pin.daemon_cpus;
     Progress("starting " + o.binary + " with a " + FormatBytes(host_capacity) + " host tier");

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/huge_pages.h"
+
 namespace kvpool::client {
 namespace {
 
@@ -122,6 +124,59 @@ TEST(SegmentMappingsTest, MapsReadOnlyAndCachesByGeneration) {
 
   maps.UnmapAll();
   EXPECT_EQ(maps.ReadBase(3), nullptr);
+}
+
+// A segment the daemon keeps on huge pages (kvpoold --host_huge_pages) is mapped by huge pages
+// here too, where the kernel gives them to shared memory: the kernel places a shared-memory
+// mapping at a huge page's alignment and maps its huge pages whole, read-only or writable.
+TEST(SegmentMappingsTest, ASegmentOnHugePagesIsMappedByHugePages) {
+  if (!ShmemHugePagesOnAdvice()) {
+    GTEST_SKIP() << "this kernel gives shared memory no huge pages (shmem_enabled "
+                 << ShmemHugePageMode() << ")";
+  }
+  constexpr uint64_t kHuge = 4 << 20;
+  // The daemon's side: a memfd faulted in through a mapping advised huge.
+  const int fd = memfd_create("kvpool-segment-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, kHuge), 0);
+  void* arena = mmap(nullptr, 2 * kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(arena, MAP_FAILED);
+  auto* at =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(arena) + kHuge - 1) / kHuge * kHuge);
+  ASSERT_NE(mmap(at, kHuge, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0), MAP_FAILED);
+  madvise(at, kHuge, MADV_HUGEPAGE);
+  std::memset(at, 'h', kHuge);
+  if (ShmemHugeBytesIn(at, at + kHuge) == 0) {
+    munmap(arena, 2 * kHuge);
+    close(fd);
+    GTEST_SKIP() << "the kernel found no free 2 MiB run for the daemon's side";
+  }
+  struct OneSegment : SegmentDescriptorSource {
+    int fd;
+    Status MapSegments(const wire::MapSegmentsRequest& req, wire::MapSegmentsResponse* resp,
+                       std::vector<int>* fds, transport::Deadline) override {
+      resp->mutable_status()->set_code(0);
+      for (int i = 0; i < req.segments_size(); ++i) {
+        resp->add_results()->set_code(0);
+        fds->push_back(dup(fd));
+      }
+      return Status::OK();
+    }
+  } source;
+  source.fd = fd;
+  SegmentMappings maps;
+  maps.Reset(kHuge);
+  for (bool writable : {false, true}) {
+    auto st = maps.EnsureMapped({{0, 1}}, writable, source, Soon());
+    ASSERT_TRUE(st.ok() && (*st)[0].ok());
+    const uint8_t* base = writable ? maps.WriteBase(0) : maps.ReadBase(0);
+    ASSERT_NE(base, nullptr);
+    EXPECT_EQ(base[kHuge - 1], 'h');
+    EXPECT_GT(ShmemHugeBytesIn(base, base + kHuge), 0u) << (writable ? "writable" : "read-only");
+  }
+  maps.UnmapAll();
+  munmap(arena, 2 * kHuge);
+  close(fd);
 }
 
 TEST(SegmentMappingsTest, WritableMappingWritesThroughToTheSegment) {

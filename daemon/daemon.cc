@@ -88,7 +88,13 @@ class DaemonImpl final : public Daemon {
     ho.segment_bytes -= ho.segment_bytes % tiers::HostTier::kPageBytes;
     ho.lock_memory = options_.lock_memory;
     ho.spare_segments = options_.host_spare_segments;
+    ho.huge_pages = options_.host_huge_pages;
     KVPOOL_ASSIGN_OR_RETURN(host_, tiers::HostTier::Create(ho));
+    if (ho.huge_pages && !ShmemHugePagesOnAdvice()) {
+      LOG(WARNING) << "--host_huge_pages has no effect: this kernel gives shared memory no huge "
+                      "pages (transparent_hugepage/shmem_enabled is \""
+                   << ShmemHugePageMode() << "\"; set it to advise)";
+    }
     disk_ = std::make_unique<tiers::DiskTier>(*store_);
     std::vector<tiers::StorageTier*> stack_tiers;
     KVPOOL_RETURN_IF_ERROR(CreateGpuTiers());
@@ -226,6 +232,10 @@ class DaemonImpl final : public Daemon {
     if (!tcp_address().empty()) s << " and " << TcpUrl();
     s << "\n  host tier: " << FormatBytes(h.capacity_bytes) << " in " << h.segments << " segments"
       << (h.locked ? " (mlocked)" : " (not mlocked)");
+    if (options_.host_huge_pages) {
+      s << ", " << FormatBytes(host_->HugePageBytes()) << " of it on huge pages (shared memory "
+        << "THP mode: " << ShmemHugePageMode() << ")";
+    }
     for (const auto& g : gpus_) {
       const tiers::MemoryTierStats gs = g->GetStats();
       s << "\n  gpu tier: " << FormatBytes(gs.capacity_bytes) << " on CUDA device " << g->device()

@@ -56,6 +56,8 @@ struct DaemonOptions {
   bool lock_memory = true;
   // Host segments kept clean ahead of need (tiers::HostTierOptions::spare_segments). Default: 2.
   uint32_t host_spare_segments = 2;
+  // The host arena on huge pages (tiers::HostTierOptions::huge_pages). Default: false.
+  bool host_huge_pages = false;
   // Node id; empty: the stored one, or a generated one on first start.
   std::string node_id;
   // Default write policy name for every namespace (tiers/policy.h). Default: write-back.

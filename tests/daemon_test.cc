@@ -538,6 +538,25 @@ TEST(DaemonTest, GetWithPutsEachBlockWhereItsCallbackSays) {
   }
 }
 
+// --host_huge_pages: the host arena asks for transparent huge pages, which it gets where the
+// kernel gives them to shared memory (and not on a machine that does not); blocks are served the
+// same either way, and the banner says how much of the arena has them.
+TEST(DaemonTest, AHostArenaAskedOnHugePagesServesBlocksEitherWay) {
+  DaemonProcess refused({"--host_huge_pages"});  // the tests' 1 MiB segments
+  EXPECT_FALSE(refused.Start().ok());
+  EXPECT_NE(refused.log().find("multiple of 2 MiB"), std::string::npos) << refused.LogTail();
+  DaemonProcess d({"--host_huge_pages", "--host_segment_size=2MiB"});
+  ASSERT_OK(d.Start());
+  EXPECT_NE(d.Banner().find("of it on huge pages"), std::string::npos) << d.Banner();
+  auto client = d.Connect();
+  for (size_t size : {size_t{1}, size_t{4097}, size_t{700001}, size_t{2} << 20}) {
+    Chain c = MakeChain(Tokens(size, 3 * kTokensPerBlock), size);
+    PutResult p = PutAll(*client, c);
+    EXPECT_EQ(p.stored, 3u);
+    ExpectIdentical(*client, c);
+  }
+}
+
 TEST(DaemonTest, ExposesPrometheusMetrics) {
   DaemonProcess d({"--metrics_listen=127.0.0.1:0"});
   ASSERT_OK(d.Start());

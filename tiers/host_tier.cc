@@ -15,10 +15,40 @@
 #include "kernels/pinned_memory.h"
 
 namespace kvpool::tiers {
+namespace {
+
+constexpr uint64_t kHugePageBytes = 2ull << 20;
+
+// `bytes` of address space reserved (PROT_NONE), aligned to `align`.
+Result<uint8_t*> ReserveRange(uint64_t bytes, uint64_t align) {
+  // mmap gives page-aligned ranges: only a larger alignment needs padding.
+  const uint64_t padded = align > MemoryTier::kPageBytes ? bytes + align : bytes;
+  void* p = mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return Status::FromErrno(errno, "reserving " + FormatBytes(bytes) + " for the host arena");
+  }
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t aligned = (start + align - 1) / align * align;
+  // The padding on either side goes back.
+  if (aligned > start) munmap(p, aligned - start);
+  const uintptr_t end = start + padded;
+  if (end > aligned + bytes)
+    munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
+  return reinterpret_cast<uint8_t*>(aligned);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options) {
   if (options.segment_bytes < kPageBytes || options.segment_bytes % kPageBytes != 0) {
     return Status::InvalidArgument("host segment size must be a positive multiple of 4 KiB, got " +
                                    std::to_string(options.segment_bytes));
+  }
+  if (options.huge_pages && options.segment_bytes % kHugePageBytes != 0) {
+    return Status::InvalidArgument(
+        "huge pages for the host arena need a segment size that is a "
+        "multiple of 2 MiB, got " +
+        FormatBytes(options.segment_bytes));
   }
   uint64_t count = options.capacity_bytes / options.segment_bytes;
   if (count == 0) {
@@ -29,14 +59,13 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   if (count > UINT32_MAX) return Status::InvalidArgument("too many host segments");
   const uint64_t bytes = count * options.segment_bytes;
 
-  // One contiguous address range; each segment's memfd is mapped over its part of it.
-  void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    return Status::FromErrno(errno, "reserving " + FormatBytes(bytes) + " for the host arena");
-  }
-  std::unique_ptr<HostTier> tier(new HostTier(static_cast<uint8_t*>(p), options.segment_bytes,
-                                              static_cast<uint32_t>(count), options.lock_memory,
-                                              options.spare_segments, options.spare_after));
+  // One contiguous address range; each segment's memfd is mapped over its part of it (at a huge
+  // page's alignment when they are asked for: a huge page maps only an aligned 2 MiB).
+  KVPOOL_ASSIGN_OR_RETURN(uint8_t * p,
+                          ReserveRange(bytes, options.huge_pages ? kHugePageBytes : kPageBytes));
+  std::unique_ptr<HostTier> tier(
+      new HostTier(p, options.segment_bytes, static_cast<uint32_t>(count), options.lock_memory,
+                   options.spare_segments, options.spare_after, options.huge_pages));
   absl::MutexLock lock(&tier->mu_);
   for (uint32_t i = 0; i < count; ++i) {
     KVPOOL_RETURN_IF_ERROR(tier->MapSegmentLocked(i));
@@ -63,14 +92,15 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
 }
 
 HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
-                   uint32_t spare_segments, std::chrono::milliseconds spare_after)
+                   uint32_t spare_segments, std::chrono::milliseconds spare_after, bool huge_pages)
     : SegmentedTier("host", segment_bytes, segment_count),
       base_(base),
       segment_bytes_(segment_bytes),
       segment_count_(segment_count),
       lock_(lock),
       spare_segments_(spare_segments),
-      spare_after_(spare_after) {
+      spare_after_(spare_after),
+      huge_pages_(huge_pages) {
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
 }
@@ -125,6 +155,8 @@ Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_
     close(fd);
     return Status::FromErrno(err, "mapping host segment " + std::to_string(index));
   }
+  // Before any page of it is touched: shared memory is given huge pages when it is faulted in.
+  if (huge_pages_) madvise(at, segment_bytes_, MADV_HUGEPAGE);
   if (mlock_it) {
     mlock(at, segment_bytes_);
   } else if (!lock_) {

@@ -34,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/huge_pages.h"
 #include "common/namespace_id.h"
 #include "common/status.h"
 #include "tiers/segment_pages.h"
@@ -61,6 +62,14 @@ struct HostTierOptions {
   // emptied segment back at once, and renewing that one would only make its clients map it
   // again. Default: 1 s.
   std::chrono::milliseconds spare_after{1000};
+  // Ask for transparent huge pages for the segments (madvise MADV_HUGEPAGE on each mapping; a
+  // client's mapping of a segment maps the same huge pages): a copy into or out of the arena then
+  // misses the TLB far less often (docs/BENCHMARKS.md, "The host arena on huge pages"). Needs
+  // segment_bytes a multiple of 2 MiB, and takes effect only where the kernel allows huge pages for
+  // shared memory
+  // (/sys/kernel/mm/transparent_hugepage/shmem_enabled "advise", "within_size" or "always";
+  // Debian's default is "never") and has free 2 MiB runs of memory. Default: false.
+  bool huge_pages = false;
 };
 
 class HostTier final : public SegmentedTier {
@@ -91,6 +100,8 @@ class HostTier final : public SegmentedTier {
 
   // Walks every segment's bitmap for the fragmentation figures: not for hot paths.
   HostTierStats GetStats() const override;
+  // Bytes of the arena on huge pages now (reads /proc/self/smaps: for the banner and tests).
+  uint64_t HugePageBytes() const { return ShmemHugeBytesIn(base_, base_ + capacity_bytes()); }
 
  private:
   // The memory behind a segment (SegmentPages keeps its pages and owner).
@@ -100,7 +111,7 @@ class HostTier final : public SegmentedTier {
   };
 
   HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
-           uint32_t spare_segments, std::chrono::milliseconds spare_after);
+           uint32_t spare_segments, std::chrono::milliseconds spare_after, bool huge_pages);
   // Creates a memfd for segment `index` and maps it over its range. IoError/ResourceExhausted;
   // `*mapped_over` (when given) says whether the range was touched before a failure.
   Status MapSegmentLocked(uint32_t index, bool* mapped_over = nullptr)
@@ -137,6 +148,7 @@ class HostTier final : public SegmentedTier {
   const bool lock_;
   const uint32_t spare_segments_;
   const std::chrono::milliseconds spare_after_;
+  const bool huge_pages_;
   bool locked_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread spare_renewer_;

@@ -703,5 +703,61 @@ TEST(HostTierTest, RecycledSegmentNeverRevealsAnotherNamespace) {
   munmap(old_write, kSegment);
 }
 
+TEST(HostTierTest, HugePagesNeedSegmentsOfWholeHugePages) {
+  HostTierOptions o;
+  o.capacity_bytes = 4 * kSegment;
+  o.segment_bytes = kSegment;  // 1 MiB
+  o.lock_memory = false;
+  o.huge_pages = true;
+  Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
+}
+
+// Asked for, huge pages back the arena, and a client's mapping of it, where the kernel gives
+// them to shared memory (shmem_enabled "advise" and up), and nothing changes where it does not;
+// blocks hold, export and renew the same either way.
+TEST(HostTierTest, HugePagesWhereTheKernelGivesThemToSharedMemory) {
+  constexpr uint64_t kHuge = 2 * kSegment;  // 2 MiB segments
+  const std::string mode = ShmemHugePageMode();
+  const bool kernel_gives = ShmemHugePagesOnAdvice();
+  HostTierOptions o;
+  o.capacity_bytes = 3 * kHuge;
+  o.segment_bytes = kHuge;
+  o.lock_memory = false;
+  o.huge_pages = true;
+  Result<std::unique_ptr<HostTier>> made = HostTier::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  HostTier& tier = **made;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(tier.Data({0, 0})) % kHuge, 0u) << "arena not aligned";
+  std::vector<HostSlot> slots;
+  for (int i = 0; i < 3; ++i) slots.push_back(MustAllocate(tier, 1, kHuge));
+  for (int i = 0; i < 3; ++i) Fill(tier, slots[i], static_cast<uint8_t>(i));
+  // A free 2 MiB run is the kernel's to find: more than none where it gives them at all.
+  if (kernel_gives) {
+    EXPECT_GT(tier.HugePageBytes(), 0u) << "shmem_enabled " << mode;
+  } else {
+    EXPECT_EQ(tier.HugePageBytes(), 0u) << "shmem_enabled " << mode;
+  }
+  const SegmentLocation loc = tier.Locate(slots[0].offset);
+  Result<int> fd = tier.ExportSegment(loc.segment, loc.generation, 1, /*writable=*/false);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  auto* view = static_cast<uint8_t*>(mmap(nullptr, kHuge, PROT_READ, MAP_SHARED, *fd, 0));
+  ASSERT_NE(view, MAP_FAILED);
+  close(*fd);
+  EXPECT_EQ(std::memcmp(view, tier.Data(slots[0]), kHuge), 0);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(Holds(tier, slots[i], static_cast<uint8_t>(i))) << i;
+  // Another namespace takes an emptied segment: renewed (fresh memory, asked huge again).
+  tier.Free(slots[0]);
+  tier.Free(slots[1]);
+  HostSlot b = MustAllocate(tier, 2, kHuge);
+  ASSERT_TRUE(b.offset == slots[0].offset || b.offset == slots[1].offset);
+  std::memset(tier.Data(b), 0x5E, b.length);
+  for (uint64_t i = 0; i < kHuge; i += kPage) ASSERT_NE(view[i], 0x5E) << i;
+  munmap(view, kHuge);
+  EXPECT_TRUE(Holds(tier, slots[2], 2));
+  if (kernel_gives) EXPECT_GT(tier.HugePageBytes(), 0u);
+}
+
 }  // namespace
 }  // namespace kvpool::tiers

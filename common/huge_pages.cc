@@ -1,0 +1,43 @@
+#include "common/huge_pages.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace kvpool {
+
+uint64_t ShmemHugeBytesIn(const void* begin, const void* end) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  uint64_t kib = 0;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0;
+    uintptr_t hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {  // a mapping's first line
+      inside = lo >= reinterpret_cast<uintptr_t>(begin) && hi <= reinterpret_cast<uintptr_t>(end);
+      continue;
+    }
+    if (inside && line.rfind("ShmemPmdMapped:", 0) == 0) kib += std::stoull(line.substr(15));
+  }
+  return kib * 1024;
+}
+
+std::string ShmemHugePageMode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string modes;
+  std::getline(in, modes);
+  const size_t open = modes.find('[');
+  const size_t close = modes.find(']', open);
+  return open == std::string::npos || close == std::string::npos
+             ? std::string()
+             : modes.substr(open + 1, close - open - 1);
+}
+
+bool ShmemHugePagesOnAdvice() {
+  const std::string mode = ShmemHugePageMode();
+  return mode == "advise" || mode == "within_size" || mode == "always" || mode == "force";
+}
+
+}  // namespace kvpool
