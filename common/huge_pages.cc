@@ -24,8 +24,11 @@ uint64_t ShmemHugeBytesIn(const void* begin, const void* end) {
   return kib * 1024;
 }
 
-std::string ShmemHugePageMode() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+namespace {
+
+// The bracketed choice of a sysfs file like "always within_size [advise] never deny force".
+std::string SelectedMode(const char* path) {
+  std::ifstream in(path);
   std::string modes;
   std::getline(in, modes);
   const size_t open = modes.find('[');
@@ -33,6 +36,16 @@ std::string ShmemHugePageMode() {
   return open == std::string::npos || close == std::string::npos
              ? std::string()
              : modes.substr(open + 1, close - open - 1);
+}
+
+}  // namespace
+
+std::string ShmemHugePageMode() {
+  // Since Linux 6.11 each page size has its own setting, which may defer to the global one.
+  const std::string per_size =
+      SelectedMode("/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/shmem_enabled");
+  if (!per_size.empty() && per_size != "inherit") return per_size;
+  return SelectedMode("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
 }
 
 bool ShmemHugePagesOnAdvice() {

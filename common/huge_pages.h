@@ -11,8 +11,9 @@ namespace kvpool {
 // Bytes of the address range [begin, end) of this process that are mapped by huge pages of
 // shared memory now (ShmemPmdMapped of /proc/self/smaps). Reads a file: not for hot paths.
 uint64_t ShmemHugeBytesIn(const void* begin, const void* end);
-// The kernel's transparent huge page mode for shared memory ("never", "advise", ...), as
-// /sys/kernel/mm/transparent_hugepage/shmem_enabled names it; empty where it cannot be read.
+// The kernel's transparent huge page mode for 2 MiB pages of shared memory ("never", "advise",
+// ...): /sys/kernel/mm/transparent_hugepage/hugepages-2048kB/shmem_enabled (Linux 6.11 on) unless
+// it says "inherit", else the global shmem_enabled; empty where neither can be read.
 std::string ShmemHugePageMode();
 // Whether that mode gives huge pages to a mapping advised MADV_HUGEPAGE.
 bool ShmemHugePagesOnAdvice();

@@ -155,10 +155,14 @@ Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_
     close(fd);
     return Status::FromErrno(err, "mapping host segment " + std::to_string(index));
   }
-  // Before any page of it is touched: shared memory is given huge pages when it is faulted in.
+  // Before any page of it is touched: shared memory gets huge pages when it is faulted in through
+  // a mapping advised so. So it is faulted in here (mlock does that): a client's mapping, which
+  // is not advised, touching a page first would give it 4 KiB pages for good.
   if (huge_pages_) madvise(at, segment_bytes_, MADV_HUGEPAGE);
   if (mlock_it) {
     mlock(at, segment_bytes_);
+  } else if (huge_pages_) {
+    madvise(at, segment_bytes_, MADV_POPULATE_WRITE);  // Linux 5.14 on; else left to first touch
   } else if (!lock_) {
     madvise(at, segment_bytes_, MADV_WILLNEED);
   }

@@ -62,9 +62,10 @@ struct HostTierOptions {
   // emptied segment back at once, and renewing that one would only make its clients map it
   // again. Default: 1 s.
   std::chrono::milliseconds spare_after{1000};
-  // Ask for transparent huge pages for the segments (madvise MADV_HUGEPAGE on each mapping; a
-  // client's mapping of a segment maps the same huge pages): a copy into or out of the arena then
-  // misses the TLB far less often (docs/BENCHMARKS.md, "The host arena on huge pages"). Needs
+  // Ask for transparent huge pages for the segments (madvise MADV_HUGEPAGE on each mapping, which
+  // is then faulted in at once, so that no client's touch makes it 4 KiB pages; a client's mapping
+  // of a segment maps the same huge pages): a copy into or out of the arena then crosses 512
+  // times fewer pages (docs/BENCHMARKS.md, "The host arena on huge pages"). Needs
   // segment_bytes a multiple of 2 MiB, and takes effect only where the kernel allows huge pages for
   // shared memory
   // (/sys/kernel/mm/transparent_hugepage/shmem_enabled "advise", "within_size" or "always";
