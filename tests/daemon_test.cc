@@ -547,6 +547,10 @@ TEST(DaemonTest, AHostArenaAskedOnHugePagesServesBlocksEitherWay) {
   EXPECT_NE(refused.log().find("multiple of 2 MiB"), std::string::npos) << refused.LogTail();
   DaemonProcess d({"--host_huge_pages", "--host_segment_size=2MiB"});
   ASSERT_OK(d.Start());
+  // Start() returns once the socket answers; the banner is printed a moment later.
+  for (int i = 0; i < 500 && d.Banner().find("host tier") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_NE(d.Banner().find("of it on huge pages"), std::string::npos) << d.Banner();
   auto client = d.Connect();
   for (size_t size : {size_t{1}, size_t{4097}, size_t{700001}, size_t{2} << 20}) {
