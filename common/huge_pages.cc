@@ -1,9 +1,25 @@
 #include "common/huge_pages.h"
 
+#include <sys/mman.h>
+
 #include <fstream>
 #include <sstream>
 
 namespace kvpool {
+
+void* MapAligned(size_t bytes, size_t align, int prot, int flags) {
+  // mmap gives page-aligned ranges: only a larger alignment needs slack.
+  const size_t padded = align > 4096 ? bytes + align : bytes;
+  void* raw = mmap(nullptr, padded, prot, flags, -1, 0);
+  if (raw == MAP_FAILED) return raw;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + align - 1) & ~(uintptr_t{align} - 1);
+  if (aligned > start) munmap(raw, aligned - start);
+  const uintptr_t end = start + padded;
+  if (end > aligned + bytes)
+    munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
+  return reinterpret_cast<void*>(aligned);
+}
 
 uint64_t ShmemHugeBytesIn(const void* begin, const void* end) {
   std::ifstream smaps("/proc/self/smaps");

@@ -3,10 +3,17 @@
 // The host arena asks for them (tiers/host_tier.h, kvpoold --host_huge_pages) and the client maps
 // them as such (client/segment_mappings.cc); these say what came of it, for logs and tests.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace kvpool {
+
+inline constexpr size_t kHugePageBytes = 2u << 20;
+
+// mmap(nullptr, bytes, prot, flags, -1, 0) with the result aligned to `align` (a power of two;
+// the slack mapped for it is given back on either side). MAP_FAILED with errno on failure.
+void* MapAligned(size_t bytes, size_t align, int prot, int flags);
 
 // Bytes of the address range [begin, end) of this process that are mapped by huge pages of
 // shared memory now (ShmemPmdMapped of /proc/self/smaps). Reads a file: not for hot paths.

@@ -15,29 +15,6 @@
 #include "kernels/pinned_memory.h"
 
 namespace kvpool::tiers {
-namespace {
-
-constexpr uint64_t kHugePageBytes = 2ull << 20;
-
-// `bytes` of address space reserved (PROT_NONE), aligned to `align`.
-Result<uint8_t*> ReserveRange(uint64_t bytes, uint64_t align) {
-  // mmap gives page-aligned ranges: only a larger alignment needs padding.
-  const uint64_t padded = align > MemoryTier::kPageBytes ? bytes + align : bytes;
-  void* p = mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    return Status::FromErrno(errno, "reserving " + FormatBytes(bytes) + " for the host arena");
-  }
-  const uintptr_t start = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t aligned = (start + align - 1) / align * align;
-  // The padding on either side goes back.
-  if (aligned > start) munmap(p, aligned - start);
-  const uintptr_t end = start + padded;
-  if (end > aligned + bytes)
-    munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
-  return reinterpret_cast<uint8_t*>(aligned);
-}
-
-}  // namespace
 
 Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options) {
   if (options.segment_bytes < kPageBytes || options.segment_bytes % kPageBytes != 0) {
@@ -61,11 +38,14 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
 
   // One contiguous address range; each segment's memfd is mapped over its part of it (at a huge
   // page's alignment when they are asked for: a huge page maps only an aligned 2 MiB).
-  KVPOOL_ASSIGN_OR_RETURN(uint8_t * p,
-                          ReserveRange(bytes, options.huge_pages ? kHugePageBytes : kPageBytes));
-  std::unique_ptr<HostTier> tier(
-      new HostTier(p, options.segment_bytes, static_cast<uint32_t>(count), options.lock_memory,
-                   options.spare_segments, options.spare_after, options.huge_pages));
+  void* p = MapAligned(bytes, options.huge_pages ? kHugePageBytes : kPageBytes, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE);
+  if (p == MAP_FAILED) {
+    return Status::FromErrno(errno, "reserving " + FormatBytes(bytes) + " for the host arena");
+  }
+  std::unique_ptr<HostTier> tier(new HostTier(
+      static_cast<uint8_t*>(p), options.segment_bytes, static_cast<uint32_t>(count),
+      options.lock_memory, options.spare_segments, options.spare_after, options.huge_pages));
   absl::MutexLock lock(&tier->mu_);
   for (uint32_t i = 0; i < count; ++i) {
     KVPOOL_RETURN_IF_ERROR(tier->MapSegmentLocked(i));

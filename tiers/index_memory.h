@@ -16,9 +16,9 @@
 #include <cstdlib>
 #include <new>
 
-namespace kvpool::tiers {
+#include "common/huge_pages.h"
 
-inline constexpr size_t kHugePageBytes = 2u << 20;
+namespace kvpool::tiers {
 
 inline size_t IndexMemoryRounded(size_t bytes) {
   return (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
@@ -34,17 +34,9 @@ inline void* AllocateIndexMemory(size_t bytes) {
     return p;
   }
   const size_t rounded = IndexMemoryRounded(bytes);
-  void* raw = mmap(nullptr, rounded + kHugePageBytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) throw std::bad_alloc();
-  // Keep the 2 MiB-aligned part; give back the slack on either side.
-  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = (start + kHugePageBytes - 1) & ~(uintptr_t{kHugePageBytes} - 1);
-  if (aligned > start) munmap(raw, aligned - start);
-  const uintptr_t end = start + rounded + kHugePageBytes;
-  if (end > aligned + rounded)
-    munmap(reinterpret_cast<void*>(aligned + rounded), end - aligned - rounded);
-  void* p = reinterpret_cast<void*>(aligned);
+  void* p =
+      MapAligned(rounded, kHugePageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS);
+  if (p == MAP_FAILED) throw std::bad_alloc();
   (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP nothing changes
   return p;
 }
