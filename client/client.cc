@@ -281,6 +281,7 @@ class Client::Impl {
         r.size = b.size;
       } else if (buf.memory == Memory::kCuda) {
         b.src = mappings_.ReadBase(b.segment) + b.offset;
+        mappings_.PinForCopies(b.segment, /*writable=*/false);
         r.status = staging.engine()->CopyAsync(
             buf.data, b.src, b.size, kernels::CopyDirection::kHostToDevice, staging.stream());
         if (r.status.ok()) {
@@ -1107,6 +1108,7 @@ class Client::Impl {
       }
       uint8_t* slot = mappings_.WriteBase(slots[k].segment()) + slots[k].offset();
       if (b.memory == Memory::kCuda) {
+        mappings_.PinForCopies(slots[k].segment(), /*writable=*/true);
         Status st =
             device->CopyAsync(slot, b.data, b.size, kernels::CopyDirection::kDeviceToHost, stream);
         if (st.ok()) {
@@ -1605,10 +1607,16 @@ Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions
     if (device == nullptr) {
       KVPOOL_ASSIGN_OR_RETURN(device, impl_->DeviceEngine());
     }
-    KVPOOL_RETURN_IF_ERROR(
-        client::CheckDeviceRange(*device, blocks[i].data, blocks[i].size,
-                                 "block " + std::to_string(i) + " (Memory::kCuda)")
-            .status());
+    KVPOOL_ASSIGN_OR_RETURN(
+        const int on, client::CheckDeviceRange(*device, blocks[i].data, blocks[i].size,
+                                               "block " + std::to_string(i) + " (Memory::kCuda)"));
+    // A put into a gpu tier copies device to device on that GPU, which reaches only its own
+    // memory (and checks the slots with a kernel on the caller's stream, of that GPU).
+    if (options.gpu_device >= 0 && on != options.gpu_device) {
+      return Status::InvalidArgument("block " + std::to_string(i) + " is on CUDA device " +
+                                     std::to_string(on) + ", but the put names gpu_device " +
+                                     std::to_string(options.gpu_device));
+    }
   }
   return impl_->Run([&]() -> Result<PutResult> {
     int daemon_gpu = -1;

@@ -39,6 +39,17 @@ uint8_t* SegmentMappings::WriteBase(uint32_t segment) const {
   return it == write_maps_.end() ? nullptr : it->second.region->base;
 }
 
+void SegmentMappings::PinForCopies(uint32_t segment, bool writable) {
+  const Map& maps = writable ? write_maps_ : read_maps_;
+  auto it = maps.find(segment);
+  if (it == maps.end()) return;
+  Region& r = *it->second.region;
+  if (r.pin_tried) return;
+  r.pin_tried = true;
+  r.pinned = kernels::CudaDeviceAvailable() &&
+             kernels::RegisterHostMemory(r.base, r.bytes, /*read_only=*/!r.writable).ok();
+}
+
 std::shared_ptr<const void> SegmentMappings::HoldRead(uint32_t segment) const {
   auto it = read_maps_.find(segment);
   if (it == read_maps_.end()) return nullptr;
@@ -51,12 +62,11 @@ Status SegmentMappings::MapDescriptor(int fd, const SegmentId& seg, bool writabl
                  MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) return Status::FromErrno(errno, "mapping a host segment");
-  // Pinned for CUDA where a GPU is usable: a block then goes from the mapping to GPU memory
-  // with one cudaMemcpyAsync.
-  const bool pinned = kernels::CudaDeviceAvailable() &&
-                      kernels::RegisterHostMemory(p, segment_bytes_, /*read_only=*/!writable).ok();
-  maps[seg.first] = Mapping{
-      seg.second, std::make_shared<Region>(static_cast<uint8_t*>(p), segment_bytes_, pinned)};
+  auto region = std::make_shared<Region>(static_cast<uint8_t*>(p), segment_bytes_, writable);
+  maps[seg.first] = Mapping{seg.second, region};
+  // Pinned for CUDA now where this thread uses CUDA already (an engine's: its own copies and
+  // kernels then reach lent blocks at full speed), else by the first copy to or from a GPU.
+  if (kernels::CudaContextCurrent()) PinForCopies(seg.first, writable);
   return Status::OK();
 }
 

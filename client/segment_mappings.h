@@ -67,6 +67,13 @@ class SegmentMappings {
   // Keeps `segment`'s read-only mapping (as ReadBase names it) mapped for as long as the
   // returned handle lives, even past UnmapAll or a newer generation; null when not mapped.
   std::shared_ptr<const void> HoldRead(uint32_t segment) const;
+  // Pins `segment`'s read-only (or writable) mapping for CUDA copies (cudaHostRegister, with the
+  // calling thread's current device), once, before the first copy between it and GPU memory: a
+  // copy from pinned memory is one DMA at full speed, from unpinned memory it is staged. Done
+  // only then, because registering creates a CUDA context (several hundred MiB of GPU memory),
+  // which a process that never copies to a GPU must not pay. A failure leaves it unpinned
+  // (copies still work, staged).
+  void PinForCopies(uint32_t segment, bool writable);
 
   // Drops every mapping (one still held stays mapped until its last holder lets go).
   void UnmapAll();
@@ -74,13 +81,16 @@ class SegmentMappings {
  private:
   // One mmap of a segment, unmapped (and unregistered from CUDA) when the last holder drops it.
   struct Region {
-    Region(uint8_t* base, uint64_t bytes, bool pinned) : base(base), bytes(bytes), pinned(pinned) {}
+    Region(uint8_t* base, uint64_t bytes, bool writable)
+        : base(base), bytes(bytes), writable(writable) {}
     ~Region();
     Region(const Region&) = delete;
     Region& operator=(const Region&) = delete;
     uint8_t* const base;
     const uint64_t bytes;
-    const bool pinned;  // registered with CUDA
+    const bool writable;
+    bool pin_tried = false;  // PinForCopies ran
+    bool pinned = false;     // registered with CUDA
   };
   struct Mapping {
     uint32_t generation = 0;

@@ -89,6 +89,8 @@ class DaemonImpl final : public Daemon {
     ho.lock_memory = options_.lock_memory;
     ho.spare_segments = options_.host_spare_segments;
     ho.huge_pages = options_.host_huge_pages;
+    // Pinned for the gpu tiers' copies, with their first device current (no context elsewhere).
+    ho.cuda_device = options_.gpu_devices.empty() ? -1 : options_.gpu_devices[0];
     KVPOOL_ASSIGN_OR_RETURN(host_, tiers::HostTier::Create(ho));
     if (ho.huge_pages && !ShmemHugePagesOnAdvice()) {
       LOG(WARNING) << "--host_huge_pages has no effect: this kernel gives shared memory no huge "

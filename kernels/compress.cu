@@ -284,6 +284,8 @@ Status LaunchCompact(const CompactArgs& a, int64_t rows, cudaStream_t stream) {
   const int by = 256 / bx;
   const int64_t grid = (rows + by - 1) / by;
   if (grid == 0) return Status::OK();
+  if (grid > 0x7fffffff) return Status::InvalidArgument("compaction too large for one launch");
+  KVPOOL_CUDA_CLEAR_STALE_ERROR();
   CompactKernel<Word><<<static_cast<unsigned>(grid), dim3(bx, by), 0, stream>>>(a);
   KVPOOL_CUDA_CHECK_LAUNCH();
   return Status::OK();
@@ -292,6 +294,7 @@ Status LaunchCompact(const CompactArgs& a, int64_t rows, cudaStream_t stream) {
 template <DType D>
 Status LaunchScores(const ScoreArgs& a, int layers, cudaStream_t stream) {
   const size_t stats_smem = static_cast<size_t>(a.dim) * sizeof(float);
+  KVPOOL_CUDA_CLEAR_STALE_ERROR();
   SoftmaxStatsKernel<D><<<dim3(a.nq, a.hq, layers), 128, stats_smem, stream>>>(a);
   KVPOOL_CUDA_CHECK_LAUNCH();
   const int halo = a.pool ? a.kernel_size / 2 : 0;
@@ -318,6 +321,7 @@ Status ComputeScoresCuda(const CompressParams& params, const AttentionShape& s, 
   if (s.num_layers > 65535 || s.num_q_heads > 65535) {
     return Status::InvalidArgument("ComputeScoresCuda: too many layers or heads for one grid");
   }
+  const ScopedDevice on(DeviceOfPointer(kv));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   ScoreArgs a{};
   a.q = q;
@@ -362,6 +366,7 @@ Status SelectTokensCuda(const CompressParams& params, const AttentionShape& s, c
     return Status::InvalidArgument("SelectTokens: null scores");
   }
   if (s.num_kv_heads > 65535) return Status::InvalidArgument("too many kv heads for one grid");
+  const ScopedDevice on(DeviceOfPointer(indices));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   int64_t offset = 0;
   for (int l0 = 0; l0 < s.num_layers; l0 += kLayersPerLaunch) {
@@ -381,6 +386,7 @@ Status SelectTokensCuda(const CompressParams& params, const AttentionShape& s, c
     a.window = params.window_size;
     a.sink = params.sink_size;
     a.streaming = params.method == CompressMethod::kStreamingLlm;
+    KVPOOL_CUDA_CLEAR_STALE_ERROR();
     SelectKernel<<<dim3(s.num_kv_heads, layers), kSelectThreads, 0, stream>>>(a);
     KVPOOL_CUDA_CHECK_LAUNCH();
   }
@@ -402,10 +408,15 @@ Status CompactKvCuda(const AttentionShape& s, const int* keep_counts, const int3
       return Status::InvalidArgument("CompactKv: keep count out of range");
     }
   }
+  const ScopedDevice on(DeviceOfPointer(kv));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const size_t row_bytes = static_cast<size_t>(s.head_dim) * DTypeSize(s.dtype);
   const uintptr_t align =
       row_bytes | reinterpret_cast<uintptr_t>(kv) | reinterpret_cast<uintptr_t>(kv_out);
+  if (align % 2 != 0) {
+    // A misaligned access would fault on the GPU and poison the context (the CPU twin copes).
+    return Status::InvalidArgument("CompactKvCuda: kv and kv_out must be 2-byte aligned");
+  }
   const int word = (align % 16 == 0) ? 16 : (align % 8 == 0) ? 8 : (align % 4 == 0) ? 4 : 2;
   int64_t cum = 0;
   for (int l0 = 0; l0 < s.num_layers; l0 += kLayersPerLaunch) {

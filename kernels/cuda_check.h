@@ -13,7 +13,10 @@
 namespace kvpool {
 namespace kernels {
 
+// Also resets the thread's last runtime error (cudaGetLastError), so a failure handled here does
+// not fail the next launch check or checksum of this thread.
 inline Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* file, int line) {
+  cudaGetLastError();
   StatusCode code = StatusCode::kInternal;
   switch (err) {
     case cudaErrorMemoryAllocation:
@@ -22,6 +25,8 @@ inline Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* f
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
     case cudaErrorDevicesUnavailable:
+    case cudaErrorNotSupported:
+    case cudaErrorNotPermitted:
       code = StatusCode::kUnavailable;
       break;
     case cudaErrorInvalidValue:
@@ -36,22 +41,26 @@ inline Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* f
                           cudaGetErrorString(err) + ")");
 }
 
-// Makes `device` current for a scope and restores the one before.
+// The CUDA device whose memory `ptr` points into (device or managed memory); -1 for anything
+// else. Kernels run on the device of their data, whatever device the calling thread has current.
+int DeviceOfPointer(const void* ptr);
+
+// Makes `device` current for a scope (nothing, for a device < 0), then puts back the CUDA context
+// the thread had before (none, on a thread that had not used CUDA). Restoring by device instead
+// (cudaSetDevice of what cudaGetDevice said) would create device 0's primary context, several
+// hundred MiB, on every thread that had never chosen a device (kernels/cuda_context.cc).
 class ScopedDevice {
  public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    ok_ = cudaSetDevice(device) == cudaSuccess;
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
+  explicit ScopedDevice(int device);
+  ~ScopedDevice();
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;
   bool ok() const { return ok_; }
 
  private:
-  int previous_ = -1;
+  void* previous_context_ = nullptr;  // CUcontext
+  bool restore_context_ = false;      // previous_context_ was read
+  int previous_device_ = -1;          // without the driver's context calls: the device before
   bool ok_ = false;
 };
 
@@ -67,5 +76,8 @@ class ScopedDevice {
     }                                                                                           \
   } while (0)
 
+// Before a <<<>>> launch: drops an error an earlier runtime call of this thread left behind (one
+// handled without KVPOOL_CUDA_CHECK), so the check after the launch reports the launch's own.
+#define KVPOOL_CUDA_CLEAR_STALE_ERROR() static_cast<void>(cudaGetLastError())
 // After a <<<>>> launch: reports a bad configuration or a missing device.
 #define KVPOOL_CUDA_CHECK_LAUNCH() KVPOOL_CUDA_CHECK(cudaGetLastError())

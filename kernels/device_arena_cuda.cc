@@ -98,8 +98,12 @@ struct Vmm {
 
 Status DriverStatus(CUresult r, const std::string& what) {
   if (r == CUDA_SUCCESS) return Status::OK();
-  const StatusCode code =
-      r == CUDA_ERROR_OUT_OF_MEMORY ? StatusCode::kResourceExhausted : StatusCode::kInternal;
+  // Not supported or not permitted: a GPU or driver without virtual memory management or
+  // shareable handles (some vGPU setups), which device_arena.h reports as Unavailable.
+  const StatusCode code = r == CUDA_ERROR_OUT_OF_MEMORY ? StatusCode::kResourceExhausted
+                          : r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED
+                              ? StatusCode::kUnavailable
+                              : StatusCode::kInternal;
   return Status(code, what + ": CUDA driver error " + std::to_string(static_cast<int>(r)));
 }
 
@@ -120,6 +124,16 @@ class CudaDeviceArena final : public DeviceArena {
   }
 
   ~CudaDeviceArena() override {
+    // Nothing may still run on the segments when they go: the copies (the tier's workers have
+    // waited for theirs) and the zeroing.
+    if (zero_stream_ != nullptr) {
+      ScopedDevice on(device_);
+      if (cudaStreamSynchronize(zero_stream_) != cudaSuccess ||
+          cudaStreamDestroy(zero_stream_) != cudaSuccess) {
+        cudaGetLastError();
+      }
+    }
+    static_cast<void>(copies_.Wait(nullptr));
     for (uint32_t i = 0; i < segment_count_; ++i) {
       if (handles_[i] == 0) continue;
       vmm_.unmap(Address(i), segment_bytes_);

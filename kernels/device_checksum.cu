@@ -68,6 +68,7 @@ Status RunLaunch(const ChecksumArgs& args, cudaStream_t stream, uint64_t* host_o
     KVPOOL_CUDA_CHECK(cudaMalloc(&scratch, bytes));
   }
   uint64_t* results = scratch + chunks;
+  KVPOOL_CUDA_CLEAR_STALE_ERROR();  // the launch check below must see only these launches' errors
   if (chunks > 0) {
     ChunkHashes<<<(chunks + kThreads - 1) / kThreads, kThreads, 0, stream>>>(args, scratch);
   }

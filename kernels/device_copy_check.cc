@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -303,6 +304,21 @@ int Main(int argc, char** argv) {
   Check(of_device.ok() && *of_device == dev, "DeviceOf(device pointer) is its device");
   Check(!engine.DeviceOf(arena).ok(), "DeviceOf(arena mapping) refused: host memory");
   Check(!engine.DeviceOf(ref.data()).ok(), "DeviceOf(pageable memory) refused");
+  // A client maps a segment it only reads PROT_READ and pins it with cudaHostRegisterReadOnly,
+  // which not every system supports (its copies from there are then staged by CUDA, slower).
+  int read_only = 0;
+  CUDA_OR_DIE(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, dev));
+  {
+    void* ro = mmap(nullptr, block, PROT_READ, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    const Status reg = ro == MAP_FAILED ? Status::FromErrno(errno, "mmap")
+                                        : RegisterHostMemory(ro, block, /*read_only=*/true);
+    Check(reg.ok() == (read_only != 0),
+          "a read-only mapping is pinned where the GPU can (cudaDevAttrHostRegisterReadOnly"
+          "Supported = " +
+              std::to_string(read_only) + "): " + reg.ToString());
+    if (reg.ok()) UnregisterHostMemory(ro);
+    if (ro != MAP_FAILED) munmap(ro, block);
+  }
 
   const std::string ipc_row = CheckArena(argv[0], reps);
 

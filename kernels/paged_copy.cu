@@ -53,7 +53,8 @@ __global__ void PagedCopyKernel(const PagedArgs a) {
   Word* engine;
   switch (a.layout) {
     case PagedLayout::kSeparate:
-      engine = static_cast<Word*>(kv == 0 ? a.k[l] : a.v[l]) + (page * a.block_size + slot) * rw;
+      engine = static_cast<Word*>(kv == 0 ? a.k[l] : a.v[l]) +
+               (static_cast<int64_t>(page) * a.block_size + slot) * rw;
       break;
     case PagedLayout::kKvFirst:
       engine = static_cast<Word*>(a.k[l]) +
@@ -79,6 +80,7 @@ Status Launch(const PagedArgs& a, cudaStream_t stream) {
   const dim3 block(bx, by);
   const int64_t grid = (a.total_rows + by - 1) / by;
   if (grid > 0x7fffffff) return Status::InvalidArgument("paged copy too large for one launch");
+  KVPOOL_CUDA_CLEAR_STALE_ERROR();
   PagedCopyKernel<Word, kGather><<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
   KVPOOL_CUDA_CHECK_LAUNCH();
   return Status::OK();
@@ -99,6 +101,10 @@ Status PagedCopyCuda(const PagedKvCache& c, const BlockLayout& pl, const PagedSp
   for (int i = 0; i < span.num_payloads; ++i) {
     if (payloads[i] == nullptr) return Status::InvalidArgument("payload pointer is null");
     align |= reinterpret_cast<uintptr_t>(payloads[i]);
+  }
+  if (align % 2 != 0) {
+    // A misaligned access would fault on the GPU and poison the context (the CPU twin copes).
+    return Status::InvalidArgument("paged copy: KV tensors and payloads must be 2-byte aligned");
   }
   const int word = (align % 16 == 0) ? 16 : (align % 8 == 0) ? 8 : (align % 4 == 0) ? 4 : 2;
 
@@ -147,6 +153,7 @@ Status PagedCopyCuda(const PagedKvCache& c, const BlockLayout& pl, const PagedSp
 Status GatherPagedCuda(const PagedKvCache& cache, const BlockLayout& payload_layout,
                        const PagedSpan& span, void* const* payloads, void* stream) {
   KVPOOL_RETURN_IF_ERROR(ValidatePagedCopy(cache, payload_layout, span));
+  const ScopedDevice on(DeviceOfPointer(cache.num_layers > 0 ? cache.k_layers[0] : nullptr));
   return PagedCopyCuda<true>(cache, payload_layout, span, payloads,
                              static_cast<cudaStream_t>(stream));
 }
@@ -154,6 +161,7 @@ Status GatherPagedCuda(const PagedKvCache& cache, const BlockLayout& payload_lay
 Status ScatterPagedCuda(const PagedKvCache& cache, const BlockLayout& payload_layout,
                         const PagedSpan& span, const void* const* payloads, void* stream) {
   KVPOOL_RETURN_IF_ERROR(ValidatePagedCopy(cache, payload_layout, span));
+  const ScopedDevice on(DeviceOfPointer(cache.num_layers > 0 ? cache.k_layers[0] : nullptr));
   // The scatter only reads payloads; the cast shares the launch code with the gather.
   return PagedCopyCuda<false>(cache, payload_layout, span, const_cast<void* const*>(payloads),
                               static_cast<cudaStream_t>(stream));

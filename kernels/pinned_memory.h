@@ -16,9 +16,15 @@ namespace kvpool::kernels {
 
 // True when a CUDA device is usable in this process (cached after the first call).
 bool CudaDeviceAvailable();
-// cudaHostRegister(data, length, portable; read-only for a PROT_READ mapping). Unavailable
-// without a device; Unimplemented in a build without CUDA; Internal with CUDA's reason otherwise.
-Status RegisterHostMemory(void* data, size_t length, bool read_only = false);
+// cudaHostRegister(data, length, portable; read-only for a PROT_READ mapping), with CUDA device
+// `device` current (>= 0; the thread's own current device otherwise, device 0 on a thread that
+// chose none: registering creates that device's context). Unavailable without a device, or for
+// read-only memory on a system that cannot pin it read-only; Unimplemented in a build without
+// CUDA; Internal with CUDA's reason otherwise.
+Status RegisterHostMemory(void* data, size_t length, bool read_only = false, int device = -1);
+// True when the calling thread has a CUDA context current (it has used CUDA): registering memory
+// from it then creates no context. False without CUDA.
+bool CudaContextCurrent();
 // Undoes RegisterHostMemory (before unmapping). No-op when it was not registered.
 void UnregisterHostMemory(void* data);
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "kernels/cuda_check.h"
 #include "kernels/pinned_memory.h"
 
 namespace kvpool::kernels {
@@ -24,8 +25,23 @@ bool CudaDeviceAvailable() {
   return s == 1;
 }
 
-Status RegisterHostMemory(void* data, size_t length, bool read_only) {
+Status RegisterHostMemory(void* data, size_t length, bool read_only, int device) {
   if (!CudaDeviceAvailable()) return Status::Unavailable("no usable CUDA device");
+  const ScopedDevice on(device);
+  if (!on.ok()) return Status::InvalidArgument("no CUDA device " + std::to_string(device));
+  if (read_only) {
+    int current = 0, supported = 0;
+    if (cudaGetDevice(&current) != cudaSuccess ||
+        cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, current) !=
+            cudaSuccess) {
+      cudaGetLastError();
+    }
+    if (supported == 0) {
+      return Status::Unavailable(
+          "this system cannot pin read-only host memory (cudaDevAttrHostRegisterReadOnlySupported "
+          "is 0): copies from the mapping are staged by CUDA");
+    }
+  }
   const unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
   const cudaError_t err = cudaHostRegister(data, length, flags);
   if (err != cudaSuccess) {

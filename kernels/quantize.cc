@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -95,15 +96,15 @@ KVPOOL_VECTOR_CLONES void QuantizeInt8Rows(const Bits<D>* in, int8_t* q, float* 
     const Bits<D>* src = in + r * dim;
     const Bits<D> mbits = AbsMaxBits(src, dim);
     const float scale = Load<D>(&mbits, 0) / 127.0f;
-    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    const float inv = FiniteInverse(scale);
     int8_t* dst = q + r * dim;
     for (int d = 0; d < dim; ++d) {
-      // Rounding before clamping equals the GPU's clamp-then-round for every finite value
-      // (the bounds are integers) and keeps the loop free of float selects.
-      int v = static_cast<int>(RoundHalfEven(Load<D>(src, d) * inv));
-      v = v < -127 ? -127 : v;
-      v = v > 127 ? 127 : v;
-      dst[d] = static_cast<int8_t>(v);
+      // Clamped before it is rounded, as the GPU does (fmaxf then fminf): NaN gives -127, and a
+      // value beyond int's range never reaches the conversion.
+      float v = Load<D>(src, d) * inv;
+      v = v > -127.0f ? v : -127.0f;
+      v = v < 127.0f ? v : 127.0f;
+      dst[d] = static_cast<int8_t>(static_cast<int>(RoundHalfEven(v)));
     }
     scales[r] = scale;
   }
@@ -150,7 +151,7 @@ KVPOOL_VECTOR_CLONES void QuantizeFp8Plane(const Bits<D>* src, uint8_t* dst, flo
   for (int h = 0; h < heads; ++h) {
     const float scale = Load<D>(&amax[h], 0) / kFp8E4M3Max;
     scales[h] = scale;
-    inv[h] = scale > 0.0f ? 1.0f / scale : 0.0f;
+    inv[h] = FiniteInverse(scale);
   }
   for (int t = 0; t < tokens; ++t) {
     for (int h = 0; h < heads; ++h) {
@@ -214,11 +215,15 @@ KVPOOL_VECTOR_CLONES void QuantizeInt4Groups(const Bits<D>* in, uint8_t* out, ui
     const float inv = s > 0.0f ? 1.0f / s : 0.0f;
     uint8_t* dst = out + gi * (G / 2);
     for (int d = 0; d < G / 2; ++d) {
-      int q0 = static_cast<int>(RoundHalfEven((Load<D>(src, 2 * d) - z) * inv));
-      int q1 = static_cast<int>(RoundHalfEven((Load<D>(src, 2 * d + 1) - z) * inv));
-      q0 = q0 < 0 ? 0 : (q0 > 15 ? 15 : q0);
-      q1 = q1 < 0 ? 0 : (q1 > 15 ? 15 : q1);
-      dst[d] = static_cast<uint8_t>(q0 | (q1 << 4));
+      // Clamped before rounding, as the GPU does: NaN gives 0, and a value beyond int's range 15.
+      float v0 = (Load<D>(src, 2 * d) - z) * inv;
+      float v1 = (Load<D>(src, 2 * d + 1) - z) * inv;
+      v0 = v0 > 0.0f ? v0 : 0.0f;
+      v1 = v1 > 0.0f ? v1 : 0.0f;
+      v0 = v0 < 15.0f ? v0 : 15.0f;
+      v1 = v1 < 15.0f ? v1 : 15.0f;
+      dst[d] = static_cast<uint8_t>(static_cast<int>(RoundHalfEven(v0)) |
+                                    (static_cast<int>(RoundHalfEven(v1)) << 4));
     }
     params[2 * gi] = s_bits;
     params[2 * gi + 1] = z_bits;
@@ -283,6 +288,12 @@ template <DType D>
 void QuantizeOne(const BlockLayout& l, const void* raw, void* enc, bool simd) {
   const auto* in = static_cast<const Bits<D>*>(raw);
   auto* out = static_cast<uint8_t*>(enc);
+  // The bytes between the data and the scale sections are zero, so an encoded block is a
+  // function of its input alone (and carries nothing its buffer held before).
+  const size_t data_bytes = EncodedDataBytes(l);
+  if (l.encoding != Encoding::kRaw) {
+    std::memset(out + data_bytes, 0, EncodedScaleOffset(l) - data_bytes);
+  }
   // fp32 has no AVX2 path: its scalar loops (auto-vectorized) are the twin.
   switch (l.encoding) {
     case Encoding::kInt8:

@@ -11,6 +11,7 @@
 // One launch covers up to 128 blocks (pointer arrays travel as kernel parameters).
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_dtype.cuh"
@@ -20,10 +21,15 @@ namespace kvpool {
 namespace kernels {
 namespace {
 
-using cuda::CeilDiv;
-
 constexpr int kBlocksPerLaunch = 128;
 constexpr float kHalfMaxF = 65504.0f;
+
+// 1 / scale, or 0 where there is none or it is not finite (a scale so small that its inverse
+// overflows: every element then quantizes to 0, as the CPU twin's FiniteInverse does).
+__device__ inline float FiniteInverse(float scale) {
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  return inv <= 3.402823466e38f ? inv : 0.0f;
+}
 
 struct QuantArgs {
   const void* in[kBlocksPerLaunch];
@@ -54,7 +60,7 @@ __global__ void QuantInt8Kernel(const QuantArgs a) {
   for (int d = lane; d < a.head_dim; d += 32) amax = fmaxf(amax, fabsf(cuda::LoadF<D>(src, d)));
   amax = cuda::WarpMax(amax);
   const float scale = amax / 127.0f;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  const float inv = FiniteInverse(scale);
   int8_t* q = reinterpret_cast<int8_t*>(enc) + r * a.head_dim;
   for (int d = lane; d < a.head_dim; d += 32) {
     const float v = fminf(fmaxf(__fmul_rn(cuda::LoadF<D>(src, d), inv), -127.0f), 127.0f);
@@ -93,7 +99,7 @@ __global__ void QuantFp8Kernel(const QuantArgs a) {
   }
   __syncthreads();
   const float scale = warp_max[0] / kFp8E4M3Max;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  const float inv = FiniteInverse(scale);
   for (int i = threadIdx.x; i < per_head; i += blockDim.x) {
     const int t = i / a.head_dim, d = i % a.head_dim;
     const int64_t off = (static_cast<int64_t>(t) * a.heads + h) * a.head_dim + d;
@@ -121,6 +127,9 @@ __global__ void QuantInt4Kernel(const QuantArgs a) {
     mn = fminf(mn, x);
     mx = fmaxf(mx, x);
   }
+  // -0 counts as +0, as in the CPU twin's order keys (fminf(+0, -0) may give -0).
+  mn = __fadd_rn(mn, 0.0f);
+  mx = __fadd_rn(mx, 0.0f);
   const uint16_t s_bits =
       cuda::FloatToHalfBits(fminf(__fdiv_rn(__fsub_rn(mx, mn), 15.0f), kHalfMaxF));
   const uint16_t z_bits = cuda::FloatToHalfBits(fminf(fmaxf(mn, -kHalfMaxF), kHalfMaxF));
@@ -139,6 +148,13 @@ __global__ void QuantInt4Kernel(const QuantArgs a) {
   uint16_t* params = reinterpret_cast<uint16_t*>(enc + a.scale_offset);
   params[2 * g] = s_bits;
   params[2 * g + 1] = z_bits;
+}
+
+// The bytes between the data and the scale sections of each block: zero, as the CPU twin
+// writes them. One CTA per block.
+__global__ void ZeroPaddingKernel(const QuantArgs a, int64_t from, int bytes) {
+  uint8_t* enc = static_cast<uint8_t*>(a.out[blockIdx.x]);
+  for (int i = threadIdx.x; i < bytes; i += blockDim.x) enc[from + i] = 0;
 }
 
 // ---- dequantize: one thread per element pair ----
@@ -193,13 +209,26 @@ __global__ void DequantKernel(const QuantArgs a) {
   }
 }
 
+// Threads a launch over `units` work items needs, as a grid of kThreads-thread CTAs; 0 when more
+// than one grid can hold.
+constexpr int kThreads = 256;
+unsigned GridFor(int64_t units) {
+  const int64_t grid = (units + kThreads - 1) / kThreads;
+  return grid > 0x7fffffff ? 0 : static_cast<unsigned>(grid);
+}
+
 template <DType D>
 Status LaunchQuant(const BlockLayout& l, const QuantArgs& a, cudaStream_t stream) {
-  constexpr int kThreads = 256;
+  const int64_t units = l.encoding == Encoding::kInt8 ? a.elems / a.head_dim * a.num_blocks * 32
+                        : l.encoding == Encoding::kFp8E4M3
+                            ? int64_t{a.num_blocks} * a.planes * a.heads * kThreads
+                            : a.elems / a.group * a.num_blocks;
+  if (GridFor(units) == 0)
+    return Status::InvalidArgument("quantize batch too large for one launch");
+  KVPOOL_CUDA_CLEAR_STALE_ERROR();
   switch (l.encoding) {
     case Encoding::kInt8: {
-      const int64_t rows = a.elems / a.head_dim * a.num_blocks;
-      QuantInt8Kernel<D><<<CeilDiv(rows * 32, kThreads), kThreads, 0, stream>>>(a);
+      QuantInt8Kernel<D><<<GridFor(units), kThreads, 0, stream>>>(a);
       break;
     }
     case Encoding::kFp8E4M3:
@@ -207,21 +236,27 @@ Status LaunchQuant(const BlockLayout& l, const QuantArgs& a, cudaStream_t stream
       break;
     case Encoding::kInt4G32:
     case Encoding::kInt4G64: {
-      const int64_t groups = a.elems / a.group * a.num_blocks;
-      QuantInt4Kernel<D><<<CeilDiv(groups, kThreads), kThreads, 0, stream>>>(a);
+      QuantInt4Kernel<D><<<GridFor(units), kThreads, 0, stream>>>(a);
       break;
     }
     default:
       return Status::InvalidArgument("quantize needs a non-raw encoding");
   }
   KVPOOL_CUDA_CHECK_LAUNCH();
+  const int64_t data_bytes = static_cast<int64_t>(EncodedDataBytes(l));
+  if (a.scale_offset > data_bytes) {
+    ZeroPaddingKernel<<<a.num_blocks, 32, 0, stream>>>(
+        a, data_bytes, static_cast<int>(a.scale_offset - data_bytes));
+    KVPOOL_CUDA_CHECK_LAUNCH();
+  }
   return Status::OK();
 }
 
 template <DType D>
 Status LaunchDequant(const BlockLayout& l, const QuantArgs& a, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  const unsigned grid = CeilDiv(a.elems / 2 * a.num_blocks, kThreads);
+  const unsigned grid = GridFor(a.elems / 2 * a.num_blocks);
+  if (grid == 0) return Status::InvalidArgument("dequantize batch too large for one launch");
+  KVPOOL_CUDA_CLEAR_STALE_ERROR();
   switch (l.encoding) {
     case Encoding::kInt8:
       DequantKernel<D, Encoding::kInt8><<<grid, kThreads, 0, stream>>>(a);
@@ -277,17 +312,39 @@ Status Run(const BlockLayout& l, const void* const* in, void* const* out, int nu
   return Status::OK();
 }
 
+// The kernels load and store whole elements, and the scale section as floats and 16-bit words:
+// a misaligned buffer would fault on the GPU and poison the context (the CPU twin copes).
+Status CheckAligned(const BlockLayout& l, const void* const* raw, const void* const* encoded,
+                    int num_blocks) {
+  for (int i = 0; i < num_blocks; ++i) {
+    if (reinterpret_cast<uintptr_t>(raw[i]) % DTypeSize(l.dtype) != 0 ||
+        reinterpret_cast<uintptr_t>(encoded[i]) % 4 != 0) {
+      return Status::InvalidArgument(
+          "quantize on the GPU: raw blocks must be aligned to their element size and encoded "
+          "blocks to 4 bytes (block " +
+          std::to_string(i) + " is not)");
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status QuantizeBlocksCuda(const BlockLayout& layout, const void* const* raw, void* const* encoded,
                           int num_blocks, void* stream) {
   KVPOOL_RETURN_IF_ERROR(ValidateQuantize(layout, raw, encoded, num_blocks));
+  KVPOOL_RETURN_IF_ERROR(CheckAligned(layout, raw, encoded, num_blocks));
+  if (num_blocks == 0) return Status::OK();
+  const ScopedDevice on(DeviceOfPointer(raw[0]));
   return Run<true>(layout, raw, encoded, num_blocks, static_cast<cudaStream_t>(stream));
 }
 
 Status DequantizeBlocksCuda(const BlockLayout& layout, const void* const* encoded, void* const* raw,
                             int num_blocks, void* stream) {
   KVPOOL_RETURN_IF_ERROR(ValidateQuantize(layout, encoded, raw, num_blocks));
+  KVPOOL_RETURN_IF_ERROR(CheckAligned(layout, raw, encoded, num_blocks));
+  if (num_blocks == 0) return Status::OK();
+  const ScopedDevice on(DeviceOfPointer(encoded[0]));
   return Run<false>(layout, encoded, raw, num_blocks, static_cast<cudaStream_t>(stream));
 }
 

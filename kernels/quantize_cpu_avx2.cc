@@ -168,7 +168,7 @@ KVPOOL_AVX2 void QuantizeFp8PlaneT(const uint16_t* src, uint8_t* dst, float* sca
     for (int h = 0; h < nh; ++h) {
       const float scale = LoadElement(&amax_stack[h], 0, D) / kFp8E4M3Max;
       scales[h0 + h] = scale;
-      inv_stack[h] = scale > 0.0f ? 1.0f / scale : 0.0f;
+      inv_stack[h] = FiniteInverse(scale);
     }
     for (int t = 0; t < tokens; ++t) {
       for (int h = 0; h < nh; ++h) {
@@ -201,11 +201,13 @@ KVPOOL_AVX2 inline void Int4Codes32(const uint16_t* src, __m256 z, __m256 inv, u
   Load16<D>(src + 16, &x[2], &x[3]);
   __m256i q[4];
   for (int i = 0; i < 4; ++i) {
-    const __m256 v = _mm256_mul_ps(_mm256_sub_ps(x[i], z), inv);
+    // Clamped to [0, 15] before rounding, as the scalar twin and the GPU do: max_ps returns its
+    // second operand for NaN, so NaN gives 0.
+    __m256 v = _mm256_mul_ps(_mm256_sub_ps(x[i], z), inv);
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(15.0f));
     q[i] = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(v, magic), magic));
   }
-  // packus clamps below at 0 (NaN and overflow convert to INT_MIN, which the scalar clamps to 0
-  // too) and above at 65535; the min finishes the clamp at 15.
+  // The codes are 0-15 already; packus and the min keep them there.
   const __m256i fifteen = _mm256_set1_epi16(15);
   const __m256i p0 = _mm256_min_epu16(Pack16<D>(q[0], q[1]), fifteen);  // elements 0-15
   const __m256i p1 = _mm256_min_epu16(Pack16<D>(q[2], q[3]), fifteen);  // elements 16-31

@@ -525,6 +525,54 @@ TEST(QuantizeAvx2Test, BlocksMatchScalarReferenceBitForBit) {
   EXPECT_GT(compared, 150);
 }
 
+// What the CUDA kernels do at the edges, which the twin must do too (kvpool-kernel-check compares
+// them byte for byte on a GPU): the padding before the scale section is zero, whatever the
+// buffer held; a value whose code lies beyond int's range clamps like any other (the kernels
+// clamp in float, then round); a scale whose inverse overflows quantizes everything to 0.
+TEST(QuantizeEdgeTest, PaddingBeyondIntRangeAndTinyScalesAsTheGpuComputesThem) {
+  // fp8 with a 216-byte data section: 8 bytes of padding before the scales.
+  const BlockLayout fp8 = Layout(Encoding::kFp8E4M3, DType::kFloat16, 2, 3, 6, 3);
+  ASSERT_EQ(EncodedDataBytes(fp8), 216u);
+  ASSERT_EQ(EncodedScaleOffset(fp8), 224u);
+  std::vector<uint16_t> raw(BlockElements(fp8));
+  for (size_t i = 0; i < raw.size(); ++i) raw[i] = FloatToHalf(0.25f * static_cast<float>(i % 9));
+  for (bool scalar : {false, true}) {
+    std::vector<uint8_t> enc(EncodedBytes(fp8), 0xa5);
+    const void* in = raw.data();
+    void* out = enc.data();
+    ASSERT_TRUE((scalar ? QuantizeBlocksCpuScalar : QuantizeBlocksCpu)(fp8, &in, &out, 1).ok());
+    for (size_t b = 216; b < 224; ++b) EXPECT_EQ(enc[b], 0) << "padding byte " << b;
+  }
+
+  // int4 over bf16 values near 1e15: scale and zero saturate at f16's max, so (x - z) / s is
+  // ~1.5e10 for every element, beyond int's range: each code clamps to 15.
+  const BlockLayout int4 = Layout(Encoding::kInt4G32, DType::kBFloat16, 1, 1, 32, 1);
+  std::vector<uint16_t> huge(BlockElements(int4));
+  for (size_t i = 0; i < huge.size(); ++i) {
+    huge[i] = FloatToBf16(i % 2 ? 1.01e15f : 1e15f);
+  }
+  for (bool scalar : {false, true}) {
+    std::vector<uint8_t> enc(EncodedBytes(int4), 0);
+    const void* in = huge.data();
+    void* out = enc.data();
+    ASSERT_TRUE((scalar ? QuantizeBlocksCpuScalar : QuantizeBlocksCpu)(int4, &in, &out, 1).ok());
+    for (size_t b = 0; b < EncodedDataBytes(int4); ++b) {
+      EXPECT_EQ(enc[b], 0xff) << (scalar ? "scalar" : "dispatched") << ", byte " << b;
+    }
+  }
+
+  // int8 over fp32 values so small that 1 / (amax / 127) overflows: every code is 0 (with an
+  // infinite inverse, positive values would give 127 and zeros NaN).
+  const BlockLayout int8 = Layout(Encoding::kInt8, DType::kFloat32, 1, 1, 32, 1);
+  std::vector<float> tiny(BlockElements(int8));
+  for (size_t i = 0; i < tiny.size(); ++i) tiny[i] = i % 3 == 0 ? 0.0f : 2e-38f;
+  std::vector<uint8_t> enc(EncodedBytes(int8), 0xa5);
+  const void* in = tiny.data();
+  void* out = enc.data();
+  ASSERT_TRUE(QuantizeBlocksCpu(int8, &in, &out, 1).ok());
+  for (size_t b = 0; b < EncodedDataBytes(int8); ++b) EXPECT_EQ(enc[b], 0) << "code " << b;
+}
+
 }  // namespace
 }  // namespace kernels
 }  // namespace kvpool

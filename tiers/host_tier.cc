@@ -43,9 +43,10 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   if (p == MAP_FAILED) {
     return Status::FromErrno(errno, "reserving " + FormatBytes(bytes) + " for the host arena");
   }
-  std::unique_ptr<HostTier> tier(new HostTier(
-      static_cast<uint8_t*>(p), options.segment_bytes, static_cast<uint32_t>(count),
-      options.lock_memory, options.spare_segments, options.spare_after, options.huge_pages));
+  std::unique_ptr<HostTier> tier(new HostTier(static_cast<uint8_t*>(p), options.segment_bytes,
+                                              static_cast<uint32_t>(count), options.lock_memory,
+                                              options.spare_segments, options.spare_after,
+                                              options.huge_pages, options.cuda_device));
   absl::MutexLock lock(&tier->mu_);
   for (uint32_t i = 0; i < count; ++i) {
     KVPOOL_RETURN_IF_ERROR(tier->MapSegmentLocked(i));
@@ -72,7 +73,8 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
 }
 
 HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
-                   uint32_t spare_segments, std::chrono::milliseconds spare_after, bool huge_pages)
+                   uint32_t spare_segments, std::chrono::milliseconds spare_after, bool huge_pages,
+                   int cuda_device)
     : SegmentedTier("host", segment_bytes, segment_count),
       base_(base),
       segment_bytes_(segment_bytes),
@@ -80,7 +82,8 @@ HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count
       lock_(lock),
       spare_segments_(spare_segments),
       spare_after_(spare_after),
-      huge_pages_(huge_pages) {
+      huge_pages_(huge_pages),
+      cuda_device_(cuda_device) {
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
 }
@@ -151,13 +154,13 @@ Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_
 
 int HostTier::InstallMemfdLocked(uint32_t index, int fd) {
   uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
-  // Pinned for CUDA where a GPU is usable, so GPU copies from blocks need no staging.
+  // Pinned for CUDA where the daemon copies to GPUs, so those copies need no staging.
   if (seg_registered_.size() > index && seg_registered_[index]) {
     kernels::UnregisterHostMemory(at);
     seg_registered_[index] = false;
   }
-  if (kernels::CudaDeviceAvailable()) {
-    Status reg = kernels::RegisterHostMemory(at, segment_bytes_);
+  if (cuda_device_ >= 0 && kernels::CudaDeviceAvailable()) {
+    Status reg = kernels::RegisterHostMemory(at, segment_bytes_, /*read_only=*/false, cuda_device_);
     if (reg.ok()) {
       if (seg_registered_.size() <= index) seg_registered_.resize(segment_count_, false);
       seg_registered_[index] = true;

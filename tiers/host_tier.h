@@ -71,6 +71,12 @@ struct HostTierOptions {
   // (/sys/kernel/mm/transparent_hugepage/shmem_enabled "advise", "within_size" or "always";
   // Debian's default is "never") and has free 2 MiB runs of memory. Default: false.
   bool huge_pages = false;
+  // Registers each segment with CUDA (pinned memory) with this device current, for a daemon whose
+  // gpu tiers copy between the arena and their GPUs; -1 (the default): not registered at all.
+  // Registering takes a CUDA context on the device current, several hundred MiB of its memory,
+  // so a daemon without gpu tiers leaves every GPU to the engines (clients pin their own
+  // mappings of the arena).
+  int cuda_device = -1;
 };
 
 class HostTier final : public SegmentedTier {
@@ -112,7 +118,8 @@ class HostTier final : public SegmentedTier {
   };
 
   HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
-           uint32_t spare_segments, std::chrono::milliseconds spare_after, bool huge_pages);
+           uint32_t spare_segments, std::chrono::milliseconds spare_after, bool huge_pages,
+           int cuda_device);
   // Creates a memfd for segment `index` and maps it over its range. IoError/ResourceExhausted;
   // `*mapped_over` (when given) says whether the range was touched before a failure.
   Status MapSegmentLocked(uint32_t index, bool* mapped_over = nullptr)
@@ -150,6 +157,7 @@ class HostTier final : public SegmentedTier {
   const uint32_t spare_segments_;
   const std::chrono::milliseconds spare_after_;
   const bool huge_pages_;
+  const int cuda_device_;
   bool locked_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread spare_renewer_;

@@ -184,7 +184,8 @@ Status NcclLink::Transfer(std::span<const Op> ops, void* stream, Deadline deadli
       break;
     }
     ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm_->comm, &state);
+    const ncclResult_t asked = ncclCommGetAsyncError(comm_->comm, &state);
+    if (asked != ncclSuccess) state = asked;
     if (state != ncclSuccess && state != ncclInProgress) {
       st = Break(NcclStatus(state, comm_->comm, "NCCL transfer"));
       break;
