@@ -6,7 +6,8 @@
 //
 //   raw:  [layer][kv][token][kv_head][head_dim]        kv = 0 for K, 1 for V
 //
-// An encoded block is the data section followed, at a 16-byte aligned offset, by its scales:
+// An encoded block is the data section followed, at a 16-byte aligned offset, by its scales (the
+// bytes between are zero):
 //
 //   int8      data int8  [layer][kv][token][kv_head][head_dim]
 //             scales f32 [layer][kv][token][kv_head]                 one per token and head
