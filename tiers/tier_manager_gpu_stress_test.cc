@@ -38,22 +38,9 @@ constexpr NamespaceId kDroppedNs = 2;  // blocks also dropped from the whole cac
 constexpr size_t kHeldLeases = 4;      // leases a thread holds on to for a while
 constexpr int kDevices = 2;
 
-uint64_t EnvOr(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-// 1 KiB .. ~96 KiB, rarely page aligned.
-uint64_t SizeOf(int k) { return 1024ull * (1 + (k * 37) % 96) + (k * 131) % 1024; }
-
-BlockKey KeyAt(int k) { return KeyOf(700000 + k); }
-
-std::vector<uint8_t> ValueOf(NamespaceId ns, int k) {
-  BlockKey salted = KeyAt(k);
-  salted.bytes[0] ^= static_cast<uint8_t>(ns * 0x5b);
-  salted.bytes[1] ^= static_cast<uint8_t>(ns);
-  return BytesFor(salted, SizeOf(k));
-}
+constexpr uint64_t kFirstKey = 700000;
+BlockKey KeyAt(int k) { return StressKey(kFirstKey, k); }
+std::vector<uint8_t> ValueOf(NamespaceId ns, int k) { return StressValue(ns, kFirstKey, k); }
 
 struct Counters {
   std::atomic<uint64_t> ops{0}, host_puts{0}, gpu_puts{0}, gpu_puts_in_host{0}, damaged{0},

@@ -31,24 +31,9 @@ constexpr NamespaceId kQuotaNs = 2;    // host quota of 2 MiB
 constexpr NamespaceId kDroppedNs = 3;  // blocks also dropped from the whole cache
 constexpr size_t kHeldLeases = 6;      // leases a thread holds on to for a while
 
-uint64_t EnvOr(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-// 1 KiB .. ~96 KiB, rarely aligned.
-uint64_t SizeOf(int k) { return 1024ull * (1 + (k * 37) % 96) + (k * 131) % 1024; }
-
-BlockKey KeyAt(int k) { return KeyOf(500000 + k); }
-
-// The value of key k in namespace ns: unique to both (the same key in two namespaces holds
-// different bytes, so a read served across namespaces is caught too).
-std::vector<uint8_t> ValueOf(NamespaceId ns, int k) {
-  BlockKey salted = KeyAt(k);
-  salted.bytes[0] ^= static_cast<uint8_t>(ns * 0x5b);
-  salted.bytes[1] ^= static_cast<uint8_t>(ns);
-  return BytesFor(salted, SizeOf(k));
-}
+constexpr uint64_t kFirstKey = 500000;
+BlockKey KeyAt(int k) { return StressKey(kFirstKey, k); }
+std::vector<uint8_t> ValueOf(NamespaceId ns, int k) { return StressValue(ns, kFirstKey, k); }
 
 struct Counters {
   std::atomic<uint64_t> ops{0}, puts{0}, aborts{0}, reads{0}, hits{0}, lookups{0}, demotes{0},

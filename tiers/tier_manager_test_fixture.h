@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -52,6 +53,23 @@ inline std::vector<uint8_t> BytesFor(const BlockKey& key, uint64_t size) {
   }
   for (; i < size; ++i) out[i] = static_cast<uint8_t>(rng());
   return out;
+}
+
+// For the consistency stresses: key k of a stress whose keys start at KeyOf(first), its size
+// (1 KiB .. ~96 KiB, rarely aligned), and its value in namespace ns, unique to both (the same key
+// in two namespaces holds different bytes, so a read served across namespaces is caught too).
+inline BlockKey StressKey(uint64_t first, int k) { return KeyOf(first + k); }
+inline uint64_t StressSize(int k) { return 1024ull * (1 + (k * 37) % 96) + (k * 131) % 1024; }
+inline std::vector<uint8_t> StressValue(NamespaceId ns, uint64_t first, int k) {
+  BlockKey salted = StressKey(first, k);
+  salted.bytes[0] ^= static_cast<uint8_t>(ns * 0x5b);
+  salted.bytes[1] ^= static_cast<uint8_t>(ns);
+  return BytesFor(salted, StressSize(k));
+}
+// A count or seed from the environment, else `fallback`.
+inline uint64_t EnvOr(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
 }
 
 inline std::vector<BlockKey> ChainKeys(uint64_t first, int n) {

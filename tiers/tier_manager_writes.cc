@@ -307,7 +307,7 @@ std::vector<Status> TierManager::CommitToGpu(uint64_t owner, std::span<const uin
       } else {
         found->deadline = Clock::TimePoint::max();  // committing
         found->item.checksum = device_checksums[i];
-        checked.push_back({i, *found});
+        checked.push_back({i, *found, 0, Status::OK()});
       }
     }
   }
