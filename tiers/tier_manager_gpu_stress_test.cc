@@ -4,8 +4,8 @@
 // read them as host readers and as readers on either GPU, place and promote chains onto the
 // GPUs, and evict from gpu, host and the whole cache, all at once, on gpu tiers and a host arena
 // far too small for them. Every value is unique to its (namespace, key), so each read is checked
-// on the spot: the host bytes of a host read, the device bytes and device checksum of a gpu read.
-// At the end every committed block of a namespace never dropped from is still served byte for
+// on the spot: the host bytes of every read, and the device bytes and device checksum of a gpu
+// read. At the end every committed block of a namespace never dropped from is still served byte for
 // byte, every gpu copy left holds its block's bytes, and the books of host and both GPUs balance.
 //
 // KVPOOL_GPU_STRESS_OPS (default 200,000, ~10 s on 2 cores) sets the number of operations;
@@ -93,13 +93,13 @@ TEST_F(TierManagerGpuStressTest, ManyThreadsNeverSeeAWrongOrLostBlockOnAnyTier) 
     const std::vector<uint8_t>& want = values[ns][k];
     if (!reserved[ns * kKeys + k]) ++c.phantom;  // served a block nobody ever put
     if (r.from == Tier::kGpu) {
-      // A gpu reader copies the gpu copy (its host copy may still be on its way down).
+      // A gpu reader copies the gpu copy; the lease holds its host copy too (made by now: a read
+      // of a block put into a gpu waits for its copy down), checked below.
       ++c.gpu_hits;
       if (r.size != want.size() || r.device_checksum != device_sums[ns][k] ||
           gpus_[r.gpu_device].Read(slot_of(r.gpu_device, r.gpu_offset, r.size), r.size) != want) {
         ++c.wrong_on_gpu;
       }
-      return;
     }
     if (r.size != want.size() || std::memcmp(r.data, want.data(), want.size()) != 0 ||
         r.checksum != BlockChecksum(want.data(), want.size())) {
