@@ -99,6 +99,8 @@ struct BorrowedBlocks::State {
   std::vector<uint64_t> lease_ids;
   std::shared_ptr<Client::Impl*> client;        // null inside once the Client is gone
   kernels::DeviceCopyEngine* engine = nullptr;  // for device views (never destroyed)
+  int device = -1;                              // BorrowOptions::gpu_device
+  void* stream = nullptr;                       // BorrowOptions::cuda_stream
   uint64_t epoch = 0;                           // the client's connection the leases belong to
   std::chrono::steady_clock::time_point lease_deadline;
   bool released = false;
@@ -281,7 +283,7 @@ class Client::Impl {
         r.size = b.size;
       } else if (buf.memory == Memory::kCuda) {
         b.src = mappings_.ReadBase(b.segment) + b.offset;
-        mappings_.PinForCopies(b.segment, /*writable=*/false);
+        mappings_.PinForCopies(b.segment, /*writable=*/false, local_gpu);
         r.status = staging.engine()->CopyAsync(
             buf.data, b.src, b.size, kernels::CopyDirection::kHostToDevice, staging.stream());
         if (r.status.ok()) {
@@ -313,8 +315,8 @@ class Client::Impl {
       return Status::OK();
     }
     if (!to_device.empty() || !from_gpu.empty()) {
-      FinishQueued(keys, blocks, to_device, from_gpu, out, buffer_for, *staging.engine(),
-                   staging.stream());
+      FinishQueued(keys, blocks, to_device, from_gpu, out, buffer_for,
+                   staging.engine()->Wait(staging.stream()), *staging.engine(), staging.stream());
     }
     return connection_.SendOnly(wire::RELEASE, release, deadline);
   }
@@ -387,7 +389,8 @@ class Client::Impl {
     if (verify && !device_views.empty()) {
       std::vector<BlockView*> views;
       for (size_t i : device_views) views.push_back(&lend.views[i]);
-      VerifyDeviceViews(*device_engine_, views).IgnoreError();  // each view has its status
+      // Each view gets its status.
+      VerifyDeviceViews(*device_engine_, views, lend.stream).IgnoreError();
       std::vector<uint64_t> refused_leases;
       std::vector<BlockKey> bad;
       for (const InPlace& b : blocks) {
@@ -413,11 +416,11 @@ class Client::Impl {
   // Checks device views against their device checksums on their GPU; a view that fails turns
   // Corruption (or the reason the check could not run). The first failure, or OK.
   static Status VerifyDeviceViews(kernels::DeviceCopyEngine& engine,
-                                  const std::vector<BlockView*>& views) {
+                                  const std::vector<BlockView*>& views, void* stream) {
     std::vector<kernels::ByteRange> ranges;
     for (const BlockView* v : views) ranges.push_back({v->data, v->size});
-    Result<std::vector<uint64_t>> dsums = engine.DeviceChecksums(ranges.data(), ranges.size(),
-                                                                 /*stream=*/nullptr);
+    Result<std::vector<uint64_t>> dsums =
+        engine.DeviceChecksums(ranges.data(), ranges.size(), stream);
     Status first;
     for (size_t k = 0; k < views.size(); ++k) {
       BlockView& v = *views[k];
@@ -611,21 +614,20 @@ class Client::Impl {
     return queued;
   }
 
-  // Waits for every queued copy, then verifies: the leased host sources of host-to-device copies
-  // (hashed after the copies, so a change during them shows), a copy out of a gpu slot into host
-  // memory by its checksum, and one into device memory by the gpu copy's device checksum,
-  // computed over the destination on its GPU.
+  // Once the queued copies are done (`done`: how waiting for them went), verifies: the leased
+  // host sources of host-to-device copies (hashed after the copies, so a change during them
+  // shows), a copy out of a gpu slot into host memory by its checksum, and one into device memory
+  // by the gpu copy's device checksum, computed over the destination on its GPU (on `stream`).
   // Uses nothing of the client's but what it is given (a PendingGet may outlive the client).
   static void FinishQueued(std::span<const BlockKey> keys, const std::vector<InPlace>& blocks,
                            const std::vector<size_t>& to_device,
                            const std::vector<size_t>& from_gpu, std::vector<GetResult>& out,
-                           const BufferFor& buffer_for, kernels::DeviceCopyEngine& engine,
-                           void* stream) {
+                           const BufferFor& buffer_for, const Status& done,
+                           kernels::DeviceCopyEngine& engine, void* stream) {
     const auto changed = [&](const InPlace& b) {
       return Status::Corruption("block " + keys[b.index].ShortHex() +
                                 " changed while being read (lease expired?)");
     };
-    const Status done = engine.Wait(stream);
     for (size_t k : to_device) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];
@@ -1025,7 +1027,7 @@ class Client::Impl {
       }
       if (server_.shared_memory && !reserved.empty()) {
         KVPOOL_RETURN_IF_ERROR(
-            CommitInPlace(blocks, reserved, slots, result, device, stream, daemon_gpu));
+            CommitInPlace(blocks, reserved, slots, result, device, stream, daemon_gpu, local_gpu));
         continue;
       }
       if (server_.ucx && !reserved.empty()) {
@@ -1065,7 +1067,8 @@ class Client::Impl {
   Status CommitInPlace(std::span<const PutBlock> blocks,
                        const std::vector<std::pair<size_t, uint64_t>>& reserved,
                        const std::vector<wire::SegmentSlot>& slots, PutResult& result,
-                       kernels::DeviceCopyEngine* device, void* stream, int daemon_gpu) {
+                       kernels::DeviceCopyEngine* device, void* stream, int daemon_gpu,
+                       int local_gpu) {
     const Deadline deadline = connection_.NewDeadline();
     std::vector<std::pair<uint32_t, uint32_t>> segs;
     for (const wire::SegmentSlot& s : slots) segs.emplace_back(s.segment(), s.generation());
@@ -1108,7 +1111,7 @@ class Client::Impl {
       }
       uint8_t* slot = mappings_.WriteBase(slots[k].segment()) + slots[k].offset();
       if (b.memory == Memory::kCuda) {
-        mappings_.PinForCopies(slots[k].segment(), /*writable=*/true);
+        mappings_.PinForCopies(slots[k].segment(), /*writable=*/true, local_gpu);
         Status st =
             device->CopyAsync(slot, b.data, b.size, kernels::CopyDirection::kDeviceToHost, stream);
         if (st.ok()) {
@@ -1354,6 +1357,8 @@ struct PendingGet::State {
   std::vector<Client::Impl::QueuedCopies> queued;
   kernels::DeviceCopyEngine* engine = nullptr;  // never destroyed
   void* stream = nullptr;
+  int device = -1;       // the CUDA device of the buffers
+  void* mark = nullptr;  // the end of the queued copies (DeviceCopyEngine::Mark), or null
   std::shared_ptr<Client::Impl*> client;  // null inside once the Client is gone
   bool waited = false;
 };
@@ -1382,9 +1387,20 @@ Result<std::vector<GetResult>> PendingGet::Wait() {
   State& st = *state_;
   st.waited = true;
   const Client::Impl::BufferFor buffer_for = [&](size_t i, uint64_t) { return st.buffers[i]; };
+  // On the buffers' device (the null stream is that device's), possibly on another thread than
+  // the one that queued the copies: the mark made there waits for exactly them.
+  const std::shared_ptr<void> on =
+      st.engine != nullptr ? st.engine->UseDevice(st.device) : std::shared_ptr<void>();
+  Status done;
+  if (st.mark != nullptr) {
+    done = st.engine->WaitMarked(st.mark);
+    st.mark = nullptr;
+  } else if (!st.queued.empty()) {
+    done = st.engine->Wait(st.stream);
+  }
   for (const Client::Impl::QueuedCopies& q : st.queued) {
     Client::Impl::FinishQueued(st.keys, q.blocks, q.to_device, q.from_gpu, st.results, buffer_for,
-                               *st.engine, st.stream);
+                               done, *st.engine, st.stream);
     Client::Impl* client = st.client == nullptr ? nullptr : *st.client;
     if (client == nullptr) continue;  // its connection, and the leases with it, are gone
     // The copies are done: the leases may end; then gpu copies that failed their check go.
@@ -1414,7 +1430,7 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
     return Status::InvalidArgument("Get needs one buffer per key");
   }
   kernels::DeviceCopyEngine* device = nullptr;
-  int gpu = -1;  // the device of every Memory::kCuda buffer, -2 when they differ
+  int gpu = -1;  // the CUDA device of every Memory::kCuda buffer (one per call)
   for (size_t i = 0; i < buffers.size(); ++i) {
     if (buffers[i].memory != Memory::kCuda) continue;
     if (device == nullptr) {
@@ -1423,8 +1439,16 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
     KVPOOL_ASSIGN_OR_RETURN(
         int on, client::CheckDeviceRange(*device, buffers[i].data, buffers[i].capacity,
                                          "buffer " + std::to_string(i) + " (Memory::kCuda)"));
-    if (on >= 0) gpu = gpu == -1 || gpu == on ? on : -2;
+    if (gpu >= 0 && on != gpu) {
+      return Status::InvalidArgument("buffers on CUDA devices " + std::to_string(gpu) + " and " +
+                                     std::to_string(on) +
+                                     " in one get: one device (and its stream) per call");
+    }
+    gpu = on;
   }
+  // The buffers' device is current for the copies: the null stream is then that device's.
+  const std::shared_ptr<void> on_device =
+      device != nullptr ? device->UseDevice(gpu) : std::shared_ptr<void>();
   client::GetStaging staging(device, options.cuda_stream);
   const Impl::BufferFor caller = [&](size_t i, uint64_t) { return buffers[i]; };
   PendingGet pending;
@@ -1432,6 +1456,7 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
   PendingGet::State& st = *pending.state_;
   st.engine = device;
   st.stream = options.cuda_stream;
+  st.device = gpu;
   st.client = impl_->self_;
   st.keys.assign(keys.begin(), keys.end());
   st.buffers.assign(buffers.begin(), buffers.end());
@@ -1443,8 +1468,8 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
       device->Wait(options.cuda_stream).IgnoreError();
       st.queued.clear();
     }
-    return impl_->Get(keys, caller, options.accept_encoded, staging, std::max(gpu, -1),
-                      /*lend=*/nullptr, /*verify_lent=*/true, &st.queued);
+    return impl_->Get(keys, caller, options.accept_encoded, staging, gpu, /*lend=*/nullptr,
+                      /*verify_lent=*/true, &st.queued);
   });
   if (!got.ok()) {
     // Earlier rounds' copies may be running: they end (and their leases with them) first.
@@ -1464,6 +1489,12 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
   }
   staging.Finish(buffers, out);
   st.results = std::move(out);
+  if (!st.queued.empty()) {
+    // Without a mark, Wait waits on the stream itself (right unless it is called on another
+    // thread with a per-thread stream).
+    Result<void*> mark = device->Mark(options.cuda_stream);
+    if (mark.ok()) st.mark = *mark;
+  }
   return pending;
 }
 
@@ -1512,8 +1543,9 @@ Result<std::vector<GetResult>> Client::GetWith(std::span<const BlockKey> keys,
 
 Result<BorrowedBlocks> Client::Borrow(std::span<const BlockKey> keys,
                                       const BorrowOptions& options) {
+  kernels::DeviceCopyEngine* device = nullptr;
   if (options.gpu_device >= 0) {
-    KVPOOL_ASSIGN_OR_RETURN(kernels::DeviceCopyEngine * device, impl_->DeviceEngine());
+    KVPOOL_ASSIGN_OR_RETURN(device, impl_->DeviceEngine());
     KVPOOL_RETURN_IF_ERROR(
         device->DeviceUuid(options.gpu_device)
             .status()
@@ -1523,6 +1555,11 @@ Result<BorrowedBlocks> Client::Borrow(std::span<const BlockKey> keys,
   borrowed.state_ = std::make_unique<BorrowedBlocks::State>();
   BorrowedBlocks::State& st = *borrowed.state_;
   st.client = impl_->self_;
+  st.device = options.gpu_device;
+  st.stream = options.cuda_stream;
+  // gpu_device is current for the device views' checks (the null stream is then its own).
+  const std::shared_ptr<void> on_device =
+      device != nullptr ? device->UseDevice(options.gpu_device) : std::shared_ptr<void>();
   const Impl::BufferFor allocate = [&](size_t i, uint64_t size) {
     st.owned[i].resize(size);
     return MutableBuffer{st.owned[i].data(), st.owned[i].size()};
@@ -1586,7 +1623,9 @@ Status BorrowedBlocks::Verify() {
     }
   }
   if (!on_device.empty() && state_->engine != nullptr) {
-    const Status device = Client::Impl::VerifyDeviceViews(*state_->engine, on_device);
+    const std::shared_ptr<void> current = state_->engine->UseDevice(state_->device);
+    const Status device =
+        Client::Impl::VerifyDeviceViews(*state_->engine, on_device, state_->stream);
     if (first.ok()) first = device;
   }
   return first;
@@ -1602,6 +1641,7 @@ Status BorrowedBlocks::Release() {
 
 Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions& options) {
   kernels::DeviceCopyEngine* device = nullptr;
+  int gpu = -1;  // the CUDA device of every Memory::kCuda block (one per call)
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (blocks[i].memory != Memory::kCuda) continue;
     if (device == nullptr) {
@@ -1617,13 +1657,23 @@ Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions
                                      std::to_string(on) + ", but the put names gpu_device " +
                                      std::to_string(options.gpu_device));
     }
+    if (gpu >= 0 && on != gpu) {
+      return Status::InvalidArgument("blocks on CUDA devices " + std::to_string(gpu) + " and " +
+                                     std::to_string(on) +
+                                     " in one put: one device (and its stream) per call");
+    }
+    gpu = on;
   }
+  // The blocks' device is current for the copies: the null stream is then that device's.
+  const std::shared_ptr<void> on_device =
+      device != nullptr ? device->UseDevice(gpu) : std::shared_ptr<void>();
   return impl_->Run([&]() -> Result<PutResult> {
     int daemon_gpu = -1;
     if (options.gpu_device >= 0) {
       KVPOOL_ASSIGN_OR_RETURN(daemon_gpu, impl_->DaemonGpuOf(options.gpu_device));
     }
-    return impl_->Put(blocks, device, options.cuda_stream, daemon_gpu, options.gpu_device);
+    return impl_->Put(blocks, device, options.cuda_stream, daemon_gpu,
+                      gpu >= 0 ? gpu : options.gpu_device);
   });
 }
 

@@ -25,7 +25,7 @@ void SegmentMappings::UnmapAll() {
 }
 
 SegmentMappings::Region::~Region() {
-  if (pinned) kernels::UnregisterHostMemory(base);
+  if (pinned) kernels::UnregisterHostMemory(base, pinned_on);
   munmap(base, bytes);
 }
 
@@ -39,7 +39,7 @@ uint8_t* SegmentMappings::WriteBase(uint32_t segment) const {
   return it == write_maps_.end() ? nullptr : it->second.region->base;
 }
 
-void SegmentMappings::PinForCopies(uint32_t segment, bool writable) {
+void SegmentMappings::PinForCopies(uint32_t segment, bool writable, int device) {
   const Map& maps = writable ? write_maps_ : read_maps_;
   auto it = maps.find(segment);
   if (it == maps.end()) return;
@@ -47,7 +47,8 @@ void SegmentMappings::PinForCopies(uint32_t segment, bool writable) {
   if (r.pin_tried) return;
   r.pin_tried = true;
   r.pinned = kernels::CudaDeviceAvailable() &&
-             kernels::RegisterHostMemory(r.base, r.bytes, /*read_only=*/!r.writable).ok();
+             kernels::RegisterHostMemory(r.base, r.bytes, /*read_only=*/!r.writable, device).ok();
+  r.pinned_on = device;
 }
 
 std::shared_ptr<const void> SegmentMappings::HoldRead(uint32_t segment) const {
@@ -66,7 +67,7 @@ Status SegmentMappings::MapDescriptor(int fd, const SegmentId& seg, bool writabl
   maps[seg.first] = Mapping{seg.second, region};
   // Pinned for CUDA now where this thread uses CUDA already (an engine's: its own copies and
   // kernels then reach lent blocks at full speed), else by the first copy to or from a GPU.
-  if (kernels::CudaContextCurrent()) PinForCopies(seg.first, writable);
+  if (kernels::CudaContextCurrent()) PinForCopies(seg.first, writable, /*device=*/-1);
   return Status::OK();
 }
 

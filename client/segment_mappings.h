@@ -67,13 +67,13 @@ class SegmentMappings {
   // Keeps `segment`'s read-only mapping (as ReadBase names it) mapped for as long as the
   // returned handle lives, even past UnmapAll or a newer generation; null when not mapped.
   std::shared_ptr<const void> HoldRead(uint32_t segment) const;
-  // Pins `segment`'s read-only (or writable) mapping for CUDA copies (cudaHostRegister, with the
-  // calling thread's current device), once, before the first copy between it and GPU memory: a
-  // copy from pinned memory is one DMA at full speed, from unpinned memory it is staged. Done
-  // only then, because registering creates a CUDA context (several hundred MiB of GPU memory),
-  // which a process that never copies to a GPU must not pay. A failure leaves it unpinned
-  // (copies still work, staged).
-  void PinForCopies(uint32_t segment, bool writable);
+  // Pins `segment`'s read-only (or writable) mapping for CUDA copies (cudaHostRegister, with
+  // CUDA device `device` current, or the thread's own for -1; unregistered the same way), once,
+  // before the first copy between it and GPU memory: a copy from pinned memory is one DMA at
+  // full speed, from unpinned memory it is staged. Done only then, because registering creates a
+  // CUDA context on that device (several hundred MiB of its memory), which a process that never
+  // copies to a GPU must not pay. A failure leaves it unpinned (copies still work, staged).
+  void PinForCopies(uint32_t segment, bool writable, int device);
 
   // Drops every mapping (one still held stays mapped until its last holder lets go).
   void UnmapAll();
@@ -91,6 +91,7 @@ class SegmentMappings {
     const bool writable;
     bool pin_tried = false;  // PinForCopies ran
     bool pinned = false;     // registered with CUDA
+    int pinned_on = -1;      // with this device current (-1: the thread's own)
   };
   struct Mapping {
     uint32_t generation = 0;

@@ -52,7 +52,7 @@ Status CompactKvCuda(const AttentionShape&, const int*, const int32_t*, const vo
 bool CudaDeviceAvailable() { return false; }
 Status RegisterHostMemory(void*, size_t, bool, int) { return NoCuda("RegisterHostMemory"); }
 bool CudaContextCurrent() { return false; }
-void UnregisterHostMemory(void*) {}
+void UnregisterHostMemory(void*, int) {}
 Result<DeviceCopyEngine*> CudaCopyEngine() { return NoCuda("CudaCopyEngine"); }
 Result<std::unique_ptr<DeviceArena>> CreateCudaDeviceArena(int, uint64_t, uint32_t) {
   return NoCuda("CreateCudaDeviceArena");

@@ -44,6 +44,12 @@ class ArenaCopies final : public DeviceCopyEngine {
     ScopedDevice on(device_);
     return base_.DeviceChecksums(ranges, n, stream != nullptr ? stream : stream_);
   }
+  Result<void*> Mark(void* stream) override {
+    ScopedDevice on(device_);
+    return base_.Mark(stream != nullptr ? stream : stream_);
+  }
+  Status WaitMarked(void* mark) override { return base_.WaitMarked(mark); }
+  std::shared_ptr<void> UseDevice(int device) override { return base_.UseDevice(device); }
   Result<std::unique_ptr<ImportedSegment>> ImportSegment(int fd, uint64_t bytes,
                                                          int device) override {
     return base_.ImportSegment(fd, bytes, device);

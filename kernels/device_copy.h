@@ -55,6 +55,21 @@ class DeviceCopyEngine {
   // Waits until the work enqueued on `stream` so far is done, so only the calling thread
   // blocks; the device's other streams run on. Internal with CUDA's reason when a copy failed.
   virtual Status Wait(void* stream) = 0;
+  // Marks the work enqueued on `stream` so far (a CUDA event, made on the calling thread's
+  // current device, which must be the stream's); WaitMarked blocks until that work is done and
+  // frees the mark. Unlike Wait, it may run on another thread: a stream handle such as the
+  // per-thread default stream names another stream there.
+  virtual Result<void*> Mark(void* stream) = 0;
+  virtual Status WaitMarked(void* mark) = 0;
+  // Makes CUDA device `device` current on the calling thread until the returned guard goes,
+  // then puts back the thread's own context; destroy it on the same thread. Copies, waits and
+  // marks on the null (legacy default) stream then run on that device, whichever one the thread
+  // had current (the legacy stream is the current device's). Nothing for device < 0, and nothing
+  // in test doubles.
+  virtual std::shared_ptr<void> UseDevice(int device) {
+    static_cast<void>(device);
+    return nullptr;
+  }
   // The device checksum (kernels/device_checksum.h) of each of `n` ranges of device memory on
   // one device, computed there after the work enqueued on `stream` so far; returns once known.
   virtual Result<std::vector<uint64_t>> DeviceChecksums(const ByteRange* ranges, size_t n,

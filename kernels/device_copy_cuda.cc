@@ -52,6 +52,31 @@ class CudaEngine final : public DeviceCopyEngine {
     return Status::OK();
   }
 
+  Result<void*> Mark(void* stream) override {
+    cudaEvent_t event = nullptr;
+    KVPOOL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    const cudaError_t err = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) {
+      cudaEventDestroy(event);
+      return CudaErrorToStatus(err, "cudaEventRecord", __FILE__, __LINE__);
+    }
+    return static_cast<void*>(event);
+  }
+
+  Status WaitMarked(void* mark) override {
+    const auto event = static_cast<cudaEvent_t>(mark);
+    const cudaError_t err = cudaEventSynchronize(event);
+    cudaEventDestroy(event);
+    KVPOOL_CUDA_CHECK(err);
+    return Status::OK();
+  }
+
+  std::shared_ptr<void> UseDevice(int device) override {
+    if (device < 0) return nullptr;
+    return std::shared_ptr<void>(new ScopedDevice(device),
+                                 [](void* p) { delete static_cast<ScopedDevice*>(p); });
+  }
+
   Result<std::vector<uint64_t>> DeviceChecksums(const ByteRange* ranges, size_t n,
                                                 void* stream) override {
     return DeviceChecksumsCuda(ranges, n, stream);

@@ -25,7 +25,8 @@ Status RegisterHostMemory(void* data, size_t length, bool read_only = false, int
 // True when the calling thread has a CUDA context current (it has used CUDA): registering memory
 // from it then creates no context. False without CUDA.
 bool CudaContextCurrent();
-// Undoes RegisterHostMemory (before unmapping). No-op when it was not registered.
-void UnregisterHostMemory(void* data);
+// Undoes RegisterHostMemory (before unmapping), with `device` current as there. No-op when it
+// was not registered.
+void UnregisterHostMemory(void* data, int device = -1);
 
 }  // namespace kvpool::kernels

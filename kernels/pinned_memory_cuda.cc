@@ -51,8 +51,9 @@ Status RegisterHostMemory(void* data, size_t length, bool read_only, int device)
   return Status::OK();
 }
 
-void UnregisterHostMemory(void* data) {
+void UnregisterHostMemory(void* data, int device) {
   if (!CudaDeviceAvailable()) return;
+  const ScopedDevice on(device);
   if (cudaHostUnregister(data) != cudaSuccess) cudaGetLastError();
 }
 

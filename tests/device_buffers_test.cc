@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "client/device_buffers.h"
 #include "common/checksum.h"
@@ -320,6 +321,35 @@ TEST_P(DeviceBuffersTest, GetAsyncLeavesTheCopiesOnTheStreamUntilWait) {
   ASSERT_TRUE(late_got.ok());
   ASSERT_OK((*late_got)[0].status);
   EXPECT_EQ(device_.Read(late[0].data, size), ref[2]);
+}
+
+// A PendingGet may be waited for on another thread than the one that queued its copies: the
+// copies are marked on the caller's stream when queued (a stream handle such as CUDA's per-thread
+// default stream names another stream on another thread; a mark does not), and Wait waits for
+// that mark.
+TEST_P(DeviceBuffersTest, GetAsyncCanBeWaitedForOnAnotherThread) {
+  int stream_tag = 0;
+  void* stream = &stream_tag;
+  const size_t size = 40000;
+  const auto ref = PutFromDevice(600, 2, size);
+  std::vector<MutableBuffer> bufs;
+  for (int i = 0; i < 2; ++i) bufs.push_back({device_.Alloc(size), size, Memory::kCuda});
+  const std::vector<BlockKey> keys = {KeyOf(600), KeyOf(601)};
+  const uint64_t marks_before = device_.counters().marks;
+  auto pending = client_->GetAsync(keys, bufs, {.cuda_stream = stream});
+  ASSERT_TRUE(pending.ok()) << pending.status().ToString();
+  EXPECT_EQ(device_.counters().marks, marks_before + (shm() ? 1 : 0));
+  Result<std::vector<GetResult>> got = Status::Internal("not waited");
+  std::thread waiter([&] { got = pending->Wait(); });
+  waiter.join();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK((*got)[i].status);
+    EXPECT_EQ(device_.Read(bufs[i].data, size), ref[i]);
+  }
+  EXPECT_EQ(WaitForStats(*client_, [](const DaemonStats& s) { return s.leases_active == 0; })
+                .leases_active,
+            0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceBuffersTest, ::testing::Values("shm", "socket"),

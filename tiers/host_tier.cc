@@ -97,7 +97,9 @@ HostTier::~HostTier() {
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < seg_registered_.size(); ++i) {
-      if (seg_registered_[i]) kernels::UnregisterHostMemory(base_ + i * segment_bytes_);
+      if (seg_registered_[i]) {
+        kernels::UnregisterHostMemory(base_ + i * segment_bytes_, cuda_device_);
+      }
     }
   }
   munmap(base_, capacity_bytes());
@@ -156,7 +158,7 @@ int HostTier::InstallMemfdLocked(uint32_t index, int fd) {
   uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
   // Pinned for CUDA where the daemon copies to GPUs, so those copies need no staging.
   if (seg_registered_.size() > index && seg_registered_[index]) {
-    kernels::UnregisterHostMemory(at);
+    kernels::UnregisterHostMemory(at, cuda_device_);
     seg_registered_[index] = false;
   }
   if (cuda_device_ >= 0 && kernels::CudaDeviceAvailable()) {

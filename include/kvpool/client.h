@@ -275,6 +275,11 @@ struct BorrowOptions {
   // rather than read. false: lend at once and call BorrowedBlocks::Verify after reading, which
   // also shows a lease that ran out while the caller read. Default: true.
   bool verify = true;
+  // The stream device views are checked on (with `verify`, and by BorrowedBlocks::Verify): a
+  // cudaStream_t of `gpu_device`. nullptr: that device's legacy default stream, which also waits
+  // for the work on its other blocking streams (an engine's running forward, say) and may not be
+  // used while a CUDA graph is being captured. Default: nullptr.
+  void* cuda_stream = nullptr;
 };
 
 // One block lent by Client::Borrow.
@@ -323,7 +328,9 @@ class BorrowedBlocks {
   // this call, and the slot was reused) gives Corruption and its view's status turns Corruption.
   Status Verify();
   // Ends the leases now (RELEASE messages, no round trip; nothing to end on a connection that
-  // has since closed). Idempotent.
+  // has since closed). Idempotent. A GPU read of the views that is still queued (a kernel, an
+  // asynchronous copy out of a pinned host view) must be finished first (synchronize its
+  // stream): once released, the daemon may reuse the slots.
   Status Release();
 
  private:

@@ -90,7 +90,8 @@ class BlockView:
     data_ptr: int            # address of the bytes; raises the block's error unless ok
     # Read-only uint8 array over the host bytes, no copy (keeps the Borrowed's memory alive).
     def numpy(self) -> Any: ...
-    # Device views only: torch.as_tensor(view, device="cuda"), cupy.asarray(view).
+    # Device views only: torch.as_tensor(view, device="cuda"), cupy.asarray(view). Reported
+    # writable (torch refuses read-only CUDA arrays) but must not be written: the daemon's copy.
     __cuda_array_interface__: dict[str, Any]
 
 class Borrowed:

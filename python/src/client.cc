@@ -752,13 +752,18 @@ void RegisterClient(nb::module_& m) {
             nb::dict d;
             d["shape"] = nb::make_tuple(b.size);
             d["typestr"] = "|u1";
-            d["data"] = nb::make_tuple(reinterpret_cast<uintptr_t>(b.data), true);
+            // Read-only flag False: torch.as_tensor refuses an array that says it is read-only
+            // ("the read only flag is not supported"). The bytes must still not be written: they
+            // are the daemon's gpu copy, which other readers on that GPU copy (and check by its
+            // device checksum).
+            d["data"] = nb::make_tuple(reinterpret_cast<uintptr_t>(b.data), false);
             d["version"] = 3;
             d["strides"] = nb::none();
             d["stream"] = nb::none();  // the copy that placed it finished before it was lent
             return d;
           },
-          "For device views: the bytes as a read-only CUDA array (torch.as_tensor, cupy).")
+          "For device views: the bytes as a CUDA array (torch.as_tensor, cupy). Do not write them: "
+          "they are the daemon's gpu copy, read by every reader on that GPU.")
       .def("__repr__", [](const PyBlockView& v) {
         const BlockView& b = v.view();
         if (!b.status.ok()) {

@@ -314,6 +314,21 @@ Status FakeDevice::Wait(void* stream) {
   return Status::OK();
 }
 
+// A mark names its stream; waiting for it runs what that stream has queued (all of it: copies
+// queued after the mark run too, which a real device may also have done by then).
+Result<void*> FakeDevice::Mark(void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.marks;
+  return static_cast<void*>(new void*(stream));
+}
+
+Status FakeDevice::WaitMarked(void* mark) {
+  void** stream = static_cast<void**>(mark);
+  const Status st = Wait(*stream);
+  delete stream;
+  return st;
+}
+
 Result<std::vector<uint64_t>> FakeDevice::DeviceChecksums(const kernels::ByteRange* ranges,
                                                           size_t n, void* stream) {
   KVPOOL_RETURN_IF_ERROR(Wait(stream));

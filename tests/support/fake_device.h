@@ -69,6 +69,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
     uint64_t device_copies = 0;  // device to device
     uint64_t device_bytes = 0;
     uint64_t waits = 0;
+    uint64_t marks = 0;
     uint64_t checksums = 0;  // device checksums computed (ranges)
   };
   Counters counters() const;
@@ -82,6 +83,8 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   Status CopyAsync(void* dst, const void* src, size_t bytes, kernels::CopyDirection direction,
                    void* stream) override;
   Status Wait(void* stream) override;
+  Result<void*> Mark(void* stream) override;
+  Status WaitMarked(void* mark) override;
   // After the stream's queued copies (as Wait), the CPU twin over the device bytes.
   // InvalidArgument for a range outside one allocation.
   Result<std::vector<uint64_t>> DeviceChecksums(const kernels::ByteRange* ranges, size_t n,
