@@ -4,8 +4,8 @@
 # 1. Builds kernels/ with CUDA (-DKVPOOL_KERNELS_ONLY=ON: needs only CMake, nvcc and a C++20
 #    compiler; no RocksDB, UCX, Boost or GoogleTest) for the card's own architecture.
 # 2. Runs kvpool-kernel-check: every CUDA kernel against its CPU twin on fresh random inputs of
-#    several shapes (copies byte exact; quantize/dequantize within 1e-6 relative, expected bit
-#    exact; scores within 1e-4 relative; selection identical to the twin's on the same scores;
+#    several shapes (copies byte exact; quantize bit exact, its padding included; dequantize
+#    within 1e-6 relative, expected bit exact; scores within 1e-4 relative; selection identical to the twin's on the same scores;
 #    outputs poisoned twice so an unwritten byte shows; no NaN), then times each kernel with CUDA
 #    events (median after warm-up) beside a device-to-device copy of the same bytes.
 # 3. Runs kvpool-device-copy-check: the client's device-buffer copies (kernels/device_copy.h)
