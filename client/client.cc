@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -514,16 +515,27 @@ class Client::Impl {
   }
 
   // Gpu segment (daemon_gpu, segment, generation) mapped for this process's device
-  // `local_gpu`, imported on first use. It stays imported while a holder keeps it.
+  // `local_gpu`, imported on first use. An import keeps the segment's memory allocated on the
+  // daemon's GPU, also after the daemon renewed the segment (gave it fresh memory, for another
+  // namespace): so imports unused for kGpuImportIdle are dropped at the next call here, and an
+  // import of an older generation when the segment is next met. A copy in flight holds its own
+  // reference.
   Result<std::shared_ptr<kernels::ImportedSegment>> GpuSegment(int daemon_gpu, int local_gpu,
                                                                uint32_t segment,
                                                                uint32_t generation,
                                                                Deadline deadline) {
     const int device = daemon_gpu;
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(gpu_mappings_, [&](const auto& m) {
+      return m.first != std::make_pair(device, segment) &&
+             now - m.second.last_used > kGpuImportIdle;
+    });
     auto it = gpu_mappings_.find({device, segment});
     if (it != gpu_mappings_.end() && it->second.generation == generation) {
+      it->second.last_used = now;
       return it->second.segment;
     }
+    if (it != gpu_mappings_.end()) gpu_mappings_.erase(it);  // a stale generation
     const uint64_t bytes = GpuSegmentBytes(daemon_gpu);
     wire::MapSegmentsRequest req;
     req.set_gpu(true);
@@ -559,6 +571,7 @@ class Client::Impl {
     GpuMapping& m = gpu_mappings_[{device, segment}];
     m.generation = generation;
     m.segment = std::move(imported).value();
+    m.last_used = now;
     return m.segment;
   }
 
@@ -570,14 +583,6 @@ class Client::Impl {
                                   Deadline deadline,
                                   std::vector<std::shared_ptr<const void>>& holds) {
     std::vector<size_t> queued;
-    // A mapping keeps its segment's old memory alive after the daemon renewed the segment for
-    // another owner; past as many mappings as the daemon has segments some are stale: drop them
-    // all, before any copy out of them is queued.
-    uint64_t segments = 0;
-    for (const GpuTierInfo& g : server_.gpu_tiers) {
-      segments += g.segment_bytes == 0 ? 0 : g.capacity_bytes / g.segment_bytes;
-    }
-    if (gpu_mappings_.size() > segments) gpu_mappings_.clear();
     for (size_t k : gpu_blocks) {
       const InPlace& b = blocks[k];
       GetResult& r = out[b.index];
@@ -1237,7 +1242,10 @@ class Client::Impl {
   struct GpuMapping {
     uint32_t generation = 0;
     std::shared_ptr<kernels::ImportedSegment> segment;
+    std::chrono::steady_clock::time_point last_used;
   };
+  // How long an imported gpu segment stays imported unused (see GpuSegment).
+  static constexpr std::chrono::seconds kGpuImportIdle{10};
   std::map<std::pair<int, uint32_t>, GpuMapping> gpu_mappings_;
   std::map<int, std::string> device_uuids_;  // this process's CUDA devices asked about so far
   bool gpu_import_failed_ = false;           // since the last hello

@@ -34,8 +34,9 @@ class DeviceArena {
   virtual uint8_t* base() const = 0;
   virtual uint64_t segment_bytes() const = 0;
   virtual uint32_t segment_count() const = 0;
-  // Backs segment `index` by a fresh, zeroed allocation; the old one is released (its memory
-  // lives on only while a client still maps it).
+  // Backs segment `index` by a fresh, zeroed allocation; the old one is released first (its
+  // memory lives on only while a client still maps it). On failure the segment is left with no
+  // memory at all (nothing for ExportSegment to hand out), and Renew may be called again.
   virtual Status Renew(uint32_t index) = 0;
   // A new file descriptor of segment `index`'s current allocation; the caller closes it.
   virtual Result<int> ExportSegment(uint32_t index) = 0;

@@ -26,11 +26,13 @@ GpuTier::GpuTier(std::unique_ptr<kernels::DeviceArena> arena)
 SegmentPages::Renewal GpuTier::RenewSegmentLocked(uint32_t index) {
   const Status st = arena_->Renew(index);
   if (!st.ok()) {
-    // Its old memory may still hold the last owner's blocks: it goes to nobody. (Where the
-    // arena's failure left the segment is not known here: never handed back.)
-    LOG(ERROR) << "gpu " << arena_->device() << " segment " << index
-               << " could not get fresh memory (" << st.ToString() << "); it stays out of use";
-    return SegmentPages::Renewal::kLost;
+    // The arena released the old memory first and holds none for it now (DeviceArena::Renew):
+    // nobody's, and renewed again when next needed. A full GPU, typically: a client that still
+    // imports a segment's old memory keeps it allocated (clients drop idle imports).
+    LOG_EVERY_N(WARNING, 16) << "gpu " << arena_->device() << " segment " << index
+                             << " could not get fresh memory (" << st.ToString()
+                             << "); retried when next needed";
+    return SegmentPages::Renewal::kEmpty;
   }
   ++generations_[index];
   return SegmentPages::Renewal::kRenewed;

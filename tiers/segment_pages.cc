@@ -188,6 +188,12 @@ void SegmentPages::Recycled(uint32_t index, Renewal how) {
     case Renewal::kLost:
       seg.quarantined = true;
       return;
+    case Renewal::kEmpty:
+      // Nobody's (no namespace allocates from it or exports it): renewed when next taken.
+      seg.vacant = true;
+      seg.vacant_since = std::chrono::steady_clock::now();
+      vacant_.push_back(index);
+      return;
   }
 }
 
@@ -272,8 +278,15 @@ Result<MemorySlot> SegmentedTier::AllocateLocked(NamespaceId ns, uint64_t length
     const std::optional<uint32_t> vacant = pages_.TakeLongestVacant();
     if (!vacant) return slot;
     renewed_one = true;
-    pages_.Recycled(*vacant, RenewSegmentLocked(*vacant));
+    const SegmentPages::Renewal how = RenewSegmentLocked(*vacant);
+    if (how != SegmentPages::Renewal::kRenewed) ++failed_renewals_;
+    pages_.Recycled(*vacant, how);
   }
+}
+
+uint64_t SegmentedTier::failed_renewals() const {
+  absl::MutexLock lock(&mu_);
+  return failed_renewals_;
 }
 
 void SegmentedTier::Free(const MemorySlot& slot) {

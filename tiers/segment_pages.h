@@ -60,6 +60,9 @@ class SegmentPages {
     kRenewed,    // fresh memory: to the clean pool
     kUnchanged,  // failed before its memory or mapping changed: back to its owner, vacant
     kLost,       // failed part way (its mapping may be gone): out of use for good
+    // Failed with no memory behind it (the old released first, no new one to be had, say a
+    // full GPU): owned by nobody, vacant, and renewed again when next taken.
+    kEmpty,
   };
   void Recycled(uint32_t index, Renewal how);
 
@@ -122,6 +125,9 @@ class SegmentedTier : public MemoryTier {
   // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.
   void Free(const MemorySlot& slot) override;
   uint64_t allocated_bytes() const override;
+  // Renewals that failed so far (a caller that evicts for room stops at one: freeing more would
+  // only have it fail again).
+  uint64_t failed_renewals() const;
   void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
   void SetDefaultSegmentLimit(uint32_t max_segments) override;
   uint32_t SegmentsOf(NamespaceId ns) const override;
@@ -148,6 +154,7 @@ class SegmentedTier : public MemoryTier {
   // Segments taken out of every pool for a renewal that runs without mu_ (the host tier's spare
   // thread); Allocate waits for them instead of reporting the tier full.
   uint32_t renewing_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_renewals_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvpool::tiers

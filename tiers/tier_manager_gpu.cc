@@ -41,9 +41,13 @@ void TierManager::DropGpuCopyLocked(EntryId id) {
 
 Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes) {
   const int device = gpu.device();
+  const uint64_t failed_before = gpu.failed_renewals();
   for (;;) {
     Result<MemorySlot> slot = gpu.Allocate(ns, bytes);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    // A segment that could not get fresh memory: evicting more would empty more segments for
+    // renewals that fail the same way (the GPU is full), so stop here.
+    if (gpu.failed_renewals() != failed_before) return slot;
     // Other namespaces' free pages do not help this one: free at least a segment's worth.
     const uint64_t budget = std::max(bytes, gpu.segment_bytes());
     auto evictable = [&](EntryId id) {
@@ -337,7 +341,9 @@ uint32_t TierManager::DropDamagedGpuCopies(NamespaceId ns, std::span<const Block
   for (size_t i = 0; i < suspects.size(); ++i) {
     Entry& e = index_.at(suspects[i].id);
     e.busy &= static_cast<uint8_t>(~kBusyToGpu);
-    if (!bad[i] || !e.In(Tier::kGpu)) continue;
+    // Leased meanwhile (a get may lease the gpu copy of a block being checked): a leased copy
+    // is never dropped; its reader checks it by its device checksum and reports it again.
+    if (!bad[i] || !e.In(Tier::kGpu) || e.leases > 0) continue;
     ++checksum_failures_;
     DropGpuCopyLocked(suspects[i].id);
     ++dropped;

@@ -493,5 +493,36 @@ TEST_F(TierManagerGpuTest, CopiesDownStillQueuedAtShutdownAreMadeAndFlushed) {
   ExpectServed(second);
 }
 
+// A segment moving to another namespace gets fresh memory first; where the GPU has none (a
+// client still importing old memory keeps it allocated), the renewal fails. The segment is then
+// nobody's and renewed again when next needed, not lost for good; and the allocation that met
+// the failure evicts nothing more for renewals that would fail the same way.
+TEST_F(TierManagerGpuTest, ARenewalThatFindsNoMemoryIsRetriedLaterAndEvictsNothingMore) {
+  constexpr NamespaceId kOther = 2;
+  // Namespace 1 holds a block in each of gpu 0's two segments, then lets the first go vacant.
+  const BlockKey first = KeyOf(700), second = KeyOf(701), theirs = KeyOf(702);
+  ASSERT_OK(Put(first, 700 * kKiB));
+  ASSERT_OK(Put(second, 700 * kKiB));
+  ASSERT_OK(Put(theirs, 700 * kKiB, {}, kOther));
+  const Keys both = {first, second};
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, both, 0).value(), 2u);
+  ASSERT_EQ(manager_->Evict(kNs, Tier::kGpu, {&first, 1}).evicted, 1u);
+
+  gpu0_.FailNextRenewals(1);
+  manager_->PromoteToGpu(kOther, {&theirs, 1}, 0).status().IgnoreError();
+  EXPECT_FALSE(manager_->GpuCopyForTest(kOther, theirs).has_value());
+  EXPECT_TRUE(manager_->GpuCopyForTest(kNs, second).has_value())
+      << "a block was evicted for a renewal that could not succeed";
+
+  // The GPU has memory again: the same segment is renewed and serves the other namespace.
+  ASSERT_EQ(manager_->PromoteToGpu(kOther, {&theirs, 1}, 0).value(), 1u);
+  auto copy = manager_->GpuCopyForTest(kOther, theirs);
+  ASSERT_TRUE(copy.has_value());
+  const std::vector<uint8_t>& want = expected_[std::make_pair(kOther, theirs)];
+  EXPECT_EQ(gpu0_.Read(stack_.gpus[0]->Data(copy->second), copy->second.length), want);
+  EXPECT_TRUE(manager_->GpuCopyForTest(kNs, second).has_value());
+  EXPECT_EQ(GpuBlocks(0), 2u);
+}
+
 }  // namespace
 }  // namespace kvpool::tiers

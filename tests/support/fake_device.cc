@@ -80,7 +80,19 @@ class FakeDevice::Arena final : public kernels::DeviceArena {
   kernels::DeviceCopyEngine& copies() override { return device_; }
 
   Status Renew(uint32_t index) override {
-    const int fd = device_.MapFresh(base_ + index * segment_bytes_, segment_bytes_);
+    uint8_t* at = base_ + index * segment_bytes_;
+    if (device_.TakeRenewalFailure()) {
+      // As the CUDA arena: the old memory released first, and none in its place.
+      device_.Unregister(at);
+      if (mmap(at, segment_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+          MAP_FAILED) {
+        Die("FakeDevice: unmapping a segment");
+      }
+      if (fds_[index] >= 0) close(fds_[index]);
+      fds_[index] = -1;
+      return Status::ResourceExhausted("FakeDevice: no device memory for a renewal (injected)");
+    }
+    const int fd = device_.MapFresh(at, segment_bytes_);
     if (fds_[index] >= 0) close(fds_[index]);
     fds_[index] = fd;
     return Status::OK();
@@ -88,6 +100,7 @@ class FakeDevice::Arena final : public kernels::DeviceArena {
 
   Result<int> ExportSegment(uint32_t index) override {
     if (index >= segment_count_) return Status::InvalidArgument("no such segment");
+    if (fds_[index] < 0) return Status::InvalidArgument("segment has no memory");
     const int fd = fcntl(fds_[index], F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return Status::FromErrno(errno, "dup");
     return fd;
@@ -312,6 +325,18 @@ Status FakeDevice::Wait(void* stream) {
     }
   }
   return Status::OK();
+}
+
+void FakeDevice::FailNextRenewals(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failing_renewals_ = n;
+}
+
+bool FakeDevice::TakeRenewalFailure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failing_renewals_ == 0) return false;
+  --failing_renewals_;
+  return true;
 }
 
 // A mark names its stream; waiting for it runs what that stream has queued (all of it: copies

@@ -57,6 +57,9 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   void HoldNextCopies();
   void WaitUntilHeld();
   void ReleaseHeldWait();
+  // The next `n` renewals of this device's arenas' segments find no memory: the old memory goes,
+  // none comes (DeviceArena::Renew's failure).
+  void FailNextRenewals(int n);
   // Every ImportSegment from now on fails with `why` (a process that cannot reach the daemon's
   // gpu memory: no peer access, an old driver).
   void FailImports(Status why);
@@ -111,6 +114,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
     size_t bytes;
   };
 
+  bool TakeRenewalFailure();  // for Arena: whether this renewal is to fail (counts it)
   // The view address of [ptr, ptr + bytes) when it lies in one allocation, else nullptr.
   uint8_t* ViewOfLocked(const void* ptr, size_t bytes) const;
 
@@ -120,6 +124,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   std::map<void*, std::vector<Copy>> queued_;    // by stream
   std::optional<Status> fail_next_wait_;
   bool corrupt_next_copy_ = false;
+  int failing_renewals_ = 0;
   std::optional<Status> fail_imports_;
   enum class Hold { kNone, kArmed, kHolding, kReleased };
   Hold hold_ = Hold::kNone;
