@@ -50,12 +50,12 @@ Result<int> GpuTier::ExportSegment(uint32_t index, uint32_t generation, Namespac
   if (index >= segment_count_) {
     return Status::InvalidArgument("no gpu segment " + std::to_string(index));
   }
-  if (generations_[index] != generation) {
-    return Status::NotFound("gpu segment " + std::to_string(index) + " was recycled");
-  }
-  if (pages_.OwnerOf(index) != ns || ns == kNoNamespace) {
-    return Status::PermissionDenied("gpu segment " + std::to_string(index) +
-                                    " does not belong to this namespace");
+  // Another namespace's segment and a stale generation get one answer: a tenant learns nothing
+  // of other tenants' segments (whose they are, whether and how often they were renewed).
+  if (pages_.OwnerOf(index) != ns || ns == kNoNamespace || generations_[index] != generation) {
+    return Status::NotFound("gpu segment " + std::to_string(index) + " generation " +
+                            std::to_string(generation) +
+                            " is not this namespace's (recycled, or never its own)");
   }
   return arena_->ExportSegment(index);
 }

@@ -269,12 +269,12 @@ Result<int> HostTier::ExportSegment(uint32_t index, uint32_t generation, Namespa
   if (index >= segment_count_)
     return Status::InvalidArgument("no host segment " + std::to_string(index));
   const Segment& seg = segments_[index];
-  if (seg.generation != generation) {
-    return Status::NotFound("host segment " + std::to_string(index) + " was recycled");
-  }
-  if (pages_.OwnerOf(index) != ns || ns == kNoNamespace) {
-    return Status::PermissionDenied("host segment " + std::to_string(index) +
-                                    " does not belong to this namespace");
+  // Another namespace's segment and a stale generation get one answer: a tenant learns nothing
+  // of other tenants' segments (whose they are, whether and how often they were renewed).
+  if (pages_.OwnerOf(index) != ns || ns == kNoNamespace || seg.generation != generation) {
+    return Status::NotFound("host segment " + std::to_string(index) + " generation " +
+                            std::to_string(generation) +
+                            " is not this namespace's (recycled, or never its own)");
   }
   int fd;
   if (writable) {
