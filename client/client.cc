@@ -1424,6 +1424,22 @@ Result<std::vector<GetResult>> PendingGet::Wait() {
   return std::move(st.results);
 }
 
+namespace {
+
+// Folds the device `on` of one more Memory::kCuda buffer into `gpu`, the call's device (-1 before
+// the first). InvalidArgument for a second device: one stream cannot order work on two.
+Status OneDevice(int& gpu, int on, const char* call) {
+  if (gpu >= 0 && on != gpu) {
+    return Status::InvalidArgument("buffers on CUDA devices " + std::to_string(gpu) + " and " +
+                                   std::to_string(on) + " in one " + call +
+                                   ": one device (and its stream) per call");
+  }
+  gpu = on;
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
                                            std::span<const MutableBuffer> buffers,
                                            const GetOptions& options) {
@@ -1447,12 +1463,7 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
     KVPOOL_ASSIGN_OR_RETURN(
         int on, client::CheckDeviceRange(*device, buffers[i].data, buffers[i].capacity,
                                          "buffer " + std::to_string(i) + " (Memory::kCuda)"));
-    if (gpu >= 0 && on != gpu) {
-      return Status::InvalidArgument("buffers on CUDA devices " + std::to_string(gpu) + " and " +
-                                     std::to_string(on) +
-                                     " in one get: one device (and its stream) per call");
-    }
-    gpu = on;
+    KVPOOL_RETURN_IF_ERROR(OneDevice(gpu, on, "get"));
   }
   // The buffers' device is current for the copies: the null stream is then that device's.
   const std::shared_ptr<void> on_device =
@@ -1665,12 +1676,7 @@ Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions
                                      std::to_string(on) + ", but the put names gpu_device " +
                                      std::to_string(options.gpu_device));
     }
-    if (gpu >= 0 && on != gpu) {
-      return Status::InvalidArgument("blocks on CUDA devices " + std::to_string(gpu) + " and " +
-                                     std::to_string(on) +
-                                     " in one put: one device (and its stream) per call");
-    }
-    gpu = on;
+    KVPOOL_RETURN_IF_ERROR(OneDevice(gpu, on, "put"));
   }
   // The blocks' device is current for the copies: the null stream is then that device's.
   const std::shared_ptr<void> on_device =
