@@ -165,13 +165,21 @@ Result<uint32_t> TierManager::PlaceOnGpu(NamespaceId ns, std::span<const BlockKe
   absl::MutexLock lock(&mu_);
   if (stopping_) return Status::Unavailable("the tier manager is stopping");
   // Hints (puts, session loads) beyond what the GPU's worker has queued are dropped, so a burst
-  // of them cannot make a waiting prefetch queue behind without bound.
+  // of them cannot make a waiting prefetch queue behind without bound. Waiting prefetches have a
+  // bound of their own: one that times out stays queued, so clients repeating them (each waits
+  // at most wait_limit) would otherwise grow the queue for as long as they go on.
   constexpr size_t kMaxQueuedHints = 64;
+  constexpr size_t kMaxQueued = 256;
   if (!wait && mover_.gpu_queued(gpu) >= kMaxQueuedHints) {
     ++gpu_hints_dropped_;
     return Status::ResourceExhausted("gpu " + std::to_string(device) + " has " +
                                      std::to_string(kMaxQueuedHints) +
                                      " placements queued: hint dropped");
+  }
+  if (wait && mover_.gpu_queued(gpu) >= kMaxQueued) {
+    return Status::ResourceExhausted("gpu " + std::to_string(device) + " has " +
+                                     std::to_string(kMaxQueued) +
+                                     " placements queued: try again later");
   }
   const uint64_t ticket = wait ? next_gpu_ticket_++ : 0;
   mover_.EnqueueGpu(gpu, GpuPlacement{ns, {keys.begin(), keys.end()}, ticket});

@@ -524,5 +524,32 @@ TEST_F(TierManagerGpuTest, ARenewalThatFindsNoMemoryIsRetriedLaterAndEvictsNothi
   EXPECT_EQ(GpuBlocks(0), 2u);
 }
 
+// A prefetch onto a GPU that outwaits its limit stays queued; repeated, such prefetches would
+// grow the GPU worker's queue without bound. Past 256 queued, they are refused.
+TEST_F(TierManagerGpuTest, WaitingPlacementsThatTimeOutDoNotQueueWithoutBound) {
+  const Keys keys = PutChain(720, {16 * kKiB});
+  const BlockKey held = KeyOf(730);
+  gpu0_.HoldNextCopies();  // the worker is stuck on a copy until released
+  ASSERT_OK(PutIntoGpu(held, 16 * kKiB));
+  gpu0_.WaitUntilHeld();
+  int timed_out = 0;
+  Status refused;
+  for (int i = 0; i < 300 && refused.ok(); ++i) {
+    Result<uint32_t> r = manager_->PlaceOnGpu(kNs, keys, 0, /*wait=*/true, absl::Milliseconds(1));
+    if (r.status().code() == StatusCode::kDeadlineExceeded) {
+      ++timed_out;
+    } else {
+      refused = r.status();
+    }
+  }
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  EXPECT_GE(timed_out, 200);
+  EXPECT_LE(timed_out, 256);
+  gpu0_.ReleaseHeldWait();
+  manager_->WaitIdleForTest();
+  ExpectServed(held);
+  EXPECT_TRUE(manager_->GpuCopyForTest(kNs, keys[0]).has_value());
+}
+
 }  // namespace
 }  // namespace kvpool::tiers
