@@ -41,6 +41,10 @@ inline Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* f
                           cudaGetErrorString(err) + ")");
 }
 
+// The driver function `name` as of its CUDA `version` ABI (e.g. 10020 for 10.2), handed out by
+// the runtime (no link against libcuda); nullptr when this driver lacks it (the error cleared).
+void* DriverEntryPoint(const char* name, unsigned version);
+
 // The CUDA device whose memory `ptr` points into (device or managed memory); -1 for anything
 // else. Kernels run on the device of their data, whatever device the calling thread has current.
 int DeviceOfPointer(const void* ptr);

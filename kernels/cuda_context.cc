@@ -1,7 +1,6 @@
-// The thread's CUDA context: ScopedDevice and DeviceOfPointer (kernels/cuda_check.h),
-// CudaContextCurrent (kernels/pinned_memory.h). The context is read and restored through the
-// driver's cuCtxGetCurrent and cuCtxSetCurrent, which the runtime hands out as entry points (no
-// link against libcuda).
+// The driver's entry points and the thread's CUDA context: DriverEntryPoint, ScopedDevice and
+// DeviceOfPointer (kernels/cuda_check.h), CudaContextCurrent (kernels/pinned_memory.h). The
+// context is read and restored through the driver's cuCtxGetCurrent and cuCtxSetCurrent.
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -18,23 +17,11 @@ struct ContextCalls {
   PFN_cuCtxSetCurrent_v4000 set = nullptr;
 };
 
-template <typename F>
-F Load(const char* name) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, 4000, cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  return reinterpret_cast<F>(fn);
-}
-
 const ContextCalls& Calls() {
   static const ContextCalls calls = [] {
     ContextCalls c;
-    c.get = Load<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent");
-    c.set = Load<PFN_cuCtxSetCurrent_v4000>("cuCtxSetCurrent");
+    c.get = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(DriverEntryPoint("cuCtxGetCurrent", 4000));
+    c.set = reinterpret_cast<PFN_cuCtxSetCurrent_v4000>(DriverEntryPoint("cuCtxSetCurrent", 4000));
     if (c.get == nullptr || c.set == nullptr) c = ContextCalls{};
     return c;
   }();
@@ -42,6 +29,18 @@ const ContextCalls& Calls() {
 }
 
 }  // namespace
+
+void* DriverEntryPoint(const char* name, unsigned version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
 
 bool CudaContextCurrent() {
   const ContextCalls& calls = Calls();

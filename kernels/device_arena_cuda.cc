@@ -76,14 +76,8 @@ struct Vmm {
 
   template <typename F>
   static Status Load(const char* name, F* out) {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion(name, &fn, 10020, cudaEnableDefault, &found);
-    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
-      cudaGetLastError();
-      return Status::Unavailable(std::string("the CUDA driver has no ") + name);
-    }
+    void* fn = DriverEntryPoint(name, 10020);
+    if (fn == nullptr) return Status::Unavailable(std::string("the CUDA driver has no ") + name);
     *out = reinterpret_cast<F>(fn);
     return Status::OK();
   }

@@ -8,11 +8,14 @@
 // __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) do, so CPU and GPU agree bit for bit where
 // both compute the same float. The helpers are branch-light so loops over them vectorize.
 //
-// Thread safety: pure functions. C++17-clean: included by .cu files (host code only).
+// Thread safety: pure functions. C++17-clean: included by .cu files (host code only, but for
+// FiniteInverse, which both sides share).
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "kernels/host_device.h"
 
 namespace kvpool {
 namespace kernels {
@@ -165,6 +168,14 @@ inline float Fp8E4M3ToFloat(uint8_t c) {
 inline float RoundHalfEven(float x) {
   const float magic = 12582912.0f;  // 1.5 * 2^23
   return (x + magic) - magic;
+}
+
+// The quantizers' 1 / scale, or 0 where there is none or it is not finite (a scale so small that
+// its inverse overflows: every element then quantizes to 0). One definition for the CPU twins and
+// the CUDA kernels.
+KVPOOL_HOST_DEVICE float FiniteInverse(float scale) {
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  return inv <= 3.402823466e38f ? inv : 0.0f;
 }
 
 }  // namespace kernels

@@ -24,13 +24,6 @@ namespace {
 constexpr int kBlocksPerLaunch = 128;
 constexpr float kHalfMaxF = 65504.0f;
 
-// 1 / scale, or 0 where there is none or it is not finite (a scale so small that its inverse
-// overflows: every element then quantizes to 0, as the CPU twin's FiniteInverse does).
-__device__ inline float FiniteInverse(float scale) {
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  return inv <= 3.402823466e38f ? inv : 0.0f;
-}
-
 struct QuantArgs {
   const void* in[kBlocksPerLaunch];
   void* out[kBlocksPerLaunch];

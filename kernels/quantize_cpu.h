@@ -25,13 +25,6 @@ Status QuantizeBlocksCpuScalar(const BlockLayout& layout, const void* const* raw
 Status DequantizeBlocksCpuScalar(const BlockLayout& layout, const void* const* encoded,
                                  void* const* raw, int num_blocks);
 
-// 1 / scale, or 0 where there is none or it is not finite (a scale so small that its inverse
-// overflows: every element then quantizes to 0). The CUDA kernels compute the same.
-inline float FiniteInverse(float scale) {
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  return inv <= 3.402823466e38f ? inv : 0.0f;
-}
-
 namespace avx2 {
 
 // True when this CPU runs the functions below (AVX2 and F16C); checked once. Always false off

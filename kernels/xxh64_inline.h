@@ -14,11 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define KVPOOL_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define KVPOOL_HOST_DEVICE inline
-#endif
+#include "kernels/host_device.h"
 
 namespace kvpool::kernels::xxh64 {
 
