@@ -302,23 +302,8 @@ TEST_F(TierManagerGpuStressTest, ManyThreadsNeverSeeAWrongOrLostBlockOnAnyTier) 
   }
   EXPECT_EQ(on_gpu, gpu_blocks);
   // Nothing committed was lost where nothing was dropped, and what is left is right.
-  uint64_t verified = 0;
-  for (NamespaceId ns : kNamespaces) {
-    for (int k = 0; k < kKeys; ++k) {
-      if (!committed[ns * kKeys + k]) continue;
-      const BlockKey key = KeyAt(k);
-      std::vector<BlockRead> reads = manager_->Acquire(ns, {&key, 1});
-      BlockRead& r = reads[0];
-      if (r.status.ok()) {
-        check(ns, k, r);
-        ++verified;
-      } else if (ns != kDroppedNs) {
-        ADD_FAILURE() << "namespace " << ns << " lost committed block " << k << ": "
-                      << r.status.ToString();
-      }
-      manager_->Release(r);
-    }
-  }
+  const uint64_t verified =
+      ExpectCommittedServed(kNamespaces, kFirstKey, kKeys, committed, kDroppedNs, check);
   EXPECT_EQ(c.wrong.load(), 0u);
   std::printf("gpu stress: %llu committed blocks verified at the end; %llu gpu copies checked\n",
               (unsigned long long)verified, (unsigned long long)on_gpu);

@@ -16,10 +16,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -183,6 +185,34 @@ class TierManagerTest : public ::testing::Test {
 
   std::vector<Tier> TiersOf(const std::vector<BlockKey>& keys, NamespaceId ns = kNs) {
     return manager_->Lookup(ns, keys, /*prefetch=*/false).tiers;
+  }
+
+  // The end of a consistency stress: every key k < `keys` (StressKey(first, k)) committed at
+  // least once in one of `namespaces` (`committed[ns * keys + k]`) is still served, and `check`
+  // looks at what was read; a miss fails the test except in `dropped_ns`, whose blocks were also
+  // dropped from the cache. Returns how many were read.
+  uint64_t ExpectCommittedServed(
+      std::span<const NamespaceId> namespaces, uint64_t first, int keys,
+      const std::vector<std::atomic<bool>>& committed, NamespaceId dropped_ns,
+      const std::function<void(NamespaceId, int, const BlockRead&)>& check) {
+    uint64_t verified = 0;
+    for (NamespaceId ns : namespaces) {
+      for (int k = 0; k < keys; ++k) {
+        if (!committed[ns * keys + k]) continue;
+        const BlockKey key = StressKey(first, k);
+        std::vector<BlockRead> reads = manager_->Acquire(ns, {&key, 1});
+        BlockRead& r = reads[0];
+        if (r.status.ok()) {
+          check(ns, k, r);
+          ++verified;
+        } else if (ns != dropped_ns) {
+          ADD_FAILURE() << "namespace " << ns << " lost committed block " << k << ": "
+                        << r.status.ToString();
+        }
+        manager_->Release(r);
+      }
+    }
+    return verified;
   }
 
   // Host bookkeeping agrees with the arena: every arena block is a cached block or a
