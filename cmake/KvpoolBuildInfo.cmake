@@ -20,9 +20,8 @@ foreach(_part IN ITEMS CUDA NCCL UCX)
   if(_part STREQUAL "CUDA")
     set(_on ${KVPOOL_CUDA_ENABLED})
   elseif(_part STREQUAL "NCCL")
-    # kvpoold does not use NCCL yet (transport/ builds kvpool_nccl and its test where NCCL is
-    # found); the option that wires it in sets KVPOOL_NCCL_ENABLED.
-    set(_on ${KVPOOL_NCCL_ENABLED})
+    # NCCL's device links built in (transport/CMakeLists.txt); libnccl.so.2 loads at run time.
+    get_property(_on GLOBAL PROPERTY KVPOOL_NCCL_BUILT)
   else()
     if(TARGET kvpool_ucx)
       set(_on ON)

@@ -1,6 +1,7 @@
 #include "transport/nccl_link.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstring>
@@ -12,6 +13,60 @@ namespace kvpool::transport {
 namespace {
 
 static_assert(NcclLink::kIdBytes == NCCL_UNIQUE_ID_BYTES);
+
+// The NCCL calls this file makes, from libnccl.so.2 loaded at run time: kvpoold does not need
+// NCCL installed to start, only to make links.
+struct Nccl {
+  decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
+  decltype(&ncclCommInitRankConfig) CommInitRankConfig = nullptr;
+  decltype(&ncclCommFinalize) CommFinalize = nullptr;
+  decltype(&ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&ncclCommAbort) CommAbort = nullptr;
+  decltype(&ncclCommGetAsyncError) CommGetAsyncError = nullptr;
+  decltype(&ncclGetErrorString) GetErrorString = nullptr;
+  decltype(&ncclGetLastError) GetLastError = nullptr;
+  decltype(&ncclGroupStart) GroupStart = nullptr;
+  decltype(&ncclGroupEnd) GroupEnd = nullptr;
+  decltype(&ncclSend) Send = nullptr;
+  decltype(&ncclRecv) Recv = nullptr;
+};
+
+template <typename F>
+bool Resolve(void* lib, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  return *fn != nullptr;
+}
+
+// Loads NCCL once (never unloaded); Unavailable with dlopen's reason when it cannot.
+Result<const Nccl*> LoadNccl() {
+  static const Result<const Nccl*> loaded = []() -> Result<const Nccl*> {
+    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = dlerror();
+      return Status::Unavailable(std::string("NCCL is not installed (libnccl.so.2: ") +
+                                 (why != nullptr ? why : "not found") + ")");
+    }
+    static Nccl n;
+    if (!Resolve(lib, "ncclGetUniqueId", &n.GetUniqueId) ||
+        !Resolve(lib, "ncclCommInitRankConfig", &n.CommInitRankConfig) ||
+        !Resolve(lib, "ncclCommFinalize", &n.CommFinalize) ||
+        !Resolve(lib, "ncclCommDestroy", &n.CommDestroy) ||
+        !Resolve(lib, "ncclCommAbort", &n.CommAbort) ||
+        !Resolve(lib, "ncclCommGetAsyncError", &n.CommGetAsyncError) ||
+        !Resolve(lib, "ncclGetErrorString", &n.GetErrorString) ||
+        !Resolve(lib, "ncclGetLastError", &n.GetLastError) ||
+        !Resolve(lib, "ncclGroupStart", &n.GroupStart) ||
+        !Resolve(lib, "ncclGroupEnd", &n.GroupEnd) || !Resolve(lib, "ncclSend", &n.Send) ||
+        !Resolve(lib, "ncclRecv", &n.Recv)) {
+      return Status::Unavailable("libnccl.so.2 is older than NCCL 2.14 (a call is missing)");
+    }
+    return &n;
+  }();
+  return loaded;
+}
+
+// Only called once LoadNccl succeeded (every NcclLink was made through it).
+const Nccl& Lib() { return **LoadNccl(); }
 
 Status NcclStatus(ncclResult_t r, ncclComm_t comm, const std::string& what) {
   StatusCode code = StatusCode::kInternal;
@@ -28,8 +83,8 @@ Status NcclStatus(ncclResult_t r, ncclComm_t comm, const std::string& what) {
     default:
       break;
   }
-  std::string message = what + ": " + ncclGetErrorString(r);
-  if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0') {
+  std::string message = what + ": " + Lib().GetErrorString(r);
+  if (const char* last = Lib().GetLastError(comm); last != nullptr && *last != '\0') {
     message += std::string(" (") + last + ")";
   }
   return Status(code, std::move(message));
@@ -54,8 +109,9 @@ NcclLink::NcclLink(std::unique_ptr<Comm> comm, int device, int ranks, int rank)
     : comm_(std::move(comm)), device_(device), ranks_(ranks), rank_(rank) {}
 
 Result<std::string> NcclLink::NewId() {
+  KVPOOL_ASSIGN_OR_RETURN(const Nccl* nccl, LoadNccl());
   ncclUniqueId id;
-  const ncclResult_t r = ncclGetUniqueId(&id);
+  const ncclResult_t r = nccl->GetUniqueId(&id);
   if (r != ncclSuccess) return NcclStatus(r, nullptr, "ncclGetUniqueId");
   return std::string(id.internal, sizeof(id.internal));
 }
@@ -70,6 +126,7 @@ Result<std::unique_ptr<NcclLink>> NcclLink::Join(const std::string& id, int rank
     return Status::InvalidArgument("rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
                                    " is not a rank of the communicator");
   }
+  KVPOOL_ASSIGN_OR_RETURN(const Nccl* nccl, LoadNccl());
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || device < 0 || device >= count) {
@@ -87,10 +144,10 @@ Result<std::unique_ptr<NcclLink>> NcclLink::Join(const std::string& id, int rank
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every wait below is bounded by the deadline instead
   auto comm = std::make_unique<Comm>();
-  const ncclResult_t r = ncclCommInitRankConfig(&comm->comm, ranks, uid, rank, &config);
+  const ncclResult_t r = nccl->CommInitRankConfig(&comm->comm, ranks, uid, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
     Status st = NcclStatus(r, comm->comm, "ncclCommInitRankConfig");
-    if (comm->comm != nullptr) ncclCommAbort(comm->comm);
+    if (comm->comm != nullptr) nccl->CommAbort(comm->comm);
     return st;
   }
   std::unique_ptr<NcclLink> link(new NcclLink(std::move(comm), device, ranks, rank));
@@ -101,7 +158,7 @@ Result<std::unique_ptr<NcclLink>> NcclLink::Join(const std::string& id, int rank
 NcclLink::~NcclLink() {
   if (comm_->comm == nullptr) return;  // aborted
   const kernels::ScopedDevice on(device_);
-  const ncclResult_t r = ncclCommFinalize(comm_->comm);
+  const ncclResult_t r = Lib().CommFinalize(comm_->comm);
   if (r != ncclSuccess && r != ncclInProgress) {
     Break(Status::Internal("finalize failed")).IgnoreError();
     return;
@@ -109,14 +166,14 @@ NcclLink::~NcclLink() {
   if (!WaitIdle(std::chrono::steady_clock::now() + std::chrono::seconds(1), "finalizing").ok()) {
     return;  // aborted by WaitIdle
   }
-  ncclCommDestroy(comm_->comm);
+  Lib().CommDestroy(comm_->comm);
   comm_->comm = nullptr;
 }
 
 Status NcclLink::Break(Status why) {
   broken_ = true;
   if (comm_->comm != nullptr) {
-    ncclCommAbort(comm_->comm);
+    Lib().CommAbort(comm_->comm);
     comm_->comm = nullptr;
   }
   return why;
@@ -125,7 +182,7 @@ Status NcclLink::Break(Status why) {
 Status NcclLink::WaitIdle(Deadline deadline, const char* what) {
   for (int polls = 0;; ++polls) {
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_->comm, &state);
+    const ncclResult_t r = Lib().CommGetAsyncError(comm_->comm, &state);
     if (r != ncclSuccess) return Break(NcclStatus(r, comm_->comm, what));
     if (state == ncclSuccess) return Status::OK();
     if (state != ncclInProgress) return Break(NcclStatus(state, comm_->comm, what));
@@ -151,17 +208,17 @@ Status NcclLink::Transfer(std::span<const Op> ops, void* stream, Deadline deadli
   const kernels::ScopedDevice on(device_);
   if (!on.ok()) return Break(Status::Unavailable("cannot use CUDA device for NCCL"));
   auto* s = static_cast<cudaStream_t>(stream);
-  ncclResult_t r = ncclGroupStart();
+  ncclResult_t r = Lib().GroupStart();
   if (r != ncclSuccess) return Break(NcclStatus(r, comm_->comm, "ncclGroupStart"));
   for (const Op& op : ops) {
-    r = op.send ? ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm_->comm, s)
-                : ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm_->comm, s);
+    r = op.send ? Lib().Send(op.data, op.bytes, ncclUint8, op.peer, comm_->comm, s)
+                : Lib().Recv(op.data, op.bytes, ncclUint8, op.peer, comm_->comm, s);
     if (r != ncclSuccess && r != ncclInProgress) {
-      ncclGroupEnd();
+      Lib().GroupEnd();
       return Break(NcclStatus(r, comm_->comm, op.send ? "ncclSend" : "ncclRecv"));
     }
   }
-  r = ncclGroupEnd();
+  r = Lib().GroupEnd();
   if (r != ncclSuccess && r != ncclInProgress) {
     return Break(NcclStatus(r, comm_->comm, "ncclGroupEnd"));
   }
@@ -184,7 +241,7 @@ Status NcclLink::Transfer(std::span<const Op> ops, void* stream, Deadline deadli
       break;
     }
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t asked = ncclCommGetAsyncError(comm_->comm, &state);
+    const ncclResult_t asked = Lib().CommGetAsyncError(comm_->comm, &state);
     if (asked != ncclSuccess) state = asked;
     if (state != ncclSuccess && state != ncclInProgress) {
       st = Break(NcclStatus(state, comm_->comm, "NCCL transfer"));
@@ -200,6 +257,26 @@ Status NcclLink::Transfer(std::span<const Op> ops, void* stream, Deadline deadli
   }
   cudaEventDestroy(done);
   return st;
+}
+
+namespace {
+
+class NcclLinks final : public DeviceLinks {
+ public:
+  Result<std::string> NewId() override { return NcclLink::NewId(); }
+  Result<std::unique_ptr<DeviceLink>> Join(const std::string& id, int ranks, int rank, int device,
+                                           Deadline deadline) override {
+    KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<NcclLink> link,
+                            NcclLink::Join(id, ranks, rank, device, deadline));
+    return std::unique_ptr<DeviceLink>(std::move(link));
+  }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceLinks>> NcclDeviceLinks() {
+  KVPOOL_RETURN_IF_ERROR(LoadNccl().status());
+  return std::unique_ptr<DeviceLinks>(std::make_unique<NcclLinks>());
 }
 
 }  // namespace kvpool::transport
