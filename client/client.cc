@@ -10,6 +10,7 @@
 
 #include "client/control_connection.h"
 #include "client/device_buffers.h"
+#include "client/peer_calls.h"
 #include "client/segment_mappings.h"
 #include "client/ucx_data_path.h"
 #include "common/checksum.h"
@@ -206,6 +207,17 @@ class Client::Impl {
   }
   static void UseCopyEngine(Client& client, kernels::DeviceCopyEngine* engine) {
     client.impl_->device_engine_ = engine;
+  }
+  // One request of the daemons' own (client/peer_calls.h).
+  template <typename Req, typename Resp>
+  static Status PeerCall(Client& client, uint16_t type, const Req& req, Resp* resp) {
+    Impl& impl = *client.impl_;
+    return impl
+        .Run([&]() -> Result<bool> {
+          KVPOOL_RETURN_IF_ERROR(impl.connection_.Simple(type, req, resp));
+          return true;
+        })
+        .status();
   }
 
   struct InPlace {
@@ -1266,6 +1278,17 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
 namespace client {
 void UseCopyEngineForTest(Client& client, kernels::DeviceCopyEngine* engine) {
   Client::Impl::UseCopyEngine(client, engine);
+}
+
+Status PeerCall(Client& client, const wire::GpuLinkJoinRequest& req,
+                wire::GpuLinkJoinResponse* resp) {
+  return Client::Impl::PeerCall(client, wire::GPU_LINK_JOIN, req, resp);
+}
+Status PeerCall(Client& client, const wire::GpuOfferRequest& req, wire::GpuOfferResponse* resp) {
+  return Client::Impl::PeerCall(client, wire::GPU_OFFER, req, resp);
+}
+Status PeerCall(Client& client, const wire::GpuSendRequest& req, wire::GpuSendResponse* resp) {
+  return Client::Impl::PeerCall(client, wire::GPU_SEND, req, resp);
 }
 }  // namespace client
 

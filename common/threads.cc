@@ -31,6 +31,9 @@ std::string ThreadName(ThreadRole role, int index) {
     case ThreadRole::kCluster:
       base = "kvp-cluster";
       break;
+    case ThreadRole::kGpuLink:
+      base = "kvp-link";
+      break;
   }
   std::string name = std::string(base) + "-" + std::to_string(index);
   if (name.size() > 15) name.resize(15);

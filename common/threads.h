@@ -20,6 +20,7 @@ enum class ThreadRole {
   kUcxProgress,    // UCX worker progress (cross-node data path)
   kGpuCopy,        // per-GPU copy worker
   kCluster,        // etcd membership: lease keepalive, watch, rejoin
+  kGpuLink,        // one per device link a peer joined: its sends of gpu-tier blocks
 };
 
 // "kvp-io-0", "kvp-flush-0", ...: at most 15 characters (the kernel's limit).

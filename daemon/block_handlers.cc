@@ -11,6 +11,7 @@
 
 #include "common/hello_auth.h"
 #include "control.pb.h"
+#include "daemon/gpu_links.h"
 #include "daemon/request_codec.h"
 #include "daemon/shm_delivery.h"
 #include "daemon/socket_delivery.h"
@@ -172,7 +173,8 @@ Response BlockHandlers::Lookup(Connection& c, std::string_view body) {
     ClusterHooks* cluster = cluster_.Get();
     if (cluster != nullptr && !c.peer && lr.hit_blocks < keys.size() &&
         cluster->FetchMissing(c.ns, c.ns_name,
-                              std::span<const BlockKey>(keys).subspan(lr.hit_blocks)) > 0) {
+                              std::span<const BlockKey>(keys).subspan(lr.hit_blocks),
+                              /*gpu_device=*/-1) > 0) {
       // Some of the rest came from the blocks' home nodes and are cached here now.
       lr = tiers_.Lookup(c.ns, keys, !req.no_prefetch());
     }
@@ -236,7 +238,7 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
         where.push_back(i);
       }
     }
-    if (!missing.empty() && cluster->FetchMissing(c.ns, c.ns_name, missing) > 0) {
+    if (!missing.empty() && cluster->FetchMissing(c.ns, c.ns_name, missing, gpu_device) > 0) {
       std::vector<tiers::BlockRead> again =
           tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl, req.accept_encoded(), gpu_device);
       std::vector<BlockKey> to_gpu;
@@ -246,9 +248,10 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
         }
         (*reads)[where[k]] = std::move(again[k]);
       }
-      // A remote hit for a reader on a GPU with a gpu tier here: this read copies it from host
-      // (arriving over UCX, it is in host already), and it is placed in the gpu tier behind the
-      // read, so the next reader on that GPU copies device to device.
+      // A remote hit for a reader on a GPU with a gpu tier here came device to device into that
+      // gpu tier where the peer held it in one and both have device links. Otherwise this read
+      // copies it from host (arriving over UCX, it is in host already), and it is placed in the
+      // gpu tier behind the read, so the next reader on that GPU copies device to device.
       PlaceOnGpuBehind(c.ns, to_gpu, gpu_device, "GET (remote hits)");
     }
   }
@@ -742,6 +745,73 @@ Response BlockHandlers::Locate(Connection& c, std::string_view body) {
     metrics_.Add(metrics_.requests_failed);
   }
   return Reply(wire::LOCATE, resp, st);
+}
+
+namespace {
+
+// The device links a peer's GPU_* request may use, or why not.
+Result<GpuLinks*> LinksFor(const Connection& c, const ClusterRef& cluster) {
+  if (!c.peer) return Status::PermissionDenied("only a peer kvpoold may ask for device links");
+  ClusterHooks* hooks = cluster.Get();
+  GpuLinks* links = hooks != nullptr ? hooks->gpu_links() : nullptr;
+  if (links == nullptr) {
+    return Status::FailedPrecondition(
+        "no device links here (no gpu tier, or kvpoold runs without NCCL)");
+  }
+  return links;
+}
+
+}  // namespace
+
+Response BlockHandlers::GpuLinkJoin(Connection& c, std::string_view body) {
+  wire::GpuLinkJoinRequest req;
+  wire::GpuLinkJoinResponse resp;
+  Status st = Parse(body, &req, "GPU_LINK_JOIN");
+  Result<GpuLinks*> links = LinksFor(c, cluster_);
+  if (st.ok()) st = links.status();
+  if (st.ok()) st = (*links)->Accept(req.token(), req.link_id(), req.device());
+  if (!st.ok()) metrics_.Add(metrics_.requests_failed);
+  return Reply(wire::GPU_LINK_JOIN, resp, st);
+}
+
+Response BlockHandlers::GpuOffer(Connection& c, std::string_view body) {
+  wire::GpuOfferRequest req;
+  wire::GpuOfferResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "GPU_OFFER");
+  Result<GpuLinks*> links = LinksFor(c, cluster_);
+  if (st.ok()) st = links.status();
+  if (st.ok()) {
+    const google::protobuf::RepeatedPtrField<std::string> none;
+    st = DecodeKeysOf(none, req.packed_keys(), options_.max_batch_keys, &keys);
+  }
+  if (st.ok()) (*links)->Offer(c.ns, keys, &resp);
+  if (!st.ok()) metrics_.Add(metrics_.requests_failed);
+  return Reply(wire::GPU_OFFER, resp, st);
+}
+
+Response BlockHandlers::GpuSend(Connection& c, std::string_view body) {
+  wire::GpuSendRequest req;
+  wire::GpuSendResponse resp;
+  std::vector<BlockKey> keys;
+  Status st = Parse(body, &req, "GPU_SEND");
+  Result<GpuLinks*> links = LinksFor(c, cluster_);
+  if (st.ok()) st = links.status();
+  if (st.ok()) {
+    const google::protobuf::RepeatedPtrField<std::string> none;
+    st = DecodeKeysOf(none, req.packed_keys(), options_.max_batch_keys, &keys);
+  }
+  if (st.ok()) {
+    Result<std::vector<bool>> sending =
+        (*links)->Send(c.ns, req.token(), keys, {req.sizes().data(), size_t(req.sizes_size())},
+                       {req.device_checksums().data(), size_t(req.device_checksums_size())});
+    st = sending.status();
+    if (st.ok()) {
+      for (bool b : *sending) resp.add_sending(b);
+    }
+  }
+  if (!st.ok()) metrics_.Add(metrics_.requests_failed);
+  return Reply(wire::GPU_SEND, resp, st);
 }
 
 void BlockHandlers::Disconnect(Connection& c) {

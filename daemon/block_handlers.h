@@ -68,6 +68,12 @@ class BlockHandlers {
   transport::Response ReportDamaged(Connection& c, std::string_view body);
   transport::Response MapSegments(Connection& c, std::string_view body);
   transport::Response Locate(Connection& c, std::string_view body);
+  // GPU_LINK_JOIN, GPU_OFFER and GPU_SEND: a peer daemon's only (PermissionDenied for anyone
+  // else), served by the cluster's device links (daemon/gpu_links.h); FailedPrecondition where
+  // this daemon has none.
+  transport::Response GpuLinkJoin(Connection& c, std::string_view body);
+  transport::Response GpuOffer(Connection& c, std::string_view body);
+  transport::Response GpuSend(Connection& c, std::string_view body);
   // The connection closed: its delivery ends (UCX sends are cancelled), then its reservations
   // and leases.
   void Disconnect(Connection& c);

@@ -153,6 +153,15 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
       case wire::LOCATE:
         r = blocks_.Locate(c, body);
         break;
+      case wire::GPU_LINK_JOIN:
+        r = blocks_.GpuLinkJoin(c, body);
+        break;
+      case wire::GPU_OFFER:
+        r = blocks_.GpuOffer(c, body);
+        break;
+      case wire::GPU_SEND:
+        r = blocks_.GpuSend(c, body);
+        break;
       // Sessions.
       case wire::SESSION_SAVE:
         op = Op::kSession;

@@ -26,15 +26,21 @@ class SessionRecord;
 
 namespace kvpool::daemon {
 
+class GpuLinks;
+
 class ClusterHooks {
  public:
   virtual ~ClusterHooks() = default;
   // The cluster state and member list (status, stats, `kvpool cluster members`).
   virtual void Fill(wire::ClusterMembersResponse* out) = 0;
   // Blocks of `keys` that are not cached here: fetch them from their home nodes and store them
-  // locally. Returns how many were stored. Bounded by the peer timeout.
+  // locally. Returns how many were stored. Bounded by the peer timeout. With `gpu_device` >= 0
+  // (a reader on that gpu tier's device), blocks a home holds in a gpu tier come device to
+  // device into that gpu tier where both daemons have device links; the rest as without.
   virtual size_t FetchMissing(NamespaceId ns, const std::string& ns_name,
-                              std::span<const BlockKey> keys) = 0;
+                              std::span<const BlockKey> keys, int gpu_device) = 0;
+  // The device links serving peers' GPU_* requests (daemon/gpu_links.h); null without them.
+  virtual GpuLinks* gpu_links() = 0;
   // Blocks a client put here (key, parent): copy them to their other homes in the background.
   virtual void Replicate(NamespaceId ns, const std::string& ns_name,
                          std::vector<std::pair<BlockKey, BlockKey>> blocks) = 0;

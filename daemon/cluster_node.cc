@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <kvpool/block_key.h>
+#include "client/peer_calls.h"
 #include "common/checksum.h"
 #include "common/threads.h"
 #include "control.pb.h"
@@ -20,6 +21,8 @@ constexpr uint64_t kClusterOwner = UINT64_MAX - 1;
 // Bytes asked of a peer in one request: at UCX-over-tcp speeds (0.5-2 GB/s here) a request of
 // this size takes well under the 500 ms peer deadline.
 constexpr uint64_t kFetchChunkBytes = 32ull << 20;
+// A peer that said it has no device links is not asked for gpu-tier blocks again for this long.
+constexpr std::chrono::seconds kWithoutLinksFor{30};
 // Peer connections say so at hello: their puts are not replicated again.
 constexpr const char* kPeerClientName = "kvpool-peer";
 
@@ -55,6 +58,14 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions optio
       node->join_error_ = m.status().message();
     }
   }
+  if (node->options_.device_links != nullptr && node->options_.metrics != nullptr &&
+      !tiers.gpu_tiers().empty()) {
+    // Joining a link (an NCCL communicator) takes far longer than a request: it gets the
+    // connect timeout, once per link.
+    node->gpu_links_ = std::make_unique<GpuLinks>(
+        tiers, *node->options_.device_links, *node->options_.metrics,
+        std::max(node->options_.peer_timeout * 4, std::chrono::milliseconds(2000)));
+  }
   ClusterNode* raw = node.get();
   if (!m.ok())
     node->join_thread_ = StartThread(ThreadRole::kCluster, 1000, [raw] { raw->JoinLoop(); });
@@ -81,6 +92,7 @@ void ClusterNode::Stop() {
   if (replicate_thread_.joinable()) replicate_thread_.join();
   for (std::thread& t : fanout_threads_) t.join();
   fanout_threads_.clear();
+  if (gpu_links_) gpu_links_->Stop();
   std::unique_ptr<cluster::Membership> m;
   {
     absl::MutexLock lock(&mu_);
@@ -302,8 +314,83 @@ bool ClusterNode::StoreReceived(NamespaceId ns, const BlockKey& key, const Block
   return tiers_.Commit(kClusterOwner, r.reservation_id, checksum).ok();
 }
 
+namespace {
+
+// GpuLinks' requests on a pooled peer connection.
+class PeerOverClient final : public GpuLinks::Peer {
+ public:
+  explicit PeerOverClient(Client& c) : c_(c) {}
+  Status Join(const wire::GpuLinkJoinRequest& req) override {
+    wire::GpuLinkJoinResponse resp;
+    return client::PeerCall(c_, req, &resp);
+  }
+  Status Offer(const wire::GpuOfferRequest& req, wire::GpuOfferResponse* resp) override {
+    return client::PeerCall(c_, req, resp);
+  }
+  Status Send(const wire::GpuSendRequest& req, wire::GpuSendResponse* resp) override {
+    return client::PeerCall(c_, req, resp);
+  }
+
+ private:
+  Client& c_;
+};
+
+}  // namespace
+
+size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_name,
+                                         std::span<const BlockKey> keys, int gpu_device,
+                                         const std::vector<std::vector<cluster::NodeId>>& order,
+                                         const std::map<std::string, std::string>& addresses,
+                                         std::vector<bool>& found) {
+  // Each key is asked of its first home only: where a put's blocks live once replicated. What
+  // that home holds only in host, and what this misses, comes over UCX next.
+  std::map<cluster::NodeId, std::vector<size_t>> by_node;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!order[i].empty()) by_node[order[i][0]].push_back(i);
+  }
+  size_t stored = 0;
+  for (const auto& [node, indices] : by_node) {
+    const std::string& address = addresses.at(node);
+    if (memory_.Skip(address)) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = without_links_.find(node);
+      if (it != without_links_.end() && std::chrono::steady_clock::now() < it->second) continue;
+    }
+    std::unique_ptr<Client> c = Checkout(address, ns_name);
+    if (c == nullptr) continue;  // FetchMissing's own attempt will say so
+    std::vector<BlockKey> asked, parents;
+    for (size_t i : indices) {
+      asked.push_back(keys[i]);
+      parents.push_back(i > 0 ? keys[i - 1] : BlockKey{});
+    }
+    PeerOverClient peer(*c);
+    Result<std::vector<bool>> got = gpu_links_->Receive(ns, asked, parents, gpu_device, node, peer);
+    if (!got.ok()) {
+      // Its blocks come over UCX. A peer without device links (no gpu tier there, no NCCL)
+      // says so at once, and is not asked again for a while; a link that failed was dropped.
+      VLOG(1) << "device link to " << node << ": " << got.status().ToString();
+      const StatusCode code = got.status().code();
+      if (code == StatusCode::kFailedPrecondition) {
+        absl::MutexLock lock(&mu_);
+        without_links_[node] = std::chrono::steady_clock::now() + kWithoutLinksFor;
+      }
+      if (code == StatusCode::kUnavailable || code == StatusCode::kDeadlineExceeded) continue;
+    } else {
+      for (size_t k = 0; k < indices.size(); ++k) {
+        if ((*got)[k]) {
+          found[indices[k]] = true;
+          ++stored;
+        }
+      }
+    }
+    Return(address, ns_name, std::move(c));
+  }
+  return stored;
+}
+
 size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
-                                 std::span<const BlockKey> keys) {
+                                 std::span<const BlockKey> keys, int gpu_device) {
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr || addresses.empty()) return 0;
@@ -325,6 +412,9 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
   std::vector<bool> inconclusive(keys.size(), false);
   for (size_t i = 0; i < keys.size(); ++i) skip[i] = memory_.KnownAbsent(ns, keys[i]);
   size_t stored = 0;
+  if (gpu_device >= 0 && gpu_links_ != nullptr) {
+    stored += FetchOverDeviceLinks(ns, ns_name, keys, gpu_device, order, addresses, found);
+  }
   for (size_t round = 0; round < kMaxRounds; ++round) {
     std::map<std::string, std::vector<size_t>> by_node;
     for (size_t i = 0; i < keys.size(); ++i) {

@@ -36,6 +36,7 @@
 #include "daemon/block_service.h"
 #include "daemon/cluster/fetch_memory.h"
 #include "daemon/cluster/membership.h"
+#include "daemon/gpu_links.h"
 #include "tiers/tier_manager.h"
 #include "transport/tls.h"
 
@@ -61,6 +62,11 @@ struct ClusterNodeOptions {
   // How long a failed peer is skipped and a key no member held is a miss without asking
   // (daemon/cluster/fetch_memory.h). Defaults: 2 s, 500 ms.
   cluster::FetchMemoryOptions fetch_memory;
+  // Device links toward peers' gpu tiers (transport/device_link.h; NCCL in kvpoold), used only
+  // where the daemon has a gpu tier; `metrics` counts what moves over them. Not owned; both must
+  // outlive the node. Default: none (gpu-tier blocks move over UCX from host memory).
+  transport::DeviceLinks* device_links = nullptr;
+  Metrics* metrics = nullptr;
 };
 
 class ClusterNode final : public ClusterHooks {
@@ -75,8 +81,9 @@ class ClusterNode final : public ClusterHooks {
 
   // ClusterHooks
   void Fill(wire::ClusterMembersResponse* out) override;
-  size_t FetchMissing(NamespaceId ns, const std::string& ns_name,
-                      std::span<const BlockKey> keys) override;
+  size_t FetchMissing(NamespaceId ns, const std::string& ns_name, std::span<const BlockKey> keys,
+                      int gpu_device) override;
+  GpuLinks* gpu_links() override { return gpu_links_.get(); }
   void Replicate(NamespaceId ns, const std::string& ns_name,
                  std::vector<std::pair<BlockKey, BlockKey>> blocks) override;
   void ReplicateSession(NamespaceId ns, const std::string& ns_name,
@@ -106,6 +113,14 @@ class ClusterNode final : public ClusterHooks {
   void FanoutLoop();
   void RunBlocks(const Job& job);
   void RunSession(const Job& job);
+  // FetchMissing's first round for a reader on gpu tier `gpu_device`: each key's first home is
+  // asked for what it holds in a gpu tier, received device to device (GpuLinks::Receive). Sets
+  // found[i] for each block stored; returns how many.
+  size_t FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_name,
+                              std::span<const BlockKey> keys, int gpu_device,
+                              const std::vector<std::vector<cluster::NodeId>>& order,
+                              const std::map<std::string, std::string>& addresses,
+                              std::vector<bool>& found);
   // Copies `keys` (with parents) from the local tiers to the peer at `address`.
   void PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
                   const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);
@@ -167,6 +182,11 @@ class ClusterNode final : public ClusterHooks {
   tiers::TierManager& tiers_;
 
   cluster::FetchMemory memory_;  // of FetchMissing: peers in backoff, keys known absent
+  // Device links to peers' gpu tiers; null without device links or a gpu tier here. Stopped by
+  // Stop, destroyed with the node.
+  std::unique_ptr<GpuLinks> gpu_links_;
+  // Peers (by node id) that answered they have no device links, until when they are not asked.
+  std::map<std::string, std::chrono::steady_clock::time_point> without_links_ ABSL_GUARDED_BY(mu_);
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::unique_ptr<cluster::Membership> membership_ ABSL_GUARDED_BY(mu_);

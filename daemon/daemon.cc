@@ -326,6 +326,20 @@ class DaemonImpl final : public Daemon {
     co.ucx_transports = options_.ucx_transports;
     co.ucx_net_devices = options_.ucx_net_devices;
     co.tls = options_.tls;
+    if (options_.nccl && !tiers_->gpu_tiers().empty()) {
+      Result<std::unique_ptr<transport::DeviceLinks>> links =
+          options_.device_links ? options_.device_links() : transport::NcclDeviceLinks();
+      if (links.ok()) {
+        device_links_ = std::move(links).value();
+        co.device_links = device_links_.get();
+        co.metrics = &metrics_;
+        LOG(INFO) << "gpu-tier blocks move between daemons over device links (NCCL) where both "
+                     "have a gpu tier";
+      } else {
+        LOG(WARNING) << "no device links (" << links.status().ToString()
+                     << "): gpu-tier blocks move between daemons over UCX from host memory";
+      }
+    }
     KVPOOL_ASSIGN_OR_RETURN(cluster_, ClusterNode::Start(std::move(co), *tiers_));
     service_->SetCluster(cluster_.get());
     return Status::OK();
@@ -343,6 +357,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<AccessControl> access_;
   std::unique_ptr<NamespacePolicies> policies_;
   std::unique_ptr<transport::UcxEngine> ucx_;
+  std::unique_ptr<transport::DeviceLinks> device_links_;  // cluster_'s device links, if any
   std::unique_ptr<SessionStore> sessions_;
   std::unique_ptr<BlockService> service_;
   std::unique_ptr<transport::ControlServer> server_;

@@ -16,6 +16,7 @@
 #include "kernels/device_arena.h"
 #include "tiers/policy.h"
 #include "tiers/tier_manager.h"
+#include "transport/device_link.h"
 #include "transport/frame.h"
 #include "transport/tls.h"
 
@@ -50,6 +51,14 @@ struct DaemonOptions {
   std::function<Result<std::unique_ptr<kernels::DeviceArena>>(int device, uint64_t segment_bytes,
                                                               uint32_t segments)>
       gpu_arena;
+  // Device links toward peers' gpu tiers in cluster mode (transport/device_link.h): gpu-tier
+  // blocks a peer holds come device to device into this daemon's gpu tier for a reader on a
+  // GPU. Made at start when there is a gpu tier and cluster mode: transport::NcclDeviceLinks()
+  // when empty (kvpoold; without NCCL, blocks move over UCX from host only, as with
+  // `nccl` false). Tests without a GPU pass the double of tests/support/fake_device_link.h.
+  std::function<Result<std::unique_ptr<transport::DeviceLinks>>()> device_links;
+  // Whether to use device links at all. Default: true.
+  bool nccl = true;
   // Disk tier budget. Default (0): 64 GiB or 80% of the free space under data_dir, the smaller.
   uint64_t disk_capacity_bytes = 0;
   // mlock the host arena. Default: true.

@@ -56,6 +56,10 @@ DEFINE_string(gpu_capacity, "",
 DEFINE_string(gpu_segment_size, "64MiB",
               "Gpu tier segment (a multiple of 2MiB): the unit a namespace owns on a GPU and the "
               "largest block kept there.");
+DEFINE_bool(nccl, true,
+            "In cluster mode with a gpu tier: move gpu-tier blocks between daemons device to "
+            "device over NCCL (libnccl.so.2, loaded at start) where the peer has a gpu tier too. "
+            "false, or without NCCL: over UCX from host memory.");
 DEFINE_string(disk_capacity, "",
               "Disk tier budget for block bytes, e.g. 500GiB. Default: 64GiB or 80% of the free "
               "space under --data-dir, whichever is smaller.");
@@ -215,6 +219,7 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
     o.gpu_capacity_bytes = *gpu_capacity;
     o.gpu_segment_bytes = *gpu_segment;
   }
+  o.nccl = FLAGS_nccl;
   o.host_capacity_bytes = *host;
   o.host_segment_bytes = *segment;
   o.disk_capacity_bytes = *disk;

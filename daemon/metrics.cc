@@ -176,6 +176,25 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Value(&o, "kvpool_bytes_total{direction=\"out\"}", static_cast<double>(Get(bytes_out)));
   Metric(&o, "kvpool_requests_failed_total", "counter", "Requests answered with an error.");
   Value(&o, "kvpool_requests_failed_total", static_cast<double>(Get(requests_failed)));
+  Metric(&o, "kvpool_gpu_link_blocks_total", "counter",
+         "Gpu-tier blocks moved device to device between daemons (NCCL).");
+  Value(&o, "kvpool_gpu_link_blocks_total{direction=\"in\"}",
+        static_cast<double>(Get(gpu_link_blocks_received)));
+  Value(&o, "kvpool_gpu_link_blocks_total{direction=\"out\"}",
+        static_cast<double>(Get(gpu_link_blocks_sent)));
+  Metric(&o, "kvpool_gpu_link_bytes_total", "counter",
+         "Bytes of the gpu-tier blocks moved device to device between daemons.");
+  Value(&o, "kvpool_gpu_link_bytes_total{direction=\"in\"}",
+        static_cast<double>(Get(gpu_link_bytes_received)));
+  Value(&o, "kvpool_gpu_link_bytes_total{direction=\"out\"}",
+        static_cast<double>(Get(gpu_link_bytes_sent)));
+  Metric(&o, "kvpool_gpu_link_failures_total", "counter",
+         "Device link joins and transfers that failed (their blocks came over UCX).");
+  Value(&o, "kvpool_gpu_link_failures_total", static_cast<double>(Get(gpu_link_failures)));
+  Metric(&o, "kvpool_gpu_link_checksum_failures_total", "counter",
+         "Blocks received over a device link that failed their device checksum.");
+  Value(&o, "kvpool_gpu_link_checksum_failures_total",
+        static_cast<double>(Get(gpu_link_checksum_failures)));
 
   Metric(&o, "kvpool_index_entries", "gauge", "Entries in the block index.");
   Value(&o, "kvpool_index_entries", static_cast<double>(t.index_entries));

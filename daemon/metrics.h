@@ -45,6 +45,13 @@ struct Metrics {
   std::atomic<uint64_t> bytes_out{0};
   std::atomic<uint64_t> requests_failed{0};
   std::atomic<uint64_t> connections_total{0};
+  // Gpu-tier blocks moved device to device between daemons (daemon/gpu_links.h).
+  std::atomic<uint64_t> gpu_link_blocks_received{0};
+  std::atomic<uint64_t> gpu_link_bytes_received{0};
+  std::atomic<uint64_t> gpu_link_blocks_sent{0};
+  std::atomic<uint64_t> gpu_link_bytes_sent{0};
+  std::atomic<uint64_t> gpu_link_failures{0};           // joins and transfers that failed
+  std::atomic<uint64_t> gpu_link_checksum_failures{0};  // blocks received that failed their check
   std::array<LatencyHistogram, static_cast<size_t>(Op::kCount)> latency;
 
   void Add(std::atomic<uint64_t>& c, uint64_t n = 1) { c.fetch_add(n, std::memory_order_relaxed); }

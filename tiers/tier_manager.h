@@ -126,6 +126,13 @@ struct BlockRead {
   uint64_t device_checksum = 0;
 };
 
+// A block's copy in a gpu tier (TierManager::GpuCopies).
+struct GpuCopyInfo {
+  int device = -1;  // the CUDA device of the gpu tier holding it; -1: none
+  uint64_t size = 0;
+  uint64_t device_checksum = 0;  // kernels/device_checksum.h
+};
+
 enum class ReserveState : uint8_t { kReserved, kPresent, kInProgress, kRefused };
 
 struct ReserveOutcome {
@@ -295,6 +302,9 @@ class TierManager {
   // again on its GPU against its device checksum and dropped when it fails (tail first does not
   // hold a bad copy back; its host copy serves). Returns how many were dropped.
   uint32_t DropDamagedGpuCopies(NamespaceId ns, std::span<const BlockKey> keys);
+  // Which blocks of `keys` have a gpu copy, and where (GpuCopyInfo::device -1: none). Marks
+  // nothing used and leases nothing: for a peer asking what it could receive device to device.
+  std::vector<GpuCopyInfo> GpuCopies(NamespaceId ns, std::span<const BlockKey> keys) const;
 
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
   // connection) until committed, aborted or expired. Making room may demote blocks (a disk

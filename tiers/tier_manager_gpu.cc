@@ -311,6 +311,21 @@ void TierManager::FillHostCopiesLocked(int g) {
   if (HostAboveHighWatermarkLocked()) mover_.WakeFlusher();
 }
 
+std::vector<GpuCopyInfo> TierManager::GpuCopies(NamespaceId ns,
+                                                std::span<const BlockKey> keys) const {
+  std::vector<GpuCopyInfo> out(keys.size());
+  absl::ReaderMutexLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const EntryId id = index_.Find(ns, keys[i]);
+    if (id == kNoEntry) continue;
+    const Entry& e = index_.at(id);
+    auto dsum = gpu_checksums_.find(id);
+    if (!e.In(Tier::kGpu) || dsum == gpu_checksums_.end()) continue;
+    out[i] = {e.gpu_device, e.size, dsum->second};
+  }
+  return out;
+}
+
 uint32_t TierManager::DropDamagedGpuCopies(NamespaceId ns, std::span<const BlockKey> keys) {
   struct Suspect {
     EntryId id;

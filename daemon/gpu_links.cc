@@ -1,0 +1,388 @@
+#include "daemon/gpu_links.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include <glog/logging.h>
+
+#include "common/threads.h"
+#include "control.pb.h"
+#include "daemon/request_codec.h"
+#include "tiers/gpu_tier.h"
+
+namespace kvpool::daemon {
+namespace {
+
+// Owns the gpu reservations a fetch over a link makes (never a connection's: those count up
+// from 1).
+constexpr uint64_t kLinkReceiveOwner = UINT64_MAX - 3;
+// The leases of the blocks a link sends: one owner per GPU_SEND, counting up from here.
+constexpr uint64_t kFirstSendOwner = uint64_t{1} << 62;
+
+std::string RandomToken() {
+  thread_local std::mt19937_64 gen{std::random_device{}()};
+  std::string token(GpuLinks::kTokenBytes, '\0');
+  for (size_t i = 0; i < token.size(); i += 8) {
+    const uint64_t r = gen();
+    std::memcpy(token.data() + i, &r, std::min<size_t>(8, token.size() - i));
+  }
+  return token;
+}
+
+void Pack(std::span<const BlockKey> keys, std::string* out) {
+  out->resize(keys.size() * BlockKey::kSize);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::memcpy(out->data() + i * BlockKey::kSize, keys[i].bytes.data(), BlockKey::kSize);
+  }
+}
+
+}  // namespace
+
+GpuLinks::GpuLinks(tiers::TierManager& tiers, transport::DeviceLinks& links, Metrics& metrics,
+                   std::chrono::milliseconds timeout)
+    : tiers_(tiers),
+      links_(links),
+      metrics_(metrics),
+      timeout_(timeout),
+      next_owner_(kFirstSendOwner) {}
+
+void GpuLinks::Stop() {
+  std::map<std::string, std::unique_ptr<Inbound>> inbound;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    work_.SignalAll();
+    inbound.swap(inbound_);
+  }
+  for (auto& [token, in] : inbound) {
+    if (in->worker.joinable()) in->worker.join();
+  }
+}
+
+uint8_t* GpuLinks::GpuMemory(int device, uint64_t offset, uint64_t size) const {
+  for (tiers::GpuTier* gpu : tiers_.gpu_tiers()) {
+    if (gpu->device() == device) return gpu->Data({offset, size});
+  }
+  return nullptr;
+}
+
+// ---- The asker's side.
+
+Status GpuLinks::JoinLocked(Outbound& out, int device, int peer_device, Peer& peer) {
+  if (out.link != nullptr && !out.link->broken()) return Status::OK();
+  out.link.reset();
+  KVPOOL_ASSIGN_OR_RETURN(std::string id, links_.NewId());
+  wire::GpuLinkJoinRequest req;
+  req.set_token(RandomToken());
+  req.set_link_id(id);
+  req.set_device(peer_device);
+  // The peer starts joining and answers; both ranks then meet within the deadline.
+  KVPOOL_RETURN_IF_ERROR(peer.Join(req));
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  KVPOOL_ASSIGN_OR_RETURN(out.link, links_.Join(id, 2, 0, device, deadline));
+  out.token = req.token();
+  return Status::OK();
+}
+
+Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const BlockKey> keys,
+                                            std::span<const BlockKey> parents, int device,
+                                            const std::string& peer_name, Peer& peer) {
+  std::vector<bool> stored(keys.size(), false);
+  if (GpuMemory(device, 0, 0) == nullptr) {
+    return Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(device));
+  }
+  wire::GpuOfferRequest offer_req;
+  Pack(keys, offer_req.mutable_packed_keys());
+  wire::GpuOfferResponse offers;
+  KVPOOL_RETURN_IF_ERROR(peer.Offer(offer_req, &offers));
+  if (offers.offers_size() != static_cast<int>(keys.size())) {
+    return Status::Internal("a peer's GPU_OFFER answered " + std::to_string(offers.offers_size()) +
+                            " blocks for " + std::to_string(keys.size()));
+  }
+  // One link, so one of the peer's GPUs: the one holding most of them. The rest are the
+  // caller's to fetch over UCX.
+  std::map<int, size_t> per_device;
+  for (const wire::GpuOffer& o : offers.offers()) {
+    if (o.device() >= 0) ++per_device[o.device()];
+  }
+  if (per_device.empty()) return stored;
+  const int peer_device =
+      std::max_element(per_device.begin(), per_device.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      })->first;
+
+  // Slots in this daemon's gpu tier for what the peer offers; nothing waits for room here.
+  std::vector<size_t> asked;  // indices into keys
+  std::vector<tiers::PutRequestItem> items;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const wire::GpuOffer& o = offers.offers(static_cast<int>(i));
+    if (o.device() != peer_device || o.size() == 0) continue;
+    tiers::PutRequestItem item;
+    item.key = keys[i];
+    item.size = o.size();
+    item.parent = parents[i];
+    items.push_back(item);
+    asked.push_back(i);
+  }
+  const std::vector<tiers::ReserveOutcome> reserved =
+      tiers_.Reserve(ns, kLinkReceiveOwner, items, /*may_wait=*/false, device);
+  struct Slot {
+    size_t index;  // into keys
+    uint64_t reservation_id;
+    uint8_t* data;
+    uint64_t size;
+    uint64_t device_checksum;
+  };
+  std::vector<Slot> slots;
+  for (size_t k = 0; k < reserved.size(); ++k) {
+    const tiers::ReserveOutcome& r = reserved[k];
+    if (r.state != tiers::ReserveState::kReserved) continue;  // here already, or no room
+    uint8_t* data = r.gpu_device == device ? GpuMemory(device, r.gpu_offset, items[k].size) : nullptr;
+    if (data == nullptr) {  // a host slot only: not for a device link
+      tiers_.Abort(kLinkReceiveOwner, r.reservation_id);
+      continue;
+    }
+    const size_t i = asked[k];
+    slots.push_back({i, r.reservation_id, data, items[k].size,
+                     offers.offers(static_cast<int>(i)).device_checksum()});
+  }
+  if (slots.empty()) return stored;
+  auto abort_all = [&] {
+    for (const Slot& s : slots) tiers_.Abort(kLinkReceiveOwner, s.reservation_id);
+  };
+
+  std::shared_ptr<Outbound> out;
+  {
+    absl::MutexLock lock(&outbound_mu_);
+    std::shared_ptr<Outbound>& o = outbound_[{peer_name, device, peer_device}];
+    if (o == nullptr) o = std::make_shared<Outbound>();
+    out = o;
+  }
+  absl::MutexLock link_lock(&out->mu);
+  if (Status st = JoinLocked(*out, device, peer_device, peer); !st.ok()) {
+    abort_all();
+    metrics_.Add(metrics_.gpu_link_failures);
+    return st;
+  }
+  wire::GpuSendRequest send_req;
+  send_req.set_token(out->token);
+  std::vector<BlockKey> send_keys;
+  for (const Slot& s : slots) {
+    send_keys.push_back(keys[s.index]);
+    send_req.add_sizes(s.size);
+    send_req.add_device_checksums(s.device_checksum);
+  }
+  Pack(send_keys, send_req.mutable_packed_keys());
+  wire::GpuSendResponse sending;
+  Status st = peer.Send(send_req, &sending);
+  if (st.ok() && sending.sending_size() != static_cast<int>(slots.size())) {
+    st = Status::Internal("a peer's GPU_SEND answered for the wrong number of blocks");
+  }
+  if (!st.ok()) {
+    abort_all();
+    if (st.code() == StatusCode::kNotFound) out->link.reset();  // the peer's side is gone
+    metrics_.Add(metrics_.gpu_link_failures);
+    return st;
+  }
+  std::vector<transport::DeviceLink::Op> ops;
+  std::vector<Slot> coming;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (sending.sending(static_cast<int>(k))) {
+      ops.push_back({false, 1, slots[k].data, slots[k].size});
+      coming.push_back(slots[k]);
+    } else {
+      tiers_.Abort(kLinkReceiveOwner, slots[k].reservation_id);  // gone from its gpu meanwhile
+    }
+  }
+  slots = coming;
+  if (slots.empty()) return stored;
+  st = out->link->Transfer(ops, nullptr, std::chrono::steady_clock::now() + timeout_);
+  if (!st.ok()) {
+    abort_all();
+    out->link.reset();  // broken: the next fetch joins a new one
+    metrics_.Add(metrics_.gpu_link_failures);
+    LOG(WARNING) << "device link to " << peer_name << " failed (its blocks are fetched over "
+                 << "UCX instead): " << st.ToString();
+    return st;
+  }
+  // Each slot is checked on this GPU against the device checksum the peer gave.
+  std::vector<uint64_t> ids, checksums;
+  for (const Slot& s : slots) {
+    ids.push_back(s.reservation_id);
+    checksums.push_back(s.device_checksum);
+  }
+  const std::vector<Status> committed = tiers_.CommitToGpu(kLinkReceiveOwner, ids, checksums);
+  uint64_t blocks = 0, bytes = 0;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (committed[k].ok()) {
+      stored[slots[k].index] = true;
+      ++blocks;
+      bytes += slots[k].size;
+    } else if (committed[k].code() == StatusCode::kCorruption) {
+      metrics_.Add(metrics_.gpu_link_checksum_failures);
+    }
+  }
+  metrics_.Add(metrics_.gpu_link_blocks_received, blocks);
+  metrics_.Add(metrics_.gpu_link_bytes_received, bytes);
+  return stored;
+}
+
+// ---- The peer's side.
+
+std::vector<std::unique_ptr<GpuLinks::Inbound>> GpuLinks::ReapLocked() {
+  std::vector<std::unique_ptr<Inbound>> ended;
+  for (auto it = inbound_.begin(); it != inbound_.end();) {
+    if (it->second->done) {
+      ended.push_back(std::move(it->second));
+      it = inbound_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ended;
+}
+
+Status GpuLinks::Accept(const std::string& token, const std::string& link_id, int device) {
+  if (token.size() != kTokenBytes) {
+    return Status::InvalidArgument("a device link's token is " + std::to_string(kTokenBytes) +
+                                   " bytes");
+  }
+  if (GpuMemory(device, 0, 0) == nullptr) {
+    return Status::FailedPrecondition("no gpu tier on CUDA device " + std::to_string(device) +
+                                      " here");
+  }
+  std::vector<std::unique_ptr<Inbound>> ended;
+  Status st;
+  {
+    absl::MutexLock lock(&mu_);
+    ended = ReapLocked();
+    if (stopping_) {
+      st = Status::Unavailable("kvpoold is stopping");
+    } else if (inbound_.count(token)) {
+      st = Status::InvalidArgument("this link token is taken");
+    } else if (inbound_.size() >= kMaxAcceptedLinks) {
+      st = Status::ResourceExhausted("too many device links (" +
+                                     std::to_string(kMaxAcceptedLinks) + ")");
+    } else {
+      auto in = std::make_unique<Inbound>();
+      in->link_id = link_id;
+      in->device = device;
+      Inbound* raw = in.get();
+      inbound_[token] = std::move(in);
+      raw->worker =
+          StartThread(ThreadRole::kGpuLink, next_worker_++, [this, raw] { WorkerMain(raw); });
+    }
+  }
+  for (auto& in : ended) in->worker.join();  // each has ended, or is about to
+  return st;
+}
+
+void GpuLinks::WorkerMain(Inbound* in) {
+  Result<std::unique_ptr<transport::DeviceLink>> joined =
+      links_.Join(in->link_id, 2, 1, in->device, std::chrono::steady_clock::now() + timeout_);
+  absl::MutexLock lock(&mu_);
+  if (!joined.ok()) {
+    LOG(WARNING) << "joining a peer's device link failed: " << joined.status().ToString();
+    metrics_.Add(metrics_.gpu_link_failures);
+  } else {
+    in->joined = true;
+    std::unique_ptr<transport::DeviceLink> link = std::move(joined).value();
+    while (true) {
+      while (!stopping_ && in->jobs.empty()) work_.Wait(&mu_);
+      if (stopping_) break;
+      Job job = std::move(in->jobs.front());
+      in->jobs.pop_front();
+      mu_.Unlock();
+      const Status st = link->Transfer(job.ops, nullptr, job.deadline);
+      tiers_.ReleaseOwner(job.owner);
+      if (st.ok()) {
+        metrics_.Add(metrics_.gpu_link_blocks_sent, job.blocks);
+        metrics_.Add(metrics_.gpu_link_bytes_sent, job.bytes);
+      } else {
+        metrics_.Add(metrics_.gpu_link_failures);
+        LOG(WARNING) << "sending over a peer's device link failed: " << st.ToString();
+      }
+      mu_.Lock();
+      if (!st.ok()) break;
+    }
+  }
+  for (const Job& job : in->jobs) tiers_.ReleaseOwner(job.owner);
+  in->jobs.clear();
+  in->done = true;
+}
+
+void GpuLinks::Offer(NamespaceId ns, std::span<const BlockKey> keys,
+                     wire::GpuOfferResponse* out) const {
+  for (const tiers::GpuCopyInfo& c : tiers_.GpuCopies(ns, keys)) {
+    wire::GpuOffer* o = out->add_offers();
+    o->set_device(c.device);
+    o->set_size(c.size);
+    o->set_device_checksum(c.device_checksum);
+  }
+}
+
+Result<std::vector<bool>> GpuLinks::Send(NamespaceId ns, const std::string& token,
+                                         std::span<const BlockKey> keys,
+                                         std::span<const uint64_t> sizes,
+                                         std::span<const uint64_t> checksums) {
+  if (sizes.size() != keys.size() || checksums.size() != keys.size()) {
+    return Status::InvalidArgument("GPU_SEND needs a size and a device checksum per key");
+  }
+  int device = -1;
+  uint64_t owner = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = inbound_.find(token);
+    if (it == inbound_.end() || it->second->done) {
+      return Status::NotFound("no such device link here (it broke or was never joined)");
+    }
+    device = it->second->device;
+    owner = next_owner_++;
+  }
+  // Leased until the worker has sent them (or the lease outlives a stuck transfer).
+  std::vector<tiers::BlockRead> reads =
+      tiers_.Acquire(ns, keys, owner, 2 * timeout_, /*keep_encoding=*/false, device);
+  std::vector<bool> sending(keys.size(), false);
+  Job job;
+  job.owner = owner;
+  job.deadline = std::chrono::steady_clock::now() + timeout_;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    tiers::BlockRead& r = reads[i];
+    uint8_t* data = nullptr;
+    if (r.status.ok() && r.from == Tier::kGpu && r.gpu_device == device && r.size == sizes[i] &&
+        r.device_checksum == checksums[i]) {
+      data = GpuMemory(device, r.gpu_offset, r.size);
+    }
+    if (data == nullptr) {
+      tiers_.Release(r);
+      continue;
+    }
+    sending[i] = true;
+    job.ops.push_back({true, 0, data, r.size});
+    ++job.blocks;
+    job.bytes += r.size;
+  }
+  if (job.ops.empty()) {
+    tiers_.ReleaseOwner(owner);
+    return sending;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = inbound_.find(token);
+  if (stopping_ || it == inbound_.end() || it->second->done) {
+    tiers_.ReleaseOwner(owner);
+    return Status::NotFound("the device link broke");
+  }
+  it->second->jobs.push_back(std::move(job));
+  work_.SignalAll();
+  return sending;
+}
+
+size_t GpuLinks::accepted_links() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [token, in] : inbound_) n += in->done ? 0 : 1;
+  return n;
+}
+
+}  // namespace kvpool::daemon
