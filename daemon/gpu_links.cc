@@ -138,7 +138,8 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
   for (size_t k = 0; k < reserved.size(); ++k) {
     const tiers::ReserveOutcome& r = reserved[k];
     if (r.state != tiers::ReserveState::kReserved) continue;  // here already, or no room
-    uint8_t* data = r.gpu_device == device ? GpuMemory(device, r.gpu_offset, items[k].size) : nullptr;
+    uint8_t* data =
+        r.gpu_device == device ? GpuMemory(device, r.gpu_offset, items[k].size) : nullptr;
     if (data == nullptr) {  // a host slot only: not for a device link
       tiers_.Abort(kLinkReceiveOwner, r.reservation_id);
       continue;
@@ -262,8 +263,8 @@ Status GpuLinks::Accept(const std::string& token, const std::string& link_id, in
     } else if (inbound_.count(token)) {
       st = Status::InvalidArgument("this link token is taken");
     } else if (inbound_.size() >= kMaxAcceptedLinks) {
-      st = Status::ResourceExhausted("too many device links (" +
-                                     std::to_string(kMaxAcceptedLinks) + ")");
+      st = Status::ResourceExhausted("too many device links (" + std::to_string(kMaxAcceptedLinks) +
+                                     ")");
     } else {
       auto in = std::make_unique<Inbound>();
       in->link_id = link_id;

@@ -208,7 +208,8 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
     st = DecodeKeys(record->keys(), UINT32_MAX, &keys);
     if (!st.ok()) return Reply(wire::SESSION_LOAD, resp, st);
     // A remote session's blocks come here now, so the gets that follow are local hits.
-    if (remote && !fetched && !req.no_prefetch()) cluster->FetchMissing(c.ns, c.ns_name, keys, /*gpu_device=*/-1);
+    if (remote && !fetched && !req.no_prefetch())
+      cluster->FetchMissing(c.ns, c.ns_name, keys, /*gpu_device=*/-1);
     resp.set_cached_blocks(tiers_.CountCached(c.ns, keys));
     if (!req.no_prefetch()) tiers_.Prefetch(c.ns, keys);
     if (!req.no_prefetch() && req.to_gpu()) {

@@ -5,7 +5,8 @@
 // on a real node), through a gpu segment the client imports by descriptor; host buffers and
 // evicted gpu copies fall back to the host arena; the leases end. kvpoold itself never runs the
 // double: without CUDA it has no gpu tier (checked at the end). In a cluster, a remote hit for a
-// device reader is placed in the gpu tier behind the read.
+// device reader is placed in the gpu tier behind the read, or, where the peer holds it in its
+// gpu tier, comes device to device over a device link (NCCL's double: fake_device_link.h).
 
 #include <gtest/gtest.h>
 
@@ -18,11 +19,13 @@
 #include <thread>
 
 #include "client/device_buffers.h"
+#include "client/peer_calls.h"
 #include "common/checksum.h"
 #include "daemon/daemon.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/etcd_test_server.h"
 #include "tests/support/fake_device.h"
+#include "tests/support/fake_device_link.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/temp_dir.h"
 
@@ -631,6 +634,215 @@ TEST(GpuPathInCluster, ARemoteHitForADeviceReaderIsPlacedInTheGpuTier) {
   EXPECT_EQ(gpu.counters().to_device_copies, before.to_device_copies);  // no copy up this time
   client.reset();
   local->Stop();
+}
+
+// Two daemons of one cluster in this process, each with a gpu tier on a device double of its
+// own, joined by device links through one FakeLinkFabric (NCCL's double); and a client of each.
+class GpuLinksInCluster : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto etcd = EtcdTestServer::Start();
+    if (!etcd.ok() && etcd.status().IsNotFound()) {
+      GTEST_SKIP() << "no etcd binary: " << etcd.status().ToString();
+    }
+    ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+    etcd_ = std::move(etcd).value();
+    ASSERT_TRUE(holder_dir_.ok() && reader_dir_.ok());
+    holder_ = StartNode(holder_dir_, holder_gpu_, "holder");
+    reader_ = StartNode(reader_dir_, reader_gpu_, "reader");
+    ASSERT_NE(holder_, nullptr);
+    ASSERT_NE(reader_, nullptr);
+    holder_client_ = GpuClient(holder_dir_, holder_gpu_);
+    reader_client_ = GpuClient(reader_dir_, reader_gpu_);
+    ASSERT_NE(holder_client_, nullptr);
+    ASSERT_NE(reader_client_, nullptr);
+    size_t members = 0;
+    for (int i = 0; i < 100 && members != 2; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      auto v = reader_client_->Cluster();
+      members = v.ok() ? v->members.size() : 0;
+    }
+    ASSERT_EQ(members, 2u) << "the daemons did not meet";
+  }
+  void TearDown() override {
+    holder_client_.reset();
+    reader_client_.reset();
+    if (reader_) reader_->Stop();
+    if (holder_) holder_->Stop();
+  }
+
+  std::unique_ptr<daemon::Daemon> StartNode(const TempDir& dir, FakeDevice& gpu,
+                                            const std::string& id) {
+    daemon::DaemonOptions o = GpuDaemonOptions(dir, gpu);
+    o.ucx = true;  // what the links do not carry comes over UCX
+    o.cluster = etcd_->endpoint();
+    o.cluster_name = "links";
+    o.cluster_secret = "correct horse battery staple";
+    o.node_id = id;
+    o.tcp_listen = "tcp://127.0.0.1:0";
+    o.ucx_transports = "tcp";
+    o.ucx_net_devices = "lo";
+    o.replicas = 0;  // a block stays on the node it was put through
+    o.metrics_listen = "127.0.0.1:0";
+    o.device_links = [this, &gpu]() -> Result<std::unique_ptr<transport::DeviceLinks>> {
+      return fabric_.LinksOf({{0, &gpu}});
+    };
+    auto d = daemon::Daemon::Start(std::move(o));
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return d.ok() ? std::move(d).value() : nullptr;
+  }
+
+  // Puts blocks first..first+n-1 from the holder's device memory straight into its gpu tier.
+  std::vector<std::vector<uint8_t>> PutIntoHolderGpu(uint64_t first, int n, size_t size) {
+    std::vector<std::vector<uint8_t>> ref;
+    std::vector<PutBlock> blocks;
+    for (int i = 0; i < n; ++i) {
+      ref.push_back(BlockBytes(first + i, size));
+      void* src = holder_gpu_.Alloc(size);
+      holder_gpu_.Write(src, ref.back().data(), size);
+      blocks.push_back(
+          {KeyOf(first + i), src, size, i ? KeyOf(first + i - 1) : BlockKey{}, {}, Memory::kCuda});
+    }
+    auto put = holder_client_->Put(blocks, PutOptions{.gpu_device = 0});
+    EXPECT_TRUE(put.ok() && put->all_ok());
+    auto where = holder_client_->Where(Keys(first, n));
+    EXPECT_TRUE(where.ok() && *where == std::vector<Tier>(n, Tier::kGpu));
+    return ref;
+  }
+
+  // Reads the blocks on the reader's node into its device memory; checks them against `ref`.
+  void ReadOnReaderGpu(uint64_t first, const std::vector<std::vector<uint8_t>>& ref, size_t size) {
+    const std::vector<BlockKey> keys = Keys(first, static_cast<int>(ref.size()));
+    std::vector<MutableBuffer> bufs;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      bufs.push_back({reader_gpu_.Alloc(size), size, Memory::kCuda});
+    }
+    auto got = reader_client_->Get(keys, bufs);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_OK((*got)[i].status);
+      EXPECT_EQ(reader_gpu_.Read(bufs[i].data, size), ref[i]) << "block " << i;
+    }
+  }
+
+  // The value of Prometheus sample `name` on `d`'s /metrics (-1 when absent), waiting up to a
+  // second for it to reach `want` (a daemon's counters may trail the reply a little).
+  static double Metric(daemon::Daemon& d, const std::string& name, double want) {
+    double v = -1;
+    for (int i = 0; i < 20; ++i) {
+      const std::string cmd =
+          "python3 -c \"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen("
+          "'http://" +
+          d.metrics_address() + "/metrics', timeout=5).read().decode())\"";
+      FILE* p = popen(cmd.c_str(), "r");
+      if (p == nullptr) return -1;
+      std::string body;
+      char buf[4096];
+      for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) body.append(buf, n);
+      pclose(p);
+      const size_t at = body.find("\n" + name + " ");
+      v = at == std::string::npos ? -1 : std::stod(body.substr(at + name.size() + 2));
+      if (v == want) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return v;
+  }
+
+  static std::vector<BlockKey> Keys(uint64_t first, int n) {
+    std::vector<BlockKey> keys;
+    for (int i = 0; i < n; ++i) keys.push_back(KeyOf(first + i));
+    return keys;
+  }
+
+  std::unique_ptr<EtcdTestServer> etcd_;
+  TempDir holder_dir_{"kvpool-link-holder"};
+  TempDir reader_dir_{"kvpool-link-reader"};
+  FakeDevice holder_gpu_{0};
+  FakeDevice reader_gpu_{0};
+  FakeLinkFabric fabric_;
+  std::unique_ptr<daemon::Daemon> holder_, reader_;
+  std::unique_ptr<Client> holder_client_, reader_client_;
+};
+
+// A block the peer holds in its gpu tier comes device to device over the link into the
+// reader's gpu tier, and the read copies it from there: nothing is copied up from host.
+TEST_F(GpuLinksInCluster, ARemoteGpuHitComesDeviceToDeviceIntoTheGpuTier) {
+  const size_t size = 150000;
+  const int n = 3;
+  const auto ref = PutIntoHolderGpu(300, n, size);
+  ASSERT_EQ(*reader_client_->Where(Keys(300, n)), std::vector<Tier>(n, Tier::kNone));
+  const auto before = reader_gpu_.counters();
+  ReadOnReaderGpu(300, ref, size);
+  const FakeLinkFabric::Counters link = fabric_.counters();
+  EXPECT_EQ(link.joins, 2u);
+  EXPECT_EQ(link.bytes, uint64_t{n} * size);
+  EXPECT_EQ(link.failures, 0u);
+  // In the reader's gpu tier at once; its host copies are the daemon's, made behind.
+  EXPECT_EQ(*reader_client_->Where(Keys(300, n)), std::vector<Tier>(n, Tier::kGpu));
+  EXPECT_EQ(reader_gpu_.counters().to_device_copies, before.to_device_copies);
+  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", n), n);
+  EXPECT_EQ(Metric(*holder_, "kvpool_gpu_link_blocks_total{direction=\"out\"}", n), n);
+  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_bytes_total{direction=\"in\"}", n * size), n * size);
+  // A second miss reuses the link.
+  const auto more = PutIntoHolderGpu(310, 2, size);
+  ReadOnReaderGpu(310, more, size);
+  EXPECT_EQ(fabric_.counters().joins, 2u);
+  EXPECT_EQ(fabric_.counters().bytes, uint64_t{n + 2} * size);
+  // A host reader on the reader's node gets the same bytes (the host copy made from gpu).
+  std::vector<uint8_t> host(size);
+  MutableBuffer hb{host.data(), size};
+  const BlockKey k = KeyOf(301);
+  auto h = reader_client_->Get(std::span(&k, 1), std::span(&hb, 1));
+  ASSERT_TRUE(h.ok());
+  ASSERT_OK((*h)[0].status);
+  EXPECT_EQ(host, ref[1]);
+}
+
+// A link whose transfer never completes (a peer that died mid-transfer) fails by its deadline:
+// the blocks come over UCX instead, right, and the next miss joins a new link.
+TEST_F(GpuLinksInCluster, AStalledLinkCostsItsDeadlineAndTheBlocksComeOverUcx) {
+  const size_t size = 100000;
+  const auto ref = PutIntoHolderGpu(400, 2, size);
+  fabric_.StallNextTransfer();
+  ReadOnReaderGpu(400, ref, size);
+  EXPECT_GE(fabric_.counters().failures, 1u);
+  EXPECT_EQ(fabric_.counters().bytes, 0u);
+  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_failures_total", 1), 1);
+  EXPECT_EQ(Metric(*holder_, "kvpool_gpu_link_failures_total", 1), 1);
+  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", 0), 0);
+  const auto more = PutIntoHolderGpu(410, 2, size);
+  ReadOnReaderGpu(410, more, size);
+  EXPECT_EQ(fabric_.counters().joins, 4u);  // a new link, both sides
+  EXPECT_EQ(fabric_.counters().bytes, 2u * size);
+}
+
+// A block damaged on the link fails its device checksum on the reader's GPU: it is not stored
+// from the link, and the read gets the right bytes over UCX.
+TEST_F(GpuLinksInCluster, ABlockDamagedOnTheLinkIsRefusedAndFetchedOverUcx) {
+  const size_t size = 100000;
+  const auto ref = PutIntoHolderGpu(500, 3, size);
+  fabric_.CorruptNextTransfer();
+  ReadOnReaderGpu(500, ref, size);
+  EXPECT_EQ(fabric_.counters().bytes, 3u * size);  // all three came, one of them damaged
+  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_checksum_failures_total", 1), 1);
+  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", 2), 2);
+  // The two good ones came device to device, the damaged one over UCX; all are read right
+  // again from the reader's node.
+  ReadOnReaderGpu(500, ref, size);
+}
+
+// GPU_* requests are a peer daemon's only, and a daemon without a gpu tier has no links.
+TEST_F(GpuLinksInCluster, OnlyAPeerMayAskForDeviceLinks) {
+  wire::GpuOfferRequest req;
+  const BlockKey k = KeyOf(600);
+  req.set_packed_keys(std::string(k.AsStringView()));
+  wire::GpuOfferResponse resp;
+  EXPECT_EQ(client::PeerCall(*reader_client_, req, &resp).code(), StatusCode::kPermissionDenied);
+  wire::GpuLinkJoinRequest join;
+  join.set_token(std::string(16, 'x'));
+  join.set_link_id(std::string(128, 'y'));
+  wire::GpuLinkJoinResponse joined;
+  EXPECT_EQ(client::PeerCall(*reader_client_, join, &joined).code(), StatusCode::kPermissionDenied);
 }
 
 TEST(GpuPathWithoutCuda, KvpooldRefusesAGpuTierItCannotRun) {

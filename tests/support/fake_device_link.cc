@@ -40,7 +40,12 @@ class FakeLinkFabric::Link final : public transport::DeviceLink {
     }
     std::vector<std::shared_ptr<FakeLinkFabric::Op>> mine;
     const bool stall = std::exchange(fabric_.stall_next_, false);
-    bool corrupt = std::exchange(fabric_.corrupt_next_, false);
+    // (Armed for the next group that sends: a receiving group leaves it armed.)
+    bool corrupt = false;
+    for (const Op& op : ops) {
+      if (op.send && op.bytes > 0) corrupt = std::exchange(fabric_.corrupt_next_, false);
+      if (corrupt) break;
+    }
     for (const Op& op : ops) {
       auto o = std::make_shared<FakeLinkFabric::Op>();
       o->rank = rank_;
@@ -50,7 +55,7 @@ class FakeLinkFabric::Link final : public transport::DeviceLink {
       o->bytes = op.bytes;
       o->device = &memory_;
       o->stalled = stall;
-      if (op.send && corrupt && op.bytes > 0) o->corrupt = !std::exchange(corrupt, false);
+      if (op.send && corrupt && op.bytes > 0) o->corrupt = std::exchange(corrupt, false);
       mine.push_back(o);
       comm_->pending.push_back(std::move(o));
     }

@@ -9,8 +9,8 @@
 // posted from this rank (and each receive the next send), in the order posted, or until its
 // deadline, which breaks the link. A send and a receive of different sizes fail both sides.
 // Faults for the next group posted: StallNextTransfer (its operations are never met, as with a
-// peer that died: both sides fail at their deadlines) and CorruptNextTransfer (its first send
-// lands with its first byte flipped, and the transfer succeeds).
+// peer that died: both sides fail at their deadlines) and CorruptNextTransfer (the first send of
+// the next group that sends lands with its first byte flipped, and the transfer succeeds).
 //
 // Thread safety: every method may be called from any thread; each link by one thread at a time.
 

@@ -64,6 +64,20 @@ TEST(FakeLinkFabricTest, TwoRanksMoveBlocksInTheOrderPosted) {
   EXPECT_EQ(s.a.Read(dst1, one.size()), one);
   EXPECT_EQ(s.a.Read(dst2, two.size()), two);
   EXPECT_EQ(s.fabric.counters().bytes, one.size() + two.size());
+
+  // A corrupted transfer: its first send lands with its first byte flipped, and succeeds.
+  s.fabric.CorruptNextTransfer();
+  std::thread again([&] {
+    const DeviceLink::Op ops[] = {{true, 0, src1, one.size()}, {true, 0, src2, two.size()}};
+    sent = s.link_b->Transfer(ops, nullptr, deadline);
+  });
+  ASSERT_OK(s.link_a->Transfer(ops, nullptr, deadline));
+  again.join();
+  ASSERT_OK(sent);
+  std::vector<uint8_t> damaged = one;
+  damaged[0] ^= 0xff;
+  EXPECT_EQ(s.a.Read(dst1, one.size()), damaged);
+  EXPECT_EQ(s.a.Read(dst2, two.size()), two);
 }
 
 TEST(FakeLinkFabricTest, AStalledTransferFailsBothSidesByTheirDeadlinesAndBreaksTheLinks) {
