@@ -803,7 +803,7 @@ Response BlockHandlers::GpuSend(Connection& c, std::string_view body) {
   }
   if (st.ok()) {
     Result<std::vector<bool>> sending =
-        (*links)->Send(c.ns, req.token(), keys, {req.sizes().data(), size_t(req.sizes_size())},
+        (*links)->Send(c.ns, req.token(), req.seq(), keys, {req.sizes().data(), size_t(req.sizes_size())},
                        {req.device_checksums().data(), size_t(req.device_checksums_size())});
     st = sending.status();
     if (st.ok()) {

@@ -341,12 +341,12 @@ size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_n
                                          std::span<const BlockKey> keys, int gpu_device,
                                          const std::vector<std::vector<cluster::NodeId>>& order,
                                          const std::map<std::string, std::string>& addresses,
-                                         std::vector<bool>& found) {
+                                         const std::vector<bool>& skip, std::vector<bool>& found) {
   // Each key is asked of its first home only: where a put's blocks live once replicated. What
   // that home holds only in host, and what this misses, comes over UCX next.
   std::map<cluster::NodeId, std::vector<size_t>> by_node;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (!order[i].empty()) by_node[order[i][0]].push_back(i);
+    if (!order[i].empty() && !skip[i]) by_node[order[i][0]].push_back(i);
   }
   size_t stored = 0;
   for (const auto& [node, indices] : by_node) {
@@ -368,14 +368,18 @@ size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_n
     Result<std::vector<bool>> got = gpu_links_->Receive(ns, asked, parents, gpu_device, node, peer);
     if (!got.ok()) {
       // Its blocks come over UCX. A peer without device links (no gpu tier there, no NCCL)
-      // says so at once, and is not asked again for a while; a link that failed was dropped.
+      // says so at once, and is not asked again for a while; a link that failed (Aborted) was
+      // dropped; a peer that did not answer is skipped like any failed peer.
       VLOG(1) << "device link to " << node << ": " << got.status().ToString();
       const StatusCode code = got.status().code();
       if (code == StatusCode::kFailedPrecondition) {
         absl::MutexLock lock(&mu_);
         without_links_[node] = std::chrono::steady_clock::now() + kWithoutLinksFor;
       }
-      if (code == StatusCode::kUnavailable || code == StatusCode::kDeadlineExceeded) continue;
+      if (code == StatusCode::kUnavailable || code == StatusCode::kDeadlineExceeded) {
+        memory_.Failed(address);
+        continue;
+      }
     } else {
       for (size_t k = 0; k < indices.size(); ++k) {
         if ((*got)[k]) {
@@ -413,7 +417,7 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
   for (size_t i = 0; i < keys.size(); ++i) skip[i] = memory_.KnownAbsent(ns, keys[i]);
   size_t stored = 0;
   if (gpu_device >= 0 && gpu_links_ != nullptr) {
-    stored += FetchOverDeviceLinks(ns, ns_name, keys, gpu_device, order, addresses, found);
+    stored += FetchOverDeviceLinks(ns, ns_name, keys, gpu_device, order, addresses, skip, found);
   }
   for (size_t round = 0; round < kMaxRounds; ++round) {
     std::map<std::string, std::vector<size_t>> by_node;

@@ -114,13 +114,14 @@ class ClusterNode final : public ClusterHooks {
   void RunBlocks(const Job& job);
   void RunSession(const Job& job);
   // FetchMissing's first round for a reader on gpu tier `gpu_device`: each key's first home is
-  // asked for what it holds in a gpu tier, received device to device (GpuLinks::Receive). Sets
-  // found[i] for each block stored; returns how many.
+  // asked for what it holds in a gpu tier, received device to device (GpuLinks::Receive); keys
+  // with skip[i] (known absent) are not asked. Sets found[i] for each block stored; returns how
+  // many.
   size_t FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_name,
                               std::span<const BlockKey> keys, int gpu_device,
                               const std::vector<std::vector<cluster::NodeId>>& order,
                               const std::map<std::string, std::string>& addresses,
-                              std::vector<bool>& found);
+                              const std::vector<bool>& skip, std::vector<bool>& found);
   // Copies `keys` (with parents) from the local tiers to the peer at `address`.
   void PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
                   const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);

@@ -1,10 +1,10 @@
 #include "daemon/gpu_links.h"
 
+#include <glog/logging.h>
+#include <openssl/rand.h>
+
 #include <algorithm>
 #include <cstring>
-#include <random>
-
-#include <glog/logging.h>
 
 #include "common/threads.h"
 #include "control.pb.h"
@@ -20,12 +20,11 @@ constexpr uint64_t kLinkReceiveOwner = UINT64_MAX - 3;
 // The leases of the blocks a link sends: one owner per GPU_SEND, counting up from here.
 constexpr uint64_t kFirstSendOwner = uint64_t{1} << 62;
 
-std::string RandomToken() {
-  thread_local std::mt19937_64 gen{std::random_device{}()};
+Result<std::string> RandomToken() {
   std::string token(GpuLinks::kTokenBytes, '\0');
-  for (size_t i = 0; i < token.size(); i += 8) {
-    const uint64_t r = gen();
-    std::memcpy(token.data() + i, &r, std::min<size_t>(8, token.size() - i));
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(token.data()), static_cast<int>(token.size())) !=
+      1) {
+    return Status::Internal("no random bytes for a device link's token");
   }
   return token;
 }
@@ -35,6 +34,11 @@ void Pack(std::span<const BlockKey> keys, std::string* out) {
   for (size_t i = 0; i < keys.size(); ++i) {
     std::memcpy(out->data() + i * BlockKey::kSize, keys[i].bytes.data(), BlockKey::kSize);
   }
+}
+
+// A failure of the link itself (not of a request): the caller's blocks come over UCX.
+Status LinkFailed(const Status& st) {
+  return Status::Aborted("device link: " + std::string(st.message()));
 }
 
 }  // namespace
@@ -69,19 +73,70 @@ uint8_t* GpuLinks::GpuMemory(int device, uint64_t offset, uint64_t size) const {
 
 // ---- The asker's side.
 
-Status GpuLinks::JoinLocked(Outbound& out, int device, int peer_device, Peer& peer) {
-  if (out.link != nullptr && !out.link->broken()) return Status::OK();
-  out.link.reset();
+std::shared_ptr<GpuLinks::Outbound> GpuLinks::TakeOutbound(
+    const std::tuple<std::string, int, int>& key) {
+  std::vector<std::shared_ptr<Outbound>> idle;  // destroyed below, unlocked (a finalize waits)
+  std::shared_ptr<Outbound> out;
+  {
+    absl::MutexLock lock(&outbound_mu_);
+    const Clock::time_point now = Clock::now();
+    for (auto it = outbound_.begin(); it != outbound_.end();) {
+      // (use_count 1: nobody holds it or waits for it.)
+      if (it->second.use_count() == 1 && !it->second->busy &&
+          now - it->second->last_used > kAskerIdle) {
+        idle.push_back(std::move(it->second));
+        it = outbound_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::shared_ptr<Outbound>& entry = outbound_[key];
+    if (entry == nullptr) entry = std::make_shared<Outbound>();
+    std::shared_ptr<Outbound> o = entry;  // (the map may change while this waits)
+    const absl::Time give_up = absl::Now() + absl::FromChrono(kBusyWait);
+    while (o->busy) {
+      if (outbound_freed_.WaitWithDeadline(&outbound_mu_, give_up) && o->busy) return nullptr;
+    }
+    o->busy = true;
+    out = o;
+  }
+  return out;
+}
+
+void GpuLinks::GiveBack(const std::shared_ptr<Outbound>& out) {
+  absl::MutexLock lock(&outbound_mu_);
+  out->busy = false;
+  outbound_freed_.SignalAll();
+}
+
+Status GpuLinks::Join(Outbound& out, int device, int peer_device, const std::string& peer_name,
+                      Peer& peer) {
+  const Clock::time_point now = Clock::now();
+  if (out.link != nullptr && !out.link->broken() && now - out.last_used <= kAskerIdle) {
+    return Status::OK();
+  }
+  out.link.reset();  // (a link idle that long is closed on the peer's side soon)
   KVPOOL_ASSIGN_OR_RETURN(std::string id, links_.NewId());
   wire::GpuLinkJoinRequest req;
-  req.set_token(RandomToken());
+  KVPOOL_ASSIGN_OR_RETURN(*req.mutable_token(), RandomToken());
   req.set_link_id(id);
   req.set_device(peer_device);
   // The peer starts joining and answers; both ranks then meet within the deadline.
   KVPOOL_RETURN_IF_ERROR(peer.Join(req));
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  KVPOOL_ASSIGN_OR_RETURN(out.link, links_.Join(id, 2, 0, device, deadline));
+  Result<std::unique_ptr<transport::DeviceLink>> link =
+      links_.Join(id, 2, 0, device, Clock::now() + timeout_);
+  absl::MutexLock lock(&outbound_mu_);
+  Backoff& b = join_backoff_[peer_name];
+  if (!link.ok()) {
+    b.failures = std::min(b.failures + 1, 7);
+    b.until = Clock::now() + std::chrono::seconds(1 << (b.failures - 1));  // 1 s .. 64 s
+    metrics_.Add(metrics_.gpu_link_failures);
+    return LinkFailed(link.status());
+  }
+  b = Backoff{};
+  out.link = std::move(link).value();
   out.token = req.token();
+  out.next_seq = 0;
   return Status::OK();
 }
 
@@ -91,6 +146,11 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
   std::vector<bool> stored(keys.size(), false);
   if (GpuMemory(device, 0, 0) == nullptr) {
     return Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(device));
+  }
+  {
+    absl::MutexLock lock(&outbound_mu_);
+    auto b = join_backoff_.find(peer_name);
+    if (b != join_backoff_.end() && Clock::now() < b->second.until) return stored;
   }
   wire::GpuOfferRequest offer_req;
   Pack(keys, offer_req.mutable_packed_keys());
@@ -112,7 +172,17 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
         return a.second < b.second;
       })->first;
 
-  // Slots in this daemon's gpu tier for what the peer offers; nothing waits for room here.
+  std::shared_ptr<Outbound> out = TakeOutbound({peer_name, device, peer_device});
+  if (out == nullptr) return stored;  // another fetch holds the link: UCX this time
+  struct Taken {
+    GpuLinks& links;
+    const std::shared_ptr<Outbound>& out;
+    ~Taken() { links.GiveBack(out); }
+  } taken{*this, out};
+  KVPOOL_RETURN_IF_ERROR(Join(*out, device, peer_device, peer_name, peer));
+
+  // Slots in this daemon's gpu tier for what the peer offers, reserved only now that the link is
+  // ours (so they are not held while another fetch uses it); nothing waits for room here.
   std::vector<size_t> asked;  // indices into keys
   std::vector<tiers::PutRequestItem> items;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -140,8 +210,10 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     if (r.state != tiers::ReserveState::kReserved) continue;  // here already, or no room
     uint8_t* data =
         r.gpu_device == device ? GpuMemory(device, r.gpu_offset, items[k].size) : nullptr;
-    if (data == nullptr) {  // a host slot only: not for a device link
-      tiers_.Abort(kLinkReceiveOwner, r.reservation_id);
+    // The link writes into the slot through a raw pointer until the transfer ends: the
+    // reservation must not expire under it (TargetOf pins it; only Commit or Abort end it now).
+    if (data == nullptr || !tiers_.TargetOf(kLinkReceiveOwner, r.reservation_id).ok()) {
+      tiers_.Abort(kLinkReceiveOwner, r.reservation_id);  // a host slot only: not for a link
       continue;
     }
     const size_t i = asked[k];
@@ -153,21 +225,9 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     for (const Slot& s : slots) tiers_.Abort(kLinkReceiveOwner, s.reservation_id);
   };
 
-  std::shared_ptr<Outbound> out;
-  {
-    absl::MutexLock lock(&outbound_mu_);
-    std::shared_ptr<Outbound>& o = outbound_[{peer_name, device, peer_device}];
-    if (o == nullptr) o = std::make_shared<Outbound>();
-    out = o;
-  }
-  absl::MutexLock link_lock(&out->mu);
-  if (Status st = JoinLocked(*out, device, peer_device, peer); !st.ok()) {
-    abort_all();
-    metrics_.Add(metrics_.gpu_link_failures);
-    return st;
-  }
   wire::GpuSendRequest send_req;
   send_req.set_token(out->token);
+  send_req.set_seq(out->next_seq++);
   std::vector<BlockKey> send_keys;
   for (const Slot& s : slots) {
     send_keys.push_back(keys[s.index]);
@@ -180,9 +240,11 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
   if (st.ok() && sending.sending_size() != static_cast<int>(slots.size())) {
     st = Status::Internal("a peer's GPU_SEND answered for the wrong number of blocks");
   }
+  out->last_used = Clock::now();
   if (!st.ok()) {
+    // The peer may have queued sends no receive will meet: the link is out of step.
     abort_all();
-    if (st.code() == StatusCode::kNotFound) out->link.reset();  // the peer's side is gone
+    out->link.reset();
     metrics_.Add(metrics_.gpu_link_failures);
     return st;
   }
@@ -196,16 +258,17 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
       tiers_.Abort(kLinkReceiveOwner, slots[k].reservation_id);  // gone from its gpu meanwhile
     }
   }
-  slots = coming;
+  slots = std::move(coming);
   if (slots.empty()) return stored;
-  st = out->link->Transfer(ops, nullptr, std::chrono::steady_clock::now() + timeout_);
+  st = out->link->Transfer(ops, nullptr, Clock::now() + timeout_);
+  out->last_used = Clock::now();
   if (!st.ok()) {
     abort_all();
     out->link.reset();  // broken: the next fetch joins a new one
     metrics_.Add(metrics_.gpu_link_failures);
     LOG(WARNING) << "device link to " << peer_name << " failed (its blocks are fetched over "
                  << "UCX instead): " << st.ToString();
-    return st;
+    return LinkFailed(st);
   }
   // Each slot is checked on this GPU against the device checksum the peer gave.
   std::vector<uint64_t> ids, checksums;
@@ -281,36 +344,45 @@ Status GpuLinks::Accept(const std::string& token, const std::string& link_id, in
 
 void GpuLinks::WorkerMain(Inbound* in) {
   Result<std::unique_ptr<transport::DeviceLink>> joined =
-      links_.Join(in->link_id, 2, 1, in->device, std::chrono::steady_clock::now() + timeout_);
-  absl::MutexLock lock(&mu_);
-  if (!joined.ok()) {
+      links_.Join(in->link_id, 2, 1, in->device, Clock::now() + timeout_);
+  std::unique_ptr<transport::DeviceLink> link;
+  if (joined.ok()) {
+    link = std::move(joined).value();
+  } else {
     LOG(WARNING) << "joining a peer's device link failed: " << joined.status().ToString();
     metrics_.Add(metrics_.gpu_link_failures);
-  } else {
-    in->joined = true;
-    std::unique_ptr<transport::DeviceLink> link = std::move(joined).value();
-    while (true) {
-      while (!stopping_ && in->jobs.empty()) work_.Wait(&mu_);
-      if (stopping_) break;
-      Job job = std::move(in->jobs.front());
-      in->jobs.pop_front();
-      mu_.Unlock();
-      const Status st = link->Transfer(job.ops, nullptr, job.deadline);
-      tiers_.ReleaseOwner(job.owner);
-      if (st.ok()) {
-        metrics_.Add(metrics_.gpu_link_blocks_sent, job.blocks);
-        metrics_.Add(metrics_.gpu_link_bytes_sent, job.bytes);
-      } else {
-        metrics_.Add(metrics_.gpu_link_failures);
-        LOG(WARNING) << "sending over a peer's device link failed: " << st.ToString();
-      }
-      mu_.Lock();
-      if (!st.ok()) break;
-    }
   }
-  for (const Job& job : in->jobs) tiers_.ReleaseOwner(job.owner);
-  in->jobs.clear();
-  in->done = true;
+  mu_.Lock();
+  while (link != nullptr) {
+    const absl::Time idle_until = absl::Now() + absl::FromChrono(kPeerIdle);
+    while (!stopping_ && !in->closing && in->jobs.empty()) {
+      if (work_.WaitWithDeadline(&mu_, idle_until)) break;
+    }
+    if (stopping_ || in->closing || in->jobs.empty()) break;  // (empty: unused for kPeerIdle)
+    Job job = std::move(in->jobs.front());
+    in->jobs.pop_front();
+    mu_.Unlock();
+    // A job whose deadline passed while queued has no receives waiting for it any more.
+    const Status st = Clock::now() < job.deadline
+                          ? link->Transfer(job.ops, nullptr, job.deadline)
+                          : Status::DeadlineExceeded("queued past its deadline");
+    tiers_.ReleaseOwner(job.owner);
+    if (st.ok()) {
+      metrics_.Add(metrics_.gpu_link_blocks_sent, job.blocks);
+      metrics_.Add(metrics_.gpu_link_bytes_sent, job.bytes);
+    } else {
+      metrics_.Add(metrics_.gpu_link_failures);
+      LOG(WARNING) << "sending over a peer's device link failed: " << st.ToString();
+    }
+    mu_.Lock();
+    if (!st.ok()) break;
+  }
+  std::deque<Job> left;
+  left.swap(in->jobs);
+  in->done = true;  // from here the worker touches nothing of `in`
+  mu_.Unlock();
+  for (const Job& job : left) tiers_.ReleaseOwner(job.owner);
+  link.reset();  // a finalize may wait for the peer: not under mu_
 }
 
 void GpuLinks::Offer(NamespaceId ns, std::span<const BlockKey> keys,
@@ -323,7 +395,7 @@ void GpuLinks::Offer(NamespaceId ns, std::span<const BlockKey> keys,
   }
 }
 
-Result<std::vector<bool>> GpuLinks::Send(NamespaceId ns, const std::string& token,
+Result<std::vector<bool>> GpuLinks::Send(NamespaceId ns, const std::string& token, uint64_t seq,
                                          std::span<const BlockKey> keys,
                                          std::span<const uint64_t> sizes,
                                          std::span<const uint64_t> checksums) {
@@ -335,21 +407,30 @@ Result<std::vector<bool>> GpuLinks::Send(NamespaceId ns, const std::string& toke
   {
     absl::MutexLock lock(&mu_);
     auto it = inbound_.find(token);
-    if (it == inbound_.end() || it->second->done) {
-      return Status::NotFound("no such device link here (it broke or was never joined)");
+    if (stopping_ || it == inbound_.end() || it->second->done || it->second->closing) {
+      return Status::NotFound("no such device link here (it ended or was never joined)");
     }
-    device = it->second->device;
+    Inbound& in = *it->second;
+    if (seq != in.next_seq) {
+      in.closing = true;
+      work_.SignalAll();
+      return Status::Aborted("GPU_SEND " + std::to_string(seq) + " on a link expecting " +
+                             std::to_string(in.next_seq) + ": the link ends, join a new one");
+    }
+    ++in.next_seq;
+    device = in.device;
     owner = next_owner_++;
   }
-  // Leased until the worker has sent them (or the lease outlives a stuck transfer).
-  std::vector<tiers::BlockRead> reads =
-      tiers_.Acquire(ns, keys, owner, 2 * timeout_, /*keep_encoding=*/false, device);
   std::vector<bool> sending(keys.size(), false);
+  // Leased until the worker has sent them (or the lease outlives a stuck transfer); never
+  // waiting here for a promotion or a disk read: such blocks are not sent.
+  std::optional<std::vector<tiers::BlockRead>> reads =
+      tiers_.TryAcquireInHost(ns, keys, owner, 2 * timeout_, device);
   Job job;
   job.owner = owner;
-  job.deadline = std::chrono::steady_clock::now() + timeout_;
-  for (size_t i = 0; i < reads.size(); ++i) {
-    tiers::BlockRead& r = reads[i];
+  job.deadline = Clock::now() + timeout_;
+  for (size_t i = 0; reads.has_value() && i < reads->size(); ++i) {
+    tiers::BlockRead& r = (*reads)[i];
     uint8_t* data = nullptr;
     if (r.status.ok() && r.from == Tier::kGpu && r.gpu_device == device && r.size == sizes[i] &&
         r.device_checksum == checksums[i]) {
@@ -370,9 +451,9 @@ Result<std::vector<bool>> GpuLinks::Send(NamespaceId ns, const std::string& toke
   }
   absl::MutexLock lock(&mu_);
   auto it = inbound_.find(token);
-  if (stopping_ || it == inbound_.end() || it->second->done) {
+  if (stopping_ || it == inbound_.end() || it->second->done || it->second->closing) {
     tiers_.ReleaseOwner(owner);
-    return Status::NotFound("the device link broke");
+    return Status::NotFound("the device link ended");
   }
   it->second->jobs.push_back(std::move(job));
   work_.SignalAll();

@@ -10,16 +10,19 @@
 // GPU finds in the slot the device checksum the peer gave. Blocks that were not offered, found no
 // slot, or failed in any way are left to the caller, which fetches them over UCX from host memory.
 //
-// The asker's links are kept by (peer, its device, the peer's device), used by one fetch at a
-// time, and dropped when they break; the next fetch joins a new one (GPU_LINK_JOIN). On the
-// peer's side, each link it was asked to join (Accept) gets a worker thread (ThreadRole::kGpuLink)
-// that joins it and then runs its sends in order, each under a deadline, and ends the leases that
-// held the sent blocks when done. A link that fails is broken for good on both sides; its worker
-// ends.
+// The asker's links are kept by (peer, its device, the peer's device) and used by one fetch at a
+// time: a fetch that finds its link busy for long leaves its blocks to UCX rather than wait. A
+// link that fails in any way after a GPU_SEND was asked for is dropped (the peer's sends may be
+// queued without receives to meet them), and the next fetch joins a new one (GPU_LINK_JOIN); a
+// join that fails is not tried again with that peer for a while (1 s, doubling up to a minute).
+// Links unused for 30 s are dropped. On the peer's side, each link it was asked to join (Accept)
+// gets a worker thread (ThreadRole::kGpuLink) that joins it and then runs its sends in order, each
+// under its deadline, and ends the leases that held the sent blocks when done; a link that fails,
+// is refused a send out of order, or stays unused for a minute ends with its worker.
 //
 // Thread safety: every method may be called from any thread. Ownership: `tiers`, `links` and
-// `metrics` are borrowed and must outlive this object, which must be destroyed before requests
-// stop being served by them.
+// `metrics` are borrowed and must outlive this object, which must be stopped before the tier
+// manager stops.
 
 #include <chrono>
 #include <cstdint>
@@ -76,8 +79,10 @@ class GpuLinks {
   };
   // Fetches what `peer` (`peer_name` keys its links) holds of `keys` in a gpu tier into this
   // daemon's gpu tier of CUDA device `device`, device to device; `parents[i]` is keys[i]'s parent.
-  // Returns, per key, whether it is now stored here. An error (a peer that failed, a link that
-  // broke) leaves nothing stored; every block not stored is the caller's to fetch otherwise.
+  // Returns, per key, whether it is now stored here (none, when the link is busy or its join
+  // failed recently). Errors: the peer's answer or the request's failure as is (FailedPrecondition:
+  // the peer has no device links); Aborted when the link failed (it is dropped). Every block not
+  // stored is the caller's to fetch otherwise.
   Result<std::vector<bool>> Receive(NamespaceId ns, std::span<const BlockKey> keys,
                                     std::span<const BlockKey> parents, int device,
                                     const std::string& peer_name, Peer& peer);
@@ -90,10 +95,12 @@ class GpuLinks {
   Status Accept(const std::string& token, const std::string& link_id, int device);
   // GPU_OFFER: where `ns`'s blocks of `keys` have gpu copies.
   void Offer(NamespaceId ns, std::span<const BlockKey> keys, wire::GpuOfferResponse* out) const;
-  // GPU_SEND: leases each block of `keys` still in the gpu tier of link `token`'s device with
-  // `sizes[i]` and `checksums[i]`, and queues their sends, in order, on the link; returns which
-  // it sends. NotFound for a link unknown or broken (join a new one).
-  Result<std::vector<bool>> Send(NamespaceId ns, const std::string& token,
+  // GPU_SEND number `seq` of link `token`: leases each block of `keys` still in the gpu tier of
+  // the link's device with `sizes[i]` and `checksums[i]` (without waiting: none when a block is
+  // being promoted or read), and queues their sends, in order, on the link; returns which it
+  // sends. NotFound for a link unknown or ended; Aborted for a `seq` out of order (the link ends:
+  // join a new one).
+  Result<std::vector<bool>> Send(NamespaceId ns, const std::string& token, uint64_t seq,
                                  std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                  std::span<const uint64_t> checksums);
 
@@ -102,13 +109,22 @@ class GpuLinks {
 
   static constexpr size_t kTokenBytes = 16;
   static constexpr size_t kMaxAcceptedLinks = 64;
+  // The asker drops a link unused this long; the peer ends one unused twice as long (so the
+  // asker never sends on a link its peer has closed for idleness).
+  static constexpr std::chrono::seconds kAskerIdle{30};
+  static constexpr std::chrono::seconds kPeerIdle{60};
+  // How long a fetch waits for its link while another fetch uses it.
+  static constexpr std::chrono::milliseconds kBusyWait{200};
 
  private:
-  // A link this daemon made (the asker's), used by one fetch at a time.
+  using Clock = std::chrono::steady_clock;
+  // A link this daemon made (the asker's). Its fields belong to the fetch that set `busy`.
   struct Outbound {
-    absl::Mutex mu;
-    std::unique_ptr<transport::DeviceLink> link ABSL_GUARDED_BY(mu);
-    std::string token ABSL_GUARDED_BY(mu);
+    bool busy = false;  // guarded by outbound_mu_
+    std::unique_ptr<transport::DeviceLink> link;
+    std::string token;
+    uint64_t next_seq = 0;
+    Clock::time_point last_used;
   };
   // Sends of one GPU_SEND, run by the link's worker.
   struct Job {
@@ -116,20 +132,30 @@ class GpuLinks {
     uint64_t owner = 0;  // holds the leases of the blocks sent
     uint64_t blocks = 0;
     uint64_t bytes = 0;
-    transport::DeviceLink::Deadline deadline;
+    Clock::time_point deadline;
   };
   // A link a peer asked this daemon to join, and its worker.
   struct Inbound {
     std::string link_id;
     int device = 0;
     std::thread worker;
-    std::deque<Job> jobs;  // guarded by GpuLinks::mu_, as the two below
-    bool done = false;     // the worker ended (the link failed to join or broke)
-    bool joined = false;
+    std::deque<Job> jobs;   // guarded by GpuLinks::mu_, as the fields below
+    uint64_t next_seq = 0;  // of the next GPU_SEND
+    bool closing = false;   // a GPU_SEND came out of order: the worker ends the link
+    bool done = false;      // the worker ended (the link failed to join, broke, or idled out)
   };
-  // The asker's link for (peer, device, peer_device), joined now when it has none.
-  Status JoinLocked(Outbound& out, int device, int peer_device, Peer& peer)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(out.mu);
+  // Joining failures with one peer: no new join until `until`.
+  struct Backoff {
+    int failures = 0;
+    Clock::time_point until;
+  };
+
+  // Takes the link for `key`, waiting a little while another fetch holds it; null when it stays
+  // busy. Drops links unused for kAskerIdle on the way.
+  std::shared_ptr<Outbound> TakeOutbound(const std::tuple<std::string, int, int>& key);
+  void GiveBack(const std::shared_ptr<Outbound>& out);
+  // Joins a link for `out` when it has none (or one broken, or unused too long).
+  Status Join(Outbound& out, int device, int peer_device, const std::string& peer_name, Peer& peer);
   void WorkerMain(Inbound* in);
   // Takes the links whose workers ended out of inbound_, for the caller to join unlocked.
   std::vector<std::unique_ptr<Inbound>> ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -141,9 +167,11 @@ class GpuLinks {
   Metrics& metrics_;
   const std::chrono::milliseconds timeout_;
 
-  absl::Mutex outbound_mu_;  // guards the map only; each link has its own mutex
+  absl::Mutex outbound_mu_;
+  absl::CondVar outbound_freed_;  // an Outbound stopped being busy
   std::map<std::tuple<std::string, int, int>, std::shared_ptr<Outbound>> outbound_
       ABSL_GUARDED_BY(outbound_mu_);
+  std::map<std::string, Backoff> join_backoff_ ABSL_GUARDED_BY(outbound_mu_);  // by peer
 
   mutable absl::Mutex mu_;
   absl::CondVar work_;  // a job queued, or stopping

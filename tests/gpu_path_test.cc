@@ -831,6 +831,74 @@ TEST_F(GpuLinksInCluster, ABlockDamagedOnTheLinkIsRefusedAndFetchedOverUcx) {
   ReadOnReaderGpu(500, ref, size);
 }
 
+// The peer's side of the protocol, asked as a peer daemon would: a GPU_SEND out of order (a
+// request repeated or lost on the way) is refused and ends the link, so one group's receives are
+// never paired with another's sends; the next send on that link finds it gone.
+TEST_F(GpuLinksInCluster, AGpuSendOutOfOrderEndsTheLink) {
+  const size_t size = 100000;
+  PutIntoHolderGpu(700, 2, size);
+  ClientOptions o;
+  o.address = "tcp://" + holder_->tcp_address();
+  o.namespace_name = "gpu-test";
+  o.client_name = "kvpool-peer";
+  o.cluster_secret = "correct horse battery staple";
+  o.data_path = DataPath::kSocket;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Client& peer = **c;
+  FakeDevice mine{0};
+  auto links = fabric_.LinksOf({{0, &mine}});
+  wire::GpuLinkJoinRequest join;
+  join.set_token(std::string(16, 't'));
+  join.set_link_id(*links->NewId());
+  join.set_device(0);
+  wire::GpuLinkJoinResponse joined;
+  ASSERT_OK(client::PeerCall(peer, join, &joined));
+  auto link = links->Join(join.link_id(), 2, 0, 0,
+                          std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  wire::GpuOfferRequest offer;
+  const std::vector<BlockKey> keys = Keys(700, 2);
+  std::string packed;
+  for (const BlockKey& k : keys) packed += std::string(k.AsStringView());
+  offer.set_packed_keys(packed);
+  wire::GpuOfferResponse offered;
+  ASSERT_OK(client::PeerCall(peer, offer, &offered));
+  ASSERT_EQ(offered.offers_size(), 2);
+  EXPECT_EQ(offered.offers(0).device(), 0);
+  EXPECT_EQ(offered.offers(0).size(), size);
+  wire::GpuSendRequest send;
+  send.set_token(join.token());
+  send.set_packed_keys(packed);
+  for (const wire::GpuOffer& g : offered.offers()) {
+    send.add_sizes(g.size());
+    send.add_device_checksums(g.device_checksum());
+  }
+  send.set_seq(1);  // the link's first must be 0
+  wire::GpuSendResponse sent;
+  EXPECT_EQ(client::PeerCall(peer, send, &sent).code(), StatusCode::kAborted);
+  send.set_seq(0);
+  EXPECT_EQ(client::PeerCall(peer, send, &sent).code(), StatusCode::kNotFound);
+  // A wrong device checksum is not sent: the offer no longer matches what the peer holds.
+  join.set_token(std::string(16, 'u'));
+  join.set_link_id(*links->NewId());
+  ASSERT_OK(client::PeerCall(peer, join, &joined));
+  link = links->Join(join.link_id(), 2, 0, 0,
+                     std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  send.set_token(join.token());
+  send.set_device_checksums(1, send.device_checksums(1) ^ 1);
+  ASSERT_OK(client::PeerCall(peer, send, &sent));
+  ASSERT_EQ(sent.sending_size(), 2);
+  EXPECT_TRUE(sent.sending(0));
+  EXPECT_FALSE(sent.sending(1));
+  void* dst = mine.Alloc(size);
+  const transport::DeviceLink::Op recv{false, 1, dst, size};
+  ASSERT_OK((*link)->Transfer({&recv, 1}, nullptr,
+                              std::chrono::steady_clock::now() + std::chrono::seconds(5)));
+  EXPECT_EQ(mine.Read(dst, size), BlockBytes(700, size));
+}
+
 // GPU_* requests are a peer daemon's only, and a daemon without a gpu tier has no links.
 TEST_F(GpuLinksInCluster, OnlyAPeerMayAskForDeviceLinks) {
   wire::GpuOfferRequest req;

@@ -37,8 +37,9 @@ class DeviceLink {
     void* data = nullptr;
     size_t bytes = 0;
   };
-  // Runs `ops` as one group on `stream` (a cudaStream_t of this link's device; null: the default
-  // stream) and waits until they are done, at most until `deadline`. The peer must post the
+  // Runs `ops` as one group on `stream` (a cudaStream_t of this link's device; null: the link's
+  // own stream, which no other link shares) and waits until they are done, at most until
+  // `deadline`. The peer must post the
   // matching operations in the same order. On any failure the link is broken: FailedPrecondition
   // for every later call.
   virtual Status Transfer(std::span<const Op> ops, void* stream, Deadline deadline) = 0;

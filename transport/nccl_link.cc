@@ -102,7 +102,14 @@ void Pause(int polls) {
 }  // namespace
 
 struct NcclLink::Comm {
+  ~Comm() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
   ncclComm_t comm = nullptr;
+  // The link's own stream, for transfers given none: links of one GPU must not share the
+  // default stream, where one link's transfer waiting for its peer would hold back every
+  // other's (two daemons fetching from each other at once would wait on each other).
+  cudaStream_t stream = nullptr;
 };
 
 NcclLink::NcclLink(std::unique_ptr<Comm> comm, int device, int ranks, int rank)
@@ -144,6 +151,10 @@ Result<std::unique_ptr<NcclLink>> NcclLink::Join(const std::string& id, int rank
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every wait below is bounded by the deadline instead
   auto comm = std::make_unique<Comm>();
+  if (cudaStreamCreateWithFlags(&comm->stream, cudaStreamNonBlocking) != cudaSuccess) {
+    return Status::Unavailable(std::string("cannot create a CUDA stream for NCCL: ") +
+                               cudaGetErrorString(cudaGetLastError()));
+  }
   const ncclResult_t r = nccl->CommInitRankConfig(&comm->comm, ranks, uid, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
     Status st = NcclStatus(r, comm->comm, "ncclCommInitRankConfig");
@@ -207,7 +218,7 @@ Status NcclLink::Transfer(std::span<const Op> ops, void* stream, Deadline deadli
   if (ops.empty()) return Status::OK();
   const kernels::ScopedDevice on(device_);
   if (!on.ok()) return Break(Status::Unavailable("cannot use CUDA device for NCCL"));
-  auto* s = static_cast<cudaStream_t>(stream);
+  auto* s = stream != nullptr ? static_cast<cudaStream_t>(stream) : comm_->stream;
   ncclResult_t r = Lib().GroupStart();
   if (r != ncclSuccess) return Break(NcclStatus(r, comm_->comm, "ncclGroupStart"));
   for (const Op& op : ops) {
