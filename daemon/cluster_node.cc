@@ -41,6 +41,15 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions optio
     if (ClusterNode* n = cell->load(std::memory_order_acquire)) n->OnViewChange();
   };
   std::unique_ptr<ClusterNode> node(new ClusterNode(std::move(options), tiers));
+  // Before the membership calls back (OnViewChange tells the links who is live).
+  if (node->options_.device_links != nullptr && node->options_.metrics != nullptr &&
+      !tiers.gpu_tiers().empty()) {
+    // Joining a link (an NCCL communicator) takes far longer than a request: it gets the
+    // connect timeout, once per link.
+    node->gpu_links_ = std::make_unique<GpuLinks>(
+        tiers, *node->options_.device_links, *node->options_.metrics,
+        std::max(node->options_.peer_timeout * 4, std::chrono::milliseconds(2000)));
+  }
   cell->store(node.get(), std::memory_order_release);
   Result<std::unique_ptr<cluster::Membership>> m =
       cluster::Membership::Join(node->options_.membership);
@@ -57,14 +66,6 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions optio
                    << "): serving the local tiers and retrying in the background";
       node->join_error_ = m.status().message();
     }
-  }
-  if (node->options_.device_links != nullptr && node->options_.metrics != nullptr &&
-      !tiers.gpu_tiers().empty()) {
-    // Joining a link (an NCCL communicator) takes far longer than a request: it gets the
-    // connect timeout, once per link.
-    node->gpu_links_ = std::make_unique<GpuLinks>(
-        tiers, *node->options_.device_links, *node->options_.metrics,
-        std::max(node->options_.peer_timeout * 4, std::chrono::milliseconds(2000)));
   }
   ClusterNode* raw = node.get();
   if (!m.ok())
@@ -728,6 +729,7 @@ void ClusterNode::OnViewChange() {
     std::sort(ids.begin(), ids.end());
     if (ids == last_members_) return;  // an occupancy update, not a membership change
     // Also the first view (a restart rejoining with its disk tier): copies go where they belong.
+    if (gpu_links_) gpu_links_->SetLivePeers(ids);  // links to members that left are dropped
     last_members_ = std::move(ids);
     // Debounced: members often come and go in bursts.
     rescan_ = true;

@@ -82,8 +82,9 @@ std::shared_ptr<GpuLinks::Outbound> GpuLinks::TakeOutbound(
     const Clock::time_point now = Clock::now();
     for (auto it = outbound_.begin(); it != outbound_.end();) {
       // (use_count 1: nobody holds it or waits for it.)
+      const bool gone = live_peers_.has_value() && !live_peers_->count(std::get<0>(it->first));
       if (it->second.use_count() == 1 && !it->second->busy &&
-          now - it->second->last_used > kAskerIdle) {
+          (gone || now - it->second->last_used > kAskerIdle)) {
         idle.push_back(std::move(it->second));
         it = outbound_.erase(it);
       } else {
@@ -101,6 +102,11 @@ std::shared_ptr<GpuLinks::Outbound> GpuLinks::TakeOutbound(
     out = o;
   }
   return out;
+}
+
+void GpuLinks::SetLivePeers(std::vector<std::string> live) {
+  absl::MutexLock lock(&outbound_mu_);
+  live_peers_.emplace(live.begin(), live.end());
 }
 
 void GpuLinks::GiveBack(const std::shared_ptr<Outbound>& out) {

@@ -29,6 +29,8 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -86,6 +88,10 @@ class GpuLinks {
   Result<std::vector<bool>> Receive(NamespaceId ns, std::span<const BlockKey> keys,
                                     std::span<const BlockKey> parents, int device,
                                     const std::string& peer_name, Peer& peer);
+
+  // The cluster's live members changed: links to peers no longer among `live` (node ids) are
+  // dropped by the next fetch (not here: closing a link may wait on its peer).
+  void SetLivePeers(std::vector<std::string> live);
 
   // ---- The peer's side (requests from a peer daemon).
 
@@ -172,6 +178,7 @@ class GpuLinks {
   std::map<std::tuple<std::string, int, int>, std::shared_ptr<Outbound>> outbound_
       ABSL_GUARDED_BY(outbound_mu_);
   std::map<std::string, Backoff> join_backoff_ ABSL_GUARDED_BY(outbound_mu_);  // by peer
+  std::optional<std::set<std::string>> live_peers_ ABSL_GUARDED_BY(outbound_mu_);
 
   mutable absl::Mutex mu_;
   absl::CondVar work_;  // a job queued, or stopping
