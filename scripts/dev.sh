@@ -63,8 +63,8 @@ SANITIZED_TESTS=(
   socket_delivery_test shm_delivery_test
   block_index_test leases_test mover_test host_tier_test disk_tier_test
   tier_manager_test tier_manager_strategies_test tier_manager_gpu_test tier_manager_stress_test
-  tier_manager_gpu_stress_test
-  robustness_test access_test daemon_tls_test shm_test daemon_test crash_test
+  tier_manager_gpu_stress_test fake_device_link_test
+  robustness_test access_test daemon_tls_test shm_test daemon_test crash_test gpu_path_test
 )
 
 sanitize() {
