@@ -761,6 +761,17 @@ Result<GpuLinks*> LinksFor(const Connection& c, const ClusterRef& cluster) {
   return links;
 }
 
+// A peer's GPU_OFFER or GPU_SEND: its body, the links it is for, and its keys.
+template <typename Req>
+Status ParseGpuRequest(const Connection& c, const ClusterRef& cluster, std::string_view body,
+                       const char* what, uint32_t max_keys, Req* req, GpuLinks** links,
+                       std::vector<BlockKey>* keys) {
+  KVPOOL_RETURN_IF_ERROR(Parse(body, req, what));
+  KVPOOL_ASSIGN_OR_RETURN(*links, LinksFor(c, cluster));
+  const google::protobuf::RepeatedPtrField<std::string> none;
+  return DecodeKeysOf(none, req->packed_keys(), max_keys, keys);
+}
+
 }  // namespace
 
 Response BlockHandlers::GpuLinkJoin(Connection& c, std::string_view body) {
@@ -777,34 +788,29 @@ Response BlockHandlers::GpuLinkJoin(Connection& c, std::string_view body) {
 Response BlockHandlers::GpuOffer(Connection& c, std::string_view body) {
   wire::GpuOfferRequest req;
   wire::GpuOfferResponse resp;
+  GpuLinks* links = nullptr;
   std::vector<BlockKey> keys;
-  Status st = Parse(body, &req, "GPU_OFFER");
-  Result<GpuLinks*> links = LinksFor(c, cluster_);
-  if (st.ok()) st = links.status();
+  const Status st =
+      ParseGpuRequest(c, cluster_, body, "GPU_OFFER", options_.max_batch_keys, &req, &links, &keys);
   if (st.ok()) {
-    const google::protobuf::RepeatedPtrField<std::string> none;
-    st = DecodeKeysOf(none, req.packed_keys(), options_.max_batch_keys, &keys);
+    links->Offer(c.ns, keys, &resp);
+  } else {
+    metrics_.Add(metrics_.requests_failed);
   }
-  if (st.ok()) (*links)->Offer(c.ns, keys, &resp);
-  if (!st.ok()) metrics_.Add(metrics_.requests_failed);
   return Reply(wire::GPU_OFFER, resp, st);
 }
 
 Response BlockHandlers::GpuSend(Connection& c, std::string_view body) {
   wire::GpuSendRequest req;
   wire::GpuSendResponse resp;
+  GpuLinks* links = nullptr;
   std::vector<BlockKey> keys;
-  Status st = Parse(body, &req, "GPU_SEND");
-  Result<GpuLinks*> links = LinksFor(c, cluster_);
-  if (st.ok()) st = links.status();
+  Status st =
+      ParseGpuRequest(c, cluster_, body, "GPU_SEND", options_.max_batch_keys, &req, &links, &keys);
   if (st.ok()) {
-    const google::protobuf::RepeatedPtrField<std::string> none;
-    st = DecodeKeysOf(none, req.packed_keys(), options_.max_batch_keys, &keys);
-  }
-  if (st.ok()) {
-    Result<std::vector<bool>> sending =
-        (*links)->Send(c.ns, req.token(), req.seq(), keys, {req.sizes().data(), size_t(req.sizes_size())},
-                       {req.device_checksums().data(), size_t(req.device_checksums_size())});
+    Result<std::vector<bool>> sending = links->Send(
+        c.ns, req.token(), req.seq(), keys, {req.sizes().data(), size_t(req.sizes_size())},
+        {req.device_checksums().data(), size_t(req.device_checksums_size())});
     st = sending.status();
     if (st.ok()) {
       for (bool b : *sending) resp.add_sending(b);
