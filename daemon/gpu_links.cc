@@ -428,15 +428,28 @@ Result<std::vector<bool>> GpuLinks::Send(NamespaceId ns, const std::string& toke
     owner = next_owner_++;
   }
   std::vector<bool> sending(keys.size(), false);
-  // Leased until the worker has sent them (or the lease outlives a stuck transfer); never
-  // waiting here for a promotion or a disk read: such blocks are not sent.
-  std::optional<std::vector<tiers::BlockRead>> reads =
-      tiers_.TryAcquireInHost(ns, keys, owner, 2 * timeout_, device);
+  // Only blocks still in this link's gpu tier as offered are leased (so nothing waits here for
+  // a disk read): the lease waits at most for a block put into gpu whose host copy its GPU's copy
+  // worker is making. Leased until the worker has sent them (or the lease outlives a stuck
+  // transfer).
+  const std::vector<tiers::GpuCopyInfo> held = tiers_.GpuCopies(ns, keys);
+  std::vector<size_t> asked;
+  std::vector<BlockKey> asked_keys;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (held[i].device == device && held[i].size == sizes[i] &&
+        held[i].device_checksum == checksums[i]) {
+      asked.push_back(i);
+      asked_keys.push_back(keys[i]);
+    }
+  }
+  std::vector<tiers::BlockRead> reads =
+      tiers_.Acquire(ns, asked_keys, owner, 2 * timeout_, /*keep_encoding=*/false, device);
   Job job;
   job.owner = owner;
   job.deadline = Clock::now() + timeout_;
-  for (size_t i = 0; reads.has_value() && i < reads->size(); ++i) {
-    tiers::BlockRead& r = (*reads)[i];
+  for (size_t k = 0; k < reads.size(); ++k) {
+    tiers::BlockRead& r = reads[k];
+    const size_t i = asked[k];
     uint8_t* data = nullptr;
     if (r.status.ok() && r.from == Tier::kGpu && r.gpu_device == device && r.size == sizes[i] &&
         r.device_checksum == checksums[i]) {

@@ -102,9 +102,9 @@ class GpuLinks {
   // GPU_OFFER: where `ns`'s blocks of `keys` have gpu copies.
   void Offer(NamespaceId ns, std::span<const BlockKey> keys, wire::GpuOfferResponse* out) const;
   // GPU_SEND number `seq` of link `token`: leases each block of `keys` still in the gpu tier of
-  // the link's device with `sizes[i]` and `checksums[i]` (without waiting: none when a block is
-  // being promoted or read), and queues their sends, in order, on the link; returns which it
-  // sends. NotFound for a link unknown or ended; Aborted for a `seq` out of order (the link ends:
+  // the link's device with `sizes[i]` and `checksums[i]` (waiting at most for the host copy of a
+  // block just put into gpu; never for a disk read), and queues their sends, in order, on the
+  // link; returns which it sends. NotFound for a link unknown or ended; Aborted for a `seq` out of order (the link ends:
   // join a new one).
   Result<std::vector<bool>> Send(NamespaceId ns, const std::string& token, uint64_t seq,
                                  std::span<const BlockKey> keys, std::span<const uint64_t> sizes,

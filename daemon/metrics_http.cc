@@ -47,11 +47,12 @@ class Impl final : public MetricsHttpServer {
 
   void Stop() override {
     if (stopping_.exchange(true)) return;
-    boost::system::error_code ec;
-    acceptor_.cancel(ec);
+    // Wakes the blocking accept (it fails with EINVAL); the acceptor is closed only once the
+    // loop has ended, never under its accept.
     ::shutdown(acceptor_.native_handle(), SHUT_RDWR);
-    acceptor_.close(ec);
     if (thread_.joinable()) thread_.join();
+    boost::system::error_code ec;
+    acceptor_.close(ec);
   }
 
   std::string address() const override { return address_; }

@@ -120,7 +120,7 @@ fuzz() {
 # ran clean in each run so far.
 TSAN_TESTS=(
   tier_manager_test tier_manager_strategies_test leases_test mover_test tls_test
-  block_service_test host_tier_test tier_manager_gpu_stress_test
+  block_service_test host_tier_test tier_manager_gpu_stress_test gpu_path_test
 )
 
 # abseil's source, as Debian ships it (the same release as libabsl-dev), for a build whose
