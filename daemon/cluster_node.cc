@@ -44,8 +44,8 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptions optio
   // Before the membership calls back (OnViewChange tells the links who is live).
   if (node->options_.device_links != nullptr && node->options_.metrics != nullptr &&
       !tiers.gpu_tiers().empty()) {
-    // Joining a link (an NCCL communicator) takes far longer than a request: it gets the
-    // connect timeout, once per link.
+    // A transfer of up to a fetch chunk (32 MiB) over NVLink or InfiniBand takes milliseconds;
+    // the deadline is the connect timeout's, for a peer busy with other links.
     node->gpu_links_ = std::make_unique<GpuLinks>(
         tiers, *node->options_.device_links, *node->options_.metrics,
         std::max(node->options_.peer_timeout * 4, std::chrono::milliseconds(2000)));

@@ -52,6 +52,15 @@ GpuLinks::GpuLinks(tiers::TierManager& tiers, transport::DeviceLinks& links, Met
       next_owner_(kFirstSendOwner) {}
 
 void GpuLinks::Stop() {
+  std::vector<std::thread> joiners;
+  {
+    absl::MutexLock lock(&outbound_mu_);
+    outbound_stopping_ = true;
+    for (auto& [key, out] : outbound_) {
+      if (out->joiner.joinable()) joiners.push_back(std::move(out->joiner));
+    }
+  }
+  for (std::thread& t : joiners) t.join();  // each ends by kJoinTimeout
   std::map<std::string, std::unique_ptr<Inbound>> inbound;
   {
     absl::MutexLock lock(&mu_);
@@ -83,8 +92,9 @@ std::shared_ptr<GpuLinks::Outbound> GpuLinks::TakeOutbound(
     for (auto it = outbound_.begin(); it != outbound_.end();) {
       // (use_count 1: nobody holds it or waits for it.)
       const bool gone = live_peers_.has_value() && !live_peers_->count(std::get<0>(it->first));
-      if (it->second.use_count() == 1 && !it->second->busy &&
-          (gone || now - it->second->last_used > kAskerIdle)) {
+      const Outbound& o = *it->second;
+      const bool unused = o.joined == nullptr && now - o.last_used > kAskerIdle;
+      if (it->second.use_count() == 1 && !o.busy && !o.joining && (gone || unused)) {
         idle.push_back(std::move(it->second));
         it = outbound_.erase(it);
       } else {
@@ -115,35 +125,65 @@ void GpuLinks::GiveBack(const std::shared_ptr<Outbound>& out) {
   outbound_freed_.SignalAll();
 }
 
-Status GpuLinks::Join(Outbound& out, int device, int peer_device, const std::string& peer_name,
-                      Peer& peer) {
-  const Clock::time_point now = Clock::now();
-  if (out.link != nullptr && !out.link->broken() && now - out.last_used <= kAskerIdle) {
-    return Status::OK();
+Result<bool> GpuLinks::Ready(const std::shared_ptr<Outbound>& out, int device, int peer_device,
+                             const std::string& peer_name, Peer& peer) {
+  {
+    absl::MutexLock lock(&outbound_mu_);
+    if (out->joining) return false;
+    if (out->joiner.joinable()) out->joiner.join();  // it has ended (joining is false)
+    if (out->joined != nullptr) {
+      out->link = std::move(out->joined);
+      out->token = std::move(out->joined_token);
+      out->next_seq = 0;
+      out->last_used = Clock::now();
+    }
+    if (out->link != nullptr && !out->link->broken() &&
+        Clock::now() - out->last_used <= kAskerIdle) {
+      return true;
+    }
+    out->link.reset();  // (a link idle that long is closed on the peer's side soon)
+    auto b = join_backoff_.find(peer_name);
+    if (outbound_stopping_ || (b != join_backoff_.end() && Clock::now() < b->second.until)) {
+      return false;
+    }
   }
-  out.link.reset();  // (a link idle that long is closed on the peer's side soon)
   KVPOOL_ASSIGN_OR_RETURN(std::string id, links_.NewId());
   wire::GpuLinkJoinRequest req;
   KVPOOL_ASSIGN_OR_RETURN(*req.mutable_token(), RandomToken());
   req.set_link_id(id);
   req.set_device(peer_device);
-  // The peer starts joining and answers; both ranks then meet within the deadline.
+  // The peer starts joining on its worker and answers; this side joins on a thread of its own,
+  // and both ranks meet within kJoinTimeout.
   KVPOOL_RETURN_IF_ERROR(peer.Join(req));
+  absl::MutexLock lock(&outbound_mu_);
+  if (outbound_stopping_) return false;
+  out->joining = true;
+  out->joiner = StartThread(ThreadRole::kGpuLink, next_joiner_++,
+                            [this, out, id, token = req.token(), device, peer_name] {
+                              JoinInBackground(out, id, token, device, peer_name);
+                            });
+  return false;
+}
+
+void GpuLinks::JoinInBackground(const std::shared_ptr<Outbound>& out, const std::string& id,
+                                const std::string& token, int device,
+                                const std::string& peer_name) {
   Result<std::unique_ptr<transport::DeviceLink>> link =
-      links_.Join(id, 2, 0, device, Clock::now() + timeout_);
+      links_.Join(id, 2, 0, device, Clock::now() + kJoinTimeout);
   absl::MutexLock lock(&outbound_mu_);
   Backoff& b = join_backoff_[peer_name];
-  if (!link.ok()) {
+  if (link.ok()) {
+    b = Backoff{};
+    out->joined = std::move(link).value();
+    out->joined_token = token;
+  } else {
     b.failures = std::min(b.failures + 1, 7);
     b.until = Clock::now() + std::chrono::seconds(1 << (b.failures - 1));  // 1 s .. 64 s
     metrics_.Add(metrics_.gpu_link_failures);
-    return LinkFailed(link.status());
+    LOG(WARNING) << "joining a device link to " << peer_name
+                 << " failed: " << link.status().ToString();
   }
-  b = Backoff{};
-  out.link = std::move(link).value();
-  out.token = req.token();
-  out.next_seq = 0;
-  return Status::OK();
+  out->joining = false;
 }
 
 Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const BlockKey> keys,
@@ -185,7 +225,8 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     const std::shared_ptr<Outbound>& out;
     ~Taken() { links.GiveBack(out); }
   } taken{*this, out};
-  KVPOOL_RETURN_IF_ERROR(Join(*out, device, peer_device, peer_name, peer));
+  KVPOOL_ASSIGN_OR_RETURN(const bool ready, Ready(out, device, peer_device, peer_name, peer));
+  if (!ready) return stored;  // being joined: UCX this time
 
   // Slots in this daemon's gpu tier for what the peer offers, reserved only now that the link is
   // ours (so they are not held while another fetch uses it); nothing waits for room here.
@@ -350,7 +391,7 @@ Status GpuLinks::Accept(const std::string& token, const std::string& link_id, in
 
 void GpuLinks::WorkerMain(Inbound* in) {
   Result<std::unique_ptr<transport::DeviceLink>> joined =
-      links_.Join(in->link_id, 2, 1, in->device, Clock::now() + timeout_);
+      links_.Join(in->link_id, 2, 1, in->device, Clock::now() + kJoinTimeout);
   std::unique_ptr<transport::DeviceLink> link;
   if (joined.ok()) {
     link = std::move(joined).value();

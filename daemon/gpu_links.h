@@ -12,9 +12,12 @@
 //
 // The asker's links are kept by (peer, its device, the peer's device) and used by one fetch at a
 // time: a fetch that finds its link busy for long leaves its blocks to UCX rather than wait. A
-// link that fails in any way after a GPU_SEND was asked for is dropped (the peer's sends may be
-// queued without receives to meet them), and the next fetch joins a new one (GPU_LINK_JOIN); a
-// join that fails is not tried again with that peer for a while (1 s, doubling up to a minute).
+// fetch that finds no link asks the peer to join one (GPU_LINK_JOIN) and joins it in the
+// background (an NCCL communicator takes far longer than a request), leaving its own blocks to
+// UCX; later fetches use the link once joined. A link that fails in any way after a GPU_SEND was
+// asked for is dropped (the peer's sends may be queued without receives to meet them), and the
+// next fetch starts a new one; a join that fails is not tried again with that peer for a while
+// (1 s, doubling up to a minute).
 // Links unused for 30 s are dropped. On the peer's side, each link it was asked to join (Accept)
 // gets a worker thread (ThreadRole::kGpuLink) that joins it and then runs its sends in order, each
 // under its deadline, and ends the leases that held the sent blocks when done; a link that fails,
@@ -59,7 +62,7 @@ namespace kvpool::daemon {
 
 class GpuLinks {
  public:
-  // `timeout` bounds every join and transfer (the peer timeout).
+  // `timeout` bounds every transfer; joins have kJoinTimeout.
   GpuLinks(tiers::TierManager& tiers, transport::DeviceLinks& links, Metrics& metrics,
            std::chrono::milliseconds timeout);
   ~GpuLinks() { Stop(); }
@@ -81,10 +84,10 @@ class GpuLinks {
   };
   // Fetches what `peer` (`peer_name` keys its links) holds of `keys` in a gpu tier into this
   // daemon's gpu tier of CUDA device `device`, device to device; `parents[i]` is keys[i]'s parent.
-  // Returns, per key, whether it is now stored here (none, when the link is busy or its join
-  // failed recently). Errors: the peer's answer or the request's failure as is (FailedPrecondition:
-  // the peer has no device links); Aborted when the link failed (it is dropped). Every block not
-  // stored is the caller's to fetch otherwise.
+  // Returns, per key, whether it is now stored here (none, when the link is busy, being joined,
+  // or its join failed recently). Errors: the peer's answer or the request's failure as is
+  // (FailedPrecondition: the peer has no device links); Aborted when the link failed (it is
+  // dropped). Every block not stored is the caller's to fetch otherwise.
   Result<std::vector<bool>> Receive(NamespaceId ns, std::span<const BlockKey> keys,
                                     std::span<const BlockKey> parents, int device,
                                     const std::string& peer_name, Peer& peer);
@@ -104,8 +107,8 @@ class GpuLinks {
   // GPU_SEND number `seq` of link `token`: leases each block of `keys` still in the gpu tier of
   // the link's device with `sizes[i]` and `checksums[i]` (waiting at most for the host copy of a
   // block just put into gpu; never for a disk read), and queues their sends, in order, on the
-  // link; returns which it sends. NotFound for a link unknown or ended; Aborted for a `seq` out of order (the link ends:
-  // join a new one).
+  // link; returns which it sends. NotFound for a link unknown or ended; Aborted for a `seq` out of
+  // order (the link ends: join a new one).
   Result<std::vector<bool>> Send(NamespaceId ns, const std::string& token, uint64_t seq,
                                  std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                  std::span<const uint64_t> checksums);
@@ -121,12 +124,22 @@ class GpuLinks {
   static constexpr std::chrono::seconds kPeerIdle{60};
   // How long a fetch waits for its link while another fetch uses it.
   static constexpr std::chrono::milliseconds kBusyWait{200};
+  // How long both sides may take to join a link (in the background).
+  static constexpr std::chrono::seconds kJoinTimeout{10};
 
  private:
   using Clock = std::chrono::steady_clock;
-  // A link this daemon made (the asker's). Its fields belong to the fetch that set `busy`.
+  // A link this daemon made (the asker's). `link` to `last_used` belong to the fetch that set
+  // `busy`; the rest is guarded by outbound_mu_.
   struct Outbound {
-    bool busy = false;  // guarded by outbound_mu_
+    ~Outbound() {
+      if (joiner.joinable()) joiner.join();  // (ended: it held a reference while it ran)
+    }
+    bool busy = false;
+    bool joining = false;  // `joiner` is joining a link for it
+    std::thread joiner;
+    std::unique_ptr<transport::DeviceLink> joined;  // what `joiner` joined, for the next fetch
+    std::string joined_token;
     std::unique_ptr<transport::DeviceLink> link;
     std::string token;
     uint64_t next_seq = 0;
@@ -160,8 +173,15 @@ class GpuLinks {
   // busy. Drops links unused for kAskerIdle on the way.
   std::shared_ptr<Outbound> TakeOutbound(const std::tuple<std::string, int, int>& key);
   void GiveBack(const std::shared_ptr<Outbound>& out);
-  // Joins a link for `out` when it has none (or one broken, or unused too long).
-  Status Join(Outbound& out, int device, int peer_device, const std::string& peer_name, Peer& peer);
+  // Whether `out` (taken by this fetch) has a link to use now. Otherwise, unless one is being
+  // joined or joins with this peer back off, asks the peer to join a new one and starts joining
+  // it in the background.
+  Result<bool> Ready(const std::shared_ptr<Outbound>& out, int device, int peer_device,
+                     const std::string& peer_name, Peer& peer);
+  // The asker's join, on its own thread (ThreadRole::kGpuLink): leaves the link in out->joined,
+  // or backs off joins with `peer_name`.
+  void JoinInBackground(const std::shared_ptr<Outbound>& out, const std::string& id,
+                        const std::string& token, int device, const std::string& peer_name);
   void WorkerMain(Inbound* in);
   // Takes the links whose workers ended out of inbound_, for the caller to join unlocked.
   std::vector<std::unique_ptr<Inbound>> ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -179,6 +199,8 @@ class GpuLinks {
       ABSL_GUARDED_BY(outbound_mu_);
   std::map<std::string, Backoff> join_backoff_ ABSL_GUARDED_BY(outbound_mu_);  // by peer
   std::optional<std::set<std::string>> live_peers_ ABSL_GUARDED_BY(outbound_mu_);
+  bool outbound_stopping_ ABSL_GUARDED_BY(outbound_mu_) = false;
+  int next_joiner_ ABSL_GUARDED_BY(outbound_mu_) = 1000;
 
   mutable absl::Mutex mu_;
   absl::CondVar work_;  // a job queued, or stopping

@@ -726,7 +726,8 @@ class GpuLinksInCluster : public ::testing::Test {
   }
 
   // The value of Prometheus sample `name` on `d`'s /metrics (-1 when absent), waiting up to a
-  // second for it to reach `want` (a daemon's counters may trail the reply a little).
+  // second for it to reach `want` (a daemon's counters may trail the reply a little); with `want`
+  // negative, as it is now.
   static double Metric(daemon::Daemon& d, const std::string& name, double want) {
     double v = -1;
     for (int i = 0; i < 20; ++i) {
@@ -742,10 +743,24 @@ class GpuLinksInCluster : public ::testing::Test {
       pclose(p);
       const size_t at = body.find("\n" + name + " ");
       v = at == std::string::npos ? -1 : std::stod(body.substr(at + name.size() + 2));
-      if (v == want) break;
+      if (v == want || want < 0) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return v;
+  }
+
+  // Puts a block at a time from `first` on into the holder's gpu tier and reads it on the
+  // reader's GPU until one comes over the device link (a link joins in the background after the
+  // first miss). False when none did within a few seconds.
+  bool WaitForLink(uint64_t first) {
+    const uint64_t bytes = fabric_.counters().bytes;
+    for (uint64_t i = 0; i < 100; ++i) {
+      const auto ref = PutIntoHolderGpu(first + i, 1, 4096);
+      ReadOnReaderGpu(first + i, ref, 4096);
+      if (fabric_.counters().bytes > bytes) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
   }
 
   static std::vector<BlockKey> Keys(uint64_t first, int n) {
@@ -764,68 +779,91 @@ class GpuLinksInCluster : public ::testing::Test {
   std::unique_ptr<Client> holder_client_, reader_client_;
 };
 
-// A block the peer holds in its gpu tier comes device to device over the link into the
-// reader's gpu tier, and the read copies it from there: nothing is copied up from host.
+// The first miss toward a peer starts joining a link in the background and takes its blocks over
+// UCX; once joined, a block the peer holds in its gpu tier comes device to device over the link
+// into the reader's gpu tier, and the read copies it from there: nothing is copied up from host.
 TEST_F(GpuLinksInCluster, ARemoteGpuHitComesDeviceToDeviceIntoTheGpuTier) {
   const size_t size = 150000;
   const int n = 3;
-  const auto ref = PutIntoHolderGpu(300, n, size);
+  const auto first = PutIntoHolderGpu(300, n, size);
   ASSERT_EQ(*reader_client_->Where(Keys(300, n)), std::vector<Tier>(n, Tier::kNone));
+  ReadOnReaderGpu(300, first, size);
+  ASSERT_TRUE(WaitForLink(320));
+  const double in_before = Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", -1);
+  const double out_before =
+      Metric(*holder_, "kvpool_gpu_link_blocks_total{direction=\"out\"}", in_before);
+  const uint64_t bytes_before = fabric_.counters().bytes;
+  const auto ref = PutIntoHolderGpu(310, n, size);
   const auto before = reader_gpu_.counters();
-  ReadOnReaderGpu(300, ref, size);
-  const FakeLinkFabric::Counters link = fabric_.counters();
-  EXPECT_EQ(link.joins, 2u);
-  EXPECT_EQ(link.bytes, uint64_t{n} * size);
-  EXPECT_EQ(link.failures, 0u);
+  ReadOnReaderGpu(310, ref, size);
+  EXPECT_EQ(fabric_.counters().joins, 2u);  // one link, both sides; reused
+  EXPECT_EQ(fabric_.counters().bytes - bytes_before, uint64_t{n} * size);
+  EXPECT_EQ(fabric_.counters().failures, 0u);
   // In the reader's gpu tier at once; its host copies are the daemon's, made behind.
-  EXPECT_EQ(*reader_client_->Where(Keys(300, n)), std::vector<Tier>(n, Tier::kGpu));
+  EXPECT_EQ(*reader_client_->Where(Keys(310, n)), std::vector<Tier>(n, Tier::kGpu));
   EXPECT_EQ(reader_gpu_.counters().to_device_copies, before.to_device_copies);
-  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", n), n);
-  EXPECT_EQ(Metric(*holder_, "kvpool_gpu_link_blocks_total{direction=\"out\"}", n), n);
-  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_bytes_total{direction=\"in\"}", n * size), n * size);
-  // A second miss reuses the link.
-  const auto more = PutIntoHolderGpu(310, 2, size);
-  ReadOnReaderGpu(310, more, size);
-  EXPECT_EQ(fabric_.counters().joins, 2u);
-  EXPECT_EQ(fabric_.counters().bytes, uint64_t{n + 2} * size);
+  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", in_before + n),
+            in_before + n);
+  EXPECT_EQ(Metric(*holder_, "kvpool_gpu_link_blocks_total{direction=\"out\"}", out_before + n),
+            out_before + n);
   // A host reader on the reader's node gets the same bytes (the host copy made from gpu).
   std::vector<uint8_t> host(size);
   MutableBuffer hb{host.data(), size};
-  const BlockKey k = KeyOf(301);
+  const BlockKey k = KeyOf(311);
   auto h = reader_client_->Get(std::span(&k, 1), std::span(&hb, 1));
   ASSERT_TRUE(h.ok());
   ASSERT_OK((*h)[0].status);
   EXPECT_EQ(host, ref[1]);
 }
 
+// Forming a link (an NCCL communicator) can take seconds: no read waits for it. While the joins
+// are held, misses are answered over UCX; once they complete, the link carries the next ones.
+TEST_F(GpuLinksInCluster, AReadNeverWaitsForALinkToForm) {
+  const size_t size = 100000;
+  fabric_.HoldJoins();
+  const auto ref = PutIntoHolderGpu(350, 2, size);
+  ReadOnReaderGpu(350, ref, size);
+  const auto more = PutIntoHolderGpu(352, 2, size);
+  ReadOnReaderGpu(352, more, size);
+  EXPECT_EQ(fabric_.counters().joins, 0u);
+  EXPECT_EQ(fabric_.counters().bytes, 0u);
+  fabric_.ReleaseJoins();
+  EXPECT_TRUE(WaitForLink(360));
+  EXPECT_EQ(fabric_.counters().joins, 2u);
+}
+
 // A link whose transfer never completes (a peer that died mid-transfer) fails by its deadline:
-// the blocks come over UCX instead, right, and the next miss joins a new link.
+// the blocks come over UCX instead, right, and a new link is joined for later misses.
 TEST_F(GpuLinksInCluster, AStalledLinkCostsItsDeadlineAndTheBlocksComeOverUcx) {
   const size_t size = 100000;
+  ASSERT_TRUE(WaitForLink(390));
+  const uint64_t bytes_before = fabric_.counters().bytes;
   const auto ref = PutIntoHolderGpu(400, 2, size);
   fabric_.StallNextTransfer();
   ReadOnReaderGpu(400, ref, size);
   EXPECT_GE(fabric_.counters().failures, 1u);
-  EXPECT_EQ(fabric_.counters().bytes, 0u);
+  EXPECT_EQ(fabric_.counters().bytes, bytes_before);
   EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_failures_total", 1), 1);
   EXPECT_EQ(Metric(*holder_, "kvpool_gpu_link_failures_total", 1), 1);
-  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", 0), 0);
-  const auto more = PutIntoHolderGpu(410, 2, size);
-  ReadOnReaderGpu(410, more, size);
+  ASSERT_TRUE(WaitForLink(420));
   EXPECT_EQ(fabric_.counters().joins, 4u);  // a new link, both sides
-  EXPECT_EQ(fabric_.counters().bytes, 2u * size);
 }
 
 // A block damaged on the link fails its device checksum on the reader's GPU: it is not stored
 // from the link, and the read gets the right bytes over UCX.
 TEST_F(GpuLinksInCluster, ABlockDamagedOnTheLinkIsRefusedAndFetchedOverUcx) {
   const size_t size = 100000;
+  ASSERT_TRUE(WaitForLink(490));
+  const double in_before = Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", -1);
+  const uint64_t bytes_before = fabric_.counters().bytes;
   const auto ref = PutIntoHolderGpu(500, 3, size);
   fabric_.CorruptNextTransfer();
   ReadOnReaderGpu(500, ref, size);
-  EXPECT_EQ(fabric_.counters().bytes, 3u * size);  // all three came, one of them damaged
+  // All three came, one of them damaged.
+  EXPECT_EQ(fabric_.counters().bytes - bytes_before, 3u * size);
   EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_checksum_failures_total", 1), 1);
-  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", 2), 2);
+  EXPECT_EQ(Metric(*reader_, "kvpool_gpu_link_blocks_total{direction=\"in\"}", in_before + 2),
+            in_before + 2);
   // The two good ones came device to device, the damaged one over UCX; all are read right
   // again from the reader's node.
   ReadOnReaderGpu(500, ref, size);

@@ -122,6 +122,9 @@ class FakeLinkFabric::Links final : public transport::DeviceLinks {
       return Status::Unavailable("no CUDA device " + std::to_string(device) + " for the link");
     }
     std::unique_lock<std::mutex> lock(fabric_.mu_);
+    if (!fabric_.changed_.wait_until(lock, deadline, [&] { return !fabric_.hold_joins_; })) {
+      return Status::DeadlineExceeded("fake link: joins were held past the deadline");
+    }
     std::shared_ptr<Comm>& comm = fabric_.comms_[id];
     if (comm == nullptr) {
       comm = std::make_shared<Comm>();
@@ -162,6 +165,17 @@ void FakeLinkFabric::StallNextTransfer() {
 void FakeLinkFabric::CorruptNextTransfer() {
   std::lock_guard<std::mutex> lock(mu_);
   corrupt_next_ = true;
+}
+
+void FakeLinkFabric::HoldJoins() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_joins_ = true;
+}
+
+void FakeLinkFabric::ReleaseJoins() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_joins_ = false;
+  changed_.notify_all();
 }
 
 FakeLinkFabric::Counters FakeLinkFabric::counters() const {

@@ -38,6 +38,9 @@ class FakeLinkFabric {
 
   void StallNextTransfer();
   void CorruptNextTransfer();
+  // Joins wait (at most until their deadlines) until ReleaseJoins: a communicator slow to form.
+  void HoldJoins();
+  void ReleaseJoins();
 
   struct Counters {
     uint64_t joins = 0;      // ranks joined
@@ -61,6 +64,7 @@ class FakeLinkFabric {
   uint64_t next_id_ = 0;
   bool stall_next_ = false;
   bool corrupt_next_ = false;
+  bool hold_joins_ = false;
   Counters counters_;
 };
 
