@@ -93,7 +93,6 @@ void ClusterNode::Stop() {
   if (replicate_thread_.joinable()) replicate_thread_.join();
   for (std::thread& t : fanout_threads_) t.join();
   fanout_threads_.clear();
-  if (gpu_links_) gpu_links_->Stop();
   std::unique_ptr<cluster::Membership> m;
   {
     absl::MutexLock lock(&mu_);
@@ -101,6 +100,8 @@ void ClusterNode::Stop() {
     idle_.clear();
   }
   if (m) m->Leave();
+  // After leaving: peers stop asking at once, while a join in flight may take its full time.
+  if (gpu_links_) gpu_links_->Stop();
 }
 
 void ClusterNode::JoinLoop() {
@@ -350,8 +351,11 @@ size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_n
     if (!order[i].empty() && !skip[i]) by_node[order[i][0]].push_back(i);
   }
   size_t stored = 0;
+  // The device phase as a whole is bounded: homes left when it is spent are asked over UCX only.
+  const auto deadline = std::chrono::steady_clock::now() + 2 * options_.peer_timeout;
   for (const auto& [node, indices] : by_node) {
     const std::string& address = addresses.at(node);
+    if (std::chrono::steady_clock::now() >= deadline) break;
     if (memory_.Skip(address)) continue;
     {
       absl::MutexLock lock(&mu_);
@@ -359,7 +363,10 @@ size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_n
       if (it != without_links_.end() && std::chrono::steady_clock::now() < it->second) continue;
     }
     std::unique_ptr<Client> c = Checkout(address, ns_name);
-    if (c == nullptr) continue;  // FetchMissing's own attempt will say so
+    if (c == nullptr) {
+      memory_.Failed(address);  // (the UCX rounds then do not dial it again)
+      continue;
+    }
     std::vector<BlockKey> asked, parents;
     for (size_t i : indices) {
       asked.push_back(keys[i]);
@@ -369,8 +376,9 @@ size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_n
     Result<std::vector<bool>> got = gpu_links_->Receive(ns, asked, parents, gpu_device, node, peer);
     if (!got.ok()) {
       // Its blocks come over UCX. A peer without device links (no gpu tier there, no NCCL)
-      // says so at once, and is not asked again for a while; a link that failed (Aborted) was
-      // dropped; a peer that did not answer is skipped like any failed peer.
+      // says so at once, and is not asked again for a while; a link that failed (Aborted: any
+      // failure after the offer) was dropped; a peer that did not answer the offer is skipped
+      // like any failed peer.
       VLOG(1) << "device link to " << node << ": " << got.status().ToString();
       const StatusCode code = got.status().code();
       if (code == StatusCode::kFailedPrecondition) {

@@ -92,9 +92,15 @@ std::shared_ptr<GpuLinks::Outbound> GpuLinks::TakeOutbound(
     for (auto it = outbound_.begin(); it != outbound_.end();) {
       // (use_count 1: nobody holds it or waits for it.)
       const bool gone = live_peers_.has_value() && !live_peers_->count(std::get<0>(it->first));
+      // (use_count 1 first: last_used is the busy holder's, read only when there is none.)
       const Outbound& o = *it->second;
-      const bool unused = o.joined == nullptr && now - o.last_used > kAskerIdle;
-      if (it->second.use_count() == 1 && !o.busy && !o.joining && (gone || unused)) {
+      if (it->second.use_count() != 1 || o.busy || o.joining) {
+        ++it;
+        continue;
+      }
+      const bool unused =
+          o.joined != nullptr ? now - o.joined_at > kAskerIdle : now - o.last_used > kAskerIdle;
+      if (gone || unused) {
         idle.push_back(std::move(it->second));
         it = outbound_.erase(it);
       } else {
@@ -132,37 +138,59 @@ Result<bool> GpuLinks::Ready(const std::shared_ptr<Outbound>& out, int device, i
     if (out->joining) return false;
     if (out->joiner.joinable()) out->joiner.join();  // it has ended (joining is false)
     if (out->joined != nullptr) {
+      Drop(out->link);
       out->link = std::move(out->joined);
       out->token = std::move(out->joined_token);
       out->next_seq = 0;
-      out->last_used = Clock::now();
+      out->last_used = out->joined_at;  // (joined long ago: the peer has closed its side)
     }
     if (out->link != nullptr && !out->link->broken() &&
         Clock::now() - out->last_used <= kAskerIdle) {
       return true;
     }
-    out->link.reset();  // (a link idle that long is closed on the peer's side soon)
+    Drop(out->link);
     auto b = join_backoff_.find(peer_name);
     if (outbound_stopping_ || (b != join_backoff_.end() && Clock::now() < b->second.until)) {
       return false;
     }
   }
-  KVPOOL_ASSIGN_OR_RETURN(std::string id, links_.NewId());
   wire::GpuLinkJoinRequest req;
-  KVPOOL_ASSIGN_OR_RETURN(*req.mutable_token(), RandomToken());
-  req.set_link_id(id);
-  req.set_device(peer_device);
-  // The peer starts joining on its worker and answers; this side joins on a thread of its own,
-  // and both ranks meet within kJoinTimeout.
-  KVPOOL_RETURN_IF_ERROR(peer.Join(req));
+  Result<std::string> id = links_.NewId();
+  Status st = id.status();
+  if (st.ok()) {
+    Result<std::string> token = RandomToken();
+    st = token.status();
+    if (st.ok()) req.set_token(*token);
+  }
+  if (st.ok()) {
+    req.set_link_id(*id);
+    req.set_device(peer_device);
+    // The peer starts joining on its worker and answers; this side joins on a thread of its own,
+    // and both ranks meet within kJoinTimeout.
+    st = peer.Join(req);
+  }
   absl::MutexLock lock(&outbound_mu_);
+  if (!st.ok()) {
+    // (A refused join leaves the id's NCCL bootstrap waiting for ranks that never come: this
+    // must not repeat on every miss.)
+    BackOffLocked(peer_name);
+    return LinkFailed(st);
+  }
   if (outbound_stopping_) return false;
-  out->joining = true;
+  // (The joiner cannot clear `joining` before this hold of the lock ends.)
   out->joiner = StartThread(ThreadRole::kGpuLink, next_joiner_++,
-                            [this, out, id, token = req.token(), device, peer_name] {
+                            [this, out, id = *id, token = req.token(), device, peer_name] {
                               JoinInBackground(out, id, token, device, peer_name);
                             });
+  out->joining = true;
   return false;
+}
+
+void GpuLinks::BackOffLocked(const std::string& peer_name) {
+  Backoff& b = join_backoff_[peer_name];
+  b.failures = std::min(b.failures + 1, 7);
+  b.until = Clock::now() + std::chrono::seconds(1 << (b.failures - 1));  // 1 s .. 64 s
+  metrics_.Add(metrics_.gpu_link_failures);
 }
 
 void GpuLinks::JoinInBackground(const std::shared_ptr<Outbound>& out, const std::string& id,
@@ -171,15 +199,12 @@ void GpuLinks::JoinInBackground(const std::shared_ptr<Outbound>& out, const std:
   Result<std::unique_ptr<transport::DeviceLink>> link =
       links_.Join(id, 2, 0, device, Clock::now() + kJoinTimeout);
   absl::MutexLock lock(&outbound_mu_);
-  Backoff& b = join_backoff_[peer_name];
   if (link.ok()) {
-    b = Backoff{};
     out->joined = std::move(link).value();
     out->joined_token = token;
+    out->joined_at = Clock::now();
   } else {
-    b.failures = std::min(b.failures + 1, 7);
-    b.until = Clock::now() + std::chrono::seconds(1 << (b.failures - 1));  // 1 s .. 64 s
-    metrics_.Add(metrics_.gpu_link_failures);
+    BackOffLocked(peer_name);
     LOG(WARNING) << "joining a device link to " << peer_name
                  << " failed: " << link.status().ToString();
   }
@@ -291,9 +316,10 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
   if (!st.ok()) {
     // The peer may have queued sends no receive will meet: the link is out of step.
     abort_all();
-    out->link.reset();
-    metrics_.Add(metrics_.gpu_link_failures);
-    return st;
+    Drop(out->link);
+    absl::MutexLock lock(&outbound_mu_);
+    BackOffLocked(peer_name);
+    return LinkFailed(st);
   }
   std::vector<transport::DeviceLink::Op> ops;
   std::vector<Slot> coming;
@@ -311,11 +337,16 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
   out->last_used = Clock::now();
   if (!st.ok()) {
     abort_all();
-    out->link.reset();  // broken: the next fetch joins a new one
-    metrics_.Add(metrics_.gpu_link_failures);
+    Drop(out->link);  // broken: a later fetch joins a new one
     LOG(WARNING) << "device link to " << peer_name << " failed (its blocks are fetched over "
                  << "UCX instead): " << st.ToString();
+    absl::MutexLock lock(&outbound_mu_);
+    BackOffLocked(peer_name);
     return LinkFailed(st);
+  }
+  {
+    absl::MutexLock lock(&outbound_mu_);
+    join_backoff_.erase(peer_name);  // the link works
   }
   // Each slot is checked on this GPU against the device checksum the peer gave.
   std::vector<uint64_t> ids, checksums;
@@ -429,7 +460,7 @@ void GpuLinks::WorkerMain(Inbound* in) {
   in->done = true;  // from here the worker touches nothing of `in`
   mu_.Unlock();
   for (const Job& job : left) tiers_.ReleaseOwner(job.owner);
-  link.reset();  // a finalize may wait for the peer: not under mu_
+  Drop(link);  // (not under mu_)
 }
 
 void GpuLinks::Offer(NamespaceId ns, std::span<const BlockKey> keys,

@@ -85,9 +85,9 @@ class GpuLinks {
   // Fetches what `peer` (`peer_name` keys its links) holds of `keys` in a gpu tier into this
   // daemon's gpu tier of CUDA device `device`, device to device; `parents[i]` is keys[i]'s parent.
   // Returns, per key, whether it is now stored here (none, when the link is busy, being joined,
-  // or its join failed recently). Errors: the peer's answer or the request's failure as is
-  // (FailedPrecondition: the peer has no device links); Aborted when the link failed (it is
-  // dropped). Every block not stored is the caller's to fetch otherwise.
+  // or failed recently). Errors: GPU_OFFER's failure as is (FailedPrecondition: the peer has no
+  // device links); Aborted for any failure after it (the link, if any, is dropped). Every block
+  // not stored is the caller's to fetch otherwise.
   Result<std::vector<bool>> Receive(NamespaceId ns, std::span<const BlockKey> keys,
                                     std::span<const BlockKey> parents, int device,
                                     const std::string& peer_name, Peer& peer);
@@ -134,12 +134,15 @@ class GpuLinks {
   struct Outbound {
     ~Outbound() {
       if (joiner.joinable()) joiner.join();  // (ended: it held a reference while it ran)
+      Drop(joined);
+      Drop(link);
     }
     bool busy = false;
     bool joining = false;  // `joiner` is joining a link for it
     std::thread joiner;
     std::unique_ptr<transport::DeviceLink> joined;  // what `joiner` joined, for the next fetch
     std::string joined_token;
+    Clock::time_point joined_at;
     std::unique_ptr<transport::DeviceLink> link;
     std::string token;
     uint64_t next_seq = 0;
@@ -163,7 +166,14 @@ class GpuLinks {
     bool closing = false;   // a GPU_SEND came out of order: the worker ends the link
     bool done = false;      // the worker ended (the link failed to join, broke, or idled out)
   };
-  // Joining failures with one peer: no new join until `until`.
+  // Aborts and frees a link being dropped: never waits for its peer (the peer's side ends by its
+  // own deadline or idleness).
+  static void Drop(std::unique_ptr<transport::DeviceLink>& link) {
+    if (link != nullptr) link->Abort();
+    link.reset();
+  }
+  // Failures to join a link with one peer, or of a link's transfers (reset by a transfer that
+  // succeeds): no new join until `until`.
   struct Backoff {
     int failures = 0;
     Clock::time_point until;
@@ -180,6 +190,7 @@ class GpuLinks {
                      const std::string& peer_name, Peer& peer);
   // The asker's join, on its own thread (ThreadRole::kGpuLink): leaves the link in out->joined,
   // or backs off joins with `peer_name`.
+  void BackOffLocked(const std::string& peer_name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(outbound_mu_);
   void JoinInBackground(const std::shared_ptr<Outbound>& out, const std::string& id,
                         const std::string& token, int device, const std::string& peer_name);
   void WorkerMain(Inbound* in);

@@ -869,6 +869,39 @@ TEST_F(GpuLinksInCluster, ABlockDamagedOnTheLinkIsRefusedAndFetchedOverUcx) {
   ReadOnReaderGpu(500, ref, size);
 }
 
+// Reads on two connections at once share one link (one fetch at a time uses it; the other waits
+// a little or takes UCX): every block is read right either way.
+TEST_F(GpuLinksInCluster, ReadsAtOnceShareTheLink) {
+  const size_t size = 64 * 1024;
+  ASSERT_TRUE(WaitForLink(590));
+  std::vector<std::vector<uint8_t>> ref[2];
+  for (int t = 0; t < 2; ++t) ref[t] = PutIntoHolderGpu(600 + 10 * t, 4, size);
+  std::unique_ptr<Client> other = GpuClient(reader_dir_, reader_gpu_);
+  ASSERT_NE(other, nullptr);
+  Client* clients[2] = {reader_client_.get(), other.get()};
+  std::vector<std::vector<uint8_t>> got[2];
+  Status st[2];
+  auto read = [&](int t) {
+    const std::vector<BlockKey> keys = Keys(600 + 10 * t, 4);
+    std::vector<MutableBuffer> bufs;
+    for (int i = 0; i < 4; ++i) bufs.push_back({reader_gpu_.Alloc(size), size, Memory::kCuda});
+    auto r = clients[t]->Get(keys, bufs);
+    st[t] = r.status();
+    for (int i = 0; r.ok() && i < 4; ++i) {
+      if (!(*r)[i].status.ok()) st[t] = (*r)[i].status;
+      got[t].push_back(reader_gpu_.Read(bufs[i].data, size));
+    }
+  };
+  std::thread a(read, 0), b(read, 1);
+  a.join();
+  b.join();
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_OK(st[t]);
+    EXPECT_EQ(got[t], ref[t]) << "reader " << t;
+  }
+  EXPECT_EQ(fabric_.counters().failures, 0u);
+}
+
 // The peer's side of the protocol, asked as a peer daemon would: a GPU_SEND out of order (a
 // request repeated or lost on the way) is refused and ends the link, so one group's receives are
 // never paired with another's sends; the next send on that link finds it gone.

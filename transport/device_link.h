@@ -45,6 +45,10 @@ class DeviceLink {
   virtual Status Transfer(std::span<const Op> ops, void* stream, Deadline deadline) = 0;
   virtual bool broken() const = 0;
   virtual int device() const = 0;
+  // Ends the link at once, without waiting for the peer (ncclCommAbort): for a link its owner
+  // drops. Broken from then on. (Destroying a link that is not broken first finalizes it, which
+  // waits for the peer up to a second.)
+  virtual void Abort() = 0;
 };
 
 class DeviceLinks {

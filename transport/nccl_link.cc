@@ -186,6 +186,10 @@ Status NcclLink::Break(Status why) {
   if (comm_->comm != nullptr) {
     Lib().CommAbort(comm_->comm);
     comm_->comm = nullptr;
+    // The aborted kernels are gone from the link's stream before its owner frees the memory they
+    // read or wrote.
+    const kernels::ScopedDevice on(device_);
+    if (cudaStreamSynchronize(comm_->stream) != cudaSuccess) cudaGetLastError();
   }
   return why;
 }

@@ -45,6 +45,7 @@ class NcclLink final : public DeviceLink {
   Status Transfer(std::span<const Op> ops, void* stream, Deadline deadline) override;
   bool broken() const override { return broken_; }
   int device() const override { return device_; }
+  void Abort() override { Break(Status::Aborted("dropped")).IgnoreError(); }
 
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }

@@ -89,6 +89,10 @@ class FakeLinkFabric::Link final : public transport::DeviceLink {
     return broken_;
   }
   int device() const override { return device_; }
+  void Abort() override {
+    std::lock_guard<std::mutex> lock(fabric_.mu_);
+    broken_ = true;
+  }
 
  private:
   FakeLinkFabric& fabric_;
