@@ -1461,6 +1461,21 @@ Status OneDevice(int& gpu, int on, const char* call) {
   return Status::OK();
 }
 
+// InvalidArgument when the caller's `stream` is known to be on another device than `gpu`, the
+// call's buffers' (its copies there would not be ordered with the caller's work on them).
+Status StreamOnDevice(const kernels::DeviceCopyEngine* engine, void* stream, int gpu,
+                      const char* call) {
+  if (engine == nullptr || stream == nullptr || gpu < 0) return Status::OK();
+  KVPOOL_ASSIGN_OR_RETURN(const int on, engine->StreamDevice(stream));
+  if (on >= 0 && on != gpu) {
+    return Status::InvalidArgument(std::string("the cuda_stream of this ") + call +
+                                   " is on CUDA device " + std::to_string(on) +
+                                   ", its buffers on device " + std::to_string(gpu) +
+                                   ": pass a stream of the buffers' device");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<std::vector<GetResult>> Client::Get(std::span<const BlockKey> keys,
@@ -1488,6 +1503,7 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
                                          "buffer " + std::to_string(i) + " (Memory::kCuda)"));
     KVPOOL_RETURN_IF_ERROR(OneDevice(gpu, on, "get"));
   }
+  KVPOOL_RETURN_IF_ERROR(StreamOnDevice(device, options.cuda_stream, gpu, "get"));
   // The buffers' device is current for the copies: the null stream is then that device's.
   const std::shared_ptr<void> on_device =
       device != nullptr ? device->UseDevice(gpu) : std::shared_ptr<void>();
@@ -1592,6 +1608,8 @@ Result<BorrowedBlocks> Client::Borrow(std::span<const BlockKey> keys,
         device->DeviceUuid(options.gpu_device)
             .status()
             .WithContext("BorrowOptions::gpu_device " + std::to_string(options.gpu_device)));
+    KVPOOL_RETURN_IF_ERROR(
+        StreamOnDevice(device, options.cuda_stream, options.gpu_device, "borrow"));
   }
   BorrowedBlocks borrowed;
   borrowed.state_ = std::make_unique<BorrowedBlocks::State>();
@@ -1701,6 +1719,7 @@ Result<PutResult> Client::Put(std::span<const PutBlock> blocks, const PutOptions
     }
     KVPOOL_RETURN_IF_ERROR(OneDevice(gpu, on, "put"));
   }
+  KVPOOL_RETURN_IF_ERROR(StreamOnDevice(device, options.cuda_stream, gpu, "put"));
   // The blocks' device is current for the copies: the null stream is then that device's.
   const std::shared_ptr<void> on_device =
       device != nullptr ? device->UseDevice(gpu) : std::shared_ptr<void>();

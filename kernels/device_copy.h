@@ -47,6 +47,13 @@ class DeviceCopyEngine {
   // The UUID of device `device` (16 bytes): the same GPU has the same UUID in every process,
   // whatever numbering CUDA_VISIBLE_DEVICES gives it there.
   virtual Result<std::string> DeviceUuid(int device) const = 0;
+  // The device `stream` (a cudaStream_t) belongs to, or -1 when that cannot be known: the null,
+  // legacy and per-thread handles (the current device's), or a driver too old to say. A caller's
+  // stream on another device than its buffers would order nothing the caller expects.
+  virtual Result<int> StreamDevice(void* stream) const {
+    static_cast<void>(stream);
+    return -1;
+  }
   // Enqueues a copy of `bytes` on `stream` (a cudaStream_t; nullptr: the legacy default stream)
   // and returns at once. The host side should be pinned for the copy to run at full speed and
   // to overlap the caller's work; it must stay valid until Wait returns.

@@ -15,6 +15,22 @@ namespace {
 
 class CudaEngine final : public DeviceCopyEngine {
  public:
+  Result<int> StreamDevice(void* stream) const override {
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return -1;
+    int device = -1;
+    const cudaError_t err = cudaStreamGetDevice(s, &device);
+    if (err == cudaErrorNotSupported || err == cudaErrorCallRequiresNewerDriver) {
+      cudaGetLastError();
+      return -1;  // a driver before CUDA 12.8 cannot say
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return Status::InvalidArgument(std::string("not a CUDA stream: ") + cudaGetErrorString(err));
+    }
+    return device;
+  }
+
   Result<int> DeviceOf(const void* ptr) const override {
     cudaPointerAttributes attrs{};
     const cudaError_t err = cudaPointerGetAttributes(&attrs, ptr);

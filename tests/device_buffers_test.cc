@@ -271,6 +271,35 @@ TEST_P(DeviceBuffersTest, CopiesRunOnTheCallersStream) {
   }
 }
 
+// A stream of another device than the buffers' would order nothing the caller's work on them
+// needs: refused before anything moves, for a put, a get and an asynchronous get.
+TEST_P(DeviceBuffersTest, AStreamOfAnotherDeviceIsRefused) {
+  int stream_tag = 0;
+  void* stream = &stream_tag;
+  device_.SetStreamDevice(stream, 1);  // the buffers are on device 0
+  void* d = device_.Alloc(4096);
+  PutBlock b{KeyOf(950), d, 4096, {}, {}};
+  b.memory = Memory::kCuda;
+  auto put = client_->Put(std::span(&b, 1), {.cuda_stream = stream});
+  ASSERT_FALSE(put.ok());
+  EXPECT_EQ(put.status().code(), StatusCode::kInvalidArgument) << put.status().ToString();
+  EXPECT_NE(put.status().message().find("CUDA device 1"), std::string::npos);
+  const auto ref = PutFromDevice(951, 1, 4096);
+  MutableBuffer buf{device_.Alloc(4096), 4096, Memory::kCuda};
+  const BlockKey k = KeyOf(951);
+  auto get = client_->Get(std::span(&k, 1), std::span(&buf, 1), {.cuda_stream = stream});
+  ASSERT_FALSE(get.ok());
+  EXPECT_EQ(get.status().code(), StatusCode::kInvalidArgument);
+  auto pending = client_->GetAsync(std::span(&k, 1), std::span(&buf, 1), {.cuda_stream = stream});
+  EXPECT_FALSE(pending.ok());
+  // The same stream, said to be device 0's, serves.
+  device_.SetStreamDevice(stream, 0);
+  auto again = client_->Get(std::span(&k, 1), std::span(&buf, 1), {.cuda_stream = stream});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_OK((*again)[0].status);
+  EXPECT_EQ(device_.Read(buf.data, 4096), ref[0]);
+}
+
 TEST_P(DeviceBuffersTest, GetAsyncLeavesTheCopiesOnTheStreamUntilWait) {
   int stream_tag = 0;
   void* stream = &stream_tag;

@@ -191,8 +191,9 @@ struct GetOptions {
   // (GetResult::encoding) to decode where it likes, e.g. on the GPU after the copy.
   bool decode = true;
   // The cudaStream_t the copies into Memory::kCuda buffers are queued on (nullptr: the legacy
-  // default stream). They run after the work queued there before the call, and Get returns once
-  // they are done.
+  // default stream of the buffers' device). They run after the work queued there before the
+  // call, and Get returns once they are done. A stream of another device than the buffers' is
+  // refused (InvalidArgument) where the driver can tell (CUDA 12.8 and later).
   void* cuda_stream = nullptr;
 };
 
@@ -213,8 +214,9 @@ struct PutBlock {
 
 struct PutOptions {
   // The cudaStream_t the copies out of Memory::kCuda blocks are queued on (nullptr: the legacy
-  // default stream): after the work queued there before the call, e.g. the kernel that wrote
-  // the block. Put returns once they are done.
+  // default stream of the blocks' device): after the work queued there before the call, e.g.
+  // the kernel that wrote the block. Put returns once they are done. A stream of another device
+  // is refused as in GetOptions::cuda_stream.
   void* cuda_stream = nullptr;
   // >= 0: the blocks stored are also kept in the daemon's gpu tier on this CUDA device (this
   // process's ordinal), where there is room there: a later get into device memory on that GPU

@@ -258,6 +258,17 @@ Result<std::string> FakeDevice::DeviceUuid(int device) const {
   return uuid;
 }
 
+void FakeDevice::SetStreamDevice(void* stream, int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stream_devices_[stream] = device;
+}
+
+Result<int> FakeDevice::StreamDevice(void* stream) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = stream_devices_.find(stream);
+  return it == stream_devices_.end() ? -1 : it->second;
+}
+
 Result<int> FakeDevice::DeviceOf(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (ViewOfLocked(ptr, 1) == nullptr) {

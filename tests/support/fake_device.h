@@ -63,6 +63,8 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   // Every ImportSegment from now on fails with `why` (a process that cannot reach the daemon's
   // gpu memory: no peer access, an old driver).
   void FailImports(Status why);
+  // StreamDevice says `stream` belongs to CUDA device `device` (streams are unknown, -1, before).
+  void SetStreamDevice(void* stream, int device);
 
   struct Counters {
     uint64_t to_device_copies = 0;
@@ -82,6 +84,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   // kernels::DeviceCopyEngine. CopyAsync refuses (InvalidArgument) a device side that is not
   // inside one allocation and a host side that is inside one.
   Result<int> DeviceOf(const void* ptr) const override;
+  Result<int> StreamDevice(void* stream) const override;
   Result<std::string> DeviceUuid(int device) const override;  // "fake-gpu-N", 16 bytes
   Status CopyAsync(void* dst, const void* src, size_t bytes, kernels::CopyDirection direction,
                    void* stream) override;
@@ -126,6 +129,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   bool corrupt_next_copy_ = false;
   int failing_renewals_ = 0;
   std::optional<Status> fail_imports_;
+  std::map<void*, int> stream_devices_;
   enum class Hold { kNone, kArmed, kHolding, kReleased };
   Hold hold_ = Hold::kNone;
   std::condition_variable hold_changed_;
