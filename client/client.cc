@@ -14,6 +14,7 @@
 #include "client/segment_mappings.h"
 #include "client/ucx_data_path.h"
 #include "common/checksum.h"
+#include "common/packed_keys.h"
 #include "common/tier_names.h"
 #include "control.pb.h"
 #include "transport/address.h"
@@ -64,14 +65,6 @@ Tier FromWire(int t) {
 }
 
 std::string KeyBytes(const BlockKey& k) { return std::string(k.AsStringView()); }
-
-// Keys back to back, 32 bytes each (the packed_keys wire fields).
-void PackKeys(std::span<const BlockKey> keys, std::string* out) {
-  out->resize(keys.size() * BlockKey::kSize);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    std::memcpy(out->data() + i * BlockKey::kSize, keys[i].bytes.data(), BlockKey::kSize);
-  }
-}
 
 // MAP_SEGMENTS over the control connection, for SegmentMappings.
 class DaemonSegments final : public client::SegmentDescriptorSource {

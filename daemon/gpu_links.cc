@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/packed_keys.h"
 #include "common/threads.h"
 #include "control.pb.h"
 #include "daemon/request_codec.h"
@@ -27,13 +28,6 @@ Result<std::string> RandomToken() {
     return Status::Internal("no random bytes for a device link's token");
   }
   return token;
-}
-
-void Pack(std::span<const BlockKey> keys, std::string* out) {
-  out->resize(keys.size() * BlockKey::kSize);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    std::memcpy(out->data() + i * BlockKey::kSize, keys[i].bytes.data(), BlockKey::kSize);
-  }
 }
 
 // A failure of the link itself (not of a request): the caller's blocks come over UCX.
@@ -224,7 +218,7 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     if (b != join_backoff_.end() && Clock::now() < b->second.until) return stored;
   }
   wire::GpuOfferRequest offer_req;
-  Pack(keys, offer_req.mutable_packed_keys());
+  PackKeys(keys, offer_req.mutable_packed_keys());
   wire::GpuOfferResponse offers;
   KVPOOL_RETURN_IF_ERROR(peer.Offer(offer_req, &offers));
   if (offers.offers_size() != static_cast<int>(keys.size())) {
@@ -306,7 +300,7 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     send_req.add_sizes(s.size);
     send_req.add_device_checksums(s.device_checksum);
   }
-  Pack(send_keys, send_req.mutable_packed_keys());
+  PackKeys(send_keys, send_req.mutable_packed_keys());
   wire::GpuSendResponse sending;
   Status st = peer.Send(send_req, &sending);
   if (st.ok() && sending.sending_size() != static_cast<int>(slots.size())) {
@@ -549,13 +543,6 @@ Result<std::vector<bool>> GpuLinks::Send(NamespaceId ns, const std::string& toke
   it->second->jobs.push_back(std::move(job));
   work_.SignalAll();
   return sending;
-}
-
-size_t GpuLinks::accepted_links() const {
-  absl::MutexLock lock(&mu_);
-  size_t n = 0;
-  for (const auto& [token, in] : inbound_) n += in->done ? 0 : 1;
-  return n;
 }
 
 }  // namespace kvpool::daemon

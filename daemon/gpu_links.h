@@ -113,9 +113,6 @@ class GpuLinks {
                                  std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                  std::span<const uint64_t> checksums);
 
-  // Links this daemon accepted that are still up (tests, status).
-  size_t accepted_links() const;
-
   static constexpr size_t kTokenBytes = 16;
   static constexpr size_t kMaxAcceptedLinks = 64;
   // The asker drops a link unused this long; the peer ends one unused twice as long (so the
