@@ -1,7 +1,8 @@
 // kvpool-index-bytes: what one cached block costs in the daemon's BlockIndex
 // (tiers/block_index.h), as BlockIndex::MemoryBytes() / size() and as the process's resident
-// memory growth per entry, for N entries each with a host copy (so on an LRU list, as in the
-// daemon). Also times Insert and Find. Each N runs in a fresh child process so one measurement's
+// memory growth per entry, for N entries each with a copy in --tier (disk: the bulk of a large
+// cache; host: a block in memory, with its MemCopies), so each is a candidate of the daemon's
+// LRU order. Also times Insert and Find. Each N runs in a fresh child process so one measurement's
 // freed memory cannot hide the next one's growth. Figures recorded in docs/BENCHMARKS.md.
 
 #include <gflags/gflags.h>
@@ -23,6 +24,7 @@
 
 DEFINE_string(entries, "1000000,10000000", "Index sizes to measure, comma separated.");
 DEFINE_bool(json, false, "One JSON object per size instead of a table row.");
+DEFINE_string(tier, "disk", "The tier each entry has its copy in: disk or host.");
 
 namespace {
 
@@ -52,7 +54,7 @@ uint64_t ResidentBytes() {
   return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
-void Measure(uint64_t n) {
+void Measure(uint64_t n, Tier tier) {
   const uint64_t rss0 = ResidentBytes();
   BlockIndex index;
   kvpool::tiers::EvictionPools pools(index);  // the daemon's LRU order, as in production
@@ -60,7 +62,7 @@ void Measure(uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) {
     const EntryId id = index.Insert(/*ns=*/1, KeyOf(i));
     index.at(id).size = 1u << 20;
-    index.AddCopy(id, Tier::kHost);
+    index.AddCopy(id, tier);
   }
   const auto t1 = std::chrono::steady_clock::now();
   const uint64_t finds = std::min<uint64_t>(n, 1000000);
@@ -82,11 +84,12 @@ void Measure(uint64_t n) {
   }
   if (FLAGS_json) {
     std::printf(
-        "{\"entries\": %llu, \"sizeof_entry\": %zu, \"memory_bytes\": %zu, "
+        "{\"entries\": %llu, \"tier\": \"%s\", \"sizeof_entry\": %zu, \"memory_bytes\": %zu, "
         "\"memory_bytes_per_entry\": %.1f, \"rss_delta_bytes\": %llu, "
         "\"rss_bytes_per_entry\": %.1f, \"insert_ns\": %.1f, \"find_ns\": %.1f}\n",
-        static_cast<unsigned long long>(n), sizeof(kvpool::tiers::Entry), index.MemoryBytes(),
-        mem_per, static_cast<unsigned long long>(rss1 - rss0), rss_per, insert_ns, find_ns);
+        static_cast<unsigned long long>(n), FLAGS_tier.c_str(), sizeof(kvpool::tiers::Entry),
+        index.MemoryBytes(), mem_per, static_cast<unsigned long long>(rss1 - rss0), rss_per,
+        insert_ns, find_ns);
   } else {
     std::printf("%12llu %12zu %16.1f %14.1f %12.1f %10.1f\n", static_cast<unsigned long long>(n),
                 sizeof(kvpool::tiers::Entry), mem_per, rss_per, insert_ns, find_ns);
@@ -97,8 +100,15 @@ void Measure(uint64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("kvpool-index-bytes [--entries=1000000,10000000] [--json]");
+  gflags::SetUsageMessage(
+      "kvpool-index-bytes [--entries=1000000,10000000] [--tier=disk|host] [--json]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_tier != "disk" && FLAGS_tier != "host") {
+    std::fprintf(stderr, "kvpool-index-bytes: --tier is disk or host, not '%s'\n",
+                 FLAGS_tier.c_str());
+    return 2;
+  }
+  const Tier tier = FLAGS_tier == "disk" ? Tier::kDisk : Tier::kHost;
   std::vector<uint64_t> sizes;
   size_t pos = 0;
   while (pos <= FLAGS_entries.size()) {
@@ -123,7 +133,7 @@ int main(int argc, char** argv) {
     const pid_t pid = fork();
     if (pid < 0) return 1;
     if (pid == 0) {
-      Measure(n);
+      Measure(n, tier);
       std::_Exit(0);
     }
     int status = 0;

@@ -79,8 +79,11 @@ EntryId BlockIndex::Insert(NamespaceId ns, const BlockKey& key) {
 
 // Entries need no destructor, so a chunk is freed as plain memory.
 static_assert(std::is_trivially_destructible_v<Entry>);
+static_assert(sizeof(Entry) == 112, "an index entry changed size: update docs/BENCHMARKS.md");
 
 Entry* BlockIndex::NewChunk() {
+  static_assert(size_t{kChunkEntries} * sizeof(Entry) % kHugePageBytes == 0,
+                "a chunk of entries should fill its huge pages");
   auto* chunk = static_cast<Entry*>(AllocateIndexMemory(kChunkEntries * sizeof(Entry)));
   for (uint32_t i = 0; i < kChunkEntries; ++i) new (&chunk[i]) Entry();
   return chunk;
@@ -94,16 +97,51 @@ void BlockIndex::Reserve(size_t entries) {
 bool BlockIndex::CanErase(EntryId id) const {
   const Entry& e = at(id);
   return e.live && e.tiers == 0 && e.leases == 0 && e.pins == 0 && e.cached_children() == 0 &&
-         e.child_links == 0 && e.busy == 0;
+         !e.has_children() && e.busy == 0;
+}
+
+uint32_t BlockIndex::ChildCount(EntryId id) const {
+  uint32_t n = 0;
+  ForEachChild(id, [&](EntryId) { ++n; });
+  return n;
+}
+
+MemCopies& BlockIndex::EnsureMem(EntryId id) {
+  Entry& e = at(id);
+  if (e.mem != kNoMem) return MemAt(e.mem);
+  MemId m;
+  if (!free_mem_.empty()) {
+    m = free_mem_.back();
+    free_mem_.pop_back();
+  } else {
+    CHECK_LT(next_mem_, kNoMem) << "block index: too many blocks in memory";
+    m = next_mem_++;
+    if (m / kMemChunkEntries >= mem_chunks_.size()) {
+      mem_chunks_.emplace_back(new MemCopies[kMemChunkEntries]);
+    }
+  }
+  e.mem = m;
+  ++mem_live_;
+  MemCopies& mem = MemAt(m);
+  mem = MemCopies();
+  return mem;
+}
+
+void BlockIndex::ReleaseMem(EntryId id) {
+  Entry& e = at(id);
+  if (e.mem == kNoMem) return;
+  free_mem_.push_back(e.mem);
+  e.mem = kNoMem;
+  --mem_live_;
 }
 
 void BlockIndex::Erase(EntryId id) {
   Entry& e = at(id);
   CHECK(CanErase(id)) << "erasing entry " << e.key.ShortHex() << " still in use";
   set_.erase(id);
+  ReleaseMem(id);
   if (e.parent != kNoEntry) {
     Entry& p = at(e.parent);
-    --p.child_links;
     // Unlink from the parent's children (siblings are few: the branches of one prefix).
     EntryId* link = &p.first_child;
     while (*link != id) {
@@ -118,8 +156,10 @@ void BlockIndex::Erase(EntryId id) {
 }
 
 size_t BlockIndex::MemoryBytes() const {
-  return chunks_.size() * kChunkEntries * sizeof(Entry) + set_.capacity() * (sizeof(EntryId) + 1) +
-         free_ids_.capacity() * sizeof(EntryId);
+  return chunks_.size() * kChunkEntries * sizeof(Entry) +
+         mem_chunks_.size() * kMemChunkEntries * sizeof(MemCopies) +
+         set_.capacity() * (sizeof(EntryId) + 1) +
+         (free_ids_.capacity() + free_mem_.capacity()) * sizeof(EntryId);
 }
 
 bool BlockIndex::ShouldBeCandidate(const Entry& e, Tier tier) const {
@@ -156,6 +196,7 @@ void BlockIndex::AddCopy(EntryId id, Tier tier) {
   Entry& e = at(id);
   CHECK(IsStoredTier(tier));
   CHECK(!e.In(tier));
+  if (tier != Tier::kDisk) EnsureMem(id);
   e.tiers |= TierBit(tier);
   RefreshAll(id, /*after_child=*/false);
   if (e.parent != kNoEntry) {
@@ -169,6 +210,7 @@ void BlockIndex::AddCopyUnsettled(EntryId id, Tier tier) {
   Entry& e = at(id);
   CHECK(IsStoredTier(tier));
   CHECK(!e.In(tier));
+  if (tier != Tier::kDisk) EnsureMem(id);
   e.tiers |= TierBit(tier);
   if (e.parent != kNoEntry) ++at(e.parent).children[TierSlot(tier)];
 }
@@ -190,6 +232,8 @@ void BlockIndex::RemoveCopy(EntryId id, Tier tier) {
     --p.children[TierSlot(tier)];
     RefreshAll(e.parent, /*after_child=*/true);
   }
+  // Its last memory copy gone (and with it its candidacy there): the memory part goes too.
+  if (!e.In(Tier::kHost) && !e.In(Tier::kGpu)) ReleaseMem(id);
 }
 
 void BlockIndex::SetParent(EntryId id, EntryId parent) {
@@ -198,7 +242,6 @@ void BlockIndex::SetParent(EntryId id, EntryId parent) {
   CHECK_EQ(e.parent, kNoEntry) << "SetParent twice";
   e.parent = parent;
   Entry& p = at(parent);
-  ++p.child_links;
   e.next_sibling = p.first_child;
   p.first_child = id;
 }

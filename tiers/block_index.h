@@ -5,7 +5,10 @@
 // session pins, the parent in its chain, its children (links for read-ahead) and, per tier, the
 // number of children that have a copy there. Entries live in fixed-size chunks addressed by a
 // 32-bit EntryId; the hash set stores only ids (4 bytes a slot) and hashes through the entry, so
-// a key is stored once. See docs/BENCHMARKS.md for the measured bytes per entry. Keys come from
+// a key is stored once. What only a block in memory needs (where its host and gpu copies are,
+// and those tiers' eviction links) lives apart in MemCopies, one per entry with such a copy: most
+// of a large cache is on disk, and its entries stay small. See docs/BENCHMARKS.md for the
+// measured bytes per entry. Keys come from
 // clients, so the set's hash is keyed by a random seed per index: nobody can aim keys at a bucket.
 //
 // Per tier it tracks which entries are *eviction candidates*: entries with a copy in the tier and
@@ -13,11 +16,13 @@
 // candidate never strands a cached descendant, so any eviction order that picks only candidates
 // evicts tail first by construction. The index reports every change of candidacy, and every use
 // of a candidate, to its CandidateObserver (tiers/eviction_pools.h), which keeps the eviction
-// orders; the per-tier `order_*` fields of an entry belong to the order that holds it.
+// orders; an entry's OrderLinks of a tier (BlockIndex::Order) belong to the order that holds it.
 //
 // Thread safety: none, except that const calls may run side by side with each other (never with
 // a non-const one). The tier manager serializes all access under its mutex, which lookups, Where
 // and CountCached hold shared; a KeyHasher needs no lock.
+
+#include <glog/logging.h>
 
 #include <array>
 #include <cstdint>
@@ -47,38 +52,54 @@ inline constexpr bool IsStoredTier(Tier t) {
 inline constexpr int TierSlot(Tier t) { return static_cast<int>(t) - 1; }
 inline constexpr uint8_t TierBit(Tier t) { return static_cast<uint8_t>(1u << TierSlot(t)); }
 
+// Where the eviction order holding an entry as a candidate of one tier keeps it (its own to use:
+// list links and a word).
+struct OrderLinks {
+  EntryId prev = kNoEntry;
+  EntryId next = kNoEntry;
+  uint32_t word = 0;
+};
+
+// The part of an entry that only a block with a copy in memory (host or gpu) needs: where those
+// copies are and the eviction orders' links of those tiers. Kept apart from the Entry
+// (BlockIndex::Mem), so the many blocks that only disk holds do not carry it.
+struct MemCopies {
+  uint64_t host_offset = 0;  // arena offset of the host copy, when kHost is in the entry's tiers
+  uint32_t gpu_page = 0;     // with kGpu in its tiers: the gpu copy's offset / 4 KiB ...
+  std::array<OrderLinks, 2> order{};  // gpu, host
+  uint8_t gpu_device = 0;             // ... in the gpu tier of this CUDA device
+  // Non-zero: the host copy was decoded from a disk copy in this encoding (approximate bytes).
+  uint8_t lossy_encoding = 0;
+};
+
+using MemId = uint32_t;
+inline constexpr MemId kNoMem = UINT32_MAX;
+
+// One block in the index (112 bytes; docs/BENCHMARKS.md, "Block index: bytes per entry").
 struct Entry {
   BlockKey key;
+  uint64_t checksum = 0;  // xxh3-64 of the payload
   NamespaceId ns = 0;
   uint32_t size = 0;               // payload bytes (a block is at most 64 MiB)
-  uint64_t checksum = 0;           // xxh3-64 of the payload
-  uint64_t host_offset = 0;        // arena offset of the host copy, when kHost is in `tiers`
-  uint32_t gpu_page = 0;           // with kGpu in `tiers`: the gpu copy's offset / 4 KiB ...
   EntryId parent = kNoEntry;       // previous block of the chain, when it is cached
   uint32_t leases = 0;             // readers holding the host copy; never evicted while > 0
   uint32_t pins = 0;               // sessions that pin this block on disk
   uint32_t last_use_s = 0;         // coarse clock, seconds since the daemon started
-  uint32_t hits = 0;               // gets served (saturating)
-  uint32_t child_links = 0;        // live entries whose parent is this one (with copies or not)
   EntryId first_child = kNoEntry;  // the children: first_child, then each one's next_sibling
   EntryId next_sibling = kNoEntry;
   std::array<uint32_t, kStoredTiers> children{};  // children with a copy in each tier
-  // Owned by the eviction order holding this entry as a candidate of each tier.
-  std::array<EntryId, kStoredTiers> order_prev{kNoEntry, kNoEntry, kNoEntry};
-  std::array<EntryId, kStoredTiers> order_next{kNoEntry, kNoEntry, kNoEntry};
-  std::array<uint32_t, kStoredTiers> order_word{};
+  OrderLinks disk_order;  // owned by the eviction order holding it as a disk candidate
+  // The disk copy's stored bytes, when encoded (tiers/demotion_encoding.h).
+  uint32_t disk_size = 0;
+  MemId mem = kNoMem;     // its MemCopies, while it has (or is getting) a host or gpu copy
+  uint16_t hits = 0;      // gets served (saturating at 65,535)
   uint8_t tiers = 0;      // TierBit set
   uint8_t candidate = 0;  // TierBit set: the tiers this entry is an eviction candidate of
   uint8_t busy = 0;       // kBusy* flags: an I/O on this entry is in flight
   uint8_t flags = 0;      // kFlag* bits
   bool live = false;      // slot in use (false on the free list)
-  // The disk copy's body: its kernels::Encoding (0: raw, the bytes as put) and, when encoded,
-  // its stored bytes (tiers/demotion_encoding.h).
+  // The disk copy's body: its kernels::Encoding (0: raw, the bytes as put).
   uint8_t disk_encoding = 0;
-  // Non-zero: the host copy was decoded from a disk copy in this encoding (approximate bytes).
-  uint8_t lossy_encoding = 0;
-  uint8_t gpu_device = 0;  // ... in the gpu tier of this CUDA device
-  uint32_t disk_size = 0;
 
   bool In(Tier t) const { return tiers & TierBit(t); }
   // A get can lease the host copy now, waiting for nothing (defined below the kBusy* flags).
@@ -86,12 +107,14 @@ struct Entry {
   // Bytes the disk copy takes.
   uint64_t disk_bytes() const { return disk_encoding != 0 ? disk_size : size; }
   bool CandidateOf(Tier t) const { return candidate & TierBit(t); }
+  bool has_children() const { return first_child != kNoEntry; }
   uint32_t cached_children() const {
     uint32_t n = 0;
     for (uint32_t c : children) n += c;
     return n;
   }
 };
+inline constexpr uint16_t kMaxHits = UINT16_MAX;
 
 inline constexpr uint8_t kBusyPromoting = 1;  // being read from disk into host
 inline constexpr uint8_t kBusyDemoting = 2;   // being written from host to disk
@@ -183,15 +206,32 @@ class BlockIndex {
 
   Entry& at(EntryId id) { return Chunk(id)[id % kChunkEntries]; }
   const Entry& at(EntryId id) const { return Chunk(id)[id % kChunkEntries]; }
+  // The memory part of `id`, which must have one: a host or gpu copy, or one about to be added.
+  MemCopies& Mem(EntryId id) { return MemAt(at(id).mem); }
+  const MemCopies& Mem(EntryId id) const { return MemAt(at(id).mem); }
+  // Gives `id` a memory part (fresh: zeroed) unless it has one, to say where a host or gpu copy
+  // is before adding it (AddCopy of a memory tier makes one too). The part goes with the entry's
+  // last memory copy (RemoveCopy) or the entry.
+  MemCopies& EnsureMem(EntryId id);
+  // The links of `id` in the eviction order of `tier`; for a memory tier `id` must have a copy
+  // there (every candidate of it has).
+  OrderLinks& Order(EntryId id, Tier tier) {
+    return tier == Tier::kDisk ? at(id).disk_order : Mem(id).order[TierSlot(tier)];
+  }
+  // Live entries whose parent is `id`.
+  uint32_t ChildCount(EntryId id) const;
+  // Entries with a memory part now.
+  size_t mem_size() const { return mem_live_; }
   size_t size() const { return set_.size(); }
   // The bucket hash of a key: keyed by a random seed per index (clients choose keys).
   uint64_t HashForTest(NamespaceId ns, const BlockKey& key) const;
 
-  // Bytes held by the index: entry chunks plus the hash set's slots.
+  // Bytes held by the index: entry chunks, memory parts and the hash set's slots.
   size_t MemoryBytes() const;
 
   // Adds or removes a copy in `tier`, keeping the parent's child counts and every affected
-  // LRU list right.
+  // eviction order right. A copy in a memory tier comes with the entry's memory part; removing
+  // the last one frees it.
   void AddCopy(EntryId id, Tier tier);
   void RemoveCopy(EntryId id, Tier tier);
   // For bulk loads (Recover): AddCopy without settling candidacy. A load in key order visits
@@ -224,7 +264,8 @@ class BlockIndex {
   }
 
  private:
-  static constexpr uint32_t kChunkEntries = 1u << 16;
+  // 2^17 entries of 112 bytes: 14 MiB, a whole number of 2 MiB huge pages (no page half used).
+  static constexpr uint32_t kChunkEntries = 1u << 17;
 
   // The set hashes an id through its entry, a HashedKey by the hash it carries.
   struct Hash {
@@ -242,6 +283,12 @@ class BlockIndex {
   };
 
   Entry* Chunk(EntryId id) const { return chunks_[id / kChunkEntries].get(); }
+  MemCopies& MemAt(MemId m) const {
+    DCHECK_NE(m, kNoMem) << "an entry without a memory part";
+    return mem_chunks_[m / kMemChunkEntries][m % kMemChunkEntries];
+  }
+  // Frees `id`'s memory part, if it has one.
+  void ReleaseMem(EntryId id);
   static Entry* NewChunk();
   // True when `e` should be a candidate of `tier`.
   bool ShouldBeCandidate(const Entry& e, Tier tier) const;
@@ -255,6 +302,13 @@ class BlockIndex {
   };
   std::vector<std::unique_ptr<Entry, FreeChunk>> chunks_;
   std::vector<EntryId> free_ids_;
+  // Memory parts, in chunks of kMemChunkEntries (a few thousand blocks fit in memory tiers, not
+  // the millions the index can hold), reused through free_mem_.
+  static constexpr uint32_t kMemChunkEntries = 1u << 12;
+  std::vector<std::unique_ptr<MemCopies[]>> mem_chunks_;
+  std::vector<MemId> free_mem_;
+  MemId next_mem_ = 0;
+  size_t mem_live_ = 0;
   EntryId next_id_ = 0;
   uint64_t erasures_ = 0;
   const KeyHasher hasher_;

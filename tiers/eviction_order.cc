@@ -15,38 +15,38 @@ namespace kvpool::tiers {
 // CandidateList
 
 void CandidateList::PushFront(EntryId id) {
-  Entry& e = index_->at(id);
-  e.order_prev[slot_] = kNoEntry;
-  e.order_next[slot_] = head_;
-  if (head_ != kNoEntry) index_->at(head_).order_prev[slot_] = id;
+  OrderLinks& e = index_->Order(id, tier_);
+  e.prev = kNoEntry;
+  e.next = head_;
+  if (head_ != kNoEntry) index_->Order(head_, tier_).prev = id;
   head_ = id;
   if (tail_ == kNoEntry) tail_ = id;
   ++size_;
 }
 
 void CandidateList::PushBack(EntryId id) {
-  Entry& e = index_->at(id);
-  e.order_next[slot_] = kNoEntry;
-  e.order_prev[slot_] = tail_;
-  if (tail_ != kNoEntry) index_->at(tail_).order_next[slot_] = id;
+  OrderLinks& e = index_->Order(id, tier_);
+  e.next = kNoEntry;
+  e.prev = tail_;
+  if (tail_ != kNoEntry) index_->Order(tail_, tier_).next = id;
   tail_ = id;
   if (head_ == kNoEntry) head_ = id;
   ++size_;
 }
 
 void CandidateList::Remove(EntryId id) {
-  Entry& e = index_->at(id);
-  if (e.order_prev[slot_] != kNoEntry) {
-    index_->at(e.order_prev[slot_]).order_next[slot_] = e.order_next[slot_];
+  OrderLinks& e = index_->Order(id, tier_);
+  if (e.prev != kNoEntry) {
+    index_->Order(e.prev, tier_).next = e.next;
   } else {
-    head_ = e.order_next[slot_];
+    head_ = e.next;
   }
-  if (e.order_next[slot_] != kNoEntry) {
-    index_->at(e.order_next[slot_]).order_prev[slot_] = e.order_prev[slot_];
+  if (e.next != kNoEntry) {
+    index_->Order(e.next, tier_).prev = e.prev;
   } else {
-    tail_ = e.order_prev[slot_];
+    tail_ = e.prev;
   }
-  e.order_prev[slot_] = e.order_next[slot_] = kNoEntry;
+  e.prev = e.next = kNoEntry;
   CHECK_GT(size_, 0u);
   --size_;
 }
@@ -231,7 +231,7 @@ class LfuOrder final : public EvictionOrder {
   }
 
  private:
-  uint32_t& Word(EntryId id) { return index_.at(id).order_word[TierSlot(tier_)]; }
+  uint32_t& Word(EntryId id) { return index_.Order(id, tier_).word; }
   void Insert(EntryId id, uint32_t freq) {
     Word(id) = freq;
     auto it = buckets_.try_emplace(freq, index_, tier_).first;

@@ -20,9 +20,9 @@
 // A new order is a class implementing this interface, registered with
 // EvictionOrderRegistry().Register("name", factory) (examples/custom_eviction.cc).
 //
-// Storage: an order keeps its candidates in the entries themselves (the per-tier `order_prev`,
-// `order_next` and `order_word` of an Entry, for this order's tier), through CandidateList, so
-// it allocates nothing per block.
+// Storage: an order keeps its candidates in the entries themselves (an entry's OrderLinks of this
+// order's tier, BlockIndex::Order: list links and a word), through CandidateList, so it allocates
+// nothing per block.
 //
 // Thread safety: none; called under the tier manager's mutex.
 
@@ -71,12 +71,12 @@ using EvictionOrderFactory = StrategyRegistry<EvictionOrder, EvictionContext>::F
 // The registry of eviction orders ("lru", "s3fifo", "lfu" built in).
 StrategyRegistry<EvictionOrder, EvictionContext>& EvictionOrderRegistry();
 
-// An intrusive doubly-linked list of candidates of one tier, through the entries' order_prev /
-// order_next of that tier. "Front" is where eviction starts; an entry is on at most one list
-// per tier. For building orders.
+// An intrusive doubly-linked list of candidates of one tier, through the entries' OrderLinks of
+// that tier. "Front" is where eviction starts; an entry is on at most one list per tier. For
+// building orders.
 class CandidateList {
  public:
-  CandidateList(BlockIndex& index, Tier tier) : index_(&index), slot_(TierSlot(tier)) {}
+  CandidateList(BlockIndex& index, Tier tier) : index_(&index), tier_(tier) {}
 
   void PushFront(EntryId id);
   void PushBack(EntryId id);
@@ -84,16 +84,16 @@ class CandidateList {
   EntryId front() const { return head_; }
   EntryId back() const { return tail_; }
   // The entry after `id` (toward the back), or kNoEntry.
-  EntryId Next(EntryId id) const { return index_->at(id).order_next[slot_]; }
+  EntryId Next(EntryId id) const { return index_->Order(id, tier_).next; }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   // This tier's order word of `id`, for the order's own per-entry state.
-  uint32_t& word(EntryId id) { return index_->at(id).order_word[slot_]; }
+  uint32_t& word(EntryId id) { return index_->Order(id, tier_).word; }
   BlockIndex& index() { return *index_; }
 
  private:
   BlockIndex* index_;
-  int slot_;
+  Tier tier_;
   EntryId head_ = kNoEntry;
   EntryId tail_ = kNoEntry;
   size_t size_ = 0;

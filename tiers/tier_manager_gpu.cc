@@ -25,17 +25,20 @@ GpuTier* TierManager::GpuOf(int device) const {
 }
 
 void TierManager::DropGpuCopyLocked(EntryId id) {
-  Entry& e = index_.at(id);
+  const Entry& e = index_.at(id);
+  // Read before the copy goes: with its last memory copy, its memory part goes too.
+  const int device = index_.Mem(id).gpu_device;
+  const MemorySlot slot{uint64_t{index_.Mem(id).gpu_page} * MemoryTier::kPageBytes, e.size};
   for (size_t i = 0; i < gpus_.size(); ++i) {
-    if (gpus_[i]->device() != e.gpu_device) continue;
+    if (gpus_[i]->device() != device) continue;
     index_.RemoveCopy(id, Tier::kGpu);
     gpu_checksums_.erase(id);
-    gpus_[i]->Free({uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size});
+    gpus_[i]->Free(slot);
     --gpu_blocks_[i];
     ++gpu_counters_.evictions;
     return;
   }
-  LOG(DFATAL) << "block " << e.key.ShortHex() << " has a copy on gpu " << int{e.gpu_device}
+  LOG(DFATAL) << "block " << e.key.ShortHex() << " has a copy on gpu " << device
               << ", which runs no gpu tier";
 }
 
@@ -51,8 +54,8 @@ Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, 
     // Other namespaces' free pages do not help this one: free at least a segment's worth.
     const uint64_t budget = std::max(bytes, gpu.segment_bytes());
     auto evictable = [&](EntryId id) {
-      const Entry& e = index_.at(id);
-      return e.gpu_device == device && e.leases == 0 && e.busy == 0;
+      const Entry& e = index_.at(id);  // a gpu candidate: it has a memory part
+      return index_.Mem(id).gpu_device == device && e.leases == 0 && e.busy == 0;
     };
     std::vector<EntryId> victims;
     if (gpu.AtSegmentLimit(ns)) {
@@ -93,7 +96,7 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
       if (!slot.ok()) break;  // no room left there
       // Busy: its host copy stays where it is (eviction and demotion skip busy entries).
       e.busy |= kBusyToGpu;
-      copies.push_back({id, *slot, host_.Data({e.host_offset, e.size}), e.checksum});
+      copies.push_back({id, *slot, host_.Data({index_.Mem(id).host_offset, e.size}), e.checksum});
     }
   }
   // The copies run outside the mutex, on the device's copy engine.
@@ -144,8 +147,9 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
       MaybeEraseLocked(c.id);
       continue;
     }
-    e.gpu_page = static_cast<uint32_t>(c.slot.offset / MemoryTier::kPageBytes);
-    e.gpu_device = static_cast<uint8_t>(device);
+    MemCopies& mem = index_.Mem(c.id);  // it is in host
+    mem.gpu_page = static_cast<uint32_t>(c.slot.offset / MemoryTier::kPageBytes);
+    mem.gpu_device = static_cast<uint8_t>(device);
     index_.AddCopy(c.id, Tier::kGpu);
     gpu_checksums_[c.id] = dsums[i];
     ++gpu_blocks_[gpu_index];
@@ -255,8 +259,9 @@ void TierManager::FillHostCopiesLocked(int g) {
   std::vector<Fill> fills;
   for (EntryId id : std::exchange(gpu_fills_[g], {})) {
     const Entry& e = index_.at(id);  // busy (kBusyFromGpu): neither moved nor erased meanwhile
-    fills.push_back({id, gpu.Data({uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size}),
-                     host_.Data({e.host_offset, e.size}), e.size, gpu_checksums_.at(id)});
+    const MemCopies& mem = index_.Mem(id);
+    fills.push_back({id, gpu.Data({uint64_t{mem.gpu_page} * MemoryTier::kPageBytes, e.size}),
+                     host_.Data({mem.host_offset, e.size}), e.size, gpu_checksums_.at(id)});
   }
   if (fills.empty()) return;
   ++io_in_flight_;  // a writer short of host room waits for this instead of failing
@@ -321,7 +326,7 @@ std::vector<GpuCopyInfo> TierManager::GpuCopies(NamespaceId ns,
     const Entry& e = index_.at(id);
     auto dsum = gpu_checksums_.find(id);
     if (!e.In(Tier::kGpu) || dsum == gpu_checksums_.end()) continue;
-    out[i] = {e.gpu_device, e.size, dsum->second};
+    out[i] = {index_.Mem(id).gpu_device, e.size, dsum->second};
   }
   return out;
 }
@@ -341,12 +346,14 @@ uint32_t TierManager::DropDamagedGpuCopies(NamespaceId ns, std::span<const Block
       if (id == kNoEntry) continue;
       Entry& e = index_.at(id);
       auto dsum = gpu_checksums_.find(id);
-      GpuTier* gpu = e.In(Tier::kGpu) ? GpuOf(e.gpu_device) : nullptr;
+      GpuTier* gpu = e.In(Tier::kGpu) ? GpuOf(index_.Mem(id).gpu_device) : nullptr;
       if (gpu == nullptr || dsum == gpu_checksums_.end() || e.leases > 0 || e.busy != 0) continue;
       // Busy while checked: it is neither moved nor dropped under the check.
       e.busy |= kBusyToGpu;
-      suspects.push_back(
-          {id, gpu, {uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size}, dsum->second});
+      suspects.push_back({id,
+                          gpu,
+                          {uint64_t{index_.Mem(id).gpu_page} * MemoryTier::kPageBytes, e.size},
+                          dsum->second});
     }
   }
   // Checked outside the mutex, each on its own GPU's copy engine.
@@ -395,9 +402,10 @@ std::optional<std::pair<int, MemorySlot>> TierManager::GpuCopyForTest(NamespaceI
   absl::MutexLock lock(&mu_);
   const EntryId id = FindCachedLocked(ns, key);
   if (id == kNoEntry || !index_.at(id).In(Tier::kGpu)) return std::nullopt;
-  const Entry& e = index_.at(id);
-  return std::make_pair(int{e.gpu_device},
-                        MemorySlot{uint64_t{e.gpu_page} * MemoryTier::kPageBytes, e.size});
+  const MemCopies& mem = index_.Mem(id);
+  return std::make_pair(
+      int{mem.gpu_device},
+      MemorySlot{uint64_t{mem.gpu_page} * MemoryTier::kPageBytes, index_.at(id).size});
 }
 
 }  // namespace kvpool::tiers

@@ -127,16 +127,17 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     Entry& e = index_.at(id);
     ++e.leases;
     const uint64_t lease_id = leases_.Add(id, owner, deadline);
-    if (e.hits < UINT32_MAX) ++e.hits;
+    if (e.hits < kMaxHits) ++e.hits;
     index_.Touch(id, now);
+    const MemCopies& mem = index_.Mem(id);  // leased in host
     BlockRead& r = out[i];
     r.from = from;
     r.lease_id = lease_id;
-    r.arena_offset = e.host_offset;
-    r.data = host_.Data(HostSlot{e.host_offset, e.size});
+    r.arena_offset = mem.host_offset;
+    r.data = host_.Data(HostSlot{mem.host_offset, e.size});
     r.size = e.size;
     r.checksum = e.checksum;
-    r.lossy_encoding = e.lossy_encoding;
+    r.lossy_encoding = mem.lossy_encoding;
     if (e.flags & kFlagPrefetched) {
       e.flags &= static_cast<uint8_t>(~kFlagPrefetched);
       ++prefetches_useful_;
@@ -159,14 +160,14 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
   auto lease_gpu_too = [&](size_t i, EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Entry& e = index_.at(id);
     auto dsum = gpu_checksums_.find(id);
-    if (gpu_device < 0 || !e.In(Tier::kGpu) || e.gpu_device != gpu_device ||
+    if (gpu_device < 0 || !e.In(Tier::kGpu) || index_.Mem(id).gpu_device != gpu_device ||
         dsum == gpu_checksums_.end()) {
       return;
     }
     BlockRead& r = out[i];
     r.from = Tier::kGpu;
     r.gpu_device = gpu_device;
-    r.gpu_offset = uint64_t{e.gpu_page} * MemoryTier::kPageBytes;
+    r.gpu_offset = uint64_t{index_.Mem(id).gpu_page} * MemoryTier::kPageBytes;
     r.device_checksum = dsum->second;
     --host_counters_.hits;  // lease() counted a host hit
     ++gpu_counters_.hits;
@@ -265,7 +266,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     }
     ++disk_counters_.hits;
     Entry& after = index_.at(id);
-    if (after.hits < UINT32_MAX) ++after.hits;
+    if (after.hits < kMaxHits) ++after.hits;
     index_.Touch(id, now);
     BlockRead& r = out[i];
     r.from = Tier::kDisk;

@@ -31,11 +31,11 @@ bool TierManager::HostAboveHighWatermarkLocked() const {
 }
 
 void TierManager::DropHostCopyLocked(EntryId id) {
-  Entry& e = index_.at(id);
+  const Entry& e = index_.at(id);
   if (e.In(Tier::kGpu)) DropGpuCopyLocked(id);
-  const HostSlot slot{e.host_offset, e.size};
+  // Read before the copy goes: with its last memory copy, its memory part goes too.
+  const HostSlot slot{index_.Mem(id).host_offset, e.size};
   index_.RemoveCopy(id, Tier::kHost);
-  e.lossy_encoding = 0;
   host_.Free(slot);
   --host_blocks_;
   MaybeEraseLocked(id);
@@ -246,7 +246,7 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
       w.meta.size = e.size;
       w.meta.checksum = e.checksum;
       if (e.parent != kNoEntry) w.meta.parent = index_.at(e.parent).key;
-      w.data = host_.Data(HostSlot{e.host_offset, e.size});
+      w.data = host_.Data(HostSlot{index_.Mem(id).host_offset, e.size});
       writes.push_back(w);
     }
     // Records dropped to make room (ReserveDiskLocked above) go first, off the lock; a block
@@ -463,8 +463,9 @@ void TierManager::PromoteOne(EntryId id) {
         if (st.ok()) {
           // Decoded from an encoded copy: approximate bytes, with their own checksum.
           e2.checksum = checksum;
-          e2.lossy_encoding = copy.encoding;
-          e2.host_offset = slot->offset;
+          MemCopies& mem = index_.EnsureMem(id);
+          mem.lossy_encoding = copy.encoding;
+          mem.host_offset = slot->offset;
           index_.AddCopy(id, Tier::kHost);
           ++host_blocks_;
           ++host_counters_.promotions;

@@ -260,7 +260,7 @@ Status TierManager::PublishLocked(uint64_t reservation_id, const Reservation& r,
   Entry& e = index_.at(id);
   e.size = static_cast<uint32_t>(r.item.size);
   e.checksum = r.item.checksum;
-  e.host_offset = r.slot.offset;
+  index_.EnsureMem(id).host_offset = r.slot.offset;
   index_.AddCopy(id, Tier::kHost);
   index_.Touch(id, NowSeconds());
   ++host_blocks_;
@@ -377,9 +377,10 @@ Status TierManager::PublishGpuLocked(uint64_t reservation_id, const Reservation&
   Entry& e = index_.at(id);
   e.size = static_cast<uint32_t>(r.item.size);
   e.checksum = 0;  // its xxh3, once the copy worker has the bytes in host
-  e.host_offset = r.slot.offset;
-  e.gpu_page = static_cast<uint32_t>(r.gpu_slot.offset / MemoryTier::kPageBytes);
-  e.gpu_device = static_cast<uint8_t>(gpu.device());
+  MemCopies& mem = index_.EnsureMem(id);
+  mem.host_offset = r.slot.offset;
+  mem.gpu_page = static_cast<uint32_t>(r.gpu_slot.offset / MemoryTier::kPageBytes);
+  mem.gpu_device = static_cast<uint8_t>(gpu.device());
   // Busy until its host copy is made: not evicted, demoted, written down or leased meanwhile;
   // readers wait for it as for a promotion (AcquireLocked).
   e.busy |= kBusyPromoting | kBusyFromGpu;
