@@ -770,6 +770,28 @@ void ClusterNode::Rereplicate() {
   }
   LOG(INFO) << "membership changed: offered " << pushed
             << " cached blocks to their homes (put-if-absent)";
+  if (!options_.for_each_session) return;
+  // Sessions too, one at a time as they are read (a record holds its whole chain of keys), each
+  // sent to the homes it has in the new view; a home keeps only what is newer than its own.
+  size_t offered = 0;
+  std::set<cluster::NodeId> unreachable;
+  options_.for_each_session([&](NamespaceId ns, const wire::SessionRecord& record) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    const std::string name = options_.namespace_name(ns);
+    if (name.empty()) return;
+    Job job;
+    job.kind = Job::Kind::kSession;
+    job.ns = ns;
+    job.ns_name = name;
+    job.session = std::make_shared<wire::SessionRecord>(record);
+    RunSession(job, &unreachable);
+    ++offered;
+  });
+  LOG(INFO) << "membership changed: offered " << offered
+            << " session records to their homes (kept where newer)";
 }
 
 void ClusterNode::ReplicateLoop() {
@@ -824,7 +846,7 @@ void ClusterNode::RunBlocks(const Job& job) {
     PushBlocks(job.ns, job.ns_name, addresses[node], blocks, job.offer_first);
 }
 
-void ClusterNode::RunSession(const Job& job) {
+void ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) {
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr) return;
@@ -833,6 +855,7 @@ void ClusterNode::RunSession(const Job& job) {
        ring->Homes(SessionKey(job.ns_name, id), options_.replicas + 1)) {
     auto it = addresses.find(node);
     if (it == addresses.end()) continue;  // this node (it has it already)
+    if (failed != nullptr && failed->count(node) > 0) continue;
     if (!job.session->deleted()) {
       // The chain's blocks first: a session pins blocks the node must hold.
       std::vector<std::pair<BlockKey, BlockKey>> chain;
@@ -846,7 +869,10 @@ void ClusterNode::RunSession(const Job& job) {
       PushBlocks(job.ns, job.ns_name, it->second, chain, /*offer_first=*/true);
     }
     std::unique_ptr<Client> c = Checkout(it->second, job.ns_name);
-    if (c == nullptr) continue;
+    if (c == nullptr) {
+      if (failed != nullptr) failed->insert(node);
+      continue;
+    }
     // The record as it is here, version and all: the home keeps it only if it is newer.
     Session s;
     s.session_id = id;
@@ -863,6 +889,7 @@ void ClusterNode::RunSession(const Job& job) {
       Return(it->second, job.ns_name, std::move(c));
     }
     if (!st.ok()) VLOG(1) << "session copy to " << node << ": " << st.ToString();
+    if (failed != nullptr && st.code() == StatusCode::kUnavailable) failed->insert(node);
   }
 }
 

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -50,6 +51,12 @@ struct ClusterNodeOptions {
   std::chrono::milliseconds peer_timeout{500};
   // Namespace id -> name (for re-replication scans). Required.
   std::function<std::string(NamespaceId)> namespace_name;
+  // Calls `visit` for every session record this node keeps (SessionStore::ForEach), so that a
+  // membership change offers each to its homes again, as it does cached blocks: a home that was
+  // down when a session was saved, or came back from a crash, gets the record (it keeps only
+  // newer ones). Default: none (sessions reach homes at save and by read repair only).
+  std::function<void(const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit)>
+      for_each_session;
   // UCX settings for peer connections (as the daemon's own). Default: UCX's choice.
   bool ucx = true;
   std::string ucx_transports;
@@ -112,7 +119,9 @@ class ClusterNode final : public ClusterHooks {
   void Fanout(std::function<void()> task);
   void FanoutLoop();
   void RunBlocks(const Job& job);
-  void RunSession(const Job& job);
+  // Sends the job's session record to its homes. With `failed`: skips the homes in it and adds
+  // those that could not be reached (one pass over many records tries a dead home once).
+  void RunSession(const Job& job, std::set<cluster::NodeId>* failed = nullptr);
   // FetchMissing's first round for a reader on gpu tier `gpu_device`: each key's first home is
   // asked for what it holds in a gpu tier, received device to device (GpuLinks::Receive); keys
   // with skip[i] (known absent) are not asked. Sets found[i] for each block stored; returns how

@@ -322,6 +322,12 @@ class DaemonImpl final : public Daemon {
     co.replicas = options_.replicas;
     NamespaceRegistry* namespaces = namespaces_.get();
     co.namespace_name = [namespaces](NamespaceId ns) { return namespaces->NameOf(ns); };
+    SessionStore* sessions = sessions_.get();
+    co.for_each_session = [sessions](const auto& visit) {
+      if (Status st = sessions->ForEach(visit); !st.ok()) {
+        LOG(WARNING) << "sessions not all offered to their homes: " << st.ToString();
+      }
+    };
     co.ucx = ucx_ != nullptr;
     co.ucx_transports = options_.ucx_transports;
     co.ucx_net_devices = options_.ucx_net_devices;

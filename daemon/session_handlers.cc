@@ -194,8 +194,10 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
       }
       record = std::move(theirs);
       remote = true;
-    } else if (theirs.ok() && record.ok() && Newer(*record, *theirs)) {
-      // The homes hold an older copy: send them this one (read repair).
+    } else if (record.ok() &&
+               (theirs.ok() ? Newer(*record, *theirs) : theirs.status().IsNotFound())) {
+      // The homes hold an older copy, or none (the copy sent when it was saved was lost: a
+      // home was down, or this node died before sending it): send them this one (read repair).
       cluster->ReplicateSession(c.ns, c.ns_name, *record);
     }
   }

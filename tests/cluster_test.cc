@@ -552,6 +552,53 @@ TEST_F(ClusterTest, TheNewestSaveOrDeleteWinsOnEveryNode) {
   EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
 }
 
+TEST_F(ClusterTest, SessionsSavedWhileTheirHomesWereDownReachThemWhenTheyComeBack) {
+  DaemonProcess a(Flags("node-a"));
+  DaemonProcess b(Flags("node-b"));
+  DaemonProcess c(Flags("node-c"));
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
+  auto ca = a.Connect("tenant");
+  {
+    auto cb = b.Connect("tenant");
+    auto cc = c.Connect("tenant");
+    ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
+  }
+  b.Kill();
+  c.Kill();
+  ASSERT_EQ(Alive(WaitView(
+                *ca, [](const ClusterView& v) { return Alive(v) == 1; }, 10)),
+            1u);
+  // Saved through A alone, so no copy reaches a home. Once B and C are back, A is a home of
+  // some of the ten and not of others (of all ten with a chance of (2/3)^10): those are found
+  // through B and C only if A sends them.
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  std::vector<std::vector<BlockKey>> chains;
+  for (int n = 0; n < 10; ++n) {
+    const std::vector<BlockKey> keys = hasher.Hash(Tokens(5000 + n, 2 * 16));
+    std::vector<std::vector<uint8_t>> blocks;
+    for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(n * 10 + i, 4096));
+    std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+    ASSERT_TRUE(ca->PutChain(keys, spans).ok());
+    ASSERT_OK(ca->SaveSession(
+        {.session_id = "while-away-" + std::to_string(n), .keys = keys, .token_count = 32}));
+    chains.push_back(keys);
+  }
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
+  auto cb = b.Connect("tenant");
+  auto cc = c.Connect("tenant");
+  ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
+  // Not loaded through A first (a load there would repair its homes): A offers every session it
+  // keeps to its homes when the membership changes.
+  for (int n = 0; n < 10; ++n) {
+    const std::string id = "while-away-" + std::to_string(n);
+    EXPECT_TRUE(Converges(*cb, id, chains[n]));
+    EXPECT_TRUE(Converges(*cc, id, chains[n]));
+  }
+}
+
 TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
   std::vector<std::string> a_flags = Flags("node-a");
   a_flags.push_back("--write_policy=write-through");  // A's blocks are on its disk at once
