@@ -50,7 +50,8 @@ class ClusterHooks {
   virtual void ReplicateSession(NamespaceId ns, const std::string& ns_name,
                                 const wire::SessionRecord& record) = 0;
   // The newest record of a session among its home nodes other than this one, deletion records
-  // included (record.deleted). NotFound when none has one.
+  // included (record.deleted). NotFound when the homes that answered have none; Unavailable when
+  // no other home answered (down, slow, or no cluster view yet).
   virtual Result<wire::SessionRecord> LoadRemoteSession(const std::string& ns_name,
                                                         const std::string& session_id) = 0;
   // LOCATE: asks every other live member how many leading blocks of `keys` it holds (one lookup

@@ -630,8 +630,10 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
                                                            const std::string& session_id) {
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
-  if (ring == nullptr) return Status::NotFound("no session '" + session_id + "'");
+  if (ring == nullptr) return Status::Unavailable("no cluster view yet");
   std::optional<wire::SessionRecord> newest;
+  size_t asked = 0;
+  size_t answered = 0;
   LoadSessionOptions options;
   options.prefetch = false;
   options.include_deleted = true;  // a deletion is news too: it must win over older saves
@@ -639,10 +641,12 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
        ring->Homes(SessionKey(ns_name, session_id), options_.replicas + 1)) {
     auto it = addresses.find(id);
     if (it == addresses.end()) continue;  // this node, or not reachable
+    ++asked;
     std::unique_ptr<Client> c = Checkout(it->second, ns_name);
     if (c == nullptr) continue;
     Result<LoadedSession> s = c->LoadSession(session_id, options);
     if (!s.ok() && !s.status().IsNotFound()) continue;  // a dead or slow home: the others
+    ++answered;
     Return(it->second, ns_name, std::move(c));
     if (!s.ok()) continue;
     wire::SessionRecord r;
@@ -659,6 +663,11 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
     if (!newest.has_value() || SessionHandlers::Newer(r, *newest)) newest = std::move(r);
   }
   if (!newest.has_value()) {
+    // Said only when a home said so: "none answered" must not read as "none has it" (a node
+    // that holds a copy would send it to homes that may hold a newer deletion).
+    if (asked > 0 && answered == 0) {
+      return Status::Unavailable("no home of session '" + session_id + "' answered");
+    }
     return Status::NotFound("no session '" + session_id + "' on its home nodes");
   }
   return std::move(*newest);
@@ -775,13 +784,16 @@ void ClusterNode::Rereplicate() {
   // sent to the homes it has in the new view; a home keeps only what is newer than its own.
   size_t offered = 0;
   std::set<cluster::NodeId> unreachable;
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
   options_.for_each_session([&](NamespaceId ns, const wire::SessionRecord& record) {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
     const std::string name = options_.namespace_name(ns);
-    if (name.empty()) return;
+    if (name.empty() || !SessionHandlers::MayRestore(record, now_ms)) return;
     Job job;
     job.kind = Job::Kind::kSession;
     job.ns = ns;
@@ -889,7 +901,10 @@ void ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) 
       Return(it->second, job.ns_name, std::move(c));
     }
     if (!st.ok()) VLOG(1) << "session copy to " << node << ": " << st.ToString();
-    if (failed != nullptr && st.code() == StatusCode::kUnavailable) failed->insert(node);
+    if (failed != nullptr &&
+        (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded)) {
+      failed->insert(node);
+    }
   }
 }
 

@@ -54,6 +54,10 @@ void SessionHandlers::ObserveLocked(uint64_t version) {
   if (Plausible(version)) last_version_ = std::max(last_version_, version);
 }
 
+bool SessionHandlers::MayRestore(const wire::SessionRecord& r, int64_t now_unix_ms) {
+  return r.deleted() || r.updated_unix_ms() >= now_unix_ms - kTombstoneTtl.count();
+}
+
 Status SessionHandlers::LoadSessions() {
   absl::MutexLock lock(&mu_);
   uint64_t n = 0;
@@ -195,7 +199,8 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
       record = std::move(theirs);
       remote = true;
     } else if (record.ok() &&
-               (theirs.ok() ? Newer(*record, *theirs) : theirs.status().IsNotFound())) {
+               (theirs.ok() ? Newer(*record, *theirs)
+                            : theirs.status().IsNotFound() && MayRestore(*record, NowUnixMs()))) {
       // The homes hold an older copy, or none (the copy sent when it was saved was lost: a
       // home was down, or this node died before sending it): send them this one (read repair).
       cluster->ReplicateSession(c.ns, c.ns_name, *record);

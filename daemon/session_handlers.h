@@ -46,6 +46,10 @@ class SessionHandlers {
 
   // Whether `a` is a newer save (or deletion) of its session than `b`.
   static bool Newer(const wire::SessionRecord& a, const wire::SessionRecord& b);
+  // Whether `r` may be sent to homes that may hold none of its session: a deletion always; a save
+  // only while younger than kTombstoneTtl, since an older one may have been deleted since and its
+  // deletion record dropped, and sending it would bring the session back.
+  static bool MayRestore(const wire::SessionRecord& r, int64_t now_unix_ms);
 
   // Pins the chains of every persisted session (at start, after TierManager::Recover).
   Status LoadSessions();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/session_handlers.h"
 #include "tests/support/fault_injection_fs.h"
 #include "tests/support/temp_dir.h"
 
@@ -177,6 +178,23 @@ TEST_F(SessionStoreTest, DeleteWhoseSyncFailsReportsIt) {
   fs_->Fail(Op::kSync);
   EXPECT_FALSE(sessions_->Delete(kNs, "chat-9").ok());
   EXPECT_TRUE(Same(Stored("chat-9"), v1));
+}
+
+// Which records a node may send to homes that may hold none of the session (read repair, the
+// offers after a membership change): deletions, and saves younger than a deletion record's life.
+TEST(SessionRepairTest, OnlySavesYoungerThanADeletionRecordsLifeAreRestored) {
+  const int64_t now = int64_t{1800000000000};
+  const int64_t ttl = SessionHandlers::kTombstoneTtl.count();
+  wire::SessionRecord r;
+  r.set_session_id("chat");
+  r.set_updated_unix_ms(now - 1000);
+  EXPECT_TRUE(SessionHandlers::MayRestore(r, now));
+  r.set_updated_unix_ms(now - ttl);
+  EXPECT_TRUE(SessionHandlers::MayRestore(r, now));
+  r.set_updated_unix_ms(now - ttl - 1);  // its deletion record may be gone by now
+  EXPECT_FALSE(SessionHandlers::MayRestore(r, now));
+  r.set_deleted(true);  // a deletion only ever deletes
+  EXPECT_TRUE(SessionHandlers::MayRestore(r, now));
 }
 
 }  // namespace

@@ -292,6 +292,13 @@ TEST_P(DeviceBuffersTest, AStreamOfAnotherDeviceIsRefused) {
   EXPECT_EQ(get.status().code(), StatusCode::kInvalidArgument);
   auto pending = client_->GetAsync(std::span(&k, 1), std::span(&buf, 1), {.cuda_stream = stream});
   EXPECT_FALSE(pending.ok());
+  // A borrow toward device 0 on it: refused before anything is leased.
+  const uint64_t leases_before = client_->Stats()->leases_active;
+  auto lent = client_->Borrow(std::span(&k, 1), {.gpu_device = 0, .cuda_stream = stream});
+  ASSERT_FALSE(lent.ok());
+  EXPECT_EQ(lent.status().code(), StatusCode::kInvalidArgument) << lent.status().ToString();
+  EXPECT_NE(lent.status().message().find("CUDA device 1"), std::string::npos);
+  EXPECT_EQ(client_->Stats()->leases_active, leases_before);
   // The same stream, said to be device 0's, serves.
   device_.SetStreamDevice(stream, 0);
   auto again = client_->Get(std::span(&k, 1), std::span(&buf, 1), {.cuda_stream = stream});

@@ -284,7 +284,7 @@ class BlockIndex {
 
   Entry* Chunk(EntryId id) const { return chunks_[id / kChunkEntries].get(); }
   MemCopies& MemAt(MemId m) const {
-    DCHECK_NE(m, kNoMem) << "an entry without a memory part";
+    CHECK_NE(m, kNoMem) << "an entry without a memory part";
     return mem_chunks_[m / kMemChunkEntries][m % kMemChunkEntries];
   }
   // Frees `id`'s memory part, if it has one.

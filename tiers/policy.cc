@@ -105,6 +105,11 @@ typename StrategyRegistry<Base>::Factory Counted(std::string kind, std::string p
                                                  std::string suffix = "") {
   return [=](std::string_view name, const NoContext&) -> Result<std::unique_ptr<Base>> {
     KVPOOL_ASSIGN_OR_RETURN(uint32_t n, ParseStrategyCount(kind, name, prefix, suffix));
+    // Every counted strategy compares N with a block's hits, which stop counting at kMaxHits.
+    if (n > kMaxHits) {
+      return Status::InvalidArgument(kind + " '" + std::string(name) +
+                                     "': N counts hits, at most " + std::to_string(kMaxHits));
+    }
     return std::unique_ptr<Base>(new T(n));
   };
 }

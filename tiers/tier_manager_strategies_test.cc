@@ -85,6 +85,10 @@ TEST_F(TierManagerTest, AdmissionAfterHitsDemotesOnlyBlocksReadEnough) {
   EXPECT_FALSE(ComposePolicy("", "write-through", "after-2-hits", "").ok())
       << "write-through writes fresh blocks that after-2-hits refuses";
   EXPECT_FALSE(ComposePolicy("", "", "after-0-hits", "").ok());
+  // A block's hits stop counting at 65,535: a larger N could never be reached.
+  EXPECT_TRUE(ComposePolicy("", "", "after-65535-hits", "").ok());
+  EXPECT_FALSE(ComposePolicy("", "", "after-65536-hits", "").ok());
+  EXPECT_FALSE(ComposePolicy("", "write-through-after-70000", "", "").ok());
 }
 
 TEST_F(TierManagerTest, ReadAheadPromotesTheNextBlocksOfTheChain) {
