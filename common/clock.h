@@ -38,6 +38,14 @@ class Clock {
 // The process's steady clock.
 Clock& RealClock();
 
+// Wall-clock time in milliseconds since the Unix epoch, for what must compare across nodes and
+// restarts (session versions, membership records), never for deadlines.
+inline int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // A clock for tests: starts at an arbitrary point and moves only by Advance.
 class ManualClock final : public Clock {
  public:

@@ -8,6 +8,7 @@
 #include <kvpool/block_key.h>
 #include "client/peer_calls.h"
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/threads.h"
 #include "control.pb.h"
 #include "daemon/session_handlers.h"
@@ -616,14 +617,19 @@ void ClusterNode::Replicate(NamespaceId ns, const std::string& ns_name,
   Enqueue(std::move(job));
 }
 
-void ClusterNode::ReplicateSession(NamespaceId ns, const std::string& ns_name,
-                                   const wire::SessionRecord& record) {
+ClusterNode::Job ClusterNode::SessionJob(NamespaceId ns, const std::string& ns_name,
+                                         const wire::SessionRecord& record) {
   Job job;
   job.kind = Job::Kind::kSession;
   job.ns = ns;
   job.ns_name = ns_name;
   job.session = std::make_shared<wire::SessionRecord>(record);
-  Enqueue(std::move(job));
+  return job;
+}
+
+void ClusterNode::ReplicateSession(NamespaceId ns, const std::string& ns_name,
+                                   const wire::SessionRecord& record) {
+  Enqueue(SessionJob(ns, ns_name, record));
 }
 
 Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns_name,
@@ -784,9 +790,7 @@ void ClusterNode::Rereplicate() {
   // sent to the homes it has in the new view; a home keeps only what is newer than its own.
   size_t offered = 0;
   std::set<cluster::NodeId> unreachable;
-  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
+  const int64_t now_ms = UnixMillis();
   options_.for_each_session([&](NamespaceId ns, const wire::SessionRecord& record) {
     {
       absl::MutexLock lock(&mu_);
@@ -794,12 +798,7 @@ void ClusterNode::Rereplicate() {
     }
     const std::string name = options_.namespace_name(ns);
     if (name.empty() || !SessionHandlers::MayRestore(record, now_ms)) return;
-    Job job;
-    job.kind = Job::Kind::kSession;
-    job.ns = ns;
-    job.ns_name = name;
-    job.session = std::make_shared<wire::SessionRecord>(record);
-    RunSession(job, &unreachable);
+    RunSession(SessionJob(ns, name, record), &unreachable);
     ++offered;
   });
   LOG(INFO) << "membership changed: offered " << offered

@@ -115,6 +115,9 @@ class ClusterNode final : public ClusterHooks {
     std::shared_ptr<const wire::SessionRecord> session;  // a save or a deletion record
   };
   void Enqueue(Job job);
+  // A job sending `record` (a save or a deletion) of namespace `ns` to the session's homes.
+  static Job SessionJob(NamespaceId ns, const std::string& ns_name,
+                        const wire::SessionRecord& record);
   // Runs `task` on a fan-out thread.
   void Fanout(std::function<void()> task);
   void FanoutLoop();

@@ -3,26 +3,16 @@
 #include <glog/logging.h>
 
 #include <algorithm>
-#include <chrono>
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "control.pb.h"
 #include "daemon/request_codec.h"
 
 namespace kvpool::daemon {
 
 using transport::Response;
-
-namespace {
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 SessionHandlers::SessionHandlers(tiers::TierManager& tiers, SessionStore& sessions,
                                  Metrics& metrics, const ClusterRef& cluster, std::string node_id,
@@ -39,7 +29,7 @@ bool SessionHandlers::Newer(const wire::SessionRecord& a, const wire::SessionRec
 }
 
 uint64_t SessionHandlers::NextVersion() {
-  const uint64_t wall = static_cast<uint64_t>(NowUnixMs()) << 16;
+  const uint64_t wall = static_cast<uint64_t>(UnixMillis()) << 16;
   last_version_ = std::max(wall, last_version_ + 1);
   return last_version_;
 }
@@ -47,7 +37,7 @@ uint64_t SessionHandlers::NextVersion() {
 bool SessionHandlers::Plausible(uint64_t version) {
   // An hour ahead of this node's clock at most: a version far in the future would make every
   // later save lose to it (and could wrap the clock).
-  return version <= static_cast<uint64_t>(NowUnixMs() + 3600 * 1000) << 16;
+  return version <= static_cast<uint64_t>(UnixMillis() + 3600 * 1000) << 16;
 }
 
 void SessionHandlers::ObserveLocked(uint64_t version) {
@@ -62,7 +52,7 @@ Status SessionHandlers::LoadSessions() {
   absl::MutexLock lock(&mu_);
   uint64_t n = 0;
   std::vector<std::pair<NamespaceId, std::string>> expired;
-  const int64_t expire_before = NowUnixMs() - kTombstoneTtl.count();
+  const int64_t expire_before = UnixMillis() - kTombstoneTtl.count();
   KVPOOL_RETURN_IF_ERROR(sessions_.ForEach([&](NamespaceId ns, const wire::SessionRecord& r) {
     ObserveLocked(r.version());
     if (r.deleted()) {
@@ -139,7 +129,7 @@ Response SessionHandlers::Save(Connection& c, std::string_view body) {
     ObserveLocked(record.version());
     if (old.ok() && !Newer(record, *old)) return Reply(wire::SESSION_SAVE, resp, Status::OK());
   } else {
-    const int64_t now = NowUnixMs();
+    const int64_t now = UnixMillis();
     record.set_created_unix_ms(old.ok() && !old->deleted() ? old->created_unix_ms() : now);
     record.set_updated_unix_ms(now);
     record.set_version(NextVersion());
@@ -200,7 +190,7 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
       remote = true;
     } else if (record.ok() &&
                (theirs.ok() ? Newer(*record, *theirs)
-                            : theirs.status().IsNotFound() && MayRestore(*record, NowUnixMs()))) {
+                            : theirs.status().IsNotFound() && MayRestore(*record, UnixMillis()))) {
       // The homes hold an older copy, or none (the copy sent when it was saved was lost: a
       // home was down, or this node died before sending it): send them this one (read repair).
       cluster->ReplicateSession(c.ns, c.ns_name, *record);
@@ -275,7 +265,7 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
     tombstone.set_deleted(true);
     tombstone.set_version(NextVersion());
     tombstone.set_origin(node_id_);
-    tombstone.set_updated_unix_ms(NowUnixMs());
+    tombstone.set_updated_unix_ms(UnixMillis());
     st = StoreLocked(c.ns, tombstone, old);
   }
   if (st.ok() && cluster != nullptr) cluster->ReplicateSession(c.ns, c.ns_name, tombstone);

@@ -456,6 +456,10 @@ class TierManager {
   // Drops the host copy, and the gpu copy with it.
   void DropHostCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropGpuCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where `id`'s gpu copy is in the gpu tier of its device (it must have one).
+  MemorySlot GpuSlotLocked(EntryId id) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return {uint64_t{index_.Mem(id).gpu_page} * MemoryTier::kPageBytes, index_.at(id).size};
+  }
   // The gpu tier of `device`, or null; its index in gpus_ (and the mover's gpu workers), or -1.
   GpuTier* GpuOf(int device) const;
   int GpuIndexOf(int device) const;

@@ -25,10 +25,9 @@ GpuTier* TierManager::GpuOf(int device) const {
 }
 
 void TierManager::DropGpuCopyLocked(EntryId id) {
-  const Entry& e = index_.at(id);
   // Read before the copy goes: with its last memory copy, its memory part goes too.
   const int device = index_.Mem(id).gpu_device;
-  const MemorySlot slot{uint64_t{index_.Mem(id).gpu_page} * MemoryTier::kPageBytes, e.size};
+  const MemorySlot slot = GpuSlotLocked(id);
   for (size_t i = 0; i < gpus_.size(); ++i) {
     if (gpus_[i]->device() != device) continue;
     index_.RemoveCopy(id, Tier::kGpu);
@@ -38,7 +37,7 @@ void TierManager::DropGpuCopyLocked(EntryId id) {
     ++gpu_counters_.evictions;
     return;
   }
-  LOG(DFATAL) << "block " << e.key.ShortHex() << " has a copy on gpu " << device
+  LOG(DFATAL) << "block " << index_.at(id).key.ShortHex() << " has a copy on gpu " << device
               << ", which runs no gpu tier";
 }
 
@@ -259,9 +258,9 @@ void TierManager::FillHostCopiesLocked(int g) {
   std::vector<Fill> fills;
   for (EntryId id : std::exchange(gpu_fills_[g], {})) {
     const Entry& e = index_.at(id);  // busy (kBusyFromGpu): neither moved nor erased meanwhile
-    const MemCopies& mem = index_.Mem(id);
-    fills.push_back({id, gpu.Data({uint64_t{mem.gpu_page} * MemoryTier::kPageBytes, e.size}),
-                     host_.Data({mem.host_offset, e.size}), e.size, gpu_checksums_.at(id)});
+    fills.push_back({id, gpu.Data(GpuSlotLocked(id)),
+                     host_.Data({index_.Mem(id).host_offset, e.size}), e.size,
+                     gpu_checksums_.at(id)});
   }
   if (fills.empty()) return;
   ++io_in_flight_;  // a writer short of host room waits for this instead of failing
@@ -350,10 +349,7 @@ uint32_t TierManager::DropDamagedGpuCopies(NamespaceId ns, std::span<const Block
       if (gpu == nullptr || dsum == gpu_checksums_.end() || e.leases > 0 || e.busy != 0) continue;
       // Busy while checked: it is neither moved nor dropped under the check.
       e.busy |= kBusyToGpu;
-      suspects.push_back({id,
-                          gpu,
-                          {uint64_t{index_.Mem(id).gpu_page} * MemoryTier::kPageBytes, e.size},
-                          dsum->second});
+      suspects.push_back({id, gpu, GpuSlotLocked(id), dsum->second});
     }
   }
   // Checked outside the mutex, each on its own GPU's copy engine.
@@ -402,10 +398,7 @@ std::optional<std::pair<int, MemorySlot>> TierManager::GpuCopyForTest(NamespaceI
   absl::MutexLock lock(&mu_);
   const EntryId id = FindCachedLocked(ns, key);
   if (id == kNoEntry || !index_.at(id).In(Tier::kGpu)) return std::nullopt;
-  const MemCopies& mem = index_.Mem(id);
-  return std::make_pair(
-      int{mem.gpu_device},
-      MemorySlot{uint64_t{mem.gpu_page} * MemoryTier::kPageBytes, index_.at(id).size});
+  return std::make_pair(int{index_.Mem(id).gpu_device}, GpuSlotLocked(id));
 }
 
 }  // namespace kvpool::tiers

@@ -167,7 +167,7 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     BlockRead& r = out[i];
     r.from = Tier::kGpu;
     r.gpu_device = gpu_device;
-    r.gpu_offset = uint64_t{index_.Mem(id).gpu_page} * MemoryTier::kPageBytes;
+    r.gpu_offset = GpuSlotLocked(id).offset;
     r.device_checksum = dsum->second;
     --host_counters_.hits;  // lease() counted a host hit
     ++gpu_counters_.hits;

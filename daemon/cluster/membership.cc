@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "common/clock.h"
 #include "daemon/cluster/base64.h"
 #include "daemon/cluster/cluster_threads.h"
 
@@ -22,12 +23,6 @@ using json = nlohmann::json;
 
 constexpr int kRecordVersion = 1;
 constexpr std::chrono::milliseconds kClaimRetry{250};
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string Hex(const unsigned char* data, size_t n) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -211,7 +206,7 @@ Membership::Membership(MembershipOptions options, std::unique_ptr<EtcdClient> et
   self_.control_address = options_.control_address;
   self_.ucx_worker_address = options_.ucx_worker_address;
   self_.capacity_bytes = options_.capacity_bytes;
-  self_.started_at_ms = NowUnixMs();
+  self_.started_at_ms = UnixMillis();
   state_since_ms_ = self_.started_at_ms;
   ring_ = std::make_shared<const Ring>(std::vector<NodeId>{options_.node_id});
 }
@@ -472,7 +467,7 @@ void Membership::SetState(ClusterState state, std::string reason) {
     const bool changed = state_ != state;
     state_ = state;
     reason_ = std::move(reason);
-    if (changed) state_since_ms_ = NowUnixMs();
+    if (changed) state_since_ms_ = UnixMillis();
   }
   NotifyChange();
 }
@@ -604,7 +599,7 @@ void Membership::Leave() {
     lease = lease_;
     was_paused = paused_;
     state_ = ClusterState::kStopped;
-    state_since_ms_ = NowUnixMs();
+    state_since_ms_ = UnixMillis();
   }
   // A paused member plays dead: it lets its lease expire rather than leave politely.
   if (lease != 0 && !was_paused) {
