@@ -294,6 +294,16 @@ void SegmentedTier::Free(const MemorySlot& slot) {
   pages_.Free(slot);
 }
 
+uint32_t SegmentedTier::segment_count() const {
+  absl::MutexLock lock(&mu_);
+  return pages_.segment_count();
+}
+
+uint64_t SegmentedTier::SegmentUsedBytes(uint32_t segment) const {
+  absl::MutexLock lock(&mu_);
+  return pages_.used_bytes(segment);
+}
+
 uint64_t SegmentedTier::allocated_bytes() const {
   absl::MutexLock lock(&mu_);
   return pages_.allocated_bytes();

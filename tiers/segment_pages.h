@@ -38,6 +38,10 @@ class SegmentPages {
 
   uint64_t segment_bytes() const { return segment_bytes_; }
   uint32_t segment_count() const { return segment_count_; }
+  // Pages of segment `index` in use, in bytes.
+  uint64_t used_bytes(uint32_t index) const {
+    return uint64_t{segments_[index].used_pages} * MemoryTier::kPageBytes;
+  }
 
   // As MemoryTier::Allocate: a slot in a segment `ns` owns, taking back one of its vacant
   // segments, else a clean one, when none has room. InvalidArgument for 0 or more than a
@@ -125,6 +129,8 @@ class SegmentedTier : public MemoryTier {
   // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.
   void Free(const MemorySlot& slot) override;
   uint64_t allocated_bytes() const override;
+  uint32_t segment_count() const override;
+  uint64_t SegmentUsedBytes(uint32_t segment) const override;
   // Renewals that failed so far (a caller that evicts for room stops at one: freeing more would
   // only have it fail again).
   uint64_t failed_renewals() const;

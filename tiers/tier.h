@@ -103,6 +103,9 @@ class MemoryTier : public StorageTier {
   virtual uint64_t max_block_bytes() const = 0;
   // Pages handed out, in bytes; cheap.
   virtual uint64_t allocated_bytes() const = 0;
+  virtual uint32_t segment_count() const = 0;
+  // Pages of segment `segment` handed out (to blocks and reservations), in bytes.
+  virtual uint64_t SegmentUsedBytes(uint32_t segment) const = 0;
   // A namespace's quota (tiers/policy.h): at most `max_segments` segments of its own (0: no
   // limit); Allocate then refuses to take another one for it (ResourceExhausted; the caller
   // evicts that namespace's own blocks). Segments it holds beyond a lowered limit are kept until

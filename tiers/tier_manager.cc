@@ -38,6 +38,7 @@ TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
       start_(clock_.Now()),
       hasher_(index_.hasher()),
       default_policy_(DefaultNamespacePolicy()),
+      host_segments_(host_.segment_count(), host_.segment_bytes()),
       mover_(mu_, clock_,
              MoverOptions{.promotion_threads = options.promotion_threads,
                           .gpu_workers = static_cast<int>(gpus_.size())},
@@ -51,6 +52,7 @@ TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
                      ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonGpuPlacementLocked(gpu, job); }}) {
   absl::MutexLock lock(&mu_);
   gpu_blocks_.assign(gpus_.size(), 0);
+  for (GpuTier* gpu : gpus_) gpu_segments_.emplace_back(gpu->segment_count(), gpu->segment_bytes());
   gpu_fills_.resize(gpus_.size());
 }
 

@@ -61,6 +61,7 @@
 #include "tiers/leases.h"
 #include "tiers/mover.h"
 #include "tiers/policy.h"
+#include "tiers/segment_blocks.h"
 #include "tiers/tier.h"
 #include "tiers/tier_copy.h"
 
@@ -453,9 +454,30 @@ class TierManager {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Erases `id` and then its copy-less ancestors while nothing holds them.
   void MaybeEraseLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `id` gets its host copy at arena offset `offset`.
+  void AddHostCopyLocked(EntryId id, uint64_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `id` gets its gpu copy in `slot` of gpu tier gpus_[gpu].
+  void AddGpuCopyLocked(EntryId id, size_t gpu, const MemorySlot& slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the host copy, and the gpu copy with it.
   void DropHostCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropGpuCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The blocks to evict from memory tier `mem` (whose copies `blocks` places, in `tier`) to
+  // empty one whole segment for a namespace that needs one. Tried: the few segments holding the
+  // most bytes of `victims` (the tier's coldest candidates). A segment qualifies when no
+  // reservation or copy in flight holds pages of it and `evictable` accepts each of its blocks
+  // and, tail first, each of their descendants in `tier`, wherever they are. Of those, the one
+  // that costs least is chosen: the bytes it evicts beyond `victims`, plus (host) the bytes it
+  // must first write to disk. Descendants come before their ancestors. Empty when none
+  // qualifies.
+  std::vector<EntryId> SegmentToEmptyLocked(const MemoryTier& mem, const SegmentBlocks& blocks,
+                                            Tier tier, std::span<const EntryId> victims,
+                                            const VictimFilter& evictable) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Where `id`'s copy in memory tier `tier` (host or gpu) starts.
+  uint64_t MemOffsetLocked(EntryId id, Tier tier) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return tier == Tier::kHost ? index_.Mem(id).host_offset : GpuSlotLocked(id).offset;
+  }
   // Where `id`'s gpu copy is in the gpu tier of its device (it must have one).
   MemorySlot GpuSlotLocked(EntryId id) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return {uint64_t{index_.Mem(id).gpu_page} * MemoryTier::kPageBytes, index_.at(id).size};
@@ -500,6 +522,16 @@ class TierManager {
   // released or scheduled. With `only`, from that namespace's candidates alone (it holds its
   // quota).
   uint64_t EvictHostLocked(uint64_t budget, NamespaceId only = kNoNamespace, bool may_write = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts the blocks of one host segment (SegmentToEmptyLocked) so that it empties, as
+  // EvictHostLocked would: 0 when no segment qualifies. Without `may_write`, only a segment
+  // whose blocks need no write qualifies.
+  uint64_t EvictHostSegmentLocked(bool may_write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // EvictHostLocked's work on `victims` (in order), until `budget` bytes are released or
+  // scheduled or `demote_limit` bytes are being demoted. A block whose child still has a host
+  // copy stays (tail first). Returns bytes released or scheduled.
+  uint64_t EvictHostVictimsLocked(std::span<const EntryId> victims, uint64_t budget,
+                                  uint64_t demote_limit, bool may_write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room for `extra` more disk bytes of `ns` within its disk quota (if it has one) by
   // dropping its own coldest disk copies. ResourceExhausted when it cannot.
@@ -591,6 +623,9 @@ class TierManager {
   uint64_t blocks_over_quota_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> gpu_blocks_ ABSL_GUARDED_BY(mu_);  // parallel to gpus_
+  // The blocks in each segment of host and of each gpu tier (parallel to gpus_).
+  SegmentBlocks host_segments_ ABSL_GUARDED_BY(mu_);
+  std::vector<SegmentBlocks> gpu_segments_ ABSL_GUARDED_BY(mu_);
   TierCounters gpu_counters_ ABSL_GUARDED_BY(mu_);
   // The device checksum of each gpu copy, taken when it was made (and verified against its host
   // source).

@@ -24,6 +24,15 @@ GpuTier* TierManager::GpuOf(int device) const {
   return i < 0 ? nullptr : gpus_[static_cast<size_t>(i)];
 }
 
+void TierManager::AddGpuCopyLocked(EntryId id, size_t gpu, const MemorySlot& slot) {
+  MemCopies& mem = index_.EnsureMem(id);
+  mem.gpu_page = static_cast<uint32_t>(slot.offset / MemoryTier::kPageBytes);
+  mem.gpu_device = static_cast<uint8_t>(gpus_[gpu]->device());
+  index_.AddCopy(id, Tier::kGpu);
+  gpu_segments_[gpu].Add(slot.offset, id);
+  ++gpu_blocks_[gpu];
+}
+
 void TierManager::DropGpuCopyLocked(EntryId id) {
   // Read before the copy goes: with its last memory copy, its memory part goes too.
   const int device = index_.Mem(id).gpu_device;
@@ -31,6 +40,7 @@ void TierManager::DropGpuCopyLocked(EntryId id) {
   for (size_t i = 0; i < gpus_.size(); ++i) {
     if (gpus_[i]->device() != device) continue;
     index_.RemoveCopy(id, Tier::kGpu);
+    gpu_segments_[i].Remove(slot.offset, id);
     gpu_checksums_.erase(id);
     gpus_[i]->Free(slot);
     --gpu_blocks_[i];
@@ -61,6 +71,11 @@ Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, 
       pools_.VictimsOf(ns, Tier::kGpu, budget, evictable, &victims);
     } else {
       pools_.Victims(Tier::kGpu, budget, evictable, &victims);
+      // One segment emptied for it (descendants first), not the coldest copies of every one.
+      std::vector<EntryId> segment =
+          SegmentToEmptyLocked(gpu, gpu_segments_[static_cast<size_t>(GpuIndexOf(device))],
+                               Tier::kGpu, victims, evictable);
+      if (!segment.empty()) victims = std::move(segment);
     }
     if (victims.empty()) return slot;
     for (EntryId id : victims) DropGpuCopyLocked(id);
@@ -146,12 +161,8 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
       MaybeEraseLocked(c.id);
       continue;
     }
-    MemCopies& mem = index_.Mem(c.id);  // it is in host
-    mem.gpu_page = static_cast<uint32_t>(c.slot.offset / MemoryTier::kPageBytes);
-    mem.gpu_device = static_cast<uint8_t>(device);
-    index_.AddCopy(c.id, Tier::kGpu);
+    AddGpuCopyLocked(c.id, gpu_index, c.slot);
     gpu_checksums_[c.id] = dsums[i];
-    ++gpu_blocks_[gpu_index];
     ++gpu_counters_.promotions;
     ++placed;
   }

@@ -177,6 +177,31 @@ TEST_F(TierManagerGpuTest, NamespacesGetTheirOwnGpuSegments) {
   EXPECT_FALSE(manager_->GpuCopyForTest(kNs, theirs[0]).has_value());
 }
 
+// A namespace's first gpu copy, with both segments of gpu 0 held by another namespace, empties
+// one of them (16 copies), not the coldest copies of both until one happens to empty (all 32).
+TEST_F(TierManagerGpuTest, ANamespaceThatNeedsAGpuSegmentEmptiesOne) {
+  Keys mine;
+  for (int i = 0; i < 32; ++i) mine.push_back(PutChain(300 + 2 * i, {64 * kKiB})[0]);
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, mine, 0).value(), 32u);
+  Keys shuffled = mine;
+  std::mt19937 rng(5);
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  for (const BlockKey& k : shuffled) ExpectServed(k);  // recency scattered over both segments
+  const Keys theirs = PutChain(400, {64 * kKiB}, /*ns=*/2);
+  const uint64_t before = manager_->GetStats().gpu_counters.evictions;
+  ASSERT_EQ(manager_->PromoteToGpu(2, theirs, 0).value(), 1u);
+  EXPECT_EQ(manager_->GetStats().gpu_counters.evictions - before, 16u);
+  EXPECT_EQ(GpuBlocks(0), 17u);
+  int on_gpu = 0;
+  for (const BlockKey& k : mine) {
+    if (!manager_->GpuCopyForTest(kNs, k).has_value()) continue;
+    ExpectOnGpu(k, 0);
+    ++on_gpu;
+  }
+  EXPECT_EQ(on_gpu, 16);
+  for (const BlockKey& k : mine) ExpectServed(k);  // host still holds every one
+}
+
 TEST_F(TierManagerGpuTest, AGpuQuotaKeepsANamespaceToItsSegmentsAndItsOwnBlocksGo) {
   NamespacePolicy limited = DefaultNamespacePolicy();
   limited.gpu_quota_bytes = kMiB;  // one segment on each GPU

@@ -30,12 +30,20 @@ bool TierManager::HostAboveHighWatermarkLocked() const {
          options_.host_high_watermark * static_cast<double>(host_.capacity_bytes());
 }
 
+void TierManager::AddHostCopyLocked(EntryId id, uint64_t offset) {
+  index_.EnsureMem(id).host_offset = offset;
+  index_.AddCopy(id, Tier::kHost);
+  host_segments_.Add(offset, id);
+  ++host_blocks_;
+}
+
 void TierManager::DropHostCopyLocked(EntryId id) {
   const Entry& e = index_.at(id);
   if (e.In(Tier::kGpu)) DropGpuCopyLocked(id);
   // Read before the copy goes: with its last memory copy, its memory part goes too.
   const HostSlot slot{index_.Mem(id).host_offset, e.size};
   index_.RemoveCopy(id, Tier::kHost);
+  host_segments_.Remove(slot.offset, id);
   host_.Free(slot);
   --host_blocks_;
   MaybeEraseLocked(id);
@@ -198,7 +206,8 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
         continue;
       }
       e.busy &= static_cast<uint8_t>(~kBusyDemoting);
-      if (drop_host && e.leases == 0 && e.In(Tier::kHost) && !e.In(Tier::kDisk)) {
+      if (drop_host && e.leases == 0 && e.In(Tier::kHost) && !e.In(Tier::kDisk) &&
+          e.children[TierSlot(Tier::kHost)] == 0) {
         ++host_counters_.evictions;
         ++blocks_over_quota_;
         DropHostCopyLocked(id);
@@ -287,7 +296,8 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
       index_.AddCopy(id, Tier::kDisk);
       ++disk_blocks_;
     }
-    if (drop_host && e.leases == 0 && e.In(Tier::kHost)) {
+    // Tail first: a block whose child kept its host copy (leased meanwhile) keeps its own.
+    if (drop_host && e.leases == 0 && e.In(Tier::kHost) && e.children[TierSlot(Tier::kHost)] == 0) {
       if (st.ok()) {
         ++host_counters_.demotions;
       } else {
@@ -302,9 +312,6 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
 }
 
 uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool may_write) {
-  uint64_t released = 0;
-  uint64_t demote_bytes = 0;
-  std::vector<EntryId> to_demote;
   std::vector<EntryId> victims;
   auto evictable = [&](EntryId id) {
     const Entry& e = index_.at(id);
@@ -315,14 +322,42 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool ma
   } else {
     pools_.VictimsOf(only, Tier::kHost, budget, evictable, &victims);
   }
+  return EvictHostVictimsLocked(victims, budget, options_.demotion_batch_bytes, may_write);
+}
+
+uint64_t TierManager::EvictHostSegmentLocked(bool may_write) {
+  // Without writing, only a segment whose every block may simply be dropped empties.
+  auto evictable = [&](EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Entry& e = index_.at(id);
+    return e.leases == 0 && e.busy == 0 &&
+           (may_write || e.In(Tier::kDisk) || !PolicyLocked(e.ns).admission->Admit(e.hits));
+  };
+  std::vector<EntryId> victims;
+  pools_.Victims(Tier::kHost, host_.segment_bytes(), evictable, &victims);
+  const std::vector<EntryId> segment =
+      SegmentToEmptyLocked(host_, host_segments_, Tier::kHost, victims, evictable);
+  if (segment.empty()) return 0;
+  return EvictHostVictimsLocked(segment, UINT64_MAX, UINT64_MAX, may_write);
+}
+
+uint64_t TierManager::EvictHostVictimsLocked(std::span<const EntryId> victims, uint64_t budget,
+                                             uint64_t demote_limit, bool may_write) {
+  uint64_t released = 0;
+  uint64_t demote_bytes = 0;
+  std::vector<EntryId> to_demote;
   for (EntryId id : victims) {
-    if (released + demote_bytes >= budget || demote_bytes >= options_.demotion_batch_bytes) break;
+    if (released + demote_bytes >= budget || demote_bytes >= demote_limit) break;
     Entry& e = index_.at(id);
+    // Tail first: a block of an emptied segment whose child there is being demoted goes once
+    // that child has (the next call finds it a leaf).
+    const bool leaf = e.children[TierSlot(Tier::kHost)] == 0;
     if (e.In(Tier::kDisk)) {
+      if (!leaf) continue;
       released += PagesBytes(e.size);
       ++host_counters_.evictions;
       DropHostCopyLocked(id);
     } else if (!PolicyLocked(e.ns).admission->Admit(e.hits)) {
+      if (!leaf) continue;
       // The namespace's disk does not take it: it leaves the cache.
       released += PagesBytes(e.size);
       ++host_counters_.evictions;
@@ -340,6 +375,91 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool ma
   return released + demote_bytes;
 }
 
+std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
+                                                       const SegmentBlocks& blocks, Tier tier,
+                                                       std::span<const EntryId> victims,
+                                                       const VictimFilter& evictable) const {
+  const absl::flat_hash_set<EntryId> cold(victims.begin(), victims.end());
+  // The segments of the victims, the most victim bytes first.
+  absl::flat_hash_map<uint32_t, uint64_t> cold_bytes;
+  for (EntryId id : victims) {
+    cold_bytes[blocks.SegmentOf(MemOffsetLocked(id, tier))] += PagesBytes(index_.at(id).size);
+  }
+  std::vector<std::pair<uint64_t, uint32_t>> ranked;  // (victim bytes, segment)
+  ranked.reserve(cold_bytes.size());
+  for (const auto& [segment, bytes] : cold_bytes) ranked.emplace_back(bytes, segment);
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  // Of the first few, the one that costs least to empty (below): its blocks and, tail first, their
+  // descendants in `tier` wherever they are. Each check walks a segment's blocks.
+  constexpr size_t kSegmentsTried = 8;
+  absl::flat_hash_set<EntryId> best;
+  uint64_t best_cost = UINT64_MAX;
+  for (size_t r = 0; r < ranked.size() && r < kSegmentsTried; ++r) {
+    const uint32_t segment = ranked[r].second;
+    absl::flat_hash_set<EntryId> set;
+    std::vector<EntryId> todo;
+    uint64_t in_segment = 0;
+    bool empties = true;
+    for (EntryId id : blocks.Of(segment)) {
+      if (!evictable(id)) {
+        empties = false;
+        break;
+      }
+      in_segment += PagesBytes(index_.at(id).size);
+      set.insert(id);
+      todo.push_back(id);
+    }
+    // Pages its blocks do not account for belong to a reservation or a copy in flight.
+    if (!empties || in_segment != mem.SegmentUsedBytes(segment)) continue;
+    while (!todo.empty() && empties) {
+      const EntryId id = todo.back();
+      todo.pop_back();
+      if (index_.at(id).children[TierSlot(tier)] == 0) continue;
+      index_.ForEachChild(id, [&](EntryId child) {
+        if (!index_.at(child).In(tier) || !set.insert(child).second) return;
+        if (!evictable(child)) empties = false;
+        todo.push_back(child);
+      });
+    }
+    if (!empties) continue;
+    // What emptying it costs: the bytes it evicts beyond the victims (reads that will miss this
+    // tier), plus, for host, the bytes it must write to disk first (the newcomer waits for them).
+    uint64_t cost = 0;
+    for (EntryId id : set) {
+      const Entry& e = index_.at(id);
+      if (!cold.contains(id)) cost += PagesBytes(e.size);
+      if (tier == Tier::kHost && !e.In(Tier::kDisk)) cost += PagesBytes(e.size);
+    }
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = std::move(set);
+    }
+  }
+  // Descendants first: by the number of ancestors each has in the set, most first.
+  absl::flat_hash_map<EntryId, uint32_t> depth;
+  depth.reserve(best.size());
+  std::vector<EntryId> path;
+  for (EntryId id : best) {
+    path.clear();
+    EntryId at = id;
+    while (at != kNoEntry && best.contains(at) && !depth.contains(at)) {
+      path.push_back(at);
+      at = index_.at(at).parent;
+    }
+    uint32_t d = at != kNoEntry && depth.contains(at) ? depth[at] + 1 : 0;
+    for (size_t p = path.size(); p-- > 0;) depth[path[p]] = d++;
+  }
+  std::vector<EntryId> out(best.begin(), best.end());
+  std::sort(out.begin(), out.end(), [&](EntryId a, EntryId b) {
+    const uint32_t da = depth[a];
+    const uint32_t db = depth[b];
+    return da != db ? da > db : a < b;
+  });
+  return out;
+}
+
 Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait,
                                                  bool may_renew) {
   for (;;) {
@@ -349,7 +469,13 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
     // namespace that holds its quota of segments frees its own.
     const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());
     const bool over_quota = host_.AtSegmentLimit(ns);
-    if (EvictHostLocked(budget, over_quota ? ns : kNoNamespace, /*may_write=*/may_wait) == 0) {
+    // A namespace that may take another segment has one emptied for it, not the tier's coldest
+    // blocks evicted, scattered over every segment, until one happens to empty.
+    uint64_t freed = over_quota ? 0 : EvictHostSegmentLocked(/*may_write=*/may_wait);
+    if (freed == 0) {
+      freed = EvictHostLocked(budget, over_quota ? ns : kNoNamespace, /*may_write=*/may_wait);
+    }
+    if (freed == 0) {
       if (!may_wait) {
         return Status::Unavailable("no host room without writing to disk or waiting for it");
       }
@@ -463,11 +589,8 @@ void TierManager::PromoteOne(EntryId id) {
         if (st.ok()) {
           // Decoded from an encoded copy: approximate bytes, with their own checksum.
           e2.checksum = checksum;
-          MemCopies& mem = index_.EnsureMem(id);
-          mem.lossy_encoding = copy.encoding;
-          mem.host_offset = slot->offset;
-          index_.AddCopy(id, Tier::kHost);
-          ++host_blocks_;
+          index_.EnsureMem(id).lossy_encoding = copy.encoding;
+          AddHostCopyLocked(id, slot->offset);
           ++host_counters_.promotions;
         } else {
           host_.Free(*slot);

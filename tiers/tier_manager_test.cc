@@ -1154,5 +1154,80 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverSeeWrongBytes) {
   }
 }
 
+// A namespace's first block, with every segment held by another namespace, empties one segment:
+// its blocks (the coldest segment's worth of them, by the order reads left) go to disk, not the
+// coldest blocks of every segment until one happens to empty, which here was all 128 of them.
+TEST_F(TierManagerTest, ANamespaceThatNeedsASegmentEmptiesOneNotTheTier) {
+  options_.host_high_watermark = 1.0;  // the flusher stays idle: only reservations make room
+  options_.host_low_watermark = 1.0;
+  Open();
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 128; ++i) {  // 8 x 1 MiB segments, 16 blocks each
+    keys.push_back(KeyOf(5000 + i));
+    ASSERT_TRUE(Put(keys.back(), 64 * kKiB).ok()) << i;
+  }
+  std::vector<BlockKey> shuffled = keys;
+  std::mt19937 rng(7);
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  for (const BlockKey& k : shuffled) ExpectServed(k);  // recency scattered over the segments
+  manager_->WaitIdleForTest();
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_EQ(before.host_blocks, 128u);
+
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, /*ns=*/2).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.host_counters.demotions - before.host_counters.demotions, 16u);
+  EXPECT_EQ(after.host_counters.evictions, before.host_counters.evictions);
+  EXPECT_EQ(after.host_blocks, 128u - 16u + 1u);
+  EXPECT_EQ(after.blocks_lost, 0u);
+  ExpectServed(KeyOf(9999), 2);
+  for (const BlockKey& k : keys) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
+// The same with chains that cross segments: emptying a segment takes, tail first, the blocks
+// that follow its blocks in other segments, so no chain keeps a host copy of a block whose
+// parent lost its own; the segment chosen is the one that costs the fewest blocks.
+TEST_F(TierManagerTest, EmptyingASegmentForANamespaceKeepsChainsTailFirst) {
+  options_.host_high_watermark = 1.0;
+  options_.host_low_watermark = 1.0;
+  Open();
+  std::vector<std::vector<BlockKey>> chains;
+  for (int c = 0; c < 21; ++c) {  // 126 blocks of 64 KiB: six-block chains cross segments
+    chains.push_back(PutChain(6000 + 10 * c, std::vector<uint64_t>(6, 64 * kKiB)));
+  }
+  std::vector<BlockKey> all;
+  for (const auto& chain : chains) all.insert(all.end(), chain.begin(), chain.end());
+  std::vector<BlockKey> shuffled = all;
+  std::mt19937 rng(11);
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  for (const BlockKey& k : shuffled) ExpectServed(k);
+  manager_->WaitIdleForTest();
+  const TierManagerStats before = manager_->GetStats();
+
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, /*ns=*/2).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  const uint64_t moved = (after.host_counters.demotions - before.host_counters.demotions) +
+                         (after.host_counters.evictions - before.host_counters.evictions);
+  EXPECT_GE(moved, 1u);
+  EXPECT_LE(moved, 24u) << "one segment and the chain blocks that follow its blocks";
+  EXPECT_EQ(after.blocks_lost, 0u);
+  for (const auto& chain : chains) {
+    const std::vector<Tier> tiers = TiersOf(chain);
+    ASSERT_EQ(tiers.size(), chain.size());
+    bool left_host = false;
+    for (size_t i = 0; i < tiers.size(); ++i) {
+      if (tiers[i] != Tier::kHost) left_host = true;
+      EXPECT_FALSE(left_host && tiers[i] == Tier::kHost)
+          << "block " << i << " of a chain is in host, an earlier one is not";
+    }
+  }
+  ExpectServed(KeyOf(9999), 2);
+  for (const BlockKey& k : all) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
 }  // namespace
 }  // namespace kvpool::tiers

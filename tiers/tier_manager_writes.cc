@@ -260,10 +260,8 @@ Status TierManager::PublishLocked(uint64_t reservation_id, const Reservation& r,
   Entry& e = index_.at(id);
   e.size = static_cast<uint32_t>(r.item.size);
   e.checksum = r.item.checksum;
-  index_.EnsureMem(id).host_offset = r.slot.offset;
-  index_.AddCopy(id, Tier::kHost);
+  AddHostCopyLocked(id, r.slot.offset);
   index_.Touch(id, NowSeconds());
-  ++host_blocks_;
   if (PolicyLocked(r.ns).write->WriteOnCommit()) {
     e.busy |= kBusyDemoting;
     Status st = WriteDownLocked({id}, /*drop_host=*/false, /*sync=*/false);
@@ -377,20 +375,14 @@ Status TierManager::PublishGpuLocked(uint64_t reservation_id, const Reservation&
   Entry& e = index_.at(id);
   e.size = static_cast<uint32_t>(r.item.size);
   e.checksum = 0;  // its xxh3, once the copy worker has the bytes in host
-  MemCopies& mem = index_.EnsureMem(id);
-  mem.host_offset = r.slot.offset;
-  mem.gpu_page = static_cast<uint32_t>(r.gpu_slot.offset / MemoryTier::kPageBytes);
-  mem.gpu_device = static_cast<uint8_t>(gpu.device());
   // Busy until its host copy is made: not evicted, demoted, written down or leased meanwhile;
   // readers wait for it as for a promotion (AcquireLocked).
   e.busy |= kBusyPromoting | kBusyFromGpu;
-  index_.AddCopy(id, Tier::kHost);
-  index_.AddCopy(id, Tier::kGpu);
+  AddHostCopyLocked(id, r.slot.offset);
+  AddGpuCopyLocked(id, static_cast<size_t>(r.gpu), r.gpu_slot);
   index_.Touch(id, NowSeconds());
   gpu_checksums_[id] = actual;
   promotions_.emplace(id, std::make_shared<Promotion>());
-  ++host_blocks_;
-  ++gpu_blocks_[r.gpu];
   ++gpu_puts_;
   std::vector<EntryId>& fills = gpu_fills_[r.gpu];
   fills.push_back(id);
