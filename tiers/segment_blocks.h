@@ -8,6 +8,8 @@
 //
 // Thread safety: none; the tier manager keeps it under its mutex.
 
+#include <glog/logging.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -27,10 +29,12 @@ class SegmentBlocks {
   }
   // Block `id` got (lost) its copy at tier offset `offset`.
   void Add(uint64_t offset, EntryId id) { of_[SegmentOf(offset)].insert(id); }
-  void Remove(uint64_t offset, EntryId id) { of_[SegmentOf(offset)].erase(id); }
+  void Remove(uint64_t offset, EntryId id) {
+    const size_t erased = of_[SegmentOf(offset)].erase(id);
+    DCHECK_EQ(erased, 1u) << "block " << id << " was not in segment " << SegmentOf(offset);
+  }
   // The blocks with a copy in segment `segment`.
   const absl::flat_hash_set<EntryId>& Of(uint32_t segment) const { return of_[segment]; }
-  uint32_t segments() const { return static_cast<uint32_t>(of_.size()); }
 
  private:
   uint64_t segment_bytes_;

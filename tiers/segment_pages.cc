@@ -304,6 +304,11 @@ uint64_t SegmentedTier::SegmentUsedBytes(uint32_t segment) const {
   return pages_.used_bytes(segment);
 }
 
+NamespaceId SegmentedTier::SegmentOwner(uint32_t segment) const {
+  absl::MutexLock lock(&mu_);
+  return pages_.OwnerOf(segment);
+}
+
 uint64_t SegmentedTier::allocated_bytes() const {
   absl::MutexLock lock(&mu_);
   return pages_.allocated_bytes();

@@ -131,6 +131,7 @@ class SegmentedTier : public MemoryTier {
   uint64_t allocated_bytes() const override;
   uint32_t segment_count() const override;
   uint64_t SegmentUsedBytes(uint32_t segment) const override;
+  NamespaceId SegmentOwner(uint32_t segment) const override;
   // Renewals that failed so far (a caller that evicts for room stops at one: freeing more would
   // only have it fail again).
   uint64_t failed_renewals() const;

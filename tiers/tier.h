@@ -106,6 +106,8 @@ class MemoryTier : public StorageTier {
   virtual uint32_t segment_count() const = 0;
   // Pages of segment `segment` handed out (to blocks and reservations), in bytes.
   virtual uint64_t SegmentUsedBytes(uint32_t segment) const = 0;
+  // The namespace segment `segment` belongs to (kNoNamespace: clean).
+  virtual NamespaceId SegmentOwner(uint32_t segment) const = 0;
   // A namespace's quota (tiers/policy.h): at most `max_segments` segments of its own (0: no
   // limit); Allocate then refuses to take another one for it (ResourceExhausted; the caller
   // evicts that namespace's own blocks). Segments it holds beyond a lowered limit are kept until

@@ -380,7 +380,8 @@ EvictOutcome TierManager::Evict(NamespaceId ns, Tier tier, std::span<const Block
       } else {
         e.busy |= kBusyDemoting;
         WriteDownLocked({id}, /*drop_host=*/true, /*sync=*/false).IgnoreError();
-        // Written down, or lost because the disk refused it: either way it left host.
+        // Written down, or lost because the disk refused it: either way it left host, unless it
+        // was leased meanwhile or gained a child there (tail first), as `done` finds.
         const EntryId after = FindCachedLocked(ns, key);
         done = after == kNoEntry || !index_.at(after).In(Tier::kHost);
       }

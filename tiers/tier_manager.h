@@ -463,15 +463,17 @@ class TierManager {
   void DropHostCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropGpuCopyLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The blocks to evict from memory tier `mem` (whose copies `blocks` places, in `tier`) to
-  // empty one whole segment for a namespace that needs one. Tried: the few segments holding the
-  // most bytes of `victims` (the tier's coldest candidates). A segment qualifies when no
-  // reservation or copy in flight holds pages of it and `evictable` accepts each of its blocks
-  // and, tail first, each of their descendants in `tier`, wherever they are. Of those, the one
-  // that costs least is chosen: the bytes it evicts beyond `victims`, plus (host) the bytes it
-  // must first write to disk. Descendants come before their ancestors. Empty when none
-  // qualifies.
+  // empty one whole segment for namespace `ns`, which needs `bytes` and may take another segment.
+  // Empty when the blocks of `victims` (the tier's coldest candidates) in `ns`'s own segments
+  // make that room: they go in their pool's order. Else tried: the few segments holding the most
+  // bytes of `victims`. A segment qualifies when no reservation or copy in flight holds pages of
+  // it and `evictable` accepts each of its blocks and, tail first, each of their descendants in
+  // `tier`, wherever they are (at most four segments' worth in all). Of those, the one that costs
+  // least is chosen: the bytes it evicts beyond `victims`, plus (host) the bytes it must first
+  // write to disk. Descendants come before their ancestors. Empty when none qualifies.
   std::vector<EntryId> SegmentToEmptyLocked(const MemoryTier& mem, const SegmentBlocks& blocks,
-                                            Tier tier, std::span<const EntryId> victims,
+                                            Tier tier, NamespaceId ns, uint64_t bytes,
+                                            std::span<const EntryId> victims,
                                             const VictimFilter& evictable) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Where `id`'s copy in memory tier `tier` (host or gpu) starts.
@@ -505,9 +507,10 @@ class TierManager {
   // Writes the host copies of `ids` (marked kBusyDemoting by the caller) to disk, releasing
   // the mutex for the write, and first for the deletes queued by DropDiskCopiesLocked (those
   // its own room needed among them) and for any other thread's delete of one of its keys. On
-  // success each gains a disk copy; when `drop_host`, unleased host copies are then freed. On
-  // failure the host copies are kept (or dropped when `drop_host`: the block is lost, counted).
-  // Clears kBusyDemoting.
+  // success each gains a disk copy; when `drop_host`, unleased host copies are then freed, in the
+  // order of `ids`, each once no child of it has a host copy left (tail first). On failure the
+  // host copies are kept (or dropped when `drop_host`: the block is lost, counted). Clears
+  // kBusyDemoting.
   Status WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees host space until `bytes` can be allocated for `ns` or nothing more can be evicted;
@@ -523,16 +526,15 @@ class TierManager {
   // quota).
   uint64_t EvictHostLocked(uint64_t budget, NamespaceId only = kNoNamespace, bool may_write = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts the blocks of one host segment (SegmentToEmptyLocked) so that it empties, as
-  // EvictHostLocked would: 0 when no segment qualifies. Without `may_write`, only a segment
-  // whose blocks need no write qualifies.
-  uint64_t EvictHostSegmentLocked(bool may_write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // EvictHostLocked's work on `victims` (in order), until `budget` bytes are released or
-  // scheduled or `demote_limit` bytes are being demoted. A block whose child still has a host
-  // copy stays (tail first). Returns bytes released or scheduled.
-  uint64_t EvictHostVictimsLocked(std::span<const EntryId> victims, uint64_t budget,
-                                  uint64_t demote_limit, bool may_write)
+  // Evicts the blocks of one host segment (SegmentToEmptyLocked) for `ns`, which needs `bytes`,
+  // so that the segment empties, as EvictHostLocked would: 0 when no segment qualifies or `ns`'s
+  // own coldest blocks make its room. Without `may_write`, only a segment whose blocks need no
+  // write qualifies.
+  uint64_t EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, bool may_write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `id`'s host copy when that needs no write (it is on disk, or its namespace's disk does
+  // not take it), counted as an eviction; false, dropping nothing, otherwise.
+  bool DropHostIfUnwrittenLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room for `extra` more disk bytes of `ns` within its disk quota (if it has one) by
   // dropping its own coldest disk copies. ResourceExhausted when it cannot.
   Status EnforceDiskQuotaLocked(NamespaceId ns, uint64_t extra) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -53,6 +53,7 @@ void TierManager::DropGpuCopyLocked(EntryId id) {
 
 Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes) {
   const int device = gpu.device();
+  const SegmentBlocks& in_segments = gpu_segments_[static_cast<size_t>(GpuIndexOf(device))];
   const uint64_t failed_before = gpu.failed_renewals();
   for (;;) {
     Result<MemorySlot> slot = gpu.Allocate(ns, bytes);
@@ -71,10 +72,10 @@ Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, 
       pools_.VictimsOf(ns, Tier::kGpu, budget, evictable, &victims);
     } else {
       pools_.Victims(Tier::kGpu, budget, evictable, &victims);
-      // One segment emptied for it (descendants first), not the coldest copies of every one.
+      // One segment emptied for it (descendants first), not the coldest copies of every one,
+      // unless its own coldest copies make its room.
       std::vector<EntryId> segment =
-          SegmentToEmptyLocked(gpu, gpu_segments_[static_cast<size_t>(GpuIndexOf(device))],
-                               Tier::kGpu, victims, evictable);
+          SegmentToEmptyLocked(gpu, in_segments, Tier::kGpu, ns, bytes, victims, evictable);
       if (!segment.empty()) victims = std::move(segment);
     }
     if (victims.empty()) return slot;

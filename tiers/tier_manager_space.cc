@@ -312,6 +312,9 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
 }
 
 uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool may_write) {
+  uint64_t released = 0;
+  uint64_t demote_bytes = 0;
+  std::vector<EntryId> to_demote;
   std::vector<EntryId> victims;
   auto evictable = [&](EntryId id) {
     const Entry& e = index_.at(id);
@@ -322,42 +325,14 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool ma
   } else {
     pools_.VictimsOf(only, Tier::kHost, budget, evictable, &victims);
   }
-  return EvictHostVictimsLocked(victims, budget, options_.demotion_batch_bytes, may_write);
-}
-
-uint64_t TierManager::EvictHostSegmentLocked(bool may_write) {
-  // Without writing, only a segment whose every block may simply be dropped empties.
-  auto evictable = [&](EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const Entry& e = index_.at(id);
-    return e.leases == 0 && e.busy == 0 &&
-           (may_write || e.In(Tier::kDisk) || !PolicyLocked(e.ns).admission->Admit(e.hits));
-  };
-  std::vector<EntryId> victims;
-  pools_.Victims(Tier::kHost, host_.segment_bytes(), evictable, &victims);
-  const std::vector<EntryId> segment =
-      SegmentToEmptyLocked(host_, host_segments_, Tier::kHost, victims, evictable);
-  if (segment.empty()) return 0;
-  return EvictHostVictimsLocked(segment, UINT64_MAX, UINT64_MAX, may_write);
-}
-
-uint64_t TierManager::EvictHostVictimsLocked(std::span<const EntryId> victims, uint64_t budget,
-                                             uint64_t demote_limit, bool may_write) {
-  uint64_t released = 0;
-  uint64_t demote_bytes = 0;
-  std::vector<EntryId> to_demote;
   for (EntryId id : victims) {
-    if (released + demote_bytes >= budget || demote_bytes >= demote_limit) break;
+    if (released + demote_bytes >= budget || demote_bytes >= options_.demotion_batch_bytes) break;
     Entry& e = index_.at(id);
-    // Tail first: a block of an emptied segment whose child there is being demoted goes once
-    // that child has (the next call finds it a leaf).
-    const bool leaf = e.children[TierSlot(Tier::kHost)] == 0;
     if (e.In(Tier::kDisk)) {
-      if (!leaf) continue;
       released += PagesBytes(e.size);
       ++host_counters_.evictions;
       DropHostCopyLocked(id);
     } else if (!PolicyLocked(e.ns).admission->Admit(e.hits)) {
-      if (!leaf) continue;
       // The namespace's disk does not take it: it leaves the cache.
       released += PagesBytes(e.size);
       ++host_counters_.evictions;
@@ -375,26 +350,103 @@ uint64_t TierManager::EvictHostVictimsLocked(std::span<const EntryId> victims, u
   return released + demote_bytes;
 }
 
+bool TierManager::DropHostIfUnwrittenLocked(EntryId id) {
+  Entry& e = index_.at(id);
+  if (e.In(Tier::kDisk)) {
+    ++host_counters_.evictions;
+  } else if (!PolicyLocked(e.ns).admission->Admit(e.hits)) {
+    // The namespace's disk does not take it: it leaves the cache.
+    ++host_counters_.evictions;
+    ++blocks_not_admitted_;
+  } else {
+    return false;
+  }
+  DropHostCopyLocked(id);
+  return true;
+}
+
+uint64_t TierManager::EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, bool may_write) {
+  // Without writing, only a segment whose every block may simply be dropped empties.
+  auto evictable = [&](EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Entry& e = index_.at(id);
+    return e.leases == 0 && e.busy == 0 &&
+           (may_write || e.In(Tier::kDisk) || !PolicyLocked(e.ns).admission->Admit(e.hits));
+  };
+  std::vector<EntryId> victims;
+  pools_.Victims(Tier::kHost, host_.segment_bytes(), evictable, &victims);
+  const std::vector<EntryId> segment =
+      SegmentToEmptyLocked(host_, host_segments_, Tier::kHost, ns, bytes, victims, evictable);
+  // Descendants first: a block that needs no write goes at once when no child of it is left in
+  // host; one whose child is being written goes after that write (kept busy meanwhile, so it
+  // stays as it is). The writes go in batches of at most demotion_batch_bytes.
+  uint64_t released = 0;
+  std::vector<std::vector<EntryId>> batches(1);
+  uint64_t batch_bytes = 0;
+  std::vector<EntryId> after_writes;
+  for (EntryId id : segment) {
+    Entry& e = index_.at(id);
+    const uint64_t pages = PagesBytes(e.size);
+    if (e.children[TierSlot(Tier::kHost)] == 0 && DropHostIfUnwrittenLocked(id)) {
+      released += pages;
+      continue;
+    }
+    e.busy |= kBusyDemoting;
+    if (e.In(Tier::kDisk) || !PolicyLocked(e.ns).admission->Admit(e.hits)) {
+      after_writes.push_back(id);
+      continue;
+    }
+    batches.back().push_back(id);
+    released += pages;
+    batch_bytes += pages;
+    if (batch_bytes >= options_.demotion_batch_bytes) {
+      batches.emplace_back();
+      batch_bytes = 0;
+    }
+  }
+  for (const std::vector<EntryId>& batch : batches) {
+    if (!batch.empty()) WriteDownLocked(batch, /*drop_host=*/true, /*sync=*/false).IgnoreError();
+  }
+  for (EntryId id : after_writes) {
+    Entry& e = index_.at(id);
+    e.busy &= static_cast<uint8_t>(~kBusyDemoting);
+    if (e.leases != 0 || e.busy != 0 || e.children[TierSlot(Tier::kHost)] != 0) continue;
+    const uint64_t pages = PagesBytes(e.size);
+    if (DropHostIfUnwrittenLocked(id)) released += pages;
+  }
+  if (!after_writes.empty()) changed_.SignalAll();  // their busy flags cleared
+  return released;
+}
+
 std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
                                                        const SegmentBlocks& blocks, Tier tier,
+                                                       NamespaceId ns, uint64_t bytes,
                                                        std::span<const EntryId> victims,
                                                        const VictimFilter& evictable) const {
+  // The segments of the victims, the most victim bytes first. When enough of the victims are in
+  // `ns`'s own segments, evicting them makes its room, in the order its pool ranks them.
   const absl::flat_hash_set<EntryId> cold(victims.begin(), victims.end());
-  // The segments of the victims, the most victim bytes first.
   absl::flat_hash_map<uint32_t, uint64_t> cold_bytes;
   for (EntryId id : victims) {
     cold_bytes[blocks.SegmentOf(MemOffsetLocked(id, tier))] += PagesBytes(index_.at(id).size);
   }
   std::vector<std::pair<uint64_t, uint32_t>> ranked;  // (victim bytes, segment)
   ranked.reserve(cold_bytes.size());
-  for (const auto& [segment, bytes] : cold_bytes) ranked.emplace_back(bytes, segment);
+  uint64_t own = 0;
+  for (const auto& [segment, cold_in] : cold_bytes) {
+    ranked.emplace_back(cold_in, segment);
+    if (mem.SegmentOwner(segment) == ns) own += cold_in;
+  }
+  if (own >= PagesBytes(bytes)) return {};
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
-  // Of the first few, the one that costs least to empty (below): its blocks and, tail first, their
-  // descendants in `tier` wherever they are. Each check walks a segment's blocks.
+  // Of the first few, the one that costs least to empty (below): its blocks and, tail first,
+  // their descendants in `tier` wherever they are, at most kMostSegments segments' worth in all.
+  // Each check walks a segment's blocks.
   constexpr size_t kSegmentsTried = 8;
-  absl::flat_hash_set<EntryId> best;
+  constexpr uint64_t kMostSegments = 4;
+  const int slot = TierSlot(tier);
+  std::vector<EntryId> best;
   uint64_t best_cost = UINT64_MAX;
   for (size_t r = 0; r < ranked.size() && r < kSegmentsTried; ++r) {
     const uint32_t segment = ranked[r].second;
@@ -413,13 +465,15 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
     }
     // Pages its blocks do not account for belong to a reservation or a copy in flight.
     if (!empties || in_segment != mem.SegmentUsedBytes(segment)) continue;
+    uint64_t set_bytes = in_segment;
     while (!todo.empty() && empties) {
       const EntryId id = todo.back();
       todo.pop_back();
-      if (index_.at(id).children[TierSlot(tier)] == 0) continue;
+      if (index_.at(id).children[slot] == 0) continue;
       index_.ForEachChild(id, [&](EntryId child) {
-        if (!index_.at(child).In(tier) || !set.insert(child).second) return;
-        if (!evictable(child)) empties = false;
+        if (!empties || !index_.at(child).In(tier) || !set.insert(child).second) return;
+        set_bytes += PagesBytes(index_.at(child).size);
+        empties = evictable(child) && set_bytes <= kMostSegments * mem.segment_bytes();
         todo.push_back(child);
       });
     }
@@ -432,32 +486,29 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
       if (!cold.contains(id)) cost += PagesBytes(e.size);
       if (tier == Tier::kHost && !e.In(Tier::kDisk)) cost += PagesBytes(e.size);
     }
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = std::move(set);
+    if (cost >= best_cost) continue;
+    // Descendants first: a block goes once every child of it in the set has. Parent links that
+    // loop (a client can put two blocks that name each other) leave blocks that never can.
+    absl::flat_hash_map<EntryId, uint32_t> waiting;  // children in the set not yet out
+    for (EntryId id : set) {
+      const EntryId parent = index_.at(id).parent;
+      if (parent != kNoEntry && set.contains(parent)) ++waiting[parent];
     }
-  }
-  // Descendants first: by the number of ancestors each has in the set, most first.
-  absl::flat_hash_map<EntryId, uint32_t> depth;
-  depth.reserve(best.size());
-  std::vector<EntryId> path;
-  for (EntryId id : best) {
-    path.clear();
-    EntryId at = id;
-    while (at != kNoEntry && best.contains(at) && !depth.contains(at)) {
-      path.push_back(at);
-      at = index_.at(at).parent;
+    std::vector<EntryId> order;
+    order.reserve(set.size());
+    for (EntryId id : set) {
+      if (!waiting.contains(id)) order.push_back(id);
     }
-    uint32_t d = at != kNoEntry && depth.contains(at) ? depth[at] + 1 : 0;
-    for (size_t p = path.size(); p-- > 0;) depth[path[p]] = d++;
+    for (size_t k = 0; k < order.size(); ++k) {
+      const EntryId parent = index_.at(order[k]).parent;
+      if (parent == kNoEntry || !set.contains(parent)) continue;
+      if (--waiting[parent] == 0) order.push_back(parent);
+    }
+    if (order.size() != set.size()) continue;
+    best_cost = cost;
+    best = std::move(order);
   }
-  std::vector<EntryId> out(best.begin(), best.end());
-  std::sort(out.begin(), out.end(), [&](EntryId a, EntryId b) {
-    const uint32_t da = depth[a];
-    const uint32_t db = depth[b];
-    return da != db ? da > db : a < b;
-  });
-  return out;
+  return best;
 }
 
 Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait,
@@ -471,7 +522,7 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
     const bool over_quota = host_.AtSegmentLimit(ns);
     // A namespace that may take another segment has one emptied for it, not the tier's coldest
     // blocks evicted, scattered over every segment, until one happens to empty.
-    uint64_t freed = over_quota ? 0 : EvictHostSegmentLocked(/*may_write=*/may_wait);
+    uint64_t freed = over_quota ? 0 : EvictHostSegmentLocked(ns, bytes, /*may_write=*/may_wait);
     if (freed == 0) {
       freed = EvictHostLocked(budget, over_quota ? ns : kNoNamespace, /*may_write=*/may_wait);
     }

@@ -1229,5 +1229,84 @@ TEST_F(TierManagerTest, EmptyingASegmentForANamespaceKeepsChainsTailFirst) {
   ExpectHostAccountingConsistent();
 }
 
+// A namespace whose own segments hold enough of the coldest blocks makes its room from those, in
+// its eviction order: a single-tenant daemon evicts exactly its coldest blocks, as before.
+TEST_F(TierManagerTest, ANamespaceWithColdBlocksOfItsOwnEvictsThemInOrder) {
+  options_.host_high_watermark = 1.0;
+  options_.host_low_watermark = 1.0;
+  Open();
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 128; ++i) {
+    keys.push_back(KeyOf(5000 + i));
+    ASSERT_TRUE(Put(keys.back(), 64 * kKiB).ok()) << i;
+  }
+  std::vector<BlockKey> shuffled = keys;
+  std::mt19937 rng(7);
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  for (const BlockKey& k : shuffled) ExpectServed(k);
+  manager_->WaitIdleForTest();
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB).ok());
+  manager_->WaitIdleForTest();
+  const std::vector<Tier> where = manager_->Where(kNs, shuffled);
+  for (size_t i = 0; i < shuffled.size(); ++i) {
+    EXPECT_EQ(where[i], i < 16 ? Tier::kDisk : Tier::kHost) << "block read " << i << "th";
+  }
+}
+
+// Two blocks that name each other as parent (a client can put them so: the first names a key
+// that only a session pin holds) can never leave tail first: their segment is passed over, and
+// another one is emptied.
+TEST_F(TierManagerTest, BlocksWhoseParentsLoopKeepTheirSegmentAndAnotherIsEmptied) {
+  options_.host_high_watermark = 1.0;
+  options_.host_low_watermark = 1.0;
+  Open();
+  const BlockKey r = KeyOf(1);
+  const BlockKey a = KeyOf(2);
+  manager_->PinExisting(kNs, {&r, 1});
+  ASSERT_TRUE(Put(a, 64 * kKiB, r).ok());
+  ASSERT_TRUE(Put(r, 64 * kKiB, a).ok());
+  std::vector<BlockKey> rest;
+  for (int i = 0; i < 126; ++i) {
+    rest.push_back(KeyOf(100 + i));
+    ASSERT_TRUE(Put(rest.back(), 64 * kKiB).ok()) << i;
+  }
+  for (int i = 14; i < 126; ++i) ExpectServed(rest[i]);  // segment 0's other blocks: the coldest
+  manager_->WaitIdleForTest();
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, /*ns=*/2).ok());
+  manager_->WaitIdleForTest();
+  EXPECT_EQ(TiersOf({a, r}), (std::vector<Tier>{Tier::kHost, Tier::kHost}));
+  ExpectServed(KeyOf(9999), 2);
+  for (const BlockKey& k : rest) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
+// A leased block holds its segment: another segment is emptied, and the leased bytes stay.
+TEST_F(TierManagerTest, ALeasedBlockKeepsItsSegmentFromBeingEmptied) {
+  options_.host_high_watermark = 1.0;
+  options_.host_low_watermark = 1.0;
+  Open();
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 128; ++i) {
+    keys.push_back(KeyOf(5000 + i));
+    ASSERT_TRUE(Put(keys.back(), 64 * kKiB).ok()) << i;
+  }
+  for (int i = 16; i < 128; ++i) ExpectServed(keys[i]);  // segment 0's blocks: the coldest
+  std::vector<BlockRead> held = manager_->Acquire(kNs, {&keys[0], 1});
+  ASSERT_TRUE(held[0].status.ok()) << held[0].status.ToString();
+  manager_->WaitIdleForTest();
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, /*ns=*/2).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.host_counters.demotions - before.host_counters.demotions, 16u);
+  EXPECT_EQ(TiersOf({keys[0], keys[1]}), (std::vector<Tier>{Tier::kHost, Tier::kHost}))
+      << "segment 0 was emptied around a leased block";
+  const std::vector<uint8_t>& want = expected_[{kNs, keys[0]}];
+  EXPECT_EQ(std::memcmp(held[0].data, want.data(), want.size()), 0);
+  manager_->Release(held[0]);
+  for (const BlockKey& k : keys) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
 }  // namespace
 }  // namespace kvpool::tiers
