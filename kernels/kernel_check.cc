@@ -185,7 +185,7 @@ void Time(const std::string& kernel, const std::string& shape, double moved,
 void FillDeviceRandom(const DevBuf& b, DType dtype, uint64_t seed) {
   const size_t chunk = std::min<size_t>(b.n, 32u << 20);
   std::vector<uint16_t> h(chunk / 2 + 1);
-  testutil::FillNormal(h.data(), h.size(), dtype, seed);
+  testutil::FillNormal(h.data(), h.size() * 2 / DTypeSize(dtype), dtype, seed);
   for (size_t off = 0; off < b.n; off += chunk) {
     CK(cudaMemcpy(static_cast<uint8_t*>(b.p) + off, h.data(), std::min(chunk, b.n - off),
                   cudaMemcpyHostToDevice));
@@ -224,13 +224,16 @@ void CheckPaged(const PagedCase& c, bool time_it) {
   const int num_blocks = pages + 7;
   const size_t tensor_elems = static_cast<size_t>(num_blocks) * c.block_size * c.heads * c.dim;
   const bool combined = c.layout != PagedLayout::kSeparate;
-  const size_t per_layer = tensor_elems * 2;  // K and V (one or two tensors)
+  // Buffers are 16-bit words: `w` per element (two for fp32).
+  const size_t w = DTypeSize(c.dtype) / 2;
+  const size_t tensor_words = tensor_elems * w;
+  const size_t per_layer = tensor_words * 2;  // K and V (one or two tensors)
   // Host engine, random.
   std::vector<uint16_t> host_engine(per_layer * c.layers);
   if (time_it) {
     host_engine.clear();
   } else {
-    testutil::FillNormal(host_engine.data(), host_engine.size(), c.dtype, g_seed++);
+    testutil::FillNormal(host_engine.data(), host_engine.size() / w, c.dtype, g_seed++);
   }
   DevBuf engine(per_layer * c.layers * 2);
   if (time_it) {
@@ -244,8 +247,8 @@ void CheckPaged(const PagedCase& c, bool time_it) {
     uint16_t* dbase = engine.as<uint16_t>() + per_layer * l;
     hk[l] = hbase;
     dk[l] = dbase;
-    hv[l] = combined || !hbase ? nullptr : hbase + tensor_elems;
-    dv[l] = combined ? nullptr : dbase + tensor_elems;
+    hv[l] = combined || !hbase ? nullptr : hbase + tensor_words;
+    dv[l] = combined ? nullptr : dbase + tensor_words;
   }
   std::vector<int32_t> table(pages);
   for (int i = 0; i < pages; ++i) table[i] = (i * 5 + 3) % num_blocks;  // scattered pages
@@ -306,7 +309,7 @@ void CheckPaged(const PagedCase& c, bool time_it) {
 
   // Scatter: write fresh random payloads into the device engine; compare with the CPU twin.
   std::vector<uint16_t> fresh(pbytes * c.payloads / 2);
-  testutil::FillNormal(fresh.data(), fresh.size(), c.dtype, g_seed++);
+  testutil::FillNormal(fresh.data(), fresh.size() / w, c.dtype, g_seed++);
   dpay.Upload(fresh.data());
   std::vector<const void*> hsrc(c.payloads);
   for (int i = 0; i < c.payloads; ++i)
@@ -323,7 +326,7 @@ void CheckPaged(const PagedCase& c, bool time_it) {
     std::vector<void*> wk(c.layers), wv(c.layers);
     for (int l = 0; l < c.layers; ++l) {
       wk[l] = want.data() + per_layer * l;
-      wv[l] = combined ? nullptr : want.data() + per_layer * l + tensor_elems;
+      wv[l] = combined ? nullptr : want.data() + per_layer * l + tensor_words;
     }
     PagedKvCache wcache = cache;
     wcache.k_layers = wk.data();
@@ -377,13 +380,15 @@ void CheckQuant(Encoding enc, DType dtype, int layers, int heads, int dim, int t
     Time("dequantize", shape, static_cast<double>(rb + eb) * blocks, dequant);
     return;
   }
+  // 16-bit words (two per fp32 element); `elems` elements in all.
+  const size_t elems = rb / DTypeSize(dtype) * blocks;
   std::vector<uint16_t> raw(rb / 2 * blocks);
   for (int i = 0; i < blocks; ++i) {
     uint16_t* p = raw.data() + rb / 2 * i;
     if (realistic) {
-      testutil::FillRealistic(p, rb / 2, dim, dtype, g_seed++);
+      testutil::FillRealistic(p, rb / DTypeSize(dtype), dim, dtype, g_seed++);
     } else {
-      testutil::FillNormal(p, rb / 2, dtype, g_seed++);
+      testutil::FillNormal(p, rb / DTypeSize(dtype), dtype, g_seed++);
     }
   }
   if (AllZero(raw)) std::abort();
@@ -414,10 +419,9 @@ void CheckQuant(Encoding enc, DType dtype, int layers, int heads, int dim, int t
   }
   OK_OR_DIE(DequantizeBlocksCpu(l, ge.data(), gd.data(), blocks));
   OK_OR_DIE(DequantizeBlocksCpu(l, ce.data(), cd.data(), blocks));
-  const double qerr =
-      testutil::RelativeError(dec_gpu.data(), dec_cpu.data(), dec_gpu.size(), dtype);
-  const bool qnan = testutil::CountNaN(dec_gpu.data(), dec_gpu.size(), dtype) > 0;
-  const double recon = testutil::RelativeError(dec_cpu.data(), raw.data(), raw.size(), dtype);
+  const double qerr = testutil::RelativeError(dec_gpu.data(), dec_cpu.data(), elems, dtype);
+  const bool qnan = testutil::CountNaN(dec_gpu.data(), elems, dtype) > 0;
+  const double recon = testutil::RelativeError(dec_cpu.data(), raw.data(), elems, dtype);
   Record({"quantize", shape, qerr, 1e-6, qerr <= 1e-6 && mismatched == 0 && written && !qnan,
           Shape("%zu/%zu bytes differ; reconstruction %.4f%s%s", mismatched, got[0].size(), recon,
                 written ? "" : " UNWRITTEN", qnan ? " NaN" : "")});
@@ -426,8 +430,8 @@ void CheckQuant(Encoding enc, DType dtype, int layers, int heads, int dim, int t
   auto back = RunPoisoned({&dback}, dequant, &written);
   std::vector<uint16_t> back16(back[0].size() / 2);
   std::memcpy(back16.data(), back[0].data(), back[0].size());
-  const double derr = testutil::RelativeError(back16.data(), dec_cpu.data(), back16.size(), dtype);
-  const bool dnan = testutil::CountNaN(back16.data(), back16.size(), dtype) > 0;
+  const double derr = testutil::RelativeError(back16.data(), dec_cpu.data(), elems, dtype);
+  const bool dnan = testutil::CountNaN(back16.data(), elems, dtype) > 0;
   Record({"dequantize", shape, derr, 1e-6, derr <= 1e-6 && written && !dnan,
           std::string(back16 == dec_cpu ? "bit exact" : "not bit exact") +
               (written ? "" : " UNWRITTEN") + (dnan ? " NaN" : "")});
@@ -461,8 +465,9 @@ void CheckCompress(CompressMethod m, Pooling pooling, int kernel, DType dtype, i
   const size_t score_elems = static_cast<size_t>(layers) * hk * scored;
   const size_t idx_elems = static_cast<size_t>(kept) * hk;
   const size_t out_elems = static_cast<size_t>(kept) * 2 * hk * dim;
-  DevBuf dq(std::max<size_t>(q_elems, 1) * 2), dkv(kv_elems * 2),
-      dscores(std::max<size_t>(score_elems, 1) * 4), didx(idx_elems * 4), dout(out_elems * 2);
+  const size_t esize = DTypeSize(dtype);  // bytes of one element of q, kv and the output
+  DevBuf dq(std::max<size_t>(q_elems, 1) * esize), dkv(kv_elems * esize),
+      dscores(std::max<size_t>(score_elems, 1) * 4), didx(idx_elems * 4), dout(out_elems * esize);
   const std::string shape = Shape("%s%s %s L%d n%d Hq%d Hk%d D%d C%d W%d", CompressMethodName(m),
                                   m == CompressMethod::kSnapKv || m == CompressMethod::kPyramidKv
                                       ? (pooling == Pooling::kAvgPool ? "/avg" : "/max")
@@ -484,11 +489,14 @@ void CheckCompress(CompressMethod m, Pooling pooling, int kernel, DType dtype, i
       scores_fn();
       const double flops = 2.0 * 2 * layers * hq * static_cast<double>(nq) *
                            (m == CompressMethod::kH2O ? seq / 2.0 : seq) * dim;
-      Time("scores", shape, (q_elems + kv_elems / 2) * 2.0 + score_elems * 4.0, scores_fn, flops);
+      Time("scores", shape,
+           (q_elems + kv_elems / 2) * static_cast<double>(esize) + score_elems * 4.0, scores_fn,
+           flops);
     }
     select_fn();
     Time("select", shape, score_elems * 4.0 * 5 + idx_elems * 4.0, select_fn);
-    Time("compact", shape, out_elems * 2.0 * 2 + idx_elems * 4.0, compact_fn);
+    Time("compact", shape, out_elems * static_cast<double>(esize) * 2 + idx_elems * 4.0,
+         compact_fn);
     return;
   }
   testutil::SyntheticSpec spec;
@@ -530,10 +538,10 @@ void CheckCompress(CompressMethod m, Pooling pooling, int kernel, DType dtype, i
                 written ? "" : " UNWRITTEN")});
   // Compact with the reference indices.
   didx.Upload(ref_idx.data());
-  std::vector<uint16_t> ref_out(out_elems);
+  std::vector<uint16_t> ref_out = testutil::Buffer(out_elems, dtype);
   OK_OR_DIE(CompactKvCpu(s, keep.data(), ref_idx.data(), a.kv.data(), ref_out.data()));
   auto got_out = RunPoisoned({&dout}, compact_fn, &written);
-  const bool same = std::memcmp(got_out[0].data(), ref_out.data(), out_elems * 2) == 0;
+  const bool same = std::memcmp(got_out[0].data(), ref_out.data(), out_elems * esize) == 0;
   Record({"compact", shape, same ? 0.0 : 1.0, 0.0, same && written, written ? "" : "UNWRITTEN"});
 }
 
@@ -605,7 +613,7 @@ int Main(int argc, char** argv) {
               prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
 
   std::printf("== correctness (GPU vs CPU twin, fresh random inputs) ==\n");
-  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
     CheckPaged({PagedLayout::kSeparate, dt, 4, 8, 128, 16, 16, 5, 0}, false);
     CheckPaged({PagedLayout::kKvFirst, dt, 3, 2, 64, 16, 32, 3, 5}, false);
     CheckPaged({PagedLayout::kKvInterleaved, dt, 2, 4, 96, 32, 16, 4, 16}, false);
@@ -624,7 +632,7 @@ int Main(int argc, char** argv) {
     CheckQuant(Encoding::kInt8, dt, 2, 3, 40, 3, 2, false, false);  // head_dim not 32-aligned
     CheckQuant(Encoding::kFp8E4M3, dt, 2, 3, 6, 3, 2, false, false);
   }
-  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
     CheckCompress(CompressMethod::kSnapKv, Pooling::kAvgPool, 5, dt, 2, 1024, 8, 2, 128, 256, 32,
                   false);
     CheckCompress(CompressMethod::kSnapKv, Pooling::kMaxPool, 7, dt, 2, 777, 4, 4, 64, 100, 16,
