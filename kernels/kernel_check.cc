@@ -619,7 +619,8 @@ int Main(int argc, char** argv) {
     CheckPaged({PagedLayout::kKvInterleaved, dt, 2, 4, 96, 32, 16, 4, 16}, false);
     CheckPaged({PagedLayout::kSeparate, dt, 70, 1, 8, 5, 7, 130, 3}, false);  // 2 layer chunks,
                                                                               // 2 payload chunks
-    // Rows of 8, 12 and 6 bytes: the 8-, 4- and 2-byte word copies.
+    // Rows of 8, 12 and 6 bytes (16-bit types; twice that in fp32): the 8-, 4- and 2-byte word
+    // copies (16-, 8- and 4-byte in fp32).
     CheckPaged({PagedLayout::kSeparate, dt, 2, 1, 4, 16, 16, 3, 0}, false);
     CheckPaged({PagedLayout::kKvFirst, dt, 2, 1, 6, 16, 16, 3, 5}, false);
     CheckPaged({PagedLayout::kKvInterleaved, dt, 2, 1, 3, 16, 16, 3, 0}, false);
