@@ -1283,6 +1283,10 @@ Status PeerCall(Client& client, const wire::GpuOfferRequest& req, wire::GpuOffer
 Status PeerCall(Client& client, const wire::GpuSendRequest& req, wire::GpuSendResponse* resp) {
   return Client::Impl::PeerCall(client, wire::GPU_SEND, req, resp);
 }
+Status PeerCall(Client& client, const wire::SessionVersionsRequest& req,
+                wire::SessionVersionsResponse* resp) {
+  return Client::Impl::PeerCall(client, wire::SESSION_VERSIONS, req, resp);
+}
 }  // namespace client
 
 Result<int> Client::GpuTierOf(int cuda_device) {

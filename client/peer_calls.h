@@ -1,7 +1,8 @@
 #pragma once
 // The daemons' own requests to one another (GPU_LINK_JOIN, GPU_OFFER, GPU_SEND: device links
-// between gpu tiers, daemon/gpu_links.h) on a Client that a daemon connected to its peer. Not
-// part of the public API: a daemon refuses them from anything but a peer's connection.
+// between gpu tiers, daemon/gpu_links.h; SESSION_VERSIONS: which session records a peer lacks,
+// daemon/cluster_node.h) on a Client that a daemon connected to its peer. Not part of the public
+// API: a daemon refuses them from anything but a peer's connection.
 //
 // Thread safety: as the Client (one thread at a time).
 
@@ -17,5 +18,7 @@ Status PeerCall(Client& client, const wire::GpuLinkJoinRequest& req,
                 wire::GpuLinkJoinResponse* resp);
 Status PeerCall(Client& client, const wire::GpuOfferRequest& req, wire::GpuOfferResponse* resp);
 Status PeerCall(Client& client, const wire::GpuSendRequest& req, wire::GpuSendResponse* resp);
+Status PeerCall(Client& client, const wire::SessionVersionsRequest& req,
+                wire::SessionVersionsResponse* resp);
 
 }  // namespace kvpool::client

@@ -179,6 +179,10 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
         op = Op::kSession;
         r = sessions_.List(c, body);
         break;
+      case wire::SESSION_VERSIONS:
+        op = Op::kSession;
+        r = sessions_.Versions(c, body);
+        break;
       // Admin.
       case wire::STATS:
         r = admin_.Stats(c, body);

@@ -786,23 +786,97 @@ void ClusterNode::Rereplicate() {
   LOG(INFO) << "membership changed: offered " << pushed
             << " cached blocks to their homes (put-if-absent)";
   if (!options_.for_each_session) return;
-  // Sessions too, one at a time as they are read (a record holds its whole chain of keys), each
-  // sent to the homes it has in the new view; a home keeps only what is newer than its own.
-  size_t offered = 0;
+  // Sessions too, a batch at a time as they are read: each home is asked which records of a
+  // batch it would keep (SESSION_VERSIONS, one round trip per home and namespace), and only those
+  // are sent, so a membership change costs little where the homes are up to date.
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<Job> batch;
   std::set<cluster::NodeId> unreachable;
+  SessionOffers counts;
   const int64_t now_ms = UnixMillis();
+  bool stopping = false;
   options_.for_each_session([&](NamespaceId ns, const wire::SessionRecord& record) {
+    if (stopping) return;
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+      stopping = stopping_;
     }
     const std::string name = options_.namespace_name(ns);
-    if (name.empty() || !SessionHandlers::MayRestore(record, now_ms)) return;
-    RunSession(SessionJob(ns, name, record), &unreachable);
-    ++offered;
+    if (stopping || name.empty() || !SessionHandlers::MayRestore(record, now_ms)) return;
+    batch.push_back(SessionJob(ns, name, record));
+    if (batch.size() < kSessionOfferBatch) return;
+    OfferSessions(batch, &unreachable, &counts);
+    batch.clear();
   });
-  LOG(INFO) << "membership changed: offered " << offered
-            << " session records to their homes (kept where newer)";
+  if (!stopping) OfferSessions(batch, &unreachable, &counts);
+  LOG(INFO) << "membership changed: offered " << counts.offered << " session records to "
+            << counts.asked << " homes; sent " << counts.sent
+            << " that a home lacked or held older, in "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - started)
+                   .count()
+            << " ms";
+}
+
+void ClusterNode::OfferSessions(const std::vector<Job>& batch,
+                                std::set<cluster::NodeId>* unreachable, SessionOffers* counts) {
+  if (batch.empty()) return;
+  std::map<std::string, std::string> addresses;
+  std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
+  if (ring == nullptr) return;
+  counts->offered += batch.size();
+  // Which records each home (in each namespace) is asked about.
+  std::map<std::pair<cluster::NodeId, NamespaceId>, std::vector<size_t>> asks;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Job& job = batch[i];
+    for (const cluster::NodeId& node :
+         ring->Homes(SessionKey(job.ns_name, job.session->session_id()), options_.replicas + 1)) {
+      if (addresses.count(node) > 0) asks[{node, job.ns}].push_back(i);  // not this node
+    }
+  }
+  for (const auto& [home, indices] : asks) {
+    const cluster::NodeId& node = home.first;
+    if (unreachable->count(node) > 0) continue;
+    const std::string& address = addresses[node];
+    const std::string& ns_name = batch[indices.front()].ns_name;
+    std::unique_ptr<Client> c = Checkout(address, ns_name);
+    if (c == nullptr) {
+      unreachable->insert(node);
+      continue;
+    }
+    wire::SessionVersionsRequest req;
+    for (size_t i : indices) {
+      const wire::SessionRecord& r = *batch[i].session;
+      wire::SessionVersion* v = req.add_sessions();
+      v->set_session_id(r.session_id());
+      v->set_version(r.version());
+      v->set_origin(r.origin());
+    }
+    wire::SessionVersionsResponse resp;
+    const Status st = client::PeerCall(*c, req, &resp);
+    ++counts->asked;
+    std::vector<size_t> send;
+    if (st.ok()) {
+      for (uint32_t w : resp.wanted()) {
+        if (w < indices.size()) send.push_back(indices[w]);
+      }
+    } else if (st.code() == StatusCode::kUnavailable ||
+               st.code() == StatusCode::kDeadlineExceeded) {
+      unreachable->insert(node);
+      continue;
+    } else {
+      // A peer that does not know SESSION_VERSIONS (an older kvpoold) is sent every record; it
+      // keeps only the newer ones, as before.
+      VLOG(1) << "SESSION_VERSIONS to " << node << ": " << st.ToString() << "; sending all";
+      send = indices;
+    }
+    Return(address, ns_name, std::move(c));
+    for (size_t i : send) {
+      if (unreachable->count(node) > 0) break;
+      SendSession(batch[i], node, address, unreachable);
+      ++counts->sent;
+    }
+  }
 }
 
 void ClusterNode::ReplicateLoop() {
@@ -861,49 +935,53 @@ void ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) 
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr) return;
-  const std::string& id = job.session->session_id();
   for (const cluster::NodeId& node :
-       ring->Homes(SessionKey(job.ns_name, id), options_.replicas + 1)) {
+       ring->Homes(SessionKey(job.ns_name, job.session->session_id()), options_.replicas + 1)) {
     auto it = addresses.find(node);
     if (it == addresses.end()) continue;  // this node (it has it already)
     if (failed != nullptr && failed->count(node) > 0) continue;
-    if (!job.session->deleted()) {
-      // The chain's blocks first: a session pins blocks the node must hold.
-      std::vector<std::pair<BlockKey, BlockKey>> chain;
-      BlockKey parent;
-      for (const std::string& raw : job.session->keys()) {
-        Result<BlockKey> k = BlockKey::FromBytes(raw);
-        if (!k.ok()) return;
-        chain.emplace_back(*k, parent);
-        parent = *k;
-      }
-      PushBlocks(job.ns, job.ns_name, it->second, chain, /*offer_first=*/true);
+    SendSession(job, node, it->second, failed);
+  }
+}
+
+void ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
+                              const std::string& address, std::set<cluster::NodeId>* failed) {
+  if (!job.session->deleted()) {
+    // The chain's blocks first: a session pins blocks the node must hold.
+    std::vector<std::pair<BlockKey, BlockKey>> chain;
+    BlockKey parent;
+    for (const std::string& raw : job.session->keys()) {
+      Result<BlockKey> k = BlockKey::FromBytes(raw);
+      if (!k.ok()) return;
+      chain.emplace_back(*k, parent);
+      parent = *k;
     }
-    std::unique_ptr<Client> c = Checkout(it->second, job.ns_name);
-    if (c == nullptr) {
-      if (failed != nullptr) failed->insert(node);
-      continue;
-    }
-    // The record as it is here, version and all: the home keeps it only if it is newer.
-    Session s;
-    s.session_id = id;
-    for (const std::string& raw : job.session->keys()) s.keys.push_back(*BlockKey::FromBytes(raw));
-    s.token_count = job.session->token_count();
-    for (const auto& [k, v] : job.session->metadata()) s.metadata[k] = v;
-    s.created_unix_ms = job.session->created_unix_ms();
-    s.updated_unix_ms = job.session->updated_unix_ms();
-    s.version = job.session->version();
-    s.origin = job.session->origin();
-    s.deleted = job.session->deleted();
-    const Status st = c->SaveSession(s, SaveSessionOptions{.replica = true});
-    if (st.ok() || st.code() != StatusCode::kUnavailable) {
-      Return(it->second, job.ns_name, std::move(c));
-    }
-    if (!st.ok()) VLOG(1) << "session copy to " << node << ": " << st.ToString();
-    if (failed != nullptr &&
-        (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded)) {
-      failed->insert(node);
-    }
+    PushBlocks(job.ns, job.ns_name, address, chain, /*offer_first=*/true);
+  }
+  std::unique_ptr<Client> c = Checkout(address, job.ns_name);
+  if (c == nullptr) {
+    if (failed != nullptr) failed->insert(node);
+    return;
+  }
+  // The record as it is here, version and all: the home keeps it only if it is newer.
+  Session s;
+  s.session_id = job.session->session_id();
+  for (const std::string& raw : job.session->keys()) s.keys.push_back(*BlockKey::FromBytes(raw));
+  s.token_count = job.session->token_count();
+  for (const auto& [k, v] : job.session->metadata()) s.metadata[k] = v;
+  s.created_unix_ms = job.session->created_unix_ms();
+  s.updated_unix_ms = job.session->updated_unix_ms();
+  s.version = job.session->version();
+  s.origin = job.session->origin();
+  s.deleted = job.session->deleted();
+  const Status st = c->SaveSession(s, SaveSessionOptions{.replica = true});
+  if (st.ok() || st.code() != StatusCode::kUnavailable) {
+    Return(address, job.ns_name, std::move(c));
+  }
+  if (!st.ok()) VLOG(1) << "session copy to " << node << ": " << st.ToString();
+  if (failed != nullptr &&
+      (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded)) {
+    failed->insert(node);
   }
 }
 

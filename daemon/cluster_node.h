@@ -125,6 +125,21 @@ class ClusterNode final : public ClusterHooks {
   // Sends the job's session record to its homes. With `failed`: skips the homes in it and adds
   // those that could not be reached (one pass over many records tries a dead home once).
   void RunSession(const Job& job, std::set<cluster::NodeId>* failed = nullptr);
+  // Sends session job `job` to home `node` at `address`: its chain's blocks the home lacks, then
+  // the record (kept there only if newer). A home that cannot be reached goes into `failed`.
+  void SendSession(const Job& job, const cluster::NodeId& node, const std::string& address,
+                   std::set<cluster::NodeId>* failed);
+  // The membership-change offer of session records (Rereplicate), per batch.
+  struct SessionOffers {
+    size_t offered = 0;  // records read
+    size_t asked = 0;    // SESSION_VERSIONS asked (one per home and namespace in a batch)
+    size_t sent = 0;     // records sent to a home that lacked them or held older ones
+  };
+  static constexpr size_t kSessionOfferBatch = 256;
+  // Asks each home of the records of `batch` (session jobs) which it would keep, and sends it
+  // those. Homes in `unreachable` are skipped, and homes found so are added.
+  void OfferSessions(const std::vector<Job>& batch, std::set<cluster::NodeId>* unreachable,
+                     SessionOffers* counts);
   // FetchMissing's first round for a reader on gpu tier `gpu_device`: each key's first home is
   // asked for what it holds in a gpu tier, received device to device (GpuLinks::Receive); keys
   // with skip[i] (known absent) are not asked. Sets found[i] for each block stored; returns how

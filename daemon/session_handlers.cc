@@ -298,4 +298,36 @@ Response SessionHandlers::List(Connection& c, std::string_view body) {
   return Reply(wire::SESSION_LIST, resp, st);
 }
 
+Response SessionHandlers::Versions(Connection& c, std::string_view body) {
+  wire::SessionVersionsRequest req;
+  wire::SessionVersionsResponse resp;
+  Status st = Parse(body, &req, "SESSION_VERSIONS");
+  if (st.ok() && !c.peer) {
+    st = Status::PermissionDenied("SESSION_VERSIONS is for peer daemons only");
+  }
+  if (st.ok() && req.sessions_size() > kMaxVersionsAsked) {
+    st = Status::InvalidArgument("SESSION_VERSIONS names " + std::to_string(req.sessions_size()) +
+                                 " records; at most " + std::to_string(kMaxVersionsAsked));
+  }
+  for (int i = 0; st.ok() && i < req.sessions_size(); ++i) {
+    const wire::SessionVersion& v = req.sessions(i);
+    st = SessionStore::ValidateId(v.session_id());
+    if (!st.ok()) break;
+    wire::SessionRecord theirs;
+    theirs.set_version(v.version());
+    theirs.set_origin(v.origin());
+    Result<wire::SessionRecord> mine = sessions_.Get(c.ns, v.session_id());
+    if (mine.ok() ? Newer(theirs, *mine) : mine.status().IsNotFound()) {
+      resp.add_wanted(static_cast<uint32_t>(i));
+    } else if (!mine.ok()) {
+      st = mine.status();
+    }
+  }
+  if (!st.ok()) {
+    resp.clear_wanted();
+    metrics_.Add(metrics_.requests_failed);
+  }
+  return Reply(wire::SESSION_VERSIONS, resp, st);
+}
+
 }  // namespace kvpool::daemon

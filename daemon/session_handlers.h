@@ -58,6 +58,10 @@ class SessionHandlers {
   transport::Response Load(Connection& c, std::string_view body);
   transport::Response Delete(Connection& c, std::string_view body);
   transport::Response List(Connection& c, std::string_view body);
+  // SESSION_VERSIONS, from a peer: which of the records it names this node would keep.
+  transport::Response Versions(Connection& c, std::string_view body);
+  // The most records one SESSION_VERSIONS may name.
+  static constexpr int kMaxVersionsAsked = 4096;
 
  private:
   // The next version of a save or deletion taken here.

@@ -90,21 +90,40 @@ Result<std::vector<wire::SessionRecord>> SessionStore::List(NamespaceId ns, std:
 
 Status SessionStore::ForEach(
     const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit) const {
-  std::unique_ptr<rocksdb::Iterator> it(
-      store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    const rocksdb::Slice k = it->key();
-    wire::SessionRecord record;
-    if (k.size() < 5 ||
-        !record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      LOG(ERROR) << "skipping a damaged session record at start";
-      continue;
+  // A page of records at a time, read with an iterator released before they are visited: a
+  // visitor that talks to peers for a while pins no RocksDB read view (nor the files under it).
+  constexpr size_t kPage = 256;
+  std::string after;  // the last key read
+  for (bool more = true; more;) {
+    std::vector<std::pair<NamespaceId, wire::SessionRecord>> page;
+    {
+      std::unique_ptr<rocksdb::Iterator> it(
+          store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
+      if (after.empty()) {
+        it->SeekToFirst();
+      } else {
+        it->Seek(after);
+        if (it->Valid() && it->key() == rocksdb::Slice(after)) it->Next();
+      }
+      for (; it->Valid() && page.size() < kPage; it->Next()) {
+        const rocksdb::Slice k = it->key();
+        after.assign(k.data(), k.size());
+        wire::SessionRecord record;
+        if (k.size() < 5 ||
+            !record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+          LOG(ERROR) << "skipping a damaged session record";
+          continue;
+        }
+        const auto* p = reinterpret_cast<const uint8_t*>(k.data());
+        const NamespaceId ns = static_cast<NamespaceId>(p[0]) << 24 | p[1] << 16 | p[2] << 8 | p[3];
+        page.emplace_back(ns, std::move(record));
+      }
+      KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(it->status()));
+      more = it->Valid();
     }
-    const auto* p = reinterpret_cast<const uint8_t*>(k.data());
-    const NamespaceId ns = static_cast<NamespaceId>(p[0]) << 24 | p[1] << 16 | p[2] << 8 | p[3];
-    visit(ns, record);
+    for (const auto& [ns, record] : page) visit(ns, record);
   }
-  return KVPOOL_ROCKS_STATUS(it->status());
+  return Status::OK();
 }
 
 uint64_t SessionStore::Count() const {
