@@ -1158,14 +1158,8 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverSeeWrongBytes) {
 // its blocks (the coldest segment's worth of them, by the order reads left) go to disk, not the
 // coldest blocks of every segment until one happens to empty, which here was all 128 of them.
 TEST_F(TierManagerTest, ANamespaceThatNeedsASegmentEmptiesOneNotTheTier) {
-  options_.host_high_watermark = 1.0;  // the flusher stays idle: only reservations make room
-  options_.host_low_watermark = 1.0;
-  Open();
   std::vector<BlockKey> keys;
-  for (int i = 0; i < 128; ++i) {  // 8 x 1 MiB segments, 16 blocks each
-    keys.push_back(KeyOf(5000 + i));
-    ASSERT_TRUE(Put(keys.back(), 64 * kKiB).ok()) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));
   std::vector<BlockKey> shuffled = keys;
   std::mt19937 rng(7);
   std::shuffle(shuffled.begin(), shuffled.end(), rng);
@@ -1232,14 +1226,8 @@ TEST_F(TierManagerTest, EmptyingASegmentForANamespaceKeepsChainsTailFirst) {
 // A namespace whose own segments hold enough of the coldest blocks makes its room from those, in
 // its eviction order: a single-tenant daemon evicts exactly its coldest blocks, as before.
 TEST_F(TierManagerTest, ANamespaceWithColdBlocksOfItsOwnEvictsThemInOrder) {
-  options_.host_high_watermark = 1.0;
-  options_.host_low_watermark = 1.0;
-  Open();
   std::vector<BlockKey> keys;
-  for (int i = 0; i < 128; ++i) {
-    keys.push_back(KeyOf(5000 + i));
-    ASSERT_TRUE(Put(keys.back(), 64 * kKiB).ok()) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));
   std::vector<BlockKey> shuffled = keys;
   std::mt19937 rng(7);
   std::shuffle(shuffled.begin(), shuffled.end(), rng);
@@ -1282,14 +1270,8 @@ TEST_F(TierManagerTest, BlocksWhoseParentsLoopKeepTheirSegmentAndAnotherIsEmptie
 
 // A leased block holds its segment: another segment is emptied, and the leased bytes stay.
 TEST_F(TierManagerTest, ALeasedBlockKeepsItsSegmentFromBeingEmptied) {
-  options_.host_high_watermark = 1.0;
-  options_.host_low_watermark = 1.0;
-  Open();
   std::vector<BlockKey> keys;
-  for (int i = 0; i < 128; ++i) {
-    keys.push_back(KeyOf(5000 + i));
-    ASSERT_TRUE(Put(keys.back(), 64 * kKiB).ok()) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));
   for (int i = 16; i < 128; ++i) ExpectServed(keys[i]);  // segment 0's blocks: the coldest
   std::vector<BlockRead> held = manager_->Acquire(kNs, {&keys[0], 1});
   ASSERT_TRUE(held[0].status.ok()) << held[0].status.ToString();

@@ -137,6 +137,18 @@ class TierManagerTest : public ::testing::Test {
     return Status::OK();
   }
 
+  // Opens with the flusher idle (only reservations make room) and fills the 8 x 1 MiB host
+  // segments with 128 blocks of 64 KiB of kNs: (*keys)[i] = KeyOf(5000 + i).
+  void OpenFullOf64KiBBlocks(std::vector<BlockKey>* keys) {
+    options_.host_high_watermark = 1.0;
+    options_.host_low_watermark = 1.0;
+    Open();
+    for (int i = 0; i < 128; ++i) {
+      keys->push_back(KeyOf(5000 + i));
+      ASSERT_TRUE(Put(keys->back(), 64 * kKiB).ok()) << i;
+    }
+  }
+
   // Puts a chain of `sizes.size()` blocks, each the child of the previous one.
   std::vector<BlockKey> PutChain(uint64_t first, const std::vector<uint64_t>& sizes,
                                  NamespaceId ns = kNs) {
