@@ -791,8 +791,8 @@ void ClusterNode::Rereplicate() {
   // are sent, so a membership change costs little where the homes are up to date.
   const auto started = std::chrono::steady_clock::now();
   std::vector<Job> batch;
-  std::set<cluster::NodeId> unreachable;
-  SessionOffers counts;
+  size_t batch_keys = 0;
+  SessionOffers pass;
   const int64_t now_ms = UnixMillis();
   bool stopping = false;
   options_.for_each_session([&](NamespaceId ns, const wire::SessionRecord& record) {
@@ -804,13 +804,15 @@ void ClusterNode::Rereplicate() {
     const std::string name = options_.namespace_name(ns);
     if (stopping || name.empty() || !SessionHandlers::MayRestore(record, now_ms)) return;
     batch.push_back(SessionJob(ns, name, record));
-    if (batch.size() < kSessionOfferBatch) return;
-    OfferSessions(batch, &unreachable, &counts);
+    batch_keys += static_cast<size_t>(record.keys_size());
+    if (batch.size() < kSessionOfferBatch && batch_keys < kSessionOfferBatchKeys) return;
+    OfferSessions(batch, &pass);
     batch.clear();
+    batch_keys = 0;
   });
-  if (!stopping) OfferSessions(batch, &unreachable, &counts);
-  LOG(INFO) << "membership changed: offered " << counts.offered << " session records to "
-            << counts.asked << " homes; sent " << counts.sent
+  if (!stopping) OfferSessions(batch, &pass);
+  LOG(INFO) << "membership changed: offered " << pass.offered << " session records (" << pass.asked
+            << " SESSION_VERSIONS asked); sent " << pass.sent
             << " that a home lacked or held older, in "
             << std::chrono::duration_cast<std::chrono::milliseconds>(
                    std::chrono::steady_clock::now() - started)
@@ -818,13 +820,16 @@ void ClusterNode::Rereplicate() {
             << " ms";
 }
 
-void ClusterNode::OfferSessions(const std::vector<Job>& batch,
-                                std::set<cluster::NodeId>* unreachable, SessionOffers* counts) {
+void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pass) {
   if (batch.empty()) return;
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr) return;
-  counts->offered += batch.size();
+  pass->offered += batch.size();
+  const auto stopping = [&] {
+    absl::MutexLock lock(&mu_);
+    return stopping_;
+  };
   // Which records each home (in each namespace) is asked about.
   std::map<std::pair<cluster::NodeId, NamespaceId>, std::vector<size_t>> asks;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -836,45 +841,53 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch,
   }
   for (const auto& [home, indices] : asks) {
     const cluster::NodeId& node = home.first;
-    if (unreachable->count(node) > 0) continue;
+    if (stopping()) return;
+    if (pass->unreachable.count(node) > 0) continue;
     const std::string& address = addresses[node];
     const std::string& ns_name = batch[indices.front()].ns_name;
-    std::unique_ptr<Client> c = Checkout(address, ns_name);
-    if (c == nullptr) {
-      unreachable->insert(node);
-      continue;
-    }
-    wire::SessionVersionsRequest req;
-    for (size_t i : indices) {
-      const wire::SessionRecord& r = *batch[i].session;
-      wire::SessionVersion* v = req.add_sessions();
-      v->set_session_id(r.session_id());
-      v->set_version(r.version());
-      v->set_origin(r.origin());
-    }
-    wire::SessionVersionsResponse resp;
-    const Status st = client::PeerCall(*c, req, &resp);
-    ++counts->asked;
     std::vector<size_t> send;
-    if (st.ok()) {
-      for (uint32_t w : resp.wanted()) {
-        if (w < indices.size()) send.push_back(indices[w]);
-      }
-    } else if (st.code() == StatusCode::kUnavailable ||
-               st.code() == StatusCode::kDeadlineExceeded) {
-      unreachable->insert(node);
-      continue;
-    } else {
-      // A peer that does not know SESSION_VERSIONS (an older kvpoold) is sent every record; it
-      // keeps only the newer ones, as before.
-      VLOG(1) << "SESSION_VERSIONS to " << node << ": " << st.ToString() << "; sending all";
+    if (pass->send_all.count(node) > 0) {
       send = indices;
+    } else {
+      std::unique_ptr<Client> c = Checkout(address, ns_name);
+      if (c == nullptr) {
+        pass->unreachable.insert(node);
+        continue;
+      }
+      wire::SessionVersionsRequest req;
+      for (size_t i : indices) {
+        const wire::SessionRecord& r = *batch[i].session;
+        wire::SessionVersion* v = req.add_sessions();
+        v->set_session_id(r.session_id());
+        v->set_version(r.version());
+        v->set_origin(r.origin());
+      }
+      wire::SessionVersionsResponse resp;
+      const Status st = client::PeerCall(*c, req, &resp);
+      ++pass->asked;
+      if (st.ok()) {
+        for (uint32_t w : resp.wanted()) {
+          if (w < indices.size()) send.push_back(indices[w]);
+        }
+        Return(address, ns_name, std::move(c));
+      } else if (st.code() == StatusCode::kDeadlineExceeded) {
+        pass->unreachable.insert(node);
+        continue;
+      } else {
+        // An older kvpoold closes the connection on a message type it does not know (Unavailable
+        // here) or answers an error: it is sent every record for the rest of the pass, as before
+        // SESSION_VERSIONS existed. A home that is really down fails the first send instead.
+        LOG(WARNING) << "SESSION_VERSIONS to " << node << ": " << st.ToString()
+                     << "; sending it every session record this pass";
+        pass->send_all.insert(node);
+        send = indices;
+        if (st.code() != StatusCode::kUnavailable) Return(address, ns_name, std::move(c));
+      }
     }
-    Return(address, ns_name, std::move(c));
     for (size_t i : send) {
-      if (unreachable->count(node) > 0) break;
-      SendSession(batch[i], node, address, unreachable);
-      ++counts->sent;
+      if (stopping() || pass->unreachable.count(node) > 0) break;
+      SendSession(batch[i], node, address, &pass->unreachable);
+      ++pass->sent;
     }
   }
 }

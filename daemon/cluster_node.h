@@ -129,17 +129,21 @@ class ClusterNode final : public ClusterHooks {
   // the record (kept there only if newer). A home that cannot be reached goes into `failed`.
   void SendSession(const Job& job, const cluster::NodeId& node, const std::string& address,
                    std::set<cluster::NodeId>* failed);
-  // The membership-change offer of session records (Rereplicate), per batch.
+  // One membership-change offer of session records (Rereplicate).
   struct SessionOffers {
-    size_t offered = 0;  // records read
-    size_t asked = 0;    // SESSION_VERSIONS asked (one per home and namespace in a batch)
-    size_t sent = 0;     // records sent to a home that lacked them or held older ones
+    std::set<cluster::NodeId> unreachable;  // skipped for the rest of the pass
+    std::set<cluster::NodeId> send_all;     // did not answer SESSION_VERSIONS (older kvpoold)
+    size_t offered = 0;                     // records read
+    size_t asked = 0;                       // SESSION_VERSIONS asked (per home, namespace, batch)
+    size_t sent = 0;                        // records sent to a home
   };
+  // A batch ends at this many records, or at this many chain keys in all (records are read
+  // whole).
   static constexpr size_t kSessionOfferBatch = 256;
+  static constexpr size_t kSessionOfferBatchKeys = 256 * 1024;
   // Asks each home of the records of `batch` (session jobs) which it would keep, and sends it
-  // those. Homes in `unreachable` are skipped, and homes found so are added.
-  void OfferSessions(const std::vector<Job>& batch, std::set<cluster::NodeId>* unreachable,
-                     SessionOffers* counts);
+  // those (every one to a home in `pass->send_all`). Stops when the node stops.
+  void OfferSessions(const std::vector<Job>& batch, SessionOffers* pass);
   // FetchMissing's first round for a reader on gpu tier `gpu_device`: each key's first home is
   // asked for what it holds in a gpu tier, received device to device (GpuLinks::Receive); keys
   // with skip[i] (known absent) are not asked. Sets found[i] for each block stored; returns how

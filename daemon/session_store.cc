@@ -93,9 +93,11 @@ Status SessionStore::ForEach(
   // A page of records at a time, read with an iterator released before they are visited: a
   // visitor that talks to peers for a while pins no RocksDB read view (nor the files under it).
   constexpr size_t kPage = 256;
-  std::string after;  // the last key read
+  constexpr size_t kPageBytes = 16 << 20;  // a page ends at this many bytes of records too
+  std::string after;                       // the last key read
   for (bool more = true; more;) {
     std::vector<std::pair<NamespaceId, wire::SessionRecord>> page;
+    size_t page_bytes = 0;
     {
       std::unique_ptr<rocksdb::Iterator> it(
           store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
@@ -105,9 +107,10 @@ Status SessionStore::ForEach(
         it->Seek(after);
         if (it->Valid() && it->key() == rocksdb::Slice(after)) it->Next();
       }
-      for (; it->Valid() && page.size() < kPage; it->Next()) {
+      for (; it->Valid() && page.size() < kPage && page_bytes < kPageBytes; it->Next()) {
         const rocksdb::Slice k = it->key();
         after.assign(k.data(), k.size());
+        page_bytes += it->value().size();
         wire::SessionRecord record;
         if (k.size() < 5 ||
             !record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
