@@ -1257,6 +1257,9 @@ class Client::Impl {
   uint64_t epoch_ = 0;  // counts connections (hellos), for borrowed blocks' leases
   // What borrowed blocks reach this client through; nulled when it goes.
   std::shared_ptr<Impl*> self_ = std::make_shared<Impl*>(this);
+  // Pinned bounce buffers for device-bound blocks that come as bytes (GetAsync).
+  const std::shared_ptr<client::StagingPool> staging_pool_ =
+      std::make_shared<client::StagingPool>();
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1383,6 +1386,8 @@ struct PendingGet::State {
   std::vector<MutableBuffer> buffers;
   std::vector<GetResult> results;
   std::vector<Client::Impl::QueuedCopies> queued;
+  // Copies queued from bounce buffers (blocks that came as bytes), and those buffers.
+  client::GetStaging::Queued staged;
   kernels::DeviceCopyEngine* engine = nullptr;  // never destroyed
   void* stream = nullptr;
   int device = -1;       // the CUDA device of the buffers
@@ -1405,7 +1410,8 @@ PendingGet& PendingGet::operator=(PendingGet&& other) noexcept {
 }
 
 bool PendingGet::pending() const {
-  return state_ != nullptr && !state_->waited && !state_->queued.empty();
+  return state_ != nullptr && !state_->waited &&
+         (!state_->queued.empty() || !state_->staged.indices.empty());
 }
 
 Result<std::vector<GetResult>> PendingGet::Wait() {
@@ -1423,9 +1429,15 @@ Result<std::vector<GetResult>> PendingGet::Wait() {
   if (st.mark != nullptr) {
     done = st.engine->WaitMarked(st.mark);
     st.mark = nullptr;
-  } else if (!st.queued.empty()) {
+  } else if (!st.queued.empty() || !st.staged.indices.empty()) {
     done = st.engine->Wait(st.stream);
   }
+  if (!done.ok()) {
+    for (size_t i : st.staged.indices) {
+      st.results[i].status = done.WithContext("copying to the device");
+    }
+  }
+  st.staged = {};  // the copies are done: the bounce buffers go back to their pool
   for (const Client::Impl::QueuedCopies& q : st.queued) {
     Client::Impl::FinishQueued(st.keys, q.blocks, q.to_device, q.from_gpu, st.results, buffer_for,
                                done, *st.engine, st.stream);
@@ -1504,7 +1516,7 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
   // The buffers' device is current for the copies: the null stream is then that device's.
   const std::shared_ptr<void> on_device =
       device != nullptr ? device->UseDevice(gpu) : std::shared_ptr<void>();
-  client::GetStaging staging(device, options.cuda_stream);
+  client::GetStaging staging(device, options.cuda_stream, impl_->staging_pool_);
   const Impl::BufferFor caller = [&](size_t i, uint64_t) { return buffers[i]; };
   PendingGet pending;
   pending.state_ = std::make_unique<PendingGet::State>();
@@ -1542,9 +1554,9 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
       r.status = DecodeBlock(r, buf, buf, buffers[i].capacity);
     }
   }
-  staging.Finish(buffers, out);
+  st.staged = staging.Finish(buffers, out);
   st.results = std::move(out);
-  if (!st.queued.empty()) {
+  if (!st.queued.empty() || !st.staged.indices.empty()) {
     // Without a mark, Wait waits on the stream itself (right unless it is called on another
     // thread with a per-thread stream).
     Result<void*> mark = device->Mark(options.cuda_stream);

@@ -1,6 +1,9 @@
 #include "client/device_buffers.h"
 
 #include <algorithm>
+#include <new>
+
+#include "kernels/pinned_memory.h"
 
 namespace kvpool::client {
 
@@ -17,35 +20,100 @@ Result<int> CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void
   return *first;
 }
 
+std::shared_ptr<StagingPool::Buffer> StagingPool::Take(size_t bytes) {
+  size_t capacity = size_t{64} << 10;
+  while (capacity < bytes) capacity <<= 1;
+  Buffer* b = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(capacity);
+    if (it != free_.end() && !it->second.empty()) {
+      b = it->second.back();
+      it->second.pop_back();
+      kept_bytes_ -= capacity;
+    }
+  }
+  if (b == nullptr) {
+    b = new Buffer;
+    b->capacity = capacity;
+    b->data = static_cast<uint8_t*>(::operator new (capacity, std::align_val_t{4096}));
+    b->pinned = kernels::CudaDeviceAvailable() &&
+                kernels::RegisterHostMemory(b->data, capacity, /*read_only=*/false).ok();
+  }
+  std::shared_ptr<StagingPool> self = shared_from_this();
+  return std::shared_ptr<Buffer>(b, [self](Buffer* given) { self->Give(given); });
+}
+
+size_t StagingPool::kept_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kept_bytes_;
+}
+
+void StagingPool::Give(Buffer* b) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (kept_bytes_ + b->capacity <= kKeepBytes) {
+      free_[b->capacity].push_back(b);
+      kept_bytes_ += b->capacity;
+      return;
+    }
+  }
+  Free(b);
+}
+
+void StagingPool::Free(Buffer* b) {
+  if (b->pinned) kernels::UnregisterHostMemory(b->data);
+  ::operator delete (b->data, std::align_val_t{4096});
+  delete b;
+}
+
+StagingPool::~StagingPool() {
+  for (auto& [capacity, list] : free_) {
+    for (Buffer* b : list) Free(b);
+  }
+}
+
 MutableBuffer GetStaging::HostTarget(size_t index, const MutableBuffer& caller) {
   if (caller.memory != Memory::kCuda) return caller;
-  std::vector<uint8_t>& buf = staged_[index];
-  buf.resize(caller.capacity);
-  return {buf.data(), buf.size()};
+  std::shared_ptr<StagingPool::Buffer>& buf = staged_[index];
+  if (buf == nullptr || buf->capacity < caller.capacity) {
+    if (pool_ != nullptr) {
+      buf = pool_->Take(caller.capacity);
+    } else {
+      // Unpooled, unpinned: a buffer of its own, freed with the handle.
+      auto* plain = new StagingPool::Buffer;
+      plain->capacity = std::max<size_t>(caller.capacity, 1);
+      plain->data = new uint8_t[plain->capacity];
+      buf = std::shared_ptr<StagingPool::Buffer>(plain, [](StagingPool::Buffer* b) {
+        delete[] b->data;
+        delete b;
+      });
+    }
+  }
+  return {buf->data, caller.capacity};
 }
 
 uint8_t* GetStaging::Staged(size_t index) {
   auto it = staged_.find(index);
-  return it == staged_.end() ? nullptr : it->second.data();
+  return it == staged_.end() ? nullptr : it->second->data;
 }
 
-void GetStaging::Finish(std::span<const MutableBuffer> buffers, std::span<GetResult> results) {
-  std::vector<size_t> copied;
-  for (auto& [index, bytes] : staged_) {
+GetStaging::Queued GetStaging::Finish(std::span<const MutableBuffer> buffers,
+                                      std::span<GetResult> results) {
+  Queued queued;
+  for (auto& [index, buf] : staged_) {
     GetResult& r = results[index];
     if (!r.status.ok()) continue;
-    const Status st = engine_->CopyAsync(buffers[index].data, bytes.data(), r.size,
+    const Status st = engine_->CopyAsync(buffers[index].data, buf->data, r.size,
                                          kernels::CopyDirection::kHostToDevice, stream_);
     if (!st.ok()) {
-      r.status = st;
+      r.status = st.WithContext("copying to the device");
       continue;
     }
-    copied.push_back(index);
+    queued.indices.push_back(index);
+    queued.buffers.push_back(buf);
   }
-  if (copied.empty()) return;
-  const Status done = engine_->Wait(stream_);
-  if (done.ok()) return;
-  for (size_t index : copied) results[index].status = done.WithContext("copying to the device");
+  return queued;
 }
 
 Result<std::vector<PutBlock>> StageToHost(kernels::DeviceCopyEngine& engine, void* stream,

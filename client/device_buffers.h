@@ -4,13 +4,15 @@
 // On the same-node shared-memory path a block moves between the caller's device memory and its
 // slot of the host arena by one copy on the caller's stream (client/client.cc does that). Every
 // other way a block travels (socket frames, UCX, a block decoded here) lands in host memory
-// first: GetStaging holds those bounce buffers and copies them to the device at the end of a
-// get; StageToHost does the same for a put.
+// first: GetStaging holds those bounce buffers (from a StagingPool, pinned) and queues their copies
+// to the device at the end of a get; StageToHost does the same for a put, and waits.
 //
 // Thread safety: none (one per call, like the Client).
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,10 +30,47 @@ namespace kvpool::client {
 Result<int> CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void* data,
                              size_t bytes, const std::string& what);
 
+// Host buffers that blocks bound for device memory are staged in (blocks that arrive as bytes:
+// socket frames, UCX, a block decoded here), kept for reuse. Each is page-locked with CUDA where
+// a device is usable, so its copy to the device is a true cudaMemcpyAsync: from pageable memory
+// the runtime would first wait for all the work already on the caller's stream. A buffer goes
+// back to the pool when the last handle to it goes (a PendingGet holds them until Wait), even
+// after the Client that took it is gone.
+//
+// Thread safety: Take may be called from any thread (one mutex).
+class StagingPool : public std::enable_shared_from_this<StagingPool> {
+ public:
+  struct Buffer {
+    uint8_t* data = nullptr;
+    size_t capacity = 0;  // bytes (a power of two, at least 64 KiB)
+    bool pinned = false;
+  };
+  // A buffer of at least `bytes`, pinned when CUDA allows it (with the calling thread's device
+  // current: pinned memory serves every device).
+  std::shared_ptr<Buffer> Take(size_t bytes);
+  ~StagingPool();
+
+  // What the pool keeps for reuse, at most: buffers beyond it are freed when given back.
+  static constexpr size_t kKeepBytes = 256ull << 20;
+  // Bytes of the buffers kept for reuse now.
+  size_t kept_bytes();
+
+ private:
+  void Give(Buffer* b);
+  static void Free(Buffer* b);
+
+  std::mutex mu_;
+  std::map<size_t, std::vector<Buffer*>> free_;  // by capacity
+  size_t kept_bytes_ = 0;
+};
+
 // Bounce buffers of one get, for device targets a path cannot fill directly.
 class GetStaging {
  public:
-  GetStaging(kernels::DeviceCopyEngine* engine, void* stream) : engine_(engine), stream_(stream) {}
+  // `pool` (null: plain unpinned buffers) gives the bounce buffers.
+  GetStaging(kernels::DeviceCopyEngine* engine, void* stream,
+             std::shared_ptr<StagingPool> pool = nullptr)
+      : engine_(engine), stream_(stream), pool_(std::move(pool)) {}
 
   // Where block `index` lands in host memory: `caller` itself when it is host memory, else a
   // bounce buffer of its capacity (the too-small check then sees the caller's capacity).
@@ -41,14 +80,21 @@ class GetStaging {
   void* stream() const { return stream_; }
   // The bounce buffer of block `index`, or nullptr when it has none.
   uint8_t* Staged(size_t index);
-  // Copies each staged block whose result is OK into its device buffer and waits; a failed copy
-  // turns those results into errors.
-  void Finish(std::span<const MutableBuffer> buffers, std::span<GetResult> results);
+  // The copies Finish queued: the blocks', and the bounce buffers they read, which must live
+  // until the copies are done.
+  struct Queued {
+    std::vector<size_t> indices;
+    std::vector<std::shared_ptr<StagingPool::Buffer>> buffers;
+  };
+  // Queues the copy of each staged block whose result is OK into its device buffer on the
+  // call's stream, without waiting; a copy that cannot be queued turns its result into an error.
+  Queued Finish(std::span<const MutableBuffer> buffers, std::span<GetResult> results);
 
  private:
   kernels::DeviceCopyEngine* const engine_;
   void* const stream_;
-  std::map<size_t, std::vector<uint8_t>> staged_;  // by block index
+  const std::shared_ptr<StagingPool> pool_;
+  std::map<size_t, std::shared_ptr<StagingPool::Buffer>> staged_;  // by block index
 };
 
 // Test hook (no GPU): `client`'s device buffers are copied by `engine` (e.g. the double in

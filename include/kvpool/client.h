@@ -241,7 +241,8 @@ struct PutResult {
 
 // A get whose copies into device memory may still be running on the caller's stream
 // (Client::GetAsync). Work the caller queues on that stream after GetAsync runs after them; the
-// host thread goes on. The leased sources stay leased until Wait, which also checks the copies:
+// host thread goes on. The leased sources (and the bounce buffers of blocks that came as bytes)
+// stay held until Wait, which also checks the copies:
 // only then does a block count as read, and a block Wait reports as failed must be treated as
 // not loaded (e.g. recomputed), even if a kernel on the stream already read its buffer.
 //
@@ -522,8 +523,9 @@ class Client {
   // options.gpu_device is not a CUDA device of this process; Unavailable without CUDA.
   Result<BorrowedBlocks> Borrow(std::span<const BlockKey> keys, const BorrowOptions& options = {});
 
-  // As Get, but returns once the copies into device buffers are queued on options.cuda_stream
-  // (the same-node path; every other block is done when it returns): see PendingGet. Get is
+  // As Get, but returns once the copies into device buffers are queued on options.cuda_stream:
+  // from the shared-memory arena, or from the client's pinned bounce buffers for blocks that
+  // came as bytes (socket, UCX, decoded here), which are held until Wait. See PendingGet. Get is
   // GetAsync then Wait.
   Result<PendingGet> GetAsync(std::span<const BlockKey> keys,
                               std::span<const MutableBuffer> buffers,
