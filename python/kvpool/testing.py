@@ -149,6 +149,25 @@ class Daemon:
         self.kill() if hard else self.stop()
         self.start()
 
+    def printed_address(self, scheme: str, timeout: float = 10.0) -> str:
+        """The first address the daemon's log names with `scheme` ("tcp://", "tls://"), up to the
+        next space, newline or path, waiting up to `timeout` s for it: the startup banner names
+        a TCP listener's bound address (so `--listen=tcp://127.0.0.1:0` needs no free-port
+        guess) once it listens. Empty when none came in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log()
+            at = text.find(scheme)
+            if at >= 0:
+                end = at + len(scheme)
+                while end < len(text) and text[end] not in " \n/":
+                    end += 1
+                if end < len(text):
+                    return text[at:end]
+            if time.monotonic() >= deadline:
+                return ""
+            time.sleep(0.02)
+
     def log(self) -> str:
         try:
             return pathlib.Path(self.log_path).read_text(errors="replace")

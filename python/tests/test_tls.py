@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 
 import pytest
@@ -49,13 +48,13 @@ def tls_daemon(tmp_path_factory):
     _ca(d, "other-ca")
     _signed(d, "server", "ca", "IP:127.0.0.1")
     _signed(d, "client", "ca", None)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    flags = [f"--listen=tcp://127.0.0.1:{port}", f"--tls_cert={d / 'server.pem'}",
+    # Port 0, and the address the daemon prints once it listens: a port picked free beforehand
+    # could be taken in between, and the Unix socket can answer before the TLS listener does.
+    flags = ["--listen=tcp://127.0.0.1:0", f"--tls_cert={d / 'server.pem'}",
              f"--tls_key={d / 'server.key'}", f"--tls_ca={d / 'ca.pem'}"]
     with Daemon(flags) as daemon:
-        daemon.tls_address = f"tls://127.0.0.1:{port}"
+        daemon.tls_address = daemon.printed_address("tls://")
+        assert daemon.tls_address, f"no tls:// address in the daemon's log:\n{daemon.log()}"
         daemon.certs = d
         yield daemon
 
