@@ -1516,7 +1516,7 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
   // The buffers' device is current for the copies: the null stream is then that device's.
   const std::shared_ptr<void> on_device =
       device != nullptr ? device->UseDevice(gpu) : std::shared_ptr<void>();
-  client::GetStaging staging(device, options.cuda_stream, impl_->staging_pool_);
+  client::GetStaging staging(device, options.cuda_stream, gpu, impl_->staging_pool_);
   const Impl::BufferFor caller = [&](size_t i, uint64_t) { return buffers[i]; };
   PendingGet pending;
   pending.state_ = std::make_unique<PendingGet::State>();
@@ -1535,6 +1535,9 @@ Result<PendingGet> Client::GetAsync(std::span<const BlockKey> keys,
       device->Wait(options.cuda_stream).IgnoreError();
       st.queued.clear();
     }
+    // Only what this try stages is copied at the end: a block an earlier try half received may
+    // come in place now.
+    staging.Reset();
     return impl_->Get(keys, caller, options.accept_encoded, staging, gpu, /*lend=*/nullptr,
                       /*verify_lent=*/true, &st.queued);
   });

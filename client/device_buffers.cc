@@ -20,7 +20,11 @@ Result<int> CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void
   return *first;
 }
 
-std::shared_ptr<StagingPool::Buffer> StagingPool::Take(size_t bytes) {
+// Buffers start on 64 KiB boundaries: where the kernel's pages are 64 KiB (aarch64), two
+// buffers never share a page, which CUDA could not pin twice.
+constexpr std::align_val_t kStagingAlign{size_t{64} << 10};
+
+std::shared_ptr<StagingPool::Buffer> StagingPool::Take(size_t bytes, int device) {
   size_t capacity = size_t{64} << 10;
   while (capacity < bytes) capacity <<= 1;
   Buffer* b = nullptr;
@@ -34,11 +38,14 @@ std::shared_ptr<StagingPool::Buffer> StagingPool::Take(size_t bytes) {
     }
   }
   if (b == nullptr) {
-    b = new Buffer;
-    b->capacity = capacity;
-    b->data = static_cast<uint8_t*>(::operator new (capacity, std::align_val_t{4096}));
-    b->pinned = kernels::CudaDeviceAvailable() &&
-                kernels::RegisterHostMemory(b->data, capacity, /*read_only=*/false).ok();
+    auto fresh = std::make_unique<Buffer>();
+    fresh->capacity = capacity;
+    fresh->data = static_cast<uint8_t*>(::operator new(capacity, kStagingAlign));
+    fresh->pinned =
+        kernels::CudaDeviceAvailable() &&
+        kernels::RegisterHostMemory(fresh->data, capacity, /*read_only=*/false, device).ok();
+    fresh->pinned_on = device;
+    b = fresh.release();
   }
   std::shared_ptr<StagingPool> self = shared_from_this();
   return std::shared_ptr<Buffer>(b, [self](Buffer* given) { self->Give(given); });
@@ -62,8 +69,8 @@ void StagingPool::Give(Buffer* b) {
 }
 
 void StagingPool::Free(Buffer* b) {
-  if (b->pinned) kernels::UnregisterHostMemory(b->data);
-  ::operator delete (b->data, std::align_val_t{4096});
+  if (b->pinned) kernels::UnregisterHostMemory(b->data, b->pinned_on);
+  ::operator delete(b->data, kStagingAlign);
   delete b;
 }
 
@@ -78,7 +85,7 @@ MutableBuffer GetStaging::HostTarget(size_t index, const MutableBuffer& caller) 
   std::shared_ptr<StagingPool::Buffer>& buf = staged_[index];
   if (buf == nullptr || buf->capacity < caller.capacity) {
     if (pool_ != nullptr) {
-      buf = pool_->Take(caller.capacity);
+      buf = pool_->Take(caller.capacity, device_);
     } else {
       // Unpooled, unpinned: a buffer of its own, freed with the handle.
       auto* plain = new StagingPool::Buffer;

@@ -42,12 +42,14 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
  public:
   struct Buffer {
     uint8_t* data = nullptr;
-    size_t capacity = 0;  // bytes (a power of two, at least 64 KiB)
+    size_t capacity = 0;  // bytes (a power of two, at least 64 KiB, aligned to 64 KiB)
     bool pinned = false;
+    int pinned_on = -1;  // the device current when it was pinned (and so when it is unpinned)
   };
-  // A buffer of at least `bytes`, pinned when CUDA allows it (with the calling thread's device
-  // current: pinned memory serves every device).
-  std::shared_ptr<Buffer> Take(size_t bytes);
+  // A buffer of at least `bytes`, pinned when CUDA allows it, with CUDA device `device` current
+  // (pinned memory serves every device; the registration needs a context, and this one is the
+  // caller's already).
+  std::shared_ptr<Buffer> Take(size_t bytes, int device);
   ~StagingPool();
 
   // What the pool keeps for reuse, at most: buffers beyond it are freed when given back.
@@ -67,10 +69,11 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
 // Bounce buffers of one get, for device targets a path cannot fill directly.
 class GetStaging {
  public:
-  // `pool` (null: plain unpinned buffers) gives the bounce buffers.
-  GetStaging(kernels::DeviceCopyEngine* engine, void* stream,
+  // `pool` (null: plain unpinned buffers) gives the bounce buffers, pinned with CUDA device
+  // `device` (the call's buffers') current.
+  GetStaging(kernels::DeviceCopyEngine* engine, void* stream, int device = -1,
              std::shared_ptr<StagingPool> pool = nullptr)
-      : engine_(engine), stream_(stream), pool_(std::move(pool)) {}
+      : engine_(engine), stream_(stream), device_(device), pool_(std::move(pool)) {}
 
   // Where block `index` lands in host memory: `caller` itself when it is host memory, else a
   // bounce buffer of its capacity (the too-small check then sees the caller's capacity).
@@ -80,6 +83,8 @@ class GetStaging {
   void* stream() const { return stream_; }
   // The bounce buffer of block `index`, or nullptr when it has none.
   uint8_t* Staged(size_t index);
+  // Forgets every bounce buffer (a new try of the call: only what it stages is copied).
+  void Reset() { staged_.clear(); }
   // The copies Finish queued: the blocks', and the bounce buffers they read, which must live
   // until the copies are done.
   struct Queued {
@@ -93,6 +98,7 @@ class GetStaging {
  private:
   kernels::DeviceCopyEngine* const engine_;
   void* const stream_;
+  const int device_;
   const std::shared_ptr<StagingPool> pool_;
   std::map<size_t, std::shared_ptr<StagingPool::Buffer>> staged_;  // by block index
 };

@@ -858,10 +858,11 @@ void RegisterClient(nb::module_& m) {
       .def("get_into_async", &GetIntoAsync, nb::arg("keys"), nb::arg("buffers"),
            nb::arg("stream") = nb::none(),
            "As get_into, but returns a PendingGet once the copies into CUDA tensors are queued on "
-           "`stream` (the same-node path): work queued on that stream afterwards runs after "
-           "them, while Python goes on (e.g. the next layer's load). wait() checks them, ends the "
-           "leases and returns the GetResults; only then does a block count as loaded (treat one "
-           "it reports failed as not loaded). Blocks that come another way are done at once.")
+           "`stream` (from the shared-memory arena, or from pinned bounce buffers for blocks that "
+           "came as bytes): work queued on that stream afterwards runs after them, while Python "
+           "goes on (e.g. the next layer's load). wait() checks them, ends the leases and returns "
+           "the GetResults; only then does a block count as loaded (treat one it reports failed "
+           "as not loaded).")
       .def("get", &PyClient::Get, nb::arg("keys"),
            "Each block as new bytes; None for a miss (or a block that failed its checksum).")
       .def("put", &PyClient::Put, nb::arg("keys"), nb::arg("blocks"),
