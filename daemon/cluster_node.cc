@@ -770,10 +770,7 @@ void ClusterNode::Rereplicate() {
     const std::string name = options_.namespace_name(ns);
     if (name.empty()) continue;
     for (size_t start = 0; start < list.size(); start += 1024) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (stopping_) return;
-      }
+      if (Stopping()) return;
       Job job;
       job.ns = ns;
       job.ns_name = name;
@@ -797,10 +794,7 @@ void ClusterNode::Rereplicate() {
   bool stopping = false;
   options_.for_each_session([&](NamespaceId ns, const wire::SessionRecord& record) {
     if (stopping) return;
-    {
-      absl::MutexLock lock(&mu_);
-      stopping = stopping_;
-    }
+    stopping = Stopping();
     const std::string name = options_.namespace_name(ns);
     if (stopping || name.empty() || !SessionHandlers::MayRestore(record, now_ms)) return;
     batch.push_back(SessionJob(ns, name, record));
@@ -820,16 +814,17 @@ void ClusterNode::Rereplicate() {
             << " ms";
 }
 
+bool ClusterNode::Stopping() {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
 void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pass) {
   if (batch.empty()) return;
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr) return;
   pass->offered += batch.size();
-  const auto stopping = [&] {
-    absl::MutexLock lock(&mu_);
-    return stopping_;
-  };
   // Which records each home (in each namespace) is asked about.
   std::map<std::pair<cluster::NodeId, NamespaceId>, std::vector<size_t>> asks;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -841,7 +836,7 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
   }
   for (const auto& [home, indices] : asks) {
     const cluster::NodeId& node = home.first;
-    if (stopping()) return;
+    if (Stopping()) return;
     if (pass->unreachable.count(node) > 0) continue;
     const std::string& address = addresses[node];
     const std::string& ns_name = batch[indices.front()].ns_name;
@@ -885,7 +880,7 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
       }
     }
     for (size_t i : send) {
-      if (stopping() || pass->unreachable.count(node) > 0) break;
+      if (Stopping() || pass->unreachable.count(node) > 0) break;
       SendSession(batch[i], node, address, &pass->unreachable);
       ++pass->sent;
     }

@@ -144,6 +144,8 @@ class ClusterNode final : public ClusterHooks {
   // Asks each home of the records of `batch` (session jobs) which it would keep, and sends it
   // those (every one to a home in `pass->send_all`). Stops when the node stops.
   void OfferSessions(const std::vector<Job>& batch, SessionOffers* pass);
+  // Whether Stop has begun (takes mu_).
+  bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
   // FetchMissing's first round for a reader on gpu tier `gpu_device`: each key's first home is
   // asked for what it holds in a gpu tier, received device to device (GpuLinks::Receive); keys
   // with skip[i] (known absent) are not asked. Sets found[i] for each block stored; returns how

@@ -39,9 +39,8 @@ class SessionStore {
                                                 uint32_t limit, bool* truncated) const;
   // Every record of every namespace, in key order. An undecodable record is logged and skipped.
   // Read 256 (or 16 MiB) at a time, each page with an iterator released before its records are
-  // visited: a
-  // visitor may take long (it holds no RocksDB read view) and sees records saved meanwhile only
-  // if they sort after the page it is in.
+  // visited: a visitor may take long (it holds no RocksDB read view) and sees records saved
+  // meanwhile only if they sort after the page it is in.
   Status ForEach(const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit) const;
   // Estimated, all namespaces together, tombstones included.
   uint64_t Count() const;

@@ -532,8 +532,11 @@ class TierManager {
   // write qualifies.
   uint64_t EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, bool may_write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops `id`'s host copy when that needs no write (it is on disk, or its namespace's disk does
-  // not take it), counted as an eviction; false, dropping nothing, otherwise.
+  // Whether `e`'s host copy must be written to disk before it may go: it has no disk copy and its
+  // namespace's disk takes it.
+  bool NeedsWriteLocked(const Entry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Drops `id`'s host copy when that needs no write (NeedsWriteLocked), counted as an eviction;
+  // false, dropping nothing, otherwise.
   bool DropHostIfUnwrittenLocked(EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room for `extra` more disk bytes of `ns` within its disk quota (if it has one) by
   // dropping its own coldest disk copies. ResourceExhausted when it cannot.

@@ -328,16 +328,9 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool ma
   for (EntryId id : victims) {
     if (released + demote_bytes >= budget || demote_bytes >= options_.demotion_batch_bytes) break;
     Entry& e = index_.at(id);
-    if (e.In(Tier::kDisk)) {
-      released += PagesBytes(e.size);
-      ++host_counters_.evictions;
-      DropHostCopyLocked(id);
-    } else if (!PolicyLocked(e.ns).admission->Admit(e.hits)) {
-      // The namespace's disk does not take it: it leaves the cache.
-      released += PagesBytes(e.size);
-      ++host_counters_.evictions;
-      ++blocks_not_admitted_;
-      DropHostCopyLocked(id);
+    const uint64_t pages = PagesBytes(e.size);
+    if (DropHostIfUnwrittenLocked(id)) {
+      released += pages;
     } else if (may_write) {
       e.busy |= kBusyDemoting;
       to_demote.push_back(id);
@@ -350,17 +343,16 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool ma
   return released + demote_bytes;
 }
 
+bool TierManager::NeedsWriteLocked(const Entry& e) const {
+  return !e.In(Tier::kDisk) && PolicyLocked(e.ns).admission->Admit(e.hits);
+}
+
 bool TierManager::DropHostIfUnwrittenLocked(EntryId id) {
-  Entry& e = index_.at(id);
-  if (e.In(Tier::kDisk)) {
-    ++host_counters_.evictions;
-  } else if (!PolicyLocked(e.ns).admission->Admit(e.hits)) {
-    // The namespace's disk does not take it: it leaves the cache.
-    ++host_counters_.evictions;
-    ++blocks_not_admitted_;
-  } else {
-    return false;
-  }
+  const Entry& e = index_.at(id);
+  if (NeedsWriteLocked(e)) return false;
+  // Not on disk: the namespace's disk does not take it, and it leaves the cache.
+  if (!e.In(Tier::kDisk)) ++blocks_not_admitted_;
+  ++host_counters_.evictions;
   DropHostCopyLocked(id);
   return true;
 }
@@ -369,8 +361,7 @@ uint64_t TierManager::EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, boo
   // Without writing, only a segment whose every block may simply be dropped empties.
   auto evictable = [&](EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Entry& e = index_.at(id);
-    return e.leases == 0 && e.busy == 0 &&
-           (may_write || e.In(Tier::kDisk) || !PolicyLocked(e.ns).admission->Admit(e.hits));
+    return e.leases == 0 && e.busy == 0 && (may_write || !NeedsWriteLocked(e));
   };
   std::vector<EntryId> victims;
   pools_.Victims(Tier::kHost, host_.segment_bytes(), evictable, &victims);
@@ -391,7 +382,7 @@ uint64_t TierManager::EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, boo
       continue;
     }
     e.busy |= kBusyDemoting;
-    if (e.In(Tier::kDisk) || !PolicyLocked(e.ns).admission->Admit(e.hits)) {
+    if (!NeedsWriteLocked(e)) {
       after_writes.push_back(id);
       continue;
     }
