@@ -279,8 +279,13 @@ Result<MemorySlot> SegmentedTier::AllocateLocked(NamespaceId ns, uint64_t length
     if (!vacant) return slot;
     renewed_one = true;
     const SegmentPages::Renewal how = RenewSegmentLocked(*vacant);
-    if (how != SegmentPages::Renewal::kRenewed) ++failed_renewals_;
     pages_.Recycled(*vacant, how);
+    if (how != SegmentPages::Renewal::kRenewed) {
+      ++failed_renewals_;
+      return Status::ResourceExhausted(
+          "no fresh memory for a " + pages_.tier_name() +
+          " segment (the daemon's log says why): the room it would have given is not to be had");
+    }
   }
 }
 

@@ -35,6 +35,7 @@ class SegmentPages {
  public:
   // `tier_name` ("host", "gpu 0") names the tier in error messages.
   SegmentPages(std::string tier_name, uint64_t segment_bytes, uint32_t segment_count);
+  const std::string& tier_name() const { return tier_name_; }
 
   uint64_t segment_bytes() const { return segment_bytes_; }
   uint32_t segment_count() const { return segment_count_; }
@@ -132,9 +133,7 @@ class SegmentedTier : public MemoryTier {
   uint32_t segment_count() const override;
   uint64_t SegmentUsedBytes(uint32_t segment) const override;
   NamespaceId SegmentOwner(uint32_t segment) const override;
-  // Renewals that failed so far (a caller that evicts for room stops at one: freeing more would
-  // only have it fail again).
-  uint64_t failed_renewals() const;
+  uint64_t failed_renewals() const override;
   void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
   void SetDefaultSegmentLimit(uint32_t max_segments) override;
   uint32_t SegmentsOf(NamespaceId ns) const override;

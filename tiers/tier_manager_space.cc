@@ -504,9 +504,13 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
 
 Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait,
                                                  bool may_renew) {
+  const uint64_t failed_before = host_.failed_renewals();
   for (;;) {
     Result<HostSlot> slot = may_renew ? host_.Allocate(ns, bytes) : host_.TryAllocate(ns, bytes);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    // A segment that could not get fresh memory (out of descriptors or memory): emptying more
+    // would only have them fail the same way, one segment's blocks evicted for each.
+    if (host_.failed_renewals() != failed_before) return slot;
     // Other namespaces' free pages do not help this one: free at least a segment's worth. A
     // namespace that holds its quota of segments frees its own.
     const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());

@@ -20,6 +20,7 @@
 
 #include "common/checksum.h"
 #include "tiers/tier_manager_test_fixture.h"
+#include "tiers/without_memfds_for_test.h"
 
 namespace kvpool::tiers {
 namespace {
@@ -1177,6 +1178,33 @@ TEST_F(TierManagerTest, ANamespaceThatNeedsASegmentEmptiesOneNotTheTier) {
   EXPECT_EQ(after.blocks_lost, 0u);
   ExpectServed(KeyOf(9999), 2);
   for (const BlockKey& k : keys) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
+// A namespace that needs a segment while the host has no fresh memory for one (out of
+// descriptors: memfd_create fails) is refused after the first segment emptied for it, instead of
+// emptying one segment after another, each renewal failing the same way, until the tier is bare.
+TEST_F(TierManagerTest, ASegmentThatGetsNoFreshMemoryStopsTheEvictionForIt) {
+  std::vector<BlockKey> keys;
+  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_EQ(before.host_blocks, 128u);
+  Status put;
+  if (const int refused = WithoutMemfds([&] { put = Put(KeyOf(9999), 64 * kKiB, {}, 2); })) {
+    GTEST_SKIP() << "no seccomp filter allowed here: " << std::strerror(refused);
+  }
+  EXPECT_EQ(put.code(), StatusCode::kResourceExhausted) << put.ToString();
+  EXPECT_NE(put.message().find("no fresh memory for a host segment"), std::string::npos)
+      << put.ToString();
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.host_counters.demotions - before.host_counters.demotions, 16u);
+  EXPECT_EQ(after.host_blocks, 128u - 16u);
+  EXPECT_EQ(after.blocks_lost, 0u);
+  for (const BlockKey& k : keys) ExpectServed(k);
+  // With descriptors back, the segment emptied is renewed for it.
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, 2).ok());
+  ExpectServed(KeyOf(9999), 2);
   ExpectHostAccountingConsistent();
 }
 
