@@ -466,7 +466,8 @@ class TierManager {
   // empty one whole segment for namespace `ns`, which needs `bytes` and may take another segment.
   // Empty when the blocks of `victims` (the tier's coldest candidates) in `ns`'s own segments
   // make that room: they go in their pool's order. Else tried: the few segments holding the most
-  // bytes of `victims`. A segment qualifies when no reservation or copy in flight holds pages of
+  // bytes of `victims`; where none of those qualifies, the others in turn until one does. A
+  // segment qualifies when no reservation or copy in flight holds pages of
   // it and `evictable` accepts each of its blocks and, tail first, each of their descendants in
   // `tier`, wherever they are (at most four segments' worth in all). Of those, the one that costs
   // least is chosen: the bytes it evicts beyond `victims`, plus (host) the bytes it must first

@@ -433,13 +433,21 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
   });
   // Of the first few, the one that costs least to empty (below): its blocks and, tail first,
   // their descendants in `tier` wherever they are, at most kMostSegments segments' worth in all.
-  // Each check walks a segment's blocks.
+  // Each check walks a segment's blocks. Where none of them qualifies (a leased block in each,
+  // say), the first of the others that does, those holding victims first: one segment of warmer
+  // blocks costs far less than the caller's fallback, which evicts the coldest blocks wherever
+  // they are until a segment happens to empty.
   constexpr size_t kSegmentsTried = 8;
   constexpr uint64_t kMostSegments = 4;
+  for (uint32_t segment = 0; segment < mem.segment_count(); ++segment) {
+    if (!cold_bytes.contains(segment) && mem.SegmentUsedBytes(segment) > 0) {
+      ranked.emplace_back(0, segment);
+    }
+  }
   const int slot = TierSlot(tier);
   std::vector<EntryId> best;
   uint64_t best_cost = UINT64_MAX;
-  for (size_t r = 0; r < ranked.size() && r < kSegmentsTried; ++r) {
+  for (size_t r = 0; r < ranked.size() && (r < kSegmentsTried || best.empty()); ++r) {
     const uint32_t segment = ranked[r].second;
     absl::flat_hash_set<EntryId> set;
     std::vector<EntryId> todo;

@@ -1318,5 +1318,45 @@ TEST_F(TierManagerTest, ALeasedBlockKeepsItsSegmentFromBeingEmptied) {
   ExpectHostAccountingConsistent();
 }
 
+// When every segment holding the coldest blocks has a leased one, a segment of warmer blocks is
+// emptied instead, not the coldest blocks evicted wherever they are until one happens to empty
+// (which, around the leases, evicted 64 blocks here before: every unleased one of segments 0-3).
+TEST_F(TierManagerTest, WhenTheColdestBlocksSegmentsAreLeasedAnotherSegmentIsEmptied) {
+  std::vector<BlockKey> keys;
+  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));  // segment s: blocks 16 s .. 16 s + 15
+  // Segments 0-3 hold the coldest blocks (their first four, never read since put), and each has
+  // a leased block; segments 4-7 were read after them.
+  std::vector<BlockRead> held;
+  for (int s = 0; s < 4; ++s) {
+    for (int i = 4; i < 16; ++i) ExpectServed(keys[16 * s + i]);
+  }
+  for (int i = 64; i < 128; ++i) ExpectServed(keys[i]);
+  for (int s = 0; s < 4; ++s) {
+    std::vector<BlockRead> r = manager_->Acquire(kNs, {&keys[16 * s], 1});
+    ASSERT_TRUE(r[0].status.ok()) << r[0].status.ToString();
+    held.push_back(std::move(r[0]));
+  }
+  manager_->WaitIdleForTest();
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, /*ns=*/2).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.host_counters.demotions - before.host_counters.demotions, 16u);
+  std::vector<BlockKey> first_four;
+  for (int s = 0; s < 4; ++s) {
+    for (int i = 0; i < 4; ++i) first_four.push_back(keys[16 * s + i]);
+  }
+  EXPECT_EQ(TiersOf(first_four), std::vector<Tier>(16, Tier::kHost))
+      << "blocks of the leased segments were evicted";
+  for (int s = 0; s < 4; ++s) {
+    const std::vector<uint8_t>& want = expected_[{kNs, keys[16 * s]}];
+    EXPECT_EQ(std::memcmp(held[s].data, want.data(), want.size()), 0);
+    manager_->Release(held[s]);
+  }
+  ExpectServed(KeyOf(9999), 2);
+  for (const BlockKey& k : keys) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
 }  // namespace
 }  // namespace kvpool::tiers
