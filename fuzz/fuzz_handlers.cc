@@ -5,7 +5,9 @@
 // Input: one byte of flags, then frames.
 //   flags: bit 0 the connection is local (Unix socket), bit 1 the harness says hello first (for
 //          namespace "fuzz"; so mutations of the rest reach every handler behind a hello),
-//          bit 2 that hello asks for shared memory, bit 3 for admin rights.
+//          bit 2 that hello asks for shared memory, bit 3 for admin rights, bit 4 it is a peer
+//          daemon's (client name "kvpool-peer"). A TCP connection's harness hello answers the
+//          daemon's challenge with a proof of the cluster secret, as a remote worker or peer does.
 //   frame: u8 type, u16 body bytes, u32 payload bytes (little endian), the body, the payload.
 // A frame the server would refuse at its header (a payload on a type that carries none, sizes
 // over the limits, anything but a small hello before admission) ends the connection, as there.
@@ -22,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/hello_auth.h"
 #include "control.pb.h"
 #include "fuzz/fuzz_world.h"
 #include "transport/control_server.h"
@@ -104,12 +107,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     wire::HelloRequest hello;
     hello.set_protocol_version(transport::kProtocolVersion);
     hello.set_namespace_name("fuzz");
-    hello.set_client_name("fuzz_handlers");
+    hello.set_client_name(flags & 16 ? "kvpool-peer" : "fuzz_handlers");
     hello.set_shared_memory(flags & 4);
     hello.set_admin(flags & 8);
-    const std::string body = hello.SerializeAsString();
+    std::string body = hello.SerializeAsString();
     transport::Response r = service.Handle(*state, HeaderOf(wire::HELLO, body.size(), 0), body);
+    wire::HelloResponse answer;
+    const bool challenged = answer.ParseFromString(r.body) && !answer.challenge().empty();
     Consume(r, wire::HELLO);
+    if (challenged) {
+      hello.set_auth(HelloProof(kFuzzClusterSecret, answer.challenge(), hello.namespace_name()));
+      body = hello.SerializeAsString();
+      r = service.Handle(*state, HeaderOf(wire::HELLO, body.size(), 0), body);
+      Consume(r, wire::HELLO);
+    }
   }
 
   for (;;) {

@@ -4,8 +4,10 @@
 // tiers/test_tier_stack.h), the namespace registry, the session store and BlockService, built
 // on first use and kept for the whole run (state carries over between inputs, as it would
 // between a daemon's clients). No access rules: every namespace is open, as without a
-// namespaces file. Shared by fuzz_handlers (requests straight into the handlers) and
-// fuzz_frame (byte streams into a live control server).
+// namespaces file, to local clients; a TCP client proves the cluster secret kFuzzClusterSecret
+// (as in a cluster), and one that proves it and calls itself "kvpool-peer" is a peer daemon.
+// Shared by fuzz_handlers (requests straight into the handlers) and fuzz_frame (byte streams
+// into a live control server, over its Unix socket).
 //
 // Thread safety: Get from the fuzzing thread.
 
@@ -25,6 +27,8 @@
 #include "tiers/test_tier_stack.h"
 
 namespace kvpool::fuzz {
+
+inline constexpr const char* kFuzzClusterSecret = "fuzz-cluster-secret-0123456789abcdef";
 
 class FuzzWorld {
  public:
@@ -58,6 +62,7 @@ class FuzzWorld {
     namespaces_ = std::move(ns).value();
     sessions_ = std::make_unique<daemon::SessionStore>(*stack_.store);
     options_.node_id = "fuzz";
+    options_.tcp_secret = kFuzzClusterSecret;
     options_.limits.max_body_bytes = 1 << 20;
     options_.limits.max_payload_bytes = 16 << 20;
     service_ = std::make_unique<daemon::BlockService>(options_, *stack_.manager, *namespaces_,

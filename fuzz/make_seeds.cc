@@ -30,7 +30,8 @@ struct Frame {
 
 struct Scenario {
   std::string name;
-  uint8_t flags;  // fuzz_handlers: bit 0 local, bit 1 hello by the harness, 2 shm, 3 admin
+  uint8_t flags;  // fuzz_handlers: bit 0 local, bit 1 hello by the harness, 2 shm, 3 admin,
+                  // 4 a peer daemon's (fuzz/fuzz_handlers.cc)
   std::vector<Frame> frames;
 };
 
@@ -190,6 +191,53 @@ std::vector<Scenario> Scenarios() {
     wire::PutAbortRequest abort;
     abort.add_reservation_ids(4);
     s.frames.push_back(F(wire::PUT_ABORT, abort));
+    out.push_back(std::move(s));
+  }
+
+  // A peer daemon (over TCP, having proved the cluster secret): a session's copy stored as given,
+  // which of its records this daemon would keep, a put (not replicated back), and the GPU
+  // requests, which find no gpu tier here.
+  {
+    Scenario s{"peer", 0x2 | 0x10, {}};
+    wire::SessionSaveRequest save;
+    save.set_replica(true);
+    wire::SessionRecord* r = save.mutable_record();
+    r->set_session_id("conversation-2");
+    r->add_keys(KeyBytes(4));
+    r->set_token_count(16);
+    r->set_version(3);
+    r->set_origin("node-b");
+    s.frames.push_back(F(wire::SESSION_SAVE, save));
+    wire::SessionVersionsRequest versions;
+    for (const auto& [id, version] : {std::pair<const char*, uint64_t>{"conversation-2", 2},
+                                      {"conversation-2", 4},
+                                      {"conversation-9", 1}}) {
+      wire::SessionVersion* v = versions.add_sessions();
+      v->set_session_id(id);
+      v->set_version(version);
+      v->set_origin("node-b");
+    }
+    s.frames.push_back(F(wire::SESSION_VERSIONS, versions));
+    wire::PutReserveRequest reserve;
+    wire::PutItem* item = reserve.add_items();
+    item->set_key(KeyBytes(4));
+    item->set_size(kBlock);
+    const std::string bytes = BlockBytes(4, kBlock);
+    item->set_checksum(BlockChecksum(bytes.data(), bytes.size()));
+    s.frames.push_back(F(wire::PUT_RESERVE, reserve));
+    wire::GpuOfferRequest offer;
+    offer.set_packed_keys(KeyBytes(4));
+    s.frames.push_back(F(wire::GPU_OFFER, offer));
+    wire::GpuLinkJoinRequest join;
+    join.set_token(std::string(16, '\x01'));
+    join.set_link_id(std::string(128, '\x02'));
+    s.frames.push_back(F(wire::GPU_LINK_JOIN, join));
+    wire::GpuSendRequest send;
+    send.set_token(std::string(16, '\x01'));
+    send.set_packed_keys(KeyBytes(4));
+    send.add_sizes(kBlock);
+    send.add_device_checksums(1);
+    s.frames.push_back(F(wire::GPU_SEND, send));
     out.push_back(std::move(s));
   }
 
