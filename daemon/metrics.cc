@@ -139,6 +139,10 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
          "GPU placement hints (puts, session loads) dropped while the GPU's copy worker was "
          "behind.");
   Value(&o, "kvpool_gpu_hints_dropped_total", static_cast<double>(t.gpu_hints_dropped));
+  Metric(&o, "kvpool_host_blocks_moved_total", "counter",
+         "Host blocks moved to free pages of another segment of their namespace, emptying a "
+         "segment for a namespace that needed one without evicting anything.");
+  Value(&o, "kvpool_host_blocks_moved_total", static_cast<double>(t.host_blocks_moved));
   Metric(&o, "kvpool_gpu_puts_total", "counter",
          "Blocks put straight into a gpu tier from a client's device memory (device to device); "
          "their host copies are made by the GPU's copy worker.");

@@ -123,6 +123,9 @@ inline constexpr uint8_t kBusyToGpu = 8;      // its host copy is being copied i
 // Put straight into a gpu tier: its host copy is being made from its gpu copy (with
 // kBusyPromoting, so readers of host wait for it as for a promotion).
 inline constexpr uint8_t kBusyFromGpu = 16;
+// Its host copy is being copied to another slot of its namespace (TierManager::
+// MoveHostSegmentLocked); readers may still lease the copy where it is.
+inline constexpr uint8_t kBusyMoving = 32;
 inline constexpr uint8_t kFlagPrefetched = 1;  // promoted ahead of a get that has not come yet
 
 inline bool Entry::LeasableInHost() const {

@@ -80,6 +80,33 @@ void SegmentPages::MarkRun(Segment& seg, uint32_t first, uint32_t pages, bool us
   }
 }
 
+MemorySlot SegmentPages::Take(uint32_t index, uint32_t first, uint32_t pages, uint64_t length) {
+  Segment& seg = segments_[index];
+  MarkRun(seg, first, pages, true);
+  seg.used_pages += pages;
+  allocated_bytes_ += pages * kPage;
+  payload_bytes_ += length;
+  ++blocks_;
+  MemorySlot slot;
+  slot.offset = index * segment_bytes_ + uint64_t{first} * kPage;
+  slot.length = length;
+  return slot;
+}
+
+std::optional<MemorySlot> SegmentPages::AllocateInOwn(NamespaceId ns, uint64_t length,
+                                                      uint32_t pages, uint32_t avoid) {
+  for (uint32_t i = 0; i < segment_count_; ++i) {
+    Segment& seg = segments_[i];
+    if (i == avoid || seg.owner != ns || seg.vacant || seg.quarantined ||
+        pages_per_segment_ - seg.used_pages < pages) {
+      continue;
+    }
+    const int64_t first = FindRun(seg, pages);
+    if (first >= 0) return Take(i, static_cast<uint32_t>(first), pages, length);
+  }
+  return std::nullopt;
+}
+
 Result<MemorySlot> SegmentPages::Allocate(NamespaceId ns, uint64_t length) {
   if (length == 0) return Status::InvalidArgument("cannot allocate an empty block");
   if (length > segment_bytes_) {
@@ -87,27 +114,7 @@ Result<MemorySlot> SegmentPages::Allocate(NamespaceId ns, uint64_t length) {
                                    tier_name_ + " segment size of " + FormatBytes(segment_bytes_));
   }
   const uint32_t pages = PagesFor(length);
-  auto take = [&](uint32_t seg_index, int64_t first) {
-    Segment& seg = segments_[seg_index];
-    MarkRun(seg, static_cast<uint32_t>(first), pages, true);
-    seg.used_pages += pages;
-    allocated_bytes_ += pages * kPage;
-    payload_bytes_ += length;
-    ++blocks_;
-    MemorySlot slot;
-    slot.offset = seg_index * segment_bytes_ + static_cast<uint64_t>(first) * kPage;
-    slot.length = length;
-    return slot;
-  };
-  for (uint32_t i = 0; i < segment_count_; ++i) {
-    Segment& seg = segments_[i];
-    if (seg.owner != ns || seg.vacant || seg.quarantined ||
-        pages_per_segment_ - seg.used_pages < pages) {
-      continue;
-    }
-    int64_t first = FindRun(seg, pages);
-    if (first >= 0) return take(i, first);
-  }
+  if (std::optional<MemorySlot> slot = AllocateInOwn(ns, length, pages, UINT32_MAX)) return *slot;
   if (AtSegmentLimit(ns)) {
     return Status::ResourceExhausted("namespace holds its quota of " + std::to_string(LimitOf(ns)) +
                                      " " + tier_name_ + " segments");
@@ -120,14 +127,26 @@ Result<MemorySlot> SegmentPages::Allocate(NamespaceId ns, uint64_t length) {
     vacant_.erase(std::next(it).base());
     segments_[index].vacant = false;
     ++segments_of_[ns];
-    return take(index, 0);
+    return Take(index, 0, pages, length);
   }
   if (free_segments_.empty()) return Status::ResourceExhausted(tier_name_ + " arena full");
   const uint32_t fresh = free_segments_.back();
   free_segments_.pop_back();
   segments_[fresh].owner = ns;
   ++segments_of_[ns];
-  return take(fresh, 0);
+  return Take(fresh, 0, pages, length);
+}
+
+Result<MemorySlot> SegmentPages::AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) {
+  if (length == 0 || length > segment_bytes_) {
+    return Status::InvalidArgument("no block of " + FormatBytes(length) + " fits a " + tier_name_ +
+                                   " segment");
+  }
+  const uint32_t pages = PagesFor(length);
+  if (std::optional<MemorySlot> slot = AllocateInOwn(ns, length, pages, avoid)) return *slot;
+  return Status::ResourceExhausted("no run of " + std::to_string(pages) + " free pages in the " +
+                                   tier_name_ + " segments namespace " + std::to_string(ns) +
+                                   " holds");
 }
 
 bool SegmentPages::Free(const MemorySlot& slot) {
@@ -289,6 +308,11 @@ Result<MemorySlot> SegmentedTier::AllocateLocked(NamespaceId ns, uint64_t length
   }
 }
 
+Result<MemorySlot> SegmentedTier::AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) {
+  absl::MutexLock lock(&mu_);
+  return pages_.AllocateBeside(ns, length, avoid);
+}
+
 uint64_t SegmentedTier::failed_renewals() const {
   absl::MutexLock lock(&mu_);
   return failed_renewals_;
@@ -307,6 +331,13 @@ uint32_t SegmentedTier::segment_count() const {
 uint64_t SegmentedTier::SegmentUsedBytes(uint32_t segment) const {
   absl::MutexLock lock(&mu_);
   return pages_.used_bytes(segment);
+}
+
+std::vector<MemoryTier::SegmentUse> SegmentedTier::SegmentUses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SegmentUse> out(pages_.segment_count());
+  for (uint32_t i = 0; i < out.size(); ++i) out[i] = {pages_.OwnerOf(i), pages_.used_bytes(i)};
+  return out;
 }
 
 NamespaceId SegmentedTier::SegmentOwner(uint32_t segment) const {

@@ -48,6 +48,9 @@ class SegmentPages {
   // segments, else a clean one, when none has room. InvalidArgument for 0 or more than a
   // segment; ResourceExhausted when nothing fits or `ns` holds its limit of segments.
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length);
+  // As MemoryTier::AllocateBeside: a slot in a segment `ns` holds blocks in already, other than
+  // segment `avoid`; never another segment. ResourceExhausted when none has a run that fits.
+  Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid);
   // Returns a slot's pages (CHECK-fails on a slot outside the tier or freed twice). True when its
   // segment is now empty: vacant, no longer counted towards its owner.
   bool Free(const MemorySlot& slot);
@@ -95,6 +98,12 @@ class SegmentPages {
     NamespaceId taken_from = kNoNamespace;  // its owner, while TakeLongestVacant has it
   };
 
+  // A slot of `length` bytes (`pages` pages) in one of `ns`'s segments in use other than
+  // `avoid` (UINT32_MAX: none avoided), or nullopt.
+  std::optional<MemorySlot> AllocateInOwn(NamespaceId ns, uint64_t length, uint32_t pages,
+                                          uint32_t avoid);
+  // Marks `pages` pages from `first` of segment `index` used for a block of `length` bytes.
+  MemorySlot Take(uint32_t index, uint32_t first, uint32_t pages, uint64_t length);
   // First run of `pages` free pages in `seg`, or -1.
   int64_t FindRun(const Segment& seg, uint32_t pages) const;
   void MarkRun(Segment& seg, uint32_t first, uint32_t pages, bool used);
@@ -127,12 +136,14 @@ class SegmentedTier : public MemoryTier {
   // left.
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) override;
   Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) override;
+  Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) override;
   // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.
   void Free(const MemorySlot& slot) override;
   uint64_t allocated_bytes() const override;
   uint32_t segment_count() const override;
   uint64_t SegmentUsedBytes(uint32_t segment) const override;
   NamespaceId SegmentOwner(uint32_t segment) const override;
+  std::vector<SegmentUse> SegmentUses() const override;
   uint64_t failed_renewals() const override;
   void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
   void SetDefaultSegmentLimit(uint32_t max_segments) override;

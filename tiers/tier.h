@@ -94,6 +94,10 @@ class MemoryTier : public StorageTier {
   // (another namespace's vacant segment given fresh memory: tens of milliseconds) or one being
   // renewed already. For a caller that must not block (an I/O thread).
   virtual Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) = 0;
+  // `length` bytes for a block of `ns` in one of the segments it holds blocks in already, other
+  // than segment `avoid`: never another segment, never a wait. ResourceExhausted when none has
+  // room. (Moving a block out of segment `avoid`, so that it empties.)
+  virtual Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) = 0;
   // Returns a slot's pages. The slot must come from Allocate and not be freed twice.
   virtual void Free(const MemorySlot& slot) = 0;
   // The slot's bytes, addressable by this process (device memory for a GPU tier).
@@ -108,6 +112,13 @@ class MemoryTier : public StorageTier {
   virtual uint64_t SegmentUsedBytes(uint32_t segment) const = 0;
   // The namespace segment `segment` belongs to (kNoNamespace: clean).
   virtual NamespaceId SegmentOwner(uint32_t segment) const = 0;
+  // Each segment's owner and bytes handed out, in segment order, under one hold of the tier's
+  // lock.
+  struct SegmentUse {
+    NamespaceId owner = kNoNamespace;
+    uint64_t used_bytes = 0;
+  };
+  virtual std::vector<SegmentUse> SegmentUses() const = 0;
   // A namespace's quota (tiers/policy.h): at most `max_segments` segments of its own (0: no
   // limit); Allocate then refuses to take another one for it (ResourceExhausted; the caller
   // evicts that namespace's own blocks). Segments it holds beyond a lowered limit are kept until

@@ -440,6 +440,7 @@ TierManagerStats TierManager::GetStats() const {
   s.disk_delete_errors = disk_delete_errors_;
   s.blocks_lost = blocks_lost_;
   s.blocks_not_admitted = blocks_not_admitted_;
+  s.host_blocks_moved = host_blocks_moved_;
   s.blocks_over_quota = blocks_over_quota_;
   s.read_aheads = read_aheads_;
   s.encoded_writes = encoded_writes_;

@@ -199,11 +199,14 @@ struct TierManagerStats {
   uint64_t disk_delete_errors = 0;   // failed deletes (their records come back after a restart)
   uint64_t blocks_lost = 0;          // host-only blocks dropped because disk could not take them
   uint64_t blocks_not_admitted = 0;  // host-only blocks dropped because disk admission said no
-  uint64_t blocks_over_quota = 0;    // copies a namespace gave up (or could not write) over quota
-  uint64_t read_aheads = 0;          // promotions started by read-ahead along a chain
-  uint64_t encoded_writes = 0;       // blocks written to disk encoded (tiers/demotion_encoding.h)
-  uint64_t gpu_hints_dropped = 0;    // gpu placement hints dropped: the GPU's worker was behind
-  uint64_t gpu_puts = 0;             // blocks put straight into a gpu tier (device to device)
+  // Host blocks moved to another segment of their namespace, to empty one for a namespace that
+  // needed a segment without evicting anything.
+  uint64_t host_blocks_moved = 0;
+  uint64_t blocks_over_quota = 0;  // copies a namespace gave up (or could not write) over quota
+  uint64_t read_aheads = 0;        // promotions started by read-ahead along a chain
+  uint64_t encoded_writes = 0;     // blocks written to disk encoded (tiers/demotion_encoding.h)
+  uint64_t gpu_hints_dropped = 0;  // gpu placement hints dropped: the GPU's worker was behind
+  uint64_t gpu_puts = 0;           // blocks put straight into a gpu tier (device to device)
 };
 
 // How far ahead of the key it is looking up a loop over many keys prefetches the index's hash
@@ -466,8 +469,8 @@ class TierManager {
   // empty one whole segment for namespace `ns`, which needs `bytes` and may take another segment.
   // Empty when the blocks of `victims` (the tier's coldest candidates) in `ns`'s own segments
   // make that room: they go in their pool's order. Else tried: the few segments holding the most
-  // bytes of `victims`; where none of those qualifies, the others in turn until one does. A
-  // segment qualifies when no reservation or copy in flight holds pages of
+  // bytes of `victims`; where none of those qualifies, as many more holding the next coldest
+  // candidates. A segment qualifies when no reservation or copy in flight holds pages of
   // it and `evictable` accepts each of its blocks and, tail first, each of their descendants in
   // `tier`, wherever they are (at most four segments' worth in all). Of those, the one that costs
   // least is chosen: the bytes it evicts beyond `victims`, plus (host) the bytes it must first
@@ -475,7 +478,7 @@ class TierManager {
   std::vector<EntryId> SegmentToEmptyLocked(const MemoryTier& mem, const SegmentBlocks& blocks,
                                             Tier tier, NamespaceId ns, uint64_t bytes,
                                             std::span<const EntryId> victims,
-                                            const VictimFilter& evictable) const
+                                            const VictimFilter& evictable)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Where `id`'s copy in memory tier `tier` (host or gpu) starts.
   uint64_t MemOffsetLocked(EntryId id, Tier tier) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -527,6 +530,14 @@ class TierManager {
   // quota).
   uint64_t EvictHostLocked(uint64_t budget, NamespaceId only = kNoNamespace, bool may_write = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empties one host segment of another namespace for `ns` without evicting anything: its
+  // blocks are copied into free pages of the segments their namespace holds already (the
+  // watermarks keep 10-20 % of the tier free, scattered over them). The segment is the one that
+  // copies fewest bytes of those whose every block is neither leased nor busy, whose pages hold
+  // no reservation, and whose blocks all find room; its blocks are copied without the lock, each
+  // moved only if no reader or I/O took it meanwhile. Returns the bytes moved: 0 when no segment
+  // qualifies.
+  uint64_t MoveHostSegmentLocked(NamespaceId ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts the blocks of one host segment (SegmentToEmptyLocked) for `ns`, which needs `bytes`,
   // so that the segment empties, as EvictHostLocked would: 0 when no segment qualifies or `ns`'s
   // own coldest blocks make its room. Without `may_write`, only a segment whose blocks need no
@@ -657,6 +668,7 @@ class TierManager {
   uint64_t disk_delete_errors_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_lost_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t blocks_not_admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t host_blocks_moved_ ABSL_GUARDED_BY(mu_) = 0;  // MoveHostSegmentLocked
   uint64_t read_aheads_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t encoded_writes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

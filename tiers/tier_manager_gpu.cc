@@ -58,17 +58,17 @@ Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, 
   for (;;) {
     Result<MemorySlot> slot = gpu.Allocate(ns, bytes);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
-    // A segment that could not get fresh memory: evicting more would empty more segments for
-    // renewals that fail the same way (the GPU is full), so stop here.
-    if (gpu.failed_renewals() != failed_before) return slot;
-    // Other namespaces' free pages do not help this one: free at least a segment's worth.
+    // Other namespaces' free pages do not help this one: free at least a segment's worth. A
+    // namespace at its quota frees its own; so does one after a segment could not get fresh
+    // memory for it: emptying another would only have its renewal fail the same way (the GPU is
+    // full), but its own copies can still make room in its own segments.
     const uint64_t budget = std::max(bytes, gpu.segment_bytes());
     auto evictable = [&](EntryId id) {
       const Entry& e = index_.at(id);  // a gpu candidate: it has a memory part
       return index_.Mem(id).gpu_device == device && e.leases == 0 && e.busy == 0;
     };
     std::vector<EntryId> victims;
-    if (gpu.AtSegmentLimit(ns)) {
+    if (gpu.AtSegmentLimit(ns) || gpu.failed_renewals() != failed_before) {
       pools_.VictimsOf(ns, Tier::kGpu, budget, evictable, &victims);
     } else {
       pools_.Victims(Tier::kGpu, budget, evictable, &victims);

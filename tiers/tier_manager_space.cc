@@ -6,6 +6,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/container/flat_hash_set.h"
 #include "common/checksum.h"
@@ -357,6 +358,93 @@ bool TierManager::DropHostIfUnwrittenLocked(EntryId id) {
   return true;
 }
 
+uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
+  // Each segment held by another namespace whose other segments have room for its blocks, the
+  // fewest bytes first; a few of them are tried (each check walks a segment's blocks).
+  constexpr size_t kSegmentsTried = 8;
+  const uint64_t segment_bytes = host_.segment_bytes();
+  const std::vector<MemoryTier::SegmentUse> uses = host_.SegmentUses();
+  absl::flat_hash_map<NamespaceId, uint64_t> free_in;  // bytes free in the segments each holds
+  for (const MemoryTier::SegmentUse& u : uses) {
+    if (u.owner != kNoNamespace && u.used_bytes > 0)
+      free_in[u.owner] += segment_bytes - u.used_bytes;
+  }
+  std::vector<std::pair<uint64_t, uint32_t>> candidates;  // (used bytes, segment)
+  for (uint32_t s = 0; s < uses.size(); ++s) {
+    const MemoryTier::SegmentUse& u = uses[s];
+    if (u.owner == kNoNamespace || u.owner == ns || u.used_bytes == 0) continue;
+    if (free_in[u.owner] - (segment_bytes - u.used_bytes) >= u.used_bytes) {
+      candidates.emplace_back(u.used_bytes, s);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end());
+  if (candidates.size() > kSegmentsTried) candidates.resize(kSegmentsTried);
+  struct Move {
+    EntryId id;
+    MemorySlot from;
+    MemorySlot to;
+  };
+  for (const auto& [used, segment] : candidates) {
+    const NamespaceId owner = uses[segment].owner;
+    // Every page of it a block's (none a reservation's), and no block leased or busy.
+    std::vector<EntryId> ids;
+    uint64_t block_bytes = 0;
+    bool movable = true;
+    for (EntryId id : host_segments_.Of(segment)) {
+      const Entry& e = index_.at(id);
+      if (e.leases != 0 || e.busy != 0) {
+        movable = false;
+        break;
+      }
+      block_bytes += PagesBytes(e.size);
+      ids.push_back(id);
+    }
+    if (!movable || block_bytes != used) continue;
+    // Room for all of them, the largest first, or for none.
+    std::sort(ids.begin(), ids.end(), [&](EntryId a, EntryId b) {
+      return index_.at(a).size != index_.at(b).size ? index_.at(a).size > index_.at(b).size : a < b;
+    });
+    std::vector<Move> moves;
+    for (EntryId id : ids) {
+      const MemorySlot from{index_.Mem(id).host_offset, index_.at(id).size};
+      Result<MemorySlot> to = host_.AllocateBeside(owner, from.length, segment);
+      if (!to.ok()) break;
+      moves.push_back({id, from, *to});
+    }
+    if (moves.size() != ids.size()) {
+      for (const Move& m : moves) host_.Free(m.to);
+      continue;
+    }
+    for (const Move& m : moves) index_.at(m.id).busy |= kBusyMoving;
+    ++io_in_flight_;  // a writer short of host room waits for this instead of failing
+    mu_.Unlock();
+    for (const Move& m : moves) std::memcpy(host_.Data(m.to), host_.Data(m.from), m.from.length);
+    mu_.Lock();
+    --io_in_flight_;
+    uint64_t moved = 0;
+    for (const Move& m : moves) {
+      Entry& e = index_.at(m.id);  // busy: never erased meanwhile
+      e.busy &= static_cast<uint8_t>(~kBusyMoving);
+      // A reader that leased the copy where it was, or an I/O started on it meanwhile, keeps it
+      // there.
+      if (e.leases != 0 || e.busy != 0 || !e.In(Tier::kHost) ||
+          index_.Mem(m.id).host_offset != m.from.offset) {
+        host_.Free(m.to);
+        continue;
+      }
+      host_segments_.Remove(m.from.offset, m.id);
+      index_.Mem(m.id).host_offset = m.to.offset;
+      host_segments_.Add(m.to.offset, m.id);
+      host_.Free(m.from);
+      moved += PagesBytes(m.from.length);
+      ++host_blocks_moved_;
+    }
+    changed_.SignalAll();  // busy flags cleared
+    return moved;
+  }
+  return 0;
+}
+
 uint64_t TierManager::EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, bool may_write) {
   // Without writing, only a segment whose every block may simply be dropped empties.
   auto evictable = [&](EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -412,7 +500,7 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
                                                        const SegmentBlocks& blocks, Tier tier,
                                                        NamespaceId ns, uint64_t bytes,
                                                        std::span<const EntryId> victims,
-                                                       const VictimFilter& evictable) const {
+                                                       const VictimFilter& evictable) {
   // The segments of the victims, the most victim bytes first. When enough of the victims are in
   // `ns`'s own segments, evicting them makes its room, in the order its pool ranks them.
   const absl::flat_hash_set<EntryId> cold(victims.begin(), victims.end());
@@ -433,22 +521,13 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
   });
   // Of the first few, the one that costs least to empty (below): its blocks and, tail first,
   // their descendants in `tier` wherever they are, at most kMostSegments segments' worth in all.
-  // Each check walks a segment's blocks. Where none of them qualifies (a leased block in each,
-  // say), the first of the others that does, those holding victims first: one segment of warmer
-  // blocks costs far less than the caller's fallback, which evicts the coldest blocks wherever
-  // they are until a segment happens to empty.
+  // Each check walks a segment's blocks.
   constexpr size_t kSegmentsTried = 8;
   constexpr uint64_t kMostSegments = 4;
-  for (uint32_t segment = 0; segment < mem.segment_count(); ++segment) {
-    if (!cold_bytes.contains(segment) && mem.SegmentUsedBytes(segment) > 0) {
-      ranked.emplace_back(0, segment);
-    }
-  }
   const int slot = TierSlot(tier);
   std::vector<EntryId> best;
   uint64_t best_cost = UINT64_MAX;
-  for (size_t r = 0; r < ranked.size() && (r < kSegmentsTried || best.empty()); ++r) {
-    const uint32_t segment = ranked[r].second;
+  auto consider = [&](uint32_t segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::flat_hash_set<EntryId> set;
     std::vector<EntryId> todo;
     uint64_t in_segment = 0;
@@ -463,7 +542,7 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
       todo.push_back(id);
     }
     // Pages its blocks do not account for belong to a reservation or a copy in flight.
-    if (!empties || in_segment != mem.SegmentUsedBytes(segment)) continue;
+    if (!empties || in_segment != mem.SegmentUsedBytes(segment)) return;
     uint64_t set_bytes = in_segment;
     while (!todo.empty() && empties) {
       const EntryId id = todo.back();
@@ -476,7 +555,7 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
         todo.push_back(child);
       });
     }
-    if (!empties) continue;
+    if (!empties) return;
     // What emptying it costs: the bytes it evicts beyond the victims (reads that will miss this
     // tier), plus, for host, the bytes it must write to disk first (the newcomer waits for them).
     uint64_t cost = 0;
@@ -485,7 +564,7 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
       if (!cold.contains(id)) cost += PagesBytes(e.size);
       if (tier == Tier::kHost && !e.In(Tier::kDisk)) cost += PagesBytes(e.size);
     }
-    if (cost >= best_cost) continue;
+    if (cost >= best_cost) return;
     // Descendants first: a block goes once every child of it in the set has. Parent links that
     // loop (a client can put two blocks that name each other) leave blocks that never can.
     absl::flat_hash_map<EntryId, uint32_t> waiting;  // children in the set not yet out
@@ -503,10 +582,32 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
       if (parent == kNoEntry || !set.contains(parent)) continue;
       if (--waiting[parent] == 0) order.push_back(parent);
     }
-    if (order.size() != set.size()) continue;
+    if (order.size() != set.size()) return;
     best_cost = cost;
     best = std::move(order);
+  };
+  for (size_t r = 0; r < ranked.size() && r < kSegmentsTried; ++r) consider(ranked[r].second);
+  if (!best.empty() || ranked.empty()) return best;
+  // None of them qualifies (a leased block in each, say): as many more, the segments that hold
+  // the next coldest blocks. One segment of warmer blocks costs far less than the caller's
+  // fallback, which evicts the coldest blocks wherever they are until a segment happens to
+  // empty.
+  std::vector<EntryId> more;
+  pools_.Victims(tier, (kSegmentsTried + 1) * mem.segment_bytes(), evictable, &more);
+  absl::flat_hash_map<uint32_t, uint64_t> more_bytes;
+  for (EntryId id : more) {
+    const uint32_t segment = blocks.SegmentOf(MemOffsetLocked(id, tier));
+    if (!cold_bytes.contains(segment)) more_bytes[segment] += PagesBytes(index_.at(id).size);
   }
+  std::vector<std::pair<uint64_t, uint32_t>> next;  // (victim bytes, segment)
+  for (size_t r = kSegmentsTried; r < ranked.size(); ++r) next.push_back(ranked[r]);
+  std::vector<std::pair<uint64_t, uint32_t>> others;  // (victim bytes, segment)
+  for (const auto& [segment, in] : more_bytes) others.emplace_back(in, segment);
+  std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  next.insert(next.end(), others.begin(), others.end());
+  for (size_t r = 0; r < next.size() && r < kSegmentsTried; ++r) consider(next[r].second);
   return best;
 }
 
@@ -516,18 +617,25 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
   for (;;) {
     Result<HostSlot> slot = may_renew ? host_.Allocate(ns, bytes) : host_.TryAllocate(ns, bytes);
     if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
-    // A segment that could not get fresh memory (out of descriptors or memory): emptying more
-    // would only have them fail the same way, one segment's blocks evicted for each.
-    if (host_.failed_renewals() != failed_before) return slot;
     // Other namespaces' free pages do not help this one: free at least a segment's worth. A
-    // namespace that holds its quota of segments frees its own.
+    // namespace that holds its quota of segments frees its own. So does one after a segment
+    // could not get fresh memory for it (out of descriptors or memory): emptying another would
+    // only have its renewal fail the same way, one segment's blocks evicted for each, but its
+    // own blocks can still make room in its own segments.
     const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());
     const bool over_quota = host_.AtSegmentLimit(ns);
+    const bool no_new_segment = host_.failed_renewals() != failed_before;
+    const bool own_only = over_quota || no_new_segment;
     // A namespace that may take another segment has one emptied for it, not the tier's coldest
-    // blocks evicted, scattered over every segment, until one happens to empty.
-    uint64_t freed = over_quota ? 0 : EvictHostSegmentLocked(ns, bytes, /*may_write=*/may_wait);
+    // blocks evicted, scattered over every segment, until one happens to empty: its blocks moved
+    // where their namespace has room, else evicted. (Without a wait, no segment could be renewed
+    // for it anyway.)
+    uint64_t freed = own_only || !may_wait ? 0 : MoveHostSegmentLocked(ns);
+    if (freed == 0 && !own_only) {
+      freed = EvictHostSegmentLocked(ns, bytes, /*may_write=*/may_wait);
+    }
     if (freed == 0) {
-      freed = EvictHostLocked(budget, over_quota ? ns : kNoNamespace, /*may_write=*/may_wait);
+      freed = EvictHostLocked(budget, own_only ? ns : kNoNamespace, /*may_write=*/may_wait);
     }
     if (freed == 0) {
       if (!may_wait) {
@@ -539,6 +647,7 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
         changed_.Wait(&mu_);
         continue;
       }
+      if (no_new_segment && !over_quota) return slot;  // the renewal's error
       if (over_quota) {
         return Status::ResourceExhausted(
             "namespace holds its host quota (" + FormatBytes(PolicyLocked(ns).host_quota_bytes) +

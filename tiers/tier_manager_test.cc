@@ -1208,6 +1208,42 @@ TEST_F(TierManagerTest, ASegmentThatGetsNoFreshMemoryStopsTheEvictionForIt) {
   ExpectHostAccountingConsistent();
 }
 
+// After another namespace's vacant segment could not be renewed for it, a namespace whose own
+// segments are full still makes room from its own blocks (they need no renewal): its put is not
+// refused for want of a segment it does not need.
+TEST_F(TierManagerTest, ANamespaceMakesRoomFromItsOwnBlocksWhenARenewalFails) {
+  options_.host_high_watermark = 1.0;
+  options_.host_low_watermark = 1.0;
+  Open();
+  std::vector<BlockKey> theirs, ours;
+  for (int i = 0; i < 16; ++i) {  // one segment of namespace 2's ...
+    theirs.push_back(KeyOf(7000 + i));
+    ASSERT_TRUE(Put(theirs.back(), 64 * kKiB, {}, 2).ok()) << i;
+  }
+  for (int i = 0; i < 112; ++i) {  // ... and seven of ours: the arena is full
+    ours.push_back(KeyOf(7100 + i));
+    ASSERT_TRUE(Put(ours.back(), 64 * kKiB).ok()) << i;
+  }
+  ASSERT_EQ(manager_->Evict(2, Tier::kHost, theirs).evicted, theirs.size());  // vacant, theirs
+  manager_->WaitIdleForTest();
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_EQ(before.host_blocks, 112u);
+  Status put;
+  if (const int refused = WithoutMemfds([&] { put = Put(KeyOf(7999), 64 * kKiB); })) {
+    GTEST_SKIP() << "no seccomp filter allowed here: " << std::strerror(refused);
+  }
+  EXPECT_TRUE(put.ok()) << put.ToString();
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.host_counters.demotions - before.host_counters.demotions, 16u);
+  EXPECT_EQ(after.host_blocks, 112u - 16u + 1u);
+  EXPECT_EQ(after.blocks_lost, 0u);
+  for (const BlockKey& k : ours) ExpectServed(k);
+  for (const BlockKey& k : theirs) ExpectServed(k, 2);
+  ExpectServed(KeyOf(7999));
+  ExpectHostAccountingConsistent();
+}
+
 // The same with chains that cross segments: emptying a segment takes, tail first, the blocks
 // that follow its blocks in other segments, so no chain keeps a host copy of a block whose
 // parent lost its own; the segment chosen is the one that costs the fewest blocks.
@@ -1354,6 +1390,82 @@ TEST_F(TierManagerTest, WhenTheColdestBlocksSegmentsAreLeasedAnotherSegmentIsEmp
     manager_->Release(held[s]);
   }
   ExpectServed(KeyOf(9999), 2);
+  for (const BlockKey& k : keys) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
+// The segment of the host arena the block's host copy is in (leased for the look).
+uint32_t HostSegmentOf(TierManager& manager, NamespaceId ns, const BlockKey& key,
+                       uint64_t segment_bytes) {
+  std::vector<BlockRead> r = manager.Acquire(ns, {&key, 1});
+  EXPECT_TRUE(r[0].status.ok()) << r[0].status.ToString();
+  const uint32_t segment = static_cast<uint32_t>(r[0].arena_offset / segment_bytes);
+  manager.Release(r[0]);
+  return segment;
+}
+
+// A namespace that needs a segment while the others hold free pages in theirs gets one without
+// an eviction: the blocks of the segment that copies fewest bytes move into those free pages.
+// Every block stays in host, byte for byte, and none is written to disk.
+TEST_F(TierManagerTest, ANamespaceThatNeedsASegmentGetsOneByMovingBlocksWhereTheirsHaveRoom) {
+  std::vector<BlockKey> keys;
+  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));  // segment s: blocks 16 s .. 16 s + 15
+  const uint64_t segment_bytes = host_->segment_bytes();
+  // Free pages in every segment: three blocks of each dropped (on disk first), four of segment 5.
+  std::vector<BlockKey> dropped;
+  for (int s = 0; s < 8; ++s) {
+    for (int i = 0; i < (s == 5 ? 4 : 3); ++i) dropped.push_back(keys[16 * s + i]);
+  }
+  ASSERT_EQ(manager_->Evict(kNs, Tier::kHost, dropped).evicted, dropped.size());
+  manager_->WaitIdleForTest();
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_EQ(before.host_blocks, 128u - 25u);
+
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, /*ns=*/2).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.host_blocks_moved - before.host_blocks_moved, 12u);  // segment 5's
+  EXPECT_EQ(after.host_counters.demotions, before.host_counters.demotions);
+  EXPECT_EQ(after.host_counters.evictions, before.host_counters.evictions);
+  EXPECT_EQ(after.host_blocks, before.host_blocks + 1);
+  EXPECT_EQ(HostSegmentOf(*manager_, 2, KeyOf(9999), segment_bytes), 5u);
+  for (int i = 4; i < 16; ++i) {
+    EXPECT_NE(HostSegmentOf(*manager_, kNs, keys[16 * 5 + i], segment_bytes), 5u);
+  }
+  std::vector<BlockKey> kept;
+  for (const BlockKey& k : keys) {
+    if (std::find(dropped.begin(), dropped.end(), k) == dropped.end()) kept.push_back(k);
+  }
+  EXPECT_EQ(TiersOf(kept), std::vector<Tier>(kept.size(), Tier::kHost));
+  ExpectServed(KeyOf(9999), 2);
+  for (const BlockKey& k : keys) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
+// A segment with a leased block is not moved out of (the reader holds its copy where it is):
+// another one is, though it copies more.
+TEST_F(TierManagerTest, ALeasedBlockKeepsItsSegmentFromBeingMovedOutOf) {
+  std::vector<BlockKey> keys;
+  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));
+  const uint64_t segment_bytes = host_->segment_bytes();
+  std::vector<BlockKey> dropped;
+  for (int s = 0; s < 8; ++s) {
+    for (int i = 0; i < (s == 5 ? 4 : 3); ++i) dropped.push_back(keys[16 * s + i]);
+  }
+  ASSERT_EQ(manager_->Evict(kNs, Tier::kHost, dropped).evicted, dropped.size());
+  std::vector<BlockRead> held = manager_->Acquire(kNs, {&keys[16 * 5 + 8], 1});
+  ASSERT_TRUE(held[0].status.ok()) << held[0].status.ToString();
+  manager_->WaitIdleForTest();
+  const TierManagerStats before = manager_->GetStats();
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, /*ns=*/2).ok());
+  manager_->WaitIdleForTest();
+  const TierManagerStats after = manager_->GetStats();
+  EXPECT_EQ(after.host_blocks_moved - before.host_blocks_moved, 13u);  // segment 0's
+  EXPECT_EQ(after.host_counters.demotions, before.host_counters.demotions);
+  EXPECT_EQ(HostSegmentOf(*manager_, 2, KeyOf(9999), segment_bytes), 0u);
+  const std::vector<uint8_t>& want = expected_[{kNs, keys[16 * 5 + 8]}];
+  EXPECT_EQ(std::memcmp(held[0].data, want.data(), want.size()), 0);
+  manager_->Release(held[0]);
   for (const BlockKey& k : keys) ExpectServed(k);
   ExpectHostAccountingConsistent();
 }
