@@ -70,15 +70,18 @@ Status PutChain(Client& c, uint32_t tenant, uint64_t chain, uint64_t block) {
 }
 
 struct HostFigures {
-  uint64_t moved = 0;    // demotions + evictions
+  uint64_t out = 0;      // demotions + evictions: blocks that left host
   uint64_t demoted = 0;  // of which written to disk first
+  uint64_t moved = 0;    // moved to another segment of their namespace (still in host)
   uint64_t blocks = 0;
 };
 
 Result<HostFigures> Host(Client& admin) {
   KVPOOL_ASSIGN_OR_RETURN(DaemonStats s, admin.Stats());
   for (const TierStats& t : s.tiers) {
-    if (t.name == "host") return HostFigures{t.demotions + t.evictions, t.demotions, t.blocks};
+    if (t.name == "host") {
+      return HostFigures{t.demotions + t.evictions, t.demotions, t.moves, t.blocks};
+    }
   }
   return Status::Internal("no host tier in the daemon's stats");
 }
@@ -89,7 +92,7 @@ Result<HostFigures> Settled(Client& admin) {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     KVPOOL_ASSIGN_OR_RETURN(HostFigures now, Host(admin));
-    if (now.moved == last.moved && now.blocks == last.blocks) return now;
+    if (now.out == last.out && now.moved == last.moved && now.blocks == last.blocks) return now;
     last = now;
   }
 }
@@ -103,7 +106,8 @@ Status Run() {
                               bench::FindKvpoold(FLAGS_kvpoold), host,
                               {"--host_segment_size=" + FLAGS_segment_size,
                                "--disk_capacity=" + std::to_string(4 * host >> 20) + "MiB",
-                               "--host_high_watermark=0.90", "--host_low_watermark=0.80"})));
+                               "--host_high_watermark=0.90", "--host_low_watermark=0.80",
+                               "--vmodule=tier_manager_space=1"})));
   KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Client> first, Tenant(daemon->socket_path(), 0));
   // Tenant 0 puts as many chains as the arena holds (the flusher demotes the coldest as it
   // goes), then reads them back in a random order.
@@ -135,11 +139,20 @@ Status Run() {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     KVPOOL_ASSIGN_OR_RETURN(HostFigures after, Host(*first));
     std::printf(
-        "newcomer %u: put of %u blocks %.1f ms; host blocks moved %llu (written first %llu); host "
-        "blocks %llu\n",
-        t, kChain, ms, static_cast<unsigned long long>(after.moved - before.moved),
+        "newcomer %u: put of %u blocks %.1f ms; host blocks out %llu (written first %llu), moved "
+        "within host %llu; host blocks %llu\n",
+        t, kChain, ms, static_cast<unsigned long long>(after.out - before.out),
         static_cast<unsigned long long>(after.demoted - before.demoted),
+        static_cast<unsigned long long>(after.moved - before.moved),
         static_cast<unsigned long long>(after.blocks));
+  }
+  // The daemon's own account of each segment it emptied by moving blocks (VLOG(1)).
+  const std::string log = daemon->log();
+  for (size_t at = log.find("emptied for namespace"); at != std::string::npos;
+       at = log.find("emptied for namespace", at + 1)) {
+    const size_t begin = log.rfind("host segment", at);
+    const size_t end = log.find('\n', at);
+    std::printf("kvpoold: %s\n", log.substr(begin, end - begin).c_str());
   }
   return daemon->Stop(std::chrono::seconds(120));
 }

@@ -20,7 +20,8 @@ std::string StatsToJson(const DaemonStats& s, int indent) {
                      {"hits", t.hits},
                      {"promotions", t.promotions},
                      {"demotions", t.demotions},
-                     {"evictions", t.evictions}});
+                     {"evictions", t.evictions},
+                     {"moves", t.moves}});
   }
   j["tiers"] = tiers;
   j["index_entries"] = s.index_entries;

@@ -91,6 +91,7 @@ Response AdminHandlers::Stats(Connection& c, std::string_view body) {
   host->set_promotions(t.host_counters.promotions);
   host->set_demotions(t.host_counters.demotions);
   host->set_evictions(t.host_counters.evictions);
+  host->set_moves(t.host_blocks_moved);
   wire::TierStats* disk = resp.add_tiers();
   disk->set_name("disk");
   disk->set_capacity_bytes(t.disk_capacity_bytes);

@@ -6,6 +6,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
@@ -418,10 +419,14 @@ uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
     for (const Move& m : moves) index_.at(m.id).busy |= kBusyMoving;
     ++io_in_flight_;  // a writer short of host room waits for this instead of failing
     mu_.Unlock();
+    const auto start = std::chrono::steady_clock::now();
     for (const Move& m : moves) std::memcpy(host_.Data(m.to), host_.Data(m.from), m.from.length);
+    const double copy_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     mu_.Lock();
     --io_in_flight_;
     uint64_t moved = 0;
+    uint32_t kept = 0;
     for (const Move& m : moves) {
       Entry& e = index_.at(m.id);  // busy: never erased meanwhile
       e.busy &= static_cast<uint8_t>(~kBusyMoving);
@@ -430,6 +435,7 @@ uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
       if (e.leases != 0 || e.busy != 0 || !e.In(Tier::kHost) ||
           index_.Mem(m.id).host_offset != m.from.offset) {
         host_.Free(m.to);
+        ++kept;
         continue;
       }
       host_segments_.Remove(m.from.offset, m.id);
@@ -440,6 +446,11 @@ uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
       ++host_blocks_moved_;
     }
     changed_.SignalAll();  // busy flags cleared
+    VLOG(1) << "host segment " << segment << " of namespace " << owner << " emptied for namespace "
+            << ns << ": " << moves.size() - kept << " blocks (" << FormatBytes(moved)
+            << ") moved to its other segments in " << copy_ms << " ms"
+            << (kept > 0 ? ", " + std::to_string(kept) + " kept where they were (read meanwhile)"
+                         : "");
     return moved;
   }
   return 0;

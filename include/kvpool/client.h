@@ -400,6 +400,9 @@ struct TierStats {
   uint64_t promotions = 0;
   uint64_t demotions = 0;
   uint64_t evictions = 0;
+  // Copies moved within this tier (host: to another segment of their namespace, so that one
+  // empties for a namespace that needed a segment; nothing is evicted for those).
+  uint64_t moves = 0;
 };
 
 struct DaemonStats {
