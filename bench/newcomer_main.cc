@@ -5,11 +5,13 @@
 // is spread over every segment. Then, one at a time, `--newcomers` tenants each put one chain
 // (timed) and each time the host tier's demotions and evictions are counted: the blocks the
 // newcomer's segment cost. The floor is one segment's worth of blocks; the tier's whole content
-// is the worst. Nothing here asserts a time. Figures in docs/BENCHMARKS.md.
+// is the worst. Meanwhile tenant 0 looks up one of its chains in a loop: its slowest lookup is
+// the newcomer's cost to everyone else. Nothing here asserts a time. Figures in docs/BENCHMARKS.md.
 
 #include <gflags/gflags.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -131,20 +133,42 @@ Status Run() {
   std::printf("floor (one segment's blocks): %llu; the tier's blocks: %llu\n",
               static_cast<unsigned long long>(segment / block),
               static_cast<unsigned long long>(settled.blocks));
+  // Tenant 0 looks up one of its chains over and over on a connection of its own while each
+  // newcomer puts: its slowest lookup is what the newcomer's segment cost everyone else.
+  KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Client> prober, Tenant(daemon->socket_path(), 0));
+  std::vector<BlockKey> probe(kChain);
+  for (uint32_t i = 0; i < kChain; ++i) probe[i] = KeyOf(0, i);
   for (uint32_t t = 1; t <= FLAGS_newcomers; ++t) {
     KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Tenant(daemon->socket_path(), t));
     KVPOOL_ASSIGN_OR_RETURN(HostFigures before, Settled(*first));
+    std::atomic<bool> stop{false};
+    double slowest_ms = 0;
+    uint64_t lookups = 0;
+    std::thread probing([&] {
+      while (!stop.load()) {
+        const auto l0 = Clock::now();
+        if (!prober->Lookup(probe, /*prefetch=*/false).ok()) return;
+        slowest_ms = std::max(slowest_ms,
+                              std::chrono::duration<double, std::milli>(Clock::now() - l0).count());
+        ++lookups;
+      }
+    });
     const auto t0 = Clock::now();
-    KVPOOL_RETURN_IF_ERROR(PutChain(*c, t, 0, block));
+    const Status put = PutChain(*c, t, 0, block);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    stop = true;
+    probing.join();
+    KVPOOL_RETURN_IF_ERROR(put);
     KVPOOL_ASSIGN_OR_RETURN(HostFigures after, Host(*first));
     std::printf(
         "newcomer %u: put of %u blocks %.1f ms; host blocks out %llu (written first %llu), moved "
-        "within host %llu; host blocks %llu\n",
+        "within host %llu; host blocks %llu; tenant 0's slowest of %llu lookups meanwhile %.1f "
+        "ms\n",
         t, kChain, ms, static_cast<unsigned long long>(after.out - before.out),
         static_cast<unsigned long long>(after.demoted - before.demoted),
         static_cast<unsigned long long>(after.moved - before.moved),
-        static_cast<unsigned long long>(after.blocks));
+        static_cast<unsigned long long>(after.blocks), static_cast<unsigned long long>(lookups),
+        slowest_ms);
   }
   // The daemon's own account of each segment it emptied by moving blocks (VLOG(1)).
   const std::string log = daemon->log();

@@ -104,6 +104,9 @@ class HostTier final : public SegmentedTier {
   // generation is no longer `generation` (it was recycled: ask again).
   Result<int> ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
                             bool writable) override;
+  // Without this tier's lock held through the new memfd's mapping and locking, as the spare
+  // thread renews.
+  Status RenewLongestVacant() override;
 
   // Walks every segment's bitmap for the fragmentation figures: not for hot paths.
   HostTierStats GetStats() const override;

@@ -351,6 +351,42 @@ TEST(HostTierTest, ARenewalOutOfDescriptorsLeavesTheSegmentWithItsNamespace) {
   EXPECT_EQ(tier->OwnerOf(c.offset), 2u);
 }
 
+// RenewLongestVacant gives another namespace's vacant segment fresh memory ahead of the
+// allocation that needs it (the tier manager calls it without its own lock): the segment is
+// then clean, of a new generation, and TryAllocate, which never renews, takes it. Without a
+// descriptor for the new memfd it fails, counted, and the segment stays its namespace's.
+TEST(HostTierTest, RenewLongestVacantMakesACleanSegmentAheadOfTheAllocation) {
+  auto tier = MakeTier(kSegment);  // one segment
+  ASSERT_TRUE(tier);
+  EXPECT_TRUE(tier->RenewLongestVacant().IsNotFound());
+  const HostSlot a = MustAllocate(*tier, 1, kSegment);
+  Fill(*tier, a, 7);
+  const SegmentLocation loc = tier->Locate(a.offset);
+  EXPECT_TRUE(tier->RenewLongestVacant().IsNotFound()) << "a segment in use was renewed";
+  tier->Free(a);
+  EXPECT_EQ(tier->TryAllocate(2, kPage).status().code(), StatusCode::kUnavailable);
+
+  Status failed;
+  if (const int refused = WithoutMemfds([&] { failed = tier->RenewLongestVacant(); })) {
+    GTEST_SKIP() << "no seccomp filter allowed here: " << std::strerror(refused);
+  }
+  EXPECT_FALSE(failed.ok());
+  EXPECT_EQ(tier->failed_renewals(), 1u);
+  EXPECT_EQ(tier->OwnerOf(a.offset), 1u);
+  EXPECT_EQ(tier->GetStats().vacant_segments, 1u);
+
+  ASSERT_TRUE(tier->RenewLongestVacant().ok());
+  EXPECT_EQ(tier->GetStats().vacant_segments, 0u);
+  EXPECT_EQ(tier->OwnerOf(a.offset), kNoNamespace);
+  Result<HostSlot> b = tier->TryAllocate(2, kPage);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(tier->Locate(b->offset).segment, loc.segment);
+  EXPECT_NE(tier->Locate(b->offset).generation, loc.generation);
+  EXPECT_EQ(tier->OwnerOf(b->offset), 2u);
+  std::vector<uint8_t> zeros(kPage, 0);
+  EXPECT_EQ(std::memcmp(tier->Data(*b), zeros.data(), kPage), 0) << "fresh memory is not zero";
+}
+
 // Polls `done` for up to 5 s (the spare thread works in the background).
 void WaitUntil(const std::function<bool()>& done) {
   for (int i = 0; i < 500 && !done(); ++i) {

@@ -313,6 +313,23 @@ Result<MemorySlot> SegmentedTier::AllocateBeside(NamespaceId ns, uint64_t length
   return pages_.AllocateBeside(ns, length, avoid);
 }
 
+Status SegmentedTier::RenewLongestVacant() {
+  absl::MutexLock lock(&mu_);
+  if (pages_.vacant_segments() == 0) {
+    if (renewing_ == 0) return Status::NotFound("no vacant " + pages_.tier_name() + " segment");
+    mu_.Await(absl::Condition(
+        +[](uint32_t* renewing) { return *renewing == 0; }, &renewing_));
+    return Status::OK();
+  }
+  const uint32_t index = *pages_.TakeLongestVacant();
+  const SegmentPages::Renewal how = RenewSegmentLocked(index);
+  pages_.Recycled(index, how);
+  if (how == SegmentPages::Renewal::kRenewed) return Status::OK();
+  ++failed_renewals_;
+  return Status::ResourceExhausted(pages_.tier_name() + " segment " + std::to_string(index) +
+                                   " could not get fresh memory (the daemon's log says why)");
+}
+
 uint64_t SegmentedTier::failed_renewals() const {
   absl::MutexLock lock(&mu_);
   return failed_renewals_;

@@ -137,6 +137,8 @@ class SegmentedTier : public MemoryTier {
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) override;
   Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) override;
   Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) override;
+  // Renews under this tier's lock (RenewSegmentLocked); the host tier renews without it.
+  Status RenewLongestVacant() override;
   // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.
   void Free(const MemorySlot& slot) override;
   uint64_t allocated_bytes() const override;

@@ -94,6 +94,12 @@ class MemoryTier : public StorageTier {
   // (another namespace's vacant segment given fresh memory: tens of milliseconds) or one being
   // renewed already. For a caller that must not block (an I/O thread).
   virtual Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) = 0;
+  // Gives the longest-vacant segment (emptied by another namespace) fresh memory now, so that the
+  // next namespace to need a segment finds a clean one; waits instead for a renewal already under
+  // way. For a caller that saw TryAllocate answer Unavailable and would not hold its own locks
+  // through a renewal (tens of milliseconds). OK when a clean segment was made or waited for;
+  // NotFound when none is vacant; the renewal's error otherwise (counted in failed_renewals).
+  virtual Status RenewLongestVacant() = 0;
   // `length` bytes for a block of `ns` in one of the segments it holds blocks in already, other
   // than segment `avoid`: never another segment, never a wait. ResourceExhausted when none has
   // room. (Moving a block out of segment `avoid`, so that it empties.)

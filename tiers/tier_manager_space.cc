@@ -624,10 +624,30 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
 
 Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait,
                                                  bool may_renew) {
-  const uint64_t failed_before = host_.failed_renewals();
+  Status renewal_failed;  // this call's renewal that failed
   for (;;) {
-    Result<HostSlot> slot = may_renew ? host_.Allocate(ns, bytes) : host_.TryAllocate(ns, bytes);
-    if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    Result<HostSlot> slot = host_.TryAllocate(ns, bytes);
+    if (slot.ok()) return slot;
+    if (slot.status().code() == StatusCode::kUnavailable) {
+      // Room needs another namespace's vacant segment renewed (a fresh memfd, ~56 ms for 64 MiB):
+      // done without the lock, so that no other request waits for it.
+      if (!may_renew) return slot;
+      if (renewal_failed.ok()) {
+        ++io_in_flight_;  // a writer short of host room waits for this instead of failing
+        mu_.Unlock();
+        Status renewed = host_.RenewLongestVacant();
+        mu_.Lock();
+        --io_in_flight_;
+        changed_.SignalAll();
+        if (!renewed.ok() && !renewed.IsNotFound()) renewal_failed = std::move(renewed);
+        continue;
+      }
+      slot = Status::ResourceExhausted("no fresh memory for a host segment (" +
+                                       renewal_failed.ToString() +
+                                       "): the room it would have given is not to be had");
+    } else if (slot.status().code() != StatusCode::kResourceExhausted) {
+      return slot;
+    }
     // Other namespaces' free pages do not help this one: free at least a segment's worth. A
     // namespace that holds its quota of segments frees its own. So does one after a segment
     // could not get fresh memory for it (out of descriptors or memory): emptying another would
@@ -635,7 +655,7 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
     // own blocks can still make room in its own segments.
     const uint64_t budget = std::max(PagesBytes(bytes), host_.segment_bytes());
     const bool over_quota = host_.AtSegmentLimit(ns);
-    const bool no_new_segment = host_.failed_renewals() != failed_before;
+    const bool no_new_segment = !renewal_failed.ok();
     const bool own_only = over_quota || no_new_segment;
     // A namespace that may take another segment has one emptied for it, not the tier's coldest
     // blocks evicted, scattered over every segment, until one happens to empty: its blocks moved
