@@ -97,7 +97,7 @@ std::optional<MemorySlot> SegmentPages::AllocateInOwn(NamespaceId ns, uint64_t l
                                                       uint32_t pages, uint32_t avoid) {
   for (uint32_t i = 0; i < segment_count_; ++i) {
     Segment& seg = segments_[i];
-    if (i == avoid || seg.owner != ns || seg.vacant || seg.quarantined ||
+    if (i == avoid || seg.owner != ns || seg.vacant || seg.quarantined || seg.draining ||
         pages_per_segment_ - seg.used_pages < pages) {
       continue;
     }
@@ -167,6 +167,7 @@ bool SegmentPages::Free(const MemorySlot& slot) {
     if (--held->second == 0) segments_of_.erase(held);
   }
   seg.vacant = true;
+  seg.draining = false;  // emptied: what draining was for
   seg.vacant_since = std::chrono::steady_clock::now();
   vacant_.push_back(seg_index);
   return true;
@@ -311,6 +312,11 @@ Result<MemorySlot> SegmentedTier::AllocateLocked(NamespaceId ns, uint64_t length
 Result<MemorySlot> SegmentedTier::AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) {
   absl::MutexLock lock(&mu_);
   return pages_.AllocateBeside(ns, length, avoid);
+}
+
+void SegmentedTier::SetDraining(uint32_t segment, bool draining) {
+  absl::MutexLock lock(&mu_);
+  pages_.SetDraining(segment, draining);
 }
 
 Status SegmentedTier::RenewLongestVacant() {

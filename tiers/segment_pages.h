@@ -48,6 +48,8 @@ class SegmentPages {
   // segments, else a clean one, when none has room. InvalidArgument for 0 or more than a
   // segment; ResourceExhausted when nothing fits or `ns` holds its limit of segments.
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length);
+  // As MemoryTier::SetDraining.
+  void SetDraining(uint32_t index, bool draining) { segments_[index].draining = draining; }
   // As MemoryTier::AllocateBeside: a slot in a segment `ns` holds blocks in already, other than
   // segment `avoid`; never another segment. ResourceExhausted when none has a run that fits.
   Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid);
@@ -94,7 +96,8 @@ class SegmentPages {
     std::vector<uint64_t> bitmap;  // one bit per page, 1 = used
     bool vacant = false;           // empty, still `owner`'s memory (see above)
     std::chrono::steady_clock::time_point vacant_since;  // when it emptied, while vacant
-    bool quarantined = false;               // could not be renewed: never allocated from again
+    bool quarantined = false;  // could not be renewed: never allocated from again
+    bool draining = false;     // being emptied: no allocation takes its pages (cleared once empty)
     NamespaceId taken_from = kNoNamespace;  // its owner, while TakeLongestVacant has it
   };
 
@@ -137,6 +140,7 @@ class SegmentedTier : public MemoryTier {
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length) override;
   Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) override;
   Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) override;
+  void SetDraining(uint32_t segment, bool draining) override;
   // Renews under this tier's lock (RenewSegmentLocked); the host tier renews without it.
   Status RenewLongestVacant() override;
   // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.

@@ -104,6 +104,9 @@ class MemoryTier : public StorageTier {
   // than segment `avoid`: never another segment, never a wait. ResourceExhausted when none has
   // room. (Moving a block out of segment `avoid`, so that it empties.)
   virtual Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) = 0;
+  // While `draining`, no allocation takes pages of segment `segment` (its owner's puts included):
+  // a caller emptying it without its own lock held keeps it from filling again meanwhile.
+  virtual void SetDraining(uint32_t segment, bool draining) = 0;
   // Returns a slot's pages. The slot must come from Allocate and not be freed twice.
   virtual void Free(const MemorySlot& slot) = 0;
   // The slot's bytes, addressable by this process (device memory for a GPU tier).
@@ -147,6 +150,11 @@ class MemoryTier : public StorageTier {
   // Walks the tier's bookkeeping: not for hot paths.
   virtual MemoryTierStats GetStats() const = 0;
 };
+
+// What a block of `size` bytes takes of a memory tier: whole pages.
+inline uint64_t PagesBytes(uint64_t size) {
+  return (size + MemoryTier::kPageBytes - 1) / MemoryTier::kPageBytes * MemoryTier::kPageBytes;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Block stores

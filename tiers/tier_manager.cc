@@ -458,6 +458,35 @@ TierManager::NamespaceUsage TierManager::UsageOf(NamespaceId ns) const {
 
 void TierManager::WaitFlusherRoundForTest() { mover_.WaitFlusherRound(); }
 
+std::string TierManager::HostSegmentsMismatchForTest() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::string out;
+  uint64_t booked = 0;
+  const std::vector<MemoryTier::SegmentUse> uses = host_.SegmentUses();
+  for (uint32_t s = 0; s < uses.size(); ++s) {
+    uint64_t pages = 0;
+    for (EntryId id : host_segments_.Of(s)) {
+      ++booked;
+      const Entry& e = index_.at(id);
+      if (!e.live || !e.In(Tier::kHost)) {
+        out += "segment " + std::to_string(s) + " books a block without a host copy; ";
+        continue;
+      }
+      if (host_segments_.SegmentOf(index_.Mem(id).host_offset) != s) {
+        out += "segment " + std::to_string(s) + " books a block whose copy is in segment " +
+               std::to_string(host_segments_.SegmentOf(index_.Mem(id).host_offset)) + "; ";
+      }
+      if (e.ns != uses[s].owner) out += "segment " + std::to_string(s) + " holds another's; ";
+      pages += PagesBytes(e.size);
+    }
+    if (pages > uses[s].used_bytes) out += "segment " + std::to_string(s) + " overbooked; ";
+  }
+  if (booked != host_blocks_) {
+    out += std::to_string(booked) + " blocks booked, " + std::to_string(host_blocks_) + " in host";
+  }
+  return out;
+}
+
 void TierManager::WaitIdleForTest() {
   absl::MutexLock lock(&mu_);
   while (mover_.queued() > 0 || mover_.gpu_pending() > 0 || !promotions_.empty() ||

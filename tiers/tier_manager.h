@@ -37,6 +37,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -88,6 +89,8 @@ struct TierManagerOptions {
   // Bytes one Acquire may read straight from disk into memory when host cannot take the blocks;
   // past it blocks are deferred (ResourceExhausted). Default: 256 MiB.
   uint64_t direct_read_budget_bytes = 256ull << 20;
+  // Tests only: called while MoveHostSegmentLocked copies blocks without the lock.
+  std::function<void()> during_host_move_for_test;
 };
 
 // One key's answer to a lookup.
@@ -409,6 +412,9 @@ class TierManager {
   // Test hook: the gpu copy of (ns, key), its device and slot; nullopt when it has none.
   std::optional<std::pair<int, MemorySlot>> GpuCopyForTest(NamespaceId ns,
                                                            const BlockKey& key) const;
+  // Test hook: what disagrees between the blocks each host segment is booked with
+  // (tiers/segment_blocks.h) and where the index says their host copies are; empty when nothing.
+  std::string HostSegmentsMismatchForTest() const;
   // Test hook: waits until no promotion or demotion is in flight.
   void WaitIdleForTest();
   // Test hook: waits until the flusher has run one whole round (expiring what is due on the
@@ -478,7 +484,8 @@ class TierManager {
   std::vector<EntryId> SegmentToEmptyLocked(const MemoryTier& mem, const SegmentBlocks& blocks,
                                             Tier tier, NamespaceId ns, uint64_t bytes,
                                             std::span<const EntryId> victims,
-                                            const VictimFilter& evictable)
+                                            const VictimFilter& evictable,
+                                            uint32_t* chosen = nullptr)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Where `id`'s copy in memory tier `tier` (host or gpu) starts.
   uint64_t MemOffsetLocked(EntryId id, Tier tier) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {

@@ -15,15 +15,6 @@
 
 namespace kvpool::tiers {
 
-namespace {
-
-// Coarse allocation size of a block in the host arena (whole pages).
-uint64_t PagesBytes(uint64_t size) {
-  return (size + HostTier::kPageBytes - 1) / HostTier::kPageBytes * HostTier::kPageBytes;
-}
-
-}  // namespace
-
 // ---------------------------------------------------------------------------------------------
 // Host and disk space
 
@@ -417,8 +408,10 @@ uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
       continue;
     }
     for (const Move& m : moves) index_.at(m.id).busy |= kBusyMoving;
+    host_.SetDraining(segment, true);  // no put takes its pages meanwhile, its owner's included
     ++io_in_flight_;  // a writer short of host room waits for this instead of failing
     mu_.Unlock();
+    if (options_.during_host_move_for_test) options_.during_host_move_for_test();
     const auto start = std::chrono::steady_clock::now();
     for (const Move& m : moves) std::memcpy(host_.Data(m.to), host_.Data(m.from), m.from.length);
     const double copy_ms =
@@ -445,6 +438,7 @@ uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
       moved += PagesBytes(m.from.length);
       ++host_blocks_moved_;
     }
+    host_.SetDraining(segment, false);
     changed_.SignalAll();  // busy flags cleared
     VLOG(1) << "host segment " << segment << " of namespace " << owner << " emptied for namespace "
             << ns << ": " << moves.size() - kept << " blocks (" << FormatBytes(moved)
@@ -464,8 +458,11 @@ uint64_t TierManager::EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, boo
   };
   std::vector<EntryId> victims;
   pools_.Victims(Tier::kHost, host_.segment_bytes(), evictable, &victims);
-  const std::vector<EntryId> segment =
-      SegmentToEmptyLocked(host_, host_segments_, Tier::kHost, ns, bytes, victims, evictable);
+  uint32_t chosen = 0;
+  const std::vector<EntryId> segment = SegmentToEmptyLocked(host_, host_segments_, Tier::kHost, ns,
+                                                            bytes, victims, evictable, &chosen);
+  // The writes release the lock: meanwhile no put (its owner's included) takes its pages.
+  if (!segment.empty()) host_.SetDraining(chosen, true);
   // Descendants first: a block that needs no write goes at once when no child of it is left in
   // host; one whose child is being written goes after that write (kept busy meanwhile, so it
   // stays as it is). The writes go in batches of at most demotion_batch_bytes.
@@ -504,14 +501,13 @@ uint64_t TierManager::EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, boo
     if (DropHostIfUnwrittenLocked(id)) released += pages;
   }
   if (!after_writes.empty()) changed_.SignalAll();  // their busy flags cleared
+  if (!segment.empty()) host_.SetDraining(chosen, false);
   return released;
 }
 
-std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
-                                                       const SegmentBlocks& blocks, Tier tier,
-                                                       NamespaceId ns, uint64_t bytes,
-                                                       std::span<const EntryId> victims,
-                                                       const VictimFilter& evictable) {
+std::vector<EntryId> TierManager::SegmentToEmptyLocked(
+    const MemoryTier& mem, const SegmentBlocks& blocks, Tier tier, NamespaceId ns, uint64_t bytes,
+    std::span<const EntryId> victims, const VictimFilter& evictable, uint32_t* chosen) {
   // The segments of the victims, the most victim bytes first. When enough of the victims are in
   // `ns`'s own segments, evicting them makes its room, in the order its pool ranks them.
   const absl::flat_hash_set<EntryId> cold(victims.begin(), victims.end());
@@ -596,6 +592,7 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(const MemoryTier& mem,
     if (order.size() != set.size()) return;
     best_cost = cost;
     best = std::move(order);
+    if (chosen != nullptr) *chosen = segment;
   };
   for (size_t r = 0; r < ranked.size() && r < kSegmentsTried; ++r) consider(ranked[r].second);
   if (!best.empty() || ranked.empty()) return best;
@@ -672,13 +669,14 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
       if (!may_wait) {
         return Status::Unavailable("no host room without writing to disk or waiting for it");
       }
+      // Its renewal failed and its own blocks make no room: the renewal's error.
+      if (no_new_segment && !over_quota) return slot;
       // Nothing to evict now; if a write-down or read is in flight, its end frees or unblocks
       // a block (e.g. the chain tail the flusher is demoting): wait for it and try again.
       if (io_in_flight_ > 0 && !stopping_) {
         changed_.Wait(&mu_);
         continue;
       }
-      if (no_new_segment && !over_quota) return slot;  // the renewal's error
       if (over_quota) {
         return Status::ResourceExhausted(
             "namespace holds its host quota (" + FormatBytes(PolicyLocked(ns).host_quota_bytes) +

@@ -1408,15 +1408,9 @@ uint32_t HostSegmentOf(TierManager& manager, NamespaceId ns, const BlockKey& key
 // an eviction: the blocks of the segment that copies fewest bytes move into those free pages.
 // Every block stays in host, byte for byte, and none is written to disk.
 TEST_F(TierManagerTest, ANamespaceThatNeedsASegmentGetsOneByMovingBlocksWhereTheirsHaveRoom) {
-  std::vector<BlockKey> keys;
-  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));  // segment s: blocks 16 s .. 16 s + 15
+  std::vector<BlockKey> keys, dropped;
+  ASSERT_NO_FATAL_FAILURE(OpenWithRoomInEverySegment(&keys, &dropped));
   const uint64_t segment_bytes = host_->segment_bytes();
-  // Free pages in every segment: three blocks of each dropped (on disk first), four of segment 5.
-  std::vector<BlockKey> dropped;
-  for (int s = 0; s < 8; ++s) {
-    for (int i = 0; i < (s == 5 ? 4 : 3); ++i) dropped.push_back(keys[16 * s + i]);
-  }
-  ASSERT_EQ(manager_->Evict(kNs, Tier::kHost, dropped).evicted, dropped.size());
   manager_->WaitIdleForTest();
   const TierManagerStats before = manager_->GetStats();
   ASSERT_EQ(before.host_blocks, 128u - 25u);
@@ -1445,14 +1439,9 @@ TEST_F(TierManagerTest, ANamespaceThatNeedsASegmentGetsOneByMovingBlocksWhereThe
 // A segment with a leased block is not moved out of (the reader holds its copy where it is):
 // another one is, though it copies more.
 TEST_F(TierManagerTest, ALeasedBlockKeepsItsSegmentFromBeingMovedOutOf) {
-  std::vector<BlockKey> keys;
-  ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(&keys));
+  std::vector<BlockKey> keys, dropped;
+  ASSERT_NO_FATAL_FAILURE(OpenWithRoomInEverySegment(&keys, &dropped));
   const uint64_t segment_bytes = host_->segment_bytes();
-  std::vector<BlockKey> dropped;
-  for (int s = 0; s < 8; ++s) {
-    for (int i = 0; i < (s == 5 ? 4 : 3); ++i) dropped.push_back(keys[16 * s + i]);
-  }
-  ASSERT_EQ(manager_->Evict(kNs, Tier::kHost, dropped).evicted, dropped.size());
   std::vector<BlockRead> held = manager_->Acquire(kNs, {&keys[16 * 5 + 8], 1});
   ASSERT_TRUE(held[0].status.ok()) << held[0].status.ToString();
   manager_->WaitIdleForTest();
@@ -1466,6 +1455,48 @@ TEST_F(TierManagerTest, ALeasedBlockKeepsItsSegmentFromBeingMovedOutOf) {
   const std::vector<uint8_t>& want = expected_[{kNs, keys[16 * 5 + 8]}];
   EXPECT_EQ(std::memcmp(held[0].data, want.data(), want.size()), 0);
   manager_->Release(held[0]);
+  for (const BlockKey& k : keys) ExpectServed(k);
+  ExpectHostAccountingConsistent();
+}
+
+// While a segment's blocks are copied without the lock, a reader leases one of them and their
+// owner puts a block. The leased block stays where it was, so that segment does not empty and
+// another is emptied for the newcomer; the owner's block lands outside the segment being emptied
+// (it is draining; the owner makes room elsewhere); the books agree, and every block is served
+// byte for byte.
+TEST_F(TierManagerTest, AReadAndAPutDuringAMoveKeepTheBooksRight) {
+  std::vector<BlockKey> keys, dropped;
+  std::vector<BlockRead> held;
+  Status owners_put;
+  uint32_t owners_segment = 0;
+  bool once = false;
+  options_.during_host_move_for_test = [&] {
+    if (std::exchange(once, true)) return;
+    held = manager_->Acquire(kNs, {&keys[16 * 5 + 8], 1});
+    // 256 KiB: only segment 5's run of four dropped blocks has room for it.
+    owners_put = Put(KeyOf(8888), 256 * kKiB);
+    if (owners_put.ok()) {
+      owners_segment = HostSegmentOf(*manager_, kNs, KeyOf(8888), host_->segment_bytes());
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(OpenWithRoomInEverySegment(&keys, &dropped));
+  const uint64_t segment_bytes = host_->segment_bytes();
+  manager_->WaitIdleForTest();
+  ASSERT_TRUE(Put(KeyOf(9999), 64 * kKiB, {}, /*ns=*/2).ok());
+  manager_->WaitIdleForTest();
+  ASSERT_TRUE(once) << "no move ran";
+  ASSERT_TRUE(owners_put.ok()) << owners_put.ToString();
+  ASSERT_EQ(held.size(), 1u);
+  ASSERT_TRUE(held[0].status.ok()) << held[0].status.ToString();
+  EXPECT_EQ(HostSegmentOf(*manager_, kNs, keys[16 * 5 + 8], segment_bytes), 5u)
+      << "a block leased during its copy was moved";
+  EXPECT_NE(owners_segment, 5u) << "a put took pages of the segment being emptied";
+  EXPECT_NE(HostSegmentOf(*manager_, 2, KeyOf(9999), segment_bytes), 5u);
+  const std::vector<uint8_t>& want = expected_[{kNs, keys[16 * 5 + 8]}];
+  EXPECT_EQ(std::memcmp(held[0].data, want.data(), want.size()), 0);
+  manager_->Release(held[0]);
+  ExpectServed(KeyOf(9999), 2);
+  ExpectServed(KeyOf(8888));
   for (const BlockKey& k : keys) ExpectServed(k);
   ExpectHostAccountingConsistent();
 }

@@ -149,6 +149,16 @@ class TierManagerTest : public ::testing::Test {
     }
   }
 
+  // OpenFullOf64KiBBlocks (segment s: blocks 16 s .. 16 s + 15), then free pages in every
+  // segment: three blocks of each dropped from host (on disk first), four of segment 5.
+  void OpenWithRoomInEverySegment(std::vector<BlockKey>* keys, std::vector<BlockKey>* dropped) {
+    ASSERT_NO_FATAL_FAILURE(OpenFullOf64KiBBlocks(keys));
+    for (int s = 0; s < 8; ++s) {
+      for (int i = 0; i < (s == 5 ? 4 : 3); ++i) dropped->push_back((*keys)[16 * s + i]);
+    }
+    ASSERT_EQ(manager_->Evict(kNs, Tier::kHost, *dropped).evicted, dropped->size());
+  }
+
   // Puts a chain of `sizes.size()` blocks, each the child of the previous one.
   std::vector<BlockKey> PutChain(uint64_t first, const std::vector<uint64_t>& sizes,
                                  NamespaceId ns = kNs) {
@@ -232,6 +242,7 @@ class TierManagerTest : public ::testing::Test {
   void ExpectHostAccountingConsistent() {
     const TierManagerStats s = manager_->GetStats();
     EXPECT_EQ(s.host.blocks, s.host_blocks + s.reservations_active);
+    EXPECT_EQ(manager_->HostSegmentsMismatchForTest(), "");
   }
 
   std::string dir_;
