@@ -228,36 +228,24 @@ void HostTier::RenewSpares() {
   mu_.Unlock();
 }
 
-Status HostTier::RenewLongestVacant() {
+Status HostTier::RenewTaken(uint32_t segment) {
+  // Out of every pool and owned by nobody (TakeVacant): no slot, no allocation and no export
+  // reaches the segment while its memory is replaced without the lock.
   mu_.Lock();
-  if (pages_.vacant_segments() == 0) {
-    const bool under_way = renewing_ > 0;
-    // One being renewed (by the spare thread, or another caller) is about to be clean.
-    if (under_way) {
-      mu_.Await(absl::Condition(
-          +[](uint32_t* renewing) { return *renewing == 0; }, &renewing_));
-    }
-    mu_.Unlock();
-    return under_way ? Status::OK() : Status::NotFound("no vacant host segment");
-  }
-  // Out of every pool and owned by nobody: no slot, no allocation and no export reaches the
-  // segment while its memory is replaced without the lock.
-  const uint32_t index = *pages_.TakeLongestVacant();
   const bool mlock_it = locked_;
-  ++renewing_;
   mu_.Unlock();
   bool mapped_over = false;
-  Result<int> fd = MapFreshMemfd(index, mlock_it, &mapped_over);
+  Result<int> fd = MapFreshMemfd(segment, mlock_it, &mapped_over);
   mu_.Lock();
   --renewing_;
   if (!fd.ok()) {
     ++failed_renewals_;
-    pages_.Recycled(index, FailedRenewalLocked(index, fd.status(), mapped_over));
+    pages_.Recycled(segment, FailedRenewalLocked(segment, fd.status(), mapped_over));
     mu_.Unlock();
     return fd.status();
   }
-  const int old = InstallMemfdLocked(index, *fd);
-  pages_.Recycled(index, SegmentPages::Renewal::kRenewed);
+  const int old = InstallMemfdLocked(segment, *fd);
+  pages_.Recycled(segment, SegmentPages::Renewal::kRenewed);
   mu_.Unlock();
   ReleaseMemfd(old);
   return Status::OK();

@@ -106,7 +106,7 @@ class HostTier final : public SegmentedTier {
                             bool writable) override;
   // Without this tier's lock held through the new memfd's mapping and locking, as the spare
   // thread renews.
-  Status RenewLongestVacant() override;
+  Status RenewTaken(uint32_t segment) override;
 
   // Walks every segment's bitmap for the fragmentation figures: not for hot paths.
   HostTierStats GetStats() const override;

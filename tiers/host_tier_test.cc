@@ -351,31 +351,40 @@ TEST(HostTierTest, ARenewalOutOfDescriptorsLeavesTheSegmentWithItsNamespace) {
   EXPECT_EQ(tier->OwnerOf(c.offset), 2u);
 }
 
-// RenewLongestVacant gives another namespace's vacant segment fresh memory ahead of the
-// allocation that needs it (the tier manager calls it without its own lock): the segment is
-// then clean, of a new generation, and TryAllocate, which never renews, takes it. Without a
-// descriptor for the new memfd it fails, counted, and the segment stays its namespace's.
-TEST(HostTierTest, RenewLongestVacantMakesACleanSegmentAheadOfTheAllocation) {
+// TakeVacant and RenewTaken give another namespace's vacant segment fresh memory ahead of the
+// allocation that needs it (the tier manager renews without its own lock): taken, the segment is
+// nobody's, so its namespace cannot take it back meanwhile; renewed, it is clean, of a new
+// generation, and TryAllocate, which never renews, takes it. Without a descriptor for the new
+// memfd the renewal fails, counted, and the segment stays its namespace's.
+TEST(HostTierTest, ATakenVacantSegmentIsRenewedAheadOfTheAllocation) {
   auto tier = MakeTier(kSegment);  // one segment
   ASSERT_TRUE(tier);
-  EXPECT_TRUE(tier->RenewLongestVacant().IsNotFound());
+  EXPECT_FALSE(tier->TakeVacant().has_value());
   const HostSlot a = MustAllocate(*tier, 1, kSegment);
   Fill(*tier, a, 7);
   const SegmentLocation loc = tier->Locate(a.offset);
-  EXPECT_TRUE(tier->RenewLongestVacant().IsNotFound()) << "a segment in use was renewed";
+  EXPECT_FALSE(tier->TakeVacant().has_value()) << "a segment in use was taken";
   tier->Free(a);
   EXPECT_EQ(tier->TryAllocate(2, kPage).status().code(), StatusCode::kUnavailable);
 
+  std::optional<uint32_t> taken = tier->TakeVacant();
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(*taken, loc.segment);
+  // Taken: its own namespace cannot have it back, and nobody may allocate until it is renewed.
+  EXPECT_EQ(tier->TryAllocate(1, kPage).status().code(), StatusCode::kUnavailable);
   Status failed;
-  if (const int refused = WithoutMemfds([&] { failed = tier->RenewLongestVacant(); })) {
+  if (const int refused = WithoutMemfds([&] { failed = tier->RenewTaken(*taken); })) {
     GTEST_SKIP() << "no seccomp filter allowed here: " << std::strerror(refused);
   }
   EXPECT_FALSE(failed.ok());
   EXPECT_EQ(tier->failed_renewals(), 1u);
-  EXPECT_EQ(tier->OwnerOf(a.offset), 1u);
+  EXPECT_EQ(tier->OwnerOf(a.offset), 1u);  // back with its namespace, vacant
   EXPECT_EQ(tier->GetStats().vacant_segments, 1u);
 
-  ASSERT_TRUE(tier->RenewLongestVacant().ok());
+  taken = tier->TakeVacant();
+  ASSERT_TRUE(taken.has_value());
+  ASSERT_TRUE(tier->RenewTaken(*taken).ok());
+  tier->WaitForRenewals();  // none under way: returns at once
   EXPECT_EQ(tier->GetStats().vacant_segments, 0u);
   EXPECT_EQ(tier->OwnerOf(a.offset), kNoNamespace);
   Result<HostSlot> b = tier->TryAllocate(2, kPage);

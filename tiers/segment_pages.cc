@@ -319,21 +319,28 @@ void SegmentedTier::SetDraining(uint32_t segment, bool draining) {
   pages_.SetDraining(segment, draining);
 }
 
-Status SegmentedTier::RenewLongestVacant() {
+std::optional<uint32_t> SegmentedTier::TakeVacant() {
   absl::MutexLock lock(&mu_);
-  if (pages_.vacant_segments() == 0) {
-    if (renewing_ == 0) return Status::NotFound("no vacant " + pages_.tier_name() + " segment");
-    mu_.Await(absl::Condition(
-        +[](uint32_t* renewing) { return *renewing == 0; }, &renewing_));
-    return Status::OK();
-  }
-  const uint32_t index = *pages_.TakeLongestVacant();
-  const SegmentPages::Renewal how = RenewSegmentLocked(index);
-  pages_.Recycled(index, how);
+  std::optional<uint32_t> index = pages_.TakeLongestVacant();
+  if (index) ++renewing_;
+  return index;
+}
+
+Status SegmentedTier::RenewTaken(uint32_t segment) {
+  absl::MutexLock lock(&mu_);
+  --renewing_;
+  const SegmentPages::Renewal how = RenewSegmentLocked(segment);
+  pages_.Recycled(segment, how);
   if (how == SegmentPages::Renewal::kRenewed) return Status::OK();
   ++failed_renewals_;
-  return Status::ResourceExhausted(pages_.tier_name() + " segment " + std::to_string(index) +
+  return Status::ResourceExhausted(pages_.tier_name() + " segment " + std::to_string(segment) +
                                    " could not get fresh memory (the daemon's log says why)");
+}
+
+void SegmentedTier::WaitForRenewals() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](uint32_t* renewing) { return *renewing == 0; }, &renewing_));
 }
 
 uint64_t SegmentedTier::failed_renewals() const {

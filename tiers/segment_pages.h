@@ -141,8 +141,10 @@ class SegmentedTier : public MemoryTier {
   Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) override;
   Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) override;
   void SetDraining(uint32_t segment, bool draining) override;
+  std::optional<uint32_t> TakeVacant() override;
   // Renews under this tier's lock (RenewSegmentLocked); the host tier renews without it.
-  Status RenewLongestVacant() override;
+  Status RenewTaken(uint32_t segment) override;
+  void WaitForRenewals() override;
   // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.
   void Free(const MemorySlot& slot) override;
   uint64_t allocated_bytes() const override;

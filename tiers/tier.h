@@ -94,12 +94,16 @@ class MemoryTier : public StorageTier {
   // (another namespace's vacant segment given fresh memory: tens of milliseconds) or one being
   // renewed already. For a caller that must not block (an I/O thread).
   virtual Result<MemorySlot> TryAllocate(NamespaceId ns, uint64_t length) = 0;
-  // Gives the longest-vacant segment (emptied by another namespace) fresh memory now, so that the
-  // next namespace to need a segment finds a clean one; waits instead for a renewal already under
-  // way. For a caller that saw TryAllocate answer Unavailable and would not hold its own locks
-  // through a renewal (tens of milliseconds). OK when a clean segment was made or waited for;
-  // NotFound when none is vacant; the renewal's error otherwise (counted in failed_renewals).
-  virtual Status RenewLongestVacant() = 0;
+  // A renewal (tens of milliseconds) for a caller that saw TryAllocate answer Unavailable and
+  // would not hold its own locks through it, in two steps. TakeVacant, under the caller's lock,
+  // takes the longest-vacant segment out of every pool: owned by nobody, so its old namespace
+  // cannot take it back meanwhile; nullopt when none is vacant. RenewTaken, without the caller's
+  // lock, gives it fresh memory, a clean segment for the next namespace that needs one: OK, or
+  // the renewal's error (counted in failed_renewals).
+  virtual std::optional<uint32_t> TakeVacant() = 0;
+  virtual Status RenewTaken(uint32_t segment) = 0;
+  // Waits until no renewal is under way (the host tier's spare thread's, or another caller's).
+  virtual void WaitForRenewals() = 0;
   // `length` bytes for a block of `ns` in one of the segments it holds blocks in already, other
   // than segment `avoid`: never another segment, never a wait. ResourceExhausted when none has
   // room. (Moving a block out of segment `avoid`, so that it empties.)

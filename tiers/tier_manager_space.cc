@@ -630,13 +630,22 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
       // done without the lock, so that no other request waits for it.
       if (!may_renew) return slot;
       if (renewal_failed.ok()) {
+        // Taken out of the pools under the lock, so that its namespace cannot take it back
+        // meanwhile (its puts held off while it was emptied would); none vacant: one is being
+        // renewed already, to be waited for.
+        const std::optional<uint32_t> taken = host_.TakeVacant();
         ++io_in_flight_;  // a writer short of host room waits for this instead of failing
         mu_.Unlock();
-        Status renewed = host_.RenewLongestVacant();
+        Status renewed = Status::OK();
+        if (taken) {
+          renewed = host_.RenewTaken(*taken);
+        } else {
+          host_.WaitForRenewals();
+        }
         mu_.Lock();
         --io_in_flight_;
         changed_.SignalAll();
-        if (!renewed.ok() && !renewed.IsNotFound()) renewal_failed = std::move(renewed);
+        if (!renewed.ok()) renewal_failed = std::move(renewed);
         continue;
       }
       slot = Status::ResourceExhausted("no fresh memory for a host segment (" +
@@ -669,14 +678,16 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
       if (!may_wait) {
         return Status::Unavailable("no host room without writing to disk or waiting for it");
       }
-      // Its renewal failed and its own blocks make no room: the renewal's error.
-      if (no_new_segment && !over_quota) return slot;
+      // Its renewal failed and it holds no segment its own blocks could make room in: the
+      // renewal's error (no I/O in flight can help it).
+      if (no_new_segment && !over_quota && host_.SegmentsOf(ns) == 0) return slot;
       // Nothing to evict now; if a write-down or read is in flight, its end frees or unblocks
       // a block (e.g. the chain tail the flusher is demoting): wait for it and try again.
       if (io_in_flight_ > 0 && !stopping_) {
         changed_.Wait(&mu_);
         continue;
       }
+      if (no_new_segment && !over_quota) return slot;
       if (over_quota) {
         return Status::ResourceExhausted(
             "namespace holds its host quota (" + FormatBytes(PolicyLocked(ns).host_quota_bytes) +
