@@ -358,8 +358,9 @@ uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
   const std::vector<MemoryTier::SegmentUse> uses = host_.SegmentUses();
   absl::flat_hash_map<NamespaceId, uint64_t> free_in;  // bytes free in the segments each holds
   for (const MemoryTier::SegmentUse& u : uses) {
-    if (u.owner != kNoNamespace && u.used_bytes > 0)
+    if (u.owner != kNoNamespace && u.used_bytes > 0) {
       free_in[u.owner] += segment_bytes - u.used_bytes;
+    }
   }
   std::vector<std::pair<uint64_t, uint32_t>> candidates;  // (used bytes, segment)
   for (uint32_t s = 0; s < uses.size(); ++s) {
@@ -443,8 +444,9 @@ uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
     VLOG(1) << "host segment " << segment << " of namespace " << owner << " emptied for namespace "
             << ns << ": " << moves.size() - kept << " blocks (" << FormatBytes(moved)
             << ") moved to its other segments in " << copy_ms << " ms"
-            << (kept > 0 ? ", " + std::to_string(kept) + " kept where they were (read meanwhile)"
-                         : "");
+            << (kept > 0
+                    ? ", " + std::to_string(kept) + " kept where they were (read or busy meanwhile)"
+                    : "");
     return moved;
   }
   return 0;
