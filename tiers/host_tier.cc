@@ -204,26 +204,12 @@ void HostTier::RenewSpares() {
     }
     const std::optional<uint32_t> index = pages_.TakeLongestVacant();
     if (!index) continue;
-    // Out of every pool and owned by nobody: no slot, no allocation and no export reaches the
-    // segment while its memory is replaced without the lock.
-    const bool mlock_it = locked_;
-    ++renewing_;
+    ++renewing_;  // as TakeVacant
     mu_.Unlock();
-    bool mapped_over = false;
-    Result<int> fd = MapFreshMemfd(*index, mlock_it, &mapped_over);
+    const Status renewed = RenewTaken(*index);
     mu_.Lock();
-    --renewing_;
-    if (!fd.ok()) {
-      pages_.Recycled(*index, FailedRenewalLocked(*index, fd.status(), mapped_over));
-      // Whatever failed (descriptors, memory) may fail for the next one too: pause.
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
-      continue;
-    }
-    const int old = InstallMemfdLocked(*index, *fd);
-    pages_.Recycled(*index, SegmentPages::Renewal::kRenewed);
-    mu_.Unlock();
-    ReleaseMemfd(old);
-    mu_.Lock();
+    // Whatever failed (descriptors, memory) may fail for the next one too: pause.
+    if (!renewed.ok()) mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
   }
   mu_.Unlock();
 }

@@ -288,8 +288,7 @@ Result<MemorySlot> SegmentedTier::AllocateLocked(NamespaceId ns, uint64_t length
     if (renewing_ > 0) {
       // A segment being renewed in the background is about to be clean: wait for it rather
       // than report a full tier (the caller would evict for room that is on its way).
-      mu_.Await(absl::Condition(
-          +[](uint32_t* renewing) { return *renewing == 0; }, &renewing_));
+      AwaitRenewalsLocked();
       continue;
     }
     // At most one renewal per call: one that fails (out of descriptors or memory) must not take
@@ -298,10 +297,7 @@ Result<MemorySlot> SegmentedTier::AllocateLocked(NamespaceId ns, uint64_t length
     const std::optional<uint32_t> vacant = pages_.TakeLongestVacant();
     if (!vacant) return slot;
     renewed_one = true;
-    const SegmentPages::Renewal how = RenewSegmentLocked(*vacant);
-    pages_.Recycled(*vacant, how);
-    if (how != SegmentPages::Renewal::kRenewed) {
-      ++failed_renewals_;
+    if (!RenewTakenLocked(*vacant)) {
       return Status::ResourceExhausted(
           "no fresh memory for a " + pages_.tier_name() +
           " segment (the daemon's log says why): the room it would have given is not to be had");
@@ -329,16 +325,25 @@ std::optional<uint32_t> SegmentedTier::TakeVacant() {
 Status SegmentedTier::RenewTaken(uint32_t segment) {
   absl::MutexLock lock(&mu_);
   --renewing_;
-  const SegmentPages::Renewal how = RenewSegmentLocked(segment);
-  pages_.Recycled(segment, how);
-  if (how == SegmentPages::Renewal::kRenewed) return Status::OK();
-  ++failed_renewals_;
+  if (RenewTakenLocked(segment)) return Status::OK();
   return Status::ResourceExhausted(pages_.tier_name() + " segment " + std::to_string(segment) +
                                    " could not get fresh memory (the daemon's log says why)");
 }
 
+bool SegmentedTier::RenewTakenLocked(uint32_t index) {
+  const SegmentPages::Renewal how = RenewSegmentLocked(index);
+  pages_.Recycled(index, how);
+  if (how == SegmentPages::Renewal::kRenewed) return true;
+  ++failed_renewals_;
+  return false;
+}
+
 void SegmentedTier::WaitForRenewals() {
   absl::MutexLock lock(&mu_);
+  AwaitRenewalsLocked();
+}
+
+void SegmentedTier::AwaitRenewalsLocked() {
   mu_.Await(absl::Condition(
       +[](uint32_t* renewing) { return *renewing == 0; }, &renewing_));
 }

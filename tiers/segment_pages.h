@@ -152,7 +152,9 @@ class SegmentedTier : public MemoryTier {
   uint64_t SegmentUsedBytes(uint32_t segment) const override;
   NamespaceId SegmentOwner(uint32_t segment) const override;
   std::vector<SegmentUse> SegmentUses() const override;
-  uint64_t failed_renewals() const override;
+  // Renewals (fresh memory for a segment moving to another namespace) that failed so far. A
+  // caller that evicts for room stops at one: freeing more would only have it fail again.
+  uint64_t failed_renewals() const;
   void SetSegmentLimit(NamespaceId ns, uint32_t max_segments) override;
   void SetDefaultSegmentLimit(uint32_t max_segments) override;
   uint32_t SegmentsOf(NamespaceId ns) const override;
@@ -174,10 +176,15 @@ class SegmentedTier : public MemoryTier {
   // Allocate, and with `may_wait` false TryAllocate.
   Result<MemorySlot> AllocateLocked(NamespaceId ns, uint64_t length, bool may_wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Renews segment `index`, taken out of every pool, and hands it back by how that ended; a
+  // failure is counted. Whether it got fresh memory.
+  bool RenewTakenLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until no renewal without mu_ is under way.
+  void AwaitRenewalsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
  protected:
-  // Segments taken out of every pool for a renewal that runs without mu_ (the host tier's spare
-  // thread); Allocate waits for them instead of reporting the tier full.
+  // Segments taken out of every pool for a renewal that runs without mu_ (TakeVacant, the host
+  // tier's spare thread); Allocate waits for them instead of reporting the tier full.
   uint32_t renewing_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_renewals_ ABSL_GUARDED_BY(mu_) = 0;
 };

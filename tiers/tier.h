@@ -142,9 +142,6 @@ class MemoryTier : public StorageTier {
   // Segments `ns` holds now, and whether it may take no more.
   virtual uint32_t SegmentsOf(NamespaceId ns) const = 0;
   virtual bool AtSegmentLimit(NamespaceId ns) const = 0;
-  // Renewals (fresh memory for a segment moving to another namespace) that failed so far. A
-  // caller that evicts for room stops at one: freeing more would only have it fail again.
-  virtual uint64_t failed_renewals() const = 0;
   virtual SegmentLocation Locate(uint64_t offset) const = 0;
   // A new file descriptor a same-node client maps segment `index` with (the caller closes it):
   // read-only unless `writable`. PermissionDenied unless `ns` owns the segment; NotFound when
