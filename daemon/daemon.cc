@@ -88,6 +88,7 @@ class DaemonImpl final : public Daemon {
     ho.segment_bytes -= ho.segment_bytes % tiers::HostTier::kPageBytes;
     ho.lock_memory = options_.lock_memory;
     ho.spare_segments = options_.host_spare_segments;
+    ho.standby_segments = options_.host_standby_segments;
     ho.huge_pages = options_.host_huge_pages;
     // Pinned for the gpu tiers' copies, with their first device current (no context elsewhere).
     ho.cuda_device = options_.gpu_devices.empty() ? -1 : options_.gpu_devices[0];

@@ -65,6 +65,9 @@ struct DaemonOptions {
   bool lock_memory = true;
   // Host segments kept clean ahead of need (tiers::HostTierOptions::spare_segments). Default: 2.
   uint32_t host_spare_segments = 2;
+  // Segments' worth of fresh memory made ahead for renewals, beyond the host capacity
+  // (tiers::HostTierOptions::standby_segments). Default: 1.
+  uint32_t host_standby_segments = 1;
   // The host arena on huge pages (tiers::HostTierOptions::huge_pages). Default: false.
   bool host_huge_pages = false;
   // Node id; empty: the stored one, or a generated one on first start.

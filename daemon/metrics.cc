@@ -139,6 +139,13 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
          "GPU placement hints (puts, session loads) dropped while the GPU's copy worker was "
          "behind.");
   Value(&o, "kvpool_gpu_hints_dropped_total", static_cast<double>(t.gpu_hints_dropped));
+  Metric(&o, "kvpool_host_segment_renewals_total", "counter",
+         "Host segments given fresh memory to change namespace, by where the memory came from: "
+         "standby (made ahead, --host_standby_segments) or made (on the spot).");
+  Value(&o, "kvpool_host_segment_renewals_total{memory=\"standby\"}",
+        static_cast<double>(t.host.renewals_from_standby));
+  Value(&o, "kvpool_host_segment_renewals_total{memory=\"made\"}",
+        static_cast<double>(t.host.renewals - t.host.renewals_from_standby));
   Metric(&o, "kvpool_host_blocks_moved_total", "counter",
          "Host blocks moved to free pages of another segment of their namespace, emptying a "
          "segment for a namespace that needed one without evicting anything.");

@@ -4,6 +4,7 @@
 #include <glog/logging.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,10 +44,8 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   if (p == MAP_FAILED) {
     return Status::FromErrno(errno, "reserving " + FormatBytes(bytes) + " for the host arena");
   }
-  std::unique_ptr<HostTier> tier(new HostTier(static_cast<uint8_t*>(p), options.segment_bytes,
-                                              static_cast<uint32_t>(count), options.lock_memory,
-                                              options.spare_segments, options.spare_after,
-                                              options.huge_pages, options.cuda_device));
+  std::unique_ptr<HostTier> tier(
+      new HostTier(static_cast<uint8_t*>(p), options, static_cast<uint32_t>(count)));
   absl::MutexLock lock(&tier->mu_);
   for (uint32_t i = 0; i < count; ++i) {
     KVPOOL_RETURN_IF_ERROR(tier->MapSegmentLocked(i));
@@ -66,24 +65,23 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
                       "Raise LimitMEMLOCK (the systemd unit sets infinity).";
     }
   }
-  if (options.spare_segments > 0) {
-    tier->spare_renewer_ = std::thread([t = tier.get()] { t->RenewSpares(); });
+  if (options.spare_segments > 0 || options.standby_segments > 0) {
+    tier->keeper_ = std::thread([t = tier.get()] { t->KeepAhead(); });
   }
   return tier;
 }
 
-HostTier::HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
-                   uint32_t spare_segments, std::chrono::milliseconds spare_after, bool huge_pages,
-                   int cuda_device)
-    : SegmentedTier("host", segment_bytes, segment_count),
+HostTier::HostTier(uint8_t* base, const HostTierOptions& options, uint32_t segment_count)
+    : SegmentedTier("host", options.segment_bytes, segment_count),
       base_(base),
-      segment_bytes_(segment_bytes),
+      segment_bytes_(options.segment_bytes),
       segment_count_(segment_count),
-      lock_(lock),
-      spare_segments_(spare_segments),
-      spare_after_(spare_after),
-      huge_pages_(huge_pages),
-      cuda_device_(cuda_device) {
+      lock_(options.lock_memory),
+      spare_segments_(options.spare_segments),
+      spare_after_(options.spare_after),
+      standby_segments_(options.standby_segments),
+      huge_pages_(options.huge_pages),
+      cuda_device_(options.cuda_device) {
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
 }
@@ -93,9 +91,14 @@ HostTier::~HostTier() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (spare_renewer_.joinable()) spare_renewer_.join();
+  if (keeper_.joinable()) keeper_.join();
   {
     absl::MutexLock lock(&mu_);
+    for (int fd : std::exchange(retired_, {})) ReleaseMemfd(fd);
+    for (const Standby& s : std::exchange(standby_, {})) {
+      munmap(s.at, segment_bytes_);
+      close(s.fd);
+    }
     for (size_t i = 0; i < seg_registered_.size(); ++i) {
       if (seg_registered_[i]) {
         kernels::UnregisterHostMemory(base_ + i * segment_bytes_, cuda_device_);
@@ -111,28 +114,55 @@ HostTier::~HostTier() {
 
 Status HostTier::MapSegmentLocked(uint32_t index, bool* mapped_over) {
   bool touched = false;
-  Result<int> fd = MapFreshMemfd(index, locked_, &touched);
+  const Standby standby = TakeStandbyLocked();
+  Result<int> fd = MapFreshMemfd(index, locked_, &touched, standby);
   if (mapped_over != nullptr) *mapped_over = touched;
   KVPOOL_RETURN_IF_ERROR(fd.status());
-  ReleaseMemfd(InstallMemfdLocked(index, *fd));
+  if (standby.fd >= 0) ++renewals_from_standby_;
+  RetireMemfdLocked(InstallMemfdLocked(index, *fd));
   return Status::OK();
 }
 
-Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_over) const {
-  *mapped_over = false;
-  const std::string name = "kvpool-segment-" + std::to_string(index);
+Result<int> HostTier::NewSealedMemfd(const std::string& name) const {
   int fd;
   KVPOOL_RETURN_IF_ERRNO(fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING), fd < 0,
-                         "memfd_create for host segment " + std::to_string(index));
-  // Sealed at its size: a client holding a descriptor (even reopened writable through
-  // /proc/self/fd) cannot shrink it under the daemon's mapping, which would SIGBUS the daemon.
+                         "memfd_create for " + name);
   if (ftruncate(fd, static_cast<off_t>(segment_bytes_)) != 0 ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     const int err = errno;
     close(fd);
-    return Status::FromErrno(err, "sizing and sealing host segment " + std::to_string(index));
+    return Status::FromErrno(err, "sizing and sealing " + name);
   }
+  return fd;
+}
+
+Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_over,
+                                    Standby standby) const {
+  *mapped_over = false;
   uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
+  if (standby.fd >= 0) {
+    // Its pages and page tables move over the segment's range (a huge page's alignment on both
+    // sides moves huge pages whole). First the old mapping is replaced through mmap, which UCX's
+    // memory hooks see (its registration cache forgets the range, as with a fresh memfd below).
+    // Then the move, by the system call itself: with those hooks installed (libucm, loaded with
+    // UCX), libc's mremap drops MREMAP_FIXED's new address and maps the memory at address 0.
+    *mapped_over = true;
+    void* moved = mmap(at, segment_bytes_, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (moved != MAP_FAILED) {
+      moved = reinterpret_cast<void*>(syscall(SYS_mremap, standby.at, segment_bytes_,
+                                              segment_bytes_, MREMAP_MAYMOVE | MREMAP_FIXED, at));
+    }
+    if (moved != at) {
+      const int err = moved == MAP_FAILED ? errno : EFAULT;
+      munmap(standby.at, segment_bytes_);
+      close(standby.fd);
+      return Status::FromErrno(err,
+                               "moving standby memory over host segment " + std::to_string(index));
+    }
+    return standby.fd;
+  }
+  KVPOOL_ASSIGN_OR_RETURN(const int fd, NewSealedMemfd("kvpool-segment-" + std::to_string(index)));
   *mapped_over = true;
   void* p = mmap(at, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
   if (p == MAP_FAILED) {
@@ -185,28 +215,104 @@ void HostTier::ReleaseMemfd(int fd) const {
   close(fd);
 }
 
+Result<HostTier::Standby> HostTier::MakeStandby(bool mlock_it) const {
+  KVPOOL_ASSIGN_OR_RETURN(const int fd, NewSealedMemfd("kvpool-segment-standby"));
+  // At a huge page's alignment where they are asked for, as the arena: mremap moves them whole.
+  void* at = MapAligned(segment_bytes_, huge_pages_ ? kHugePageBytes : kPageBytes, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE);
+  if (at == MAP_FAILED || mmap(at, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                               fd, 0) == MAP_FAILED) {
+    const int err = errno;
+    if (at != MAP_FAILED) munmap(at, segment_bytes_);
+    close(fd);
+    return Status::FromErrno(err, "mapping standby memory for a host segment");
+  }
+  // Faulted in now, which is the point: the renewal that takes it faults nothing.
+  if (huge_pages_) madvise(at, segment_bytes_, MADV_HUGEPAGE);
+  if (!mlock_it || mlock(at, segment_bytes_) != 0) {
+    madvise(at, segment_bytes_, MADV_POPULATE_WRITE);  // Linux 5.14 on; else left to first touch
+  }
+  return Standby{fd, static_cast<uint8_t*>(at)};
+}
+
+HostTier::Standby HostTier::TakeStandbyLocked() {
+  if (standby_.empty()) return {};
+  const Standby s = standby_.back();
+  standby_.pop_back();
+  return s;
+}
+
+void HostTier::RetireMemfdLocked(int fd) {
+  if (fd < 0) return;
+  if (keeper_.joinable() && !stopping_) {
+    retired_.push_back(fd);
+  } else {
+    ReleaseMemfd(fd);
+  }
+}
+
+uint32_t HostTier::StandbyReady() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(standby_.size());
+}
+
 bool HostTier::SpareWantedOrStopping() const {
   return stopping_ || (pages_.clean_segments() < spare_segments_ && pages_.vacant_segments() > 0);
 }
 
-void HostTier::RenewSpares() {
+bool HostTier::StandbyWanted() const {
+  return standby_.size() < standby_segments_ && absl::Now() >= standby_retry_;
+}
+
+bool HostTier::StandbyOrReleaseWantedOrStopping() const {
+  return stopping_ || !retired_.empty() || StandbyWanted();
+}
+
+void HostTier::KeepAhead() {
   mu_.Lock();
   for (;;) {
-    mu_.Await(absl::Condition(this, &HostTier::SpareWantedOrStopping));
+    // With a timeout: a standby retried after a failure is wanted again only as time passes.
+    mu_.AwaitWithTimeout(absl::Condition(this, &HostTier::WorkOrStopping), absl::Seconds(1));
     if (stopping_) break;
-    // Not one its namespace may take back at once: wait until it has been vacant a while (or
-    // is taken, or another empties).
+    if (!retired_.empty()) {
+      std::vector<int> fds = std::exchange(retired_, {});
+      mu_.Unlock();
+      for (int fd : fds) ReleaseMemfd(fd);
+      mu_.Lock();
+      continue;
+    }
+    if (StandbyWanted()) {
+      const bool mlock_it = locked_;
+      mu_.Unlock();
+      Result<Standby> made = MakeStandby(mlock_it);
+      mu_.Lock();
+      if (made.ok()) {
+        standby_.push_back(*made);
+      } else {
+        // Out of descriptors or memory lasts a while: a line a minute or so, and a second's
+        // pause (renewals meanwhile make their memory on the spot).
+        LOG_EVERY_N(WARNING, 60) << "no standby memory for a host segment ("
+                                 << made.status().ToString() << "); retried in a second";
+        standby_retry_ = absl::Now() + absl::Seconds(1);
+      }
+      continue;
+    }
+    if (!SpareWantedOrStopping()) continue;
+    // A spare: not a segment its namespace may take back at once. Wait until it has been vacant
+    // a while (or is taken, or another empties, or other work comes).
     const auto since = pages_.LongestVacantSince();
     const auto waited = std::chrono::steady_clock::now() - *since;
     if (waited < spare_after_) {
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(spare_after_ - waited));
+      mu_.AwaitWithTimeout(absl::Condition(this, &HostTier::StandbyOrReleaseWantedOrStopping),
+                           absl::FromChrono(spare_after_ - waited));
       continue;
     }
     const std::optional<uint32_t> index = pages_.TakeLongestVacant();
     if (!index) continue;
     ++renewing_;  // as TakeVacant
     mu_.Unlock();
-    const Status renewed = RenewTaken(*index);
+    // Its own memory, made here: the standby is kept for renewals someone waits for.
+    const Status renewed = Renew(*index, /*from_standby=*/false);
     mu_.Lock();
     // Whatever failed (descriptors, memory) may fail for the next one too: pause.
     if (!renewed.ok()) mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
@@ -214,14 +320,17 @@ void HostTier::RenewSpares() {
   mu_.Unlock();
 }
 
-Status HostTier::RenewTaken(uint32_t segment) {
+Status HostTier::RenewTaken(uint32_t segment) { return Renew(segment, /*from_standby=*/true); }
+
+Status HostTier::Renew(uint32_t segment, bool from_standby) {
   // Out of every pool and owned by nobody (TakeVacant): no slot, no allocation and no export
   // reaches the segment while its memory is replaced without the lock.
   mu_.Lock();
   const bool mlock_it = locked_;
+  const Standby standby = from_standby ? TakeStandbyLocked() : Standby{};
   mu_.Unlock();
   bool mapped_over = false;
-  Result<int> fd = MapFreshMemfd(segment, mlock_it, &mapped_over);
+  Result<int> fd = MapFreshMemfd(segment, mlock_it, &mapped_over, standby);
   mu_.Lock();
   --renewing_;
   if (!fd.ok()) {
@@ -230,10 +339,10 @@ Status HostTier::RenewTaken(uint32_t segment) {
     mu_.Unlock();
     return fd.status();
   }
-  const int old = InstallMemfdLocked(segment, *fd);
+  if (standby.fd >= 0) ++renewals_from_standby_;
+  RetireMemfdLocked(InstallMemfdLocked(segment, *fd));
   pages_.Recycled(segment, SegmentPages::Renewal::kRenewed);
   mu_.Unlock();
-  ReleaseMemfd(old);
   return Status::OK();
 }
 
@@ -306,6 +415,7 @@ HostTierStats HostTier::GetStats() const {
   absl::MutexLock lock(&mu_);
   HostTierStats s = pages_.Stats();
   s.locked = locked_;
+  s.renewals_from_standby = renewals_from_standby_;
   return s;
 }
 

@@ -34,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/huge_pages.h"
 #include "common/namespace_id.h"
 #include "common/status.h"
@@ -62,6 +63,14 @@ struct HostTierOptions {
   // emptied segment back at once, and renewing that one would only make its clients map it
   // again. Default: 1 s.
   std::chrono::milliseconds spare_after{1000};
+  // Segments' worth of fresh memory a background thread keeps made ahead, outside the arena: a
+  // sealed memfd mapped and faulted in (and locked, as the arena is). A renewal then moves that
+  // mapping over the segment's range (mremap: its page tables move, nothing is faulted again),
+  // a few milliseconds instead of ~45 for 64 MiB made on the spot (docs/BENCHMARKS.md, "Fresh
+  // memory made ahead"): the wait of a namespace that needs a segment another one emptied just
+  // now, which no spare segment can serve. Each costs a segment's memory beyond the arena's
+  // capacity. 0: none. Default: 0.
+  uint32_t standby_segments = 0;
   // Ask for transparent huge pages for the segments (madvise MADV_HUGEPAGE on each mapping, which
   // is then faulted in at once, so that no client's touch makes it 4 KiB pages; a client's mapping
   // of a segment maps the same huge pages): a copy into or out of the arena then crosses 512
@@ -108,6 +117,9 @@ class HostTier final : public SegmentedTier {
   // thread renews.
   Status RenewTaken(uint32_t segment) override;
 
+  // Standby segments made and ready now (HostTierOptions::standby_segments).
+  uint32_t StandbyReady() const;
+
   // Walks every segment's bitmap for the fragmentation figures: not for hot paths.
   HostTierStats GetStats() const override;
   // Bytes of the arena on huge pages now (reads /proc/self/smaps: for the banner and tests).
@@ -120,19 +132,37 @@ class HostTier final : public SegmentedTier {
     uint32_t generation = 0;  // bumped each time the segment gets a fresh memfd
   };
 
-  HostTier(uint8_t* base, uint64_t segment_bytes, uint32_t segment_count, bool lock,
-           uint32_t spare_segments, std::chrono::milliseconds spare_after, bool huge_pages,
-           int cuda_device);
+  // Fresh memory made ahead for a renewal (HostTierOptions::standby_segments): a sealed memfd
+  // mapped, faulted in and locked as the arena is, at `at`, outside the arena.
+  struct Standby {
+    int fd = -1;
+    uint8_t* at = nullptr;
+  };
+
+  HostTier(uint8_t* base, const HostTierOptions& options, uint32_t segment_count);
   // Creates a memfd for segment `index` and maps it over its range. IoError/ResourceExhausted;
   // `*mapped_over` (when given) says whether the range was touched before a failure.
   Status MapSegmentLocked(uint32_t index, bool* mapped_over = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The part of giving segment `index` fresh memory that needs no lock, for a segment no slot
-  // and no namespace holds: a new sealed memfd mapped over the segment's range (mlocked when
-  // `mlock_it`). Its descriptor, or the error. `*mapped_over`: false when the failure came before
-  // the range was touched (the old memfd still maps it), true when it came from the mapping
-  // itself (the range may then be unmapped).
-  Result<int> MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_over) const;
+  // and no namespace holds: `standby`'s memory moved over the segment's range where one is given
+  // (fd >= 0), else a new sealed memfd mapped there (mlocked when `mlock_it`). Its descriptor, or
+  // the error. `*mapped_over`: false when the failure came before the range was touched (the old
+  // memfd still maps it), true when it came from the mapping itself (the range may then be
+  // unmapped).
+  Result<int> MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_over,
+                            Standby standby) const;
+  // A new memfd of a segment's size, sealed at it: a client holding a descriptor (even reopened
+  // writable through /proc/self/fd) cannot shrink it under the daemon's mapping, which would
+  // SIGBUS the daemon.
+  Result<int> NewSealedMemfd(const std::string& name) const;
+  // Makes a Standby: needs no lock.
+  Result<Standby> MakeStandby(bool mlock_it) const;
+  // One made ahead, if any is ready (taken from standby_).
+  Standby TakeStandbyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An old memfd of a renewed segment: released by the background thread where there is one (its
+  // pages' release takes ~8 ms per 64 MiB), else at once.
+  void RetireMemfdLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `fd` segment `index`'s memfd (a new generation, pinned for CUDA where a GPU is
   // usable). Returns the old descriptor (or -1) for ReleaseMemfd, which needs no lock.
   int InstallMemfdLocked(uint32_t index, int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -144,9 +174,17 @@ class HostTier final : public SegmentedTier {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the pages of memfd `fd` (its size stays).
   void PunchPages(int fd) const;
-  // The spare-segment thread (HostTierOptions::spare_segments).
-  void RenewSpares();
+  // The background thread (HostTierOptions::spare_segments and standby_segments): releases old
+  // memfds, keeps standby memory made, and renews spare segments, in that order.
+  void KeepAhead();
+  // RenewTaken, taking standby memory where `from_standby` and one is ready.
+  Status Renew(uint32_t segment, bool from_standby);
   bool SpareWantedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool StandbyWanted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool StandbyOrReleaseWantedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool WorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return StandbyOrReleaseWantedOrStopping() || SpareWantedOrStopping();
+  }
   // Gives an emptied segment a fresh memfd and releases the old one's pages. A failure before the
   // old mapping was touched (out of descriptors) leaves the segment its owner's; one in the
   // mapping keeps it out of the pool (logged) rather than risk handing its old memfd on.
@@ -159,11 +197,17 @@ class HostTier final : public SegmentedTier {
   const bool lock_;
   const uint32_t spare_segments_;
   const std::chrono::milliseconds spare_after_;
+  const uint32_t standby_segments_;
   const bool huge_pages_;
   const int cuda_device_;
   bool locked_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread spare_renewer_;
+  std::thread keeper_;  // KeepAhead, where spare or standby segments are asked for
+
+  std::vector<Standby> standby_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> retired_ ABSL_GUARDED_BY(mu_);  // old memfds the thread releases
+  uint64_t renewals_from_standby_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time standby_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // after a failure
 
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> seg_registered_ ABSL_GUARDED_BY(mu_);  // pinned with CUDA

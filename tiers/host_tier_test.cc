@@ -28,16 +28,19 @@ constexpr uint64_t kSegment = 1ull << 20;
 constexpr uint64_t kCapacity = 8 * kSegment;
 constexpr uint64_t kPage = HostTier::kPageBytes;
 
-// `spares` and `after`: HostTierOptions::spare_segments and spare_after.
+// `spares`, `after` and `standby`: HostTierOptions::spare_segments, spare_after and
+// standby_segments.
 std::unique_ptr<HostTier> MakeTier(uint64_t capacity = kCapacity, uint64_t segment = kSegment,
                                    uint32_t spares = 0,
-                                   std::chrono::milliseconds after = std::chrono::seconds(1)) {
+                                   std::chrono::milliseconds after = std::chrono::seconds(1),
+                                   uint32_t standby = 0) {
   HostTierOptions o;
   o.capacity_bytes = capacity;
   o.segment_bytes = segment;
   o.lock_memory = false;
   o.spare_segments = spares;
   o.spare_after = after;
+  o.standby_segments = standby;
   Result<std::unique_ptr<HostTier>> t = HostTier::Create(o);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   return t.ok() ? std::move(t).value() : nullptr;
@@ -444,6 +447,89 @@ TEST(HostTierTest, ASpareThreadRenewsTheLongestVacantSegmentAheadOfNeed) {
   });
   EXPECT_EQ(tier.GetStats().free_segments, 2u);
   EXPECT_EQ(tier.GetStats().vacant_segments, 1u);
+}
+
+TEST(HostTierTest, ARenewalTakesTheMemoryMadeAheadAndTheOldPagesAreReleasedLater) {
+  auto made = MakeTier(kSegment, kSegment, /*spares=*/0, std::chrono::seconds(1), /*standby=*/1);
+  ASSERT_TRUE(made);
+  HostTier& tier = *made;  // one segment: each namespace in turn needs it renewed
+  WaitUntil([&] { return tier.StandbyReady() == 1; });
+  ASSERT_EQ(tier.StandbyReady(), 1u);
+  EXPECT_EQ(tier.GetStats().renewals, 0u);
+
+  HostSlot a = MustAllocate(tier, 1, 2 * kPage);
+  Fill(tier, a, 7);
+  const SegmentLocation loc = tier.Locate(a.offset);
+  Result<int> ro = tier.ExportSegment(loc.segment, loc.generation, 1, false);
+  Result<int> rw = tier.ExportSegment(loc.segment, loc.generation, 1, true);
+  ASSERT_TRUE(ro.ok() && rw.ok());
+  auto* old_view = static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *ro, 0));
+  auto* old_write =
+      static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, *rw, 0));
+  ASSERT_NE(old_view, MAP_FAILED);
+  ASSERT_NE(old_write, MAP_FAILED);
+  close(*ro);
+  close(*rw);
+  tier.Free(a);
+
+  // Namespace 2 gets the segment renewed under the tier's lock (Allocate), from the standby.
+  HostSlot b = MustAllocate(tier, 2, 2 * kPage);
+  ASSERT_EQ(b.offset, a.offset);
+  EXPECT_NE(tier.Locate(b.offset).generation, loc.generation);
+  HostTierStats st = tier.GetStats();
+  EXPECT_EQ(st.renewals, 1u);
+  EXPECT_EQ(st.renewals_from_standby, 1u);
+  std::vector<uint8_t> zeros(b.length, 0);
+  EXPECT_EQ(std::memcmp(tier.Data(b), zeros.data(), b.length), 0) << "standby memory not fresh";
+  std::memset(tier.Data(b), 0x5E, b.length);
+  {  // namespace 2's clients see what the tier wrote, through the segment's new memfd
+    const SegmentLocation now = tier.Locate(b.offset);
+    Result<int> fd = tier.ExportSegment(now.segment, now.generation, 2, false);
+    ASSERT_TRUE(fd.ok());
+    auto* view = static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *fd, 0));
+    ASSERT_NE(view, MAP_FAILED);
+    close(*fd);
+    for (uint64_t i = 0; i < b.length; ++i) ASSERT_EQ(view[now.offset + i], 0x5E) << i;
+    munmap(view, kSegment);
+  }
+  // The old memfd's pages are released by the thread, after the renewal (namespace 1's block
+  // starts with a 7). Namespace 1's old mappings neither see namespace 2's bytes nor can they
+  // change them.
+  WaitUntil([&] { return old_view[loc.offset] == 0; });
+  EXPECT_EQ(old_view[loc.offset], 0) << "the old memfd's pages were never released";
+  for (uint64_t i = 0; i < b.length; ++i) ASSERT_NE(old_view[loc.offset + i], 0x5E) << i;
+  std::memset(old_write + loc.offset, 0x11, b.length);
+  for (uint64_t i = 0; i < b.length; ++i) ASSERT_EQ(tier.Data(b)[i], 0x5E) << i;
+  munmap(old_view, kSegment);
+  munmap(old_write, kSegment);
+
+  // The next standby is made; a renewal without the tier's lock (TakeVacant) takes it too.
+  WaitUntil([&] { return tier.StandbyReady() == 1; });
+  ASSERT_EQ(tier.StandbyReady(), 1u);
+  tier.Free(b);
+  std::optional<uint32_t> taken = tier.TakeVacant();
+  ASSERT_TRUE(taken.has_value());
+  ASSERT_TRUE(tier.RenewTaken(*taken).ok());
+  st = tier.GetStats();
+  EXPECT_EQ(st.renewals, 2u);
+  EXPECT_EQ(st.renewals_from_standby, 2u);
+  Result<HostSlot> c = tier.TryAllocate(3, kSegment);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  zeros.assign(kSegment, 0);
+  EXPECT_EQ(std::memcmp(tier.Data(*c), zeros.data(), kSegment), 0) << "standby memory not fresh";
+  Fill(tier, *c, 9);
+  EXPECT_TRUE(Holds(tier, *c, 9));
+  // Without a standby ready (taken, its successor not made yet, or none asked for), a renewal
+  // makes its memory on the spot, as before.
+  tier.Free(*c);
+  WaitUntil([&] { return tier.StandbyReady() == 1; });
+  HostSlot d = MustAllocate(tier, 4, kSegment);
+  tier.Free(d);
+  HostSlot e = MustAllocate(tier, 5, kSegment);  // right after: its standby may not be made yet
+  st = tier.GetStats();
+  EXPECT_EQ(st.renewals, 4u);
+  EXPECT_GE(st.renewals_from_standby, 3u);
+  std::memset(tier.Data(e), 0x22, e.length);
 }
 
 TEST(HostTierTest, TheSpareThreadLeavesASegmentItsNamespaceTakesBackAtOnce) {

@@ -196,6 +196,7 @@ void SegmentPages::Recycled(uint32_t index, Renewal how) {
   switch (how) {
     case Renewal::kRenewed:
       free_segments_.push_back(index);
+      ++renewals_;
       return;
     case Renewal::kUnchanged:
       // Its memory and its clients' mappings are still its owner's: vacant again, from now (the
@@ -251,6 +252,7 @@ MemoryTierStats SegmentPages::Stats() const {
   s.segments = segment_count_;
   s.free_segments = free_segments_.size() + vacant_.size();
   s.vacant_segments = vacant_.size();
+  s.renewals = renewals_;
   uint64_t largest_pages = s.free_segments == 0 ? 0 : pages_per_segment_;
   for (const Segment& seg : segments_) {
     if (seg.owner == kNoNamespace || seg.vacant || seg.used_pages == pages_per_segment_) continue;

@@ -86,7 +86,7 @@ class SegmentPages {
   uint32_t SegmentsOf(NamespaceId ns) const;
   bool AtSegmentLimit(NamespaceId ns) const;
   uint64_t allocated_bytes() const { return allocated_bytes_; }
-  // Every figure of MemoryTierStats but `locked`; walks every bitmap.
+  // Every figure of MemoryTierStats but `locked` and `renewals_from_standby`; walks every bitmap.
   MemoryTierStats Stats() const;
 
  private:
@@ -121,6 +121,7 @@ class SegmentPages {
   std::vector<uint32_t> vacant_;         // vacant segments, longest vacant first
   uint64_t allocated_bytes_ = 0;
   uint64_t payload_bytes_ = 0;
+  uint64_t renewals_ = 0;  // segments given fresh memory (Recycled kRenewed)
   uint64_t blocks_ = 0;
   absl::flat_hash_map<NamespaceId, uint32_t> segments_of_;  // held now
   absl::flat_hash_map<NamespaceId, uint32_t> segment_limit_;

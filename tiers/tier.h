@@ -78,6 +78,10 @@ struct MemoryTierStats {
   // everything free) fits in one run, near 1 when free space is scattered pages; 0 when full.
   double fragmentation = 0;
   bool locked = false;  // pinned (mlocked / registered) as configured
+  // Segments given fresh memory to change namespace, and of those, how many took a standby
+  // segment's memory made ahead (HostTierOptions::standby_segments; host only).
+  uint64_t renewals = 0;
+  uint64_t renewals_from_standby = 0;
 };
 
 class MemoryTier : public StorageTier {
