@@ -1896,7 +1896,8 @@ Result<DaemonStats> Client::Stats() {
     for (const wire::TierStats& t : r.tiers()) {
       s.tiers.push_back({t.name(), t.capacity_bytes(), t.used_bytes(), t.blocks(),
                          t.allocated_bytes(), t.fragmentation(), t.hits(), t.promotions(),
-                         t.demotions(), t.evictions(), t.moves()});
+                         t.demotions(), t.evictions(), t.moves(), t.renewals(),
+                         t.renewals_from_standby(), t.standby_ready()});
     }
     s.index_entries = r.index_entries();
     s.index_bytes = r.index_bytes();

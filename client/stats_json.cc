@@ -21,7 +21,10 @@ std::string StatsToJson(const DaemonStats& s, int indent) {
                      {"promotions", t.promotions},
                      {"demotions", t.demotions},
                      {"evictions", t.evictions},
-                     {"moves", t.moves}});
+                     {"moves", t.moves},
+                     {"renewals", t.renewals},
+                     {"renewals_from_standby", t.renewals_from_standby},
+                     {"standby_ready", t.standby_ready}});
   }
   j["tiers"] = tiers;
   j["index_entries"] = s.index_entries;

@@ -73,6 +73,7 @@ Response AdminHandlers::Stats(Connection& c, std::string_view body) {
     gpu->set_blocks(g.blocks);
     gpu->set_allocated_bytes(g.memory.allocated_bytes);
     gpu->set_fragmentation(g.memory.fragmentation);
+    gpu->set_renewals(g.memory.renewals);
   }
   if (!t.gpus.empty()) {  // the gpu tiers' counters, all devices together, on the first one
     wire::TierStats* first = resp.mutable_tiers(0);
@@ -92,6 +93,9 @@ Response AdminHandlers::Stats(Connection& c, std::string_view body) {
   host->set_demotions(t.host_counters.demotions);
   host->set_evictions(t.host_counters.evictions);
   host->set_moves(t.host_blocks_moved);
+  host->set_renewals(t.host.renewals);
+  host->set_renewals_from_standby(t.host.renewals_from_standby);
+  host->set_standby_ready(t.host.standby_ready);
   wire::TierStats* disk = resp.add_tiers();
   disk->set_name("disk");
   disk->set_capacity_bytes(t.disk_capacity_bytes);

@@ -146,6 +146,11 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
         static_cast<double>(t.host.renewals_from_standby));
   Value(&o, "kvpool_host_segment_renewals_total{memory=\"made\"}",
         static_cast<double>(t.host.renewals - t.host.renewals_from_standby));
+  Metric(&o, "kvpool_host_standby_segments", "gauge",
+         "Segments' worth of fresh memory made ahead and ready for renewals "
+         "(--host_standby_segments; fewer for 250 ms after one is taken, or while making one "
+         "fails).");
+  Value(&o, "kvpool_host_standby_segments", static_cast<double>(t.host.standby_ready));
   Metric(&o, "kvpool_host_blocks_moved_total", "counter",
          "Host blocks moved to free pages of another segment of their namespace, emptying a "
          "segment for a namespace that needed one without evicting anything.");

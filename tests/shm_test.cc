@@ -243,6 +243,20 @@ TEST_P(ShmReuseTest, MappingKeptAfterSegmentReuseRevealsNothing) {
   auto got = a->Get(std::span(&k1, 1), std::span(&buf, 1));
   ASSERT_TRUE(got.ok() && (*got)[0].status.ok());
   EXPECT_EQ(out, mine);
+  // Renewed twice (for tenant-b, then for tenant-a's get), the first from memory made ahead where
+  // there is some (the daemon makes its one standby segment, 1 MiB here, as it starts; the next
+  // only 250 ms after it was taken).
+  auto stats = a->Stats();
+  ASSERT_TRUE(stats.ok());
+  for (const TierStats& t : stats->tiers) {
+    if (t.name != "host") continue;
+    EXPECT_EQ(t.renewals, 2u);
+    if (std::string(GetParam()) == "0") {
+      EXPECT_EQ(t.renewals_from_standby, 0u);
+    } else {
+      EXPECT_GE(t.renewals_from_standby, 1u);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(MadeOnTheSpotOrAhead, ShmReuseTest, ::testing::Values("0", "1"),

@@ -119,7 +119,7 @@ Status HostTier::MapSegmentLocked(uint32_t index, bool* mapped_over) {
   if (mapped_over != nullptr) *mapped_over = touched;
   KVPOOL_RETURN_IF_ERROR(fd.status());
   if (standby.fd >= 0) ++renewals_from_standby_;
-  RetireMemfdLocked(InstallMemfdLocked(index, *fd));
+  ReleaseMemfd(RetireMemfdLocked(InstallMemfdLocked(index, *fd)));
   return Status::OK();
 }
 
@@ -141,26 +141,14 @@ Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_
   *mapped_over = false;
   uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
   if (standby.fd >= 0) {
-    // Its pages and page tables move over the segment's range (a huge page's alignment on both
-    // sides moves huge pages whole). First the old mapping is replaced through mmap, which UCX's
-    // memory hooks see (its registration cache forgets the range, as with a fresh memfd below).
-    // Then the move, by the system call itself: with those hooks installed (libucm, loaded with
-    // UCX), libc's mremap drops MREMAP_FIXED's new address and maps the memory at address 0.
     *mapped_over = true;
-    void* moved = mmap(at, segment_bytes_, PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    if (moved != MAP_FAILED) {
-      moved = reinterpret_cast<void*>(syscall(SYS_mremap, standby.at, segment_bytes_,
-                                              segment_bytes_, MREMAP_MAYMOVE | MREMAP_FIXED, at));
+    if (MoveStandbyOver(at, standby)) {
+      // Made while the limit allowed no more locked memory (the arena's own segment was locked
+      // then): locked now that the old mapping is gone.
+      if (mlock_it && !standby.locked) mlock(at, segment_bytes_);
+      return standby.fd;
     }
-    if (moved != at) {
-      const int err = moved == MAP_FAILED ? errno : EFAULT;
-      munmap(standby.at, segment_bytes_);
-      close(standby.fd);
-      return Status::FromErrno(err,
-                               "moving standby memory over host segment " + std::to_string(index));
-    }
-    return standby.fd;
+    // Made on the spot instead, over whatever the failed move left.
   }
   KVPOOL_ASSIGN_OR_RETURN(const int fd, NewSealedMemfd("kvpool-segment-" + std::to_string(index)));
   *mapped_over = true;
@@ -215,6 +203,27 @@ void HostTier::ReleaseMemfd(int fd) const {
   close(fd);
 }
 
+bool HostTier::MoveStandbyOver(uint8_t* at, const Standby& standby) const {
+  // Its pages and page tables move (a huge page's alignment on both sides moves huge pages whole).
+  // First the old mapping is replaced through mmap, which UCX's memory hooks see (its registration
+  // cache forgets the range, as with a fresh memfd mapped over it). Then the move, by the system
+  // call itself: with those hooks installed (libucm, loaded with UCX), libc's mremap drops
+  // MREMAP_FIXED's new address and maps the memory at address 0.
+  void* moved = mmap(at, segment_bytes_, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  if (moved != MAP_FAILED) {
+    moved = reinterpret_cast<void*>(syscall(SYS_mremap, standby.at, segment_bytes_, segment_bytes_,
+                                            MREMAP_MAYMOVE | MREMAP_FIXED, at));
+  }
+  if (moved == at) return true;
+  // (With MREMAP_FIXED the kernel answers `at` or an error.)
+  LOG_EVERY_N(WARNING, 60) << "could not move standby memory over a host segment ("
+                           << std::strerror(errno) << "); fresh memory made on the spot instead";
+  munmap(standby.at, segment_bytes_);
+  close(standby.fd);
+  return false;
+}
+
 Result<HostTier::Standby> HostTier::MakeStandby(bool mlock_it) const {
   KVPOOL_ASSIGN_OR_RETURN(const int fd, NewSealedMemfd("kvpool-segment-standby"));
   // At a huge page's alignment where they are asked for, as the arena: mremap moves them whole.
@@ -229,26 +238,25 @@ Result<HostTier::Standby> HostTier::MakeStandby(bool mlock_it) const {
   }
   // Faulted in now, which is the point: the renewal that takes it faults nothing.
   if (huge_pages_) madvise(at, segment_bytes_, MADV_HUGEPAGE);
-  if (!mlock_it || mlock(at, segment_bytes_) != 0) {
+  const bool locked = mlock_it && mlock(at, segment_bytes_) == 0;
+  if (!locked) {
     madvise(at, segment_bytes_, MADV_POPULATE_WRITE);  // Linux 5.14 on; else left to first touch
   }
-  return Standby{fd, static_cast<uint8_t*>(at)};
+  return Standby{fd, static_cast<uint8_t*>(at), locked};
 }
 
 HostTier::Standby HostTier::TakeStandbyLocked() {
   if (standby_.empty()) return {};
   const Standby s = standby_.back();
   standby_.pop_back();
+  standby_due_ = absl::Now() + kStandbyAfterTaken;
   return s;
 }
 
-void HostTier::RetireMemfdLocked(int fd) {
-  if (fd < 0) return;
-  if (keeper_.joinable() && !stopping_) {
-    retired_.push_back(fd);
-  } else {
-    ReleaseMemfd(fd);
-  }
+int HostTier::RetireMemfdLocked(int fd) {
+  if (fd < 0 || !keeper_.joinable() || stopping_) return fd;
+  retired_.push_back(fd);
+  return -1;
 }
 
 uint32_t HostTier::StandbyReady() const {
@@ -261,7 +269,7 @@ bool HostTier::SpareWantedOrStopping() const {
 }
 
 bool HostTier::StandbyWanted() const {
-  return standby_.size() < standby_segments_ && absl::Now() >= standby_retry_;
+  return standby_.size() < standby_segments_ && absl::Now() >= standby_due_;
 }
 
 bool HostTier::StandbyOrReleaseWantedOrStopping() const {
@@ -271,8 +279,12 @@ bool HostTier::StandbyOrReleaseWantedOrStopping() const {
 void HostTier::KeepAhead() {
   mu_.Lock();
   for (;;) {
-    // With a timeout: a standby retried after a failure is wanted again only as time passes.
-    mu_.AwaitWithTimeout(absl::Condition(this, &HostTier::WorkOrStopping), absl::Seconds(1));
+    // With a timeout: a standby due later is wanted only as time passes.
+    absl::Duration wait = absl::Seconds(1);
+    if (standby_.size() < standby_segments_) {
+      wait = std::clamp(standby_due_ - absl::Now(), absl::Milliseconds(1), wait);
+    }
+    mu_.AwaitWithTimeout(absl::Condition(this, &HostTier::WorkOrStopping), wait);
     if (stopping_) break;
     if (!retired_.empty()) {
       std::vector<int> fds = std::exchange(retired_, {});
@@ -293,7 +305,7 @@ void HostTier::KeepAhead() {
         // pause (renewals meanwhile make their memory on the spot).
         LOG_EVERY_N(WARNING, 60) << "no standby memory for a host segment ("
                                  << made.status().ToString() << "); retried in a second";
-        standby_retry_ = absl::Now() + absl::Seconds(1);
+        standby_due_ = absl::Now() + absl::Seconds(1);
       }
       continue;
     }
@@ -340,9 +352,10 @@ Status HostTier::Renew(uint32_t segment, bool from_standby) {
     return fd.status();
   }
   if (standby.fd >= 0) ++renewals_from_standby_;
-  RetireMemfdLocked(InstallMemfdLocked(segment, *fd));
+  const int release = RetireMemfdLocked(InstallMemfdLocked(segment, *fd));
   pages_.Recycled(segment, SegmentPages::Renewal::kRenewed);
   mu_.Unlock();
+  ReleaseMemfd(release);
   return Status::OK();
 }
 
@@ -416,6 +429,7 @@ HostTierStats HostTier::GetStats() const {
   HostTierStats s = pages_.Stats();
   s.locked = locked_;
   s.renewals_from_standby = renewals_from_standby_;
+  s.standby_ready = standby_.size();
   return s;
 }
 

@@ -134,9 +134,12 @@ class HostTier final : public SegmentedTier {
 
   // Fresh memory made ahead for a renewal (HostTierOptions::standby_segments): a sealed memfd
   // mapped, faulted in and locked as the arena is, at `at`, outside the arena.
+  // How long after a standby was taken the next is made.
+  static constexpr absl::Duration kStandbyAfterTaken = absl::Milliseconds(250);
   struct Standby {
     int fd = -1;
     uint8_t* at = nullptr;
+    bool locked = false;  // mlocked (the arena is, and the limit allowed it)
   };
 
   HostTier(uint8_t* base, const HostTierOptions& options, uint32_t segment_count);
@@ -160,9 +163,12 @@ class HostTier final : public SegmentedTier {
   Result<Standby> MakeStandby(bool mlock_it) const;
   // One made ahead, if any is ready (taken from standby_).
   Standby TakeStandbyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // An old memfd of a renewed segment: released by the background thread where there is one (its
-  // pages' release takes ~8 ms per 64 MiB), else at once.
-  void RetireMemfdLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An old memfd of a renewed segment: handed to the background thread to release where there is
+  // one (its pages' release takes ~8 ms per 64 MiB); else returned, for ReleaseMemfd.
+  int RetireMemfdLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves `standby`'s mapping over the range at `at` (see MapFreshMemfd). False, the standby
+  // undone and the range left unmapped or as it was, when the move failed (logged).
+  bool MoveStandbyOver(uint8_t* at, const Standby& standby) const;
   // Makes `fd` segment `index`'s memfd (a new generation, pinned for CUDA where a GPU is
   // usable). Returns the old descriptor (or -1) for ReleaseMemfd, which needs no lock.
   int InstallMemfdLocked(uint32_t index, int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -207,7 +213,10 @@ class HostTier final : public SegmentedTier {
   std::vector<Standby> standby_ ABSL_GUARDED_BY(mu_);
   std::vector<int> retired_ ABSL_GUARDED_BY(mu_);  // old memfds the thread releases
   uint64_t renewals_from_standby_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time standby_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // after a failure
+  // When the next standby may be made: a while after one was taken (making one takes a core for
+  // tens of milliseconds, which the request that took it and those after it need more) or a
+  // second after a failure.
+  absl::Time standby_due_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> seg_registered_ ABSL_GUARDED_BY(mu_);  // pinned with CUDA

@@ -373,7 +373,9 @@ uint64_t SegmentedTier::SegmentUsedBytes(uint32_t segment) const {
 std::vector<MemoryTier::SegmentUse> SegmentedTier::SegmentUses() const {
   absl::MutexLock lock(&mu_);
   std::vector<SegmentUse> out(pages_.segment_count());
-  for (uint32_t i = 0; i < out.size(); ++i) out[i] = {pages_.OwnerOf(i), pages_.used_bytes(i)};
+  for (uint32_t i = 0; i < out.size(); ++i) {
+    out[i] = {pages_.OwnerOf(i), pages_.used_bytes(i), pages_.draining(i)};
+  }
   return out;
 }
 

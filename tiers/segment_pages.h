@@ -50,6 +50,7 @@ class SegmentPages {
   Result<MemorySlot> Allocate(NamespaceId ns, uint64_t length);
   // As MemoryTier::SetDraining.
   void SetDraining(uint32_t index, bool draining) { segments_[index].draining = draining; }
+  bool draining(uint32_t index) const { return segments_[index].draining; }
   // As MemoryTier::AllocateBeside: a slot in a segment `ns` holds blocks in already, other than
   // segment `avoid`; never another segment. ResourceExhausted when none has a run that fits.
   Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid);
@@ -86,7 +87,7 @@ class SegmentPages {
   uint32_t SegmentsOf(NamespaceId ns) const;
   bool AtSegmentLimit(NamespaceId ns) const;
   uint64_t allocated_bytes() const { return allocated_bytes_; }
-  // Every figure of MemoryTierStats but `locked` and `renewals_from_standby`; walks every bitmap.
+  // Every figure of MemoryTierStats but `locked` and the standby ones; walks every bitmap.
   MemoryTierStats Stats() const;
 
  private:

@@ -82,6 +82,7 @@ struct MemoryTierStats {
   // segment's memory made ahead (HostTierOptions::standby_segments; host only).
   uint64_t renewals = 0;
   uint64_t renewals_from_standby = 0;
+  uint64_t standby_ready = 0;  // standby segments made and waiting to be taken (host only)
 };
 
 class MemoryTier : public StorageTier {
@@ -134,6 +135,7 @@ class MemoryTier : public StorageTier {
   struct SegmentUse {
     NamespaceId owner = kNoNamespace;
     uint64_t used_bytes = 0;
+    bool draining = false;  // SetDraining: its free pages are not to be had
   };
   virtual std::vector<SegmentUse> SegmentUses() const = 0;
   // A namespace's quota (tiers/policy.h): at most `max_segments` segments of its own (0: no

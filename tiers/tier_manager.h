@@ -499,9 +499,10 @@ class TierManager {
   GpuTier* GpuOf(int device) const;
   int GpuIndexOf(int device) const;
   // A slot in `gpu` for `ns`, dropping cold gpu copies of that device (its own when it holds
-  // its quota there) until one fits.
-  Result<MemorySlot> AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // its quota there) until one fits. May let go of mu_ while a segment of it is renewed
+  // (RenewWithoutLockLocked; without `may_renew`, Unavailable instead).
+  Result<MemorySlot> AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes,
+                                       bool may_renew = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the disk copies of `ids` and queues their records for deletion (done off the lock by
   // DeleteDroppedLocked, run by the next write-down, flusher round, admin evict or shutdown).
   void DropDiskCopiesLocked(const std::vector<EntryId>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -524,6 +525,10 @@ class TierManager {
   // kBusyDemoting.
   Status WriteDownLocked(const std::vector<EntryId>& ids, bool drop_host, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For an allocation in `tier` that TryAllocate answered Unavailable: gives another namespace's
+  // vacant segment fresh memory without mu_ (or waits for one being renewed), so that no other
+  // request waits for it; the caller then tries again. The renewal's error, if it failed.
+  Status RenewWithoutLockLocked(MemoryTier& tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees host space until `bytes` can be allocated for `ns` or nothing more can be evicted;
   // then waits for a disk write or read in flight to free or unblock more. Without `may_wait`
   // it neither waits nor writes (demotes) anything: Unavailable when dropping copies that are

@@ -51,13 +51,27 @@ void TierManager::DropGpuCopyLocked(EntryId id) {
               << ", which runs no gpu tier";
 }
 
-Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes) {
+Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, uint64_t bytes,
+                                                  bool may_renew) {
   const int device = gpu.device();
   const SegmentBlocks& in_segments = gpu_segments_[static_cast<size_t>(GpuIndexOf(device))];
-  const uint64_t failed_before = gpu.failed_renewals();
+  Status renewal_failed;  // this call's renewal that failed
   for (;;) {
-    Result<MemorySlot> slot = gpu.Allocate(ns, bytes);
-    if (slot.ok() || slot.status().code() != StatusCode::kResourceExhausted) return slot;
+    Result<MemorySlot> slot = gpu.TryAllocate(ns, bytes);
+    if (slot.ok()) return slot;
+    if (slot.status().code() == StatusCode::kUnavailable) {
+      // Room needs another namespace's vacant segment given fresh memory (CUDA virtual memory
+      // unmapped, released, created and mapped again): done without the lock, as for host.
+      if (!may_renew) return slot;
+      if (renewal_failed.ok()) {
+        renewal_failed = RenewWithoutLockLocked(gpu);
+        continue;
+      }
+      slot = Status::ResourceExhausted("no fresh memory for a gpu " + std::to_string(device) +
+                                       " segment (" + renewal_failed.ToString() + ")");
+    } else if (slot.status().code() != StatusCode::kResourceExhausted) {
+      return slot;
+    }
     // Other namespaces' free pages do not help this one: free at least a segment's worth. A
     // namespace at its quota frees its own; so does one after a segment could not get fresh
     // memory for it: emptying another would only have its renewal fail the same way (the GPU is
@@ -68,7 +82,7 @@ Result<MemorySlot> TierManager::AllocateGpuLocked(GpuTier& gpu, NamespaceId ns, 
       return index_.Mem(id).gpu_device == device && e.leases == 0 && e.busy == 0;
     };
     std::vector<EntryId> victims;
-    if (gpu.AtSegmentLimit(ns) || gpu.failed_renewals() != failed_before) {
+    if (gpu.AtSegmentLimit(ns) || !renewal_failed.ok()) {
       pools_.VictimsOf(ns, Tier::kGpu, budget, evictable, &victims);
     } else {
       pools_.Victims(Tier::kGpu, budget, evictable, &victims);
@@ -100,15 +114,26 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
     absl::MutexLock lock(&mu_);
     if (stopping_) return Status::Unavailable("the tier manager is stopping");
     for (const BlockKey& key : keys) {
-      const EntryId id = FindCachedLocked(ns, key);
+      const auto placeable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const EntryId id = FindCachedLocked(ns, key);
+        if (id == kNoEntry) return kNoEntry;
+        const Entry& e = index_.at(id);
+        const bool can = e.In(Tier::kHost) && !e.In(Tier::kGpu) && e.busy == 0 &&
+                         e.size <= gpu->max_block_bytes();
+        return can ? id : kNoEntry;
+      };
+      EntryId id = placeable();
       if (id == kNoEntry) continue;
-      Entry& e = index_.at(id);
-      if (!e.In(Tier::kHost) || e.In(Tier::kGpu) || e.busy != 0 ||
-          e.size > gpu->max_block_bytes()) {
+      const uint64_t size = index_.at(id).size;
+      Result<MemorySlot> slot = AllocateGpuLocked(*gpu, ns, size);
+      if (!slot.ok()) break;  // no room left there
+      // The lock may have been let go for a segment's renewal: the block may have changed.
+      id = placeable();
+      if (id == kNoEntry || index_.at(id).size != size) {
+        gpu->Free(*slot);
         continue;
       }
-      Result<MemorySlot> slot = AllocateGpuLocked(*gpu, ns, e.size);
-      if (!slot.ok()) break;  // no room left there
+      Entry& e = index_.at(id);
       // Busy: its host copy stays where it is (eviction and demotion skip busy entries).
       e.busy |= kBusyToGpu;
       copies.push_back({id, *slot, host_.Data({index_.Mem(id).host_offset, e.size}), e.checksum});

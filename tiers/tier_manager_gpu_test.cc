@@ -7,6 +7,7 @@
 // the GPU's worker and verified, served from both, dropped when the copy down goes bad, kept
 // across a restart.
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -547,6 +548,50 @@ TEST_F(TierManagerGpuTest, ARenewalThatFindsNoMemoryIsRetriedLaterAndEvictsNothi
   EXPECT_EQ(gpu0_.Read(stack_.gpus[0]->Data(copy->second), copy->second.length), want);
   EXPECT_TRUE(manager_->GpuCopyForTest(kNs, second).has_value());
   EXPECT_EQ(GpuBlocks(0), 2u);
+}
+
+// A gpu segment moving to another namespace gets fresh memory without the tier manager's lock:
+// other requests go on meanwhile.
+TEST_F(TierManagerGpuTest, AGpuSegmentIsRenewedWithoutHoldingUpOtherRequests) {
+  constexpr NamespaceId kOther = 2;
+  const BlockKey first = KeyOf(730), second = KeyOf(731), theirs = KeyOf(732);
+  ASSERT_OK(Put(first, 700 * kKiB));
+  ASSERT_OK(Put(second, 700 * kKiB));
+  ASSERT_OK(Put(theirs, 700 * kKiB, {}, kOther));
+  const Keys both = {first, second};
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, both, 0).value(), 2u);
+  ASSERT_EQ(manager_->Evict(kNs, Tier::kGpu, {&first, 1}).evicted, 1u);  // a segment vacant
+
+  gpu0_.HoldNextRenewal();
+  Result<uint32_t> placed = 0u;
+  std::thread promote([&] { placed = manager_->PromoteToGpu(kOther, {&theirs, 1}, 0); });
+  gpu0_.WaitUntilRenewalHeld();
+  // While the renewal holds: a put and a read of another namespace's block, which would wait for
+  // the renewal if it held the lock (so they run on a thread of their own, given 10 s).
+  const BlockKey meanwhile = KeyOf(733);
+  Status put;
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    put = Put(meanwhile, 16 * kKiB);
+    ExpectServed(second);
+    done = true;
+  });
+  for (int i = 0; i < 1000 && !done; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(done) << "a put and a read waited for a gpu segment's renewal";
+  gpu0_.ReleaseHeldRenewal();
+  other.join();
+  promote.join();
+  ASSERT_OK(put);
+  ExpectServed(meanwhile);
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ(*placed, 1u);
+  auto copy = manager_->GpuCopyForTest(kOther, theirs);
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(gpu0_.Read(stack_.gpus[0]->Data(copy->second), copy->second.length),
+            (expected_[std::make_pair(kOther, theirs)]));
+  EXPECT_TRUE(manager_->GpuCopyForTest(kNs, second).has_value());
 }
 
 // A prefetch onto a GPU that outwaits its limit stays queued; repeated, such prefetches would

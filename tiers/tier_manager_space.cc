@@ -358,14 +358,15 @@ uint64_t TierManager::MoveHostSegmentLocked(NamespaceId ns) {
   const std::vector<MemoryTier::SegmentUse> uses = host_.SegmentUses();
   absl::flat_hash_map<NamespaceId, uint64_t> free_in;  // bytes free in the segments each holds
   for (const MemoryTier::SegmentUse& u : uses) {
-    if (u.owner != kNoNamespace && u.used_bytes > 0) {
+    // (A segment draining, emptied for another namespace meanwhile, lends none of its pages.)
+    if (u.owner != kNoNamespace && u.used_bytes > 0 && !u.draining) {
       free_in[u.owner] += segment_bytes - u.used_bytes;
     }
   }
   std::vector<std::pair<uint64_t, uint32_t>> candidates;  // (used bytes, segment)
   for (uint32_t s = 0; s < uses.size(); ++s) {
     const MemoryTier::SegmentUse& u = uses[s];
-    if (u.owner == kNoNamespace || u.owner == ns || u.used_bytes == 0) continue;
+    if (u.owner == kNoNamespace || u.owner == ns || u.used_bytes == 0 || u.draining) continue;
     if (free_in[u.owner] - (segment_bytes - u.used_bytes) >= u.used_bytes) {
       candidates.emplace_back(u.used_bytes, s);
     }
@@ -621,6 +622,25 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(
   return best;
 }
 
+Status TierManager::RenewWithoutLockLocked(MemoryTier& tier) {
+  // Taken out of the pools under the lock, so that its namespace cannot take it back meanwhile
+  // (its puts held off while it was emptied would); none vacant: one is being renewed already,
+  // to be waited for.
+  const std::optional<uint32_t> taken = tier.TakeVacant();
+  ++io_in_flight_;  // a writer short of room waits for this instead of failing
+  mu_.Unlock();
+  Status renewed = Status::OK();
+  if (taken) {
+    renewed = tier.RenewTaken(*taken);
+  } else {
+    tier.WaitForRenewals();
+  }
+  mu_.Lock();
+  --io_in_flight_;
+  changed_.SignalAll();
+  return renewed;
+}
+
 Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes, bool may_wait,
                                                  bool may_renew) {
   Status renewal_failed;  // this call's renewal that failed
@@ -632,22 +652,7 @@ Result<HostSlot> TierManager::AllocateHostLocked(NamespaceId ns, uint64_t bytes,
       // done without the lock, so that no other request waits for it.
       if (!may_renew) return slot;
       if (renewal_failed.ok()) {
-        // Taken out of the pools under the lock, so that its namespace cannot take it back
-        // meanwhile (its puts held off while it was emptied would); none vacant: one is being
-        // renewed already, to be waited for.
-        const std::optional<uint32_t> taken = host_.TakeVacant();
-        ++io_in_flight_;  // a writer short of host room waits for this instead of failing
-        mu_.Unlock();
-        Status renewed = Status::OK();
-        if (taken) {
-          renewed = host_.RenewTaken(*taken);
-        } else {
-          host_.WaitForRenewals();
-        }
-        mu_.Lock();
-        --io_in_flight_;
-        changed_.SignalAll();
-        if (!renewed.ok()) renewal_failed = std::move(renewed);
+        renewal_failed = RenewWithoutLockLocked(host_);
         continue;
       }
       slot = Status::ResourceExhausted("no fresh memory for a host segment (" +

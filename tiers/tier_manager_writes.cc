@@ -115,9 +115,15 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
     r.slot = *slot;
     r.deadline = clock_.Now() + options_.reservation_timeout;
     if (gpu >= 0 && item.size <= gpus_[gpu]->max_block_bytes()) {
-      // Room there is made by dropping cold gpu copies only (each has its host copy): no wait.
-      // None to be had, the block is put into host as any other.
-      Result<MemorySlot> gpu_slot = AllocateGpuLocked(*gpus_[gpu], ns, item.size);
+      // Room there is made by dropping cold gpu copies only (each has its host copy), or by a
+      // segment renewed without the lock. None to be had, the block is put into host as any
+      // other.
+      Result<MemorySlot> gpu_slot = AllocateGpuLocked(*gpus_[gpu], ns, item.size, may_renew);
+      if (gpu_slot.ok() && classify()) {  // the lock was released for a renewal
+        gpus_[gpu]->Free(*gpu_slot);
+        host_.Free(*slot);
+        continue;
+      }
       if (gpu_slot.ok()) {
         r.gpu = gpu;
         r.gpu_slot = *gpu_slot;

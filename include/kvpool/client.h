@@ -403,6 +403,11 @@ struct TierStats {
   // Copies moved within this tier (host: to another segment of their namespace, so that one
   // empties for a namespace that needed a segment; nothing is evicted for those).
   uint64_t moves = 0;
+  // Segments given fresh memory to change namespace (host and gpu tiers), and of those, how many
+  // took memory made ahead (host: kvpoold --host_standby_segments).
+  uint64_t renewals = 0;
+  uint64_t renewals_from_standby = 0;
+  uint64_t standby_ready = 0;  // host: standby segments made and not yet taken
 };
 
 struct DaemonStats {

@@ -80,6 +80,7 @@ class FakeDevice::Arena final : public kernels::DeviceArena {
   kernels::DeviceCopyEngine& copies() override { return device_; }
 
   Status Renew(uint32_t index) override {
+    device_.MaybeHoldRenewal();
     uint8_t* at = base_ + index * segment_bytes_;
     if (device_.TakeRenewalFailure()) {
       // As the CUDA arena: the old memory released first, and none in its place.
@@ -341,6 +342,31 @@ Status FakeDevice::Wait(void* stream) {
 void FakeDevice::FailNextRenewals(int n) {
   std::lock_guard<std::mutex> lock(mu_);
   failing_renewals_ = n;
+}
+
+void FakeDevice::HoldNextRenewal() {
+  std::lock_guard<std::mutex> lock(mu_);
+  renewal_hold_ = Hold::kArmed;
+}
+
+void FakeDevice::WaitUntilRenewalHeld() {
+  std::unique_lock<std::mutex> lock(mu_);
+  hold_changed_.wait(lock, [&] { return renewal_hold_ == Hold::kHolding; });
+}
+
+void FakeDevice::ReleaseHeldRenewal() {
+  std::lock_guard<std::mutex> lock(mu_);
+  renewal_hold_ = Hold::kReleased;
+  hold_changed_.notify_all();
+}
+
+void FakeDevice::MaybeHoldRenewal() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (renewal_hold_ != Hold::kArmed) return;
+  renewal_hold_ = Hold::kHolding;
+  hold_changed_.notify_all();
+  hold_changed_.wait(lock, [&] { return renewal_hold_ == Hold::kReleased; });
+  renewal_hold_ = Hold::kNone;
 }
 
 bool FakeDevice::TakeRenewalFailure() {

@@ -60,6 +60,11 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   // The next `n` renewals of this device's arenas' segments find no memory: the old memory goes,
   // none comes (DeviceArena::Renew's failure).
   void FailNextRenewals(int n);
+  // The next renewal of a segment of this device's arenas holds (a renewal under way) until
+  // ReleaseHeldRenewal; WaitUntilRenewalHeld returns once one holds.
+  void HoldNextRenewal();
+  void WaitUntilRenewalHeld();
+  void ReleaseHeldRenewal();
   // Every ImportSegment from now on fails with `why` (a process that cannot reach the daemon's
   // gpu memory: no peer access, an old driver).
   void FailImports(Status why);
@@ -118,6 +123,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   };
 
   bool TakeRenewalFailure();  // for Arena: whether this renewal is to fail (counts it)
+  void MaybeHoldRenewal();    // for Arena: holds a renewal where HoldNextRenewal asked
   // The view address of [ptr, ptr + bytes) when it lies in one allocation, else nullptr.
   uint8_t* ViewOfLocked(const void* ptr, size_t bytes) const;
 
@@ -132,7 +138,8 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   std::map<void*, int> stream_devices_;
   enum class Hold { kNone, kArmed, kHolding, kReleased };
   Hold hold_ = Hold::kNone;
-  std::condition_variable hold_changed_;
+  Hold renewal_hold_ = Hold::kNone;
+  std::condition_variable hold_changed_;  // hold_ and renewal_hold_
   std::vector<const void*> host_sides_;
   Counters counters_;
 };
