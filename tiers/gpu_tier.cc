@@ -24,7 +24,20 @@ GpuTier::GpuTier(std::unique_ptr<kernels::DeviceArena> arena)
 }
 
 SegmentPages::Renewal GpuTier::RenewSegmentLocked(uint32_t index) {
-  const Status st = arena_->Renew(index);
+  return RenewalOutcomeLocked(index, arena_->Renew(index));
+}
+
+Status GpuTier::RenewTaken(uint32_t segment) {
+  // Out of every pool and owned by nobody (TakeVacant): no slot, no allocation and no export
+  // reaches the segment while the arena replaces its memory (DeviceArena::Renew of one segment
+  // may run beside anything on others).
+  const Status st = arena_->Renew(segment);
+  absl::MutexLock lock(&mu_);
+  RenewedLocked(segment, RenewalOutcomeLocked(segment, st));
+  return st;
+}
+
+SegmentPages::Renewal GpuTier::RenewalOutcomeLocked(uint32_t index, const Status& st) {
   if (!st.ok()) {
     // The arena released the old memory first and holds none for it now (DeviceArena::Renew):
     // nobody's, and renewed again when next needed. A full GPU, typically: a client that still

@@ -60,9 +60,15 @@ class GpuTier final : public SegmentedTier {
   Result<int> ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
                             bool writable) override;
   MemoryTierStats GetStats() const override;
+  // The arena's renewal without this tier's lock: no allocation, free or export of other segments
+  // (nor the tier manager, which calls those under its own lock) waits for it.
+  Status RenewTaken(uint32_t segment) override;
 
  private:
   SegmentPages::Renewal RenewSegmentLocked(uint32_t index) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How renewing segment `index` ended, given the arena's answer: a new generation, or logged.
+  SegmentPages::Renewal RenewalOutcomeLocked(uint32_t index, const Status& st)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<kernels::DeviceArena> arena_;

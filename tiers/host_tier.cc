@@ -114,8 +114,8 @@ HostTier::~HostTier() {
 
 Status HostTier::MapSegmentLocked(uint32_t index, bool* mapped_over) {
   bool touched = false;
-  const Standby standby = TakeStandbyLocked();
-  Result<int> fd = MapFreshMemfd(index, locked_, &touched, standby);
+  Standby standby = TakeStandbyLocked();
+  Result<int> fd = MapFreshMemfd(index, locked_, &touched, &standby);
   if (mapped_over != nullptr) *mapped_over = touched;
   KVPOOL_RETURN_IF_ERROR(fd.status());
   if (standby.fd >= 0) ++renewals_from_standby_;
@@ -137,18 +137,18 @@ Result<int> HostTier::NewSealedMemfd(const std::string& name) const {
 }
 
 Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_over,
-                                    Standby standby) const {
+                                    Standby* standby) const {
   *mapped_over = false;
   uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
-  if (standby.fd >= 0) {
-    *mapped_over = true;
-    if (MoveStandbyOver(at, standby)) {
+  if (standby->fd >= 0) {
+    if (MoveStandbyOver(at, *standby, mapped_over)) {
       // Made while the limit allowed no more locked memory (the arena's own segment was locked
       // then): locked now that the old mapping is gone.
-      if (mlock_it && !standby.locked) mlock(at, segment_bytes_);
-      return standby.fd;
+      if (mlock_it && !standby->locked) mlock(at, segment_bytes_);
+      return standby->fd;
     }
     // Made on the spot instead, over whatever the failed move left.
+    *standby = Standby{};
   }
   KVPOOL_ASSIGN_OR_RETURN(const int fd, NewSealedMemfd("kvpool-segment-" + std::to_string(index)));
   *mapped_over = true;
@@ -203,7 +203,7 @@ void HostTier::ReleaseMemfd(int fd) const {
   close(fd);
 }
 
-bool HostTier::MoveStandbyOver(uint8_t* at, const Standby& standby) const {
+bool HostTier::MoveStandbyOver(uint8_t* at, const Standby& standby, bool* touched) const {
   // Its pages and page tables move (a huge page's alignment on both sides moves huge pages whole).
   // First the old mapping is replaced through mmap, which UCX's memory hooks see (its registration
   // cache forgets the range, as with a fresh memfd mapped over it). Then the move, by the system
@@ -212,6 +212,7 @@ bool HostTier::MoveStandbyOver(uint8_t* at, const Standby& standby) const {
   void* moved = mmap(at, segment_bytes_, PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   if (moved != MAP_FAILED) {
+    *touched = true;
     moved = reinterpret_cast<void*>(syscall(SYS_mremap, standby.at, segment_bytes_, segment_bytes_,
                                             MREMAP_MAYMOVE | MREMAP_FIXED, at));
   }
@@ -254,7 +255,7 @@ HostTier::Standby HostTier::TakeStandbyLocked() {
 }
 
 int HostTier::RetireMemfdLocked(int fd) {
-  if (fd < 0 || !keeper_.joinable() || stopping_) return fd;
+  if (fd < 0 || stopping_ || !keeper_.joinable()) return fd;
   retired_.push_back(fd);
   return -1;
 }
@@ -279,10 +280,13 @@ bool HostTier::StandbyOrReleaseWantedOrStopping() const {
 void HostTier::KeepAhead() {
   mu_.Lock();
   for (;;) {
-    // With a timeout: a standby due later is wanted only as time passes.
+    // With a timeout: a standby due later is wanted only as time passes, and one taken while
+    // this waits is due kStandbyAfterTaken later (nothing wakes the thread then).
     absl::Duration wait = absl::Seconds(1);
     if (standby_.size() < standby_segments_) {
       wait = std::clamp(standby_due_ - absl::Now(), absl::Milliseconds(1), wait);
+    } else if (standby_segments_ > 0) {
+      wait = kStandbyAfterTaken;
     }
     mu_.AwaitWithTimeout(absl::Condition(this, &HostTier::WorkOrStopping), wait);
     if (stopping_) break;
@@ -316,7 +320,7 @@ void HostTier::KeepAhead() {
     const auto waited = std::chrono::steady_clock::now() - *since;
     if (waited < spare_after_) {
       mu_.AwaitWithTimeout(absl::Condition(this, &HostTier::StandbyOrReleaseWantedOrStopping),
-                           absl::FromChrono(spare_after_ - waited));
+                           std::min(absl::FromChrono(spare_after_ - waited), kStandbyAfterTaken));
       continue;
     }
     const std::optional<uint32_t> index = pages_.TakeLongestVacant();
@@ -339,21 +343,19 @@ Status HostTier::Renew(uint32_t segment, bool from_standby) {
   // reaches the segment while its memory is replaced without the lock.
   mu_.Lock();
   const bool mlock_it = locked_;
-  const Standby standby = from_standby ? TakeStandbyLocked() : Standby{};
+  Standby standby = from_standby ? TakeStandbyLocked() : Standby{};
   mu_.Unlock();
   bool mapped_over = false;
-  Result<int> fd = MapFreshMemfd(segment, mlock_it, &mapped_over, standby);
+  Result<int> fd = MapFreshMemfd(segment, mlock_it, &mapped_over, &standby);
   mu_.Lock();
-  --renewing_;
   if (!fd.ok()) {
-    ++failed_renewals_;
-    pages_.Recycled(segment, FailedRenewalLocked(segment, fd.status(), mapped_over));
+    RenewedLocked(segment, FailedRenewalLocked(segment, fd.status(), mapped_over));
     mu_.Unlock();
     return fd.status();
   }
   if (standby.fd >= 0) ++renewals_from_standby_;
   const int release = RetireMemfdLocked(InstallMemfdLocked(segment, *fd));
-  pages_.Recycled(segment, SegmentPages::Renewal::kRenewed);
+  RenewedLocked(segment, SegmentPages::Renewal::kRenewed);
   mu_.Unlock();
   ReleaseMemfd(release);
   return Status::OK();

@@ -148,13 +148,13 @@ class HostTier final : public SegmentedTier {
   Status MapSegmentLocked(uint32_t index, bool* mapped_over = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The part of giving segment `index` fresh memory that needs no lock, for a segment no slot
-  // and no namespace holds: `standby`'s memory moved over the segment's range where one is given
-  // (fd >= 0), else a new sealed memfd mapped there (mlocked when `mlock_it`). Its descriptor, or
-  // the error. `*mapped_over`: false when the failure came before the range was touched (the old
-  // memfd still maps it), true when it came from the mapping itself (the range may then be
-  // unmapped).
+  // and no namespace holds: `*standby`'s memory moved over the segment's range where one is given
+  // (fd >= 0; where the move fails, a fresh memfd instead, and *standby is cleared), else a new
+  // sealed memfd mapped there (mlocked when `mlock_it`). Its descriptor, or the error.
+  // `*mapped_over`: false when the failure came before the range was touched (the old memfd
+  // still maps it), true when it came from the mapping itself (the range may then be unmapped).
   Result<int> MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_over,
-                            Standby standby) const;
+                            Standby* standby) const;
   // A new memfd of a segment's size, sealed at it: a client holding a descriptor (even reopened
   // writable through /proc/self/fd) cannot shrink it under the daemon's mapping, which would
   // SIGBUS the daemon.
@@ -167,8 +167,8 @@ class HostTier final : public SegmentedTier {
   // one (its pages' release takes ~8 ms per 64 MiB); else returned, for ReleaseMemfd.
   int RetireMemfdLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `standby`'s mapping over the range at `at` (see MapFreshMemfd). False, the standby
-  // undone and the range left unmapped or as it was, when the move failed (logged).
-  bool MoveStandbyOver(uint8_t* at, const Standby& standby) const;
+  // undone, when the move failed (logged); `*touched` then says whether the range was unmapped.
+  bool MoveStandbyOver(uint8_t* at, const Standby& standby, bool* touched) const;
   // Makes `fd` segment `index`'s memfd (a new generation, pinned for CUDA where a GPU is
   // usable). Returns the old descriptor (or -1) for ReleaseMemfd, which needs no lock.
   int InstallMemfdLocked(uint32_t index, int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

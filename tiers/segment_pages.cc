@@ -324,12 +324,10 @@ std::optional<uint32_t> SegmentedTier::TakeVacant() {
   return index;
 }
 
-Status SegmentedTier::RenewTaken(uint32_t segment) {
-  absl::MutexLock lock(&mu_);
+void SegmentedTier::RenewedLocked(uint32_t index, SegmentPages::Renewal how) {
   --renewing_;
-  if (RenewTakenLocked(segment)) return Status::OK();
-  return Status::ResourceExhausted(pages_.tier_name() + " segment " + std::to_string(segment) +
-                                   " could not get fresh memory (the daemon's log says why)");
+  pages_.Recycled(index, how);
+  if (how != SegmentPages::Renewal::kRenewed) ++failed_renewals_;
 }
 
 bool SegmentedTier::RenewTakenLocked(uint32_t index) {

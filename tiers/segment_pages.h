@@ -144,8 +144,7 @@ class SegmentedTier : public MemoryTier {
   Result<MemorySlot> AllocateBeside(NamespaceId ns, uint64_t length, uint32_t avoid) override;
   void SetDraining(uint32_t segment, bool draining) override;
   std::optional<uint32_t> TakeVacant() override;
-  // Renews under this tier's lock (RenewSegmentLocked); the host tier renews without it.
-  Status RenewTaken(uint32_t segment) override;
+  // (RenewTaken is the tier's own: it renews without this tier's lock.)
   void WaitForRenewals() override;
   // Returns a slot's pages; an emptied segment stays its namespace's until another needs it.
   void Free(const MemorySlot& slot) override;
@@ -170,6 +169,10 @@ class SegmentedTier : public MemoryTier {
   // whether the segment is as it was (SegmentPages::Renewal).
   virtual SegmentPages::Renewal RenewSegmentLocked(uint32_t index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+
+  // The end of a RenewTaken: segment `index`, taken by TakeVacant, goes back by how its renewal
+  // ended; a failure is counted.
+  void RenewedLocked(uint32_t index, SegmentPages::Renewal how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   SegmentPages pages_ ABSL_GUARDED_BY(mu_);

@@ -127,7 +127,12 @@ Result<uint32_t> TierManager::PromoteToGpu(NamespaceId ns, std::span<const Block
       const uint64_t size = index_.at(id).size;
       Result<MemorySlot> slot = AllocateGpuLocked(*gpu, ns, size);
       if (!slot.ok()) break;  // no room left there
-      // The lock may have been let go for a segment's renewal: the block may have changed.
+      // The lock may have been let go for a segment's renewal: the block may have changed, or
+      // the daemon begun to stop.
+      if (stopping_) {
+        gpu->Free(*slot);
+        break;
+      }
       id = placeable();
       if (id == kNoEntry || index_.at(id).size != size) {
         gpu->Free(*slot);

@@ -566,14 +566,16 @@ TEST_F(TierManagerGpuTest, AGpuSegmentIsRenewedWithoutHoldingUpOtherRequests) {
   Result<uint32_t> placed = 0u;
   std::thread promote([&] { placed = manager_->PromoteToGpu(kOther, {&theirs, 1}, 0); });
   gpu0_.WaitUntilRenewalHeld();
-  // While the renewal holds: a put and a read of another namespace's block, which would wait for
-  // the renewal if it held the lock (so they run on a thread of their own, given 10 s).
+  // While the renewal holds: a put and a read of another namespace's block, and a gpu copy of
+  // the same device dropped (the gpu tier's own lock), which would wait for the renewal if it
+  // held either lock (so they run on a thread of their own, given 10 s).
   const BlockKey meanwhile = KeyOf(733);
   Status put;
   std::atomic<bool> done{false};
   std::thread other([&] {
     put = Put(meanwhile, 16 * kKiB);
     ExpectServed(second);
+    EXPECT_EQ(manager_->Evict(kNs, Tier::kGpu, {&second, 1}).evicted, 1u);
     done = true;
   });
   for (int i = 0; i < 1000 && !done; ++i) {
@@ -591,7 +593,36 @@ TEST_F(TierManagerGpuTest, AGpuSegmentIsRenewedWithoutHoldingUpOtherRequests) {
   ASSERT_TRUE(copy.has_value());
   EXPECT_EQ(gpu0_.Read(stack_.gpus[0]->Data(copy->second), copy->second.length),
             (expected_[std::make_pair(kOther, theirs)]));
-  EXPECT_TRUE(manager_->GpuCopyForTest(kNs, second).has_value());
+  EXPECT_FALSE(manager_->GpuCopyForTest(kNs, second).has_value());
+  ExpectServed(second);
+}
+
+// A put with a gpu slot lets the lock go while a segment is renewed for it. Where that renewal
+// fails, another put of the same block may have reserved it meanwhile: the first does not
+// reserve it a second time (which the reservation table refuses by aborting the daemon).
+TEST_F(TierManagerGpuTest, ABlockReservedWhileAGpuRenewalFailedIsNotReservedTwice) {
+  constexpr NamespaceId kOther = 2;
+  const BlockKey first = KeyOf(740), second = KeyOf(741), key = KeyOf(742);
+  ASSERT_OK(Put(first, 700 * kKiB));
+  ASSERT_OK(Put(second, 700 * kKiB));
+  const Keys both = {first, second};
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, both, 0).value(), 2u);
+  ASSERT_EQ(manager_->Evict(kNs, Tier::kGpu, {&first, 1}).evicted, 1u);  // a segment vacant
+  gpu0_.HoldNextRenewal();
+  gpu0_.FailNextRenewals(1);
+  const std::vector<uint8_t> bytes = BytesFor(key, 64 * kKiB);
+  const PutRequestItem item = ItemFor(key, bytes, {});
+  std::vector<ReserveOutcome> with_gpu;
+  std::thread put([&] {
+    with_gpu = manager_->Reserve(kOther, /*owner=*/1, {&item, 1}, /*may_wait=*/true, 0);
+  });
+  gpu0_.WaitUntilRenewalHeld();
+  const std::vector<ReserveOutcome> plain = manager_->Reserve(kOther, /*owner=*/2, {&item, 1});
+  ASSERT_EQ(plain[0].state, ReserveState::kReserved);
+  gpu0_.ReleaseHeldRenewal();
+  put.join();
+  EXPECT_EQ(with_gpu[0].state, ReserveState::kInProgress);
+  manager_->AbortOwner(2);
 }
 
 // A prefetch onto a GPU that outwaits its limit stays queued; repeated, such prefetches would

@@ -104,8 +104,11 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
       o.status = slot.status();
       continue;
     }
-    if (classify()) {  // the lock was released while making room
+    if (classify() || stopping_) {  // the lock was released while making room
       host_.Free(*slot);
+      if (stopping_ && o.state == ReserveState::kRefused) {
+        o.status = Status::Unavailable("the tier manager is stopping");
+      }
       continue;
     }
     Reservation r;
@@ -113,15 +116,19 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
     r.ns = ns;
     r.item = item;
     r.slot = *slot;
-    r.deadline = clock_.Now() + options_.reservation_timeout;
     if (gpu >= 0 && item.size <= gpus_[gpu]->max_block_bytes()) {
       // Room there is made by dropping cold gpu copies only (each has its host copy), or by a
       // segment renewed without the lock. None to be had, the block is put into host as any
       // other.
       Result<MemorySlot> gpu_slot = AllocateGpuLocked(*gpus_[gpu], ns, item.size, may_renew);
-      if (gpu_slot.ok() && classify()) {  // the lock was released for a renewal
-        gpus_[gpu]->Free(*gpu_slot);
+      // The lock may have been let go for a renewal, whether or not it gave room: another put
+      // may have reserved or stored the block meanwhile, or the daemon begun to stop.
+      if (classify() || stopping_) {
+        if (gpu_slot.ok()) gpus_[gpu]->Free(*gpu_slot);
         host_.Free(*slot);
+        if (stopping_ && o.state == ReserveState::kRefused) {
+          o.status = Status::Unavailable("the tier manager is stopping");
+        }
         continue;
       }
       if (gpu_slot.ok()) {
@@ -131,6 +138,7 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
         o.gpu_offset = gpu_slot->offset;
       }
     }
+    r.deadline = clock_.Now() + options_.reservation_timeout;
     const uint64_t rid = reservations_.Add(r);
     o.state = ReserveState::kReserved;
     o.reservation_id = rid;
