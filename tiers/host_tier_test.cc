@@ -399,6 +399,28 @@ TEST(HostTierTest, ATakenVacantSegmentIsRenewedAheadOfTheAllocation) {
   EXPECT_EQ(std::memcmp(tier->Data(*b), zeros.data(), kPage), 0) << "fresh memory is not zero";
 }
 
+// Namespace `ns`'s own mappings of the segment that holds `loc`, read-only and writable, as a
+// client keeps them: what it must see after the segment goes to another namespace.
+struct KeptMappings {
+  uint8_t* view = nullptr;
+  uint8_t* write = nullptr;
+};
+KeptMappings MapAsAClient(HostTier& tier, const SegmentLocation& loc, NamespaceId ns) {
+  Result<int> ro = tier.ExportSegment(loc.segment, loc.generation, ns, false);
+  Result<int> rw = tier.ExportSegment(loc.segment, loc.generation, ns, true);
+  EXPECT_TRUE(ro.ok() && rw.ok());
+  if (!ro.ok() || !rw.ok()) return {};
+  auto* view = static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *ro, 0));
+  auto* write =
+      static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, *rw, 0));
+  close(*ro);
+  close(*rw);
+  EXPECT_NE(view, MAP_FAILED);
+  EXPECT_NE(write, MAP_FAILED);
+  if (view == MAP_FAILED || write == MAP_FAILED) return {};
+  return {view, write};
+}
+
 // Polls `done` for up to 5 s (the spare thread works in the background).
 void WaitUntil(const std::function<bool()>& done) {
   for (int i = 0; i < 500 && !done(); ++i) {
@@ -460,16 +482,10 @@ TEST(HostTierTest, ARenewalTakesTheMemoryMadeAheadAndTheOldPagesAreReleasedLater
   HostSlot a = MustAllocate(tier, 1, 2 * kPage);
   Fill(tier, a, 7);
   const SegmentLocation loc = tier.Locate(a.offset);
-  Result<int> ro = tier.ExportSegment(loc.segment, loc.generation, 1, false);
-  Result<int> rw = tier.ExportSegment(loc.segment, loc.generation, 1, true);
-  ASSERT_TRUE(ro.ok() && rw.ok());
-  auto* old_view = static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *ro, 0));
-  auto* old_write =
-      static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, *rw, 0));
-  ASSERT_NE(old_view, MAP_FAILED);
-  ASSERT_NE(old_write, MAP_FAILED);
-  close(*ro);
-  close(*rw);
+  const KeptMappings kept = MapAsAClient(tier, loc, 1);
+  ASSERT_NE(kept.view, nullptr);
+  uint8_t* old_view = kept.view;
+  uint8_t* old_write = kept.write;
   tier.Free(a);
 
   // Namespace 2 gets the segment renewed under the tier's lock (Allocate), from the standby.
@@ -775,16 +791,10 @@ TEST(HostTierTest, RecycledSegmentNeverRevealsAnotherNamespace) {
   HostSlot a = MustAllocate(*tier, 1, 2 * kPage);
   Fill(*tier, a, 7);
   const SegmentLocation loc = tier->Locate(a.offset);
-  Result<int> ro = tier->ExportSegment(loc.segment, loc.generation, 1, false);
-  Result<int> rw = tier->ExportSegment(loc.segment, loc.generation, 1, true);
-  ASSERT_TRUE(ro.ok() && rw.ok());
-  auto* old_view = static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ, MAP_SHARED, *ro, 0));
-  auto* old_write =
-      static_cast<uint8_t*>(mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, *rw, 0));
-  ASSERT_NE(old_view, MAP_FAILED);
-  ASSERT_NE(old_write, MAP_FAILED);
-  close(*ro);
-  close(*rw);
+  const KeptMappings kept = MapAsAClient(*tier, loc, 1);
+  ASSERT_NE(kept.view, nullptr);
+  uint8_t* old_view = kept.view;
+  uint8_t* old_write = kept.write;
   tier->Free(a);
   // Namespace 2 now owns the segment and writes a secret where namespace 1's block was.
   HostSlot b = MustAllocate(*tier, 2, 2 * kPage);

@@ -46,6 +46,16 @@ class TierManagerGpuTest : public TierManagerTest {
 
   uint64_t GpuBlocks(int device) { return manager_->GetStats().gpus[device].blocks; }
 
+  // Namespace kNs holds `first` and `second` (700 KiB each) in gpu 0's two segments, then lets
+  // the first segment go vacant: another namespace's gpu copy needs it renewed.
+  void VacateAGpuSegment(const BlockKey& first, const BlockKey& second) {
+    ASSERT_OK(Put(first, 700 * kKiB));
+    ASSERT_OK(Put(second, 700 * kKiB));
+    const Keys both = {first, second};
+    ASSERT_EQ(manager_->PromoteToGpu(kNs, both, 0).value(), 2u);
+    ASSERT_EQ(manager_->Evict(kNs, Tier::kGpu, {&first, 1}).evicted, 1u);
+  }
+
   // A put as a writer with the bytes in device memory does it: a reservation with a gpu slot on
   // `device`, the bytes written there, committed with their device checksum (plus `damage`).
   Status PutIntoGpu(const BlockKey& key, uint64_t size, const BlockKey& parent = {}, int device = 0,
@@ -525,14 +535,9 @@ TEST_F(TierManagerGpuTest, CopiesDownStillQueuedAtShutdownAreMadeAndFlushed) {
 // the failure evicts nothing more for renewals that would fail the same way.
 TEST_F(TierManagerGpuTest, ARenewalThatFindsNoMemoryIsRetriedLaterAndEvictsNothingMore) {
   constexpr NamespaceId kOther = 2;
-  // Namespace 1 holds a block in each of gpu 0's two segments, then lets the first go vacant.
   const BlockKey first = KeyOf(700), second = KeyOf(701), theirs = KeyOf(702);
-  ASSERT_OK(Put(first, 700 * kKiB));
-  ASSERT_OK(Put(second, 700 * kKiB));
   ASSERT_OK(Put(theirs, 700 * kKiB, {}, kOther));
-  const Keys both = {first, second};
-  ASSERT_EQ(manager_->PromoteToGpu(kNs, both, 0).value(), 2u);
-  ASSERT_EQ(manager_->Evict(kNs, Tier::kGpu, {&first, 1}).evicted, 1u);
+  VacateAGpuSegment(first, second);
 
   gpu0_.FailNextRenewals(1);
   manager_->PromoteToGpu(kOther, {&theirs, 1}, 0).status().IgnoreError();
@@ -555,12 +560,8 @@ TEST_F(TierManagerGpuTest, ARenewalThatFindsNoMemoryIsRetriedLaterAndEvictsNothi
 TEST_F(TierManagerGpuTest, AGpuSegmentIsRenewedWithoutHoldingUpOtherRequests) {
   constexpr NamespaceId kOther = 2;
   const BlockKey first = KeyOf(730), second = KeyOf(731), theirs = KeyOf(732);
-  ASSERT_OK(Put(first, 700 * kKiB));
-  ASSERT_OK(Put(second, 700 * kKiB));
   ASSERT_OK(Put(theirs, 700 * kKiB, {}, kOther));
-  const Keys both = {first, second};
-  ASSERT_EQ(manager_->PromoteToGpu(kNs, both, 0).value(), 2u);
-  ASSERT_EQ(manager_->Evict(kNs, Tier::kGpu, {&first, 1}).evicted, 1u);  // a segment vacant
+  VacateAGpuSegment(first, second);
 
   gpu0_.HoldNextRenewal();
   Result<uint32_t> placed = 0u;
@@ -603,11 +604,7 @@ TEST_F(TierManagerGpuTest, AGpuSegmentIsRenewedWithoutHoldingUpOtherRequests) {
 TEST_F(TierManagerGpuTest, ABlockReservedWhileAGpuRenewalFailedIsNotReservedTwice) {
   constexpr NamespaceId kOther = 2;
   const BlockKey first = KeyOf(740), second = KeyOf(741), key = KeyOf(742);
-  ASSERT_OK(Put(first, 700 * kKiB));
-  ASSERT_OK(Put(second, 700 * kKiB));
-  const Keys both = {first, second};
-  ASSERT_EQ(manager_->PromoteToGpu(kNs, both, 0).value(), 2u);
-  ASSERT_EQ(manager_->Evict(kNs, Tier::kGpu, {&first, 1}).evicted, 1u);  // a segment vacant
+  VacateAGpuSegment(first, second);
   gpu0_.HoldNextRenewal();
   gpu0_.FailNextRenewals(1);
   const std::vector<uint8_t> bytes = BytesFor(key, 64 * kKiB);
