@@ -95,6 +95,10 @@ nb::dict TierStatsDict(const TierStats& t) {
   d["promotions"] = t.promotions;
   d["demotions"] = t.demotions;
   d["evictions"] = t.evictions;
+  d["moves"] = t.moves;
+  d["renewals"] = t.renewals;
+  d["renewals_from_standby"] = t.renewals_from_standby;
+  d["standby_ready"] = t.standby_ready;
   return d;
 }
 
