@@ -118,8 +118,7 @@ Status HostTier::MapSegmentLocked(uint32_t index, bool* mapped_over) {
   Result<int> fd = MapFreshMemfd(index, locked_, &touched, &standby);
   if (mapped_over != nullptr) *mapped_over = touched;
   KVPOOL_RETURN_IF_ERROR(fd.status());
-  if (standby.fd >= 0) ++renewals_from_standby_;
-  ReleaseMemfd(RetireMemfdLocked(InstallMemfdLocked(index, *fd)));
+  ReleaseMemfd(InstallFreshLocked(index, *fd, /*from_standby=*/standby.fd >= 0));
   return Status::OK();
 }
 
@@ -254,6 +253,11 @@ HostTier::Standby HostTier::TakeStandbyLocked() {
   return s;
 }
 
+int HostTier::InstallFreshLocked(uint32_t index, int fd, bool from_standby) {
+  if (from_standby) ++renewals_from_standby_;
+  return RetireMemfdLocked(InstallMemfdLocked(index, fd));
+}
+
 int HostTier::RetireMemfdLocked(int fd) {
   if (fd < 0 || stopping_ || !keeper_.joinable()) return fd;
   retired_.push_back(fd);
@@ -353,8 +357,7 @@ Status HostTier::Renew(uint32_t segment, bool from_standby) {
     mu_.Unlock();
     return fd.status();
   }
-  if (standby.fd >= 0) ++renewals_from_standby_;
-  const int release = RetireMemfdLocked(InstallMemfdLocked(segment, *fd));
+  const int release = InstallFreshLocked(segment, *fd, /*from_standby=*/standby.fd >= 0);
   RenewedLocked(segment, SegmentPages::Renewal::kRenewed);
   mu_.Unlock();
   ReleaseMemfd(release);

@@ -166,6 +166,10 @@ class HostTier final : public SegmentedTier {
   // An old memfd of a renewed segment: handed to the background thread to release where there is
   // one (its pages' release takes ~8 ms per 64 MiB); else returned, for ReleaseMemfd.
   int RetireMemfdLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // InstallMemfdLocked of a renewal's fresh memfd (counted when it came `from_standby`), then
+  // RetireMemfdLocked of the old one: what it returns is for ReleaseMemfd.
+  int InstallFreshLocked(uint32_t index, int fd, bool from_standby)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `standby`'s mapping over the range at `at` (see MapFreshMemfd). False, the standby
   // undone, when the move failed (logged); `*touched` then says whether the range was unmapped.
   bool MoveStandbyOver(uint8_t* at, const Standby& standby, bool* touched) const;

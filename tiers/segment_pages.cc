@@ -326,12 +326,14 @@ std::optional<uint32_t> SegmentedTier::TakeVacant() {
 
 void SegmentedTier::RenewedLocked(uint32_t index, SegmentPages::Renewal how) {
   --renewing_;
-  pages_.Recycled(index, how);
-  if (how != SegmentPages::Renewal::kRenewed) ++failed_renewals_;
+  RecycledLocked(index, how);
 }
 
 bool SegmentedTier::RenewTakenLocked(uint32_t index) {
-  const SegmentPages::Renewal how = RenewSegmentLocked(index);
+  return RecycledLocked(index, RenewSegmentLocked(index));
+}
+
+bool SegmentedTier::RecycledLocked(uint32_t index, SegmentPages::Renewal how) {
   pages_.Recycled(index, how);
   if (how == SegmentPages::Renewal::kRenewed) return true;
   ++failed_renewals_;

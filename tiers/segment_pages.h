@@ -184,6 +184,9 @@ class SegmentedTier : public MemoryTier {
   // Renews segment `index`, taken out of every pool, and hands it back by how that ended; a
   // failure is counted. Whether it got fresh memory.
   bool RenewTakenLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands segment `index` back by how its renewal ended, counting a failure; whether it got fresh
+  // memory.
+  bool RecycledLocked(uint32_t index, SegmentPages::Renewal how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until no renewal without mu_ is under way.
   void AwaitRenewalsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

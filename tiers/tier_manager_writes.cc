@@ -95,6 +95,14 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
       return false;
     };
     if (classify()) continue;
+    // After making room, which may have let the lock go: whether the block was reserved or
+    // stored meanwhile, or the daemon began to stop (the outcome then says so).
+    auto overtaken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (classify()) return true;
+      if (!stopping_) return false;
+      o.status = Status::Unavailable("the tier manager is stopping");
+      return true;
+    };
     // (Making room may push out the block this one extends; in a namespace whose disk takes
     // nothing the new block is then stored without its parent link, unreachable by lookups,
     // until it ages out. Holding the parent instead would leave a chain longer than the host
@@ -104,11 +112,8 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
       o.status = slot.status();
       continue;
     }
-    if (classify() || stopping_) {  // the lock was released while making room
+    if (overtaken()) {
       host_.Free(*slot);
-      if (stopping_ && o.state == ReserveState::kRefused) {
-        o.status = Status::Unavailable("the tier manager is stopping");
-      }
       continue;
     }
     Reservation r;
@@ -121,14 +126,10 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
       // segment renewed without the lock. None to be had, the block is put into host as any
       // other.
       Result<MemorySlot> gpu_slot = AllocateGpuLocked(*gpus_[gpu], ns, item.size, may_renew);
-      // The lock may have been let go for a renewal, whether or not it gave room: another put
-      // may have reserved or stored the block meanwhile, or the daemon begun to stop.
-      if (classify() || stopping_) {
+      // (Checked whether or not the renewal gave room.)
+      if (overtaken()) {
         if (gpu_slot.ok()) gpus_[gpu]->Free(*gpu_slot);
         host_.Free(*slot);
-        if (stopping_ && o.state == ReserveState::kRefused) {
-          o.status = Status::Unavailable("the tier manager is stopping");
-        }
         continue;
       }
       if (gpu_slot.ok()) {

@@ -216,20 +216,39 @@ void FakeDevice::CorruptNextCopy() {
   corrupt_next_copy_ = true;
 }
 
-void FakeDevice::HoldNextCopies() {
+void FakeDevice::Arm(Hold& hold) {
   std::lock_guard<std::mutex> lock(mu_);
-  hold_ = Hold::kArmed;
+  hold = Hold::kArmed;
 }
 
-void FakeDevice::WaitUntilHeld() {
+void FakeDevice::AwaitHolding(const Hold& hold) {
   std::unique_lock<std::mutex> lock(mu_);
-  hold_changed_.wait(lock, [&] { return hold_ == Hold::kHolding; });
+  hold_changed_.wait(lock, [&] { return hold == Hold::kHolding; });
 }
 
-void FakeDevice::ReleaseHeldWait() {
+void FakeDevice::Release(Hold& hold) {
   std::lock_guard<std::mutex> lock(mu_);
-  hold_ = Hold::kReleased;
+  hold = Hold::kReleased;
   hold_changed_.notify_all();
+}
+
+void FakeDevice::HoldHere(Hold& hold, std::unique_lock<std::mutex>& lock) {
+  hold = Hold::kHolding;
+  hold_changed_.notify_all();
+  hold_changed_.wait(lock, [&] { return hold == Hold::kReleased; });
+  hold = Hold::kNone;
+}
+
+void FakeDevice::HoldNextCopies() { Arm(hold_); }
+void FakeDevice::WaitUntilHeld() { AwaitHolding(hold_); }
+void FakeDevice::ReleaseHeldWait() { Release(hold_); }
+void FakeDevice::HoldNextRenewal() { Arm(renewal_hold_); }
+void FakeDevice::WaitUntilRenewalHeld() { AwaitHolding(renewal_hold_); }
+void FakeDevice::ReleaseHeldRenewal() { Release(renewal_hold_); }
+
+void FakeDevice::MaybeHoldRenewal() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (renewal_hold_ == Hold::kArmed) HoldHere(renewal_hold_, lock);
 }
 
 void FakeDevice::FailImports(Status why) {
@@ -318,12 +337,7 @@ Status FakeDevice::Wait(void* stream) {
   ++counters_.waits;
   std::vector<Copy> copies = std::move(queued_[stream]);
   queued_.erase(stream);
-  if (hold_ == Hold::kArmed && !copies.empty()) {
-    hold_ = Hold::kHolding;
-    hold_changed_.notify_all();
-    hold_changed_.wait(lock, [&] { return hold_ == Hold::kReleased; });
-    hold_ = Hold::kNone;
-  }
+  if (hold_ == Hold::kArmed && !copies.empty()) HoldHere(hold_, lock);
   if (fail_next_wait_) {
     Status why = std::move(*fail_next_wait_);
     fail_next_wait_.reset();
@@ -342,31 +356,6 @@ Status FakeDevice::Wait(void* stream) {
 void FakeDevice::FailNextRenewals(int n) {
   std::lock_guard<std::mutex> lock(mu_);
   failing_renewals_ = n;
-}
-
-void FakeDevice::HoldNextRenewal() {
-  std::lock_guard<std::mutex> lock(mu_);
-  renewal_hold_ = Hold::kArmed;
-}
-
-void FakeDevice::WaitUntilRenewalHeld() {
-  std::unique_lock<std::mutex> lock(mu_);
-  hold_changed_.wait(lock, [&] { return renewal_hold_ == Hold::kHolding; });
-}
-
-void FakeDevice::ReleaseHeldRenewal() {
-  std::lock_guard<std::mutex> lock(mu_);
-  renewal_hold_ = Hold::kReleased;
-  hold_changed_.notify_all();
-}
-
-void FakeDevice::MaybeHoldRenewal() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (renewal_hold_ != Hold::kArmed) return;
-  renewal_hold_ = Hold::kHolding;
-  hold_changed_.notify_all();
-  hold_changed_.wait(lock, [&] { return renewal_hold_ == Hold::kReleased; });
-  renewal_hold_ = Hold::kNone;
 }
 
 bool FakeDevice::TakeRenewalFailure() {

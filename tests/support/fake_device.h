@@ -140,6 +140,12 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   Hold hold_ = Hold::kNone;
   Hold renewal_hold_ = Hold::kNone;
   std::condition_variable hold_changed_;  // hold_ and renewal_hold_
+  // A hold (HoldNextCopies, HoldNextRenewal): armed by the test, and held where the work it
+  // names runs (HoldHere, mu_ held through `lock`) until the test releases it.
+  void Arm(Hold& hold);
+  void AwaitHolding(const Hold& hold);
+  void Release(Hold& hold);
+  void HoldHere(Hold& hold, std::unique_lock<std::mutex>& lock);
   std::vector<const void*> host_sides_;
   Counters counters_;
 };
