@@ -7,6 +7,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include "client/control_connection.h"
 #include "client/device_buffers.h"
@@ -161,7 +163,7 @@ class Client::Impl {
         std::chrono::milliseconds(resp.shared_memory() ? resp.lease_timeout_ms() : 0);
     mappings_.Reset(resp.segment_bytes());
     gpu_mappings_.clear();
-    gpu_import_failed_ = false;
+    import_failed_.clear();
     server_.gpu_tiers.clear();
     for (const wire::GpuTierInfo& g : resp.gpu_tiers()) {
       server_.gpu_tiers.push_back({g.device(), g.segment_bytes(), g.capacity_bytes(), g.uuid()});
@@ -495,21 +497,51 @@ class Client::Impl {
       return Status::InvalidArgument("kvpoold runs no gpu tier (or not on this connection)");
     }
     KVPOOL_ASSIGN_OR_RETURN(kernels::DeviceCopyEngine * engine, DeviceEngine());
+    KVPOOL_ASSIGN_OR_RETURN(const std::string uuid, UuidOf(*engine, local));
+    for (const GpuTierInfo& g : server_.gpu_tiers) {
+      if (!g.uuid.empty() && g.uuid == uuid) return g.device;
+    }
+    return Status::InvalidArgument("kvpoold runs no gpu tier on this process's CUDA device " +
+                                   std::to_string(local));
+  }
+
+  // The UUID of this process's CUDA device `local`, asked once.
+  Result<std::string> UuidOf(kernels::DeviceCopyEngine& engine, int local) {
     auto known = device_uuids_.find(local);
     if (known == device_uuids_.end()) {
-      Result<std::string> uuid = engine->DeviceUuid(local);
+      Result<std::string> uuid = engine.DeviceUuid(local);
       if (!uuid.ok()) {
         return Status::InvalidArgument("CUDA device " + std::to_string(local) +
                                        " of this process: " + uuid.status().ToString());
       }
       known = device_uuids_.emplace(local, *std::move(uuid)).first;
     }
-    const std::string& uuid = known->second;
+    return known->second;
+  }
+
+  // The daemon's gpu devices other than `own` (its ordinal of `local`, or -1) whose gpu tiers
+  // this process's CUDA device `local` reads peer to peer (GpuReach::peers' bits): the GPU is
+  // one this process sees, `local` reaches it (cudaDeviceCanAccessPeer), and no import of that
+  // tier for `local` has failed since the last hello.
+  uint64_t PeerGpusOf(int local, int own) {
+    Result<kernels::DeviceCopyEngine*> engine = DeviceEngine();
+    if (!engine.ok() || local < 0) return 0;
+    uint64_t peers = 0;
     for (const GpuTierInfo& g : server_.gpu_tiers) {
-      if (!g.uuid.empty() && g.uuid == uuid) return g.device;
+      if (g.device == own || g.device < 0 || g.device > kMaxPeerGpu || g.uuid.empty() ||
+          import_failed_.contains({local, g.device})) {
+        continue;
+      }
+      const int count = (*engine)->DeviceCount();
+      for (int other = 0; other < count; ++other) {
+        if (other == local) continue;
+        Result<std::string> uuid = UuidOf(**engine, other);
+        if (!uuid.ok() || *uuid != g.uuid) continue;
+        if ((*engine)->CanAccessPeer(local, other)) peers |= uint64_t{1} << g.device;
+        break;
+      }
     }
-    return Status::InvalidArgument("kvpoold runs no gpu tier on this process's CUDA device " +
-                                   std::to_string(local));
+    return peers;
   }
 
   uint64_t GpuSegmentBytes(int daemon_gpu) const {
@@ -520,22 +552,22 @@ class Client::Impl {
   }
 
   // Gpu segment (daemon_gpu, segment, generation) mapped for this process's device
-  // `local_gpu`, imported on first use. An import keeps the segment's memory allocated on the
-  // daemon's GPU, also after the daemon renewed the segment (gave it fresh memory, for another
-  // namespace): so imports unused for kGpuImportIdle are dropped at the next call here, and an
-  // import of an older generation when the segment is next met. A copy in flight holds its own
-  // reference.
+  // `local_gpu` (the same GPU, or one that reaches it peer to peer), imported on first use. An
+  // import keeps the segment's memory allocated on the daemon's GPU, also after the daemon renewed
+  // the segment (gave it fresh memory, for another namespace): so imports unused for kGpuImportIdle
+  // are dropped at the next call here, and an import of an older generation when the segment is
+  // next met. A copy in flight holds its own reference.
   Result<std::shared_ptr<kernels::ImportedSegment>> GpuSegment(int daemon_gpu, int local_gpu,
                                                                uint32_t segment,
                                                                uint32_t generation,
                                                                Deadline deadline) {
     const int device = daemon_gpu;
     const auto now = std::chrono::steady_clock::now();
+    const GpuMappingKey key{device, segment, local_gpu};
     std::erase_if(gpu_mappings_, [&](const auto& m) {
-      return m.first != std::make_pair(device, segment) &&
-             now - m.second.last_used > kGpuImportIdle;
+      return m.first != key && now - m.second.last_used > kGpuImportIdle;
     });
-    auto it = gpu_mappings_.find({device, segment});
+    auto it = gpu_mappings_.find(key);
     if (it != gpu_mappings_.end() && it->second.generation == generation) {
       it->second.last_used = now;
       return it->second.segment;
@@ -568,12 +600,12 @@ class Client::Impl {
         device_engine_->ImportSegment(fds[0], bytes, local_gpu);
     close(fds[0]);
     if (!imported.ok()) {
-      // This process cannot reach the daemon's gpu memory (no peer access, an old driver): the
-      // next gets ask for host slots only.
-      gpu_import_failed_ = true;
+      // This process's device cannot reach that gpu tier (no peer access, an old driver): the
+      // next gets and puts on it ask for host slots there.
+      import_failed_.insert({local_gpu, device});
       return imported.status().WithContext("importing a gpu segment");
     }
-    GpuMapping& m = gpu_mappings_[{device, segment}];
+    GpuMapping& m = gpu_mappings_[key];
     m.generation = generation;
     m.segment = std::move(imported).value();
     m.last_used = now;
@@ -782,14 +814,16 @@ class Client::Impl {
                                      bool accept_encoded, GetStaging& staging, int gpu_device,
                                      BorrowedBlocks::State* lend = nullptr, bool verify_lent = true,
                                      std::vector<QueuedCopies>* queued = nullptr) {
-    // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there.
+    // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there, and its gpu
+    // tiers on GPUs that one reads peer to peer.
     int daemon_gpu = -1;
-    if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty() &&
-        !gpu_import_failed_) {
+    uint64_t peer_gpus = 0;
+    if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty()) {
       Result<int> d = DaemonGpuOf(gpu_device);
-      if (d.ok()) daemon_gpu = *d;
+      if (d.ok() && !import_failed_.contains({gpu_device, *d})) daemon_gpu = *d;
+      peer_gpus = PeerGpusOf(gpu_device, d.ok() ? *d : -1);
     }
-    const bool ask_gpu = daemon_gpu >= 0;
+    const bool ask_gpu = daemon_gpu >= 0 || peer_gpus != 0;
     const BufferFor host_buffer_for = [&](size_t i, uint64_t size) {
       return staging.HostTarget(i, buffer_for(i, size));
     };
@@ -809,6 +843,9 @@ class Client::Impl {
         if (ask_gpu) {
           req.set_to_gpu(true);
           req.set_gpu_device(daemon_gpu);
+          for (int d = 0; d <= kMaxPeerGpu; ++d) {
+            if ((peer_gpus >> d) & 1) req.add_peer_gpu_devices(d);
+          }
         }
         const bool via_ucx = server_.ucx && !server_.shared_memory;
         const uint64_t tag_base = ucx_.NextGetTagBase();
@@ -941,7 +978,8 @@ class Client::Impl {
     // Slots in the daemon's gpu tier: for device blocks, where this process can map that tier.
     // A block whose caller gave its xxh3 goes through host, where it is checked before commit.
     const bool gpu_slots = device != nullptr && daemon_gpu >= 0 && local_gpu >= 0 &&
-                           server_.shared_memory && !gpu_import_failed_ &&
+                           server_.shared_memory &&
+                           !import_failed_.contains({local_gpu, daemon_gpu}) &&
                            std::none_of(blocks.begin(), blocks.end(),
                                         [](const PutBlock& b) { return b.checksum.has_value(); });
     std::vector<uint64_t> checksums(blocks.size());
@@ -1023,7 +1061,7 @@ class Client::Impl {
                                              stream, local_gpu, through_host));
         if (!through_host.empty()) {
           // This process could not map the gpu tier: those blocks go through host instead (and
-          // so do this client's later puts and gets: gpu_import_failed_).
+          // so do this client's later puts and gets on that GPU: import_failed_).
           std::vector<PutBlock> again;
           for (size_t i : through_host) again.push_back(blocks[i]);
           KVPOOL_ASSIGN_OR_RETURN(PutResult r, Put(again, device, stream, daemon_gpu));
@@ -1243,7 +1281,9 @@ class Client::Impl {
   ControlConnection connection_;
   DaemonSegments segment_source_{connection_};
   kernels::DeviceCopyEngine* device_engine_ = nullptr;  // set at the first device buffer
-  // Gpu segments imported through device_engine_, by (device, segment).
+  // Gpu segments imported through device_engine_, by (the daemon's device, segment, this
+  // process's device it is mapped for).
+  using GpuMappingKey = std::tuple<int, uint32_t, int>;
   struct GpuMapping {
     uint32_t generation = 0;
     std::shared_ptr<kernels::ImportedSegment> segment;
@@ -1251,9 +1291,12 @@ class Client::Impl {
   };
   // How long an imported gpu segment stays imported unused (see GpuSegment).
   static constexpr std::chrono::seconds kGpuImportIdle{10};
-  std::map<std::pair<int, uint32_t>, GpuMapping> gpu_mappings_;
+  std::map<GpuMappingKey, GpuMapping> gpu_mappings_;
   std::map<int, std::string> device_uuids_;  // this process's CUDA devices asked about so far
-  bool gpu_import_failed_ = false;           // since the last hello
+  // (this process's device, the daemon's gpu device) pairs whose import failed since the last
+  // hello: reads and writes on that device then take host slots for that gpu tier.
+  std::set<std::pair<int, int>> import_failed_;
+  static constexpr int kMaxPeerGpu = 63;  // GetRequest.peer_gpu_devices' range
   uint64_t epoch_ = 0;  // counts connections (hellos), for borrowed blocks' leases
   // What borrowed blocks reach this client through; nulled when it goes.
   std::shared_ptr<Impl*> self_ = std::make_shared<Impl*>(this);
@@ -1294,13 +1337,16 @@ Status PeerCall(Client& client, const wire::SessionVersionsRequest& req,
 
 Result<int> Client::GpuTierOf(int cuda_device) {
   return impl_->Run([&]() -> Result<int> {
-    if (!impl_->server_.shared_memory || impl_->gpu_import_failed_) {
+    if (!impl_->server_.shared_memory) {
       return Status::InvalidArgument(
-          impl_->server_.shared_memory
-              ? "this client could not map the daemon's gpu tier (see the log); it uses host"
-              : "the daemon's gpu tier is only reached through shared memory (same node)");
+          "the daemon's gpu tier is only reached through shared memory (same node)");
     }
-    return impl_->DaemonGpuOf(cuda_device);
+    KVPOOL_ASSIGN_OR_RETURN(int daemon_gpu, impl_->DaemonGpuOf(cuda_device));
+    if (impl_->import_failed_.contains({cuda_device, daemon_gpu})) {
+      return Status::InvalidArgument(
+          "this client could not map the daemon's gpu tier (see the log); it uses host");
+    }
+    return daemon_gpu;
   });
 }
 
@@ -1897,7 +1943,7 @@ Result<DaemonStats> Client::Stats() {
       s.tiers.push_back({t.name(), t.capacity_bytes(), t.used_bytes(), t.blocks(),
                          t.allocated_bytes(), t.fragmentation(), t.hits(), t.promotions(),
                          t.demotions(), t.evictions(), t.moves(), t.renewals(),
-                         t.renewals_from_standby(), t.standby_ready()});
+                         t.renewals_from_standby(), t.standby_ready(), t.peer_hits()});
     }
     s.index_entries = r.index_entries();
     s.index_bytes = r.index_bytes();

@@ -24,7 +24,8 @@ std::string StatsToJson(const DaemonStats& s, int indent) {
                      {"moves", t.moves},
                      {"renewals", t.renewals},
                      {"renewals_from_standby", t.renewals_from_standby},
-                     {"standby_ready", t.standby_ready}});
+                     {"standby_ready", t.standby_ready},
+                     {"peer_hits", t.peer_hits}});
   }
   j["tiers"] = tiers;
   j["index_entries"] = s.index_entries;

@@ -74,10 +74,11 @@ Response AdminHandlers::Stats(Connection& c, std::string_view body) {
     gpu->set_allocated_bytes(g.memory.allocated_bytes);
     gpu->set_fragmentation(g.memory.fragmentation);
     gpu->set_renewals(g.memory.renewals);
+    gpu->set_hits(g.hits);
+    gpu->set_peer_hits(g.peer_hits);
   }
-  if (!t.gpus.empty()) {  // the gpu tiers' counters, all devices together, on the first one
+  if (!t.gpus.empty()) {  // the other gpu counters, all devices together, on the first one
     wire::TierStats* first = resp.mutable_tiers(0);
-    first->set_hits(t.gpu_counters.hits);
     first->set_promotions(t.gpu_counters.promotions);
     first->set_evictions(t.gpu_counters.evictions);
   }

@@ -216,17 +216,31 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
   if (inline_only && (ask.via_ucx || req.accept_encoded())) return std::nullopt;
   const LeaseTerms terms = delivery.TermsFor(ask);
   // Gpu slots only in place (the shared-memory path checked above names them to the client).
-  const int gpu_device = req.to_gpu() && ask.in_place ? req.gpu_device() : -1;
+  tiers::GpuReach gpu;
+  if (req.to_gpu() && ask.in_place) {
+    gpu.device = req.gpu_device();
+    for (int32_t d : req.peer_gpu_devices()) {
+      if (d < 0 || d > tiers::GpuReach::kMaxPeerDevice) {
+        metrics_.Add(metrics_.requests_failed);
+        return Reply(
+            wire::GET, resp,
+            Status::InvalidArgument("GET names peer gpu device " + std::to_string(d) + " (0-" +
+                                    std::to_string(tiers::GpuReach::kMaxPeerDevice) + ")"));
+      }
+      gpu.peers |= uint64_t{1} << d;
+    }
+  }
+  const int gpu_device = gpu.device;
   std::vector<tiers::BlockRead> acquired;
   if (inline_only) {
     std::optional<std::vector<tiers::BlockRead>> held =
-        tiers_.TryAcquireInHost(c.ns, keys, terms.owner, terms.ttl, gpu_device);
+        tiers_.TryAcquireInHost(c.ns, keys, terms.owner, terms.ttl, gpu);
     if (!held) return std::nullopt;  // the worker's attempt calls BeginGet, once
     delivery.BeginGet();
     acquired = std::move(*held);
   } else {
     delivery.BeginGet();
-    acquired = tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl, req.accept_encoded(), gpu_device);
+    acquired = tiers_.Acquire(c.ns, keys, terms.owner, terms.ttl, req.accept_encoded(), gpu);
   }
   auto reads = std::make_shared<std::vector<tiers::BlockRead>>(std::move(acquired));
   if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !c.peer) {
@@ -240,7 +254,7 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
     }
     if (!missing.empty() && cluster->FetchMissing(c.ns, c.ns_name, missing, gpu_device) > 0) {
       std::vector<tiers::BlockRead> again =
-          tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl, req.accept_encoded(), gpu_device);
+          tiers_.Acquire(c.ns, missing, terms.owner, terms.ttl, req.accept_encoded(), gpu);
       std::vector<BlockKey> to_gpu;
       for (size_t k = 0; k < where.size(); ++k) {
         if (gpu_device >= 0 && again[k].status.ok() && again[k].from != Tier::kGpu) {

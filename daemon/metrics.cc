@@ -159,6 +159,15 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
          "Blocks put straight into a gpu tier from a client's device memory (device to device); "
          "their host copies are made by the GPU's copy worker.");
   Value(&o, "kvpool_gpu_puts_total", static_cast<double>(t.gpu_puts));
+  if (!t.gpus.empty()) {
+    Metric(&o, "kvpool_gpu_peer_hits_total", "counter",
+           "Blocks a gpu tier served to a reader on another GPU of this node, which copied or "
+           "read them peer to peer, by the gpu tier's device.");
+    for (const tiers::GpuTierUsage& g : t.gpus) {
+      Value(&o, "kvpool_gpu_peer_hits_total{device=\"" + std::to_string(g.device) + "\"}",
+            static_cast<double>(g.peer_hits));
+    }
+  }
   Metric(&o, "kvpool_disk_write_errors_total", "counter", "Failed RocksDB block writes.");
   Value(&o, "kvpool_disk_write_errors_total", static_cast<double>(t.disk_write_errors));
   Metric(&o, "kvpool_disk_deletes_pending", "gauge",

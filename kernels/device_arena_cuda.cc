@@ -30,6 +30,10 @@ class ArenaCopies final : public DeviceCopyEngine {
 
   Result<int> DeviceOf(const void* ptr) const override { return base_.DeviceOf(ptr); }
   Result<std::string> DeviceUuid(int device) const override { return base_.DeviceUuid(device); }
+  int DeviceCount() const override { return base_.DeviceCount(); }
+  bool CanAccessPeer(int device, int peer) const override {
+    return base_.CanAccessPeer(device, peer);
+  }
   Status CopyAsync(void* dst, const void* src, size_t bytes, CopyDirection direction,
                    void* stream) override {
     ScopedDevice on(device_);

@@ -47,6 +47,15 @@ class DeviceCopyEngine {
   // The UUID of device `device` (16 bytes): the same GPU has the same UUID in every process,
   // whatever numbering CUDA_VISIBLE_DEVICES gives it there.
   virtual Result<std::string> DeviceUuid(int device) const = 0;
+  // The number of CUDA devices this process sees (0 where it has none).
+  virtual int DeviceCount() const { return 0; }
+  // Whether device `device` reaches memory of device `peer` directly (peer to peer, over NVLink
+  // or PCIe), as cudaDeviceCanAccessPeer says; false for the same device or an unknown one.
+  virtual bool CanAccessPeer(int device, int peer) const {
+    static_cast<void>(device);
+    static_cast<void>(peer);
+    return false;
+  }
   // The device `stream` (a cudaStream_t) belongs to, or -1 when that cannot be known: the null,
   // legacy and per-thread handles (the current device's), or a driver too old to say. A caller's
   // stream on another device than its buffers would order nothing the caller expects.
@@ -82,7 +91,9 @@ class DeviceCopyEngine {
   virtual Result<std::vector<uint64_t>> DeviceChecksums(const ByteRange* ranges, size_t n,
                                                         void* stream) = 0;
   // Maps the gpu segment behind `fd` (`bytes` long; the caller keeps and closes the
-  // descriptor) for device `device`. InvalidArgument for a descriptor that is not one.
+  // descriptor) for device `device`, which may be another GPU than the segment's own when it
+  // reaches that one peer to peer (CanAccessPeer). InvalidArgument for a descriptor that is not
+  // one.
   virtual Result<std::unique_ptr<ImportedSegment>> ImportSegment(int fd, uint64_t bytes,
                                                                  int device) = 0;
 };

@@ -31,6 +31,25 @@ class CudaEngine final : public DeviceCopyEngine {
     return device;
   }
 
+  int DeviceCount() const override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }
+
+  bool CanAccessPeer(int device, int peer) const override {
+    if (device == peer) return false;
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess) {
+      cudaGetLastError();  // an ordinal this process does not have
+      return false;
+    }
+    return can != 0;
+  }
+
   Result<int> DeviceOf(const void* ptr) const override {
     cudaPointerAttributes attrs{};
     const cudaError_t err = cudaPointerGetAttributes(&attrs, ptr);

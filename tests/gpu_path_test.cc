@@ -41,8 +41,9 @@ BlockKey KeyOf(uint64_t i) {
   return k;
 }
 
-// A daemon in `dir` with a gpu tier of 4 MiB on CUDA device 0 of `gpu` (2 MiB segments).
-daemon::DaemonOptions GpuDaemonOptions(const TempDir& dir, FakeDevice& gpu) {
+// A daemon in `dir` with a gpu tier of 4 MiB on each of `devices` of `gpu` (2 MiB segments).
+daemon::DaemonOptions GpuDaemonOptions(const TempDir& dir, FakeDevice& gpu,
+                                       std::vector<int> devices = {0}) {
   daemon::DaemonOptions o;
   o.data_dir = dir.Join("data");
   o.socket_path = dir.Join("kvpool.sock");
@@ -52,12 +53,12 @@ daemon::DaemonOptions GpuDaemonOptions(const TempDir& dir, FakeDevice& gpu) {
   o.lock_memory = false;
   o.ucx = false;
   o.namespaces_file = "";
-  o.gpu_devices = {0};
+  o.gpu_devices = std::move(devices);
   o.gpu_capacity_bytes = 4 * kMiB;
   o.gpu_segment_bytes = 2 * kMiB;
-  o.gpu_arena = [&gpu](int, uint64_t segment,
+  o.gpu_arena = [&gpu](int device, uint64_t segment,
                        uint32_t count) -> Result<std::unique_ptr<kernels::DeviceArena>> {
-    return gpu.CreateArena(segment, count);
+    return gpu.CreateArena(segment, count, device);
   };
   return o;
 }
@@ -236,6 +237,156 @@ TEST_F(GpuPathTest, BorrowLendsGpuCopiesAsDevicePointersWithoutACopy) {
   // A device this process does not have is refused before anything is asked.
   auto bad = client_->Borrow(keys, {.gpu_device = 5});
   ASSERT_FALSE(bad.ok());
+}
+
+// Two GPUs, a gpu tier on each. A reader whose buffers are on one GPU copies a block held in
+// the other's gpu tier peer to peer (over NVLink or PCIe on a real node) where its GPU reaches
+// that one, and from host where it does not.
+class GpuPeersTest : public GpuPathTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    gpu_.AddDevice(1);
+    auto d = daemon::Daemon::Start(GpuDaemonOptions(dir_, gpu_, {0, 1}));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = std::move(d).value();
+    client_ = GpuClient(dir_, gpu_);
+    ASSERT_NE(client_, nullptr);
+  }
+
+  // Blocks `first`..`first + 3`, put from host: the first two placed in gpu 1's tier, the third
+  // in gpu 0's, the fourth left in host.
+  std::vector<std::vector<uint8_t>> PutAcrossTheGpus(uint64_t first, size_t size) {
+    const auto ref = PutChain(first, 4, size);
+    const std::vector<BlockKey> keys = Keys(first, 4);
+    auto on1 = client_->Prefetch(std::span(keys).first(2), PrefetchOptions{.gpu_device = 1});
+    auto on0 = client_->Prefetch(std::span(keys).subspan(2, 1), PrefetchOptions{.gpu_device = 0});
+    EXPECT_TRUE(on1.ok() && on1->gpu_placed == 2u);
+    EXPECT_TRUE(on0.ok() && on0->gpu_placed == 1u);
+    return ref;
+  }
+
+  // Gets `keys` into fresh buffers on `device`; checks each against `ref` and returns the tiers.
+  std::vector<Tier> GetOnto(int device, std::span<const BlockKey> keys,
+                            std::span<const std::vector<uint8_t>> ref) {
+    std::vector<MutableBuffer> bufs;
+    for (const auto& r : ref)
+      bufs.push_back({gpu_.Alloc(r.size(), device), r.size(), Memory::kCuda});
+    auto got = client_->Get(keys, bufs);
+    EXPECT_TRUE(got.ok()) << got.status().ToString();
+    if (!got.ok()) return {};
+    std::vector<Tier> tiers;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_TRUE((*got)[i].status.ok()) << "block " << i << ": " << (*got)[i].status.ToString();
+      if ((*got)[i].status.ok()) {
+        EXPECT_EQ(gpu_.Read(bufs[i].data, ref[i].size()), ref[i]) << "block " << i;
+      }
+      tiers.push_back((*got)[i].tier);
+      gpu_.Free(bufs[i].data);
+    }
+    return tiers;
+  }
+};
+
+TEST_F(GpuPeersTest, AReaderCopiesABlockInAnotherGpusTierPeerToPeer) {
+  const size_t size = 200000;
+  const auto ref = PutAcrossTheGpus(1, size);
+  const std::vector<BlockKey> keys = Keys(1, 4);
+  auto before = gpu_.counters();
+  EXPECT_EQ(GetOnto(0, keys, ref),
+            (std::vector<Tier>{Tier::kGpu, Tier::kGpu, Tier::kGpu, Tier::kHost}));
+  auto after = gpu_.counters();
+  EXPECT_EQ(after.device_copies - before.device_copies, 3u);
+  EXPECT_EQ(after.peer_copies - before.peer_copies, 2u);            // gpu 1's two, onto gpu 0
+  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 1u);  // the host block
+
+  // A reader on gpu 1 reads its own GPU's two device to device, gpu 0's one peer to peer.
+  before = after;
+  EXPECT_EQ(GetOnto(1, keys, ref),
+            (std::vector<Tier>{Tier::kGpu, Tier::kGpu, Tier::kGpu, Tier::kHost}));
+  after = gpu_.counters();
+  EXPECT_EQ(after.device_copies - before.device_copies, 3u);
+  EXPECT_EQ(after.peer_copies - before.peer_copies, 1u);
+
+  // Borrowed for a kernel on gpu 0, gpu 1's copies are lent where they are (its memory).
+  before = after;
+  auto b = client_->Borrow(std::span(keys).first(2), {.gpu_device = 0});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  for (int i = 0; i < 2; ++i) {
+    const BlockView& v = (*b)[i];
+    ASSERT_OK(v.status);
+    EXPECT_EQ(v.memory, Memory::kCuda);
+    EXPECT_EQ(v.tier, Tier::kGpu);
+    Result<int> on = gpu_.DeviceOf(v.data);
+    ASSERT_TRUE(on.ok());
+    EXPECT_EQ(*on, 1);
+    EXPECT_EQ(gpu_.Read(v.data, size), ref[i]) << "block " << i;
+  }
+  EXPECT_OK(b->Verify());
+  EXPECT_OK(b->Release());
+  after = gpu_.counters();
+  EXPECT_EQ(after.device_copies - before.device_copies, 0u) << "lent, not copied";
+  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 0u);
+
+  const DaemonStats st =
+      WaitForStats(*client_, [](const DaemonStats& s) { return s.leases_active == 0; });
+  EXPECT_EQ(st.leases_active, 0u);
+  ASSERT_EQ(st.tiers.size(), 4u);  // gpu0, gpu1, host, disk
+  EXPECT_EQ(st.tiers[0].name, "gpu0");
+  EXPECT_EQ(st.tiers[1].name, "gpu1");
+  EXPECT_EQ(st.tiers[0].hits, 2u);       // one read onto each GPU
+  EXPECT_EQ(st.tiers[0].peer_hits, 1u);  // onto gpu 1
+  EXPECT_EQ(st.tiers[1].hits, 6u);       // two onto each GPU, two lent
+  EXPECT_EQ(st.tiers[1].peer_hits, 4u);  // onto gpu 0, and lent to it
+}
+
+TEST_F(GpuPeersTest, GpusThatDoNotReachEachOtherReadEachOthersBlocksFromHost) {
+  gpu_.SetPeerAccess(false);
+  const size_t size = 100000;
+  const auto ref = PutAcrossTheGpus(10, size);
+  const std::vector<BlockKey> keys = Keys(10, 4);
+  const auto before = gpu_.counters();
+  EXPECT_EQ(GetOnto(0, keys, ref),
+            (std::vector<Tier>{Tier::kHost, Tier::kHost, Tier::kGpu, Tier::kHost}));
+  const auto after = gpu_.counters();
+  EXPECT_EQ(after.device_copies - before.device_copies, 1u);  // gpu 0's own
+  EXPECT_EQ(after.peer_copies - before.peer_copies, 0u);
+  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 3u);
+}
+
+TEST_F(GpuPeersTest, APeerTierThatCannotBeMappedIsReadFromHostFromThenOn) {
+  const size_t size = 100000;
+  const auto ref = PutAcrossTheGpus(20, size);
+  const std::vector<BlockKey> keys = Keys(20, 4);
+  const std::vector<BlockKey> peer_held = {keys[0]};
+  // The driver refuses the mapping (CUDA said peer access, the access grant failed): this read
+  // misses that block, as a failed own-GPU import does.
+  gpu_.FailImports(Status::Unavailable("no peer mapping (the test's)"));
+  std::vector<MutableBuffer> one = {{gpu_.Alloc(size, 0), size, Memory::kCuda}};
+  auto got = client_->Get(peer_held, one);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE((*got)[0].status.ok());
+  gpu_.FailImports(Status::OK());
+  // From then on this GPU takes that tier's blocks from host; its own tier and the other GPU's
+  // reads are as before.
+  auto before = gpu_.counters();
+  EXPECT_EQ(GetOnto(0, keys, ref),
+            (std::vector<Tier>{Tier::kHost, Tier::kHost, Tier::kGpu, Tier::kHost}));
+  auto after = gpu_.counters();
+  EXPECT_EQ(after.peer_copies - before.peer_copies, 0u);
+  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 3u);
+  before = after;
+  EXPECT_EQ(GetOnto(1, keys, ref),
+            (std::vector<Tier>{Tier::kGpu, Tier::kGpu, Tier::kGpu, Tier::kHost}));
+  after = gpu_.counters();
+  EXPECT_EQ(after.peer_copies - before.peer_copies, 1u);
+  // A new connection tries again.
+  ASSERT_OK(client_->Reconnect());
+  before = gpu_.counters();
+  EXPECT_EQ(GetOnto(0, keys, ref),
+            (std::vector<Tier>{Tier::kGpu, Tier::kGpu, Tier::kGpu, Tier::kHost}));
+  EXPECT_EQ(gpu_.counters().peer_copies - before.peer_copies, 2u);
+  gpu_.Free(one[0].data);
 }
 
 // Polls until every key's fastest tier is `tier` (placements after a put or a session load run

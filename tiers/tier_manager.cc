@@ -52,6 +52,7 @@ TierManager::TierManager(const TierManagerOptions& options, TierStack stack)
                      ABSL_NO_THREAD_SAFETY_ANALYSIS { AbandonGpuPlacementLocked(gpu, job); }}) {
   absl::MutexLock lock(&mu_);
   gpu_blocks_.assign(gpus_.size(), 0);
+  gpu_hits_.assign(gpus_.size(), {0, 0});
   for (GpuTier* gpu : gpus_) gpu_segments_.emplace_back(gpu->segment_count(), gpu->segment_bytes());
   gpu_fills_.resize(gpus_.size());
 }
@@ -423,7 +424,8 @@ TierManagerStats TierManager::GetStats() const {
   s.host_counters = host_counters_;
   s.disk_counters = disk_counters_;
   for (size_t i = 0; i < gpus_.size(); ++i) {
-    s.gpus.push_back({gpus_[i]->device(), gpus_[i]->GetStats(), gpu_blocks_[i]});
+    s.gpus.push_back({gpus_[i]->device(), gpus_[i]->GetStats(), gpu_blocks_[i], gpu_hits_[i].first,
+                      gpu_hits_[i].second});
   }
   s.gpu_counters = gpu_counters_;
   s.index_entries = index_.size();

@@ -121,13 +121,27 @@ struct BlockRead {
   kernels::BlockLayout layout;
   std::unique_ptr<uint8_t[]> owned;
   // from == kGpu (only for a reader that asked for a device): the lease also holds the block's
-  // copy in the gpu tier of CUDA device `gpu_device`, at `gpu_offset` there. `data` and
+  // copy in the gpu tier of CUDA device `gpu_device` (the reader's own or a peer of it), at
+  // `gpu_offset` there. `data` and
   // `arena_offset` still name the host copy.
   int gpu_device = -1;
   uint64_t gpu_offset = 0;
   // The gpu copy's device checksum (kernels/device_checksum.h), for a reader that copies it
   // device to device and checks its destination on its GPU.
   uint64_t device_checksum = 0;
+};
+
+// The gpu tiers a reader copies from device to device (TierManager::Acquire): the one on its own
+// GPU (`device`; -1: none) and those on GPUs it reaches peer to peer (`peers`: bit d for CUDA
+// device d, 0-63).
+struct GpuReach {
+  int device = -1;
+  uint64_t peers = 0;
+
+  static constexpr int kMaxPeerDevice = 63;
+  bool Reaches(int d) const {
+    return d >= 0 && (d == device || (d <= kMaxPeerDevice && ((peers >> d) & 1) != 0));
+  }
 };
 
 // A block's copy in a gpu tier (TierManager::GpuCopies).
@@ -171,6 +185,8 @@ struct GpuTierUsage {
   int device = 0;
   MemoryTierStats memory;
   uint64_t blocks = 0;
+  uint64_t hits = 0;       // its copies leased to readers on a GPU
+  uint64_t peer_hits = 0;  // of those, to readers on another GPU (peer to peer)
 };
 
 struct TierManagerStats {
@@ -260,17 +276,17 @@ class TierManager {
   // (e.g. a connection) and expires by itself after `ttl` (zero: only Release ends it). With
   // `keep_encoding`, a block only on disk whose copy there is encoded is read as stored (not
   // promoted, not decoded: BlockRead::encoding says so), for a reader that decodes it itself.
-  // With `gpu_device` >= 0, a block with a copy in that device's gpu tier is leased there too
-  // (BlockRead::from == kGpu), for a reader that copies device to device.
+  // A block with a copy in a gpu tier `gpu` reaches is leased there too (BlockRead::from ==
+  // kGpu), for a reader that copies device to device.
   std::vector<BlockRead> Acquire(NamespaceId ns, std::span<const BlockKey> keys, uint64_t owner = 0,
                                  std::chrono::milliseconds ttl = std::chrono::milliseconds(0),
-                                 bool keep_encoding = false, int gpu_device = -1);
+                                 bool keep_encoding = false, GpuReach gpu = {});
   // Acquire, only when it would not wait: when every cached block of `keys` is in host memory
   // (a miss is answered as NotFound), all are leased there at once; otherwise nullopt, and
   // nothing was done. For a caller that must not block (an I/O thread).
   std::optional<std::vector<BlockRead>> TryAcquireInHost(
       NamespaceId ns, std::span<const BlockKey> keys, uint64_t owner = 0,
-      std::chrono::milliseconds ttl = std::chrono::milliseconds(0), int gpu_device = -1);
+      std::chrono::milliseconds ttl = std::chrono::milliseconds(0), GpuReach gpu = {});
   // Ends a read's lease (no-op for disk reads and released leases).
   void Release(BlockRead& read);
   // Ends `owner`'s leases among `lease_ids`; unknown ids (expired, or another owner's) are
@@ -580,7 +596,7 @@ class TierManager {
                                        std::span<const HashedKey> hashed,
                                        std::span<const EntryId> found, uint64_t owner,
                                        std::chrono::milliseconds ttl, bool keep_encoding,
-                                       int gpu_device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                       GpuReach gpu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a lease the table handed back: the entry's count drops.
   void EndLeaseLocked(EntryId entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -652,6 +668,8 @@ class TierManager {
   uint64_t blocks_over_quota_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> gpu_blocks_ ABSL_GUARDED_BY(mu_);  // parallel to gpus_
+  // GpuTierUsage::hits and ::peer_hits, parallel to gpus_.
+  std::vector<std::pair<uint64_t, uint64_t>> gpu_hits_ ABSL_GUARDED_BY(mu_);
   // The blocks in each segment of host and of each gpu tier (parallel to gpus_).
   SegmentBlocks host_segments_ ABSL_GUARDED_BY(mu_);
   std::vector<SegmentBlocks> gpu_segments_ ABSL_GUARDED_BY(mu_);

@@ -189,8 +189,8 @@ TEST_F(TierManagerGpuStressTest, ManyThreadsNeverSeeAWrongOrLostBlockOnAnyTier) 
         const int reader_device = rng() % 3 == 0 ? -1 : device;
         std::vector<BlockKey> batch;
         for (int i = 0; i < n; ++i) batch.push_back(KeyAt(start + i));
-        std::vector<BlockRead> reads =
-            manager_->Acquire(ns, batch, owner, {}, /*keep_encoding=*/false, reader_device);
+        std::vector<BlockRead> reads = manager_->Acquire(
+            ns, batch, owner, {}, /*keep_encoding=*/false, GpuReach{reader_device});
         for (int i = 0; i < n; ++i) {
           BlockRead& r = reads[i];
           ++c.reads;

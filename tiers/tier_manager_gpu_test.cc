@@ -113,6 +113,47 @@ TEST_F(TierManagerGpuTest, SkipsWhatIsNotInHostAndUnknownDevices) {
   EXPECT_EQ(manager_->PromoteToGpu(kNs, unknown, 1).value(), 0u);
 }
 
+TEST_F(TierManagerGpuTest, AReaderLeasesGpuCopiesOnTheGpusItReachesAndHostOtherwise) {
+  // keys[0] on gpu 0, keys[1] on gpu 1, keys[2] in host only.
+  const Keys keys = PutChain(60, {64 * kKiB, 64 * kKiB, 64 * kKiB});
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, {&keys[0], 1}, 0).value(), 1u);
+  ASSERT_EQ(manager_->PromoteToGpu(kNs, {&keys[1], 1}, 1).value(), 1u);
+  struct Want {
+    GpuReach reach;
+    std::vector<int> devices;  // per key: the gpu leased, -1 for host
+  };
+  const std::vector<Want> cases = {
+      {GpuReach{}, {-1, -1, -1}},
+      {GpuReach{0}, {0, -1, -1}},
+      {GpuReach{1}, {-1, 1, -1}},
+      {GpuReach{0, uint64_t{1} << 1}, {0, 1, -1}},     // gpu 1 peer to peer
+      {GpuReach{-1, uint64_t{1} << 1}, {-1, 1, -1}},   // a GPU without a tier, reaching gpu 1
+      {GpuReach{-1, uint64_t{1} << 5}, {-1, -1, -1}},  // a peer the daemon has no tier on
+  };
+  for (const Want& w : cases) {
+    std::vector<BlockRead> reads = manager_->Acquire(kNs, keys, 7, {}, false, w.reach);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_OK(reads[i].status);
+      const int want = w.devices[i];
+      EXPECT_EQ(reads[i].from, want >= 0 ? Tier::kGpu : Tier::kHost)
+          << "reach " << w.reach.device << "/" << w.reach.peers << ", block " << i;
+      if (want >= 0) {
+        EXPECT_EQ(reads[i].gpu_device, want);
+        const std::vector<uint8_t>& bytes = expected_[{kNs, keys[i]}];
+        EXPECT_EQ(reads[i].device_checksum, kernels::DeviceChecksumCpu(bytes.data(), bytes.size()));
+      }
+      manager_->Release(reads[i]);
+    }
+  }
+  // A gpu copy leased by a peer reader stays while the lease does.
+  std::vector<BlockRead> held =
+      manager_->Acquire(kNs, {&keys[1], 1}, 7, {}, false, GpuReach{0, uint64_t{1} << 1});
+  ASSERT_EQ(held[0].from, Tier::kGpu);
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kGpu, {&keys[1], 1}).evicted, 0u);
+  manager_->Release(held[0]);
+  EXPECT_EQ(manager_->Evict(kNs, Tier::kGpu, {&keys[1], 1}).evicted, 1u);
+}
+
 TEST_F(TierManagerGpuTest, AFullGpuDropsItsColdestTailsFirst) {
   // 300 KiB blocks: three fit a 1 MiB segment, six fill gpu 0.
   const Keys a = PutChain(100, std::vector<uint64_t>(6, 300 * kKiB));
@@ -329,7 +370,7 @@ TEST_F(TierManagerGpuTest, APutIntoTheGpuIsServedFromThereAndFromTheHostCopyMade
   }
   EXPECT_EQ(TiersOf(keys), std::vector<Tier>(3, Tier::kGpu));
   // A reader on that GPU leases the gpu copy, with the device checksum the writer committed.
-  std::vector<BlockRead> reads = manager_->Acquire(kNs, keys, 7, {}, false, /*gpu_device=*/0);
+  std::vector<BlockRead> reads = manager_->Acquire(kNs, keys, 7, {}, false, GpuReach{0});
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_OK(reads[i].status);
     EXPECT_EQ(reads[i].from, Tier::kGpu);
@@ -458,7 +499,7 @@ TEST_F(TierManagerGpuTest, AFullGpuPutsIntoHostInstead) {
   // Every gpu page leased: no gpu copy can be dropped for room.
   const Keys held = PutChain(440, {1 * kMiB, 1 * kMiB});
   ASSERT_EQ(manager_->PromoteToGpu(kNs, held, 0).value(), 2u);
-  std::vector<BlockRead> leases = manager_->Acquire(kNs, held, 7, {}, false, 0);
+  std::vector<BlockRead> leases = manager_->Acquire(kNs, held, 7, {}, false, GpuReach{0});
   const std::vector<uint8_t> bytes = BytesFor(KeyOf(450), 8 * kKiB);
   const PutRequestItem item = ItemFor(KeyOf(450), bytes, {});
   std::vector<ReserveOutcome> r = manager_->Reserve(kNs, 1, {&item, 1}, true, 0);

@@ -90,17 +90,17 @@ uint32_t TierManager::Prefetch(NamespaceId ns, std::span<const BlockKey> keys) {
 
 std::vector<BlockRead> TierManager::Acquire(NamespaceId ns, std::span<const BlockKey> keys,
                                             uint64_t owner, std::chrono::milliseconds ttl,
-                                            bool keep_encoding, int gpu_device) {
+                                            bool keep_encoding, GpuReach gpu) {
   const std::vector<HashedKey> hashed = HashKeys(ns, keys);  // before the lock
   absl::MutexLock lock(&mu_);
-  return AcquireLocked(ns, keys, hashed, {}, owner, ttl, keep_encoding, gpu_device);
+  return AcquireLocked(ns, keys, hashed, {}, owner, ttl, keep_encoding, gpu);
 }
 
 std::optional<std::vector<BlockRead>> TierManager::TryAcquireInHost(NamespaceId ns,
                                                                     std::span<const BlockKey> keys,
                                                                     uint64_t owner,
                                                                     std::chrono::milliseconds ttl,
-                                                                    int gpu_device) {
+                                                                    GpuReach gpu) {
   const std::vector<HashedKey> hashed = HashKeys(ns, keys);  // before the lock
   absl::MutexLock lock(&mu_);
   const std::vector<EntryId> found = FindEachLocked(hashed, /*prefix=*/false);
@@ -110,14 +110,14 @@ std::optional<std::vector<BlockRead>> TierManager::TryAcquireInHost(NamespaceId 
   }
   // Under the same hold of mu_ (the entries found stay what they are): every cached block is
   // leased in host, none waited for.
-  return AcquireLocked(ns, keys, hashed, found, owner, ttl, /*keep_encoding=*/false, gpu_device);
+  return AcquireLocked(ns, keys, hashed, found, owner, ttl, /*keep_encoding=*/false, gpu);
 }
 
 std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<const BlockKey> keys,
                                                   std::span<const HashedKey> hashed,
                                                   std::span<const EntryId> found, uint64_t owner,
                                                   std::chrono::milliseconds ttl, bool keep_encoding,
-                                                  int gpu_device) {
+                                                  GpuReach gpu) {
   std::vector<BlockRead> out(keys.size());
   const uint32_t now = NowSeconds();
   const auto deadline =
@@ -156,17 +156,19 @@ std::vector<BlockRead> TierManager::AcquireLocked(NamespaceId ns, std::span<cons
     if (policy.read_ahead->depth() > 0) ReadAheadLocked(id);
   };
 
-  // A reader that asked for `gpu_device` also leases the block's copy there, if it has one.
+  // A reader on a GPU also leases the block's copy in a gpu tier it reaches, if it has one.
   auto lease_gpu_too = [&](size_t i, EntryId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Entry& e = index_.at(id);
+    if (!e.In(Tier::kGpu) || !gpu.Reaches(index_.Mem(id).gpu_device)) return;
     auto dsum = gpu_checksums_.find(id);
-    if (gpu_device < 0 || !e.In(Tier::kGpu) || index_.Mem(id).gpu_device != gpu_device ||
-        dsum == gpu_checksums_.end()) {
-      return;
-    }
+    if (dsum == gpu_checksums_.end()) return;
     BlockRead& r = out[i];
     r.from = Tier::kGpu;
-    r.gpu_device = gpu_device;
+    r.gpu_device = index_.Mem(id).gpu_device;
+    if (const int g = GpuIndexOf(r.gpu_device); g >= 0) {
+      ++gpu_hits_[g].first;
+      if (r.gpu_device != gpu.device) ++gpu_hits_[g].second;
+    }
     r.gpu_offset = GpuSlotLocked(id).offset;
     r.device_checksum = dsum->second;
     --host_counters_.hits;  // lease() counted a host hit

@@ -408,6 +408,8 @@ struct TierStats {
   uint64_t renewals = 0;
   uint64_t renewals_from_standby = 0;
   uint64_t standby_ready = 0;  // host: standby segments made and not yet taken
+  // gpu: of its hits, those served to a reader on another GPU (peer to peer).
+  uint64_t peer_hits = 0;
 };
 
 struct DaemonStats {

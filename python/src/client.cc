@@ -99,6 +99,7 @@ nb::dict TierStatsDict(const TierStats& t) {
   d["renewals"] = t.renewals;
   d["renewals_from_standby"] = t.renewals_from_standby;
   d["standby_ready"] = t.standby_ready;
+  d["peer_hits"] = t.peer_hits;
   return d;
 }
 

@@ -120,7 +120,8 @@ def test_prefetch_evict_and_stats(client, make_keys):
     assert {t["name"] for t in stats["tiers"]} >= {"host", "disk"}
     # The fields of `kvpool stats --json` (client/stats_json.cc), segment renewals included.
     host = next(t for t in stats["tiers"] if t["name"] == "host")
-    assert {"moves", "renewals", "renewals_from_standby", "standby_ready"} <= host.keys()
+    fields = {"moves", "renewals", "renewals_from_standby", "standby_ready", "peer_hits"}
+    assert fields <= host.keys()
     assert stats["puts_committed"] >= before["puts_committed"]
     assert stats["lookups"] >= 1 and isinstance(stats["dedup_ratio"], float)
     out = [bytearray(SIZE) for _ in keys]

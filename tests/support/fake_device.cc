@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,7 +28,7 @@ FakeDevice::~FakeDevice() {
   }
 }
 
-int FakeDevice::MapFresh(uint8_t* device, size_t bytes) {
+int FakeDevice::MapFresh(uint8_t* device, size_t bytes, int gpu) {
   const int fd = memfd_create("kvpool-fake-gpu-segment", MFD_CLOEXEC);
   if (fd < 0) Die("FakeDevice: memfd_create");
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) Die("FakeDevice: ftruncate");
@@ -36,11 +37,14 @@ int FakeDevice::MapFresh(uint8_t* device, size_t bytes) {
   }
   void* view = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (view == MAP_FAILED) Die("FakeDevice: mmap view");
+  struct stat st {};
+  if (fstat(fd, &st) != 0) Die("FakeDevice: fstat");
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocations_.find(reinterpret_cast<uintptr_t>(device));
   if (it != allocations_.end()) munmap(it->second.view, it->second.bytes);
   allocations_[reinterpret_cast<uintptr_t>(device)] = {device, static_cast<uint8_t*>(view), bytes,
-                                                       /*owned=*/false};
+                                                       /*owned=*/false, gpu};
+  segment_gpus_[st.st_ino] = gpu;
   return fd;
 }
 
@@ -54,8 +58,9 @@ void FakeDevice::Unregister(uint8_t* device) {
 
 class FakeDevice::Arena final : public kernels::DeviceArena {
  public:
-  Arena(FakeDevice& device, uint64_t segment_bytes, uint32_t segment_count)
+  Arena(FakeDevice& device, int gpu, uint64_t segment_bytes, uint32_t segment_count)
       : device_(device),
+        gpu_(gpu),
         segment_bytes_(segment_bytes),
         segment_count_(segment_count),
         fds_(segment_count, -1) {
@@ -73,7 +78,7 @@ class FakeDevice::Arena final : public kernels::DeviceArena {
     munmap(base_, segment_bytes_ * segment_count_);
   }
 
-  int device() const override { return device_.device_; }
+  int device() const override { return gpu_; }
   uint8_t* base() const override { return base_; }
   uint64_t segment_bytes() const override { return segment_bytes_; }
   uint32_t segment_count() const override { return segment_count_; }
@@ -93,7 +98,7 @@ class FakeDevice::Arena final : public kernels::DeviceArena {
       fds_[index] = -1;
       return Status::ResourceExhausted("FakeDevice: no device memory for a renewal (injected)");
     }
-    const int fd = device_.MapFresh(at, segment_bytes_);
+    const int fd = device_.MapFresh(at, segment_bytes_, gpu_);
     if (fds_[index] >= 0) close(fds_[index]);
     fds_[index] = fd;
     return Status::OK();
@@ -109,6 +114,7 @@ class FakeDevice::Arena final : public kernels::DeviceArena {
 
  private:
   FakeDevice& device_;
+  const int gpu_;
   const uint64_t segment_bytes_;
   const uint32_t segment_count_;
   uint8_t* base_ = nullptr;
@@ -134,14 +140,20 @@ class FakeDevice::Imported final : public kernels::ImportedSegment {
 
 Result<std::unique_ptr<kernels::ImportedSegment>> FakeDevice::ImportSegment(int fd, uint64_t bytes,
                                                                             int device) {
-  if (device != device_) return Status::InvalidArgument("FakeDevice: another device");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (fail_imports_) return *fail_imports_;
-  }
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
     return Status::InvalidArgument("FakeDevice: not a segment of that size");
+  }
+  int gpu = device_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!KnownLocked(device)) return Status::InvalidArgument("FakeDevice: another device");
+    if (fail_imports_) return *fail_imports_;
+    if (auto it = segment_gpus_.find(st.st_ino); it != segment_gpus_.end()) gpu = it->second;
+    if (gpu != device && !peer_access_) {
+      return Status::InvalidArgument("FakeDevice: device " + std::to_string(device) +
+                                     " cannot reach device " + std::to_string(gpu));
+    }
   }
   void* p = mmap(nullptr, bytes, PROT_NONE, MAP_SHARED, fd, 0);
   void* view = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -150,32 +162,57 @@ Result<std::unique_ptr<kernels::ImportedSegment>> FakeDevice::ImportSegment(int 
     std::lock_guard<std::mutex> lock(mu_);
     allocations_[reinterpret_cast<uintptr_t>(p)] = {static_cast<uint8_t*>(p),
                                                     static_cast<uint8_t*>(view), bytes,
-                                                    /*owned=*/false};
+                                                    /*owned=*/false, gpu};
   }
   return std::unique_ptr<kernels::ImportedSegment>(
       std::make_unique<Imported>(*this, static_cast<uint8_t*>(p), bytes));
 }
 
 std::unique_ptr<kernels::DeviceArena> FakeDevice::CreateArena(uint64_t segment_bytes,
-                                                              uint32_t segment_count) {
-  return std::make_unique<Arena>(*this, segment_bytes, segment_count);
+                                                              uint32_t segment_count, int device) {
+  return std::make_unique<Arena>(*this, device < 0 ? device_ : device, segment_bytes,
+                                 segment_count);
 }
 
-void* FakeDevice::Alloc(size_t bytes) {
+void FakeDevice::AddDevice(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!KnownLocked(device)) devices_.push_back(device);
+}
+
+void FakeDevice::SetPeerAccess(bool can) {
+  std::lock_guard<std::mutex> lock(mu_);
+  peer_access_ = can;
+}
+
+bool FakeDevice::KnownLocked(int device) const {
+  return std::find(devices_.begin(), devices_.end(), device) != devices_.end();
+}
+
+int FakeDevice::DeviceCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return *std::max_element(devices_.begin(), devices_.end()) + 1;
+}
+
+bool FakeDevice::CanAccessPeer(int device, int peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device != peer && peer_access_ && KnownLocked(device) && KnownLocked(peer);
+}
+
+void* FakeDevice::Alloc(size_t bytes, int device) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t rounded = (bytes + page - 1) / page * page;
   const int fd = memfd_create("kvpool-fake-device", MFD_CLOEXEC);
   if (fd < 0) Die("FakeDevice: memfd_create");
   if (ftruncate(fd, static_cast<off_t>(rounded)) != 0) Die("FakeDevice: ftruncate");
-  void* device = mmap(nullptr, rounded, PROT_NONE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, rounded, PROT_NONE, MAP_SHARED, fd, 0);
   void* view = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (device == MAP_FAILED || view == MAP_FAILED) Die("FakeDevice: mmap");
+  if (p == MAP_FAILED || view == MAP_FAILED) Die("FakeDevice: mmap");
   std::lock_guard<std::mutex> lock(mu_);
-  allocations_[reinterpret_cast<uintptr_t>(device)] = {static_cast<uint8_t*>(device),
-                                                       static_cast<uint8_t*>(view), rounded,
-                                                       /*owned=*/true};
-  return device;
+  allocations_[reinterpret_cast<uintptr_t>(p)] = {static_cast<uint8_t*>(p),
+                                                  static_cast<uint8_t*>(view), rounded,
+                                                  /*owned=*/true, device < 0 ? device_ : device};
+  return p;
 }
 
 void FakeDevice::Free(void* ptr) {
@@ -187,14 +224,20 @@ void FakeDevice::Free(void* ptr) {
   allocations_.erase(it);
 }
 
-uint8_t* FakeDevice::ViewOfLocked(const void* ptr, size_t bytes) const {
+const FakeDevice::Allocation* FakeDevice::FindLocked(const void* ptr, size_t bytes) const {
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   auto it = allocations_.upper_bound(p);
   if (it == allocations_.begin()) return nullptr;
   --it;
   const Allocation& a = it->second;
   if (p + bytes > it->first + a.bytes) return nullptr;
-  return a.view + (p - it->first);
+  return &a;
+}
+
+uint8_t* FakeDevice::ViewOfLocked(const void* ptr, size_t bytes) const {
+  const Allocation* a = FindLocked(ptr, bytes);
+  if (a == nullptr) return nullptr;
+  return a->view + (static_cast<const uint8_t*>(ptr) - a->device);
 }
 
 void FakeDevice::Write(void* dst, const void* src, size_t bytes) {
@@ -253,7 +296,11 @@ void FakeDevice::MaybeHoldRenewal() {
 
 void FakeDevice::FailImports(Status why) {
   std::lock_guard<std::mutex> lock(mu_);
-  fail_imports_ = std::move(why);
+  if (why.ok()) {
+    fail_imports_.reset();
+  } else {
+    fail_imports_ = std::move(why);
+  }
 }
 
 void FakeDevice::FailNextWait(Status why) {
@@ -272,7 +319,10 @@ std::vector<const void*> FakeDevice::host_sides() const {
 }
 
 Result<std::string> FakeDevice::DeviceUuid(int device) const {
-  if (device != device_) return Status::InvalidArgument("FakeDevice: no such device");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!KnownLocked(device)) return Status::InvalidArgument("FakeDevice: no such device");
+  }
   std::string uuid = "fake-gpu-" + std::to_string(device);
   uuid.resize(16, '\0');
   return uuid;
@@ -291,24 +341,24 @@ Result<int> FakeDevice::StreamDevice(void* stream) const {
 
 Result<int> FakeDevice::DeviceOf(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (ViewOfLocked(ptr, 1) == nullptr) {
-    return Status::InvalidArgument("host memory passed as a device buffer");
-  }
-  return device_;
+  const Allocation* a = FindLocked(ptr, 1);
+  if (a == nullptr) return Status::InvalidArgument("host memory passed as a device buffer");
+  return a->gpu;
 }
 
 Status FakeDevice::CopyAsync(void* dst, const void* src, size_t bytes,
                              kernels::CopyDirection direction, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (direction == kernels::CopyDirection::kDeviceToDevice) {
-    uint8_t* to = ViewOfLocked(dst, bytes);
-    const uint8_t* from = ViewOfLocked(src, bytes);
+    const Allocation* to = FindLocked(dst, bytes);
+    const Allocation* from = FindLocked(src, bytes);
     if (to == nullptr || from == nullptr) {
       return Status::InvalidArgument("FakeDevice: a device side outside device memory");
     }
-    queued_[stream].push_back({to, from, bytes});
+    queued_[stream].push_back({ViewOfLocked(dst, bytes), ViewOfLocked(src, bytes), bytes});
     ++counters_.device_copies;
     counters_.device_bytes += bytes;
+    if (to->gpu != from->gpu) ++counters_.peer_copies;
     return Status::OK();
   }
   const bool to_device = direction == kernels::CopyDirection::kHostToDevice;

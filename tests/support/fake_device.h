@@ -15,7 +15,14 @@
 // maps such a descriptor (in this process: the tier and its client share one FakeDevice) as more
 // device memory.
 //
+// One double may stand for several GPUs of a node (AddDevice): each allocation and arena is on
+// one of them, an import remembers the GPU the segment is on, every pair reaches each other peer
+// to peer unless SetPeerAccess says not (then an import for another GPU fails, as CUDA's access
+// grant would), and a copy between two GPUs' memory counts as a peer copy.
+//
 // Thread safety: every method may be called from any thread.
+
+#include <sys/types.h>
 
 #include <condition_variable>
 #include <cstddef>
@@ -33,15 +40,23 @@ namespace kvpool::testing {
 
 class FakeDevice final : public kernels::DeviceCopyEngine {
  public:
-  explicit FakeDevice(int device = 0) : device_(device) {}
+  explicit FakeDevice(int device = 0) : device_(device) { devices_.push_back(device); }
   ~FakeDevice() override;
   FakeDevice(const FakeDevice&) = delete;
   FakeDevice& operator=(const FakeDevice&) = delete;
 
-  // `bytes` of device memory (whole pages, zeroed). Aborts when the host cannot map them.
-  void* Alloc(size_t bytes);
-  // An arena of `segment_count` segments on this device (it must outlive the arena).
-  std::unique_ptr<kernels::DeviceArena> CreateArena(uint64_t segment_bytes, uint32_t segment_count);
+  // Another GPU of the same node, reached through this double too.
+  void AddDevice(int device);
+  // Whether the GPUs reach each other peer to peer (true until said otherwise).
+  void SetPeerAccess(bool can);
+
+  // `bytes` of device memory (whole pages, zeroed) on `device` (-1: the first). Aborts when the
+  // host cannot map them.
+  void* Alloc(size_t bytes, int device = -1);
+  // An arena of `segment_count` segments on `device` (-1: the first; the double must outlive
+  // the arena).
+  std::unique_ptr<kernels::DeviceArena> CreateArena(uint64_t segment_bytes, uint32_t segment_count,
+                                                    int device = -1);
   void Free(void* ptr);
   // The test's own access to device bytes (no copy counted).
   void Write(void* dst, const void* src, size_t bytes);
@@ -66,7 +81,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   void WaitUntilRenewalHeld();
   void ReleaseHeldRenewal();
   // Every ImportSegment from now on fails with `why` (a process that cannot reach the daemon's
-  // gpu memory: no peer access, an old driver).
+  // gpu memory: no peer access, an old driver); OK ends that.
   void FailImports(Status why);
   // StreamDevice says `stream` belongs to CUDA device `device` (streams are unknown, -1, before).
   void SetStreamDevice(void* stream, int device);
@@ -78,6 +93,7 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
     uint64_t to_host_bytes = 0;
     uint64_t device_copies = 0;  // device to device
     uint64_t device_bytes = 0;
+    uint64_t peer_copies = 0;  // device to device between two GPUs (also in device_copies)
     uint64_t waits = 0;
     uint64_t marks = 0;
     uint64_t checksums = 0;  // device checksums computed (ranges)
@@ -91,6 +107,8 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   Result<int> DeviceOf(const void* ptr) const override;
   Result<int> StreamDevice(void* stream) const override;
   Result<std::string> DeviceUuid(int device) const override;  // "fake-gpu-N", 16 bytes
+  int DeviceCount() const override;                           // the highest device added, plus one
+  bool CanAccessPeer(int device, int peer) const override;
   Status CopyAsync(void* dst, const void* src, size_t bytes, kernels::CopyDirection direction,
                    void* stream) override;
   Status Wait(void* stream) override;
@@ -111,10 +129,14 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
     uint8_t* view = nullptr;    // read-write
     size_t bytes = 0;
     bool owned = true;  // Alloc's (unmapped here); an arena's segments are the arena's
+    int gpu = 0;        // the GPU it is on
   };
   // Maps a fresh memfd of `bytes` at `device` (MAP_FIXED, no access) and in a new view; returns
-  // the memfd, registered as an allocation (replacing the one at `device`).
-  int MapFresh(uint8_t* device, size_t bytes);
+  // the memfd, registered as an allocation on GPU `gpu` (replacing the one at `device`).
+  int MapFresh(uint8_t* device, size_t bytes, int gpu);
+  bool KnownLocked(int device) const;
+  // The allocation holding [ptr, ptr + bytes), or nullptr.
+  const Allocation* FindLocked(const void* ptr, size_t bytes) const;
   void Unregister(uint8_t* device);
   struct Copy {
     uint8_t* dst;
@@ -127,8 +149,11 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   // The view address of [ptr, ptr + bytes) when it lies in one allocation, else nullptr.
   uint8_t* ViewOfLocked(const void* ptr, size_t bytes) const;
 
-  const int device_;
+  const int device_;  // the first GPU
   mutable std::mutex mu_;
+  std::vector<int> devices_;
+  bool peer_access_ = true;
+  std::map<ino_t, int> segment_gpus_;            // an arena segment's memfd (by inode): its GPU
   std::map<uintptr_t, Allocation> allocations_;  // by device address
   std::map<void*, std::vector<Copy>> queued_;    // by stream
   std::optional<Status> fail_next_wait_;
