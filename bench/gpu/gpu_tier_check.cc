@@ -14,8 +14,11 @@
 //   3. gets blocks that are only in host memory into device buffers: one H2D copy straight from
 //      the shared-memory arena; timed beside cudaMemcpy H2D from cudaMallocHost memory of the
 //      same bytes (target: >= 0.9);
-//   4. borrows the gpu-tier blocks as device views (verified on the GPU) and reads them;
-//   5. starts a second process (this program, --child) that reads the gpu-tier blocks into its
+//   4. on a machine with a second GPU that reaches device 0 peer to peer, gets the gpu-tier
+//      blocks into device 1's memory: peer to peer out of device 0's gpu tier; timed beside
+//      cudaMemcpy device 0 to device 1 (the same target as 2); on one GPU, says it did not run;
+//   5. borrows the gpu-tier blocks as device views (verified on the GPU) and reads them;
+//   6. starts a second process (this program, --child) that reads the gpu-tier blocks into its
 //      own device memory by CUDA IPC and checks them.
 // Every block read is copied back to the host and compared with what was put: a row fails on a
 // wrong byte or a failed call. The speed ratios are reported beside their targets, not checked
@@ -398,7 +401,41 @@ int Run(const char* argv0) {
                  Rate(set_bytes, h2d) + "; " + Ratio(set_bytes / host_get, set_bytes / h2d, 0.9)
            : why);
 
-  // 4. Device views of the gpu-tier blocks, verified on the GPU, read where they are.
+  // 4. A reader on a second GPU, peer to peer out of device 0's gpu tier, beside cudaMemcpy
+  // between the two GPUs.
+  std::vector<std::string> not_run;
+  const std::string peer_check = "get from device 0's gpu tier onto device 1 (peer to peer)";
+  int reaches = 0;
+  if (devices < 2) {
+    not_run.push_back(peer_check + ": this machine has one GPU");
+  } else if (cudaDeviceCanAccessPeer(&reaches, 1, kDevice) != cudaSuccess || reaches == 0) {
+    cudaGetLastError();
+    not_run.push_back(peer_check + ": device 1 does not reach device 0 peer to peer");
+  } else {
+    why.clear();
+    uint8_t* on1 = nullptr;
+    if (cudaSetDevice(1) == cudaSuccess) on1 = c.DeviceBuffer(set_bytes);
+    cudaSetDevice(kDevice);
+    ok = on1 != nullptr;
+    if (!ok) why = "cudaMalloc on device 1 failed";
+    const double peer_get =
+        ok ? TimeRounds([&] { return GetInto(client, gpu_keys, on1, c.bytes(), Tier::kGpu, &why); },
+                        &ok)
+           : 0;
+    ok = ok && c.DeviceHoldsSet(on1, 0, &why);
+    const double p2p =
+        ok ? TimeRounds([&] { return CudaCopy(on1, src, set_bytes, &why); }, &ok) : 0;
+    Result<DaemonStats> st = client.Stats();
+    const uint64_t peer_hits = st.ok() && !st->tiers.empty() ? st->tiers[0].peer_hits : 0;
+    ok = ok && peer_hits > 0;
+    if (ok || why.empty()) why = std::to_string(peer_hits) + " peer hits counted";
+    c.Add(peer_check, ok,
+          ok ? Rate(set_bytes, peer_get) + "; cudaMemcpy device 0 to 1 " + Rate(set_bytes, p2p) +
+                   "; " + Ratio(set_bytes / peer_get, set_bytes / p2p, 0.8) + "; " + why
+             : why);
+  }
+
+  // 5. Device views of the gpu-tier blocks, verified on the GPU, read where they are.
   {
     why.clear();
     Result<BorrowedBlocks> lent = client.Borrow(gpu_keys, {.gpu_device = kDevice, .verify = true});
@@ -429,7 +466,7 @@ int Run(const char* argv0) {
     c.Add("borrow device views of the gpu tier", ok, ok ? "every view read and verified" : why);
   }
 
-  // 5. A second process reads the gpu set by CUDA IPC. Its arguments are built before the fork.
+  // 6. A second process reads the gpu set by CUDA IPC. Its arguments are built before the fork.
   {
     std::error_code ec;
     std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -482,6 +519,7 @@ int Run(const char* argv0) {
     std::printf("| %s | %s | %s |\n", r.check.c_str(), r.ok ? "ok" : "FAIL", r.detail.c_str());
     all = all && r.ok;
   }
+  for (const std::string& n : not_run) std::printf("\nnot run: %s\n", n.c_str());
   if (!all) std::printf("\nkvpoold's log, its end:\n%s\n", (*daemon)->LogTail().c_str());
   std::printf("RESULT: %s\n", all ? "PASS" : "FAIL");
   return all ? 0 : 1;
