@@ -532,12 +532,18 @@ class Client::Impl {
           import_failed_.contains({local, g.device})) {
         continue;
       }
-      const int count = (*engine)->DeviceCount();
-      for (int other = 0; other < count; ++other) {
+      if (device_count_ < 0) device_count_ = (*engine)->DeviceCount();
+      for (int other = 0; other < device_count_; ++other) {
         if (other == local) continue;
         Result<std::string> uuid = UuidOf(**engine, other);
         if (!uuid.ok() || *uuid != g.uuid) continue;
-        if ((*engine)->CanAccessPeer(local, other)) peers |= uint64_t{1} << g.device;
+        auto known = peer_access_.find({local, other});
+        if (known == peer_access_.end()) {
+          known = peer_access_
+                      .emplace(std::make_pair(local, other), (*engine)->CanAccessPeer(local, other))
+                      .first;
+        }
+        if (known->second) peers |= uint64_t{1} << g.device;
         break;
       }
     }
@@ -868,6 +874,7 @@ class Client::Impl {
         }
         uint64_t consumed = 0;
         std::vector<InPlace> in_place;
+        wire::ReleaseRequest stray;  // leases of gpu slots on devices not asked for
         std::vector<OverUcx> over_ucx;
         for (size_t j = start; j < end; ++j) {
           const size_t i = todo[j];
@@ -900,6 +907,16 @@ class Client::Impl {
                         l.tokens(), l.dtype(),    l.encoding()};
           }
           if (info.lease_id() != 0) {
+            const int on = info.slot().gpu_device();
+            if (info.slot().gpu() &&
+                !(ask_gpu && (on == daemon_gpu ||
+                              (on >= 0 && on <= kMaxPeerGpu && ((peer_gpus >> on) & 1) != 0)))) {
+              // Nothing is imported or copied for a device this get did not name.
+              stray.add_lease_ids(info.lease_id());
+              r.status = Status::Internal("kvpoold sent a gpu slot on device " +
+                                          std::to_string(on) + ", which this get did not ask for");
+              continue;
+            }
             in_place.push_back({i, info.slot().segment(), info.slot().generation(),
                                 info.slot().offset(), size, info.checksum(), info.lease_id(),
                                 FromWire(info.tier()), info.slot().gpu(), info.slot().gpu_device(),
@@ -940,6 +957,9 @@ class Client::Impl {
         if (consumed != rh.payload_bytes) {
           connection_.Close();
           return Status::Internal("GET response payload longer than its block list");
+        }
+        if (stray.lease_ids_size() > 0) {
+          KVPOOL_RETURN_IF_ERROR(connection_.SendOnly(wire::RELEASE, stray, deadline));
         }
         if (!in_place.empty() && lend != nullptr) {
           KVPOOL_RETURN_IF_ERROR(
@@ -1293,6 +1313,9 @@ class Client::Impl {
   static constexpr std::chrono::seconds kGpuImportIdle{10};
   std::map<GpuMappingKey, GpuMapping> gpu_mappings_;
   std::map<int, std::string> device_uuids_;  // this process's CUDA devices asked about so far
+  // What this process's CUDA devices are and reach, asked once (the topology does not change).
+  int device_count_ = -1;
+  std::map<std::pair<int, int>, bool> peer_access_;  // CanAccessPeer(device, peer)
   // (this process's device, the daemon's gpu device) pairs whose import failed since the last
   // hello: reads and writes on that device then take host slots for that gpu tier.
   std::set<std::pair<int, int>> import_failed_;

@@ -92,7 +92,10 @@ Status RunLaunch(const ChecksumArgs& args, cudaStream_t stream, uint64_t* host_o
 Result<std::vector<uint64_t>> DeviceChecksumsCuda(const ByteRange* ranges, size_t n, void* stream) {
   std::vector<uint64_t> out(n);
   if (n == 0) return out;
+  // On the current device, the caller's: a range's own device may be a peer whose memory is
+  // mapped for this one only (an imported gpu segment), where a kernel of that peer would fault.
   int device = -1;
+  KVPOOL_CUDA_CHECK(cudaGetDevice(&device));
   for (size_t i = 0; i < n; ++i) {
     cudaPointerAttributes attrs{};
     if (cudaPointerGetAttributes(&attrs, ranges[i].data) != cudaSuccess ||
@@ -100,14 +103,15 @@ Result<std::vector<uint64_t>> DeviceChecksumsCuda(const ByteRange* ranges, size_
       cudaGetLastError();
       return Status::InvalidArgument("device checksum of memory that is not device memory");
     }
-    if (device >= 0 && attrs.device != device) {
-      return Status::InvalidArgument("device checksums of buffers on different devices");
+    int reaches = 0;
+    if (attrs.device != device &&
+        (cudaDeviceCanAccessPeer(&reaches, device, attrs.device) != cudaSuccess || reaches == 0)) {
+      cudaGetLastError();
+      return Status::InvalidArgument("device checksum on CUDA device " + std::to_string(device) +
+                                     " of memory on device " + std::to_string(attrs.device) +
+                                     ", which it does not reach");
     }
-    device = attrs.device;
   }
-  ScopedDevice on(device);
-  if (!on.ok())
-    return Status::Internal("cannot make CUDA device " + std::to_string(device) + " current");
   const auto s = static_cast<cudaStream_t>(stream);
   for (size_t start = 0; start < n; start += kRangesPerLaunch) {
     ChecksumArgs args{};

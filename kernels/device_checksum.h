@@ -40,11 +40,13 @@ struct ByteRange {
 // The CPU twin: dsum of `size` host bytes.
 uint64_t DeviceChecksumCpu(const void* data, size_t size);
 
-// dsum of each of the `n` ranges, all in device memory of one CUDA device, computed by a kernel on
-// that device after the work queued on `stream` (a cudaStream_t; nullptr: the legacy default
-// stream); returns once they are known. InvalidArgument when a range is not device memory or the
-// ranges are on different devices; Internal with CUDA's reason when the kernel failed;
-// Unimplemented in a build without CUDA.
+// dsum of each of the `n` ranges of device memory, computed by a kernel on the calling thread's
+// current CUDA device after the work queued on `stream` (a cudaStream_t of that device; nullptr:
+// its legacy default stream); returns once they are known. The current device must reach every
+// range: its own memory, or a peer's mapped for it (a gpu segment imported for this device).
+// InvalidArgument when a range is not device memory or lies on a device the current one cannot
+// reach peer to peer; Internal with CUDA's reason when the kernel failed; Unimplemented in a
+// build without CUDA.
 Result<std::vector<uint64_t>> DeviceChecksumsCuda(const ByteRange* ranges, size_t n, void* stream);
 
 }  // namespace kvpool::kernels

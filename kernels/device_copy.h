@@ -86,8 +86,10 @@ class DeviceCopyEngine {
     static_cast<void>(device);
     return nullptr;
   }
-  // The device checksum (kernels/device_checksum.h) of each of `n` ranges of device memory on
-  // one device, computed there after the work enqueued on `stream` so far; returns once known.
+  // The device checksum (kernels/device_checksum.h) of each of `n` ranges of device memory,
+  // computed on the calling thread's current device (UseDevice) after the work enqueued on
+  // `stream` so far; returns once known. That device must reach every range: its own memory, or
+  // a peer's imported for it (ImportSegment).
   virtual Result<std::vector<uint64_t>> DeviceChecksums(const ByteRange* ranges, size_t n,
                                                         void* stream) = 0;
   // Maps the gpu segment behind `fd` (`bytes` long; the caller keeps and closes the

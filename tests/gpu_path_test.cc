@@ -308,20 +308,26 @@ TEST_F(GpuPeersTest, AReaderCopiesABlockInAnotherGpusTierPeerToPeer) {
   EXPECT_EQ(after.device_copies - before.device_copies, 3u);
   EXPECT_EQ(after.peer_copies - before.peer_copies, 1u);
 
-  // Borrowed for a kernel on gpu 0, gpu 1's copies are lent where they are (its memory).
+  // Borrowed for a kernel on gpu 0 (each view verified there first), gpu 1's copies are lent
+  // where they are (its memory, imported for gpu 0), beside gpu 0's own and a host view.
   before = after;
-  auto b = client_->Borrow(std::span(keys).first(2), {.gpu_device = 0});
+  auto b = client_->Borrow(keys, {.gpu_device = 0});
   ASSERT_TRUE(b.ok()) << b.status().ToString();
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 3; ++i) {
     const BlockView& v = (*b)[i];
     ASSERT_OK(v.status);
     EXPECT_EQ(v.memory, Memory::kCuda);
     EXPECT_EQ(v.tier, Tier::kGpu);
     Result<int> on = gpu_.DeviceOf(v.data);
     ASSERT_TRUE(on.ok());
-    EXPECT_EQ(*on, 1);
+    EXPECT_EQ(*on, i < 2 ? 1 : 0);
     EXPECT_EQ(gpu_.Read(v.data, size), ref[i]) << "block " << i;
   }
+  ASSERT_OK((*b)[3].status);
+  EXPECT_EQ((*b)[3].memory, Memory::kHost);
+  EXPECT_EQ(std::vector<uint8_t>(static_cast<const uint8_t*>((*b)[3].data),
+                                 static_cast<const uint8_t*>((*b)[3].data) + size),
+            ref[3]);
   EXPECT_OK(b->Verify());
   EXPECT_OK(b->Release());
   after = gpu_.counters();
@@ -334,7 +340,7 @@ TEST_F(GpuPeersTest, AReaderCopiesABlockInAnotherGpusTierPeerToPeer) {
   ASSERT_EQ(st.tiers.size(), 4u);  // gpu0, gpu1, host, disk
   EXPECT_EQ(st.tiers[0].name, "gpu0");
   EXPECT_EQ(st.tiers[1].name, "gpu1");
-  EXPECT_EQ(st.tiers[0].hits, 2u);       // one read onto each GPU
+  EXPECT_EQ(st.tiers[0].hits, 3u);       // one read onto each GPU, one lent
   EXPECT_EQ(st.tiers[0].peer_hits, 1u);  // onto gpu 1
   EXPECT_EQ(st.tiers[1].hits, 6u);       // two onto each GPU, two lent
   EXPECT_EQ(st.tiers[1].peer_hits, 4u);  // onto gpu 0, and lent to it

@@ -161,8 +161,11 @@ Result<std::unique_ptr<kernels::ImportedSegment>> FakeDevice::ImportSegment(int 
   {
     std::lock_guard<std::mutex> lock(mu_);
     allocations_[reinterpret_cast<uintptr_t>(p)] = {static_cast<uint8_t*>(p),
-                                                    static_cast<uint8_t*>(view), bytes,
-                                                    /*owned=*/false, gpu};
+                                                    static_cast<uint8_t*>(view),
+                                                    bytes,
+                                                    /*owned=*/false,
+                                                    gpu,
+                                                    device};
   }
   return std::unique_ptr<kernels::ImportedSegment>(
       std::make_unique<Imported>(*this, static_cast<uint8_t*>(p), bytes));
@@ -182,6 +185,29 @@ void FakeDevice::AddDevice(int device) {
 void FakeDevice::SetPeerAccess(bool can) {
   std::lock_guard<std::mutex> lock(mu_);
   peer_access_ = can;
+}
+
+namespace {
+thread_local int current_device = -1;  // FakeDevice::UseDevice's; -1: none made current
+}  // namespace
+
+std::shared_ptr<void> FakeDevice::UseDevice(int device) {
+  if (device < 0) return nullptr;
+  const int before = current_device;
+  current_device = device;
+  return std::shared_ptr<void>(nullptr, [before](void*) { current_device = before; });
+}
+
+Status FakeDevice::ReachableLocked(const void* ptr, size_t bytes) const {
+  const Allocation* a = FindLocked(ptr, bytes);
+  if (a == nullptr) return Status::InvalidArgument("FakeDevice: outside device memory");
+  const int reaching = a->mapped_for >= 0 ? a->mapped_for : a->gpu;
+  if (current_device < 0 || current_device == reaching) return Status::OK();
+  return Status::InvalidArgument("FakeDevice: device " + std::to_string(current_device) +
+                                 " cannot reach memory of device " + std::to_string(a->gpu) +
+                                 (a->mapped_for >= 0
+                                      ? " imported for device " + std::to_string(a->mapped_for)
+                                      : std::string()));
 }
 
 bool FakeDevice::KnownLocked(int device) const {
@@ -355,6 +381,8 @@ Status FakeDevice::CopyAsync(void* dst, const void* src, size_t bytes,
     if (to == nullptr || from == nullptr) {
       return Status::InvalidArgument("FakeDevice: a device side outside device memory");
     }
+    KVPOOL_RETURN_IF_ERROR(ReachableLocked(dst, bytes));
+    KVPOOL_RETURN_IF_ERROR(ReachableLocked(src, bytes));
     queued_[stream].push_back({ViewOfLocked(dst, bytes), ViewOfLocked(src, bytes), bytes});
     ++counters_.device_copies;
     counters_.device_bytes += bytes;
@@ -366,6 +394,7 @@ Status FakeDevice::CopyAsync(void* dst, const void* src, size_t bytes,
   const void* host_side = to_device ? src : dst;
   uint8_t* view = ViewOfLocked(device_side, bytes);
   if (view == nullptr) return Status::InvalidArgument("FakeDevice: device side outside memory");
+  KVPOOL_RETURN_IF_ERROR(ReachableLocked(device_side, bytes));
   if (ViewOfLocked(host_side, 1) != nullptr) {
     return Status::InvalidArgument("FakeDevice: host side is device memory");
   }
@@ -440,6 +469,7 @@ Result<std::vector<uint64_t>> FakeDevice::DeviceChecksums(const kernels::ByteRan
     if (view == nullptr) {
       return Status::InvalidArgument("FakeDevice: device checksum outside an allocation");
     }
+    KVPOOL_RETURN_IF_ERROR(ReachableLocked(ranges[i].data, ranges[i].size));
     out[i] = kernels::DeviceChecksumCpu(view, ranges[i].size);
     ++counters_.checksums;
   }

@@ -18,7 +18,10 @@
 // One double may stand for several GPUs of a node (AddDevice): each allocation and arena is on
 // one of them, an import remembers the GPU the segment is on, every pair reaches each other peer
 // to peer unless SetPeerAccess says not (then an import for another GPU fails, as CUDA's access
-// grant would), and a copy between two GPUs' memory counts as a peer copy.
+// grant would), and a copy between two GPUs' memory counts as a peer copy. On a thread that made a
+// device current (UseDevice), copies and device checksums refuse device memory that device
+// cannot reach, as a kernel or copy of that device would fault: another GPU's own memory, or a
+// segment imported for another GPU.
 //
 // Thread safety: every method may be called from any thread.
 
@@ -109,6 +112,8 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
   Result<std::string> DeviceUuid(int device) const override;  // "fake-gpu-N", 16 bytes
   int DeviceCount() const override;                           // the highest device added, plus one
   bool CanAccessPeer(int device, int peer) const override;
+  // Makes `device` the calling thread's current one until the guard goes.
+  std::shared_ptr<void> UseDevice(int device) override;
   Status CopyAsync(void* dst, const void* src, size_t bytes, kernels::CopyDirection direction,
                    void* stream) override;
   Status Wait(void* stream) override;
@@ -128,13 +133,16 @@ class FakeDevice final : public kernels::DeviceCopyEngine {
     uint8_t* device = nullptr;  // PROT_NONE
     uint8_t* view = nullptr;    // read-write
     size_t bytes = 0;
-    bool owned = true;  // Alloc's (unmapped here); an arena's segments are the arena's
-    int gpu = 0;        // the GPU it is on
+    bool owned = true;    // Alloc's (unmapped here); an arena's segments are the arena's
+    int gpu = 0;          // the GPU it is on
+    int mapped_for = -1;  // an import: the GPU it was imported for (the only one reaching it)
   };
   // Maps a fresh memfd of `bytes` at `device` (MAP_FIXED, no access) and in a new view; returns
   // the memfd, registered as an allocation on GPU `gpu` (replacing the one at `device`).
   int MapFresh(uint8_t* device, size_t bytes, int gpu);
   bool KnownLocked(int device) const;
+  // OK when the thread's current device (UseDevice; none: any) reaches [ptr, ptr + bytes).
+  Status ReachableLocked(const void* ptr, size_t bytes) const;
   // The allocation holding [ptr, ptr + bytes), or nullptr.
   const Allocation* FindLocked(const void* ptr, size_t bytes) const;
   void Unregister(uint8_t* device);
