@@ -346,8 +346,10 @@ class Client::Impl {
       KVPOOL_ASSIGN_OR_RETURN(
           mapped, mappings_.EnsureMapped(segs, /*writable=*/false, segment_source_, deadline));
     }
-    size_t host_k = 0;                 // the next host block's place in `mapped`
-    std::vector<size_t> device_views;  // caller indices of the device views lent
+    size_t host_k = 0;                     // the next host block's place in `mapped`
+    std::vector<size_t> device_views;      // caller indices of the device views lent
+    std::vector<uint64_t> refused_leases;  // of blocks not lent after all, ended at once
+    std::vector<BlockKey> bad;             // gpu copies that failed their check here
     for (const InPlace& b : blocks) {
       GetResult& r = out[b.index];
       BlockView& v = lend.views[b.index];
@@ -379,7 +381,10 @@ class Client::Impl {
           hold = *std::move(seg);
         }
       }
-      if (!r.status.ok()) continue;
+      if (!r.status.ok()) {
+        refused_leases.push_back(b.lease_id);
+        continue;
+      }
       r.size = b.size;
       r.tier = b.tier;
       v = BlockView{Status::OK(),
@@ -399,8 +404,6 @@ class Client::Impl {
       for (size_t i : device_views) views.push_back(&lend.views[i]);
       // Each view gets its status.
       VerifyDeviceViews(*device_engine_, views, lend.stream).IgnoreError();
-      std::vector<uint64_t> refused_leases;
-      std::vector<BlockKey> bad;
       for (const InPlace& b : blocks) {
         BlockView& v = lend.views[b.index];
         if (!b.gpu || !lend.lent[b.index] || v.status.ok()) continue;
@@ -409,15 +412,14 @@ class Client::Impl {
         refused_leases.push_back(b.lease_id);
         if (v.status.code() == StatusCode::kCorruption) bad.push_back(keys[b.index]);
       }
-      if (!refused_leases.empty()) {
-        std::erase_if(lend.lease_ids, [&](uint64_t id) {
-          return std::find(refused_leases.begin(), refused_leases.end(), id) !=
-                 refused_leases.end();
-        });
-        KVPOOL_RETURN_IF_ERROR(ReleaseLeases(refused_leases, epoch_));
-        DropBadGpuCopies(bad, epoch_);
-      }
     }
+    if (!refused_leases.empty()) {
+      std::erase_if(lend.lease_ids, [&](uint64_t id) {
+        return std::find(refused_leases.begin(), refused_leases.end(), id) != refused_leases.end();
+      });
+      KVPOOL_RETURN_IF_ERROR(ReleaseLeases(refused_leases, epoch_));
+    }
+    DropBadGpuCopies(bad, epoch_);  // after their leases ended: the daemon drops them
     return Status::OK();
   }
 
@@ -820,16 +822,6 @@ class Client::Impl {
                                      bool accept_encoded, GetStaging& staging, int gpu_device,
                                      BorrowedBlocks::State* lend = nullptr, bool verify_lent = true,
                                      std::vector<QueuedCopies>* queued = nullptr) {
-    // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there, and its gpu
-    // tiers on GPUs that one reads peer to peer.
-    int daemon_gpu = -1;
-    uint64_t peer_gpus = 0;
-    if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty()) {
-      Result<int> d = DaemonGpuOf(gpu_device);
-      if (d.ok() && !import_failed_.contains({gpu_device, *d})) daemon_gpu = *d;
-      peer_gpus = PeerGpusOf(gpu_device, d.ok() ? *d : -1);
-    }
-    const bool ask_gpu = daemon_gpu >= 0 || peer_gpus != 0;
     const BufferFor host_buffer_for = [&](size_t i, uint64_t size) {
       return staging.HostTarget(i, buffer_for(i, size));
     };
@@ -837,7 +829,20 @@ class Client::Impl {
     std::vector<size_t> todo(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
     while (!todo.empty()) {
+      // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there, and its gpu
+      // tiers on GPUs that one reads peer to peer; each round, since a gpu tier this process
+      // failed to import is asked for no more.
+      int daemon_gpu = -1;
+      uint64_t peer_gpus = 0;
+      if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty()) {
+        Result<int> d = DaemonGpuOf(gpu_device);
+        if (d.ok() && !import_failed_.contains({gpu_device, *d})) daemon_gpu = *d;
+        peer_gpus = PeerGpusOf(gpu_device, d.ok() ? *d : -1);
+      }
+      const bool ask_gpu = daemon_gpu >= 0 || peer_gpus != 0;
       std::vector<size_t> deferred;
+      // Blocks whose gpu slot could not be imported here: asked again, from host.
+      std::vector<size_t> through_host;
       for (size_t start = 0; start < todo.size(); start += server_.max_batch_keys) {
         const size_t end = std::min(todo.size(), start + server_.max_batch_keys);
         wire::GetRequest req;
@@ -961,12 +966,22 @@ class Client::Impl {
         if (stray.lease_ids_size() > 0) {
           KVPOOL_RETURN_IF_ERROR(connection_.SendOnly(wire::RELEASE, stray, deadline));
         }
+        std::vector<std::pair<size_t, int>> gpu_slots;  // (index, the daemon's device)
+        for (const InPlace& b : in_place) {
+          if (b.gpu) gpu_slots.emplace_back(b.index, b.gpu_device);
+        }
         if (!in_place.empty() && lend != nullptr) {
           KVPOOL_RETURN_IF_ERROR(
               Lend(keys, in_place, out, *lend, gpu_device, verify_lent, deadline));
         } else if (!in_place.empty()) {
           KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffer_for, std::move(in_place), out, staging,
                                              gpu_device, deadline, queued));
+        }
+        for (auto [i, on] : gpu_slots) {
+          if (!out[i].status.ok() && import_failed_.contains({gpu_device, on})) {
+            out[i] = GetResult{};  // its lease went with the others'
+            through_host.push_back(i);
+          }
         }
         if (!over_ucx.empty()) {
           ReceiveOverUcx(keys, host_buffer_for, tag_base, over_ucx, out, deadline);
@@ -975,6 +990,8 @@ class Client::Impl {
       if (deferred.size() == todo.size()) {
         return Status::Internal("kvpoold deferred every block of a GET");
       }
+      // Ends: each block asked again through host added a pair to import_failed_.
+      deferred.insert(deferred.end(), through_host.begin(), through_host.end());
       todo = std::move(deferred);
     }
     return out;

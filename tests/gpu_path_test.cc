@@ -364,35 +364,42 @@ TEST_F(GpuPeersTest, APeerTierThatCannotBeMappedIsReadFromHostFromThenOn) {
   const size_t size = 100000;
   const auto ref = PutAcrossTheGpus(20, size);
   const std::vector<BlockKey> keys = Keys(20, 4);
-  const std::vector<BlockKey> peer_held = {keys[0]};
-  // The driver refuses the mapping (CUDA said peer access, the access grant failed): this read
-  // misses that block, as a failed own-GPU import does.
+  // The driver refuses the mappings (CUDA said peer access, the access grant failed; the own
+  // GPU's too here): the read asks for those blocks again, from host, in the same call.
   gpu_.FailImports(Status::Unavailable("no peer mapping (the test's)"));
-  std::vector<MutableBuffer> one = {{gpu_.Alloc(size, 0), size, Memory::kCuda}};
-  auto got = client_->Get(peer_held, one);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_FALSE((*got)[0].status.ok());
-  gpu_.FailImports(Status::OK());
-  // From then on this GPU takes that tier's blocks from host; its own tier and the other GPU's
-  // reads are as before.
   auto before = gpu_.counters();
-  EXPECT_EQ(GetOnto(0, keys, ref),
-            (std::vector<Tier>{Tier::kHost, Tier::kHost, Tier::kGpu, Tier::kHost}));
+  EXPECT_EQ(GetOnto(0, keys, ref), std::vector<Tier>(4, Tier::kHost));
   auto after = gpu_.counters();
-  EXPECT_EQ(after.peer_copies - before.peer_copies, 0u);
-  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 3u);
-  before = after;
-  EXPECT_EQ(GetOnto(1, keys, ref),
-            (std::vector<Tier>{Tier::kGpu, Tier::kGpu, Tier::kGpu, Tier::kHost}));
+  EXPECT_EQ(after.device_copies - before.device_copies, 0u);
+  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 4u);
+  // A borrow the same: views into host, the refused gpu leases ended at once.
+  auto lent = client_->Borrow(keys, {.gpu_device = 1});
+  ASSERT_TRUE(lent.ok()) << lent.status().ToString();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE((*lent)[i].status.ok()) << "block " << i << ": " << (*lent)[i].status.ToString();
+    EXPECT_EQ((*lent)[i].memory, Memory::kHost);
+    EXPECT_EQ(std::vector<uint8_t>(static_cast<const uint8_t*>((*lent)[i].data),
+                                   static_cast<const uint8_t*>((*lent)[i].data) + size),
+              ref[i]);
+  }
+  EXPECT_EQ(client_->Stats()->leases_active, 4u);  // the host views' only
+  EXPECT_OK(lent->Release());
+  gpu_.FailImports(Status::OK());
+  // From then on these GPUs take those tiers' blocks from host without trying.
+  before = gpu_.counters();
+  EXPECT_EQ(GetOnto(0, keys, ref), std::vector<Tier>(4, Tier::kHost));
   after = gpu_.counters();
-  EXPECT_EQ(after.peer_copies - before.peer_copies, 1u);
+  EXPECT_EQ(after.device_copies - before.device_copies, 0u);
+  EXPECT_EQ(after.to_device_copies - before.to_device_copies, 4u);
   // A new connection tries again.
   ASSERT_OK(client_->Reconnect());
   before = gpu_.counters();
   EXPECT_EQ(GetOnto(0, keys, ref),
             (std::vector<Tier>{Tier::kGpu, Tier::kGpu, Tier::kGpu, Tier::kHost}));
   EXPECT_EQ(gpu_.counters().peer_copies - before.peer_copies, 2u);
-  gpu_.Free(one[0].data);
+  const DaemonStats st =
+      WaitForStats(*client_, [](const DaemonStats& s) { return s.leases_active == 0; });
+  EXPECT_EQ(st.leases_active, 0u);
 }
 
 // Polls until every key's fastest tier is `tier` (placements after a put or a session load run
