@@ -16,12 +16,14 @@
 #    kvpool-gpu-tier-check: kvpoold's gpu tier end to end (a put from device memory placed in
 #    the gpu tier, gets device to device by CUDA IPC beside cudaMemcpy D2D, gets from the host
 #    arena beside cudaMemcpy H2D from cudaMallocHost, device views borrowed, a second process
-#    reading by CUDA IPC), every block checked byte for byte.
+#    reading by CUDA IPC; with a second GPU that reaches the first, a get onto it peer to peer
+#    beside cudaMemcpy between the two), every block checked byte for byte.
 # 5. Where the bundle holds nccl_link_test (transport/nccl_link.h, built with NCCL), runs it
 #    with the machine's own libnccl: a single-rank link sending blocks to itself (bytes
 #    compared), a transfer nobody completes aborted by its deadline and a new link working after
 #    it, and two ranks (on one GPU NCCL is expected to refuse them by their deadline: two ranks
-#    need two GPUs). kvpoold does not use NCCL links yet.
+#    need two GPUs). kvpoold's daemon-to-daemon gpu links (daemon/gpu_links.h, --nccl) run on
+#    these links; between two daemons they need two GPUs.
 # 6. Prints the short tables last: paste them into docs/BENCHMARKS.md with the date and the card.
 #
 # Usage: bench/gpu/device_check.sh [--quick] [kvpool-kernel-check flags]
