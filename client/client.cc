@@ -864,7 +864,15 @@ class Client::Impl {
           req.set_via_ucx(true);
           req.set_ucx_tag_base(tag_base);
         }
-        wire::GetResponse resp;
+        // The answer lives on an arena that starts on the stack: parsing it allocates nothing
+        // per block (a BlockInfo and its slot would each be a malloc).
+        alignas(16) char arena_start[8192];
+        google::protobuf::ArenaOptions arena_options;
+        arena_options.initial_block = arena_start;
+        arena_options.initial_block_size = sizeof(arena_start);
+        google::protobuf::Arena arena(arena_options);
+        wire::GetResponse& resp =
+            *google::protobuf::Arena::CreateMessage<wire::GetResponse>(&arena);
         FrameHeader rh;
         const Deadline deadline = connection_.NewDeadline();
         KVPOOL_RETURN_IF_ERROR(connection_.ExchangeOnce(wire::GET, req, {}, &resp, deadline, &rh));
