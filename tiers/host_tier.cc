@@ -84,6 +84,7 @@ HostTier::HostTier(uint8_t* base, const HostTierOptions& options, uint32_t segme
       cuda_device_(options.cuda_device) {
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
+  generations_ = std::make_unique<std::atomic<uint32_t>[]>(segment_count);
 }
 
 HostTier::~HostTier() {
@@ -190,7 +191,7 @@ int HostTier::InstallMemfdLocked(uint32_t index, int fd) {
   Segment& seg = segments_[index];
   const int old = seg.fd;
   seg.fd = fd;
-  ++seg.generation;
+  generations_[index].fetch_add(1, std::memory_order_release);
   return old;
 }
 
@@ -395,8 +396,8 @@ void HostTier::PunchPages(int fd) const {
 
 SegmentLocation HostTier::Locate(uint64_t offset) const {
   const uint32_t index = static_cast<uint32_t>(offset / segment_bytes_);
-  absl::MutexLock lock(&mu_);
-  return SegmentLocation{index, segments_[index].generation, offset % segment_bytes_};
+  return SegmentLocation{index, generations_[index].load(std::memory_order_acquire),
+                         offset % segment_bytes_};
 }
 
 Result<int> HostTier::ExportSegment(uint32_t index, uint32_t generation, NamespaceId ns,
@@ -407,7 +408,8 @@ Result<int> HostTier::ExportSegment(uint32_t index, uint32_t generation, Namespa
   const Segment& seg = segments_[index];
   // Another namespace's segment and a stale generation get one answer: a tenant learns nothing
   // of other tenants' segments (whose they are, whether and how often they were renewed).
-  if (pages_.OwnerOf(index) != ns || ns == kNoNamespace || seg.generation != generation) {
+  if (pages_.OwnerOf(index) != ns || ns == kNoNamespace ||
+      generations_[index].load(std::memory_order_relaxed) != generation) {
     return Status::NotFound("host segment " + std::to_string(index) + " generation " +
                             std::to_string(generation) +
                             " is not this namespace's (recycled, or never its own)");

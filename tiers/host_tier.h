@@ -24,6 +24,7 @@
 // returns a stable pointer for the life of the tier; the caller's lease protocol (see
 // tiers/tier_manager.h) decides who may touch a slot's bytes.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -128,8 +129,7 @@ class HostTier final : public SegmentedTier {
  private:
   // The memory behind a segment (SegmentPages keeps its pages and owner).
   struct Segment {
-    int fd = -1;              // this segment's memfd
-    uint32_t generation = 0;  // bumped each time the segment gets a fresh memfd
+    int fd = -1;  // this segment's memfd
   };
 
   // Fresh memory made ahead for a renewal (HostTierOptions::standby_segments): a sealed memfd
@@ -224,6 +224,10 @@ class HostTier final : public SegmentedTier {
 
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> seg_registered_ ABSL_GUARDED_BY(mu_);  // pinned with CUDA
+  // Each segment's generation, bumped (under mu_) each time it gets a fresh memfd. Locate reads
+  // it without mu_: every GET names each block's slot with it, and a block that is leased or
+  // being written keeps its segment from renewal.
+  std::unique_ptr<std::atomic<uint32_t>[]> generations_;
 };
 
 }  // namespace kvpool::tiers
