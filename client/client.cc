@@ -203,6 +203,9 @@ class Client::Impl {
   static void UseCopyEngine(Client& client, kernels::DeviceCopyEngine* engine) {
     client.impl_->device_engine_ = engine;
   }
+  static size_t StagingKeptBytes(Client& client) {
+    return client.impl_->staging_pool_->kept_bytes();
+  }
   // One request of the daemons' own (client/peer_calls.h).
   template <typename Req, typename Resp>
   static Status PeerCall(Client& client, uint16_t type, const Req& req, Resp* resp) {
@@ -823,7 +826,7 @@ class Client::Impl {
                                      BorrowedBlocks::State* lend = nullptr, bool verify_lent = true,
                                      std::vector<QueuedCopies>* queued = nullptr) {
     const BufferFor host_buffer_for = [&](size_t i, uint64_t size) {
-      return staging.HostTarget(i, buffer_for(i, size));
+      return staging.HostTarget(i, buffer_for(i, size), size);
     };
     std::vector<GetResult> out(keys.size());
     std::vector<size_t> todo(keys.size());
@@ -1366,6 +1369,8 @@ namespace client {
 void UseCopyEngineForTest(Client& client, kernels::DeviceCopyEngine* engine) {
   Client::Impl::UseCopyEngine(client, engine);
 }
+
+size_t StagingKeptBytesForTest(Client& client) { return Client::Impl::StagingKeptBytes(client); }
 
 Status PeerCall(Client& client, const wire::GpuLinkJoinRequest& req,
                 wire::GpuLinkJoinResponse* resp) {

@@ -80,16 +80,17 @@ StagingPool::~StagingPool() {
   }
 }
 
-MutableBuffer GetStaging::HostTarget(size_t index, const MutableBuffer& caller) {
+MutableBuffer GetStaging::HostTarget(size_t index, const MutableBuffer& caller, uint64_t size) {
   if (caller.memory != Memory::kCuda) return caller;
+  const size_t need = std::max<size_t>(1, std::min<uint64_t>(caller.capacity, size));
   std::shared_ptr<StagingPool::Buffer>& buf = staged_[index];
-  if (buf == nullptr || buf->capacity < caller.capacity) {
+  if (buf == nullptr || buf->capacity < need) {
     if (pool_ != nullptr) {
-      buf = pool_->Take(caller.capacity, device_);
+      buf = pool_->Take(need, device_);
     } else {
       // Unpooled, unpinned: a buffer of its own, freed with the handle.
       auto* plain = new StagingPool::Buffer;
-      plain->capacity = std::max<size_t>(caller.capacity, 1);
+      plain->capacity = need;
       plain->data = new uint8_t[plain->capacity];
       buf = std::shared_ptr<StagingPool::Buffer>(plain, [](StagingPool::Buffer* b) {
         delete[] b->data;
@@ -97,7 +98,7 @@ MutableBuffer GetStaging::HostTarget(size_t index, const MutableBuffer& caller) 
       });
     }
   }
-  return {buf->data, caller.capacity};
+  return {buf->data, std::min(caller.capacity, buf->capacity)};
 }
 
 uint8_t* GetStaging::Staged(size_t index) {

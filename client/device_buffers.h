@@ -75,9 +75,11 @@ class GetStaging {
              std::shared_ptr<StagingPool> pool = nullptr)
       : engine_(engine), stream_(stream), device_(device), pool_(std::move(pool)) {}
 
-  // Where block `index` lands in host memory: `caller` itself when it is host memory, else a
-  // bounce buffer of its capacity (the too-small check then sees the caller's capacity).
-  MutableBuffer HostTarget(size_t index, const MutableBuffer& caller);
+  // Where block `index` (`size` bytes) lands in host memory: `caller` itself when it is host
+  // memory, else a bounce buffer of the block's size, or of the caller's capacity when that is
+  // less (the too-small check then fails as it would on the caller's buffer). Never more: an
+  // engine that passes one large device buffer per block does not get bounce buffers as large.
+  MutableBuffer HostTarget(size_t index, const MutableBuffer& caller, uint64_t size);
   // The engine and stream of the call's device copies (nullptr engine: no device buffers).
   kernels::DeviceCopyEngine* engine() const { return engine_; }
   void* stream() const { return stream_; }
@@ -106,6 +108,8 @@ class GetStaging {
 // Test hook (no GPU): `client`'s device buffers are copied by `engine` (e.g. the double in
 // tests/support/fake_device.h) instead of the CUDA runtime's. Not owned; must outlive `client`.
 void UseCopyEngineForTest(Client& client, kernels::DeviceCopyEngine* engine);
+// Test hook: bytes of bounce buffers `client` keeps for reuse (StagingPool::kept_bytes).
+size_t StagingKeptBytesForTest(Client& client);
 // The same for a C API client (include/kvpool/kvpool.h).
 void UseCopyEngineForTest(kvpool_client* client, kernels::DeviceCopyEngine* engine);
 

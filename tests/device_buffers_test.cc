@@ -113,6 +113,28 @@ TEST_P(DeviceBuffersTest, DeviceRoundTripIsByteExact) {
   }
 }
 
+TEST_P(DeviceBuffersTest, ALargeDeviceBufferGetsABounceBufferOfTheBlocksSize) {
+  // An engine may hand one large device buffer per block (a whole layer's room, say). A block
+  // that comes as bytes (the socket path) is bounced through host memory of its own size.
+  const size_t size = 4096;
+  const auto ref = PutFromDevice(900, 1, size);
+  const size_t room = 32u << 20;
+  std::vector<MutableBuffer> bufs = {{device_.Alloc(room), room, Memory::kCuda}};
+  const BlockKey key = KeyOf(900);
+  auto got = client_->Get(std::span(&key, 1), bufs);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK((*got)[0].status);
+  EXPECT_EQ(device_.Read(bufs[0].data, size), ref[0]);
+  // Kept for reuse afterwards: at most the smallest bounce buffer (64 KiB), not 32 MiB.
+  EXPECT_LE(client::StagingKeptBytesForTest(*client_), size_t{64} << 10);
+  // A buffer smaller than the block is still refused as too small.
+  std::vector<MutableBuffer> small = {{device_.Alloc(size / 2), size / 2, Memory::kCuda}};
+  auto refused = client_->Get(std::span(&key, 1), small);
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ((*refused)[0].status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*refused)[0].size, size);
+}
+
 TEST_P(DeviceBuffersTest, SharedMemoryPathCopiesStraightBetweenDeviceAndArena) {
   const size_t size = 256 << 10;
   const auto before = device_.counters();
