@@ -376,8 +376,10 @@ class Client::Impl {
       } else if (!b.device_checksum) {
         r.status = Status::Corruption("kvpoold sent a gpu slot without its device checksum");
       } else {
+        bool refused = false;
         Result<std::shared_ptr<kernels::ImportedSegment>> seg =
-            GpuSegment(b.gpu_device, local_gpu, b.segment, b.generation, deadline);
+            GpuSegment(b.gpu_device, local_gpu, b.segment, b.generation, deadline, &refused);
+        if (refused) import_refused_.push_back(b.index);
         r.status = seg.status();
         if (seg.ok()) {
           data = (*seg)->data() + b.offset;
@@ -567,11 +569,13 @@ class Client::Impl {
   // import keeps the segment's memory allocated on the daemon's GPU, also after the daemon renewed
   // the segment (gave it fresh memory, for another namespace): so imports unused for kGpuImportIdle
   // are dropped at the next call here, and an import of an older generation when the segment is
-  // next met. A copy in flight holds its own reference.
+  // next met. A copy in flight holds its own reference. `refused` (may be null) is set when the
+  // import itself failed (the pair goes into import_failed_).
   Result<std::shared_ptr<kernels::ImportedSegment>> GpuSegment(int daemon_gpu, int local_gpu,
                                                                uint32_t segment,
                                                                uint32_t generation,
-                                                               Deadline deadline) {
+                                                               Deadline deadline,
+                                                               bool* refused = nullptr) {
     const int device = daemon_gpu;
     const auto now = std::chrono::steady_clock::now();
     const GpuMappingKey key{device, segment, local_gpu};
@@ -614,6 +618,7 @@ class Client::Impl {
       // This process's device cannot reach that gpu tier (no peer access, an old driver): the
       // next gets and puts on it ask for host slots there.
       import_failed_.insert({local_gpu, device});
+      if (refused != nullptr) *refused = true;
       return imported.status().WithContext("importing a gpu segment");
     }
     GpuMapping& m = gpu_mappings_[key];
@@ -648,8 +653,10 @@ class Client::Impl {
         r.status = Status::Internal("gpu slot outside its segment");
         continue;
       }
+      bool refused = false;
       Result<std::shared_ptr<kernels::ImportedSegment>> seg =
-          GpuSegment(b.gpu_device, local_gpu, b.segment, b.generation, deadline);
+          GpuSegment(b.gpu_device, local_gpu, b.segment, b.generation, deadline, &refused);
+      if (refused) import_refused_.push_back(b.index);
       if (!seg.ok()) {
         r.status = seg.status();
         continue;
@@ -832,22 +839,22 @@ class Client::Impl {
     std::vector<size_t> todo(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
     while (!todo.empty()) {
-      // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there, and its gpu
-      // tiers on GPUs that one reads peer to peer; each round, since a gpu tier this process
-      // failed to import is asked for no more.
-      int daemon_gpu = -1;
-      uint64_t peer_gpus = 0;
-      if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty()) {
-        Result<int> d = DaemonGpuOf(gpu_device);
-        if (d.ok() && !import_failed_.contains({gpu_device, *d})) daemon_gpu = *d;
-        peer_gpus = PeerGpusOf(gpu_device, d.ok() ? *d : -1);
-      }
-      const bool ask_gpu = daemon_gpu >= 0 || peer_gpus != 0;
       std::vector<size_t> deferred;
       // Blocks whose gpu slot could not be imported here: asked again, from host.
       std::vector<size_t> through_host;
       for (size_t start = 0; start < todo.size(); start += server_.max_batch_keys) {
         const size_t end = std::min(todo.size(), start + server_.max_batch_keys);
+        // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there, and its gpu
+        // tiers on GPUs that one reads peer to peer; each batch, since a gpu tier this process
+        // failed to import is asked for no more.
+        int daemon_gpu = -1;
+        uint64_t peer_gpus = 0;
+        if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty()) {
+          Result<int> d = DaemonGpuOf(gpu_device);
+          if (d.ok() && !import_failed_.contains({gpu_device, *d})) daemon_gpu = *d;
+          peer_gpus = PeerGpusOf(gpu_device, d.ok() ? *d : -1);
+        }
+        const bool ask_gpu = daemon_gpu >= 0 || peer_gpus != 0;
         wire::GetRequest req;
         std::string* packed = req.mutable_packed_keys();
         packed->reserve((end - start) * BlockKey::kSize);
@@ -977,10 +984,7 @@ class Client::Impl {
         if (stray.lease_ids_size() > 0) {
           KVPOOL_RETURN_IF_ERROR(connection_.SendOnly(wire::RELEASE, stray, deadline));
         }
-        std::vector<std::pair<size_t, int>> gpu_slots;  // (index, the daemon's device)
-        for (const InPlace& b : in_place) {
-          if (b.gpu) gpu_slots.emplace_back(b.index, b.gpu_device);
-        }
+        import_refused_.clear();
         if (!in_place.empty() && lend != nullptr) {
           KVPOOL_RETURN_IF_ERROR(
               Lend(keys, in_place, out, *lend, gpu_device, verify_lent, deadline));
@@ -988,11 +992,9 @@ class Client::Impl {
           KVPOOL_RETURN_IF_ERROR(CopyInPlace(keys, buffer_for, std::move(in_place), out, staging,
                                              gpu_device, deadline, queued));
         }
-        for (auto [i, on] : gpu_slots) {
-          if (!out[i].status.ok() && import_failed_.contains({gpu_device, on})) {
-            out[i] = GetResult{};  // its lease went with the others'
-            through_host.push_back(i);
-          }
+        for (size_t i : import_refused_) {
+          out[i] = GetResult{};  // its lease ended with the others' (or at once, when lent)
+          through_host.push_back(i);
         }
         if (!over_ucx.empty()) {
           ReceiveOverUcx(keys, host_buffer_for, tag_base, over_ucx, out, deadline);
@@ -1347,6 +1349,9 @@ class Client::Impl {
   // (this process's device, the daemon's gpu device) pairs whose import failed since the last
   // hello: reads and writes on that device then take host slots for that gpu tier.
   std::set<std::pair<int, int>> import_failed_;
+  // The blocks (indices into a get's keys) whose gpu slot Lend or CopyFromGpu could not import
+  // in the batch under way: Get asks for them again, from host.
+  std::vector<size_t> import_refused_;
   static constexpr int kMaxPeerGpu = 63;  // GetRequest.peer_gpu_devices' range
   uint64_t epoch_ = 0;  // counts connections (hellos), for borrowed blocks' leases
   // What borrowed blocks reach this client through; nulled when it goes.

@@ -28,8 +28,10 @@ std::shared_ptr<StagingPool::Buffer> StagingPool::Take(size_t bytes, int device)
   size_t capacity = size_t{64} << 10;
   while (capacity < bytes) capacity <<= 1;
   Buffer* b = nullptr;
+  std::vector<Buffer*> stale;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    TakeStaleLocked(std::chrono::steady_clock::now(), stale);
     auto it = free_.find(capacity);
     if (it != free_.end() && !it->second.empty()) {
       b = it->second.back();
@@ -37,6 +39,7 @@ std::shared_ptr<StagingPool::Buffer> StagingPool::Take(size_t bytes, int device)
       kept_bytes_ -= capacity;
     }
   }
+  for (Buffer* s : stale) Free(s);
   if (b == nullptr) {
     auto fresh = std::make_unique<Buffer>();
     fresh->capacity = capacity;
@@ -57,15 +60,32 @@ size_t StagingPool::kept_bytes() {
 }
 
 void StagingPool::Give(Buffer* b) {
+  std::vector<Buffer*> stale;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    TakeStaleLocked(now, stale);
     if (kept_bytes_ + b->capacity <= kKeepBytes) {
-      free_[b->capacity].push_back(b);
+      b->given_at = now;
+      free_[b->capacity].push_back(b);  // the most recent last: Take reuses it first
       kept_bytes_ += b->capacity;
-      return;
+      b = nullptr;
     }
   }
-  Free(b);
+  for (Buffer* s : stale) Free(s);
+  if (b != nullptr) Free(b);
+}
+
+void StagingPool::TakeStaleLocked(std::chrono::steady_clock::time_point now,
+                                  std::vector<Buffer*>& stale) {
+  for (auto& [capacity, list] : free_) {
+    // Oldest first in each list.
+    size_t n = 0;
+    while (n < list.size() && now - list[n]->given_at > idle_) ++n;
+    stale.insert(stale.end(), list.begin(), list.begin() + static_cast<ptrdiff_t>(n));
+    list.erase(list.begin(), list.begin() + static_cast<ptrdiff_t>(n));
+    kept_bytes_ -= n * capacity;
+  }
 }
 
 void StagingPool::Free(Buffer* b) {

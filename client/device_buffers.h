@@ -9,6 +9,7 @@
 //
 // Thread safety: none (one per call, like the Client).
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -40,11 +41,16 @@ Result<int> CheckDeviceRange(const kernels::DeviceCopyEngine& engine, const void
 // Thread safety: Take may be called from any thread (one mutex).
 class StagingPool : public std::enable_shared_from_this<StagingPool> {
  public:
+  // How long a buffer given back stays kept unused before it is freed (unpinned).
+  static constexpr std::chrono::milliseconds kIdle{60000};
+  explicit StagingPool(std::chrono::milliseconds idle = kIdle) : idle_(idle) {}
+
   struct Buffer {
     uint8_t* data = nullptr;
     size_t capacity = 0;  // bytes (a power of two, at least 64 KiB, aligned to 64 KiB)
     bool pinned = false;
     int pinned_on = -1;  // the device current when it was pinned (and so when it is unpinned)
+    std::chrono::steady_clock::time_point given_at;  // when last given back
   };
   // A buffer of at least `bytes`, pinned when CUDA allows it, with CUDA device `device` current
   // (pinned memory serves every device; the registration needs a context, and this one is the
@@ -52,7 +58,8 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   std::shared_ptr<Buffer> Take(size_t bytes, int device);
   ~StagingPool();
 
-  // What the pool keeps for reuse, at most: buffers beyond it are freed when given back.
+  // What the pool keeps for reuse, at most: buffers beyond it are freed when given back, and
+  // buffers kept unused for `idle` are freed at the next Take or give-back.
   static constexpr size_t kKeepBytes = 256ull << 20;
   // Bytes of the buffers kept for reuse now.
   size_t kept_bytes();
@@ -60,7 +67,11 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
  private:
   void Give(Buffer* b);
   static void Free(Buffer* b);
+  // Moves the buffers kept unused for longer than idle_ into `stale` (freed by the caller, after
+  // the lock).
+  void TakeStaleLocked(std::chrono::steady_clock::time_point now, std::vector<Buffer*>& stale);
 
+  const std::chrono::milliseconds idle_;
   std::mutex mu_;
   std::map<size_t, std::vector<Buffer*>> free_;  // by capacity
   size_t kept_bytes_ = 0;

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "client/device_buffers.h"
@@ -46,6 +48,21 @@ TEST(StagingPoolTest, KeepsNoMoreThanItsLimitAndOutlivesNothingItLent) {
   again.clear();
   std::memset(kept->data, 1, kept->capacity);
   kept.reset();  // returns to (and then destroys) the pool
+}
+
+TEST(StagingPoolTest, BuffersKeptUnusedForItsIdleTimeAreFreed) {
+  auto pool = std::make_shared<StagingPool>(std::chrono::milliseconds(30));
+  std::shared_ptr<StagingPool::Buffer> a = pool->Take(100000, -1);
+  std::shared_ptr<StagingPool::Buffer> b = pool->Take(1, -1);
+  a.reset();
+  EXPECT_EQ(pool->kept_bytes(), size_t{128} << 10);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  b.reset();  // giving one back frees the one kept unused since
+  EXPECT_EQ(pool->kept_bytes(), size_t{64} << 10);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  std::shared_ptr<StagingPool::Buffer> c = pool->Take(4096, -1);  // and so does a take
+  EXPECT_EQ(pool->kept_bytes(), 0u);
+  EXPECT_NE(c, nullptr);
 }
 
 }  // namespace
