@@ -20,6 +20,7 @@
 #include "common/tier_names.h"
 #include "control.pb.h"
 #include "transport/address.h"
+#include "transport/arena_message.h"
 #include "transport/frame.h"
 
 // kvpool::Client: the public facade. It composes the control connection
@@ -874,15 +875,9 @@ class Client::Impl {
           req.set_via_ucx(true);
           req.set_ucx_tag_base(tag_base);
         }
-        // The answer lives on an arena that starts on the stack: parsing it allocates nothing
-        // per block (a BlockInfo and its slot would each be a malloc).
-        alignas(16) char arena_start[8192];
-        google::protobuf::ArenaOptions arena_options;
-        arena_options.initial_block = arena_start;
-        arena_options.initial_block_size = sizeof(arena_start);
-        google::protobuf::Arena arena(arena_options);
-        wire::GetResponse& resp =
-            *google::protobuf::Arena::CreateMessage<wire::GetResponse>(&arena);
+        // Parsed without an allocation per block (transport/arena_message.h).
+        transport::ArenaMessage<wire::GetResponse> answer;
+        wire::GetResponse& resp = *answer;
         FrameHeader rh;
         const Deadline deadline = connection_.NewDeadline();
         KVPOOL_RETURN_IF_ERROR(connection_.ExchangeOnce(wire::GET, req, {}, &resp, deadline, &rh));
@@ -1056,7 +1051,9 @@ class Client::Impl {
         if (result.errors[end].ok()) round_bytes += blocks[end].size;
         ++end;
       }
-      wire::PutReserveRequest req;
+      // Built and parsed without an allocation per block (transport/arena_message.h).
+      transport::ArenaMessage<wire::PutReserveRequest> request;
+      wire::PutReserveRequest& req = *request;
       std::vector<size_t> asked;
       for (size_t i = start; i < end; ++i) {
         if (!result.errors[i].ok()) continue;
@@ -1073,7 +1070,8 @@ class Client::Impl {
         req.set_to_gpu(true);
         req.set_gpu_device(daemon_gpu);
       }
-      wire::PutReserveResponse resp;
+      transport::ArenaMessage<wire::PutReserveResponse> answer;
+      wire::PutReserveResponse& resp = *answer;
       KVPOOL_RETURN_IF_ERROR(connection_.Simple(wire::PUT_RESERVE, req, &resp));
       if (resp.reservations_size() != static_cast<int>(asked.size())) {
         return Status::Internal("kvpoold answered a PUT_RESERVE with the wrong count");

@@ -16,6 +16,7 @@
 #include "daemon/shm_delivery.h"
 #include "daemon/socket_delivery.h"
 #include "daemon/ucx_delivery.h"
+#include "transport/arena_message.h"
 
 namespace kvpool::daemon {
 
@@ -200,13 +201,9 @@ std::optional<Response> BlockHandlers::TryGetInline(Connection& c, std::string_v
 std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view body,
                                                  bool inline_only) {
   wire::GetRequest req;
-  // The answer on an arena that starts on the stack: no allocation per block.
-  alignas(16) char arena_start[8192];
-  google::protobuf::ArenaOptions arena_options;
-  arena_options.initial_block = arena_start;
-  arena_options.initial_block_size = sizeof(arena_start);
-  google::protobuf::Arena arena(arena_options);
-  wire::GetResponse& resp = *google::protobuf::Arena::CreateMessage<wire::GetResponse>(&arena);
+  // Built without an allocation per block (transport/arena_message.h).
+  transport::ArenaMessage<wire::GetResponse> answer;
+  wire::GetResponse& resp = *answer;
   std::vector<BlockKey> keys;
   Status st = Parse(body, &req, "GET");
   if (st.ok()) st = DecodeKeysOf(req.keys(), req.packed_keys(), options_.max_batch_keys, &keys);
@@ -342,8 +339,11 @@ std::optional<Response> BlockHandlers::TryPutReserveInline(Connection& c, std::s
 
 std::optional<Response> BlockHandlers::ReserveBlocks(Connection& c, std::string_view body,
                                                      bool inline_only) {
-  wire::PutReserveRequest req;
-  wire::PutReserveResponse resp;
+  // Parsed and built without an allocation per block (transport/arena_message.h).
+  transport::ArenaMessage<wire::PutReserveRequest> request;
+  transport::ArenaMessage<wire::PutReserveResponse> answer;
+  wire::PutReserveRequest& req = *request;
+  wire::PutReserveResponse& resp = *answer;
   Status st = Parse(body, &req, "PUT_RESERVE");
   if (st.ok() && req.items_size() > static_cast<int>(options_.max_batch_keys)) {
     st =
