@@ -160,10 +160,10 @@ Status Run() {
       {"borrow 16 + release", borrow(kBlocks)},
       {"get 16", get},
   };
-  std::printf("kvpool-borrow-floor: %s blocks, busy polling %u us, kvpoold on cpu %d, client on "
-              "cpu %d, %u calls a row\n",
-              FLAGS_block_size.c_str(), FLAGS_busy_poll_us, FLAGS_daemon_cpu, FLAGS_bench_cpu,
-              FLAGS_calls);
+  std::printf(
+      "kvpool-borrow-floor: %s blocks, busy polling %u us, kvpoold on cpu %d, client on "
+      "cpu %d, %u calls a row\n",
+      FLAGS_block_size.c_str(), FLAGS_busy_poll_us, FLAGS_daemon_cpu, FLAGS_bench_cpu, FLAGS_calls);
   std::printf("| call | p50 us | p90 us | p99 us |\n| --- | --- | --- | --- |\n");
   for (const auto& [name, fn] : rows) {
     KVPOOL_ASSIGN_OR_RETURN(const Row r, Time(fn));
