@@ -16,6 +16,7 @@
 #include "client/segment_mappings.h"
 #include "client/ucx_data_path.h"
 #include "common/checksum.h"
+#include "common/gpu_reach.h"
 #include "common/packed_keys.h"
 #include "common/tier_names.h"
 #include "control.pb.h"
@@ -536,8 +537,8 @@ class Client::Impl {
     if (!engine.ok() || local < 0) return 0;
     uint64_t peers = 0;
     for (const GpuTierInfo& g : server_.gpu_tiers) {
-      if (g.device == own || g.device < 0 || g.device > kMaxPeerGpu || g.uuid.empty() ||
-          import_failed_.contains({local, g.device})) {
+      if (g.device == own || g.device < 0 || g.device > GpuReach::kMaxPeerDevice ||
+          g.uuid.empty() || import_failed_.contains({local, g.device})) {
         continue;
       }
       if (device_count_ < 0) device_count_ = (*engine)->DeviceCount();
@@ -848,25 +849,23 @@ class Client::Impl {
         // The daemon's ordinal for the buffers' GPU, when it runs a gpu tier there, and its gpu
         // tiers on GPUs that one reads peer to peer; each batch, since a gpu tier this process
         // failed to import is asked for no more.
-        int daemon_gpu = -1;
-        uint64_t peer_gpus = 0;
+        GpuReach reach;
         if (gpu_device >= 0 && server_.shared_memory && !server_.gpu_tiers.empty()) {
           Result<int> d = DaemonGpuOf(gpu_device);
-          if (d.ok() && !import_failed_.contains({gpu_device, *d})) daemon_gpu = *d;
-          peer_gpus = PeerGpusOf(gpu_device, d.ok() ? *d : -1);
+          if (d.ok() && !import_failed_.contains({gpu_device, *d})) reach.device = *d;
+          reach.peers = PeerGpusOf(gpu_device, d.ok() ? *d : -1);
         }
-        const bool ask_gpu = daemon_gpu >= 0 || peer_gpus != 0;
         wire::GetRequest req;
         std::string* packed = req.mutable_packed_keys();
         packed->reserve((end - start) * BlockKey::kSize);
         for (size_t j = start; j < end; ++j) packed->append(keys[todo[j]].AsStringView());
         req.set_in_place(server_.shared_memory);
         req.set_accept_encoded(accept_encoded);
-        if (ask_gpu) {
+        if (reach.Any()) {
           req.set_to_gpu(true);
-          req.set_gpu_device(daemon_gpu);
-          for (int d = 0; d <= kMaxPeerGpu; ++d) {
-            if ((peer_gpus >> d) & 1) req.add_peer_gpu_devices(d);
+          req.set_gpu_device(reach.device);
+          for (int d = 0; d <= GpuReach::kMaxPeerDevice; ++d) {
+            if ((reach.peers >> d) & 1) req.add_peer_gpu_devices(d);
           }
         }
         const bool via_ucx = server_.ucx && !server_.shared_memory;
@@ -926,9 +925,7 @@ class Client::Impl {
           }
           if (info.lease_id() != 0) {
             const int on = info.slot().gpu_device();
-            if (info.slot().gpu() &&
-                !(ask_gpu && (on == daemon_gpu ||
-                              (on >= 0 && on <= kMaxPeerGpu && ((peer_gpus >> on) & 1) != 0)))) {
+            if (info.slot().gpu() && !reach.Reaches(on)) {
               // Nothing is imported or copied for a device this get did not name.
               stray.add_lease_ids(info.lease_id());
               r.status = Status::Internal("kvpoold sent a gpu slot on device " +
@@ -1350,7 +1347,6 @@ class Client::Impl {
   // The blocks (indices into a get's keys) whose gpu slot Lend or CopyFromGpu could not import
   // in the batch under way: Get asks for them again, from host.
   std::vector<size_t> import_refused_;
-  static constexpr int kMaxPeerGpu = 63;  // GetRequest.peer_gpu_devices' range
   uint64_t epoch_ = 0;  // counts connections (hellos), for borrowed blocks' leases
   // What borrowed blocks reach this client through; nulled when it goes.
   std::shared_ptr<Impl*> self_ = std::make_shared<Impl*>(this);

@@ -219,16 +219,16 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
   if (inline_only && (ask.via_ucx || req.accept_encoded())) return std::nullopt;
   const LeaseTerms terms = delivery.TermsFor(ask);
   // Gpu slots only in place (the shared-memory path checked above names them to the client).
-  tiers::GpuReach gpu;
+  GpuReach gpu;
   if (req.to_gpu() && ask.in_place) {
     gpu.device = req.gpu_device();
     for (int32_t d : req.peer_gpu_devices()) {
-      if (d < 0 || d > tiers::GpuReach::kMaxPeerDevice) {
+      if (d < 0 || d > GpuReach::kMaxPeerDevice) {
         metrics_.Add(metrics_.requests_failed);
         return Reply(
             wire::GET, resp,
             Status::InvalidArgument("GET names peer gpu device " + std::to_string(d) + " (0-" +
-                                    std::to_string(tiers::GpuReach::kMaxPeerDevice) + ")"));
+                                    std::to_string(GpuReach::kMaxPeerDevice) + ")"));
       }
       gpu.peers |= uint64_t{1} << d;
     }

@@ -508,8 +508,8 @@ Result<std::vector<bool>> GpuLinks::Send(NamespaceId ns, const std::string& toke
       asked_keys.push_back(keys[i]);
     }
   }
-  std::vector<tiers::BlockRead> reads = tiers_.Acquire(
-      ns, asked_keys, owner, 2 * timeout_, /*keep_encoding=*/false, tiers::GpuReach{device});
+  std::vector<tiers::BlockRead> reads = tiers_.Acquire(ns, asked_keys, owner, 2 * timeout_,
+                                                       /*keep_encoding=*/false, GpuReach{device});
   Job job;
   job.owner = owner;
   job.deadline = Clock::now() + timeout_;

@@ -53,6 +53,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/gpu_reach.h"
 #include "common/status.h"
 #include "tiers/block_index.h"
 #include "tiers/disk_tier.h"
@@ -129,19 +130,6 @@ struct BlockRead {
   // The gpu copy's device checksum (kernels/device_checksum.h), for a reader that copies it
   // device to device and checks its destination on its GPU.
   uint64_t device_checksum = 0;
-};
-
-// The gpu tiers a reader copies from device to device (TierManager::Acquire): the one on its own
-// GPU (`device`; -1: none) and those on GPUs it reaches peer to peer (`peers`: bit d for CUDA
-// device d, 0-63).
-struct GpuReach {
-  int device = -1;
-  uint64_t peers = 0;
-
-  static constexpr int kMaxPeerDevice = 63;
-  bool Reaches(int d) const {
-    return d >= 0 && (d == device || (d <= kMaxPeerDevice && ((peers >> d) & 1) != 0));
-  }
 };
 
 // A block's copy in a gpu tier (TierManager::GpuCopies).
