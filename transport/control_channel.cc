@@ -22,8 +22,9 @@
 namespace kvpool::transport {
 namespace {
 
+// Rounded up: poll's timeout in whole milliseconds must not end the wait before the deadline.
 int RemainingMs(Deadline deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
   return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX));
 }
@@ -201,8 +202,8 @@ Status ControlChannel::SendTls(std::span<const iovec> pieces, Deadline deadline)
   return Status::OK();
 }
 
-Status ControlChannel::Wait(bool for_write, Deadline deadline) {
-  if (busy_poll_.count() > 0) {
+Status ControlChannel::Wait(bool for_write, Deadline deadline, bool spin) {
+  if (spin && busy_poll_.count() > 0) {
     const auto until = std::min<Deadline>(deadline, std::chrono::steady_clock::now() + busy_poll_);
     do {
       pollfd p{fd_, static_cast<short>(for_write ? POLLOUT : POLLIN), 0};
@@ -300,6 +301,9 @@ Status ControlChannel::ReceiveInto(void* dst, size_t n, Deadline deadline) {
   if (ahead_.empty()) ahead_.resize(kReadAhead);
   ahead_pos_ = ahead_end_ = 0;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
+  // Busy polling spins on the receive itself: a wait that polls and then receives costs one
+  // system call more than a receive that finds the bytes there.
+  Deadline spin_until{};
   while (n > 0) {
     iovec iov[2] = {{p, n}, {ahead_.data(), ahead_.size()}};
     msghdr msg{};
@@ -327,7 +331,12 @@ Status ControlChannel::ReceiveInto(void* dst, size_t n, Deadline deadline) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      KVPOOL_RETURN_IF_ERROR(Wait(/*for_write=*/false, deadline));
+      if (busy_poll_.count() > 0) {
+        const auto now = std::chrono::steady_clock::now();
+        if (spin_until == Deadline{}) spin_until = std::min<Deadline>(deadline, now + busy_poll_);
+        if (now < spin_until) continue;
+      }
+      KVPOOL_RETURN_IF_ERROR(Wait(/*for_write=*/false, deadline, /*spin=*/false));
       continue;
     }
     const int err = errno;
@@ -348,7 +357,7 @@ Status ControlChannel::Discard(size_t n, Deadline deadline) {
 }
 
 Result<FrameHeader> ControlChannel::ReceiveHeader(const FrameLimits& limits, Deadline deadline) {
-  if (ssl_ == nullptr && ahead_pos_ == ahead_end_ && !broken()) {
+  if (ssl_ == nullptr && ahead_pos_ == ahead_end_ && !broken() && busy_poll_.count() == 0) {
     // An answer is rarely there the moment its request has gone: wait for it first rather
     // than try a receive that fails.
     KVPOOL_RETURN_IF_ERROR(Wait(/*for_write=*/false, deadline));

@@ -66,8 +66,9 @@ class ControlChannel {
 
  private:
   ControlChannel(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
-  // Waits until the socket is readable (or writable); DeadlineExceeded/Unavailable.
-  Status Wait(bool for_write, Deadline deadline);
+  // Waits until the socket is readable (or writable), first spinning for busy_poll_ unless
+  // `spin` is false; DeadlineExceeded/Unavailable.
+  Status Wait(bool for_write, Deadline deadline, bool spin = true);
   Status Fail(Status st);  // closes, returns st
   // Runs one OpenSSL call on ssl_ until it makes progress, waiting on the socket when it wants
   // to read or write; what it returned (> 0), or the failure (the channel then broken).
