@@ -1006,8 +1006,10 @@ class Client::Impl {
   // `daemon_gpu` >= 0: the daemon places what it commits in that gpu tier (shared memory only);
   // with device blocks, it gives slots there where it has room, which this process writes
   // through its mapping on `local_gpu` (its ordinal of that GPU) device to device.
+  // `ask_again`: blocks answered IN_PROGRESS are asked for once more at the end (see there).
   Result<PutResult> Put(std::span<const PutBlock> blocks, kernels::DeviceCopyEngine* device,
-                        void* stream, int daemon_gpu = -1, int local_gpu = -1) {
+                        void* stream, int daemon_gpu = -1, int local_gpu = -1,
+                        bool ask_again = true) {
     if (device != nullptr && !server_.shared_memory) {
       // Only the shared-memory path copies device memory into its slot directly.
       std::vector<std::vector<uint8_t>> storage;
@@ -1025,6 +1027,7 @@ class Client::Impl {
                            std::none_of(blocks.begin(), blocks.end(),
                                         [](const PutBlock& b) { return b.checksum.has_value(); });
     std::vector<uint64_t> checksums(blocks.size());
+    std::vector<size_t> in_progress;  // blocks another writer was putting
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (blocks[i].size == 0 || blocks[i].data == nullptr) {
         result.errors[i] = Status::InvalidArgument("block " + std::to_string(i) + " is empty");
@@ -1094,6 +1097,7 @@ class Client::Impl {
             break;
           case wire::IN_PROGRESS:
             ++result.in_progress;
+            in_progress.push_back(asked[j]);
             break;
           default:
             result.errors[asked[j]] = Status(static_cast<StatusCode>(r.code()), r.message());
@@ -1149,6 +1153,21 @@ class Client::Impl {
                                                         connection_.NewDeadline()));
         KVPOOL_RETURN_IF_ERROR(TallyCommit(cresp, in_frame, result));
       }
+    }
+    if (ask_again && !in_progress.empty()) {
+      // Asked again now that this connection holds no reservation of its own. In a namespace
+      // that writes to disk on commit, kvpoold then waits for the other writer (a little while)
+      // and answers PRESENT only for a block on disk: an OK put there means stored on disk. The
+      // other writer may also have given up, and this put then stores the block itself.
+      std::vector<PutBlock> again;
+      for (size_t i : in_progress) again.push_back(blocks[i]);
+      KVPOOL_ASSIGN_OR_RETURN(PutResult r,
+                              Put(again, device, stream, daemon_gpu, local_gpu, false));
+      result.in_progress -= static_cast<uint32_t>(again.size());
+      result.stored += r.stored;
+      result.already_present += r.already_present;
+      result.in_progress += r.in_progress;
+      for (size_t j = 0; j < in_progress.size(); ++j) result.errors[in_progress[j]] = r.errors[j];
     }
     return result;
   }

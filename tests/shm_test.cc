@@ -109,6 +109,78 @@ struct Raw {
   }
 };
 
+// In a write-through namespace, a put whose block another writer is putting at that moment
+// returns once that writer's put has landed, and then says the block is there: it is on disk,
+// as every OK write-through put is. (Before, such a put returned at once, counting the block
+// "in progress", with nothing on disk yet.)
+TEST(ShmTest, AWriteThroughPutWaitsForTheWriterAlreadyPuttingItsBlock) {
+  DaemonProcess d({"--namespace_policy=test=write-through"});
+  ASSERT_OK(d.Start());
+  const BlockKey key = KeyOf(77);
+  const std::vector<uint8_t> bytes = BlockBytes(77, 40000);
+  // The first writer reserves the block over the socket path, and commits it later.
+  Raw first(d, "test");
+  wire::PutReserveRequest reserve;
+  wire::PutItem* item = reserve.add_items();
+  item->set_key(std::string(key.AsStringView()));
+  item->set_size(bytes.size());
+  item->set_checksum(BlockChecksum(bytes.data(), bytes.size()));
+  wire::PutReserveResponse reserved;
+  ASSERT_OK(first.Call(wire::PUT_RESERVE, reserve, &reserved));
+  ASSERT_EQ(reserved.reservations_size(), 1);
+  ASSERT_EQ(reserved.reservations(0).state(), wire::RESERVED);
+
+  auto second = ShmClient(d);
+  ASSERT_NE(second, nullptr);
+  std::atomic<bool> committed{false};
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    wire::PutCommitRequest commit;
+    commit.add_reservation_ids(reserved.reservations(0).reservation_id());
+    commit.add_sizes(bytes.size());
+    std::string body;
+    commit.SerializeToString(&body);
+    FrameHeader h;
+    h.type = wire::PUT_COMMIT;
+    h.request_id = first.next_id++;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    h.payload_bytes = static_cast<uint32_t>(bytes.size());
+    const iovec payload{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    committed = true;
+    ASSERT_OK(first.ch->Send(h, body, {&payload, 1}, deadline));
+    FrameHeader rh = *first.ch->ReceiveHeader(transport::FrameLimits{}, deadline);
+    std::string rbody(rh.body_bytes, '\0');
+    ASSERT_OK(first.ch->ReceiveInto(rbody.data(), rbody.size(), deadline));
+    wire::PutCommitResponse resp;
+    ASSERT_TRUE(resp.ParseFromString(rbody));
+    ASSERT_EQ(resp.results_size(), 1);
+    EXPECT_EQ(resp.results(0).code(), 0) << resp.results(0).message();
+  });
+  PutBlock b{key, bytes.data(), bytes.size(), {}, {}};
+  Result<PutResult> put = second->Put(std::span(&b, 1));
+  const bool returned_after_commit = committed.load();
+  writer.join();
+  ASSERT_OK(put.status());
+  EXPECT_TRUE(put->all_ok());
+  EXPECT_EQ(put->in_progress, 0u);
+  EXPECT_EQ(put->already_present, 1u);
+  EXPECT_TRUE(returned_after_commit) << "the put returned before the other writer committed";
+
+  // On disk: a kill -9 keeps it.
+  second.reset();
+  d.Kill();
+  ASSERT_OK(d.Start());
+  auto reader = ShmClient(d);
+  ASSERT_NE(reader, nullptr);
+  std::vector<uint8_t> out(bytes.size());
+  MutableBuffer buf{out.data(), out.size()};
+  Result<std::vector<GetResult>> got = reader->Get(std::span(&key, 1), std::span(&buf, 1));
+  ASSERT_OK(got.status());
+  ASSERT_OK((*got)[0].status);
+  EXPECT_EQ(out, bytes);
+}
+
 TEST(ShmTest, ANamespaceCannotMapAnotherNamespacesSegments) {
   DaemonProcess d;
   ASSERT_OK(d.Start());

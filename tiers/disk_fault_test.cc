@@ -24,6 +24,7 @@
 #include "tests/support/temp_dir.h"
 #include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
+#include "tiers/policy.h"
 #include "tiers/rocks_store.h"
 #include "tiers/test_tier_stack.h"
 #include "tiers/tier_manager.h"
@@ -426,6 +427,182 @@ TEST_F(DiskFaultTest, ADeviceWithoutRoomStopsDiskWritesUntilRoomComesBack) {
   EXPECT_EQ(after.disk_write_errors, 0u);
   o = ReadAll();
   EXPECT_EQ(o.failed, 0u);
+}
+
+// In a namespace that writes to disk on commit, a put answered "already there" (PRESENT) is one
+// on disk: a second writer of a block whose write-through is still running waits for it, and a
+// block left in host by a failed write-through (a reader held it) is written down by the next
+// put of it, or that put fails.
+class WriteThroughTest : public DiskFaultTest {
+ protected:
+  void SetUp() override {
+    DiskFaultTest::SetUp();
+    Close();
+    options_.in_flight_put_wait = std::chrono::seconds(30);  // waits end by events, not by time
+    options_.flush_on_shutdown = false;
+    Open();
+    Result<NamespacePolicy> wt = ComposePolicy("", "write-through", "", "");
+    ASSERT_TRUE(wt.ok()) << wt.status().ToString();
+    ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, *wt).ok());
+  }
+
+  PutRequestItem ItemOf(uint64_t n) {
+    bytes_[n] = RandomBytes(n, kBlockBytes);
+    PutRequestItem item;
+    item.key = KeyOf(n);
+    item.size = kBlockBytes;
+    item.checksum = BlockChecksum(bytes_[n].data(), kBlockBytes);
+    return item;
+  }
+  // Fills reservation `rid` of `owner` with block n's bytes.
+  void Fill(uint64_t owner, uint64_t rid, uint64_t n) {
+    Result<ReservationTarget> t = manager_->TargetOf(owner, rid);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    std::memcpy(t->data, bytes_[n].data(), kBlockBytes);
+  }
+  void AwaitStalledWrite() {
+    for (int i = 0; i < 5000 && fs_->stalled(Op::kWrite) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GT(fs_->stalled(Op::kWrite), 0u);
+  }
+  // Whether block n is on disk: it survives a restart without a shutdown flush.
+  bool OnDiskAfterRestart(uint64_t n) {
+    Close();
+    Open();
+    const BlockKey key = KeyOf(n);
+    std::vector<BlockRead> reads = manager_->Acquire(kNs, {&key, 1});
+    const bool ok = reads[0].status.ok() && reads[0].size == kBlockBytes &&
+                    std::memcmp(reads[0].data, bytes_[n].data(), kBlockBytes) == 0;
+    manager_->Release(reads[0]);
+    return ok;
+  }
+
+  std::map<uint64_t, std::vector<uint8_t>> bytes_;
+};
+
+TEST_F(WriteThroughTest, ASecondWriterIsAnsweredPresentOnlyOnceTheFirstOnesWriteHasLanded) {
+  const PutRequestItem item = ItemOf(1);
+  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&item, 1});
+  ASSERT_EQ(first[0].state, ReserveState::kReserved);
+  Fill(1, first[0].reservation_id, 1);
+  fs_->Stall(Op::kWrite);
+  auto commit =
+      std::async(std::launch::async, [&] { return manager_->Commit(1, first[0].reservation_id); });
+  AwaitStalledWrite();
+  // Cached in host now, its disk write stalled: an I/O thread's try hands it to a worker...
+  EXPECT_FALSE(manager_->TryReserve(kNs, 2, {&item, 1}).has_value());
+  // ...whose reserve waits for the write.
+  auto second = std::async(std::launch::async, [&] {
+    return manager_->Reserve(kNs, 2, {&item, 1})[0];
+  });
+  EXPECT_EQ(second.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "answered while the block's write to disk was stalled";
+  fs_->Resume(Op::kWrite);
+  EXPECT_TRUE(commit.get().ok());
+  const ReserveOutcome o = second.get();
+  EXPECT_EQ(o.state, ReserveState::kPresent) << o.status.ToString();
+  EXPECT_TRUE(OnDiskAfterRestart(1));
+}
+
+TEST_F(WriteThroughTest, ABlockAFailedWriteLeftInHostFailsTheNextPutOfItToo) {
+  const PutRequestItem item = ItemOf(2);
+  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&item, 1});
+  ASSERT_EQ(first[0].state, ReserveState::kReserved);
+  Fill(1, first[0].reservation_id, 2);
+  fs_->Stall(Op::kWrite);
+  auto commit =
+      std::async(std::launch::async, [&] { return manager_->Commit(1, first[0].reservation_id); });
+  AwaitStalledWrite();
+  // A reader leases it meanwhile, so the failed write cannot take it back out of host.
+  const BlockKey key = KeyOf(2);
+  std::vector<BlockRead> held = manager_->Acquire(kNs, {&key, 1});
+  ASSERT_TRUE(held[0].status.ok()) << held[0].status.ToString();
+  fs_->Fail(Op::kWrite);
+  fs_->Resume(Op::kWrite);
+  EXPECT_FALSE(commit.get().ok()) << "the write-through failed";
+  // The next put of it tries the disk again, and fails as the first did, rather than answer
+  // PRESENT for a block in host only. (RocksDB stays stopped after a failed WAL write until a
+  // restart: that the same put succeeds on a working disk is the next test.)
+  const ReserveOutcome again = manager_->Reserve(kNs, 2, {&item, 1})[0];
+  EXPECT_EQ(again.state, ReserveState::kRefused);
+  EXPECT_EQ(again.status.code(), StatusCode::kIoError) << again.status.ToString();
+  manager_->Release(held[0]);
+}
+
+TEST_F(WriteThroughTest, ABlockCachedBeforeItsNamespaceWroteThroughIsWrittenDownByTheNextPut) {
+  Result<NamespacePolicy> wb = ComposePolicy("", "write-back", "", "");
+  ASSERT_TRUE(wb.ok()) << wb.status().ToString();
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, *wb).ok());
+  const PutRequestItem item = ItemOf(6);
+  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&item, 1});
+  ASSERT_EQ(first[0].state, ReserveState::kReserved);
+  Fill(1, first[0].reservation_id, 6);
+  ASSERT_TRUE(manager_->Commit(1, first[0].reservation_id).ok());
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 0u) << "write-back: in host only";
+
+  Result<NamespacePolicy> wt = ComposePolicy("", "write-through", "", "");
+  ASSERT_TRUE(wt.ok());
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, *wt).ok());
+  // Without a wait allowed, it is refused (an I/O thread hands it to a worker)...
+  EXPECT_EQ(manager_->Reserve(kNs, 2, {&item, 1}, /*may_wait=*/false)[0].status.code(),
+            StatusCode::kUnavailable);
+  // ...which writes it down and answers PRESENT.
+  const ReserveOutcome again = manager_->Reserve(kNs, 2, {&item, 1})[0];
+  EXPECT_EQ(again.state, ReserveState::kPresent) << again.status.ToString();
+  EXPECT_EQ(manager_->GetStats().disk_blocks, 1u);
+  EXPECT_TRUE(OnDiskAfterRestart(6));
+}
+
+TEST_F(WriteThroughTest, AWriterHoldingNoReservationWaitsForAnotherWritersPut) {
+  const PutRequestItem a = ItemOf(3);
+  const PutRequestItem b = ItemOf(4);
+  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&a, 1});
+  ASSERT_EQ(first[0].state, ReserveState::kReserved);
+
+  // A writer holding a reservation of its own is not made to wait (two writers could then wait
+  // for each other): the block another writer has is in progress.
+  const std::vector<PutRequestItem> b_then_a = {b, a};
+  std::vector<ReserveOutcome> mixed = manager_->Reserve(kNs, 2, b_then_a);
+  ASSERT_EQ(mixed[0].state, ReserveState::kReserved);
+  EXPECT_EQ(mixed[1].state, ReserveState::kInProgress);
+  manager_->Abort(2, mixed[0].reservation_id);
+
+  // One holding none waits, and learns the outcome: on disk once the first writer commits...
+  auto waiting = std::async(std::launch::async, [&] {
+    return manager_->Reserve(kNs, 2, {&a, 1})[0];
+  });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  Fill(1, first[0].reservation_id, 3);
+  ASSERT_TRUE(manager_->Commit(1, first[0].reservation_id).ok());
+  EXPECT_EQ(waiting.get().state, ReserveState::kPresent);
+
+  // ...or a slot of its own when the first writer gives up.
+  first = manager_->Reserve(kNs, 1, {&b, 1});
+  ASSERT_EQ(first[0].state, ReserveState::kReserved);
+  waiting = std::async(std::launch::async, [&] { return manager_->Reserve(kNs, 2, {&b, 1})[0]; });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  manager_->Abort(1, first[0].reservation_id);
+  const ReserveOutcome mine = waiting.get();
+  ASSERT_EQ(mine.state, ReserveState::kReserved);
+  Fill(2, mine.reservation_id, 4);
+  ASSERT_TRUE(manager_->Commit(2, mine.reservation_id).ok());
+  EXPECT_TRUE(OnDiskAfterRestart(3));
+  EXPECT_TRUE(OnDiskAfterRestart(4));
+}
+
+TEST_F(WriteThroughTest, AWaitThatOutlastsItsLimitAnswersInProgress) {
+  Close();
+  options_.in_flight_put_wait = std::chrono::milliseconds(50);
+  Open();
+  Result<NamespacePolicy> wt = ComposePolicy("", "write-through", "", "");
+  ASSERT_TRUE(wt.ok());
+  ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, *wt).ok());
+  const PutRequestItem a = ItemOf(5);
+  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&a, 1});
+  ASSERT_EQ(first[0].state, ReserveState::kReserved);
+  EXPECT_EQ(manager_->Reserve(kNs, 2, {&a, 1})[0].state, ReserveState::kInProgress);
+  manager_->Abort(1, first[0].reservation_id);
 }
 
 TEST(DiskDeviceRoom, TheFreeSpaceLessTheReserve) {

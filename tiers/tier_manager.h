@@ -80,6 +80,10 @@ struct TierManagerOptions {
   int promotion_threads = 2;
   // A reservation not committed within this time is reclaimed. Default: 30 s.
   std::chrono::milliseconds reservation_timeout{30000};
+  // In a namespace that writes to disk on commit, how long a Reserve that may wait waits for
+  // another writer's put of the same block, or for its write to disk, before it answers
+  // IN_PROGRESS or Unavailable (see Reserve). Default: 2 s.
+  std::chrono::milliseconds in_flight_put_wait{2000};
   // Bytes the flusher writes in one RocksDB batch. Default: 64 MiB.
   uint64_t demotion_batch_bytes = 64ull << 20;
   // Time for leases, reservation expiry and the flusher's rounds; tests pass a ManualClock.
@@ -325,6 +329,15 @@ class TierManager {
   // device's gpu tier where it has room (dropping cold gpu copies for it) and the namespace does
   // not write to disk on commit (ReserveOutcome::gpu_device says which did); InvalidArgument for
   // a device without a gpu tier.
+  //
+  // In a namespace that writes to disk on commit, kPresent means on disk: a block cached without
+  // a disk copy (its write-through still running, or failed while a reader held it) is waited
+  // for, or written down here, first; the write's failure is the block's status. A block another
+  // writer has reserved is waited for as well (options().in_flight_put_wait at most) when
+  // `owner` holds no reservation, so no two writers wait for each other; its outcome then
+  // answers (kPresent, or a slot of its own when that writer gave up). Otherwise it is
+  // kInProgress, as in any namespace. With `may_wait` false, a block that would be waited for
+  // is refused with Unavailable.
   std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
                                       std::span<const PutRequestItem> items, bool may_wait = true,
                                       int gpu_device = -1);

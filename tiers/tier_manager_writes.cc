@@ -81,18 +81,59 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
                                   " exceeds the " + FormatBytes(max_block) + " block size limit");
       continue;
     }
+    // Whether the block is settled without a slot (cached, being written by another writer, or
+    // refused); false: it needs one. See Reserve in tier_manager.h for what waits.
+    std::optional<Clock::TimePoint> wait_until;  // the first wait sets it
+    auto wait = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (!wait_until) wait_until = clock_.Now() + options_.in_flight_put_wait;
+      return !clock_.WaitUntil(changed_, mu_, *wait_until) && !stopping_;
+    };
     auto classify = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      const EntryId id = FindCachedLocked(ns, item.key);
-      if (id != kNoEntry) {
-        index_.Touch(id, now);  // at once: making room for the next blocks must not evict it
-        o.state = ReserveState::kPresent;
-        return true;
+      for (;;) {
+        const bool on_commit = PolicyLocked(ns).write->WriteOnCommit();
+        const EntryId id = FindCachedLocked(ns, item.key);
+        if (id != kNoEntry) {
+          index_.Touch(id, now);  // at once: making room for the next blocks must not evict it
+          Entry& e = index_.at(id);
+          if (!on_commit || e.In(Tier::kDisk)) {
+            o.state = ReserveState::kPresent;
+            return true;
+          }
+          o.state = ReserveState::kRefused;
+          if (!may_wait) {
+            o.status = Status::Unavailable("block " + item.key.ShortHex() + " is not on disk yet");
+            return true;
+          }
+          if (e.busy == 0) {
+            // Cached without its disk copy, and nothing is writing one: write it now.
+            e.busy |= kBusyDemoting;
+            if (Status st = WriteDownLocked({id}, /*drop_host=*/false, /*sync=*/false); !st.ok()) {
+              o.status = st.WithContext("write-through of block " + item.key.ShortHex());
+              return true;
+            }
+          } else if (!wait()) {
+            o.status = Status::Unavailable("block " + item.key.ShortHex() +
+                                           " is cached but its write to disk has not ended");
+            return true;
+          }
+          continue;  // the lock was let go: look again
+        }
+        if (reservations_.Reserved(ns, item.key)) {
+          // (OwnedBy walks every reservation: only on this rare path.)
+          if (on_commit && reservations_.OwnedBy(owner).empty()) {
+            if (!may_wait) {
+              o.state = ReserveState::kRefused;
+              o.status = Status::Unavailable("block " + item.key.ShortHex() +
+                                             " is being put by another writer");
+              return true;
+            }
+            if (wait()) continue;
+          }
+          o.state = ReserveState::kInProgress;
+          return true;
+        }
+        return false;
       }
-      if (reservations_.Reserved(ns, item.key)) {
-        o.state = ReserveState::kInProgress;
-        return true;
-      }
-      return false;
     };
     if (classify()) continue;
     // After making room, which may have let the lock go: whether the block was reserved or

@@ -228,12 +228,16 @@ struct PutOptions {
   int gpu_device = -1;
 };
 
+// In a namespace that writes to disk on commit (write-through), a block counted stored or
+// already_present is on disk when Put returns.
 struct PutResult {
   uint32_t stored = 0;           // blocks whose bytes were sent and committed
   uint32_t already_present = 0;  // cached already: nothing was sent
   // Being written right now by another client (or by this client's own earlier, broken
   // connection, whose reservation ends when the daemon notices): nothing was sent, and a get
-  // may miss until that writer commits.
+  // may miss until that writer commits. Put asks for these once more before it returns, and in
+  // a write-through namespace kvpoold then waits up to 2 s for that writer; what is still in
+  // progress after that is counted here, and is not known to be on disk.
   uint32_t in_progress = 0;
   std::vector<Status> errors;  // one per block: OK, or why that block was not stored
   bool all_ok() const;
