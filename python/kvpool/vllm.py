@@ -14,8 +14,8 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   with the layout string of the model config (model id, KV dtype, layers, kv heads per rank,
   head dim, tokens per block = vLLM's block size, tp rank and size, encoding raw). vLLM's own
   block hashes are never used, so a prefix stored here is found by kvpool.hf or an SGLang
-  worker of the same layout. `model_id` (extra config; default: the model path and revision)
-  must name the weights.
+  worker of the same layout. `model_id` (extra config; default: the model path and revision,
+  and the quantization method and a hash of hf_overrides when set) must name the weights.
 - A block's bytes are kvpool's raw payload [layer][k|v][token][kv_head][head_dim] in the
   model's dtype, so other engines read the same bytes.
 - vLLM's per-layer KV is a 4-D view [num_blocks, kv_heads, block_size, head_size + head_size_v]
@@ -58,14 +58,19 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   save_kv_layer and wait_for_layer_load have nothing to do.
 - kvpool failures never reach vLLM: kvpool.Error, OSError and TimeoutError are a miss
   (0 matched tokens), a skipped store, or a failed load whose vLLM block ids are reported by
-  get_block_ids_with_load_errors (with kv_load_failure_policy "recompute" vLLM recomputes
-  them; with "fail", its default, it fails the request). Each outage is one warning on the
+  get_block_ids_with_load_errors (vLLM recomputes them: the connector sets vLLM's
+  kv_load_failure_policy from "fail", its default, which would fail the request, to
+  "recompute", with a warning). Each outage is one warning on the
   "kvpool.vllm" logger. Each client uses a short timeout (2 s) and is made again after a
   failure, so a restarted daemon is found.
 - Only one KV cache group of full attention (uniform models), fp16/bf16/fp32 KV and no
-  pipeline parallelism (a stage's layers are not in the layout string); for anything else
-  (hybrid or sliding-window models, fp8 KV, MLA, pipeline stages) the connector disables itself
-  with a warning and every request is a miss.
+  pipeline or context parallelism (a stage's layers are not in the layout string; a context-
+  parallel rank's block interleaves tokens); for anything else (hybrid or sliding-window models,
+  fp8 KV, MLA, pipeline stages, decode or prefill context parallelism) the connector disables
+  itself with a warning and every request is a miss.
+- A synchronous load ("load_async": false) that fails in a step skips every save of that step
+  (its forward attended to the blocks not loaded); with tensor parallelism loads are always
+  asynchronous (a rank's failed load reaches every rank through the forward).
 - A request whose KV depends on more than its token ids gets keys that say so, as vLLM's own
   prefix-cache hashes do (v1/core/kv_cache_utils.py, generate_block_hash_extra_keys): a block's
   layout string gains ";extra=" and the hex SHA-256 of what it depends on: the LoRA adapter
@@ -242,6 +247,22 @@ def layout_for(model_id: str, dtype: torch.dtype, layers: int, kv_heads: int, he
                                 encoding="raw")
 
 
+def _default_model_id(mc: Any) -> str:
+    """The model path and revision, and what else changes the KV of the same weights files: the
+    quantization method, and overrides of the model's config (hf_overrides, as their SHA-256)."""
+    model_id = f"{mc.model}@{mc.revision}" if getattr(mc, "revision", None) else str(mc.model)
+    quantization = getattr(mc, "quantization", None)
+    if quantization:
+        model_id += f"+quantization={quantization}"
+    overrides = getattr(mc, "hf_overrides", None)
+    if overrides and not callable(overrides):
+        digest = hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode())
+        model_id += f"+hf_overrides={digest.hexdigest()[:16]}"
+    elif callable(overrides):
+        model_id += f"+hf_overrides={getattr(overrides, '__qualname__', 'callable')}"
+    return model_id
+
+
 def _layer_index(name: str) -> int:
     nums = re.findall(r"\.(\d+)(?:\.|$)", name)
     return int(nums[0]) if nums else -1
@@ -250,7 +271,8 @@ def _layer_index(name: str) -> int:
 class KvpoolConnector(KVConnectorBase_V1):
     """vLLM KV connector over kvpoold. Extra config keys: socket (default: kvpool's default
     socket), namespace ("default"), secret (the namespace secret salting every key; required),
-    model_id (default: the model path, "@revision" when set), timeout (seconds, 2.0),
+    model_id (default: the model path, "@revision" when set, "+quantization=..." and
+    "+hf_overrides=..." when set), timeout (seconds, 2.0),
     load_async and save_async (true: load, and store, in the background while the batch
     computes), client_factory (tests: a callable returning a kvpool.Client)."""
 
@@ -266,9 +288,19 @@ class KvpoolConnector(KVConnectorBase_V1):
         if not self._secret:
             raise ValueError("kvpool.vllm: kv_connector_extra_config needs 'secret' (the "
                              "namespace secret salting kvpool keys)")
-        model_id = extra.get("model_id") or (
-            f"{mc.model}@{mc.revision}" if getattr(mc, "revision", None) else str(mc.model))
+        model_id = extra.get("model_id") or _default_model_id(mc)
         self._disabled: str | None = None
+        if getattr(self._kv_transfer_config, "kv_load_failure_policy", None) == "fail":
+            # vLLM's default fails a request whose load failed: a block evicted between lookup
+            # and load would fail the user's request. kvpool is a cache, so recompute instead.
+            try:
+                self._kv_transfer_config.kv_load_failure_policy = "recompute"
+                log.warning("kvpool.vllm: kv_load_failure_policy 'fail' set to 'recompute': a "
+                            "failed kvpool load is recomputed, never a failed request")
+            except Exception:  # noqa: BLE001 - a frozen config: say what to set
+                log.warning("kvpool.vllm: kv_load_failure_policy is 'fail': a failed kvpool "
+                            "load fails its request; set \"kv_load_failure_policy\": "
+                            "\"recompute\" in --kv-transfer-config")
         self._dtype = self._kv_dtype(vllm_config)
         self._layers = int(mc.get_num_layers(pc))
         self._kv_heads = int(mc.get_num_kv_heads(pc))
@@ -289,6 +321,11 @@ class KvpoolConnector(KVConnectorBase_V1):
             # A stage holds some layers, and the layout string does not say which: two stages
             # would store different KV under one key.
             self._disabled = "pipeline parallelism"
+        elif (int(getattr(pc, "decode_context_parallel_size", 1) or 1)
+              * int(getattr(pc, "prefill_context_parallel_size", 1) or 1)) > 1:
+            # The scheduler's block is then block_size x the context-parallel ranks, its tokens
+            # interleaved across them: a rank's block is not the tokens its key names.
+            self._disabled = "context parallelism (decode or prefill)"
         self._layouts: list[str] = []
         if self._disabled is None:
             self._layouts = [layout_for(model_id, self._dtype, self._layers, self._kv_heads,
@@ -313,6 +350,13 @@ class KvpoolConnector(KVConnectorBase_V1):
                                             timeout=timeout, connect_timeout=timeout, **reach)
         self._link = Link(factory, OutageLog(log, "kvpool.vllm", "misses"))
         self._load_async = _flag(extra.get("load_async", True))
+        if not self._load_async and self._tp_size > 1:
+            # A rank whose synchronous load fails leaves stale KV in its heads, and the forward
+            # spreads that to every rank (all-reduce) before any of them could hold its saves
+            # back: asynchronous loads let vLLM cut failed blocks off before the forward.
+            log.warning("kvpool.vllm: load_async false is not safe with tensor parallelism; "
+                        "loading asynchronously")
+            self._load_async = True
         self._save_async = _flag(extra.get("save_async", True))
         self._save_to_gpu = _flag(extra.get("save_to_gpu", True))
         # scheduler side
@@ -331,6 +375,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         # worker side
         self._kv_caches: list[torch.Tensor] = []
         self._load_errors: set[int] = set()
+        self._step_load_failed = False   # a synchronous load of this step failed (wait_for_save)
         self._loader = TransferThread("kvpool-vllm-load", factory,
                                    OutageLog(log, "kvpool.vllm", "misses (loads)"))
         self._loading: dict[concurrent.futures.Future[tuple[int, float]], BlockSpan] = {}
@@ -623,6 +668,7 @@ class KvpoolConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvpoolConnectorMetadata)
+        self._step_load_failed = False
         for span in meta.loads:
             t0 = time.perf_counter()
             try:
@@ -630,6 +676,12 @@ class KvpoolConnector(KVConnectorBase_V1):
             except Exception:  # noqa: BLE001 - a bug in the load: its blocks are recomputed
                 log.exception("kvpool.vllm: loading request %s failed; recomputed", span.req_id)
                 good = 0
+            if good < len(span.block_ids):
+                # This step's forward attends to the blocks not loaded (whatever they held) and
+                # writes KV computed from them: none of this step's saves may be stored (vLLM
+                # discards the step's output for the request and recomputes from the failed
+                # block; another request may share those blocks through vLLM's prefix cache).
+                self._step_load_failed = True
             self._loaded(span, good, time.perf_counter() - t0)
         if not meta.async_loads:
             return
@@ -715,8 +767,13 @@ class KvpoolConnector(KVConnectorBase_V1):
         assert isinstance(meta, KvpoolConnectorMetadata)
         if not meta.saves:
             return
+        skip = self._disabled or not self._kv_caches or self._step_load_failed
+        if self._step_load_failed:
+            self._step_load_failed = False
+            log.warning("kvpool.vllm: a load failed in this step; its saves are skipped "
+                        "(%d requests' blocks)", len(meta.saves))
         if not self._save_async:
-            if self._disabled or not self._kv_caches:
+            if skip:
                 return
             for span in meta.saves:
                 t0 = time.perf_counter()
@@ -732,7 +789,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             # Reported in finished_sending when it finishes, whatever happens to the save:
             # vLLM holds its blocks until then.
             self._save_reqs.add(span.req_id)
-            if not self._disabled and self._kv_caches:
+            if not skip:
                 self._saves[self._saver.submit(self._save_span, span, self._kv_caches[0].device,
                                                queued)] = span.req_id
 

@@ -284,12 +284,21 @@ class KvpoolHFCache:
             log.warning("kvpool.hf: cache has %d layers, layout has %d; not stored",
                         len(cache.layers), self.layers)
             return False
-        k = cache.layers[0].keys
-        if (k is None or k.dim() != 4 or k.shape[0] != 1 or k.shape[1] != self.kv_heads
-                or k.shape[3] != self.head_dim or k.dtype != self.dtype):
-            log.warning("kvpool.hf: cache tensors %s do not match the layout %s; not stored",
-                        None if k is None else (tuple(k.shape), k.dtype), self.layout)
-            return False
+        # Every layer must hold every token: a sliding-window layer (transformers'
+        # DynamicSlidingWindowLayer) keeps only the last window while get_seq_length() counts
+        # them all, and packing it by position would store other tokens' KV under these keys.
+        seq = cache.get_seq_length()
+        for li, layer in enumerate(cache.layers):
+            for t in (layer.keys, layer.values):
+                if (t is None or t.dim() != 4 or t.shape[0] != 1 or t.shape[1] != self.kv_heads
+                        or t.shape[2] != seq or t.shape[3] != self.head_dim
+                        or t.dtype != self.dtype):
+                    log.warning("kvpool.hf: layer %d's cache tensor %s does not match the "
+                                "layout %s over %d tokens (a sliding-window or trimmed cache "
+                                "holds fewer); not stored", li,
+                                None if t is None else (tuple(t.shape), t.dtype), self.layout,
+                                seq)
+                    return False
         return True
 
     def _pack(self, cache: DynamicCache, start: int, tokens: int, out: torch.Tensor) -> None:

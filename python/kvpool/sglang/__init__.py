@@ -40,7 +40,8 @@ Design (the why):
   buffer), because a kvpool block is one contiguous byte range.
 - Failures: every kvpool.Error, OSError and TimeoutError is a miss (exists -> 0 / False,
   get -> False / None, set -> False), logged as a warning on the "kvpool.sglang" logger, never
-  an exception into SGLang: SGLang recomputes. The client timeout is short (2 s), and a thread's
+  an exception into SGLang: SGLang recomputes. Any other exception (a bug, page meta not as
+  expected) is logged with its traceback and answered the same way. The client timeout is short (2 s), and a thread's
   client is dropped after a failure so the next call reconnects (a restarted daemon is found).
 - Threads: SGLang's prefetch and backup threads call concurrently; each thread gets its own
   kvpool.Client (a Client serializes calls).
@@ -51,12 +52,13 @@ Design (the why):
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import threading
 import time
 import types
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
@@ -75,6 +77,21 @@ __all__ = ["KvpoolHiCacheStorage"]
 log = logging.getLogger("kvpool.sglang")
 
 _FAILURES = (kvpool.Error, OSError, TimeoutError)
+
+
+def _miss_on_error(miss: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Whatever else a method lets out (a bug, page meta it did not expect) is logged and
+    answered as `miss(keys)`: SGLang's prefetch and backup threads never see an exception."""
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def guarded(self: Any, keys: List[str], *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, keys, *args, **kwargs)
+            except Exception:  # noqa: BLE001 - any failure is a miss
+                log.exception("kvpool.sglang: %s failed; answered as a miss", method.__name__)
+                return miss(keys)
+        return guarded
+    return wrap
 _KEY_PREFIX = b"kvpool.sglang/1\0"
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # A put is split into calls of about this many payload bytes (as kvpool.hf does).
@@ -208,6 +225,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         return self.layout is not None
 
     # --- existence --------------------------------------------------------------------------
+    @_miss_on_error(lambda keys: 0)
     def batch_exists(self, keys: List[str],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         if not keys or not self._ready():
@@ -233,6 +251,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         return [(ptrs[i * per:(i + 1) * per], sizes[i * per:(i + 1) * per])
                 for i in range(len(keys))]
 
+    @_miss_on_error(lambda keys: [False] * len(keys))
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         if not keys or not self._ready():
@@ -266,6 +285,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._record(self.prefetch_pgs, self.prefetch_bandwidth, sum(ok), t0)
         return ok
 
+    @_miss_on_error(lambda keys: [False] * len(keys))
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         if not keys:
@@ -325,6 +345,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             target_sizes: Optional[Any] = None) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]
 
+    @_miss_on_error(lambda keys: [None] * len(keys))
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
         if not keys or not self._ready() or target_locations is None:
@@ -343,6 +364,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             target_sizes: Optional[Any] = None) -> bool:
         return self.batch_set([key], [value])
 
+    @_miss_on_error(lambda keys: False)
     def batch_set(self, keys: List[str], values: Optional[Any] = None,
                   target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:

@@ -144,3 +144,40 @@ def test_corrupted_block_on_disk_ends_the_prefix(model, mid):
         print(f"\ncorrupted block 3 in {sorted(set(files))}: served {info.cached_tokens} tokens, "
               f"block 3 refused ({info.block_error}), output equals recompute")
         kv.close()
+
+
+def test_a_sliding_window_cache_is_not_stored(daemon, monkeypatch):
+    """transformers keeps only the last window of a sliding-window layer while
+    get_seq_length() counts every token: stored by position, its blocks would hold other tokens'
+    KV. Such a cache is refused (nothing stored); a full cache of the same model is stored."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    # A block a put: the first block lies inside the window's tensor, so without the check it
+    # would be stored (holding tokens 69-84 under the key of tokens 0-15).
+    monkeypatch.setattr(kvpool.hf, "_PUT_CHUNK_BYTES", 1)
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=8192, hidden_size=128, intermediate_size=256,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=32, max_position_embeddings=1024, sliding_window=32,
+                           torch_dtype="float32")
+    config._attn_implementation = "eager"
+    mistral = MistralForCausalLM(config).eval()
+    tokens = random_tokens(100, seed=310)
+    with torch.no_grad():
+        cache = mistral(torch.tensor([tokens]), use_cache=True).past_key_values
+    assert cache.get_seq_length() == 100
+    assert cache.layers[0].keys.shape[2] < 100        # the window only
+    kv = adapter(daemon.socket, mistral, "mistral-sliding-test")
+    assert kv.store(tokens, cache) == 0
+    with kvpool.Client(daemon.socket, namespace=NAMESPACE) as c:
+        assert c.lookup(kv.keys(tokens)).hit_blocks == 0
+    kv.close()
+
+    config.sliding_window = None                       # the same model without a window
+    full = MistralForCausalLM(config).eval()
+    with torch.no_grad():
+        cache = full(torch.tensor([tokens]), use_cache=True).past_key_values
+    kv = adapter(daemon.socket, full, "mistral-full-test")
+    assert kv.store(tokens, cache) == 100 // B
+    kv.close()

@@ -234,3 +234,27 @@ def test_daemon_killed_during_concurrent_batches(own_daemon):
             t.join()
     assert errors == []
     assert same(pool.page(5), pool.page(13))
+
+
+def test_an_unexpected_exception_is_a_miss_not_raised(daemon, caplog, monkeypatch):
+    """Page meta the backend did not expect (here one buffer too few) fails inside it: SGLang's
+    threads get misses, never the exception, and a working call after it is served."""
+    pool = MHAHostPool(pages=8)
+    fill(pool, 0, 1, seed=11)
+    b = backend(daemon, pool)
+    k = hashes("unexpected", 2)
+    assert b.batch_set_v1(k, pool.indices(0, 1)) == [True] * 2
+    real = pool.get_page_buffer_meta
+
+    def short_meta(indices):
+        ptrs, sizes = real(indices)
+        return ptrs[:-1], sizes[:-1]
+
+    monkeypatch.setattr(pool, "get_page_buffer_meta", short_meta)
+    with caplog.at_level(logging.ERROR, logger="kvpool.sglang"):
+        assert b.batch_get_v1(k, pool.indices(2, 3)) == [False] * 2
+        assert b.batch_set_v1(hashes("unexpected-set", 2), pool.indices(0, 1)) == [False] * 2
+    assert any("answered as a miss" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(pool, "get_page_buffer_meta", real)
+    assert b.batch_get_v1(k, pool.indices(2, 3)) == [True] * 2
+    assert same(pool.page(0), pool.page(2)) and same(pool.page(1), pool.page(3))

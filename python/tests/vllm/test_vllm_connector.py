@@ -547,6 +547,73 @@ def test_sliding_window_and_pipeline_stages_turn_the_connector_off(model_dir, da
     assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
 
 
+@pytest.mark.parametrize("field", ["decode_context_parallel_size",
+                                   "prefill_context_parallel_size"])
+def test_context_parallelism_turns_the_connector_off(model_dir, daemon, field):
+    """A context-parallel rank's block interleaves the tokens of dcp x pcp blocks: its KV is not
+    the tokens a key names, so nothing is looked up or stored."""
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    assert hasattr(cfg.parallel_config, field)
+    setattr(cfg.parallel_config, field, 2)
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
+
+
+def test_a_failed_synchronous_load_stores_none_of_its_steps_blocks(model_dir, daemon, caplog):
+    """A synchronous load that fails part way leaves the blocks after the failure as they were,
+    and the step's forward computes the blocks after them from those: none of what the step
+    computed may be stored (vLLM recomputes the request from the failed block)."""
+    long_prompt = PROMPT[:48] + [(i * 31 + 5) % 991 + 2 for i in range(33)]   # 5 blocks + 1
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)                   # blocks 0-2
+    assert _keys_hit(model_dir, daemon, long_prompt[:80]) == 3
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=False,
+                      save_async=False)
+    views, kvc = kv_views(KVCacheLayout.LHBNC, seed=21)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+    w._load_span = lambda span, link: 1   # blocks 1-2 failed (e.g. evicted since the lookup)
+    req = request(long_prompt)
+    sched.add_request(req)
+    out = sched.schedule()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 48   # blocks 0-2 to load
+    with caplog.at_level(logging.WARNING, logger="kvpool.vllm"):
+        forward(w, out)
+    blocks = list(out.scheduled_new_reqs[0].block_ids[0])
+    assert w.get_block_ids_with_load_errors() == set(blocks[1:3])
+    assert _keys_hit(model_dir, daemon, long_prompt[:80]) == 3, "blocks 3-4 were stored"
+    assert any("its saves are skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_load_async_false_with_tensor_parallelism_loads_asynchronously(model_dir, daemon):
+    """A rank's failed synchronous load would reach every rank through the forward."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=False, tp_size=2)
+    assert kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())._load_async
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=False)
+    assert not kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER,
+                                           kv_config())._load_async
+
+
+def test_a_failing_load_policy_is_made_recompute(model_dir, daemon):
+    """vLLM's default kv_load_failure_policy fails a request whose load failed; the connector
+    makes it recompute, so a block evicted between lookup and load never fails a request."""
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    cfg.kv_transfer_config.kv_load_failure_policy = "fail"
+    kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    assert cfg.kv_transfer_config.kv_load_failure_policy == "recompute"
+
+
+def test_the_default_model_id_names_quantization_and_config_overrides():
+    class Model:
+        model, revision, quantization, hf_overrides = "org/m", None, None, None
+    plain = kvpool.vllm._default_model_id(Model())
+    Model.quantization = "fp8"
+    quantized = kvpool.vllm._default_model_id(Model())
+    Model.hf_overrides = {"rope_scaling": {"factor": 4.0}}
+    overridden = kvpool.vllm._default_model_id(Model())
+    assert plain == "org/m"
+    assert len({plain, quantized, overridden}) == 3
+
+
 def test_two_tensor_parallel_ranks_store_and_load_their_own_shards(model_dir, daemon):
     """Each rank stores its KV heads under its own layout (tp_rank in the layout string); the
     scheduler offers only what every rank has; vLLM's KVOutputAggregator reports a load done
