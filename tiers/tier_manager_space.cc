@@ -194,7 +194,10 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
     ids.reserve(all_ids.size());
     for (EntryId id : all_ids) {
       Entry& e = index_.at(id);
-      if (!refused.contains(id) && !full.contains(e.ns)) {
+      // A host copy decoded from a lossy disk copy (since dropped) is not written down: written
+      // as it is, its approximate bytes would come back as the block that was put.
+      const bool lossy = e.mem != kNoMem && index_.Mem(id).lossy_encoding != 0;
+      if (!lossy && !refused.contains(id) && !full.contains(e.ns)) {
         ids.push_back(id);
         continue;
       }
@@ -202,8 +205,13 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
       if (drop_host && e.leases == 0 && e.In(Tier::kHost) && !e.In(Tier::kDisk) &&
           e.children[TierSlot(Tier::kHost)] == 0) {
         ++host_counters_.evictions;
-        ++blocks_over_quota_;
+        ++(lossy ? blocks_not_admitted_ : blocks_over_quota_);
         DropHostCopyLocked(id);
+      }
+      if (lossy && quota_status.ok()) {
+        quota_status = Status::FailedPrecondition(
+            "block " + e.key.ShortHex() +
+            " is held only as the approximate copy decoded from its lossy disk copy");
       }
     }
     if (ids.empty()) {

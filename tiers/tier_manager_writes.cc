@@ -84,6 +84,7 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
     // Whether the block is settled without a slot (cached, being written by another writer, or
     // refused); false: it needs one. See Reserve in tier_manager.h for what waits.
     std::optional<Clock::TimePoint> wait_until;  // the first wait sets it
+    bool wrote = false;                          // this call wrote the block down once
     auto wait = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (!wait_until) wait_until = clock_.Now() + options_.in_flight_put_wait;
       return !clock_.WaitUntil(changed_, mu_, *wait_until) && !stopping_;
@@ -105,7 +106,14 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
             return true;
           }
           if (e.busy == 0) {
-            // Cached without its disk copy, and nothing is writing one: write it now.
+            // Cached without its disk copy, and nothing is writing one: write it now (once: a
+            // write that took nothing and said nothing is not tried again).
+            if (wrote) {
+              o.status = Status::Unavailable("block " + item.key.ShortHex() +
+                                             " could not be written to disk");
+              return true;
+            }
+            wrote = true;
             e.busy |= kBusyDemoting;
             if (Status st = WriteDownLocked({id}, /*drop_host=*/false, /*sync=*/false); !st.ok()) {
               o.status = st.WithContext("write-through of block " + item.key.ShortHex());
