@@ -1161,13 +1161,18 @@ class Client::Impl {
       // other writer may also have given up, and this put then stores the block itself.
       std::vector<PutBlock> again;
       for (size_t i : in_progress) again.push_back(blocks[i]);
-      KVPOOL_ASSIGN_OR_RETURN(PutResult r,
-                              Put(again, device, stream, daemon_gpu, local_gpu, false));
+      Result<PutResult> r = Put(again, device, stream, daemon_gpu, local_gpu, false);
+      if (!r.ok()) {
+        // What this put stored stands; these blocks' outcome is not known.
+        for (size_t i : in_progress) result.errors[i] = r.status();
+        result.in_progress -= static_cast<uint32_t>(in_progress.size());
+        return result;
+      }
       result.in_progress -= static_cast<uint32_t>(again.size());
-      result.stored += r.stored;
-      result.already_present += r.already_present;
-      result.in_progress += r.in_progress;
-      for (size_t j = 0; j < in_progress.size(); ++j) result.errors[in_progress[j]] = r.errors[j];
+      result.stored += r->stored;
+      result.already_present += r->already_present;
+      result.in_progress += r->in_progress;
+      for (size_t j = 0; j < in_progress.size(); ++j) result.errors[in_progress[j]] = r->errors[j];
     }
     return result;
   }

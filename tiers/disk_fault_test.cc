@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "tests/support/fault_injection_fs.h"
 #include "tests/support/temp_dir.h"
 #include "tiers/disk_tier.h"
@@ -591,18 +592,32 @@ TEST_F(WriteThroughTest, AWriterHoldingNoReservationWaitsForAnotherWritersPut) {
   EXPECT_TRUE(OnDiskAfterRestart(4));
 }
 
-TEST_F(WriteThroughTest, AWaitThatOutlastsItsLimitAnswersInProgress) {
+TEST_F(WriteThroughTest, AWaitThatOutlastsItsLimitAnswersInProgressOncePerCall) {
+  // On a clock that moves only when told: one step past the limit must end the whole call.
+  ManualClock clock;
   Close();
-  options_.in_flight_put_wait = std::chrono::milliseconds(50);
+  options_.clock = &clock;
+  options_.in_flight_put_wait = std::chrono::seconds(2);
   Open();
   Result<NamespacePolicy> wt = ComposePolicy("", "write-through", "", "");
   ASSERT_TRUE(wt.ok());
   ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, *wt).ok());
-  const PutRequestItem a = ItemOf(5);
-  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&a, 1});
-  ASSERT_EQ(first[0].state, ReserveState::kReserved);
-  EXPECT_EQ(manager_->Reserve(kNs, 2, {&a, 1})[0].state, ReserveState::kInProgress);
-  manager_->Abort(1, first[0].reservation_id);
+  // Another writer holds six blocks and never commits them: a put of all six waits once, for
+  // the call's limit, not once per block (six times would outlast a client's timeout).
+  std::vector<PutRequestItem> items;
+  for (uint64_t n = 10; n < 16; ++n) items.push_back(ItemOf(n));
+  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, items);
+  for (const ReserveOutcome& o : first) ASSERT_EQ(o.state, ReserveState::kReserved);
+  auto second = std::async(std::launch::async, [&] { return manager_->Reserve(kNs, 2, items); });
+  EXPECT_EQ(second.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  clock.Advance(std::chrono::seconds(3));
+  ASSERT_EQ(second.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "a later block waited again after the call's limit had passed";
+  for (const ReserveOutcome& o : second.get()) EXPECT_EQ(o.state, ReserveState::kInProgress);
+  for (const ReserveOutcome& o : first) manager_->Abort(1, o.reservation_id);
+  Close();
+  options_.clock = nullptr;
+  Open();
 }
 
 TEST(DiskDeviceRoom, TheFreeSpaceLessTheReserve) {

@@ -280,7 +280,9 @@ void TierManager::Shutdown() {
   std::vector<EntryId> host_only;
   index_.ForEach(kNoNamespace, [&](EntryId id) {
     const Entry& e = index_.at(id);
-    if (e.In(Tier::kHost) && !e.In(Tier::kDisk) && e.busy == 0 &&
+    // (Not a block held only as approximate bytes: it is never written down, see
+    // WriteDownLocked.)
+    if (e.In(Tier::kHost) && !e.In(Tier::kDisk) && e.busy == 0 && !ApproximateOnlyLocked(id) &&
         PolicyLocked(e.ns).admission->Admit(e.hits)) {
       host_only.push_back(id);
     }

@@ -573,6 +573,10 @@ class TierManager {
   // write qualifies.
   uint64_t EvictHostSegmentLocked(NamespaceId ns, uint64_t bytes, bool may_write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `id`'s memory copies are the approximate bytes decoded from a lossy disk copy that has
+  // since been dropped: never written down (they would come back as the block that was put), and
+  // replaced by a writer's exact bytes.
+  bool ApproximateOnlyLocked(EntryId id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether `e`'s host copy must be written to disk before it may go: it has no disk copy and its
   // namespace's disk takes it.
   bool NeedsWriteLocked(const Entry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

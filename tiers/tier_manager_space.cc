@@ -196,7 +196,7 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
       Entry& e = index_.at(id);
       // A host copy decoded from a lossy disk copy (since dropped) is not written down: written
       // as it is, its approximate bytes would come back as the block that was put.
-      const bool lossy = e.mem != kNoMem && index_.Mem(id).lossy_encoding != 0;
+      const bool lossy = ApproximateOnlyLocked(id);
       if (!lossy && !refused.contains(id) && !full.contains(e.ns)) {
         ids.push_back(id);
         continue;
@@ -342,6 +342,11 @@ uint64_t TierManager::EvictHostLocked(uint64_t budget, NamespaceId only, bool ma
     WriteDownLocked(to_demote, /*drop_host=*/true, /*sync=*/false).IgnoreError();
   }
   return released + demote_bytes;
+}
+
+bool TierManager::ApproximateOnlyLocked(EntryId id) const {
+  const Entry& e = index_.at(id);
+  return e.mem != kNoMem && index_.Mem(id).lossy_encoding != 0 && !e.In(Tier::kDisk);
 }
 
 bool TierManager::NeedsWriteLocked(const Entry& e) const {

@@ -232,53 +232,91 @@ TEST_F(TierManagerTest, EncodingOnDemotionStoresFewerBytesAndServesTheDecodedBlo
 }
 
 // A block read from its lossy (int8) disk copy is held in host as the decoded, approximate
-// bytes. When its disk copy is dropped for room and the namespace no longer encodes, demotion
-// must not write those bytes down raw: they would come back as the block that was put. The
-// block leaves the cache instead.
-TEST_F(TierManagerTest, AnApproximateHostCopyIsNeverWrittenDownAsTheBlock) {
-  options_.disk_capacity_bytes = 40 * kKiB;
-  Open();
-  const kernels::BlockLayout raw = SmallLayout();
-  constexpr NamespaceId kInt8 = 31;
-  NamespacePolicy int8 = Compose("", "", "", "none");
-  int8.encoding = *CreateDemotionEncoding("int8", raw);
-  ASSERT_TRUE(manager_->SetNamespacePolicy(kInt8, int8).ok());
-  const BlockKey key = KeyOf(900);
-  const std::vector<uint8_t> kv = KvBytes(raw, 9);
-  ASSERT_EQ(kv.size(), 16 * kKiB);
-  const PutRequestItem item = ItemFor(key, kv);
-  std::vector<ReserveOutcome> r = manager_->Reserve(kInt8, 1, {&item, 1});
-  ASSERT_EQ(r[0].state, ReserveState::kReserved);
-  Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
-  ASSERT_TRUE(t.ok());
-  std::memcpy(t->data, kv.data(), kv.size());
-  ASSERT_TRUE(manager_->Commit(1, r[0].reservation_id).ok());
-  DemoteAll({key}, kInt8);
-  for (int round = 0; round < 2; ++round) {  // from disk, then from host (promoted, lossy)
-    std::vector<BlockRead> reads = manager_->Acquire(kInt8, {&key, 1});
-    ASSERT_TRUE(reads[0].status.ok()) << reads[0].status.ToString();
-    EXPECT_NE(reads[0].lossy_encoding, 0);
-    manager_->Release(reads[0]);
-    manager_->WaitIdleForTest();
-  }
-  // A disk-only block of another namespace takes the disk's room: the int8 copy is dropped,
-  // the approximate host copy stays.
-  const BlockKey filler = KeyOf(901);
-  ASSERT_TRUE(Put(filler, 32 * kKiB).ok());
-  DemoteAll({filler});
-  ASSERT_EQ(TiersOf({key}, kInt8), std::vector<Tier>{Tier::kHost});
-  std::vector<BlockRead> held = manager_->Acquire(kInt8, {&key, 1});
-  ASSERT_TRUE(held[0].status.ok());
-  EXPECT_NE(held[0].lossy_encoding, 0) << "served as approximate from host";
-  manager_->Release(held[0]);
+// bytes. Once its disk copy is dropped for room, those bytes are all there is of it: they must
+// never be written down as the block (they would come back exact), and a writer's exact bytes
+// replace them.
+class ApproximateCopyTest : public TierManagerTest {
+ protected:
+  static constexpr NamespaceId kInt8 = 31;
 
+  void SetUp() override {
+    TierManagerTest::SetUp();
+    options_.disk_capacity_bytes = 40 * kKiB;
+    Open();
+    NamespacePolicy int8 = Compose("", "", "", "none");
+    int8.encoding = *CreateDemotionEncoding("int8", raw_);
+    ASSERT_TRUE(manager_->SetNamespacePolicy(kInt8, int8).ok());
+  }
+
+  // Puts `key` (16 KiB of KV) into kInt8, demotes it (encoded), reads it back into host (the
+  // approximate bytes) and drops its disk copy for another block's room.
+  void MakeApproximateOnly(const BlockKey& key) {
+    ASSERT_EQ(kv_.size(), 16 * kKiB);
+    const PutRequestItem item = ItemFor(key, kv_);
+    std::vector<ReserveOutcome> r = manager_->Reserve(kInt8, 1, {&item, 1});
+    ASSERT_EQ(r[0].state, ReserveState::kReserved);
+    Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
+    ASSERT_TRUE(t.ok());
+    std::memcpy(t->data, kv_.data(), kv_.size());
+    ASSERT_TRUE(manager_->Commit(1, r[0].reservation_id).ok());
+    DemoteAll({key}, kInt8);
+    for (int round = 0; round < 2; ++round) {  // from disk, then from host (promoted)
+      std::vector<BlockRead> reads = manager_->Acquire(kInt8, {&key, 1});
+      ASSERT_TRUE(reads[0].status.ok()) << reads[0].status.ToString();
+      EXPECT_NE(reads[0].lossy_encoding, 0);
+      manager_->Release(reads[0]);
+      manager_->WaitIdleForTest();
+    }
+    const BlockKey filler = KeyOf(901);  // disk-only, in another namespace: takes the room
+    ASSERT_TRUE(Put(filler, 32 * kKiB).ok());
+    DemoteAll({filler});
+    ASSERT_EQ(TiersOf({key}, kInt8), std::vector<Tier>{Tier::kHost});
+    std::vector<BlockRead> held = manager_->Acquire(kInt8, {&key, 1});
+    ASSERT_TRUE(held[0].status.ok());
+    EXPECT_NE(held[0].lossy_encoding, 0) << "served as approximate from host";
+    manager_->Release(held[0]);
+  }
+
+  const kernels::BlockLayout raw_ = SmallLayout();
+  const std::vector<uint8_t> kv_ = KvBytes(raw_, 9);
+  const BlockKey key_ = KeyOf(900);
+};
+
+TEST_F(ApproximateCopyTest, DemotionDropsItRatherThanStoreItAsTheBlock) {
+  MakeApproximateOnly(key_);
   // The namespace stops encoding; demotion drops the block rather than store it raw.
   ASSERT_TRUE(manager_->SetNamespacePolicy(kInt8, Compose("", "", "", "none")).ok());
-  manager_->Evict(kInt8, Tier::kHost, {&key, 1});
+  manager_->Evict(kInt8, Tier::kHost, {&key_, 1});
   manager_->WaitIdleForTest();
-  EXPECT_TRUE(TiersOf({key}, kInt8).empty()) << "not cached any more";
+  EXPECT_TRUE(TiersOf({key_}, kInt8).empty()) << "not cached any more";
   Reopen();
-  ExpectMiss(key, kInt8);
+  ExpectMiss(key_, kInt8);
+}
+
+TEST_F(ApproximateCopyTest, TheShutdownFlushLeavesItOutAndWritesTheRest) {
+  MakeApproximateOnly(key_);
+  const BlockKey other = KeyOf(902);
+  ASSERT_TRUE(Put(other, 5000).ok());  // host only, exact
+  Reopen();                            // the shutdown flush
+  ExpectMiss(key_, kInt8);
+  ExpectServed(other);
+}
+
+TEST_F(ApproximateCopyTest, AWritersExactBytesReplaceIt) {
+  MakeApproximateOnly(key_);
+  const PutRequestItem item = ItemFor(key_, kv_);
+  std::vector<ReserveOutcome> r = manager_->Reserve(kInt8, 2, {&item, 1});
+  ASSERT_EQ(r[0].state, ReserveState::kReserved) << "answered present for approximate bytes";
+  Result<ReservationTarget> t = manager_->TargetOf(2, r[0].reservation_id);
+  ASSERT_TRUE(t.ok());
+  std::memcpy(t->data, kv_.data(), kv_.size());
+  ASSERT_TRUE(manager_->Commit(2, r[0].reservation_id).ok());
+  std::vector<BlockRead> reads = manager_->Acquire(kInt8, {&key_, 1});
+  ASSERT_TRUE(reads[0].status.ok());
+  EXPECT_EQ(reads[0].lossy_encoding, 0);
+  ASSERT_EQ(reads[0].size, kv_.size());
+  EXPECT_EQ(std::memcmp(reads[0].data, kv_.data(), kv_.size()), 0);
+  manager_->Release(reads[0]);
 }
 
 TEST_F(TierManagerTest, AnEncodedBodyDamagedOnDiskIsAMissNeverWrongBytes) {

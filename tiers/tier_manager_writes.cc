@@ -68,6 +68,7 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
   if (gpu >= 0 && PolicyLocked(ns).write->WriteOnCommit()) gpu = -1;
   const uint32_t now = NowSeconds();
   const uint64_t max_block = max_block_bytes();
+  std::optional<Clock::TimePoint> wait_until;  // the first wait of the call sets it
   for (size_t i = 0; i < items.size(); ++i) {
     const PutRequestItem& item = items[i];
     ReserveOutcome& o = out[i];
@@ -83,9 +84,9 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
     }
     // Whether the block is settled without a slot (cached, being written by another writer, or
     // refused); false: it needs one. See Reserve in tier_manager.h for what waits.
-    std::optional<Clock::TimePoint> wait_until;  // the first wait sets it
-    bool wrote = false;                          // this call wrote the block down once
+    bool wrote = false;  // this call wrote the block down once
     auto wait = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      // One deadline for the whole call: once it has passed, later blocks do not wait at all.
       if (!wait_until) wait_until = clock_.Now() + options_.in_flight_put_wait;
       return !clock_.WaitUntil(changed_, mu_, *wait_until) && !stopping_;
     };
@@ -93,6 +94,15 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
       for (;;) {
         const bool on_commit = PolicyLocked(ns).write->WriteOnCommit();
         const EntryId id = FindCachedLocked(ns, item.key);
+        if (id != kNoEntry && ApproximateOnlyLocked(id) && index_.at(id).In(Tier::kHost) &&
+            !index_.at(id).In(Tier::kGpu) && index_.at(id).leases == 0 && index_.at(id).busy == 0 &&
+            index_.at(id).children[TierSlot(Tier::kHost)] == 0) {
+          // Held only as the approximate bytes decoded from a lossy disk copy since dropped: the
+          // writer's exact bytes replace them.
+          ++host_counters_.evictions;
+          DropHostCopyLocked(id);
+          continue;
+        }
         if (id != kNoEntry) {
           index_.Touch(id, now);  // at once: making room for the next blocks must not evict it
           Entry& e = index_.at(id);
