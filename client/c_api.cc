@@ -157,7 +157,10 @@ int kvpool_lookup(kvpool_client* c, const kvpool_key* keys, size_t n, int prefet
     if (!r.ok()) return Fail(c, r.status());
     *hit_blocks = r->hit_blocks;
     if (tiers != nullptr) {
-      for (size_t i = 0; i < r->tiers.size(); ++i) tiers[i] = static_cast<uint8_t>(r->tiers[i]);
+      // (At most n: the caller's array; the client checks the daemon's answer too.)
+      for (size_t i = 0; i < std::min(n, r->tiers.size()); ++i) {
+        tiers[i] = static_cast<uint8_t>(r->tiers[i]);
+      }
     }
     return Ok(c);
   });
@@ -208,7 +211,9 @@ int GetInto(kvpool_client* c, const kvpool_key* keys, size_t n, void* const* buf
     auto r = c->client->Get(Keys(keys, n), bufs, {.cuda_stream = cuda_stream});
     if (!r.ok()) return Fail(c, r.status());
     for (size_t i = 0; i < n; ++i) {
-      sizes[i] = (*r)[i].size;
+      // Bytes written: none for a block that failed (a buffer too small reports the block's
+      // size in the C++ result, which a C caller would read past its buffer).
+      sizes[i] = (*r)[i].status.ok() ? (*r)[i].size : 0;
       codes[i] = Code((*r)[i].status);
     }
     return Ok(c);
@@ -325,7 +330,7 @@ int kvpool_pending_get_wait(kvpool_pending_get* p, size_t* sizes, int* codes) {
     auto r = p->pending.Wait();
     if (!r.ok()) return Fail(c, r.status());
     for (size_t i = 0; i < p->n; ++i) {
-      sizes[i] = (*r)[i].size;
+      sizes[i] = (*r)[i].status.ok() ? (*r)[i].size : 0;  // as kvpool_get
       codes[i] = Code((*r)[i].status);
     }
     return Ok(c);

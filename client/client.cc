@@ -289,7 +289,8 @@ class Client::Impl {
       const MutableBuffer buf = buffer_for(b.index, b.size);
       if (!seg_status.ok()) {
         r.status = seg_status;
-      } else if (b.offset + b.size > mappings_.segment_bytes()) {
+      } else if (b.size > mappings_.segment_bytes() ||
+                 b.offset > mappings_.segment_bytes() - b.size) {
         r.status = Status::Internal("block slot outside its segment");
       } else if (buf.data == nullptr || buf.capacity < b.size) {
         r.status = TooSmall(buf, b.size);
@@ -362,7 +363,8 @@ class Client::Impl {
       std::shared_ptr<const void> hold;
       if (!b.gpu) {
         r.status = mapped[host_k++];
-        if (r.status.ok() && b.offset + b.size > mappings_.segment_bytes()) {
+        if (r.status.ok() &&
+            (b.size > mappings_.segment_bytes() || b.offset > mappings_.segment_bytes() - b.size)) {
           r.status = Status::Internal("block slot outside its segment");
         }
         if (r.status.ok()) {
@@ -1222,7 +1224,8 @@ class Client::Impl {
     std::vector<size_t> from_device;  // indices into `reserved` whose copy is queued
     for (size_t k = 0; k < reserved.size(); ++k) {
       const PutBlock& b = blocks[reserved[k].first];
-      if (!mapped[k].ok() || slots[k].offset() + b.size > mappings_.segment_bytes()) {
+      if (!mapped[k].ok() || b.size > mappings_.segment_bytes() ||
+          slots[k].offset() > mappings_.segment_bytes() - b.size) {
         fail(k, mapped[k].ok() ? Status::Internal("reserved slot outside its segment") : mapped[k]);
         continue;
       }
@@ -1441,6 +1444,9 @@ Result<LookupResult> Client::Lookup(std::span<const BlockKey> chain, bool prefet
       req.set_no_prefetch(!prefetch);
       wire::LookupResponse resp;
       KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::LOOKUP, req, &resp));
+      if (resp.hit_blocks() > end - start || resp.tiers_size() > static_cast<int>(end - start)) {
+        return Status::Internal("kvpoold answered a LOOKUP with more blocks than were asked");
+      }
       out.hit_blocks += resp.hit_blocks();
       for (int t : resp.tiers()) out.tiers.push_back(FromWire(t));
       if (resp.hit_blocks() < end - start) break;

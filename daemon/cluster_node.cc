@@ -267,6 +267,12 @@ void ClusterNode::SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
       tally.inconclusive[i] = true;
       continue;
     }
+    if (transferred && r.lossy_encoding != 0) {
+      // The peer's approximate bytes (decoded from its lossy disk copy): stored here they would
+      // be served as the block that was put. A miss here instead.
+      if (reserved) tiers_.Abort(kClusterOwner, l.reservation_id);
+      continue;
+    }
     tally.found[i] = true;
     tally.bytes += l.size;
     ++tally.blocks;
@@ -706,7 +712,8 @@ void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
   std::vector<PutBlock> puts;
   for (size_t k = 0; k < keys.size(); ++k) {
     const tiers::BlockRead& read = reads[k];
-    if (!read.status.ok()) continue;
+    // (Approximate bytes decoded from a lossy disk copy are not sent as the block.)
+    if (!read.status.ok() || read.lossy_encoding != 0) continue;
     // Checked here and, with the stored checksum sent along, again by the peer: a damaged copy
     // is never passed on under a fresh hash.
     if (BlockChecksum(read.data, read.size) != read.checksum) {

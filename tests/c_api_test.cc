@@ -175,6 +175,39 @@ TEST(CApiTest, BusyPollingClientGetsEveryAnswer) {
   kvpool_close(c);
 }
 
+// A buffer too small for its block: nothing written, sizes[i] 0 (bytes written), the code says
+// why. (It used to report the block's size, which a C caller would read past its buffer.)
+TEST(CApiTest, ABufferTooSmallReportsNothingWritten) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  kvpool_client* c = nullptr;
+  ASSERT_EQ(kvpool_connect(d.socket_path().c_str(), "c-api", 5000, &c), KVPOOL_OK)
+      << kvpool_last_error(nullptr);
+  const std::vector<int32_t> tokens = Tokens(10, 16);
+  kvpool_key key;
+  size_t n = 0;
+  ASSERT_EQ(kvpool_hash_chain(tokens.data(), tokens.size(), 16, "sec", 3, kTestLayout, nullptr,
+                              &key, 1, &n),
+            KVPOOL_OK);
+  const CBlocks put = MakeCBlocks(1, 8192, 8192, 3);
+  uint32_t stored = 0, present = 0;
+  ASSERT_EQ(
+      kvpool_put_chain(c, &key, 1, put.data.data(), put.sizes.data(), nullptr, &stored, &present),
+      KVPOOL_OK)
+      << kvpool_last_error(c);
+  std::vector<uint8_t> small(4096, 0xEE);
+  void* buffer = small.data();
+  const size_t capacity = small.size();
+  size_t got = 12345;
+  int code = KVPOOL_OK;
+  ASSERT_EQ(kvpool_get(c, &key, 1, &buffer, &capacity, &got, &code), KVPOOL_OK)
+      << kvpool_last_error(c);
+  EXPECT_EQ(code, KVPOOL_INVALID_ARGUMENT);
+  EXPECT_EQ(got, 0u);
+  EXPECT_EQ(small, std::vector<uint8_t>(4096, 0xEE));
+  kvpool_close(c);
+}
+
 TEST(CApiTest, PutLookupGetSessionRoundTrip) {
   DaemonProcess d;
   ASSERT_OK(d.Start());

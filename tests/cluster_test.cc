@@ -17,7 +17,10 @@
 #include <optional>
 #include <thread>
 
+#include <cstring>
+
 #include "client/peer_calls.h"
+#include "kernels/dtype.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/etcd_test_server.h"
 #include "tests/support/status_matchers.h"
@@ -876,6 +879,57 @@ TEST_F(ClusterTest, ClusterModeNeedsASecretAndATcpListener) {
   const int st = pclose(p);
   EXPECT_NE(st, 0);
   EXPECT_NE(out.find("--listen"), std::string::npos) << out;
+}
+
+// A block read from its lossy (int8) disk copy comes back as approximate bytes and says so
+// (lossy_encoding). Another node fetching it must not store those bytes as the block that was
+// put: through that node it is a miss, never approximate bytes reported exact.
+TEST_F(ClusterTest, AnApproximateBlockIsNeverStoredAsTheBlockOnAnotherNode) {
+  const std::string ns_file = dir_.path() + "/ns.yaml";
+  std::ofstream(ns_file) << "namespaces:\n  small-model:\n    encoding: int8\n    lossy: true\n"
+                            "    layout: {layers: 2, kv_heads: 2, head_dim: 64, tokens: 16, "
+                            "dtype: fp16}\n";
+  std::vector<std::string> fa = Flags("node-a");
+  std::vector<std::string> fb = Flags("node-b");
+  for (auto* f : {&fa, &fb}) {
+    f->push_back("--namespaces_file=" + ns_file);
+    f->push_back("--replicas=0");
+  }
+  DaemonProcess a(fa), b(fb);
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  auto ca = a.Connect("small-model");
+  auto cb = b.Connect("small-model");
+  ASSERT_TRUE(AllSee({ca.get(), cb.get()}, 2));
+  const size_t raw = 2 * 2 * 2 * 64 * 16 * 2;  // layers x (K, V) x heads x head_dim x tokens x fp16
+  ChainHasher hasher("secret", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(5, 16));
+  std::vector<uint8_t> block(raw);
+  for (size_t i = 0; i < block.size(); i += 2) {
+    const uint16_t h = kernels::FloatToHalf(static_cast<float>((i * 37) % 200) / 50.0f - 2.0f);
+    std::memcpy(block.data() + i, &h, 2);
+  }
+  std::vector<std::span<const uint8_t>> spans{block};
+  auto put = ca->PutChain(keys, spans);
+  ASSERT_TRUE(put.ok() && put->all_ok());
+  ASSERT_OK(ca->Evict(Tier::kHost, keys).status());  // demoted: encoded on disk
+  auto on_a = ca->GetBlocks(keys);
+  ASSERT_OK(on_a.status());
+  ASSERT_OK((*on_a)[0].status);
+  ASSERT_NE((*on_a)[0].lossy_encoding, 0) << "the test needs an approximate read on A";
+  ASSERT_NE((*on_a)[0].bytes, block);
+  for (int round = 0; round < 2; ++round) {
+    auto on_b = cb->GetBlocks(keys);
+    ASSERT_OK(on_b.status());
+    const auto& r = (*on_b)[0];
+    if (r.status.ok()) {
+      EXPECT_TRUE(r.lossy_encoding != 0 || r.bytes == block)
+          << "round " << round << ": approximate bytes served through B as exact";
+    }
+  }
+  auto stats = cb->Stats();
+  ASSERT_OK(stats.status());
+  EXPECT_EQ(stats->puts_committed, 0u) << "B stored the approximate bytes";
 }
 
 }  // namespace

@@ -367,6 +367,8 @@ std::vector<GpuCopyInfo> TierManager::GpuCopies(NamespaceId ns,
     const Entry& e = index_.at(id);
     auto dsum = gpu_checksums_.find(id);
     if (!e.In(Tier::kGpu) || dsum == gpu_checksums_.end()) continue;
+    if (index_.Mem(id).lossy_encoding != 0)
+      continue;  // approximate bytes: not offered as the block
     out[i] = {index_.Mem(id).gpu_device, e.size, dsum->second};
   }
   return out;

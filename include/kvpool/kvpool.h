@@ -101,7 +101,8 @@ void kvpool_close(kvpool_client* client);
 int kvpool_lookup(kvpool_client* client, const kvpool_key* keys, size_t n, int prefetch,
                   uint32_t* hit_blocks, uint8_t* tiers);
 
-/* Reads block i into buffers[i] (capacity capacities[i]). Per block: sizes[i] (bytes written)
+/* Reads block i into buffers[i] (capacity capacities[i]). Per block: sizes[i] (bytes written; 0
+ * for a block that failed, e.g. a buffer too small: its code is KVPOOL_INVALID_ARGUMENT)
  * and codes[i] (KVPOOL_OK, KVPOOL_NOT_FOUND for a miss, ...). Returns non-OK only when the
  * daemon could not be asked. */
 int kvpool_get(kvpool_client* client, const kvpool_key* keys, size_t n, void* const* buffers,
@@ -190,7 +191,9 @@ int kvpool_borrow(kvpool_client* client, const kvpool_key* keys, size_t n, int g
 /* Hashes the host views again: KVPOOL_CORRUPTION when one changed (its lease ran out);
  * codes[i] (optional, n entries) gets each view's code. */
 int kvpool_borrowed_verify(kvpool_borrowed* borrowed, int* codes);
-/* Ends the leases and frees the views (NULL: nothing). */
+/* Ends the leases and frees the views (NULL: nothing). While its client is open, this uses the
+ * client's connection: call it from the thread using that client (or with calls on it
+ * serialized), never during kvpool_close. After kvpool_close it only frees. */
 void kvpool_borrowed_release(kvpool_borrowed* borrowed);
 
 /* Sessions. Metadata is n_meta key/value pairs (may be 0). */

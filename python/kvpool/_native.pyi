@@ -2,6 +2,10 @@
 # kvpool/__init__.py re-exports these names; users import `kvpool`, never `kvpool._native`.
 # Buffers ("Buffer") are anything with the buffer protocol or DLPack (numpy arrays, torch CPU
 # tensors, bytearray, memoryview; bytes for reading only), taken without a copy; C-contiguous.
+# A tensor (DLPack) given to a call must not be resized or given other storage (torch's
+# resize_(), set_()) by any thread until the call, or a pending get's wait(), returns: DLPack
+# does not stop that, and the call would read or write memory the tensor no longer owns. (The
+# buffer protocol's exporters refuse to resize while a call holds them.)
 from typing import Any, Mapping, Sequence
 
 Buffer = Any  # buffer protocol or __dlpack__ object, C-contiguous

@@ -3,8 +3,12 @@
 // bytearray, memoryview, bytes for reading) or DLPack (`__dlpack__`: torch tensors, CPU or CUDA,
 // cupy, jax). Buffer protocol first (numpy, bytes), then DLPack through nanobind's nb::ndarray.
 //
-// A Buffer holds the exporter's view (Py_buffer or the DLPack capsule) for its lifetime, so the
-// memory stays valid while the GIL is released; destroy it with the GIL held.
+// A Buffer holds the exporter's view (Py_buffer or the DLPack capsule) for its lifetime;
+// destroy it with the GIL held. For the buffer protocol that keeps the memory valid while the GIL
+// is released: the exporter refuses to resize or free it (numpy, bytearray). A DLPack export does
+// not: torch's resize_() and set_() free a tensor's storage while an export of it exists. A
+// tensor given to a call must not be resized or given other storage, by any thread, until the
+// call (or the pending get's wait) returns; the calls' docstrings say so.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
