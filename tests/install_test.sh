@@ -51,7 +51,7 @@ for f in bin/kvpoold bin/kvpool "$libdir/libkvpool.so" "$libdir/libkvpool.so.0" 
   [[ -e "$PREFIX/$f" ]] || fail "cmake --install did not install $f"
 done
 # Nothing outside the prefix (the flag file used to go to /etc/kvpool whatever the prefix).
-if grep -E '^-- (Installing|Up-to-date): ' "$WORK/install.log" | grep -v -- ": $PREFIX/" | grep -q .; then
+if [[ -n "$(grep -E '^-- (Installing|Up-to-date): ' "$WORK/install.log" | grep -v -- ": $PREFIX/")" ]]; then
   fail "installed outside $PREFIX: $(grep -v -- ": $PREFIX/" "$WORK/install.log")"
 fi
 
@@ -145,8 +145,11 @@ C
 cc -std=c11 -Wall -Wextra -Werror -o "$WORK/c-consumer" "$WORK/c_consumer.c" \
   $(pkg-config --cflags --libs kvpool) -Wl,-rpath,"$(pkg-config --variable=libdir kvpool)" ||
   fail "cc with pkg-config --cflags --libs kvpool"
-if ldd "$WORK/quickstart-pc" | grep -q "$BUILD"; then fail "quickstart-pc links the build tree"; fi
-ldd "$WORK/quickstart-pc" | grep -q "$PREFIX/$libdir/libkvpool.so.0" ||
+# (Output captured first: with pipefail, `ldd | grep -q` fails when grep stops reading early and
+# ldd gets SIGPIPE, which made this check fail now and then.)
+pc_libs=$(ldd "$WORK/quickstart-pc")
+if grep -q "$BUILD" <<<"$pc_libs"; then fail "quickstart-pc links the build tree"; fi
+grep -q "$PREFIX/$libdir/libkvpool.so.0" <<<"$pc_libs" ||
   fail "quickstart-pc does not use $PREFIX's libkvpool: $(ldd "$WORK/quickstart-pc" | grep kvpool)" \
     "(pkg-config libdir: $(pkg-config --variable=libdir kvpool))"
 
@@ -212,7 +215,7 @@ done
 
 # --- 4. dpkg -i, remove, purge -----------------------------------------------------------------
 if [[ $(id -u) != 0 ]]; then echo "install_test: SKIP dpkg -i (not root)"; exit 77; fi
-if dpkg-query -W -f='${Status}' kvpool libkvpool0 libkvpool-dev 2>/dev/null | grep -q installed ||
+if grep -q installed <<<"$(dpkg-query -W -f='${Status}' kvpool libkvpool0 libkvpool-dev 2>/dev/null)" ||
    getent passwd kvpool >/dev/null || getent group kvpool >/dev/null || [[ -e /var/lib/kvpool ]] ||
    [[ -e /etc/kvpool ]]; then
   echo "install_test: SKIP dpkg -i (kvpool, its user or its directories are already on this machine)"
@@ -228,9 +231,9 @@ uid=$(cut -d: -f3 "$WORK/passwd")
 [[ "$(cut -d: -f4 "$WORK/passwd")" == "$(getent group kvpool | cut -d: -f3)" ]] || fail "kvpool's group is not kvpool"
 [[ "$(stat -c '%U:%G %a' /var/lib/kvpool)" == "kvpool:kvpool 750" ]] || fail "/var/lib/kvpool: $(stat -c '%U:%G %a' /var/lib/kvpool)"
 [[ -f /etc/kvpool/kvpoold.flags ]] || fail "no /etc/kvpool/kvpoold.flags"
-dpkg-query -W -f='${Conffiles}\n' kvpool | grep -q '/etc/kvpool/kvpoold.flags' || fail "flag file is not a conffile"
+grep -q '/etc/kvpool/kvpoold.flags' <<<"$(dpkg-query -W -f='${Conffiles}\n' kvpool)" || fail "flag file is not a conffile"
 systemd-analyze verify --man=no /usr/lib/systemd/system/kvpoold.service || fail "systemd-analyze verify of the installed unit"
-/usr/bin/kvpoold --version | grep -q "version $version" || fail "/usr/bin/kvpoold --version"
+grep -q "version $version" <<<"$(/usr/bin/kvpoold --version)" || fail "/usr/bin/kvpoold --version"
 [[ "$(pkg-config --modversion kvpool)" == "$version" ]] || fail "installed kvpool.pc"
 PKG_CONFIG_PATH= pkg-config --exists kvpool || fail "pkg-config does not find /usr's kvpool.pc"
 

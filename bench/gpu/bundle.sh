@@ -17,7 +17,7 @@ OUT="$ROOT/.gpu-bundle"
 
 BINARIES=(daemon/kvpoold bench/kvpool-gpu-tier-check)
 TARGETS=(kvpoold kvpool_gpu_tier_check)
-if cmake --build "$BUILD" --target help 2>/dev/null | grep -q "nccl_link_test"; then
+if grep -q "nccl_link_test" <<<"$(cmake --build "$BUILD" --target help 2>/dev/null)"; then
   BINARIES+=(transport/nccl_link_test)
   TARGETS+=(nccl_link_test)
 fi
