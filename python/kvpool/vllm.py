@@ -247,9 +247,10 @@ def layout_for(model_id: str, dtype: torch.dtype, layers: int, kv_heads: int, he
                                 encoding="raw")
 
 
-def _default_model_id(mc: Any) -> str:
+def _default_model_id(mc: Any) -> str | None:
     """The model path and revision, and what else changes the KV of the same weights files: the
-    quantization method, and overrides of the model's config (hf_overrides, as their SHA-256)."""
+    quantization method, and overrides of the model's config (hf_overrides, as their SHA-256).
+    None where overrides are a function: the extra config's model_id must then name the weights."""
     model_id = f"{mc.model}@{mc.revision}" if getattr(mc, "revision", None) else str(mc.model)
     quantization = getattr(mc, "quantization", None)
     if quantization:
@@ -259,7 +260,7 @@ def _default_model_id(mc: Any) -> str:
         digest = hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode())
         model_id += f"+hf_overrides={digest.hexdigest()[:16]}"
     elif callable(overrides):
-        model_id += f"+hf_overrides={getattr(overrides, '__qualname__', 'callable')}"
+        return None   # a function: nothing stable names what it changes
     return model_id
 
 
@@ -326,6 +327,8 @@ class KvpoolConnector(KVConnectorBase_V1):
             # The scheduler's block is then block_size x the context-parallel ranks, its tokens
             # interleaved across them: a rank's block is not the tokens its key names.
             self._disabled = "context parallelism (decode or prefill)"
+        if self._disabled is None and model_id is None:
+            self._disabled = "hf_overrides given as a function (name the weights: 'model_id')"
         self._layouts: list[str] = []
         if self._disabled is None:
             self._layouts = [layout_for(model_id, self._dtype, self._layers, self._kv_heads,

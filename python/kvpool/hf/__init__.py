@@ -284,14 +284,15 @@ class KvpoolHFCache:
             log.warning("kvpool.hf: cache has %d layers, layout has %d; not stored",
                         len(cache.layers), self.layers)
             return False
-        # Every layer must hold every token: a sliding-window layer (transformers'
+        # Every layer must hold every token, by position: a sliding-window layer (transformers'
         # DynamicSlidingWindowLayer) keeps only the last window while get_seq_length() counts
         # them all, and packing it by position would store other tokens' KV under these keys.
+        # (A static layer is longer than what it holds, its tokens at their positions.)
         seq = cache.get_seq_length()
         for li, layer in enumerate(cache.layers):
             for t in (layer.keys, layer.values):
                 if (t is None or t.dim() != 4 or t.shape[0] != 1 or t.shape[1] != self.kv_heads
-                        or t.shape[2] != seq or t.shape[3] != self.head_dim
+                        or t.shape[2] < seq or t.shape[3] != self.head_dim
                         or t.dtype != self.dtype):
                     log.warning("kvpool.hf: layer %d's cache tensor %s does not match the "
                                 "layout %s over %d tokens (a sliding-window or trimmed cache "

@@ -612,6 +612,8 @@ def test_the_default_model_id_names_quantization_and_config_overrides():
     overridden = kvpool.vllm._default_model_id(Model())
     assert plain == "org/m"
     assert len({plain, quantized, overridden}) == 3
+    Model.hf_overrides = lambda config: config   # a function: no stable name
+    assert kvpool.vllm._default_model_id(Model()) is None
 
 
 def test_two_tensor_parallel_ranks_store_and_load_their_own_shards(model_dir, daemon):
