@@ -461,6 +461,19 @@ class WriteThroughTest : public DiskFaultTest {
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     std::memcpy(t->data, bytes_[n].data(), kBlockBytes);
   }
+  // Reserves and fills block n as writer 1, stalls the disk's writes and commits it on another
+  // thread: returns once that commit's write-through waits on the stalled write.
+  std::future<Status> CommitIntoAStalledWrite(const PutRequestItem& item, uint64_t n) {
+    std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&item, 1});
+    EXPECT_EQ(first[0].state, ReserveState::kReserved);
+    const uint64_t rid = first[0].reservation_id;
+    Fill(1, rid, n);
+    fs_->Stall(Op::kWrite);
+    std::future<Status> commit =
+        std::async(std::launch::async, [this, rid] { return manager_->Commit(1, rid); });
+    AwaitStalledWrite();
+    return commit;
+  }
   void AwaitStalledWrite() {
     for (int i = 0; i < 5000 && fs_->stalled(Op::kWrite) == 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -484,13 +497,7 @@ class WriteThroughTest : public DiskFaultTest {
 
 TEST_F(WriteThroughTest, ASecondWriterIsAnsweredPresentOnlyOnceTheFirstOnesWriteHasLanded) {
   const PutRequestItem item = ItemOf(1);
-  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&item, 1});
-  ASSERT_EQ(first[0].state, ReserveState::kReserved);
-  Fill(1, first[0].reservation_id, 1);
-  fs_->Stall(Op::kWrite);
-  auto commit =
-      std::async(std::launch::async, [&] { return manager_->Commit(1, first[0].reservation_id); });
-  AwaitStalledWrite();
+  std::future<Status> commit = CommitIntoAStalledWrite(item, 1);
   // Cached in host now, its disk write stalled: an I/O thread's try hands it to a worker...
   EXPECT_FALSE(manager_->TryReserve(kNs, 2, {&item, 1}).has_value());
   // ...whose reserve waits for the write.
@@ -508,13 +515,7 @@ TEST_F(WriteThroughTest, ASecondWriterIsAnsweredPresentOnlyOnceTheFirstOnesWrite
 
 TEST_F(WriteThroughTest, ABlockAFailedWriteLeftInHostFailsTheNextPutOfItToo) {
   const PutRequestItem item = ItemOf(2);
-  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, {&item, 1});
-  ASSERT_EQ(first[0].state, ReserveState::kReserved);
-  Fill(1, first[0].reservation_id, 2);
-  fs_->Stall(Op::kWrite);
-  auto commit =
-      std::async(std::launch::async, [&] { return manager_->Commit(1, first[0].reservation_id); });
-  AwaitStalledWrite();
+  std::future<Status> commit = CommitIntoAStalledWrite(item, 2);
   // A reader leases it meanwhile, so the failed write cannot take it back out of host.
   const BlockKey key = KeyOf(2);
   std::vector<BlockRead> held = manager_->Acquire(kNs, {&key, 1});
