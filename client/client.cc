@@ -289,8 +289,7 @@ class Client::Impl {
       const MutableBuffer buf = buffer_for(b.index, b.size);
       if (!seg_status.ok()) {
         r.status = seg_status;
-      } else if (b.size > mappings_.segment_bytes() ||
-                 b.offset > mappings_.segment_bytes() - b.size) {
+      } else if (!mappings_.Holds(b.offset, b.size)) {
         r.status = Status::Internal("block slot outside its segment");
       } else if (buf.data == nullptr || buf.capacity < b.size) {
         r.status = TooSmall(buf, b.size);
@@ -363,8 +362,7 @@ class Client::Impl {
       std::shared_ptr<const void> hold;
       if (!b.gpu) {
         r.status = mapped[host_k++];
-        if (r.status.ok() &&
-            (b.size > mappings_.segment_bytes() || b.offset > mappings_.segment_bytes() - b.size)) {
+        if (r.status.ok() && !mappings_.Holds(b.offset, b.size)) {
           r.status = Status::Internal("block slot outside its segment");
         }
         if (r.status.ok()) {
@@ -1224,8 +1222,7 @@ class Client::Impl {
     std::vector<size_t> from_device;  // indices into `reserved` whose copy is queued
     for (size_t k = 0; k < reserved.size(); ++k) {
       const PutBlock& b = blocks[reserved[k].first];
-      if (!mapped[k].ok() || b.size > mappings_.segment_bytes() ||
-          slots[k].offset() > mappings_.segment_bytes() - b.size) {
+      if (!mapped[k].ok() || !mappings_.Holds(slots[k].offset(), b.size)) {
         fail(k, mapped[k].ok() ? Status::Internal("reserved slot outside its segment") : mapped[k]);
         continue;
       }

@@ -51,6 +51,10 @@ class SegmentMappings {
   // first: a mapping's length is the size it was mapped with.
   void Reset(uint64_t segment_bytes);
   uint64_t segment_bytes() const { return segment_bytes_; }
+  // Whether `size` bytes at `offset` lie inside one segment (without overflow for any offset).
+  bool Holds(uint64_t offset, uint64_t size) const {
+    return size <= segment_bytes_ && offset <= segment_bytes_ - size;
+  }
 
   // Maps the given segments, read-only or writable, asking `source` for the descriptors of
   // those not mapped at that generation (at most 64 a round trip; a cached mapping of another

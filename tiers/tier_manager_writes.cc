@@ -94,18 +94,17 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
       for (;;) {
         const bool on_commit = PolicyLocked(ns).write->WriteOnCommit();
         const EntryId id = FindCachedLocked(ns, item.key);
-        if (id != kNoEntry && ApproximateOnlyLocked(id) && index_.at(id).In(Tier::kHost) &&
-            !index_.at(id).In(Tier::kGpu) && index_.at(id).leases == 0 && index_.at(id).busy == 0 &&
-            index_.at(id).children[TierSlot(Tier::kHost)] == 0) {
-          // Held only as the approximate bytes decoded from a lossy disk copy since dropped: the
-          // writer's exact bytes replace them.
-          ++host_counters_.evictions;
-          DropHostCopyLocked(id);
-          continue;
-        }
         if (id != kNoEntry) {
-          index_.Touch(id, now);  // at once: making room for the next blocks must not evict it
           Entry& e = index_.at(id);
+          if (ApproximateOnlyLocked(id) && e.In(Tier::kHost) && !e.In(Tier::kGpu) &&
+              e.leases == 0 && e.busy == 0 && e.children[TierSlot(Tier::kHost)] == 0) {
+            // Held only as the approximate bytes decoded from a lossy disk copy since dropped:
+            // the writer's exact bytes replace them.
+            ++host_counters_.evictions;
+            DropHostCopyLocked(id);
+            continue;
+          }
+          index_.Touch(id, now);  // at once: making room for the next blocks must not evict it
           if (!on_commit || e.In(Tier::kDisk)) {
             o.state = ReserveState::kPresent;
             return true;
