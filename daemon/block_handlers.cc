@@ -387,16 +387,23 @@ std::optional<Response> BlockHandlers::ReserveBlocks(Connection& c, std::string_
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::PUT_RESERVE, resp, st);
   }
+  // A peer's put is a replica of a block durable on the node that took it, under the peer's
+  // short deadline: never waited for as a client's put is (TierManager::Reserve).
+  tiers::ReserveAsk reserve_ask;
+  reserve_ask.durable = !c.peer;
+  reserve_ask.wait_limit = std::chrono::milliseconds(req.wait_ms());
   std::vector<tiers::ReserveOutcome> outcomes;
   if (req.to_gpu()) {
     if (inline_only) return std::nullopt;  // gpu slots: a worker's to make
-    outcomes = tiers_.Reserve(c.ns, c.owner, items, /*may_wait=*/true, req.gpu_device());
+    reserve_ask.gpu_device = req.gpu_device();
+    outcomes = tiers_.Reserve(c.ns, c.owner, items, reserve_ask);
   } else if (inline_only) {
-    std::optional<std::vector<tiers::ReserveOutcome>> now = tiers_.TryReserve(c.ns, c.owner, items);
+    std::optional<std::vector<tiers::ReserveOutcome>> now =
+        tiers_.TryReserve(c.ns, c.owner, items, reserve_ask.durable);
     if (!now) return std::nullopt;  // room needs a disk write or a wait: a worker's to make
     outcomes = std::move(*now);
   } else {
-    outcomes = tiers_.Reserve(c.ns, c.owner, items);
+    outcomes = tiers_.Reserve(c.ns, c.owner, items, reserve_ask);
   }
   uint64_t dedup = 0;
   for (const tiers::ReserveOutcome& o : outcomes) {

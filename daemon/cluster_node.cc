@@ -212,7 +212,7 @@ ClusterNode::Landing ClusterNode::ReserveLanding(NamespaceId ns, const BlockKey&
   // Inside the peer's request, under its deadline: never wait here for room (a disk write in
   // flight); such a block is received into memory of its own and stored after the request.
   const tiers::ReserveOutcome r =
-      tiers_.Reserve(ns, kClusterOwner, {&item, 1}, /*may_wait=*/false)[0];
+      tiers_.Reserve(ns, kClusterOwner, {&item, 1}, {.may_wait = false, .durable = false})[0];
   l.state = r.state;
   if (r.state == tiers::ReserveState::kReserved) {
     Result<tiers::ReservationTarget> t = tiers_.TargetOf(kClusterOwner, r.reservation_id);
@@ -310,7 +310,8 @@ bool ClusterNode::StoreReceived(NamespaceId ns, const BlockKey& key, const Block
   item.size = bytes.size();
   item.checksum = checksum;
   item.parent = parent;
-  const tiers::ReserveOutcome r = tiers_.Reserve(ns, kClusterOwner, {&item, 1})[0];
+  const tiers::ReserveOutcome r =
+      tiers_.Reserve(ns, kClusterOwner, {&item, 1}, {.durable = false})[0];
   if (r.state == tiers::ReserveState::kPresent) return true;
   if (r.state == tiers::ReserveState::kInProgress) return AwaitOtherWriter(ns, key);
   if (r.state != tiers::ReserveState::kReserved) return false;

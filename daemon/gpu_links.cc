@@ -261,8 +261,8 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     items.push_back(item);
     asked.push_back(i);
   }
-  const std::vector<tiers::ReserveOutcome> reserved =
-      tiers_.Reserve(ns, kLinkReceiveOwner, items, /*may_wait=*/false, device);
+  const std::vector<tiers::ReserveOutcome> reserved = tiers_.Reserve(
+      ns, kLinkReceiveOwner, items, {.may_wait = false, .durable = false, .gpu_device = device});
   struct Slot {
     size_t index;  // into keys
     uint64_t reservation_id;

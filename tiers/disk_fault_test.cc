@@ -513,6 +513,34 @@ TEST_F(WriteThroughTest, ASecondWriterIsAnsweredPresentOnlyOnceTheFirstOnesWrite
   EXPECT_TRUE(OnDiskAfterRestart(1));
 }
 
+TEST_F(WriteThroughTest, ACopyOfABlockDurableElsewhereIsAnsweredWithoutWaiting) {
+  // A peer's replica or a fetched block (durable on the node that took it) comes under the
+  // peer's short deadline: neither a running write nor another writer's put holds it up.
+  const PutRequestItem item = ItemOf(7);
+  std::future<Status> commit = CommitIntoAStalledWrite(item, 7);
+  const ReserveAsk replica{.durable = false};
+  auto cached = std::async(std::launch::async, [&] {
+    return manager_->Reserve(kNs, 2, {&item, 1}, replica)[0];
+  });
+  ASSERT_EQ(cached.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "a replica waited for another writer's write to disk";
+  EXPECT_EQ(cached.get().state, ReserveState::kPresent);
+  EXPECT_TRUE(manager_->TryReserve(kNs, 2, {&item, 1}, /*durable=*/false).has_value());
+
+  const PutRequestItem other = ItemOf(8);
+  std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 3, {&other, 1});
+  ASSERT_EQ(first[0].state, ReserveState::kReserved);
+  auto reserved = std::async(std::launch::async, [&] {
+    return manager_->Reserve(kNs, 4, {&other, 1}, replica)[0];
+  });
+  ASSERT_EQ(reserved.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "a replica waited for another writer's put";
+  EXPECT_EQ(reserved.get().state, ReserveState::kInProgress);
+  manager_->Abort(3, first[0].reservation_id);
+  fs_->Resume(Op::kWrite);
+  EXPECT_TRUE(commit.get().ok());
+}
+
 TEST_F(WriteThroughTest, ABlockAFailedWriteLeftInHostFailsTheNextPutOfItToo) {
   const PutRequestItem item = ItemOf(2);
   std::future<Status> commit = CommitIntoAStalledWrite(item, 2);
@@ -547,7 +575,7 @@ TEST_F(WriteThroughTest, ABlockCachedBeforeItsNamespaceWroteThroughIsWrittenDown
   ASSERT_TRUE(wt.ok());
   ASSERT_TRUE(manager_->SetNamespacePolicy(kNs, *wt).ok());
   // Without a wait allowed, it is refused (an I/O thread hands it to a worker)...
-  EXPECT_EQ(manager_->Reserve(kNs, 2, {&item, 1}, /*may_wait=*/false)[0].status.code(),
+  EXPECT_EQ(manager_->Reserve(kNs, 2, {&item, 1}, {.may_wait = false})[0].status.code(),
             StatusCode::kUnavailable);
   // ...which writes it down and answers PRESENT.
   const ReserveOutcome again = manager_->Reserve(kNs, 2, {&item, 1})[0];
@@ -609,12 +637,32 @@ TEST_F(WriteThroughTest, AWaitThatOutlastsItsLimitAnswersInProgressOncePerCall) 
   for (uint64_t n = 10; n < 16; ++n) items.push_back(ItemOf(n));
   std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, items);
   for (const ReserveOutcome& o : first) ASSERT_EQ(o.state, ReserveState::kReserved);
+  // Time moves once the waiter waits (its deadline is then set).
+  auto advance_once_waiting = [&clock](std::chrono::milliseconds by) {
+    const uint64_t before = clock.waits();
+    for (int i = 0; i < 10000 && clock.waits() == before; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    clock.Advance(by);
+  };
   auto second = std::async(std::launch::async, [&] { return manager_->Reserve(kNs, 2, items); });
-  EXPECT_EQ(second.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
-  clock.Advance(std::chrono::seconds(3));
+  advance_once_waiting(std::chrono::milliseconds(1900));
+  EXPECT_EQ(second.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "answered before the limit";
+  clock.Advance(std::chrono::seconds(1));
   ASSERT_EQ(second.wait_for(std::chrono::seconds(30)), std::future_status::ready)
       << "a later block waited again after the call's limit had passed";
   for (const ReserveOutcome& o : second.get()) EXPECT_EQ(o.state, ReserveState::kInProgress);
+
+  // A writer whose deadline is nearer (a client sends half its timeout as wait_ms) waits only
+  // that long.
+  auto third = std::async(std::launch::async, [&] {
+    return manager_->Reserve(kNs, 3, items, {.wait_limit = std::chrono::milliseconds(500)});
+  });
+  advance_once_waiting(std::chrono::milliseconds(600));
+  ASSERT_EQ(third.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "waited past the writer's own limit";
+  for (const ReserveOutcome& o : third.get()) EXPECT_EQ(o.state, ReserveState::kInProgress);
   for (const ReserveOutcome& o : first) manager_->Abort(1, o.reservation_id);
   Close();
   options_.clock = nullptr;

@@ -14,6 +14,7 @@
 //
 // Thread safety: none; the tier manager calls them under its mutex.
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -59,6 +60,22 @@ struct PutRequestItem {
   uint64_t size = 0;
   uint64_t checksum = 0;
   BlockKey parent;  // zero: first block of a chain
+};
+
+// What a Reserve may wait for and what its kPresent means (TierManager::Reserve).
+struct ReserveAsk {
+  // False: a block that would need a wait (for room, or for its disk copy) is refused with
+  // Unavailable instead.
+  bool may_wait = true;
+  // A put whose OK must mean durable (a client's): in a namespace that writes on commit,
+  // kPresent then means on disk. False for a copy of a block that is durable elsewhere (one a
+  // peer serves, or pushes as a replica), where kPresent means cached, as in any namespace.
+  bool durable = true;
+  // >= 0: the writer's bytes are in this CUDA device's memory (a slot in its gpu tier too).
+  int gpu_device = -1;
+  // The longest a durable put waits for other writers, in all (the writer's own deadline);
+  // zero: TierManagerOptions::in_flight_put_wait, which also bounds it.
+  std::chrono::milliseconds wait_limit{0};
 };
 
 struct Reservation {

@@ -323,24 +323,25 @@ class TierManager {
 
   // Put-if-absent, phase one: a host slot for each absent key, owned by `owner` (e.g. a
   // connection) until committed, aborted or expired. Making room may demote blocks (a disk
-  // write) and wait for a disk write or read in flight to end; with `may_wait` false it does
-  // neither, and a block that would need either is refused with Unavailable. With `gpu_device`
-  // >= 0 (a writer whose bytes are in device memory), each block also gets a slot in that
-  // device's gpu tier where it has room (dropping cold gpu copies for it) and the namespace does
-  // not write to disk on commit (ReserveOutcome::gpu_device says which did); InvalidArgument for
-  // a device without a gpu tier.
+  // write) and wait for a disk write or read in flight to end; with `ask.may_wait` false it does
+  // neither, and a block that would need either is refused with Unavailable. With
+  // `ask.gpu_device` >= 0 (a writer whose bytes are in device memory), each block also gets a
+  // slot in that device's gpu tier where it has room (dropping cold gpu copies for it) and the
+  // namespace does not write to disk on commit (ReserveOutcome::gpu_device says which did);
+  // InvalidArgument for a device without a gpu tier.
   //
-  // In a namespace that writes to disk on commit, kPresent means on disk: a block cached without
-  // a disk copy (its write-through still running, or failed while a reader held it) is waited
-  // for, or written down here, first; the write's failure is the block's status. A block another
-  // writer has reserved is waited for as well (options().in_flight_put_wait at most) when
-  // `owner` holds no reservation, so no two writers wait for each other; its outcome then
-  // answers (kPresent, or a slot of its own when that writer gave up). Otherwise it is
-  // kInProgress, as in any namespace. With `may_wait` false, a block that would be waited for
-  // is refused with Unavailable.
+  // For a durable ask (`ask.durable`) in a namespace that writes to disk on commit, kPresent
+  // means on disk: a block cached without a disk copy (its write-through still running, or
+  // failed while a reader held it) is waited for, or written down here, first; the write's
+  // failure is the block's status. A block another writer has reserved is waited for as well
+  // (options().in_flight_put_wait at most, once per call) when `owner` holds no reservation, so
+  // no two writers wait for each other; its outcome then answers (kPresent, or a slot of its
+  // own when that writer gave up). Otherwise it is kInProgress, as in any namespace. With
+  // `ask.may_wait` false, a block that would be waited for is refused with Unavailable. A copy
+  // of a block durable elsewhere (`ask.durable` false: a fetched block, a replica) never waits
+  // for either: its sender's deadline is short, and its durability is not this put's to give.
   std::vector<ReserveOutcome> Reserve(NamespaceId ns, uint64_t owner,
-                                      std::span<const PutRequestItem> items, bool may_wait = true,
-                                      int gpu_device = -1);
+                                      std::span<const PutRequestItem> items, ReserveAsk ask = {});
   // Reserve, only when it would not wait: when every block can have a slot without a disk
   // write, a wait or a segment renewal, the answer of Reserve; otherwise nullopt, and nothing is
   // reserved. What it did on the way stands, as the Reserve that follows would do it too: blocks
@@ -348,7 +349,8 @@ class TierManager {
   // and those of namespaces whose disk does not admit them, which leave the cache). For a caller
   // that must not block (an I/O thread).
   std::optional<std::vector<ReserveOutcome>> TryReserve(NamespaceId ns, uint64_t owner,
-                                                        std::span<const PutRequestItem> items);
+                                                        std::span<const PutRequestItem> items,
+                                                        bool durable = true);
   // The bytes of a reservation, for the transport to fill. NotFound if unknown, expired or
   // owned by someone else. From the first call on the reservation no longer expires: only
   // Commit, Abort or AbortOwner (which the owner must not call while it still writes) free it.
@@ -606,10 +608,10 @@ class TierManager {
   // Ends a lease the table handed back: the entry's count drops.
   void EndLeaseLocked(EntryId entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeReservationLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserve's body. With `may_wait` it may let go of mu_ while it makes room; `may_renew` as
-  // AllocateHostLocked.
+  // Reserve's body. With `ask.may_wait` it may let go of mu_ while it makes room; `may_renew`
+  // as AllocateHostLocked; `gpu` the gpu tier's index for `ask.gpu_device` (-1: none).
   std::vector<ReserveOutcome> ReserveLocked(NamespaceId ns, uint64_t owner,
-                                            std::span<const PutRequestItem> items, bool may_wait,
+                                            std::span<const PutRequestItem> items, ReserveAsk ask,
                                             bool may_renew = true, int gpu = -1)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commit's end: reservation `reservation_id` (`r`, as it was read) becomes the block's host

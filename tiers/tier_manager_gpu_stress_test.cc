@@ -132,7 +132,7 @@ TEST_F(TierManagerGpuStressTest, ManyThreadsNeverSeeAWrongOrLostBlockOnAnyTier) 
         const uint64_t writer = goes_away ? 1000000 * (t + 1) + ++gone_owners : owner;
         reserved[ns * kKeys + k] = true;
         std::vector<ReserveOutcome> r =
-            manager_->Reserve(ns, writer, {&item, 1}, /*may_wait=*/true, to_gpu ? device : -1);
+            manager_->Reserve(ns, writer, {&item, 1}, {.gpu_device = to_gpu ? device : -1});
         if (r[0].state != ReserveState::kReserved) {
           if (r[0].state == ReserveState::kRefused &&
               r[0].status.code() != StatusCode::kResourceExhausted) {

@@ -63,7 +63,7 @@ class TierManagerGpuTest : public TierManagerTest {
     std::vector<uint8_t> bytes = BytesFor(key, size);
     const PutRequestItem item = ItemFor(key, bytes, parent);
     std::vector<ReserveOutcome> r =
-        manager_->Reserve(kNs, /*owner=*/1, {&item, 1}, /*may_wait=*/true, device);
+        manager_->Reserve(kNs, /*owner=*/1, {&item, 1}, {.gpu_device = device});
     if (r[0].state != ReserveState::kReserved) return r[0].status;
     if (r[0].gpu_device != device) return Status::Internal("no gpu slot");
     FakeDevice& dev = device == 0 ? gpu0_ : gpu1_;
@@ -424,7 +424,7 @@ TEST_F(TierManagerGpuTest, GpuSlotsAreOnlyWhereTheyCanBeUsed) {
   const std::vector<uint8_t> bytes = BytesFor(KeyOf(430), 8 * kKiB);
   const PutRequestItem item = ItemFor(KeyOf(430), bytes, {});
   // No gpu tier on that device.
-  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, 1, {&item, 1}, true, /*gpu_device=*/5);
+  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, 1, {&item, 1}, {.gpu_device = 5});
   EXPECT_EQ(r[0].status.code(), StatusCode::kInvalidArgument) << r[0].status.ToString();
   // A device checksum for a host slot is refused, and the reservation is gone.
   r = manager_->Reserve(kNs, 1, {&item, 1});
@@ -435,7 +435,7 @@ TEST_F(TierManagerGpuTest, GpuSlotsAreOnlyWhereTheyCanBeUsed) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(manager_->GetStats().reservations_active, 0u);
   // A gpu reservation committed the ordinary way uses its host slot and frees its gpu slot.
-  r = manager_->Reserve(kNs, 1, {&item, 1}, true, 0);
+  r = manager_->Reserve(kNs, 1, {&item, 1}, {.gpu_device = 0});
   ASSERT_EQ(r[0].gpu_device, 0);
   Result<ReservationTarget> t = manager_->TargetOf(1, r[0].reservation_id);
   ASSERT_OK(t.status());
@@ -450,7 +450,7 @@ TEST_F(TierManagerGpuTest, GpuSlotsAreOnlyWhereTheyCanBeUsed) {
   Result<NamespacePolicy> through = ComposePolicy("", "write-through", "", "");
   ASSERT_OK(through.status());
   ASSERT_OK(manager_->SetNamespacePolicy(kThrough, *through));
-  r = manager_->Reserve(kThrough, 1, {&item, 1}, true, 0);
+  r = manager_->Reserve(kThrough, 1, {&item, 1}, {.gpu_device = 0});
   ASSERT_EQ(r[0].state, ReserveState::kReserved);
   EXPECT_EQ(r[0].gpu_device, -1);
   manager_->Abort(1, r[0].reservation_id);
@@ -474,13 +474,13 @@ TEST_F(TierManagerGpuTest, AWriterThatGoesAwayGivesItsGpuSlotsBack) {
     for (uint64_t i = 0; i < 3; ++i) ExpectMiss(KeyOf(470 + i));
   };
   // The owner goes (its connection closed): AbortOwner.
-  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, /*owner=*/5, items, true, 0);
+  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, /*owner=*/5, items, {.gpu_device = 0});
   for (const ReserveOutcome& o : r) ASSERT_EQ(o.gpu_device, 0);
   EXPECT_EQ(manager_->GetStats().gpus[0].memory.blocks, 3u);
   manager_->AbortOwner(5);
   expect_all_back();
   // The owner stays but never commits: the reservations expire.
-  r = manager_->Reserve(kNs, /*owner=*/6, items, true, 0);
+  r = manager_->Reserve(kNs, /*owner=*/6, items, {.gpu_device = 0});
   for (const ReserveOutcome& o : r) ASSERT_EQ(o.gpu_device, 0);
   clock_.Advance(std::chrono::seconds(31));
   manager_->WaitFlusherRoundForTest();
@@ -502,7 +502,7 @@ TEST_F(TierManagerGpuTest, AFullGpuPutsIntoHostInstead) {
   std::vector<BlockRead> leases = manager_->Acquire(kNs, held, 7, {}, false, GpuReach{0});
   const std::vector<uint8_t> bytes = BytesFor(KeyOf(450), 8 * kKiB);
   const PutRequestItem item = ItemFor(KeyOf(450), bytes, {});
-  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, 1, {&item, 1}, true, 0);
+  std::vector<ReserveOutcome> r = manager_->Reserve(kNs, 1, {&item, 1}, {.gpu_device = 0});
   ASSERT_EQ(r[0].state, ReserveState::kReserved);
   EXPECT_EQ(r[0].gpu_device, -1);  // a host slot, as without a device
   manager_->Abort(1, r[0].reservation_id);
@@ -652,7 +652,7 @@ TEST_F(TierManagerGpuTest, ABlockReservedWhileAGpuRenewalFailedIsNotReservedTwic
   const PutRequestItem item = ItemFor(key, bytes, {});
   std::vector<ReserveOutcome> with_gpu;
   std::thread put([&] {
-    with_gpu = manager_->Reserve(kOther, /*owner=*/1, {&item, 1}, /*may_wait=*/true, 0);
+    with_gpu = manager_->Reserve(kOther, /*owner=*/1, {&item, 1}, {.gpu_device = 0});
   });
   gpu0_.WaitUntilRenewalHeld();
   const std::vector<ReserveOutcome> plain = manager_->Reserve(kOther, /*owner=*/2, {&item, 1});

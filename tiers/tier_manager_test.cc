@@ -383,7 +383,7 @@ TEST_F(TierManagerTest, AReservationThatMayNotWaitDemotesNothing) {
   const std::vector<uint8_t> bytes = BytesFor(key, kMiB - 4 * kKiB);
   const PutRequestItem item = ItemFor(key, bytes);
 
-  const ReserveOutcome now = manager_->Reserve(kNs, 1, {&item, 1}, /*may_wait=*/false)[0];
+  const ReserveOutcome now = manager_->Reserve(kNs, 1, {&item, 1}, {.may_wait = false})[0];
   EXPECT_EQ(now.state, ReserveState::kRefused);
   EXPECT_EQ(now.status.code(), StatusCode::kUnavailable) << now.status.ToString();
   manager_->WaitIdleForTest();

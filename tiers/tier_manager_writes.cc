@@ -27,25 +27,25 @@ Status UnknownReservation(uint64_t reservation_id) {
 
 std::vector<ReserveOutcome> TierManager::Reserve(NamespaceId ns, uint64_t owner,
                                                  std::span<const PutRequestItem> items,
-                                                 bool may_wait, int gpu_device) {
-  const int gpu = gpu_device >= 0 ? GpuIndexOf(gpu_device) : -1;
-  if (gpu_device >= 0 && gpu < 0) {
+                                                 ReserveAsk ask) {
+  const int gpu = ask.gpu_device >= 0 ? GpuIndexOf(ask.gpu_device) : -1;
+  if (ask.gpu_device >= 0 && gpu < 0) {
     std::vector<ReserveOutcome> out(items.size());
     for (ReserveOutcome& o : out) {
       o.status =
-          Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(gpu_device));
+          Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(ask.gpu_device));
     }
     return out;
   }
   absl::MutexLock lock(&mu_);
-  return ReserveLocked(ns, owner, items, may_wait, /*may_renew=*/true, gpu);
+  return ReserveLocked(ns, owner, items, ask, /*may_renew=*/true, gpu);
 }
 
 std::optional<std::vector<ReserveOutcome>> TierManager::TryReserve(
-    NamespaceId ns, uint64_t owner, std::span<const PutRequestItem> items) {
+    NamespaceId ns, uint64_t owner, std::span<const PutRequestItem> items, bool durable) {
   absl::MutexLock lock(&mu_);
   std::vector<ReserveOutcome> out =
-      ReserveLocked(ns, owner, items, /*may_wait=*/false, /*may_renew=*/false);
+      ReserveLocked(ns, owner, items, {.may_wait = false, .durable = durable}, /*may_renew=*/false);
   for (const ReserveOutcome& o : out) {
     if (o.state == ReserveState::kRefused && o.status.code() == StatusCode::kUnavailable) {
       // Room for this one needs a disk write, a wait or a segment renewed: undo the call's
@@ -62,7 +62,8 @@ std::optional<std::vector<ReserveOutcome>> TierManager::TryReserve(
 
 std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t owner,
                                                        std::span<const PutRequestItem> items,
-                                                       bool may_wait, bool may_renew, int gpu) {
+                                                       ReserveAsk ask, bool may_renew, int gpu) {
+  const bool may_wait = ask.may_wait;
   std::vector<ReserveOutcome> out(items.size());
   // A namespace that writes to disk on commit needs the bytes in host by then: no gpu slots.
   if (gpu >= 0 && PolicyLocked(ns).write->WriteOnCommit()) gpu = -1;
@@ -87,12 +88,17 @@ std::vector<ReserveOutcome> TierManager::ReserveLocked(NamespaceId ns, uint64_t 
     bool wrote = false;  // this call wrote the block down once
     auto wait = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       // One deadline for the whole call: once it has passed, later blocks do not wait at all.
-      if (!wait_until) wait_until = clock_.Now() + options_.in_flight_put_wait;
+      if (!wait_until) {
+        wait_until = clock_.Now() + (ask.wait_limit.count() > 0
+                                         ? std::min(ask.wait_limit, options_.in_flight_put_wait)
+                                         : options_.in_flight_put_wait);
+      }
       return !clock_.WaitUntil(changed_, mu_, *wait_until) && !stopping_;
     };
     auto classify = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (;;) {
-        const bool on_commit = PolicyLocked(ns).write->WriteOnCommit();
+        // Only a durable put is answered kPresent for a block on disk alone.
+        const bool on_commit = ask.durable && PolicyLocked(ns).write->WriteOnCommit();
         const EntryId id = FindCachedLocked(ns, item.key);
         if (id != kNoEntry) {
           Entry& e = index_.at(id);
