@@ -220,7 +220,18 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
     ns_ok = claim.local || cluster_secret_.empty() || v.peer || admin_proven;
     v.reason = "this daemon requires the cluster secret on TCP connections";
   }
-  v.admin = rules->admin.has_value() ? admin_proven : true;
+  if (rules->admin.has_value()) {
+    v.admin = admin_proven;
+  } else if (rules->guarded()) {
+    // Tenants are kept apart, but no one is named admin: the daemon's own user and root on the
+    // Unix socket (the operator), and peer daemons, rather than every tenant.
+    const bool operator_user =
+        claim.local && claim.credentials != nullptr &&
+        (claim.credentials->uid == 0 || claim.credentials->uid == daemon_uid_);
+    v.admin = operator_user || v.peer;
+  } else {
+    v.admin = true;  // nothing is guarded: every local process may do everything anyway
+  }
   bool admin_missing = false;
   if (ns_ok && claim.admin && !v.admin) {
     ns_ok = false;
@@ -268,7 +279,11 @@ std::string AccessControl::Describe() const {
   for (const auto& [name, c] : rules->namespaces) with_credential += c.has_value() ? 1 : 0;
   std::string out = rules->declared_only ? "declared namespaces only" : "open to any namespace";
   out += ", " + std::to_string(with_credential) + " with a credential, admin requests " +
-         (rules->admin.has_value() ? "need the admin credential" : "open to every client");
+         (rules->admin.has_value() ? std::string("need the admin credential")
+          : rules->guarded()
+              ? "only from root and uid " + std::to_string(daemon_uid_) +
+                    " (kvpoold's user) on the Unix socket, and peer daemons (no 'admin:' section)"
+              : std::string("open to every client"));
   return out;
 }
 

@@ -14,14 +14,17 @@
 //   - the namespace has none: `access: declared` and the file does not name it refuses it
 //     unless the admin or the cluster secret is proven; otherwise it is open, except that in
 //     cluster mode a TCP connection proves the cluster secret (or the admin's), as before.
-// Admin rights are asked for at hello; without an `admin:` section every connection has them
-// (the daemon logs that at start). A client that holds a secret sends a challenge of its own and
-// is admitted only through a proof, which the daemon then answers under the same secret
-// (mutual authentication; common/hello_auth.h). Secrets are compared in constant time; a wrong
-// proof closes the connection. The cluster secret marks its holder as a peer daemon, which may act
-// for any namespace.
+// Admin rights are asked for at hello. Without an `admin:` section they go to every connection
+// where nothing is guarded, and otherwise to root and kvpoold's own user on the Unix socket and to
+// peer daemons, never to a tenant for proving its namespace (the daemon logs which at start). A
+// client that holds a secret sends a challenge of its own and is admitted only through a proof,
+// which the daemon then answers under the same secret (mutual authentication; common/hello_auth.h).
+// Secrets are compared in constant time; a wrong proof closes the connection. The cluster secret
+// marks its holder as a peer daemon, which may act for any namespace.
 //
 // Thread safety: Replace from one thread at a time (start, then SIGHUP); Admit from any thread.
+
+#include <unistd.h>
 
 #include <cstdint>
 #include <memory>
@@ -95,7 +98,9 @@ class AccessControl {
  public:
   // `cluster_secret`: the secret peers and (for open namespaces) TCP clients prove in cluster
   // mode; empty outside it.
-  explicit AccessControl(std::string cluster_secret) : cluster_secret_(std::move(cluster_secret)) {}
+  // `daemon_uid`: kvpoold's own user, admin where rules guard namespaces but name no admin.
+  explicit AccessControl(std::string cluster_secret, uint32_t daemon_uid = ::geteuid())
+      : cluster_secret_(std::move(cluster_secret)), daemon_uid_(daemon_uid) {}
 
   void Replace(AccessRules rules);
   HelloVerdict Admit(const HelloClaim& claim) const;
@@ -106,6 +111,7 @@ class AccessControl {
 
  private:
   const std::string cluster_secret_;
+  const uint32_t daemon_uid_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const AccessRules> rules_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const AccessRules>();

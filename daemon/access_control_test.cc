@@ -265,7 +265,7 @@ TEST_F(AccessControlTest,
   HelloVerdict v = access.Admit(tcp);
   EXPECT_EQ(v.outcome, Outcome::kAdmitted);
   EXPECT_TRUE(v.peer);
-  EXPECT_TRUE(v.admin);  // no admin section: everyone admitted has admin rights
+  EXPECT_TRUE(v.admin);  // no admin section: peer daemons have admin rights
 
   // A peer replicates into a namespace with a credential of its own.
   tcp.namespace_name = "tenant-a";
@@ -329,6 +329,45 @@ TEST_F(AccessControlTest, ChallengesOfAnotherLengthProveNothing) {
   const std::string proof = HelloProof(kTenantSecret, longer, "tenant-a");
   c.proof = proof;
   EXPECT_EQ(access.Admit(c).outcome, Outcome::kRefused);
+}
+
+TEST_F(AccessControlTest, WithoutAnAdminSectionATenantIsNoAdminWhereNamespacesAreGuarded) {
+  // kvpoold runs as uid 4242 here; tenant-b is uid 4243's (neither is root).
+  const uint32_t daemon_uid = 4242;
+  const transport::PeerCredentials tenant_b{1, 4243, 4243, {}};
+  AccessControl access("", daemon_uid);
+  auto rules =
+      Rules("namespaces:\n  tenant-a: {credential_file: " + SecretFile("a", kTenantSecret) +
+            "}\n  tenant-b: {unix_users: [" + std::to_string(tenant_b.uid) + "]}\n");
+  ASSERT_OK(rules);
+  access.Replace(*rules);
+
+  // A tenant proving its own namespace's secret over TCP, or bound to it by its Unix user.
+  HelloClaim tcp;
+  tcp.namespace_name = "tenant-a";
+  tcp.challenge = challenge_;
+  const std::string proof = HelloProof(kTenantSecret, challenge_, "tenant-a");
+  tcp.proof = proof;
+  HelloVerdict v = access.Admit(tcp);
+  EXPECT_EQ(v.outcome, Outcome::kAdmitted);
+  EXPECT_FALSE(v.admin);
+  tcp.admin = true;
+  EXPECT_EQ(access.Admit(tcp).outcome, Outcome::kRefused);
+  v = access.Admit(Local("tenant-b", &tenant_b));
+  EXPECT_EQ(v.outcome, Outcome::kAdmitted);
+  EXPECT_FALSE(v.admin);
+  // kvpoold's own user and root on the Unix socket are the operator.
+  const transport::PeerCredentials daemon_user{1, daemon_uid, getgid(), {}};
+  const transport::PeerCredentials root{1, 0, 0, {}};
+  EXPECT_TRUE(access.Admit(Local("open-ns", &daemon_user)).admin);
+  EXPECT_TRUE(access.Admit(Local("open-ns", &root)).admin);
+  EXPECT_NE(access.Describe().find("only from root and uid " + std::to_string(daemon_uid)),
+            std::string::npos)
+      << access.Describe();
+
+  // Nothing guarded: every local process may do everything anyway.
+  access.Replace(AccessRules());
+  EXPECT_TRUE(access.Admit(Local("tenant-b", &tenant_b)).admin);
 }
 
 TEST_F(AccessControlTest, ReplaceSwapsTheRulesAtOnce) {
