@@ -354,6 +354,61 @@ DaemonStats WaitFor(const DaemonProcess& d, Pred pred) {
   return s;
 }
 
+// Descriptors in answers a client has not read are in flight, counted against kvpoold's own
+// open-file limit: a client that keeps asking for mappings and never reads the answers is
+// closed (1,024 unread), while one that reads its answers may ask for any number.
+TEST(ShmTest, AClientThatAsksForMappingsAndNeverReadsTheAnswersIsClosed) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  auto c = ShmClient(d);
+  const std::vector<uint8_t> bytes(5000, 0x42);
+  PutBlock b{KeyOf(1), bytes.data(), bytes.size(), {}, {}};
+  ASSERT_TRUE(c->Put(std::span(&b, 1)).ok());
+  Raw reader(d, "test");
+  wire::GetRequest get;
+  get.add_keys(std::string(KeyOf(1).AsStringView()));
+  get.set_in_place(true);
+  wire::GetResponse gr;
+  ASSERT_TRUE(reader.Call(wire::GET, get, &gr).ok());
+  ASSERT_EQ(gr.blocks(0).code(), 0);
+  wire::MapSegmentsRequest m;  // 64 descriptors an answer
+  for (int i = 0; i < 64; ++i) {
+    wire::SegmentRequest* sr = m.add_segments();
+    sr->set_segment(gr.blocks(0).slot().segment());
+    sr->set_generation(gr.blocks(0).slot().generation());
+  }
+  auto ask_and_read = [&m](Raw& r) {
+    wire::MapSegmentsResponse mr;
+    const Status st = r.Call(wire::MAP_SEGMENTS, m, &mr);
+    std::vector<int> fds = r.ch->TakeReceivedFds();
+    for (int fd : fds) close(fd);
+    return st.ok() && fds.size() == 64;
+  };
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(ask_and_read(reader)) << "call " << i;
+
+  Raw hog(d, "test");
+  std::string body;
+  m.SerializeToString(&body);
+  for (int i = 0; i < 40; ++i) {
+    FrameHeader h;
+    h.type = wire::MAP_SEGMENTS;
+    h.request_id = hog.next_id++;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    if (!hog.ch->Send(h, body, {}, std::chrono::steady_clock::now() + std::chrono::seconds(5))
+             .ok()) {
+      break;  // closed already
+    }
+  }
+  bool closed = false;
+  for (int i = 0; i < 500 && !closed; ++i) {
+    closed = d.log().find("the client does not read its answers") != std::string::npos;
+    if (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(closed) << d.LogTail();
+  // The reader goes on being served.
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(ask_and_read(reader)) << "call " << i;
+}
+
 TEST(ShmTest, LeasesAndReservationsOfAStuckOrDeadClientAreReclaimed) {
   DaemonProcess d({"--lease_timeout_ms=300", "--reservation_timeout_ms=300"});
   ASSERT_OK(d.Start());

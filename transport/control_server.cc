@@ -4,6 +4,8 @@
 #include <utility>
 
 #include <glog/logging.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -98,6 +100,11 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   std::vector<PayloadSink> sinks_;
   std::vector<uint8_t> scratch_;
   uint8_t out_header_[kFrameHeaderBytes];
+  // Descriptors sent since this connection last had nothing unread (strand only). Those in
+  // answers the client has not read are in flight, counted against kvpoold's own open-file
+  // limit: a client that asks for them and does not read is closed past kMaxUnreadFds.
+  size_t unread_fds_ = 0;
+  static constexpr size_t kMaxUnreadFds = 1024;
   bool closed_ = false;
   // A request (or its PayloadSinks) runs on a worker: OnDisconnect waits for it (strand only).
   bool handling_ = false;
@@ -589,6 +596,18 @@ void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
     finish(asio::error::operation_not_supported);
     return;
   } else {
+    int unread_bytes = 0;
+    if (::ioctl(socket_.native_handle(), SIOCOUTQ, &unread_bytes) == 0 && unread_bytes == 0) {
+      unread_fds_ = 0;  // the client has read every answer so far
+    }
+    if (unread_fds_ + held->fds.size() > kMaxUnreadFds) {
+      for (int fd : held->fds) ::close(fd);
+      held->fds.clear();
+      if (held->release) held->release();
+      Close("the client does not read its answers: " + std::to_string(unread_fds_) +
+            " file descriptors sent to it are unread");
+      return;
+    }
     const auto* first = static_cast<const uint8_t*>(bufs[0].data());
     iovec iov{const_cast<uint8_t*>(first), 1};
     std::vector<char> control(CMSG_SPACE(sizeof(int) * held->fds.size()));
@@ -621,6 +640,7 @@ void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
       finish(error_code(errno, boost::system::system_category()));
       return;
     }
+    unread_fds_ += held->fds.size();
     bufs[0] = asio::const_buffer(first + 1, bufs[0].size() - 1);
     asio::async_write(socket_, bufs, asio::bind_executor(strand_, [finish](error_code ec, size_t) {
                         finish(ec);
