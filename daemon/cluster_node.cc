@@ -614,6 +614,29 @@ void ClusterNode::Enqueue(Job job) {
   cv_.Signal();
 }
 
+void ClusterNode::Retry(Job job) {
+  if (++job.attempt > kMaxReplicationAttempts) {
+    LOG(WARNING) << "replication to peers gave up after " << kMaxReplicationAttempts
+                 << " attempts on "
+                 << (job.kind == Job::Kind::kSession
+                         ? "session '" + job.session->session_id() + "'"
+                         : std::to_string(job.blocks.size()) + " blocks")
+                 << " of namespace " << job.ns_name
+                 << "; the next membership change offers them again";
+    return;
+  }
+  const auto at =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(500) * (1 << (job.attempt - 1));
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  if (retries_.size() > 10000) {
+    LOG_EVERY_N(WARNING, 100) << "replication retry queue full: copies dropped (peers too slow)";
+    return;
+  }
+  retries_.emplace(at, std::move(job));
+  cv_.Signal();
+}
+
 void ClusterNode::Replicate(NamespaceId ns, const std::string& ns_name,
                             std::vector<std::pair<BlockKey, BlockKey>> blocks) {
   if (blocks.empty() || options_.replicas == 0) return;
@@ -686,11 +709,11 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
   return std::move(*newest);
 }
 
-void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
+bool ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
                              const std::vector<std::pair<BlockKey, BlockKey>>& all,
                              bool offer_first) {
   std::unique_ptr<Client> c = Checkout(address, ns_name);
-  if (c == nullptr) return;
+  if (c == nullptr) return false;
   std::vector<std::pair<BlockKey, BlockKey>> blocks;
   if (offer_first) {
     // Keys first: the peer is sent (and this node reads, from disk too) only what it lacks.
@@ -699,7 +722,7 @@ void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
     Result<std::vector<Tier>> there = c->Where(offered);
     if (!there.ok()) {
       VLOG(1) << "replication to " << address << ": " << there.status().ToString();
-      return;
+      return false;
     }
     for (size_t k = 0; k < all.size(); ++k) {
       if ((*there)[k] == Tier::kNone) blocks.push_back(all[k]);
@@ -747,6 +770,7 @@ void ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
   }
   if (ok) Return(address, ns_name, std::move(c));
   for (tiers::BlockRead& read : reads) tiers_.Release(read);
+  return ok;
 }
 
 void ClusterNode::OnViewChange() {
@@ -784,8 +808,9 @@ void ClusterNode::Rereplicate() {
       job.ns_name = name;
       job.offer_first = true;
       job.blocks.assign(list.begin() + start, list.begin() + std::min(list.size(), start + 1024));
-      RunBlocks(job);
       pushed += job.blocks.size();
+      job.blocks = RunBlocks(job);
+      if (!job.blocks.empty()) Retry(std::move(job));
     }
   }
   LOG(INFO) << "membership changed: offered " << pushed
@@ -898,39 +923,59 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
 void ClusterNode::ReplicateLoop() {
   for (;;) {
     Job job;
+    bool rescan = false;
     {
       absl::MutexLock lock(&mu_);
-      while (!stopping_ && jobs_.empty() &&
-             !(rescan_ && std::chrono::steady_clock::now() >= rescan_at_)) {
-        if (rescan_) {
-          cv_.WaitWithTimeout(&mu_, absl::Milliseconds(200));
-        } else {
+      // New copies first, then retries that are due, then a membership change's rescan.
+      for (;;) {
+        if (stopping_) return;
+        const auto now = std::chrono::steady_clock::now();
+        if (!jobs_.empty()) {
+          job = std::move(jobs_.front());
+          jobs_.pop_front();
+          break;
+        }
+        if (!retries_.empty() && retries_.begin()->first <= now) {
+          job = std::move(retries_.begin()->second);
+          retries_.erase(retries_.begin());
+          break;
+        }
+        if (rescan_ && now >= rescan_at_) {
+          rescan_ = false;
+          rescan = true;
+          break;
+        }
+        auto until = std::chrono::steady_clock::time_point::max();
+        if (!retries_.empty()) until = retries_.begin()->first;
+        if (rescan_) until = std::min(until, rescan_at_);
+        if (until == std::chrono::steady_clock::time_point::max()) {
           cv_.Wait(&mu_);
+        } else {
+          cv_.WaitWithTimeout(&mu_, absl::FromChrono(until - now));
         }
       }
-      if (stopping_) return;
-      if (jobs_.empty()) {
-        rescan_ = false;
-        mu_.Unlock();
-        Rereplicate();
-        mu_.Lock();
-        continue;
-      }
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
     }
-    if (job.kind == Job::Kind::kBlocks) {
-      RunBlocks(job);
+    if (rescan) {
+      Rereplicate();
+    } else if (job.kind == Job::Kind::kBlocks) {
+      std::vector<std::pair<BlockKey, BlockKey>> left = RunBlocks(job);
+      if (!left.empty()) {
+        job.blocks = std::move(left);
+        job.offer_first = true;  // some may have arrived before the failure
+        Retry(std::move(job));
+      }
     } else {
-      RunSession(job);
+      std::set<cluster::NodeId> failed;
+      RunSession(job, &failed);
+      if (!failed.empty()) Retry(std::move(job));
     }
   }
 }
 
-void ClusterNode::RunBlocks(const Job& job) {
+std::vector<std::pair<BlockKey, BlockKey>> ClusterNode::RunBlocks(const Job& job) {
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
-  if (ring == nullptr) return;
+  if (ring == nullptr) return {};
   const std::string& self = options_.membership.node_id;
   // The next `replicas` nodes of each key's order, besides this one.
   std::map<std::string, std::vector<std::pair<BlockKey, BlockKey>>> by_node;
@@ -943,8 +988,13 @@ void ClusterNode::RunBlocks(const Job& job) {
       ++picked;
     }
   }
-  for (const auto& [node, blocks] : by_node)
-    PushBlocks(job.ns, job.ns_name, addresses[node], blocks, job.offer_first);
+  std::set<std::pair<BlockKey, BlockKey>> left;
+  for (const auto& [node, blocks] : by_node) {
+    if (!PushBlocks(job.ns, job.ns_name, addresses[node], blocks, job.offer_first)) {
+      left.insert(blocks.begin(), blocks.end());
+    }
+  }
+  return {left.begin(), left.end()};
 }
 
 void ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) {
@@ -972,7 +1022,10 @@ void ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
       chain.emplace_back(*k, parent);
       parent = *k;
     }
-    PushBlocks(job.ns, job.ns_name, address, chain, /*offer_first=*/true);
+    if (!PushBlocks(job.ns, job.ns_name, address, chain, /*offer_first=*/true)) {
+      if (failed != nullptr) failed->insert(node);
+      return;  // the record would pin blocks the home lacks: both go again
+    }
   }
   std::unique_ptr<Client> c = Checkout(address, job.ns_name);
   if (c == nullptr) {

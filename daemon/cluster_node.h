@@ -113,18 +113,26 @@ class ClusterNode final : public ClusterHooks {
     // most already). New puts skip the round trip: nobody has them yet.
     bool offer_first = false;
     std::shared_ptr<const wire::SessionRecord> session;  // a save or a deletion record
+    int attempt = 0;                                     // retries so far (Retry)
   };
   void Enqueue(Job job);
+  // A job whose copies did not all reach their peer (a failed or slow request, no connection)
+  // runs again, with only what did not arrive, after a backoff that doubles from 500 ms; after
+  // kMaxReplicationAttempts it is dropped with a warning (a membership change still offers every
+  // block and session again).
+  void Retry(Job job);
+  static constexpr int kMaxReplicationAttempts = 6;
   // A job sending `record` (a save or a deletion) of namespace `ns` to the session's homes.
   static Job SessionJob(NamespaceId ns, const std::string& ns_name,
                         const wire::SessionRecord& record);
   // Runs `task` on a fan-out thread.
   void Fanout(std::function<void()> task);
   void FanoutLoop();
-  void RunBlocks(const Job& job);
-  // Sends the job's session record to its homes. With `failed`: skips the homes in it and adds
-  // those that could not be reached (one pass over many records tries a dead home once).
-  void RunSession(const Job& job, std::set<cluster::NodeId>* failed = nullptr);
+  // Sends the job's blocks to their replicas; returns those that did not all arrive.
+  std::vector<std::pair<BlockKey, BlockKey>> RunBlocks(const Job& job);
+  // Sends the job's session record to its homes. Skips the homes in `failed` and adds those that
+  // could not be reached (one pass over many records tries a dead home once).
+  void RunSession(const Job& job, std::set<cluster::NodeId>* failed);
   // Sends session job `job` to home `node` at `address`: its chain's blocks the home lacks, then
   // the record (kept there only if newer). A home that cannot be reached goes into `failed`.
   void SendSession(const Job& job, const cluster::NodeId& node, const std::string& address,
@@ -155,8 +163,10 @@ class ClusterNode final : public ClusterHooks {
                               const std::vector<std::vector<cluster::NodeId>>& order,
                               const std::map<std::string, std::string>& addresses,
                               const std::vector<bool>& skip, std::vector<bool>& found);
-  // Copies `keys` (with parents) from the local tiers to the peer at `address`.
-  void PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
+  // Copies `keys` (with parents) from the local tiers to the peer at `address`. False when the
+  // peer could not be reached or a request to it failed (worth trying again); true when it took
+  // them, or they are no longer here to send.
+  bool PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
                   const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);
 
   ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers);
@@ -230,6 +240,7 @@ class ClusterNode final : public ClusterHooks {
   bool rescan_ ABSL_GUARDED_BY(mu_) = false;
   std::chrono::steady_clock::time_point rescan_at_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::multimap<std::chrono::steady_clock::time_point, Job> retries_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, std::vector<std::unique_ptr<Client>>> idle_
       ABSL_GUARDED_BY(mu_);
   absl::CondVar fanout_cv_;  // fanout_ has a task, or stopping_
