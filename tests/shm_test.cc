@@ -407,6 +407,20 @@ TEST(ShmTest, AClientThatAsksForMappingsAndNeverReadsTheAnswersIsClosed) {
   EXPECT_TRUE(closed) << d.LogTail();
   // The reader goes on being served.
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(ask_and_read(reader)) << "call " << i;
+  // The closed connection's socket stays open while the hog holds the descriptors unread (they
+  // are in flight until then, counted against its user), and goes once the hog closes its end.
+  auto connections = [&] {
+    auto s = c->Stats();
+    return s.ok() ? s->connections : 0;
+  };
+  const uint64_t with_hog = connections();
+  hog.ch.reset();
+  uint64_t now = with_hog;
+  for (int i = 0; i < 500 && now >= with_hog; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    now = connections();
+  }
+  EXPECT_EQ(now, with_hog - 1) << "the closed hog's connection was not let go";
 }
 
 TEST(ShmTest, LeasesAndReservationsOfAStuckOrDeadClientAreReclaimed) {

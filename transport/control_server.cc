@@ -67,13 +67,20 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   // Whether the handler admitted this connection, asking it until it has (strand only).
   bool Admitted();
   void Write(Response response);
-  void SendWithFds(std::shared_ptr<Response> held, std::vector<asio::const_buffer> bufs);
+  // `counted`: entered again once the socket had room, the descriptors already counted.
+  void SendWithFds(std::shared_ptr<Response> held, std::vector<asio::const_buffer> bufs,
+                   bool counted = false);
   void ArmTimer(const char* what);
   // Strand: closes the connection `after` from now unless the handler admitted it by then.
   void ArmHelloTimer(std::chrono::milliseconds after);
   void DisarmTimer();
   void EndHandling();  // strand: a handler finished; runs a deferred Finish
-  void Finish();       // once: OnDisconnect
+  void Finish();       // once: OnDisconnect, then Linger
+  // Strand: waits (polling) while a closed connection's client has descriptors unread, then
+  // closes the socket and lets the server forget the connection.
+  void Linger();
+  // Bytes sent on this Unix socket that the client has not read (SIOCOUTQ); 0 where unknown.
+  int UnreadBytes();
 
   ServerImpl& server_;
   Stream socket_;
@@ -102,9 +109,11 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   uint8_t out_header_[kFrameHeaderBytes];
   // Descriptors sent since this connection last had nothing unread (strand only). Those in
   // answers the client has not read are in flight, counted against kvpoold's own open-file
-  // limit: a client that asks for them and does not read is closed past kMaxUnreadFds.
+  // limit: a client that asks for them and does not read is closed past kMaxUnreadFds, or past
+  // ServerImpl::kMaxUnreadFdsPerPeer over all the connections of its user.
   size_t unread_fds_ = 0;
   static constexpr size_t kMaxUnreadFds = 1024;
+  bool lingering_ = false;  // strand: closed with descriptors unread (Linger)
   bool closed_ = false;
   // A request (or its PayloadSinks) runs on a worker: OnDisconnect waits for it (strand only).
   bool handling_ = false;
@@ -148,6 +157,29 @@ class ServerImpl final : public ControlServer {
     std::lock_guard<std::mutex> lock(mu_);
     closers_[conn.get()] = std::move(closer);
   }
+  // Descriptors sent to a peer's (a Unix user's) connections and not yet read by them, all
+  // connections together: false, counting nothing, when `more` would take them past the limit.
+  bool AddUnreadFds(const std::string& peer_key, size_t more) {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t& n = unread_fds_[peer_key];
+    if (n + more > kMaxUnreadFdsPerPeer) return false;
+    n += more;
+    return true;
+  }
+  void DropUnreadFds(const std::string& peer_key, size_t fewer) {
+    if (fewer == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = unread_fds_.find(peer_key);
+    if (it == unread_fds_.end()) return;
+    it->second -= std::min(it->second, fewer);
+    if (it->second == 0) unread_fds_.erase(it);
+  }
+  static constexpr size_t kMaxUnreadFdsPerPeer = 8192;
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopped_;
+  }
+
   void Unregister(void* conn, const std::string& peer_key) {
     std::lock_guard<std::mutex> lock(mu_);
     closers_.erase(conn);
@@ -221,6 +253,7 @@ class ServerImpl final : public ControlServer {
   std::mutex mu_;
   std::map<void*, std::function<void()>> closers_;  // guarded by mu_
   std::map<std::string, uint32_t> per_peer_;        // guarded by mu_: connections per peer
+  std::map<std::string, size_t> unread_fds_;        // guarded by mu_: AddUnreadFds
   bool stopped_ = false;
 };
 
@@ -298,9 +331,19 @@ void Connection<Stream>::Close(const std::string& reason) {
   error_code ec;
   DisarmTimer();
   hello_timer_.cancel();
-  // A TLS stream is closed without a close_notify: nothing more is read from or written to it.
-  socket_.lowest_layer().shutdown(asio::socket_base::shutdown_both, ec);
-  socket_.lowest_layer().close(ec);
+  if constexpr (kLocal) {
+    // Descriptors in answers the client has not read stay in flight, counted against kvpoold,
+    // as long as its end is open: so does this socket (Linger), and they go on counting against
+    // its user's budget and connections.
+    lingering_ = unread_fds_ > 0 && UnreadBytes() > 0;
+  }
+  if (lingering_) {
+    socket_.lowest_layer().shutdown(asio::socket_base::shutdown_receive, ec);
+  } else {
+    // A TLS stream is closed without a close_notify: nothing more is read from or written to it.
+    socket_.lowest_layer().shutdown(asio::socket_base::shutdown_both, ec);
+    socket_.lowest_layer().close(ec);
+  }
   if (handling_) {
     finish_deferred_ = true;  // OnDisconnect must not run beside Handle for this connection
   } else {
@@ -324,8 +367,31 @@ void Connection<Stream>::Finish() {
   // The handler may block (it frees reservations): run it on a worker, not the I/O thread.
   asio::post(server_.workers(), [self] {
     self->server_.handler().OnDisconnect(*self->state_);
-    self->server_.Unregister(self.get(), self->peer_key_);
+    asio::post(self->strand_, [self] { self->Linger(); });
   });
+}
+
+template <typename Stream>
+void Connection<Stream>::Linger() {
+  if (lingering_ && UnreadBytes() > 0 && !server_.stopping()) {
+    timer_.expires_after(std::chrono::milliseconds(500));
+    auto self = this->shared_from_this();
+    timer_.async_wait(asio::bind_executor(strand_, [self](error_code) { self->Linger(); }));
+    return;
+  }
+  error_code ec;
+  if (lingering_) socket_.lowest_layer().close(ec);  // read, or its end closed: none in flight
+  server_.DropUnreadFds(peer_key_, std::exchange(unread_fds_, 0));
+  server_.Unregister(this, peer_key_);
+}
+
+template <typename Stream>
+int Connection<Stream>::UnreadBytes() {
+  int n = 0;
+  if constexpr (kLocal) {
+    if (::ioctl(socket_.native_handle(), SIOCOUTQ, &n) != 0) n = 0;
+  }
+  return n;
 }
 
 template <typename Stream>
@@ -579,10 +645,11 @@ void Connection<Stream>::Write(Response response) {
 
 template <typename Stream>
 void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
-                                     std::vector<asio::const_buffer> bufs) {
+                                     std::vector<asio::const_buffer> bufs, bool counted) {
   // The descriptors ride on the first byte (SCM_RIGHTS); the rest of the frame follows as usual.
   auto self = this->shared_from_this();
   auto finish = [self, held](error_code ec) {
+    self->DisarmTimer();
     for (int fd : held->fds) ::close(fd);
     held->fds.clear();
     if (held->release) held->release();
@@ -597,17 +664,23 @@ void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
     return;
   } else {
     int unread_bytes = 0;
-    if (::ioctl(socket_.native_handle(), SIOCOUTQ, &unread_bytes) == 0 && unread_bytes == 0) {
-      unread_fds_ = 0;  // the client has read every answer so far
+    if (!counted && ::ioctl(socket_.native_handle(), SIOCOUTQ, &unread_bytes) == 0) {
+      // The client has read every answer so far: nothing of this connection is in flight.
+      if (unread_bytes == 0) server_.DropUnreadFds(peer_key_, std::exchange(unread_fds_, 0));
+      if (unread_fds_ + held->fds.size() > kMaxUnreadFds ||
+          !server_.AddUnreadFds(peer_key_, held->fds.size())) {
+        for (int fd : held->fds) ::close(fd);
+        held->fds.clear();
+        if (held->release) held->release();
+        Close("the client does not read its answers: " + std::to_string(unread_fds_) +
+              " file descriptors sent to this connection (and maybe more to others of its "
+              "user) are unread");
+        return;
+      }
+      unread_fds_ += held->fds.size();  // (given back at Finish)
     }
-    if (unread_fds_ + held->fds.size() > kMaxUnreadFds) {
-      for (int fd : held->fds) ::close(fd);
-      held->fds.clear();
-      if (held->release) held->release();
-      Close("the client does not read its answers: " + std::to_string(unread_fds_) +
-            " file descriptors sent to it are unread");
-      return;
-    }
+    // A client that reads nothing cannot hold this answer's descriptors here for long.
+    if (!counted) ArmTimer("response not read within the frame timeout");
     const auto* first = static_cast<const uint8_t*>(bufs[0].data());
     iovec iov{const_cast<uint8_t*>(first), 1};
     std::vector<char> control(CMSG_SPACE(sizeof(int) * held->fds.size()));
@@ -632,7 +705,7 @@ void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
                              self->Close("write: " + ec.message());
                              return;
                            }
-                           self->SendWithFds(held, bufs);
+                           self->SendWithFds(held, bufs, /*counted=*/true);
                          }));
       return;
     }
@@ -640,7 +713,6 @@ void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
       finish(error_code(errno, boost::system::system_category()));
       return;
     }
-    unread_fds_ += held->fds.size();
     bufs[0] = asio::const_buffer(first + 1, bufs[0].size() - 1);
     asio::async_write(socket_, bufs, asio::bind_executor(strand_, [finish](error_code ec, size_t) {
                         finish(ec);
