@@ -1068,7 +1068,8 @@ class Client::Impl {
       req.set_in_place(server_.shared_memory);
       // Half the deadline for other writers of these blocks: the rest is for the answer, the
       // commit and, for blocks still in progress, the second ask.
-      req.set_wait_ms(static_cast<uint32_t>(std::max<int64_t>(1, options_.timeout.count() / 2)));
+      req.set_wait_ms(static_cast<uint32_t>(
+          std::clamp<int64_t>(options_.timeout.count() / 2, 1, int64_t{UINT32_MAX})));
       if (gpu_slots) {
         req.set_to_gpu(true);
         req.set_gpu_device(daemon_gpu);

@@ -36,11 +36,7 @@ Clock::TimePoint ManualClock::Now() const {
 }
 
 bool ManualClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, TimePoint deadline) const {
-  {
-    absl::MutexLock lock(&mu_);
-    if (now_ >= deadline) return true;
-    ++waits_;
-  }
+  if (Now() >= deadline) return true;
   // A signal ends the wait at once; otherwise poll the manual time.
   cv.WaitWithTimeout(&mu, absl::FromChrono(kManualPoll));
   return Now() >= deadline;
@@ -49,11 +45,6 @@ bool ManualClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, TimePoint deadli
 void ManualClock::Advance(Duration by) {
   absl::MutexLock lock(&mu_);
   now_ += by;
-}
-
-uint64_t ManualClock::waits() const {
-  absl::MutexLock lock(&mu_);
-  return waits_;
 }
 
 }  // namespace kvpool

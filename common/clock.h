@@ -58,13 +58,10 @@ class ManualClock final : public Clock {
 
   // Moves time forward; waiters whose deadline passed see it within a few milliseconds.
   void Advance(Duration by);
-  // How many WaitUntil calls have waited so far: a test moves time once its waiter waits.
-  uint64_t waits() const;
 
  private:
   mutable absl::Mutex mu_;
   TimePoint now_ ABSL_GUARDED_BY(mu_);
-  mutable uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvpool

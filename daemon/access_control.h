@@ -16,7 +16,8 @@
 //     cluster mode a TCP connection proves the cluster secret (or the admin's), as before.
 // Admin rights are asked for at hello. Without an `admin:` section they go to every connection
 // where nothing is guarded, and otherwise to root and kvpoold's own user on the Unix socket and to
-// peer daemons, never to a tenant for proving its namespace (the daemon logs which at start). A
+// holders of the cluster secret (peers, and cluster-mode TCP clients, which may act for any
+// namespace already), never to a tenant for proving its namespace (the start log says which). A
 // client that holds a secret sends a challenge of its own and is admitted only through a proof,
 // which the daemon then answers under the same secret (mutual authentication; common/hello_auth.h).
 // Secrets are compared in constant time; a wrong proof closes the connection. The cluster secret

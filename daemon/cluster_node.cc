@@ -629,10 +629,11 @@ void ClusterNode::Retry(Job job) {
       std::chrono::steady_clock::now() + std::chrono::milliseconds(500) * (1 << (job.attempt - 1));
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
-  if (retries_.size() > 10000) {
+  if (retry_blocks_ + job.blocks.size() + 1 > kMaxRetryBlocks) {
     LOG_EVERY_N(WARNING, 100) << "replication retry queue full: copies dropped (peers too slow)";
     return;
   }
+  retry_blocks_ += job.blocks.size() + 1;
   retries_.emplace(at, std::move(job));
   cv_.Signal();
 }
@@ -712,8 +713,21 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
 bool ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
                              const std::vector<std::pair<BlockKey, BlockKey>>& all,
                              bool offer_first) {
+  const auto now = std::chrono::steady_clock::now();
+  {
+    // A peer a push failed to a moment ago would cost every job its timeout again: the jobs
+    // go to the retry queue without asking.
+    absl::MutexLock lock(&mu_);
+    auto it = push_backoff_.find(address);
+    if (it != push_backoff_.end() && now < it->second) return false;
+  }
+  auto failed = [&] {
+    absl::MutexLock lock(&mu_);
+    push_backoff_[address] = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    return false;
+  };
   std::unique_ptr<Client> c = Checkout(address, ns_name);
-  if (c == nullptr) return false;
+  if (c == nullptr) return failed();
   std::vector<std::pair<BlockKey, BlockKey>> blocks;
   if (offer_first) {
     // Keys first: the peer is sent (and this node reads, from disk too) only what it lacks.
@@ -722,7 +736,7 @@ bool ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
     Result<std::vector<Tier>> there = c->Where(offered);
     if (!there.ok()) {
       VLOG(1) << "replication to " << address << ": " << there.status().ToString();
-      return false;
+      return failed();
     }
     for (size_t k = 0; k < all.size(); ++k) {
       if ((*there)[k] == Tier::kNone) blocks.push_back(all[k]);
@@ -749,6 +763,7 @@ bool ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
   }
   // About kFetchChunkBytes per call, so each finishes within the per-request peer deadline.
   bool ok = true;
+  bool complete = true;  // every block sent is there (not left to another writer)
   for (size_t start = 0, end = 0; ok && start < puts.size(); start = end) {
     uint64_t bytes = 0;
     end = start;
@@ -761,6 +776,8 @@ bool ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
       ok = false;
       continue;
     }
+    // Another writer's, there: it may yet give up, so these go again (offered first).
+    if (r->in_progress > 0) complete = false;
     for (size_t k = 0; k < r->errors.size(); ++k) {
       if (r->errors[k].code() == StatusCode::kCorruption) {
         LOG(ERROR) << "replica of block " << puts[start + k].key.ShortHex() << " refused by "
@@ -768,9 +785,14 @@ bool ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
       }
     }
   }
-  if (ok) Return(address, ns_name, std::move(c));
   for (tiers::BlockRead& read : reads) tiers_.Release(read);
-  return ok;
+  if (!ok) return failed();
+  Return(address, ns_name, std::move(c));
+  {
+    absl::MutexLock lock(&mu_);
+    push_backoff_.erase(address);
+  }
+  return complete;
 }
 
 void ClusterNode::OnViewChange() {
@@ -914,8 +936,11 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
     }
     for (size_t i : send) {
       if (Stopping() || pass->unreachable.count(node) > 0) break;
-      SendSession(batch[i], node, address, &pass->unreachable);
-      ++pass->sent;
+      if (SendSession(batch[i], node, address, &pass->unreachable)) {
+        ++pass->sent;
+      } else {
+        Retry(batch[i]);  // (a copy; it goes to every home again, kept there only if newer)
+      }
     }
   }
 }
@@ -930,14 +955,19 @@ void ClusterNode::ReplicateLoop() {
       for (;;) {
         if (stopping_) return;
         const auto now = std::chrono::steady_clock::now();
-        if (!jobs_.empty()) {
+        const bool retry_due = !retries_.empty() && retries_.begin()->first <= now;
+        // New copies first, but a due retry at least every kNewJobsPerRetry of them.
+        if (!jobs_.empty() && !(retry_due && new_since_retry_ >= kNewJobsPerRetry)) {
           job = std::move(jobs_.front());
           jobs_.pop_front();
+          ++new_since_retry_;
           break;
         }
-        if (!retries_.empty() && retries_.begin()->first <= now) {
+        if (retry_due) {
           job = std::move(retries_.begin()->second);
           retries_.erase(retries_.begin());
+          retry_blocks_ -= std::min(retry_blocks_, job.blocks.size() + 1);
+          new_since_retry_ = 0;
           break;
         }
         if (rescan_ && now >= rescan_at_) {
@@ -966,8 +996,7 @@ void ClusterNode::ReplicateLoop() {
       }
     } else {
       std::set<cluster::NodeId> failed;
-      RunSession(job, &failed);
-      if (!failed.empty()) Retry(std::move(job));
+      if (!RunSession(job, &failed)) Retry(std::move(job));
     }
   }
 }
@@ -988,29 +1017,39 @@ std::vector<std::pair<BlockKey, BlockKey>> ClusterNode::RunBlocks(const Job& job
       ++picked;
     }
   }
-  std::set<std::pair<BlockKey, BlockKey>> left;
+  std::set<BlockKey> failed;
   for (const auto& [node, blocks] : by_node) {
     if (!PushBlocks(job.ns, job.ns_name, addresses[node], blocks, job.offer_first)) {
-      left.insert(blocks.begin(), blocks.end());
+      for (const auto& b : blocks) failed.insert(b.first);
     }
   }
-  return {left.begin(), left.end()};
+  // In the job's order (a chain's parents before their children).
+  std::vector<std::pair<BlockKey, BlockKey>> left;
+  for (const auto& b : job.blocks) {
+    if (failed.count(b.first) > 0) left.push_back(b);
+  }
+  return left;
 }
 
-void ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) {
+bool ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) {
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
-  if (ring == nullptr) return;
+  if (ring == nullptr) return true;  // no view: nothing to send it to
+  bool delivered = true;
   for (const cluster::NodeId& node :
        ring->Homes(SessionKey(job.ns_name, job.session->session_id()), options_.replicas + 1)) {
     auto it = addresses.find(node);
     if (it == addresses.end()) continue;  // this node (it has it already)
-    if (failed != nullptr && failed->count(node) > 0) continue;
-    SendSession(job, node, it->second, failed);
+    if (failed != nullptr && failed->count(node) > 0) {
+      delivered = false;
+      continue;
+    }
+    delivered = SendSession(job, node, it->second, failed) && delivered;
   }
+  return delivered;
 }
 
-void ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
+bool ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
                               const std::string& address, std::set<cluster::NodeId>* failed) {
   if (!job.session->deleted()) {
     // The chain's blocks first: a session pins blocks the node must hold.
@@ -1018,19 +1057,18 @@ void ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
     BlockKey parent;
     for (const std::string& raw : job.session->keys()) {
       Result<BlockKey> k = BlockKey::FromBytes(raw);
-      if (!k.ok()) return;
+      if (!k.ok()) return true;  // a record that cannot be sent as it is: nothing to retry
       chain.emplace_back(*k, parent);
       parent = *k;
     }
-    if (!PushBlocks(job.ns, job.ns_name, address, chain, /*offer_first=*/true)) {
-      if (failed != nullptr) failed->insert(node);
-      return;  // the record would pin blocks the home lacks: both go again
-    }
+    // Not all there: the record would pin blocks the home lacks, so both go again. (The home
+    // is not marked unreachable for that: PushBlocks backs off from a peer that failed.)
+    if (!PushBlocks(job.ns, job.ns_name, address, chain, /*offer_first=*/true)) return false;
   }
   std::unique_ptr<Client> c = Checkout(address, job.ns_name);
   if (c == nullptr) {
     if (failed != nullptr) failed->insert(node);
-    return;
+    return false;
   }
   // The record as it is here, version and all: the home keeps it only if it is newer.
   Session s;
@@ -1048,10 +1086,10 @@ void ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
     Return(address, job.ns_name, std::move(c));
   }
   if (!st.ok()) VLOG(1) << "session copy to " << node << ": " << st.ToString();
-  if (failed != nullptr &&
-      (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded)) {
-    failed->insert(node);
-  }
+  const bool unreachable =
+      st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded;
+  if (failed != nullptr && unreachable) failed->insert(node);
+  return !unreachable;  // (another error, e.g. a refusal, would only repeat)
 }
 
 }  // namespace kvpool::daemon

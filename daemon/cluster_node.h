@@ -131,11 +131,13 @@ class ClusterNode final : public ClusterHooks {
   // Sends the job's blocks to their replicas; returns those that did not all arrive.
   std::vector<std::pair<BlockKey, BlockKey>> RunBlocks(const Job& job);
   // Sends the job's session record to its homes. Skips the homes in `failed` and adds those that
-  // could not be reached (one pass over many records tries a dead home once).
-  void RunSession(const Job& job, std::set<cluster::NodeId>* failed);
+  // could not be reached (one pass over many records tries a dead home once). Whether every
+  // home took it.
+  bool RunSession(const Job& job, std::set<cluster::NodeId>* failed);
   // Sends session job `job` to home `node` at `address`: its chain's blocks the home lacks, then
   // the record (kept there only if newer). A home that cannot be reached goes into `failed`.
-  void SendSession(const Job& job, const cluster::NodeId& node, const std::string& address,
+  // Whether it arrived (false: worth sending again).
+  bool SendSession(const Job& job, const cluster::NodeId& node, const std::string& address,
                    std::set<cluster::NodeId>* failed);
   // One membership-change offer of session records (Rereplicate).
   struct SessionOffers {
@@ -164,8 +166,9 @@ class ClusterNode final : public ClusterHooks {
                               const std::map<std::string, std::string>& addresses,
                               const std::vector<bool>& skip, std::vector<bool>& found);
   // Copies `keys` (with parents) from the local tiers to the peer at `address`. False when the
-  // peer could not be reached or a request to it failed (worth trying again); true when it took
-  // them, or they are no longer here to send.
+  // peer could not be reached or a request to it failed (it is then not tried again for 1 s:
+  // false at once), or when some blocks were another writer's there (in progress): worth trying
+  // again. True when it took them, or they are no longer here to send.
   bool PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
                   const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);
 
@@ -241,6 +244,13 @@ class ClusterNode final : public ClusterHooks {
   std::chrono::steady_clock::time_point rescan_at_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::chrono::steady_clock::time_point, Job> retries_ ABSL_GUARDED_BY(mu_);
+  size_t retry_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // in retries_ (a job counts one more)
+  static constexpr size_t kMaxRetryBlocks = 1 << 20;
+  // New jobs run before due retries, but no more than this many in a row.
+  size_t new_since_retry_ ABSL_GUARDED_BY(mu_) = 0;
+  static constexpr size_t kNewJobsPerRetry = 8;
+  // Peers (control addresses) a push failed to, and until when pushes to them are not tried.
+  std::map<std::string, std::chrono::steady_clock::time_point> push_backoff_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, std::vector<std::unique_ptr<Client>>> idle_
       ABSL_GUARDED_BY(mu_);
   absl::CondVar fanout_cv_;  // fanout_ has a task, or stopping_

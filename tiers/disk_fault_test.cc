@@ -637,30 +637,31 @@ TEST_F(WriteThroughTest, AWaitThatOutlastsItsLimitAnswersInProgressOncePerCall) 
   for (uint64_t n = 10; n < 16; ++n) items.push_back(ItemOf(n));
   std::vector<ReserveOutcome> first = manager_->Reserve(kNs, 1, items);
   for (const ReserveOutcome& o : first) ASSERT_EQ(o.state, ReserveState::kReserved);
-  // Time moves once the waiter waits (its deadline is then set).
-  auto advance_once_waiting = [&clock](std::chrono::milliseconds by) {
-    const uint64_t before = clock.waits();
-    for (int i = 0; i < 10000 && clock.waits() == before; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // How many steps of `step` the clock takes to end `f`'s wait (at most 8). A step may come
+  // before the waiter has set its deadline (a loaded machine: two), so a wait of one limit
+  // takes one to three steps.
+  auto steps_until_ready = [&clock](auto& f, std::chrono::milliseconds step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    int steps = 0;
+    while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready && steps < 8) {
+      clock.Advance(step);
+      ++steps;
     }
-    clock.Advance(by);
+    return steps;
   };
+  // Steps of 3 s: once the call's 2 s have passed, no later block waits again (a wait per
+  // block would take six steps).
   auto second = std::async(std::launch::async, [&] { return manager_->Reserve(kNs, 2, items); });
-  advance_once_waiting(std::chrono::milliseconds(1900));
-  EXPECT_EQ(second.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
-      << "answered before the limit";
-  clock.Advance(std::chrono::seconds(1));
-  ASSERT_EQ(second.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+  EXPECT_LE(steps_until_ready(second, std::chrono::seconds(3)), 3)
       << "a later block waited again after the call's limit had passed";
   for (const ReserveOutcome& o : second.get()) EXPECT_EQ(o.state, ReserveState::kInProgress);
 
   // A writer whose deadline is nearer (a client sends half its timeout as wait_ms) waits only
-  // that long.
+  // that long: steps of 600 ms end a wait of 500 ms in one to three, one of 2 s in four.
   auto third = std::async(std::launch::async, [&] {
     return manager_->Reserve(kNs, 3, items, {.wait_limit = std::chrono::milliseconds(500)});
   });
-  advance_once_waiting(std::chrono::milliseconds(600));
-  ASSERT_EQ(third.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+  EXPECT_LE(steps_until_ready(third, std::chrono::milliseconds(600)), 3)
       << "waited past the writer's own limit";
   for (const ReserveOutcome& o : third.get()) EXPECT_EQ(o.state, ReserveState::kInProgress);
   for (const ReserveOutcome& o : first) manager_->Abort(1, o.reservation_id);

@@ -236,8 +236,9 @@ struct PutResult {
   // Being written right now by another client (or by this client's own earlier, broken
   // connection, whose reservation ends when the daemon notices): nothing was sent, and a get
   // may miss until that writer commits. Put asks for these once more before it returns, and in
-  // a write-through namespace kvpoold then waits up to 2 s for that writer; what is still in
-  // progress after that is counted here, and is not known to be on disk.
+  // a write-through namespace kvpoold then waits for that writer (up to 2 s, or half the
+  // client's timeout when less); what is still in progress after that is counted here, and is
+  // not known to be on disk.
   uint32_t in_progress = 0;
   std::vector<Status> errors;  // one per block: OK, or why that block was not stored
   bool all_ok() const;
