@@ -710,21 +710,25 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
   return std::move(*newest);
 }
 
-bool ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
-                             const std::vector<std::pair<BlockKey, BlockKey>>& all,
-                             bool offer_first) {
+ClusterNode::Pushed ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name,
+                                            const std::string& address,
+                                            const std::vector<std::pair<BlockKey, BlockKey>>& all,
+                                            bool offer_first) {
   const auto now = std::chrono::steady_clock::now();
   {
     // A peer a push failed to a moment ago would cost every job its timeout again: the jobs
     // go to the retry queue without asking.
     absl::MutexLock lock(&mu_);
     auto it = push_backoff_.find(address);
-    if (it != push_backoff_.end() && now < it->second) return false;
+    if (it != push_backoff_.end()) {
+      if (now < it->second) return Pushed::kUnreachable;
+      push_backoff_.erase(it);  // (so entries of peers long gone do not pile up)
+    }
   }
   auto failed = [&] {
     absl::MutexLock lock(&mu_);
-    push_backoff_[address] = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    return false;
+    push_backoff_[address] = std::chrono::steady_clock::now() + kPushBackoff;
+    return Pushed::kUnreachable;
   };
   std::unique_ptr<Client> c = Checkout(address, ns_name);
   if (c == nullptr) return failed();
@@ -788,11 +792,7 @@ bool ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name, const s
   for (tiers::BlockRead& read : reads) tiers_.Release(read);
   if (!ok) return failed();
   Return(address, ns_name, std::move(c));
-  {
-    absl::MutexLock lock(&mu_);
-    push_backoff_.erase(address);
-  }
-  return complete;
+  return complete ? Pushed::kDone : Pushed::kIncomplete;
 }
 
 void ClusterNode::OnViewChange() {
@@ -889,10 +889,21 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
       if (addresses.count(node) > 0) asks[{node, job.ns}].push_back(i);  // not this node
     }
   }
+  // Records that did not reach `node` go again later, to that home only.
+  auto retry = [&](const cluster::NodeId& node, std::span<const size_t> which) {
+    for (size_t i : which) {
+      Job again = batch[i];
+      again.home = node;
+      Retry(std::move(again));
+    }
+  };
   for (const auto& [home, indices] : asks) {
     const cluster::NodeId& node = home.first;
     if (Stopping()) return;
-    if (pass->unreachable.count(node) > 0) continue;
+    if (pass->unreachable.count(node) > 0) {
+      retry(node, indices);
+      continue;
+    }
     const std::string& address = addresses[node];
     const std::string& ns_name = batch[indices.front()].ns_name;
     std::vector<size_t> send;
@@ -902,6 +913,7 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
       std::unique_ptr<Client> c = Checkout(address, ns_name);
       if (c == nullptr) {
         pass->unreachable.insert(node);
+        retry(node, indices);
         continue;
       }
       wire::SessionVersionsRequest req;
@@ -922,6 +934,7 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
         Return(address, ns_name, std::move(c));
       } else if (st.code() == StatusCode::kDeadlineExceeded) {
         pass->unreachable.insert(node);
+        retry(node, indices);
         continue;
       } else {
         // An older kvpoold closes the connection on a message type it does not know (Unavailable
@@ -934,12 +947,16 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
         if (st.code() != StatusCode::kUnavailable) Return(address, ns_name, std::move(c));
       }
     }
-    for (size_t i : send) {
-      if (Stopping() || pass->unreachable.count(node) > 0) break;
-      if (SendSession(batch[i], node, address, &pass->unreachable)) {
+    for (size_t k = 0; k < send.size(); ++k) {
+      if (Stopping()) break;
+      if (pass->unreachable.count(node) > 0) {
+        retry(node, std::span<const size_t>(send).subspan(k));
+        break;
+      }
+      if (SendSession(batch[send[k]], node, address, &pass->unreachable)) {
         ++pass->sent;
       } else {
-        Retry(batch[i]);  // (a copy; it goes to every home again, kept there only if newer)
+        retry(node, std::span<const size_t>(send).subspan(k, 1));
       }
     }
   }
@@ -1019,7 +1036,8 @@ std::vector<std::pair<BlockKey, BlockKey>> ClusterNode::RunBlocks(const Job& job
   }
   std::set<BlockKey> failed;
   for (const auto& [node, blocks] : by_node) {
-    if (!PushBlocks(job.ns, job.ns_name, addresses[node], blocks, job.offer_first)) {
+    if (PushBlocks(job.ns, job.ns_name, addresses[node], blocks, job.offer_first) !=
+        Pushed::kDone) {
       for (const auto& b : blocks) failed.insert(b.first);
     }
   }
@@ -1039,7 +1057,8 @@ bool ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) 
   for (const cluster::NodeId& node :
        ring->Homes(SessionKey(job.ns_name, job.session->session_id()), options_.replicas + 1)) {
     auto it = addresses.find(node);
-    if (it == addresses.end()) continue;  // this node (it has it already)
+    if (it == addresses.end()) continue;                  // this node (it has it already)
+    if (!job.home.empty() && node != job.home) continue;  // a retry for one home
     if (failed != nullptr && failed->count(node) > 0) {
       delivered = false;
       continue;
@@ -1061,9 +1080,10 @@ bool ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
       chain.emplace_back(*k, parent);
       parent = *k;
     }
-    // Not all there: the record would pin blocks the home lacks, so both go again. (The home
-    // is not marked unreachable for that: PushBlocks backs off from a peer that failed.)
-    if (!PushBlocks(job.ns, job.ns_name, address, chain, /*offer_first=*/true)) return false;
+    // Not all there: the record would pin blocks the home lacks, so both go again.
+    const Pushed pushed = PushBlocks(job.ns, job.ns_name, address, chain, /*offer_first=*/true);
+    if (pushed == Pushed::kUnreachable && failed != nullptr) failed->insert(node);
+    if (pushed != Pushed::kDone) return false;
   }
   std::unique_ptr<Client> c = Checkout(address, job.ns_name);
   if (c == nullptr) {

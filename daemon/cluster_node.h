@@ -114,6 +114,8 @@ class ClusterNode final : public ClusterHooks {
     bool offer_first = false;
     std::shared_ptr<const wire::SessionRecord> session;  // a save or a deletion record
     int attempt = 0;                                     // retries so far (Retry)
+    // A session copy retried for one home only (empty: every home of the session).
+    cluster::NodeId home;
   };
   void Enqueue(Job job);
   // A job whose copies did not all reach their peer (a failed or slow request, no connection)
@@ -165,12 +167,16 @@ class ClusterNode final : public ClusterHooks {
                               const std::vector<std::vector<cluster::NodeId>>& order,
                               const std::map<std::string, std::string>& addresses,
                               const std::vector<bool>& skip, std::vector<bool>& found);
-  // Copies `keys` (with parents) from the local tiers to the peer at `address`. False when the
-  // peer could not be reached or a request to it failed (it is then not tried again for 1 s:
-  // false at once), or when some blocks were another writer's there (in progress): worth trying
-  // again. True when it took them, or they are no longer here to send.
-  bool PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
-                  const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);
+  // What a push came to.
+  enum class Pushed {
+    kDone,         // the peer took them (or they are no longer here to send)
+    kIncomplete,   // some were another writer's there (in progress): worth sending again
+    kUnreachable,  // no connection, or a request failed: not tried again for kPushBackoff
+  };
+  static constexpr std::chrono::milliseconds kPushBackoff{400};  // below the first retry's delay
+  // Copies `keys` (with parents) from the local tiers to the peer at `address`.
+  Pushed PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
+                    const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);
 
   ClusterNode(ClusterNodeOptions options, tiers::TierManager& tiers);
   void JoinLoop();

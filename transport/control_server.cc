@@ -338,7 +338,11 @@ void Connection<Stream>::Close(const std::string& reason) {
     lingering_ = unread_fds_ > 0 && UnreadBytes() > 0;
   }
   if (lingering_) {
-    socket_.lowest_layer().shutdown(asio::socket_base::shutdown_receive, ec);
+    // Nothing more is read or written (what is pending is aborted now, its handlers run on the
+    // strand with an error), but the descriptor stays open: the queued answers stay the
+    // client's to read, and SIOCOUTQ says when they are gone.
+    socket_.lowest_layer().shutdown(asio::socket_base::shutdown_both, ec);
+    socket_.lowest_layer().cancel(ec);
   } else {
     // A TLS stream is closed without a close_notify: nothing more is read from or written to it.
     socket_.lowest_layer().shutdown(asio::socket_base::shutdown_both, ec);
@@ -698,11 +702,11 @@ void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
       socket_.async_wait(Stream::wait_write,
                          asio::bind_executor(strand_, [self, held, bufs](error_code ec) {
-                           if (ec) {
+                           if (ec || self->closed_) {
                              for (int fd : held->fds) ::close(fd);
                              held->fds.clear();
                              if (held->release) held->release();
-                             self->Close("write: " + ec.message());
+                             self->Close("write: " + (ec ? ec.message() : "closed"));
                              return;
                            }
                            self->SendWithFds(held, bufs, /*counted=*/true);
