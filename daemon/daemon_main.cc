@@ -97,7 +97,9 @@ DEFINE_uint32(io_busy_poll_us, 0,
 DEFINE_int32(worker_threads, 8, "Request worker threads.");
 DEFINE_int32(promotion_threads, 2, "Threads promoting disk blocks to host.");
 DEFINE_uint32(max_batch_keys, 4096, "Keys in one request.");
-DEFINE_uint32(max_namespaces, 1024, "Namespaces the daemon accepts.");
+DEFINE_uint32(max_namespaces, 1024,
+              "Namespaces the daemon holds before it refuses new names from clients (those the "
+              "namespaces file or --namespace_policy configure always get one).");
 DEFINE_string(max_frame_payload, "256MiB", "Largest payload in one frame (clients split batches).");
 DEFINE_int32(frame_timeout_ms, 30000, "A started frame must arrive completely within this.");
 DEFINE_uint32(max_connections, 4096, "Control connections open at once, in total.");

@@ -91,11 +91,11 @@ Result<NamespacePolicies::Layers> NamespacePolicies::Compose(const NamespacesCon
     if (!policy.ok()) {
       return policy.status().WithContext("--namespace_policy " + e.name + "=" + e.write);
     }
-    KVPOOL_ASSIGN_OR_RETURN(NamespaceId ns, namespaces_.Resolve(e.name));
+    KVPOOL_ASSIGN_OR_RETURN(NamespaceId ns, namespaces_.Resolve(e.name, /*configured=*/true));
     layers.namespaces[ns] = Configured{e.name, std::move(*policy), "flags"};
   }
   for (const NamespacesConfig::Namespace& n : file.namespaces) {
-    Result<NamespaceId> ns = namespaces_.Resolve(n.name);
+    Result<NamespaceId> ns = namespaces_.Resolve(n.name, /*configured=*/true);
     if (!ns.ok()) {
       return ns.status().WithContext(file.path + ":" + std::to_string(n.line) + ": namespace '" +
                                      n.name + "'");

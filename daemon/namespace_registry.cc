@@ -50,12 +50,12 @@ Result<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Load(tiers::RocksS
   return reg;
 }
 
-Result<NamespaceId> NamespaceRegistry::Resolve(std::string_view name) {
+Result<NamespaceId> NamespaceRegistry::Resolve(std::string_view name, bool configured) {
   KVPOOL_RETURN_IF_ERROR(ValidateName(name));
   absl::MutexLock lock(&mu_);
   auto it = ids_.find(std::string(name));
   if (it != ids_.end()) return it->second;
-  if (ids_.size() >= max_) {
+  if (ids_.size() >= max_ && !configured) {
     return Status::ResourceExhausted("the daemon already has " + std::to_string(max_) +
                                      " namespaces (--max-namespaces)");
   }

@@ -2,8 +2,10 @@
 // NamespaceRegistry: namespace names (tenants) to dense NamespaceIds, persisted in RocksDB's
 // default column family so an id means the same namespace after a restart.
 //
-// A name is 1-128 characters of [A-Za-z0-9._:-]. The number of namespaces is bounded so a
-// hostile client cannot grow the registry without end.
+// A name is 1-128 characters of [A-Za-z0-9._:-]. The number of namespaces clients may name
+// into existence is bounded so a hostile client cannot grow the registry without end; the
+// operator's own (configured: the namespaces file, --namespace_policy) are not held to it, so
+// names clients made up can never keep a declared tenant out.
 //
 // Thread safety: all methods may be called concurrently.
 
@@ -29,8 +31,8 @@ class NamespaceRegistry {
                                                          uint32_t max_namespaces);
 
   // The id of `name`, created (and persisted) when new. InvalidArgument for a bad name,
-  // ResourceExhausted past the limit.
-  Result<NamespaceId> Resolve(std::string_view name);
+  // ResourceExhausted past the limit, unless `configured` (named by the operator).
+  Result<NamespaceId> Resolve(std::string_view name, bool configured = false);
   // "" when unknown.
   std::string NameOf(NamespaceId id) const;
   // Every known namespace's name, by id (a namespace's id is its index).

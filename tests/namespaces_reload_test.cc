@@ -246,6 +246,41 @@ TEST_F(NamespacesReloadTest, InvalidFileOnSighupIsLoggedAndTheRunningOneStays) {
   ExpectAllServed(*client, c);
 }
 
+// Namespaces clients name into existence are bounded (--max_namespaces); a tenant the operator
+// declares later is not held to that bound: made-up names cannot keep it out.
+TEST_F(NamespacesReloadTest, NamesClientsMadeUpNeverKeepADeclaredTenantOut) {
+  WriteFile(path_, "namespaces:\n  tenant-a: {}\n");
+  DaemonProcess d({"--namespaces_file=" + path_, "--max_namespaces=3"});
+  ASSERT_OK(d.Start());
+  auto a = d.Connect("tenant-a");
+  ASSERT_NE(a, nullptr);
+  // Undeclared names, under `access: open`, until the bound refuses the next one.
+  size_t made_up = 0;
+  for (int i = 0; i < 5; ++i) {
+    ClientOptions o = d.Options("made-up-" + std::to_string(i));
+    o.auto_reconnect = false;
+    auto c = Client::Connect(o);
+    if (!c.ok()) {
+      EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted) << c.status().ToString();
+      break;
+    }
+    ++made_up;
+  }
+  EXPECT_LT(made_up, 5u) << "no bound on names clients make up";
+
+  WriteFile(path_, "namespaces:\n  tenant-a: {}\n  tenant-b: {eviction: lfu}\n");
+  ASSERT_EQ(kill(d.pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitFor([&] {
+    auto v = a->Policies("tenant-b");
+    return v.ok() && !v->namespaces.empty() && v->namespaces[0].eviction == "lfu";
+  })) << d.LogTail();
+  auto b = d.Connect("tenant-b");
+  ASSERT_NE(b, nullptr) << d.LogTail();
+  Chain c = MakeChain(9, 3, 20000);
+  Put(*b, c);
+  ExpectAllServed(*b, c);
+}
+
 // Runs kvpoold to its end (it must not start) and returns its exit status and output.
 std::pair<int, std::string> RunKvpoold(const TempDir& dir, const std::string& flags) {
   const std::string out = dir.Join("kvpoold.out");
