@@ -710,24 +710,28 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
   return std::move(*newest);
 }
 
+bool ClusterNode::BackingOff(const std::string& address) {
+  const auto now = std::chrono::steady_clock::now();
+  absl::MutexLock lock(&mu_);
+  auto it = push_backoff_.find(address);
+  if (it == push_backoff_.end()) return false;
+  if (now < it->second) return true;
+  push_backoff_.erase(it);  // (so entries of peers long gone do not pile up)
+  return false;
+}
+
+void ClusterNode::BackOff(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  push_backoff_[address] = std::chrono::steady_clock::now() + kPushBackoff;
+}
+
 ClusterNode::Pushed ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name,
                                             const std::string& address,
                                             const std::vector<std::pair<BlockKey, BlockKey>>& all,
                                             bool offer_first) {
-  const auto now = std::chrono::steady_clock::now();
-  {
-    // A peer a push failed to a moment ago would cost every job its timeout again: the jobs
-    // go to the retry queue without asking.
-    absl::MutexLock lock(&mu_);
-    auto it = push_backoff_.find(address);
-    if (it != push_backoff_.end()) {
-      if (now < it->second) return Pushed::kUnreachable;
-      push_backoff_.erase(it);  // (so entries of peers long gone do not pile up)
-    }
-  }
+  if (BackingOff(address)) return Pushed::kUnreachable;
   auto failed = [&] {
-    absl::MutexLock lock(&mu_);
-    push_backoff_[address] = std::chrono::steady_clock::now() + kPushBackoff;
+    BackOff(address);
     return Pushed::kUnreachable;
   };
   std::unique_ptr<Client> c = Checkout(address, ns_name);
@@ -910,8 +914,9 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
     if (pass->send_all.count(node) > 0) {
       send = indices;
     } else {
-      std::unique_ptr<Client> c = Checkout(address, ns_name);
+      std::unique_ptr<Client> c = BackingOff(address) ? nullptr : Checkout(address, ns_name);
       if (c == nullptr) {
+        BackOff(address);
         pass->unreachable.insert(node);
         retry(node, indices);
         continue;
@@ -933,6 +938,7 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
         }
         Return(address, ns_name, std::move(c));
       } else if (st.code() == StatusCode::kDeadlineExceeded) {
+        BackOff(address);
         pass->unreachable.insert(node);
         retry(node, indices);
         continue;
@@ -1085,8 +1091,9 @@ bool ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
     if (pushed == Pushed::kUnreachable && failed != nullptr) failed->insert(node);
     if (pushed != Pushed::kDone) return false;
   }
-  std::unique_ptr<Client> c = Checkout(address, job.ns_name);
+  std::unique_ptr<Client> c = BackingOff(address) ? nullptr : Checkout(address, job.ns_name);
   if (c == nullptr) {
+    BackOff(address);
     if (failed != nullptr) failed->insert(node);
     return false;
   }
@@ -1108,6 +1115,7 @@ bool ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
   if (!st.ok()) VLOG(1) << "session copy to " << node << ": " << st.ToString();
   const bool unreachable =
       st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded;
+  if (unreachable) BackOff(address);
   if (failed != nullptr && unreachable) failed->insert(node);
   return !unreachable;  // (another error, e.g. a refusal, would only repeat)
 }

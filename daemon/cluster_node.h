@@ -174,6 +174,11 @@ class ClusterNode final : public ClusterHooks {
     kUnreachable,  // no connection, or a request failed: not tried again for kPushBackoff
   };
   static constexpr std::chrono::milliseconds kPushBackoff{400};  // below the first retry's delay
+  // Whether copies to the peer at `address` failed less than kPushBackoff ago (blocks or session
+  // records): those to it then go to the retry queue without trying, rather than each costing
+  // the connect or request timeout on the one replication thread. BackOff starts that.
+  bool BackingOff(const std::string& address);
+  void BackOff(const std::string& address);
   // Copies `keys` (with parents) from the local tiers to the peer at `address`.
   Pushed PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
                     const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);

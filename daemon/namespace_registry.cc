@@ -41,7 +41,7 @@ Result<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Load(tiers::RocksS
     if (v.size() != 4) return Status::Corruption("namespace record for '" + name + "' is damaged");
     const auto* p = reinterpret_cast<const uint8_t*>(v.data());
     const NamespaceId id = p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24;
-    if (id >= (1u << 24)) return Status::Corruption("namespace id out of range");
+    if (id >= kMaxIds) return Status::Corruption("namespace id out of range");
     if (reg->names_.size() <= id) reg->names_.resize(id + 1);
     reg->names_[id] = name;
     reg->ids_[name] = id;
@@ -55,6 +55,10 @@ Result<NamespaceId> NamespaceRegistry::Resolve(std::string_view name, bool confi
   absl::MutexLock lock(&mu_);
   auto it = ids_.find(std::string(name));
   if (it != ids_.end()) return it->second;
+  if (names_.size() >= kMaxIds) {  // (Load refuses larger ids as damage)
+    return Status::ResourceExhausted("the daemon already has " + std::to_string(kMaxIds) +
+                                     " namespaces, the most it can number");
+  }
   if (ids_.size() >= max_ && !configured) {
     return Status::ResourceExhausted("the daemon already has " + std::to_string(max_) +
                                      " namespaces (--max-namespaces)");

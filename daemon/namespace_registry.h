@@ -40,6 +40,8 @@ class NamespaceRegistry {
   size_t size() const;
 
   static Status ValidateName(std::string_view name);
+  // Ids are below this, configured names included.
+  static constexpr uint32_t kMaxIds = 1u << 24;
 
  private:
   NamespaceRegistry(tiers::RocksStore& store, uint32_t max) : store_(store), max_(max) {}
