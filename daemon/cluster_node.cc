@@ -725,17 +725,24 @@ void ClusterNode::BackOff(const std::string& address) {
   push_backoff_[address] = std::chrono::steady_clock::now() + kPushBackoff;
 }
 
+std::unique_ptr<Client> ClusterNode::CheckoutForCopy(const std::string& address,
+                                                     const std::string& ns_name) {
+  if (BackingOff(address)) return nullptr;
+  std::unique_ptr<Client> c = Checkout(address, ns_name);
+  if (c == nullptr) BackOff(address);
+  return c;
+}
+
 ClusterNode::Pushed ClusterNode::PushBlocks(NamespaceId ns, const std::string& ns_name,
                                             const std::string& address,
                                             const std::vector<std::pair<BlockKey, BlockKey>>& all,
                                             bool offer_first) {
-  if (BackingOff(address)) return Pushed::kUnreachable;
+  std::unique_ptr<Client> c = CheckoutForCopy(address, ns_name);
+  if (c == nullptr) return Pushed::kUnreachable;
   auto failed = [&] {
     BackOff(address);
     return Pushed::kUnreachable;
   };
-  std::unique_ptr<Client> c = Checkout(address, ns_name);
-  if (c == nullptr) return failed();
   std::vector<std::pair<BlockKey, BlockKey>> blocks;
   if (offer_first) {
     // Keys first: the peer is sent (and this node reads, from disk too) only what it lacks.
@@ -914,9 +921,8 @@ void ClusterNode::OfferSessions(const std::vector<Job>& batch, SessionOffers* pa
     if (pass->send_all.count(node) > 0) {
       send = indices;
     } else {
-      std::unique_ptr<Client> c = BackingOff(address) ? nullptr : Checkout(address, ns_name);
+      std::unique_ptr<Client> c = CheckoutForCopy(address, ns_name);
       if (c == nullptr) {
-        BackOff(address);
         pass->unreachable.insert(node);
         retry(node, indices);
         continue;
@@ -1018,8 +1024,7 @@ void ClusterNode::ReplicateLoop() {
         Retry(std::move(job));
       }
     } else {
-      std::set<cluster::NodeId> failed;
-      if (!RunSession(job, &failed)) Retry(std::move(job));
+      if (!RunSession(job)) Retry(std::move(job));
     }
   }
 }
@@ -1055,7 +1060,7 @@ std::vector<std::pair<BlockKey, BlockKey>> ClusterNode::RunBlocks(const Job& job
   return left;
 }
 
-bool ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) {
+bool ClusterNode::RunSession(const Job& job) {
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
   if (ring == nullptr) return true;  // no view: nothing to send it to
@@ -1065,11 +1070,7 @@ bool ClusterNode::RunSession(const Job& job, std::set<cluster::NodeId>* failed) 
     auto it = addresses.find(node);
     if (it == addresses.end()) continue;                  // this node (it has it already)
     if (!job.home.empty() && node != job.home) continue;  // a retry for one home
-    if (failed != nullptr && failed->count(node) > 0) {
-      delivered = false;
-      continue;
-    }
-    delivered = SendSession(job, node, it->second, failed) && delivered;
+    delivered = SendSession(job, node, it->second, /*failed=*/nullptr) && delivered;
   }
   return delivered;
 }
@@ -1091,9 +1092,8 @@ bool ClusterNode::SendSession(const Job& job, const cluster::NodeId& node,
     if (pushed == Pushed::kUnreachable && failed != nullptr) failed->insert(node);
     if (pushed != Pushed::kDone) return false;
   }
-  std::unique_ptr<Client> c = BackingOff(address) ? nullptr : Checkout(address, job.ns_name);
+  std::unique_ptr<Client> c = CheckoutForCopy(address, job.ns_name);
   if (c == nullptr) {
-    BackOff(address);
     if (failed != nullptr) failed->insert(node);
     return false;
   }

@@ -132,12 +132,12 @@ class ClusterNode final : public ClusterHooks {
   void FanoutLoop();
   // Sends the job's blocks to their replicas; returns those that did not all arrive.
   std::vector<std::pair<BlockKey, BlockKey>> RunBlocks(const Job& job);
-  // Sends the job's session record to its homes. Skips the homes in `failed` and adds those that
-  // could not be reached (one pass over many records tries a dead home once). Whether every
+  // Sends the job's session record to its homes (to `job.home` only, when set). Whether every
   // home took it.
-  bool RunSession(const Job& job, std::set<cluster::NodeId>* failed);
+  bool RunSession(const Job& job);
   // Sends session job `job` to home `node` at `address`: its chain's blocks the home lacks, then
-  // the record (kept there only if newer). A home that cannot be reached goes into `failed`.
+  // the record (kept there only if newer). A home that cannot be reached goes into `failed`
+  // (when given).
   // Whether it arrived (false: worth sending again).
   bool SendSession(const Job& job, const cluster::NodeId& node, const std::string& address,
                    std::set<cluster::NodeId>* failed);
@@ -179,6 +179,9 @@ class ClusterNode final : public ClusterHooks {
   // the connect or request timeout on the one replication thread. BackOff starts that.
   bool BackingOff(const std::string& address);
   void BackOff(const std::string& address);
+  // A pooled connection for copies to `address`: nullptr while it backs off, or when it cannot
+  // be reached (which starts the backoff).
+  std::unique_ptr<Client> CheckoutForCopy(const std::string& address, const std::string& ns_name);
   // Copies `keys` (with parents) from the local tiers to the peer at `address`.
   Pushed PushBlocks(NamespaceId ns, const std::string& ns_name, const std::string& address,
                     const std::vector<std::pair<BlockKey, BlockKey>>& blocks, bool offer_first);
