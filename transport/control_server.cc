@@ -79,7 +79,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   // Strand: waits (polling) while a closed connection's client has descriptors unread, then
   // closes the socket and lets the server forget the connection.
   void Linger();
-  // Bytes sent on this Unix socket that the client has not read (SIOCOUTQ); 0 where unknown.
+  // Bytes sent on this Unix socket that the client has not read (SIOCOUTQ); -1 where unknown.
   int UnreadBytes();
 
   ServerImpl& server_;
@@ -391,9 +391,9 @@ void Connection<Stream>::Linger() {
 
 template <typename Stream>
 int Connection<Stream>::UnreadBytes() {
-  int n = 0;
+  int n = -1;
   if constexpr (kLocal) {
-    if (::ioctl(socket_.native_handle(), SIOCOUTQ, &n) != 0) n = 0;
+    if (::ioctl(socket_.native_handle(), SIOCOUTQ, &n) != 0) n = -1;
   }
   return n;
 }
@@ -667,8 +667,8 @@ void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
     finish(asio::error::operation_not_supported);
     return;
   } else {
-    int unread_bytes = 0;
-    if (!counted && ::ioctl(socket_.native_handle(), SIOCOUTQ, &unread_bytes) == 0) {
+    const int unread_bytes = counted ? -1 : UnreadBytes();
+    if (unread_bytes >= 0) {
       // The client has read every answer so far: nothing of this connection is in flight.
       if (unread_bytes == 0) server_.DropUnreadFds(peer_key_, std::exchange(unread_fds_, 0));
       if (unread_fds_ + held->fds.size() > kMaxUnreadFds ||
@@ -681,7 +681,7 @@ void Connection<Stream>::SendWithFds(std::shared_ptr<Response> held,
               "user) are unread");
         return;
       }
-      unread_fds_ += held->fds.size();  // (given back at Finish)
+      unread_fds_ += held->fds.size();  // (given back once read, or at Linger)
     }
     // A client that reads nothing cannot hold this answer's descriptors here for long.
     if (!counted) ArmTimer("response not read within the frame timeout");
