@@ -17,8 +17,12 @@
 // implemented: bulk_op() is kTagged.
 #include "transport/ucx_engine.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -27,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
@@ -169,6 +174,9 @@ class UcxEngine::Impl {
 
   // Progress-thread-only operations (called from commands).
   Result<UcxEndpointId> DoConnect(const std::string& address);
+  Result<UcxEndpointId> DoConnectTo(const sockaddr_storage& addr, socklen_t len);
+  Result<uint16_t> DoListen(const sockaddr_storage& addr, socklen_t len,
+                            std::function<void(UcxEndpointId)> on_accept);
   void DoDisconnect(UcxEndpointId id);
   void DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
               std::function<void(Status)> done);
@@ -211,6 +219,11 @@ class UcxEngine::Impl {
   static void ReceiveCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                               void* user_data);
   static void ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void ConnectionRequest(ucp_conn_request_h request, void* arg);
+
+  // Creates an endpoint from `params` (the target already set) with error mode PEER and our
+  // error handler, and registers it.
+  Result<UcxEndpointId> CreateEndpoint(ucp_ep_params_t& params, const char* what);
 
   void Complete(Op* op, Status st, size_t len);
   void ForceClose(Endpoint& e, Status why);
@@ -224,6 +237,8 @@ class UcxEngine::Impl {
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
+  ucp_listener_h listener_ = nullptr;                  // progress thread only
+  std::function<void(UcxEndpointId)> on_accept_;      // the listener's; progress thread only
   int ucp_efd_ = -1;
   int wake_fd_ = -1;
   int epoll_fd_ = -1;
@@ -421,6 +436,10 @@ void UcxEngine::Impl::Shutdown() {
     left.swap(queue_);
   }
   for (auto& cmd : left) cmd.abort();
+  if (listener_ != nullptr) {
+    ucp_listener_destroy(listener_);
+    listener_ = nullptr;
+  }
 
   // Cancel receives; force-close endpoints, which completes their sends with CANCELED.
   std::vector<UcxOpId> ids;
@@ -511,19 +530,17 @@ void UcxEngine::Impl::ForceClose(Endpoint& e, Status why) {
   if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
 }
 
-Result<UcxEndpointId> UcxEngine::Impl::DoConnect(const std::string& address) {
+Result<UcxEndpointId> UcxEngine::Impl::CreateEndpoint(ucp_ep_params_t& params,
+                                                      const char* what) {
   auto e = std::make_unique<Endpoint>();
   e->impl = this;
   e->id = next_ep_id_++;
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &ErrorCallback;
   params.err_handler.arg = e.get();
   ucp_ep_h ep = nullptr;
-  Status st = KVPOOL_UCS_STATUS(ucp_ep_create(worker_, &params, &ep), "ucp_ep_create");
+  Status st = KVPOOL_UCS_STATUS(ucp_ep_create(worker_, &params, &ep), what);
   if (!st.ok()) {
     if (st.code() == StatusCode::kInternal) return Status::InvalidArgument(st.message());
     return st;
@@ -532,6 +549,61 @@ Result<UcxEndpointId> UcxEngine::Impl::DoConnect(const std::string& address) {
   UcxEndpointId id = e->id;
   eps_.emplace(id, std::move(e));
   return id;
+}
+
+Result<UcxEndpointId> UcxEngine::Impl::DoConnect(const std::string& address) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  return CreateEndpoint(params, "ucp_ep_create");
+}
+
+Result<UcxEndpointId> UcxEngine::Impl::DoConnectTo(const sockaddr_storage& addr, socklen_t len) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  params.sockaddr.addrlen = len;
+  return CreateEndpoint(params, "ucp_ep_create (to a listener)");
+}
+
+void UcxEngine::Impl::ConnectionRequest(ucp_conn_request_h request, void* arg) {
+  auto* impl = static_cast<Impl*>(arg);
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+  params.conn_request = request;
+  Result<UcxEndpointId> ep = impl->CreateEndpoint(params, "ucp_ep_create (accepting)");
+  if (!ep.ok()) {
+    // UCX has consumed the request either way.
+    LOG(WARNING) << "UCX: a connection to the listener was not accepted: " << ep.status().ToString();
+    return;
+  }
+  impl->on_accept_(*ep);
+}
+
+Result<uint16_t> UcxEngine::Impl::DoListen(const sockaddr_storage& addr, socklen_t len,
+                                           std::function<void(UcxEndpointId)> on_accept) {
+  if (listener_ != nullptr) return Status::FailedPrecondition("this UCX engine already listens");
+  on_accept_ = std::move(on_accept);
+  ucp_listener_params_t params{};
+  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  params.sockaddr.addrlen = len;
+  params.conn_handler.cb = &ConnectionRequest;
+  params.conn_handler.arg = this;
+  Status st = KVPOOL_UCS_STATUS(ucp_listener_create(worker_, &params, &listener_),
+                                "ucp_listener_create");
+  if (!st.ok()) {
+    listener_ = nullptr;
+    return Status::Unavailable(st.message());
+  }
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  KVPOOL_RETURN_IF_ERROR(
+      KVPOOL_UCS_STATUS(ucp_listener_query(listener_, &attr), "ucp_listener_query"));
+  const auto* sa = reinterpret_cast<const sockaddr*>(&attr.sockaddr);
+  if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
+  return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
 }
 
 void UcxEngine::Impl::DoDisconnect(UcxEndpointId id) {
@@ -726,6 +798,48 @@ Result<UcxEndpointId> UcxEngine::Connect(std::string_view peer_worker_address) {
   Impl* impl = impl_.get();
   return RunOnProgressThread<UcxEndpointId>(*impl,
                                             [impl, address] { return impl->DoConnect(address); });
+}
+
+namespace {
+// `host`:`port` as a socket address (the first getaddrinfo gives).
+Status ResolveSocketAddress(std::string_view host, uint16_t port, bool passive,
+                            sockaddr_storage* out, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? (AI_PASSIVE | AI_NUMERICHOST) : 0;
+  addrinfo* found = nullptr;
+  const std::string name(host);
+  const std::string service = std::to_string(port);
+  int rc = getaddrinfo(name.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return Status::InvalidArgument("cannot resolve \"" + name + "\" for UCX: " + gai_strerror(rc));
+  }
+  std::memcpy(out, found->ai_addr, found->ai_addrlen);
+  *len = found->ai_addrlen;
+  freeaddrinfo(found);
+  return Status::OK();
+}
+}  // namespace
+
+Result<uint16_t> UcxEngine::Listen(std::string_view ip, uint16_t port,
+                                   std::function<void(UcxEndpointId)> on_accept) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  KVPOOL_RETURN_IF_ERROR(ResolveSocketAddress(ip, port, /*passive=*/true, &addr, &len));
+  Impl* impl = impl_.get();
+  return RunOnProgressThread<uint16_t>(*impl, [impl, addr, len, on_accept] {
+    return impl->DoListen(addr, len, on_accept);
+  });
+}
+
+Result<UcxEndpointId> UcxEngine::ConnectTo(std::string_view host, uint16_t port) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  KVPOOL_RETURN_IF_ERROR(ResolveSocketAddress(host, port, /*passive=*/false, &addr, &len));
+  Impl* impl = impl_.get();
+  return RunOnProgressThread<UcxEndpointId>(
+      *impl, [impl, addr, len] { return impl->DoConnectTo(addr, len); });
 }
 
 void UcxEngine::Disconnect(UcxEndpointId ep) {

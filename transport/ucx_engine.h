@@ -97,6 +97,20 @@ class UcxEngine {
   // transport reaches the peer. Wire-up completes lazily: a dead peer shows on the first send.
   Result<UcxEndpointId> Connect(std::string_view peer_worker_address);
 
+  // Listens for endpoints that peers create with ConnectTo: on `ip` (numeric; "0.0.0.0" or "::"
+  // for every interface) and `port` (0: a free one). Returns the port. Each accepted endpoint
+  // (error mode PEER) goes to `on_accept` on the progress thread, which must not block; it is
+  // the caller's to Disconnect. The peer's worker address travels inside UCX's own wire-up,
+  // so a caller never hands UCX address bytes it got from someone else (Connect does). One
+  // listener per engine (FailedPrecondition for a second); it ends with the engine.
+  Result<uint16_t> Listen(std::string_view ip, uint16_t port,
+                          std::function<void(UcxEndpointId)> on_accept);
+
+  // Creates an endpoint (error mode PEER) to the engine that listens at `host`:`port` (a name
+  // or a numeric address). InvalidArgument when the host does not resolve; a listener that is
+  // not there shows as Unavailable on the first transfer, as with Connect.
+  Result<UcxEndpointId> ConnectTo(std::string_view host, uint16_t port);
+
   // Closes the endpoint (flushing, or at once if it failed); its outstanding sends complete
   // (OK if flushed, else Aborted/Unavailable). Unknown ids are ignored.
   void Disconnect(UcxEndpointId ep);

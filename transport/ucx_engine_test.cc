@@ -365,6 +365,51 @@ TEST_F(UcxEngineTest, GarbageAddressIsAnErrorNotACrash) {
   EXPECT_FALSE(ep.ok());
 }
 
+TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
+  absl::Mutex mu;
+  std::vector<UcxEndpointId> accepted;
+  auto port = b_->Listen("127.0.0.1", 0, [&](UcxEndpointId ep) {
+    absl::MutexLock lock(&mu);
+    accepted.push_back(ep);
+  });
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  EXPECT_NE(*port, 0);
+  EXPECT_EQ(b_->Listen("127.0.0.1", 0, [](UcxEndpointId) {}).status().code(),
+            StatusCode::kFailedPrecondition);
+
+  auto to_b = a_->ConnectTo("127.0.0.1", *port);
+  ASSERT_TRUE(to_b.ok()) << to_b.status().ToString();
+  const std::vector<uint8_t> there = Pattern(100000, 1), back = Pattern(5000, 2);
+  std::vector<uint8_t> got_there(there.size()), got_back(back.size());
+  ASSERT_TRUE(a_->SendTaggedSync(*to_b, 41, there.data(), there.size(), Clock::now() + seconds(10))
+                  .ok());
+  auto n = b_->ReceiveTaggedSync(41, got_there.data(), got_there.size(), Clock::now() + seconds(10));
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, there.size());
+  EXPECT_EQ(got_there, there);
+
+  UcxEndpointId to_a = 0;
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(accepted.size(), 1u);
+    to_a = accepted[0];
+  }
+  ASSERT_TRUE(b_->SendTaggedSync(to_a, 42, back.data(), back.size(), Clock::now() + seconds(10))
+                  .ok());
+  n = a_->ReceiveTaggedSync(42, got_back.data(), got_back.size(), Clock::now() + seconds(10));
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(got_back, back);
+  a_->Disconnect(*to_b);
+  b_->Disconnect(to_a);
+}
+
+TEST_F(UcxEngineTest, ConnectingToAHostThatDoesNotResolveIsAnError) {
+  EXPECT_EQ(a_->ConnectTo("no-such-host.invalid", 1).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->Listen("not-an-address", 0, [](UcxEndpointId) {}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_F(UcxEngineTest, DestroyingTheEngineAbortsOutstandingOperations) {
   std::vector<uint8_t> big(8u << 20, 3), buf(4096);
   absl::Mutex mu;
