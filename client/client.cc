@@ -151,7 +151,7 @@ class Client::Impl {
         return st.WithContext("starting UCX");
       }
     }
-    if (want_ucx && ucx_.started()) req.set_ucx_worker_address(ucx_.worker_address());
+    req.set_ucx(want_ucx && ucx_.started());
     wire::HelloResponse resp;
     KVPOOL_RETURN_IF_ERROR(connection_.Hello(std::move(req), &resp));
     server_.node_id = resp.node_id();
@@ -171,11 +171,16 @@ class Client::Impl {
       server_.gpu_tiers.push_back({g.device(), g.segment_bytes(), g.capacity_bytes(), g.uuid()});
     }
     ucx_.Disconnect();
-    server_.ucx = resp.ucx() && ucx_.started() &&
-                  ucx_.Connect(resp.ucx_worker_address(), resp.ucx_tag_prefix());
+    server_.ucx = false;
+    Status ucx_refused = Status::FailedPrecondition("kvpoold did not offer the UCX data path");
+    if (resp.ucx_port() != 0 && resp.ucx_port() <= 65535 && ucx_.started()) {
+      ucx_refused = BindUcx(static_cast<uint16_t>(resp.ucx_port()));
+      server_.ucx = ucx_refused.ok();
+      if (connection_.broken()) return ucx_refused;
+    }
     if (options_.data_path == DataPath::kUcx && !server_.ucx) {
       connection_.Close();
-      return Status::FailedPrecondition("kvpoold did not grant the UCX data path");
+      return ucx_refused.WithContext("the UCX data path");
     }
     if (options_.data_path == DataPath::kSharedMemory && !server_.shared_memory) {
       connection_.Close();
@@ -183,6 +188,31 @@ class Client::Impl {
           "kvpoold did not grant the shared-memory data path (not a local Unix socket, or "
           "--shared_memory=false)");
     }
+    return Status::OK();
+  }
+
+  // Makes the UCX endpoint to the daemon's listener and binds it to this connection
+  // (transport/ucx_bind.h). Non-OK: no UCX (blocks go on the socket); the connection is broken
+  // only when the UCX_BIND exchange itself failed.
+  Status BindUcx(uint16_t port) {
+    std::string host = "127.0.0.1";  // a Unix socket's daemon listens on this node
+    if (transport::IsTcpAddress(options_.address)) {
+      uint16_t control_port = 0;
+      KVPOOL_RETURN_IF_ERROR(transport::ParseHostPort(options_.address, &host, &control_port));
+    }
+    const transport::Deadline deadline =
+        std::chrono::steady_clock::now() + connection_.connect_timeout();
+    KVPOOL_ASSIGN_OR_RETURN(std::string nonce, ucx_.ConnectTo(host, port, deadline));
+    wire::UcxBindRequest req;
+    req.set_nonce(nonce);
+    wire::UcxBindResponse resp;
+    Status st = connection_.ExchangeOnce(wire::UCX_BIND, req, {}, &resp, deadline);
+    if (st.ok()) st = FromWire(resp.status());
+    if (!st.ok()) {
+      ucx_.Disconnect();
+      return st.WithContext("UCX_BIND");
+    }
+    ucx_.Bound(resp.ucx_tag_prefix());
     return Status::OK();
   }
 

@@ -7,6 +7,7 @@
 #include "absl/time/time.h"
 
 #include "common/checksum.h"
+#include "transport/ucx_bind.h"
 
 namespace kvpool::client {
 namespace {
@@ -58,15 +59,32 @@ Status UcxDataPath::Start(const std::string& transports, const std::string& net_
   return Status::OK();
 }
 
-bool UcxDataPath::Connect(std::string_view daemon_worker_address, uint64_t tag_prefix) {
-  Result<transport::UcxEndpointId> ep = engine_->Connect(daemon_worker_address);
-  if (!ep.ok()) return false;
-  endpoint_ = *ep;
+Result<std::string> UcxDataPath::ConnectTo(const std::string& host, uint16_t port,
+                                           transport::Deadline deadline) {
+  Disconnect();
+  Result<transport::UcxEndpointId> ep = engine_->ConnectTo(host, port);
+  Result<size_t> got = ep.status();
+  std::string nonce(transport::kUcxBindNonceBytes, '\0');
+  if (ep.ok()) {
+    endpoint_ = *ep;
+    got = engine_->ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(), deadline);
+    if (got.ok() && *got != nonce.size()) got = Status::Corruption("short UCX bind nonce");
+  }
+  if (!got.ok()) {
+    Disconnect();
+    engine_.reset();
+    return got.status().WithContext("UCX endpoint to " + host + ":" + std::to_string(port));
+  }
+  return nonce;
+}
+
+void UcxDataPath::Bound(uint64_t tag_prefix) {
+  bound_ = true;
   tag_prefix_ = tag_prefix;
-  return true;
 }
 
 void UcxDataPath::Disconnect() {
+  bound_ = false;
   if (endpoint_ == 0) return;
   engine_->Disconnect(endpoint_);
   endpoint_ = 0;

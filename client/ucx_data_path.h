@@ -1,11 +1,11 @@
 #pragma once
 // UcxDataPath: the client's UCX data path, for block bodies to and from a daemon on another node
 // (tcp:// addresses). It owns the client's UcxEngine (created at the first hello that asks for
-// UCX, and kept across reconnects: its worker address is what the hello carries) and the
-// endpoint to the daemon's worker granted at hello. Block bodies travel as tagged messages: a
-// GET's blocks arrive under the tags the request named (ReceiveBlocks verifies each one's
-// checksum), a PUT_COMMIT's blocks leave under tags below the daemon's prefix (SendBlocks). The
-// control messages that name the tags go over the control connection, which is the caller's.
+// UCX, and kept across reconnects) and the endpoint it makes to the daemon's UCX listener, which
+// the control connection binds with UCX_BIND (transport/ucx_bind.h). Block bodies travel as tagged
+// messages: a GET's blocks arrive under the tags the request named (ReceiveBlocks verifies each
+// one's checksum), a PUT_COMMIT's blocks leave under tags below the daemon's prefix (SendBlocks).
+// The control messages that name the tags go over the control connection, which is the caller's.
 //
 // Thread safety: none; one thread at a time (as kvpool::Client); the engine's own progress thread
 // runs the completions, which only touch state the waiting call owns. Ownership: owns the engine
@@ -52,16 +52,17 @@ class UcxDataPath {
   // engine's Unavailable when UCX finds no usable transport; nothing is kept then.
   Status Start(const std::string& transports, const std::string& net_devices);
   bool started() const { return engine_ != nullptr; }
-  // The engine's worker address, for the hello. Only when started().
-  const std::string& worker_address() const { return engine_->WorkerAddress(); }
-
-  // Creates the endpoint to the daemon's worker (HelloResponse::ucx_worker_address) with the
-  // daemon's tag prefix for sends. False (no endpoint) when UCX cannot reach it. Only when
-  // started() and not connected().
-  bool Connect(std::string_view daemon_worker_address, uint64_t tag_prefix);
+  // Creates the endpoint to the daemon's UCX listener at `host`:`port` (the hello's ucx_port)
+  // and returns the bind nonce the daemon sends on it, for UCX_BIND; Bound then records the
+  // daemon's tag prefix. No nonce by `deadline` (DeadlineExceeded), or any UCX error: no
+  // endpoint, and the engine is dropped too (a nonce still on its way would be taken for the
+  // next endpoint's); the next hello starts a new one. Only when started() and not connected().
+  Result<std::string> ConnectTo(const std::string& host, uint16_t port,
+                                transport::Deadline deadline);
+  void Bound(uint64_t tag_prefix);
   // Closes the endpoint, if any.
   void Disconnect();
-  bool connected() const { return endpoint_ != 0; }
+  bool connected() const { return endpoint_ != 0 && bound_; }
 
   // The tag base of the next GET (bits 16..39; the block's position in the request below) and
   // of the next PUT_COMMIT over UCX (the daemon's prefix above). Both count one sequence.
@@ -85,6 +86,7 @@ class UcxDataPath {
  private:
   std::unique_ptr<transport::UcxEngine> engine_;
   transport::UcxEndpointId endpoint_ = 0;
+  bool bound_ = false;
   uint64_t tag_prefix_ = 0;
   uint64_t sequence_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/checksum.h"
+#include "transport/ucx_bind.h"
 
 namespace kvpool::client {
 namespace {
@@ -54,23 +55,59 @@ class UcxDataPathPeerTest : public ::testing::Test {
     auto peer = transport::UcxEngine::Create(uo);
     ASSERT_TRUE(peer.ok()) << peer.status().ToString();
     peer_ = std::move(*peer);
+    // The peer listens as kvpoold does (daemon/ucx_listener.h): each endpoint made to it gets
+    // the bind nonce.
+    auto port = peer_->Listen("127.0.0.1", 0, [this](transport::UcxEndpointId ep) {
+      accepted_ = ep;
+      peer_->SendTagged(ep, transport::kUcxBindTag, kNonce, sizeof(kNonce) - 1, [](Status) {});
+    });
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    port_ = *port;
   }
 
+  // Makes the path's endpoint to the peer; returns the peer's end of it.
+  transport::UcxEndpointId ConnectPath(uint64_t prefix) {
+    Result<std::string> nonce = path_.ConnectTo("127.0.0.1", port_, steady_clock::now() + 10s);
+    EXPECT_TRUE(nonce.ok()) << nonce.status().ToString();
+    if (nonce.ok()) EXPECT_EQ(*nonce, std::string(kNonce));
+    EXPECT_FALSE(path_.connected());  // not before UCX_BIND's answer
+    path_.Bound(prefix);
+    EXPECT_TRUE(path_.connected());
+    return accepted_;
+  }
+
+  static constexpr char kNonce[] = "0123456789abcdef";  // 16 bytes, as kvpoold's
   UcxDataPath path_;
   std::unique_ptr<transport::UcxEngine> peer_;
+  uint16_t port_ = 0;
+  std::atomic<transport::UcxEndpointId> accepted_{0};
 };
 
 TEST_F(UcxDataPathPeerTest, StartIsOnce) {
-  const std::string address = path_.worker_address();
-  EXPECT_FALSE(address.empty());
+  EXPECT_TRUE(path_.started());
   ASSERT_TRUE(path_.Start(kTransports, kDevices).ok());
-  EXPECT_EQ(path_.worker_address(), address);
+  EXPECT_TRUE(path_.started());
+}
+
+TEST_F(UcxDataPathPeerTest, NoNonceInTimeDropsTheEngine) {
+  // An engine that accepts but never sends a nonce (a listener that is not kvpoold's).
+  transport::UcxOptions uo;
+  uo.transports = kTransports;
+  uo.net_devices = kDevices;
+  uo.thread_index = 2;
+  auto silent = transport::UcxEngine::Create(uo);
+  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
+  auto port = (*silent)->Listen("127.0.0.1", 0, [](transport::UcxEndpointId) {});
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  Result<std::string> nonce = path_.ConnectTo("127.0.0.1", *port, steady_clock::now() + 300ms);
+  EXPECT_EQ(nonce.status().code(), StatusCode::kDeadlineExceeded) << nonce.status().ToString();
+  EXPECT_FALSE(path_.connected());
+  EXPECT_FALSE(path_.started());  // a late nonce must not be taken for the next endpoint's
 }
 
 TEST_F(UcxDataPathPeerTest, SendsEachBlockUnderItsTag) {
   const uint64_t prefix = 0xABCull << 40;
-  ASSERT_TRUE(path_.Connect(peer_->WorkerAddress(), prefix));
-  EXPECT_TRUE(path_.connected());
+  ConnectPath(prefix);
   const uint64_t tag_base = path_.NextPutTagBase();
   EXPECT_EQ(tag_base, prefix | (1ull << 16));
   const std::vector<uint8_t> a = Bytes(4096, 1), b = Bytes(300 << 10, 2);
@@ -103,8 +140,9 @@ TEST_F(UcxDataPathPeerTest, SendsEachBlockUnderItsTag) {
 }
 
 TEST_F(UcxDataPathPeerTest, ReceivesAndVerifiesEachBlock) {
-  auto ep = peer_->Connect(path_.worker_address());
-  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  const transport::UcxEndpointId to_path = ConnectPath(0);
+  ASSERT_NE(to_path, 0u);
+  const auto ep = &to_path;
   const uint64_t tag_base = path_.NextGetTagBase();
   const std::vector<uint8_t> good = Bytes(8192, 3), bad = Bytes(1024, 4), big = Bytes(2048, 5);
   std::atomic<int> sent{0};

@@ -24,9 +24,8 @@ using transport::PayloadSink;
 using transport::Response;
 
 BlockHandlers::BlockHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
-                             NamespaceRegistry& namespaces, Metrics& metrics,
-                             transport::UcxEngine* ucx, const ClusterRef& cluster,
-                             const AccessControl& access)
+                             NamespaceRegistry& namespaces, Metrics& metrics, UcxListener* ucx,
+                             const ClusterRef& cluster, const AccessControl& access)
     : options_(options),
       tiers_(tiers),
       namespaces_(namespaces),
@@ -122,21 +121,9 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
         // A repeated hello: the UCX endpoint stays (it is not granted again).
         c.ucx->ReplaceBelow(std::move(delivery));
       } else {
-        if (!req.ucx_worker_address().empty() && ucx_ != nullptr) {
-          Result<std::unique_ptr<UcxDelivery>> u = UcxDelivery::Connect(
-              *ucx_, req.ucx_worker_address(), c.info.id, tiers_, c.owner, options_.ucx_timeout,
-              options_.ucx_max_unreceived_bytes, delivery);
-          if (u.ok()) {
-            c.ucx = u->get();
-            resp.set_ucx(true);
-            resp.set_ucx_worker_address(c.ucx->worker_address());
-            resp.set_ucx_tag_prefix(c.ucx->tag_prefix());
-            delivery = std::move(*u);
-          } else {
-            LOG(WARNING) << "connection " << c.info.id << ": cannot reach the client's UCX worker ("
-                         << u.status().ToString() << "); blocks stay on the socket";
-          }
-        }
+        // UCX is granted by UCX_BIND, on the endpoint the client makes to our listener.
+        c.ucx_offered = req.ucx() && ucx_ != nullptr;
+        if (c.ucx_offered) resp.set_ucx_port(ucx_->port());
         c.delivery = std::move(delivery);
       }
     } else {
@@ -151,6 +138,36 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
     r.close_after = true;
   }
   return r;
+}
+
+Response BlockHandlers::UcxBind(Connection& c, std::string_view body) {
+  wire::UcxBindRequest req;
+  wire::UcxBindResponse resp;
+  Status st = Parse(body, &req, "UCX_BIND");
+  if (st.ok() && !c.ucx_offered) {
+    st = Status::FailedPrecondition("UCX was not offered to this connection (ask in HELLO)");
+  }
+  if (st.ok() && c.ucx != nullptr) {
+    st = Status::FailedPrecondition("this connection has its UCX endpoint already");
+  }
+  Result<transport::UcxEndpointId> ep = Status::OK();
+  if (st.ok()) {
+    ep = ucx_->Claim(req.nonce());
+    st = ep.status();
+  }
+  if (st.ok()) {
+    std::unique_ptr<UcxDelivery> u =
+        UcxDelivery::Adopt(ucx_->engine(), *ep, c.info.id, tiers_, c.owner, options_.ucx_timeout,
+                           options_.ucx_max_unreceived_bytes, std::move(c.delivery));
+    c.ucx = u.get();
+    resp.set_ucx_tag_prefix(c.ucx->tag_prefix());
+    c.delivery = std::move(u);
+  } else {
+    metrics_.Add(metrics_.requests_failed);
+    LOG(INFO) << "connection " << c.info.id << " (" << c.info.peer
+              << "): UCX not bound: " << st.ToString();
+  }
+  return Reply(wire::UCX_BIND, resp, st);
 }
 
 Response BlockHandlers::Lookup(Connection& c, std::string_view body) {

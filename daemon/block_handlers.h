@@ -23,9 +23,9 @@
 #include "daemon/metrics.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/service_options.h"
+#include "daemon/ucx_listener.h"
 #include "tiers/tier_manager.h"
 #include "transport/control_server.h"
-#include "transport/ucx_engine.h"
 
 namespace kvpool::daemon {
 
@@ -33,13 +33,17 @@ class BlockHandlers {
  public:
   // `ucx` may be null (no UCX data path). All references outlive the handlers.
   BlockHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
-                NamespaceRegistry& namespaces, Metrics& metrics, transport::UcxEngine* ucx,
+                NamespaceRegistry& namespaces, Metrics& metrics, UcxListener* ucx,
                 const ClusterRef& cluster, const AccessControl& access);
 
   // Admits the connection to its namespace as `access` decides (daemon/access_control.h),
   // challenging it first when a proof would decide. A refused hello closes the connection
   // after its answer (unless the answer is a challenge).
   transport::Response Hello(Connection& c, std::string_view body);
+  // Gives the connection the UCX endpoint whose nonce it names (transport/ucx_bind.h): its
+  // requests may then ask for UCX. NotFound for a nonce that waits for no claim;
+  // FailedPrecondition when UCX was not offered or the connection has its endpoint already.
+  transport::Response UcxBind(Connection& c, std::string_view body);
   transport::Response Lookup(Connection& c, std::string_view body);
   transport::Response Get(Connection& c, std::string_view body);
   // Get, answered only if it need not wait: not over UCX, not asking for encoded copies, and
@@ -97,7 +101,7 @@ class BlockHandlers {
   tiers::TierManager& tiers_;
   NamespaceRegistry& namespaces_;
   Metrics& metrics_;
-  transport::UcxEngine* const ucx_;
+  UcxListener* const ucx_;
   const ClusterRef& cluster_;
   const AccessControl& access_;
 };

@@ -23,7 +23,7 @@ std::atomic<uint64_t> g_next_owner{1};
 
 BlockService::BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
                            NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics,
-                           transport::UcxEngine* ucx, const AccessControl* access)
+                           UcxListener* ucx, const AccessControl* access)
     : options_(options),
       tiers_(tiers),
       metrics_(metrics),
@@ -117,6 +117,9 @@ Response BlockService::Handle(transport::ConnectionState& state, const FrameHead
       // Blocks.
       case wire::HELLO:
         r = blocks_.Hello(c, body);
+        break;
+      case wire::UCX_BIND:
+        r = blocks_.UcxBind(c, body);
         break;
       case wire::LOOKUP:
         op = Op::kLookup;

@@ -34,9 +34,9 @@
 #include "daemon/service_options.h"
 #include "daemon/session_handlers.h"
 #include "daemon/session_store.h"
+#include "daemon/ucx_listener.h"
 #include "tiers/tier_manager.h"
 #include "transport/control_server.h"
-#include "transport/ucx_engine.h"
 
 namespace kvpool::daemon {
 
@@ -47,7 +47,7 @@ class BlockService final : public transport::RequestHandler {
   // null: no rules but the cluster secret on TCP (options.tcp_secret).
   BlockService(const BlockServiceOptions& options, tiers::TierManager& tiers,
                NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics,
-               transport::UcxEngine* ucx = nullptr, const AccessControl* access = nullptr);
+               UcxListener* ucx = nullptr, const AccessControl* access = nullptr);
 
   // Pins the chains of every persisted session (at start, after TierManager::Recover).
   Status LoadSessions() { return sessions_.LoadSessions(); }

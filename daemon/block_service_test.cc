@@ -132,11 +132,27 @@ TEST_F(BlockServiceTest, EverythingButHelloWaitsForHello) {
   EXPECT_EQ(resp.status().code(), 0);
 }
 
+TEST_F(BlockServiceTest, UcxBindWithoutAnOfferIsRefusedAndTheConnectionStaysUsable) {
+  transport::ConnectionState& c = Connect(/*local=*/false);
+  Hello(c, /*shared_memory=*/false);
+  wire::UcxBindRequest bind;
+  bind.set_nonce(std::string(16, 'x'));
+  wire::UcxBindResponse bound;
+  Call(c, wire::UCX_BIND, bind, &bound);
+  EXPECT_EQ(bound.status().code(), static_cast<int>(StatusCode::kFailedPrecondition))
+      << bound.status().message();
+  wire::LookupRequest lookup;
+  lookup.add_keys(std::string(TierStackForTest::KeyOf(1).AsStringView()));
+  wire::LookupResponse resp;
+  Call(c, wire::LOOKUP, lookup, &resp);
+  EXPECT_EQ(resp.status().code(), 0);
+}
+
 TEST_F(BlockServiceTest, PutAndGetInTheFrames) {
   transport::ConnectionState& c = Connect(/*local=*/false);
   const wire::HelloResponse hello = Hello(c, /*shared_memory=*/true);
   EXPECT_FALSE(hello.shared_memory());  // not a local connection
-  EXPECT_FALSE(hello.ucx());
+  EXPECT_EQ(hello.ucx_port(), 0u);      // no UCX listener
   EXPECT_EQ(hello.node_id(), "node-a");
   const std::vector<uint8_t> bytes = TierStackForTest::BytesOf(1, 10000);
   PutInFrame(c, 1, bytes);

@@ -32,6 +32,7 @@ struct Connection : transport::ConnectionState {
   std::unique_ptr<BlockDelivery> delivery;
   // The UCX layer on top of `delivery` when UCX was granted (a repeated hello keeps it).
   UcxDelivery* ucx = nullptr;
+  bool ucx_offered = false;  // the hello offered UCX (its listener's port)
   // Set by PayloadSinks (or the commit handler) for the PUT_COMMIT being received.
   PendingCommit commit;
 };

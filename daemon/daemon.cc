@@ -153,6 +153,24 @@ class DaemonImpl final : public Daemon {
         LOG(WARNING) << "UCX data path off: " << ucx.status().ToString();
       }
     }
+    if (ucx_ && !options_.tcp_listen.empty()) {
+      // Remote clients make their endpoints to this listener (transport/ucx_bind.h).
+      std::string host;
+      uint16_t unused = 0;
+      KVPOOL_RETURN_IF_ERROR(transport::ParseHostPort(options_.tcp_listen, &host, &unused));
+      Result<std::unique_ptr<UcxListener>> listener =
+          UcxListener::Start(*ucx_, host, options_.ucx_port);
+      if (listener.ok()) {
+        ucx_listener_ = std::move(*listener);
+      } else if (options_.ucx_port != 0) {
+        return listener.status().WithContext("UCX listener on " + host + ":" +
+                                             std::to_string(options_.ucx_port) +
+                                             " (--ucx_port; --ucx=false turns UCX off)");
+      } else {
+        LOG(WARNING) << "UCX data path off: no UCX listener on " << host << ": "
+                     << listener.status().ToString();
+      }
+    }
     sessions_ = std::make_unique<SessionStore>(*store_);
     BlockServiceOptions bo;
     bo.tcp_secret = cluster_secret_;
@@ -164,7 +182,7 @@ class DaemonImpl final : public Daemon {
     bo.lease_timeout = options_.lease_timeout;
     bo.ucx_max_unreceived_bytes = options_.ucx_max_unreceived_bytes;
     service_ = std::make_unique<BlockService>(bo, *tiers_, *namespaces_, *sessions_, metrics_,
-                                              ucx_.get(), access_.get());
+                                              ucx_listener_.get(), access_.get());
     KVPOOL_RETURN_IF_ERROR(service_->LoadSessions());
     service_->SetPolicies(policies_.get());
     tiers_->Start();
@@ -202,6 +220,7 @@ class DaemonImpl final : public Daemon {
     if (cluster_) cluster_->Stop();  // peers drop this node at once
     if (metrics_http_) metrics_http_->Stop();
     if (server_) server_->Stop();  // no request runs after this
+    ucx_listener_.reset();
     ucx_.reset();  // ends in-flight UCX sends (their leases are released) before the tiers stop
     if (tiers_) tiers_->Shutdown();
     service_.reset();
@@ -246,7 +265,10 @@ class DaemonImpl final : public Daemon {
     }
     s << "\n  disk tier: " << FormatBytes(options_.disk_capacity_bytes) << " under "
       << options_.data_dir << "/rocksdb";
-    if (ucx_) s << "\n  UCX data path: " << ucx_->transports_in_use();
+    if (ucx_listener_) {
+      s << "\n  UCX data path: " << ucx_->transports_in_use() << ", listening on port "
+        << ucx_listener_->port();
+    }
     if (!options_.cluster.empty()) {
       s << "\n  cluster " << options_.cluster_name << " through " << options_.cluster;
     }
@@ -364,6 +386,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<AccessControl> access_;
   std::unique_ptr<NamespacePolicies> policies_;
   std::unique_ptr<transport::UcxEngine> ucx_;
+  std::unique_ptr<UcxListener> ucx_listener_;  // clients' UCX endpoints; null without --listen
   std::unique_ptr<transport::DeviceLinks> device_links_;  // cluster_'s device links, if any
   std::unique_ptr<SessionStore> sessions_;
   std::unique_ptr<BlockService> service_;

@@ -105,6 +105,9 @@ struct DaemonOptions {
   // UCX transports and network devices ("" = UCX's choice, e.g. "tcp" and "eth0"). Default: "".
   std::string ucx_transports;
   std::string ucx_net_devices;
+  // The port of the UCX listener clients make their endpoints to, on the --listen host
+  // (transport/ucx_bind.h). Default: 0 (a free port, which the hello tells clients).
+  uint16_t ucx_port = 0;
   // Bytes of UCX answers one client may leave unreceived before its UCX requests are refused
   // (a stalled receiver pins their blocks). Default: 1 GiB.
   uint64_t ucx_max_unreceived_bytes = 1ull << 30;

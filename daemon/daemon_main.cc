@@ -118,6 +118,9 @@ DEFINE_int32(lease_timeout_ms, 10000,
 DEFINE_bool(ucx, true, "Offer the UCX data path to remote clients (TCP connections).");
 DEFINE_string(ucx_transports, "", "UCX transports, e.g. tcp or rc,tcp. Default: UCX's choice.");
 DEFINE_string(ucx_net_devices, "", "UCX network devices, e.g. eth0 or lo. Default: UCX's choice.");
+DEFINE_int32(ucx_port, 0,
+             "Port of the UCX listener remote clients connect to, on the --listen host (open it "
+             "in firewalls beside --listen's). Default: 0, a free port (the hello names it).");
 DEFINE_string(ucx_max_unreceived, "1GiB",
               "Bytes of UCX answers one client may leave unreceived before its UCX requests are "
               "refused (each send also ends after 30 s).");
@@ -254,6 +257,10 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   o.ucx = FLAGS_ucx;
   o.ucx_transports = FLAGS_ucx_transports;
   o.ucx_net_devices = FLAGS_ucx_net_devices;
+  if (FLAGS_ucx_port < 0 || FLAGS_ucx_port > 65535) {
+    return Fail(Status::InvalidArgument("--ucx_port must be 0..65535"));
+  }
+  o.ucx_port = static_cast<uint16_t>(FLAGS_ucx_port);
   auto unreceived = SizeFlag("ucx-max-unreceived", FLAGS_ucx_max_unreceived);
   if (!unreceived.ok()) return Fail(unreceived.status());
   o.ucx_max_unreceived_bytes = *unreceived;

@@ -32,21 +32,22 @@ namespace kvpool::daemon {
 
 class UcxDelivery final : public LayeredDelivery {
  public:
-  // Reaches the client's worker at `client_worker_address`. On success the delivery takes
-  // `below` (for requests that do not ask via UCX); on failure (the engine's error) `below` is
-  // left as it was. `engine` and `tiers` outlive the delivery.
+  // Carries the connection's blocks over `ep`, the endpoint its client made to kvpoold's UCX
+  // listener (daemon/ucx_listener.h), which the delivery now owns; `below` carries requests that
+  // do not ask via UCX. `engine` and `tiers` outlive the delivery.
   // Sends of GET answers are bounded in time (`timeout`: cancelled at their deadline, which
   // ends their leases) and in bytes: while more than `max_unreceived_bytes` of them wait for
   // the client to receive them, its UCX requests are refused (ResourceExhausted).
-  static Result<std::unique_ptr<UcxDelivery>> Connect(
-      transport::UcxEngine& engine, std::string_view client_worker_address, uint64_t connection_id,
-      tiers::TierManager& tiers, uint64_t owner, std::chrono::milliseconds timeout,
-      uint64_t max_unreceived_bytes, std::unique_ptr<BlockDelivery>& below);
+  static std::unique_ptr<UcxDelivery> Adopt(transport::UcxEngine& engine,
+                                            transport::UcxEndpointId ep, uint64_t connection_id,
+                                            tiers::TierManager& tiers, uint64_t owner,
+                                            std::chrono::milliseconds timeout,
+                                            uint64_t max_unreceived_bytes,
+                                            std::unique_ptr<BlockDelivery> below);
   ~UcxDelivery() override;
 
-  // For the hello answer: the daemon's worker, and the prefix (upper 24 bits) of the tags this
-  // connection's client sends to it.
-  const std::string& worker_address() const { return engine_.WorkerAddress(); }
+  // For the UCX_BIND answer: the prefix (upper 24 bits) of the tags this connection's client
+  // sends to kvpoold.
   uint64_t tag_prefix() const { return tag_prefix_; }
 
   // BlockDelivery

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "common/checksum.h"
@@ -20,6 +22,7 @@
 #include "tests/support/daemon_process.h"
 #include "tests/support/status_matchers.h"
 #include "transport/frame.h"
+#include "transport/ucx_bind.h"
 #include "transport/ucx_engine.h"
 
 namespace kvpool::testing {
@@ -663,20 +666,8 @@ TEST(RobustnessTest, FramesSentBackToBackAreEachAnsweredInOrder) {
 // destroying its worker: UCX 1.13 can assert in ucp_worker_destroy ("got REP message",
 // ucp_request.c) when it purges a wireup reply left pending by such a worker, about one run in
 // five here, which would fail the test for a fault of UCX's own client side.
-int NeverReceivingUcxClient(const std::string& tcp_address, const std::vector<BlockKey>& keys) {
-  auto Fail = [](const std::string& why) {
-    std::fprintf(stderr, "never-receiving UCX client: %s\n", why.c_str());
-    return 1;
-  };
-  transport::UcxOptions uo;
-  uo.transports = "tcp";
-  uo.net_devices = "lo";
-  auto engine = transport::UcxEngine::Create(uo);
-  if (!engine.ok()) return Fail(engine.status().ToString());
-  // Never destroyed: the process _exits (see above).
-  transport::UcxEngine* const worker = engine->release();
-
-  // A raw TCP connection whose hello offers our worker, which never posts a receive.
+// A raw TCP connection to the daemon at `tcp_address` ("tcp://IP:PORT"), or -1.
+int RawTcpConnect(const std::string& tcp_address) {
   const std::string address = tcp_address.substr(std::string("tcp://").size());
   const size_t colon = address.rfind(':');
   sockaddr_in in{};
@@ -684,22 +675,97 @@ int NeverReceivingUcxClient(const std::string& tcp_address, const std::vector<Bl
   in.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
   inet_pton(AF_INET, address.substr(0, colon).c_str(), &in.sin_addr);
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&in), sizeof(in)) != 0) return Fail("connect");
+  if (connect(fd, reinterpret_cast<sockaddr*>(&in), sizeof(in)) != 0) {
+    close(fd);
+    return -1;
+  }
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Says HELLO on raw connection `fd` as namespace "test", asking for UCX when `ucx`, with
+// `extra` appended to the body (raw protobuf fields). The answer, or nullopt.
+std::optional<wire::HelloResponse> RawHelloTcp(int fd, bool ucx, const std::string& extra = "") {
   wire::HelloRequest hello;
   hello.set_protocol_version(transport::kProtocolVersion);
   hello.set_namespace_name("test");
-  hello.set_ucx_worker_address(worker->WorkerAddress());
-  std::string f = Frame(wire::HELLO, hello);
-  if (!SendAll(fd, f.data(), f.size())) return Fail("send hello");
+  hello.set_ucx(ucx);
+  const std::string b = hello.SerializeAsString() + extra;
+  FrameHeader h;
+  h.type = wire::HELLO;
+  h.request_id = 1;
+  h.body_bytes = static_cast<uint32_t>(b.size());
+  uint8_t hdr[transport::kFrameHeaderBytes];
+  transport::EncodeFrameHeader(h, hdr);
+  if (!SendAll(fd, hdr, sizeof(hdr)) || !SendAll(fd, b.data(), b.size())) return std::nullopt;
   std::string body;
-  if (ReadResponse(fd, &body).type != wire::HELLO) return Fail("no hello answer");
   wire::HelloResponse welcome;
-  if (!welcome.ParseFromString(body) || welcome.status().code() != 0) {
-    return Fail("hello refused: " + welcome.status().message());
+  if (ReadResponse(fd, &body).type != wire::HELLO || !welcome.ParseFromString(body)) {
+    return std::nullopt;
   }
-  if (!welcome.ucx()) return Fail("the daemon did not grant UCX");
+  return welcome;
+}
+
+// UCX_BIND with `nonce` on raw connection `fd` (request `request_id`): the answer, or nullopt.
+std::optional<wire::UcxBindResponse> RawUcxBind(int fd, const std::string& nonce,
+                                                uint64_t request_id) {
+  wire::UcxBindRequest bind;
+  bind.set_nonce(nonce);
+  const std::string f = Frame(wire::UCX_BIND, bind, 0, request_id);
+  std::string body;
+  wire::UcxBindResponse bound;
+  if (!SendAll(fd, f.data(), f.size()) || ReadResponse(fd, &body).type != wire::UCX_BIND ||
+      !bound.ParseFromString(body)) {
+    return std::nullopt;
+  }
+  return bound;
+}
+
+// A UCX engine for a raw client, never destroyed: its process _exits (see below).
+transport::UcxEngine* LeakedUcxEngine() {
+  transport::UcxOptions uo;
+  uo.transports = "tcp";
+  uo.net_devices = "lo";
+  auto engine = transport::UcxEngine::Create(uo);
+  return engine.ok() ? engine->release() : nullptr;
+}
+
+// Makes an endpoint from `worker` to the daemon's UCX listener at 127.0.0.1:`port` and receives
+// the bind nonce the daemon sends on it ("" if none came).
+std::string UcxNonce(transport::UcxEngine& worker, uint32_t port) {
+  auto ep = worker.ConnectTo("127.0.0.1", static_cast<uint16_t>(port));
+  if (!ep.ok()) return "";
+  std::string nonce(transport::kUcxBindNonceBytes, '\0');
+  auto got = worker.ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(),
+                                      std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  return got.ok() && *got == nonce.size() ? nonce : "";
+}
+
+// The client of the test below, run in a child process: a raw TCP connection that binds a UCX
+// worker which never posts a receive, asking for `keys` until the daemon refuses. Returns 0
+// when refused as the bound says, else prints why and returns 1. The child then _exits without
+// destroying its worker: UCX 1.13 can assert in ucp_worker_destroy ("got REP message",
+// ucp_request.c) when it purges a wireup reply left pending by such a worker, about one run in
+// five here, which would fail the test for a fault of UCX's own client side.
+int NeverReceivingUcxClient(const std::string& tcp_address, const std::vector<BlockKey>& keys) {
+  auto Fail = [](const std::string& why) {
+    std::fprintf(stderr, "never-receiving UCX client: %s\n", why.c_str());
+    return 1;
+  };
+  transport::UcxEngine* const worker = LeakedUcxEngine();
+  if (worker == nullptr) return Fail("no UCX engine");
+  const int fd = RawTcpConnect(tcp_address);
+  if (fd < 0) return Fail("connect");
+  std::optional<wire::HelloResponse> welcome = RawHelloTcp(fd, /*ucx=*/true);
+  if (!welcome || welcome->status().code() != 0) return Fail("hello refused");
+  if (welcome->ucx_port() == 0) return Fail("the daemon did not offer UCX");
+  const std::string nonce = UcxNonce(*worker, welcome->ucx_port());
+  if (nonce.empty()) return Fail("no bind nonce on the UCX endpoint");
+  std::optional<wire::UcxBindResponse> bound = RawUcxBind(fd, nonce, 2);
+  if (!bound || bound->status().code() != 0) return Fail("UCX_BIND refused");
+  std::string body;
+  std::string f;
 
   // 4 x 64 KiB a GET: the first two fit under 256 KiB, a later one is refused.
   Status refused;
@@ -707,8 +773,8 @@ int NeverReceivingUcxClient(const std::string& tcp_address, const std::vector<Bl
     wire::GetRequest get;
     for (const BlockKey& k : keys) get.add_keys(std::string(k.AsStringView()));
     get.set_via_ucx(true);
-    get.set_ucx_tag_base(welcome.ucx_tag_prefix() + 1000 * (i + 1));
-    f = Frame(wire::GET, get, 0, 2 + i);
+    get.set_ucx_tag_base(bound->ucx_tag_prefix() + 1000 * (i + 1));
+    f = Frame(wire::GET, get, 0, 3 + i);
     if (!SendAll(fd, f.data(), f.size())) return Fail("send get");
     if (ReadResponse(fd, &body).type != wire::GET) return Fail("no get answer");
     wire::GetResponse answer;
@@ -767,6 +833,69 @@ TEST(RobustnessTest, AUcxClientThatNeverReceivesIsRefusedPastItsByteBound) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(c->Stats()->leases_active, 0u);
+}
+
+// The client of the test below, in a child process (it _exits, as NeverReceivingUcxClient).
+int UcxBindClient(const std::string& tcp_address) {
+  auto Fail = [](const std::string& why) {
+    std::fprintf(stderr, "UCX bind client: %s\n", why.c_str());
+    return 1;
+  };
+  transport::UcxEngine* const worker = LeakedUcxEngine();
+  if (worker == nullptr) return Fail("no UCX engine");
+  // A hello carrying, in field 5, bytes that once went to UCX as a worker address (UCX 1.13
+  // aborts on a malformed one): never read now.
+  const int a = RawTcpConnect(tcp_address);
+  std::string field5 = "\x2a\x40";
+  field5 += std::string(64, '\xff');
+  std::optional<wire::HelloResponse> welcome = RawHelloTcp(a, /*ucx=*/true, field5);
+  if (!welcome || welcome->status().code() != 0) return Fail("hello with field 5 refused");
+  if (welcome->ucx_port() == 0) return Fail("UCX not offered");
+  const std::string nonce = UcxNonce(*worker, welcome->ucx_port());
+  if (nonce.empty()) return Fail("no bind nonce on the UCX endpoint");
+
+  auto code = [](const std::optional<wire::UcxBindResponse>& r) {
+    return r ? static_cast<StatusCode>(r->status().code()) : StatusCode::kInternal;
+  };
+  // A nonce nobody was sent.
+  std::string wrong = nonce;
+  wrong[0] = static_cast<char>(wrong[0] ^ 1);
+  if (code(RawUcxBind(a, wrong, 2)) != StatusCode::kNotFound) return Fail("a wrong nonce bound");
+  // A connection that did not ask for UCX cannot take the endpoint.
+  const int b = RawTcpConnect(tcp_address);
+  if (!RawHelloTcp(b, /*ucx=*/false)) return Fail("second hello");
+  if (code(RawUcxBind(b, nonce, 2)) != StatusCode::kFailedPrecondition) {
+    return Fail("UCX bound without an offer");
+  }
+  // The right nonce binds, once.
+  if (code(RawUcxBind(a, nonce, 3)) != StatusCode::kOk) return Fail("the nonce did not bind");
+  if (code(RawUcxBind(a, nonce, 4)) != StatusCode::kFailedPrecondition) {
+    return Fail("a connection bound twice");
+  }
+  const int c = RawTcpConnect(tcp_address);
+  if (!RawHelloTcp(c, /*ucx=*/true)) return Fail("third hello");
+  if (code(RawUcxBind(c, nonce, 2)) != StatusCode::kNotFound) return Fail("a nonce bound twice");
+  return 0;
+}
+
+// kvpoold never hands UCX address bytes a client sent to UCX (transport/ucx_bind.h): a client
+// binds the endpoint it made to kvpoold's listener with the nonce kvpoold sent on it, and only
+// that connection, only once.
+TEST(RobustnessTest, AUcxEndpointIsBoundOnlyWithItsNonceAndOnlyOnce) {
+  DaemonProcessOptions o;
+  o.listen_tcp_loopback = true;
+  o.flags = {"--host_capacity=64MiB", "--host_segment_size=1MiB", "--lock_memory=false",
+             "--ucx_transports=tcp", "--ucx_net_devices=lo"};
+  DaemonProcess d(o);
+  ASSERT_OK(d.Start());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(UcxBindClient(d.tcp_address()));
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFEXITED(wstatus)) << "the UCX client died by signal " << WTERMSIG(wstatus);
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "see the client's line on stderr";
+  ExpectHealthy(d);
 }
 
 }  // namespace

@@ -237,8 +237,8 @@ class UcxEngine::Impl {
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
-  ucp_listener_h listener_ = nullptr;                  // progress thread only
-  std::function<void(UcxEndpointId)> on_accept_;      // the listener's; progress thread only
+  ucp_listener_h listener_ = nullptr;             // progress thread only
+  std::function<void(UcxEndpointId)> on_accept_;  // the listener's; progress thread only
   int ucp_efd_ = -1;
   int wake_fd_ = -1;
   int epoll_fd_ = -1;
@@ -530,8 +530,7 @@ void UcxEngine::Impl::ForceClose(Endpoint& e, Status why) {
   if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
 }
 
-Result<UcxEndpointId> UcxEngine::Impl::CreateEndpoint(ucp_ep_params_t& params,
-                                                      const char* what) {
+Result<UcxEndpointId> UcxEngine::Impl::CreateEndpoint(ucp_ep_params_t& params, const char* what) {
   auto e = std::make_unique<Endpoint>();
   e->impl = this;
   e->id = next_ep_id_++;
@@ -575,7 +574,8 @@ void UcxEngine::Impl::ConnectionRequest(ucp_conn_request_h request, void* arg) {
   Result<UcxEndpointId> ep = impl->CreateEndpoint(params, "ucp_ep_create (accepting)");
   if (!ep.ok()) {
     // UCX has consumed the request either way.
-    LOG(WARNING) << "UCX: a connection to the listener was not accepted: " << ep.status().ToString();
+    LOG(WARNING) << "UCX: a connection to the listener was not accepted: "
+                 << ep.status().ToString();
     return;
   }
   impl->on_accept_(*ep);
@@ -591,8 +591,8 @@ Result<uint16_t> UcxEngine::Impl::DoListen(const sockaddr_storage& addr, socklen
   params.sockaddr.addrlen = len;
   params.conn_handler.cb = &ConnectionRequest;
   params.conn_handler.arg = this;
-  Status st = KVPOOL_UCS_STATUS(ucp_listener_create(worker_, &params, &listener_),
-                                "ucp_listener_create");
+  Status st =
+      KVPOOL_UCS_STATUS(ucp_listener_create(worker_, &params, &listener_), "ucp_listener_create");
   if (!st.ok()) {
     listener_ = nullptr;
     return Status::Unavailable(st.message());
@@ -807,7 +807,7 @@ Status ResolveSocketAddress(std::string_view host, uint16_t port, bool passive,
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? (AI_PASSIVE | AI_NUMERICHOST) : 0;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
   addrinfo* found = nullptr;
   const std::string name(host);
   const std::string service = std::to_string(port);
@@ -828,9 +828,8 @@ Result<uint16_t> UcxEngine::Listen(std::string_view ip, uint16_t port,
   socklen_t len = 0;
   KVPOOL_RETURN_IF_ERROR(ResolveSocketAddress(ip, port, /*passive=*/true, &addr, &len));
   Impl* impl = impl_.get();
-  return RunOnProgressThread<uint16_t>(*impl, [impl, addr, len, on_accept] {
-    return impl->DoListen(addr, len, on_accept);
-  });
+  return RunOnProgressThread<uint16_t>(
+      *impl, [impl, addr, len, on_accept] { return impl->DoListen(addr, len, on_accept); });
 }
 
 Result<UcxEndpointId> UcxEngine::ConnectTo(std::string_view host, uint16_t port) {

@@ -97,11 +97,11 @@ class UcxEngine {
   // transport reaches the peer. Wire-up completes lazily: a dead peer shows on the first send.
   Result<UcxEndpointId> Connect(std::string_view peer_worker_address);
 
-  // Listens for endpoints that peers create with ConnectTo: on `ip` (numeric; "0.0.0.0" or "::"
-  // for every interface) and `port` (0: a free one). Returns the port. Each accepted endpoint
-  // (error mode PEER) goes to `on_accept` on the progress thread, which must not block; it is
-  // the caller's to Disconnect. The peer's worker address travels inside UCX's own wire-up,
-  // so a caller never hands UCX address bytes it got from someone else (Connect does). One
+  // Listens for endpoints that peers create with ConnectTo: on `ip` (an address or a name;
+  // "0.0.0.0" or "::" for every interface) and `port` (0: a free one). Returns the port. Each
+  // accepted endpoint (error mode PEER) goes to `on_accept` on the progress thread, which must not
+  // block; it is the caller's to Disconnect. The peer's worker address travels inside UCX's own
+  // wire-up, so a caller never hands UCX address bytes it got from someone else (Connect does). One
   // listener per engine (FailedPrecondition for a second); it ends with the engine.
   Result<uint16_t> Listen(std::string_view ip, uint16_t port,
                           std::function<void(UcxEndpointId)> on_accept);

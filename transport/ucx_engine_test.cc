@@ -381,9 +381,10 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
   ASSERT_TRUE(to_b.ok()) << to_b.status().ToString();
   const std::vector<uint8_t> there = Pattern(100000, 1), back = Pattern(5000, 2);
   std::vector<uint8_t> got_there(there.size()), got_back(back.size());
-  ASSERT_TRUE(a_->SendTaggedSync(*to_b, 41, there.data(), there.size(), Clock::now() + seconds(10))
-                  .ok());
-  auto n = b_->ReceiveTaggedSync(41, got_there.data(), got_there.size(), Clock::now() + seconds(10));
+  ASSERT_TRUE(
+      a_->SendTaggedSync(*to_b, 41, there.data(), there.size(), Clock::now() + seconds(10)).ok());
+  auto n =
+      b_->ReceiveTaggedSync(41, got_there.data(), got_there.size(), Clock::now() + seconds(10));
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(*n, there.size());
   EXPECT_EQ(got_there, there);
@@ -394,8 +395,8 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
     ASSERT_EQ(accepted.size(), 1u);
     to_a = accepted[0];
   }
-  ASSERT_TRUE(b_->SendTaggedSync(to_a, 42, back.data(), back.size(), Clock::now() + seconds(10))
-                  .ok());
+  ASSERT_TRUE(
+      b_->SendTaggedSync(to_a, 42, back.data(), back.size(), Clock::now() + seconds(10)).ok());
   n = a_->ReceiveTaggedSync(42, got_back.data(), got_back.size(), Clock::now() + seconds(10));
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(got_back, back);
@@ -404,9 +405,8 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
 }
 
 TEST_F(UcxEngineTest, ConnectingToAHostThatDoesNotResolveIsAnError) {
-  EXPECT_EQ(a_->ConnectTo("no-such-host.invalid", 1).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(a_->Listen("not-an-address", 0, [](UcxEndpointId) {}).status().code(),
+  EXPECT_EQ(a_->ConnectTo("no-such-host.invalid", 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->Listen("not-an-address.invalid", 0, [](UcxEndpointId) {}).status().code(),
             StatusCode::kInvalidArgument);
 }
 

@@ -1,0 +1,133 @@
+#include "daemon/ucx_listener.h"
+
+#include <glog/logging.h>
+#include <openssl/rand.h>
+
+#include <deque>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "transport/ucx_bind.h"
+
+namespace kvpool::daemon {
+
+using Clock = std::chrono::steady_clock;
+
+struct UcxListener::State {
+  State(transport::UcxEngine& e, const UcxListenerOptions& o) : engine(e), options(o) {}
+
+  // Runs on the engine's progress thread for every endpoint a client created to the listener.
+  void Accept(transport::UcxEndpointId ep);
+  // Takes the endpoints whose nonce expired out of `unclaimed`; the caller closes them.
+  std::vector<transport::UcxEndpointId> Expire(Clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  transport::UcxEngine& engine;
+  const UcxListenerOptions options;
+
+  struct Unclaimed {
+    transport::UcxEndpointId ep = 0;
+    Clock::time_point expires;
+  };
+  absl::Mutex mu;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  std::unordered_map<std::string, Unclaimed> unclaimed ABSL_GUARDED_BY(mu);  // by nonce
+  // Nonces in the order they expire; a claimed one is skipped when its turn comes.
+  std::deque<std::string> expiry ABSL_GUARDED_BY(mu);
+};
+
+std::vector<transport::UcxEndpointId> UcxListener::State::Expire(Clock::time_point now) {
+  std::vector<transport::UcxEndpointId> gone;
+  while (!expiry.empty()) {
+    auto it = unclaimed.find(expiry.front());
+    if (it != unclaimed.end()) {
+      if (it->second.expires > now) break;
+      gone.push_back(it->second.ep);
+      unclaimed.erase(it);
+    }
+    expiry.pop_front();
+  }
+  return gone;
+}
+
+void UcxListener::State::Accept(transport::UcxEndpointId ep) {
+  std::vector<transport::UcxEndpointId> close;
+  auto nonce = std::make_shared<std::string>(transport::kUcxBindNonceBytes, '\0');
+  const auto now = Clock::now();
+  bool keep = false;
+  {
+    absl::MutexLock lock(&mu);
+    if (!closed) close = Expire(now);
+    if (closed) {
+      VLOG(1) << "UCX endpoint accepted after the listener closed: closing it";
+    } else if (unclaimed.size() >= options.max_unclaimed) {
+      LOG_EVERY_N(WARNING, 100) << unclaimed.size()
+                                << " UCX endpoints wait for their clients' UCX_BIND: closing a "
+                                   "new one (seen "
+                                << google::COUNTER << " times)";
+    } else if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce->data()),
+                          static_cast<int>(nonce->size())) != 1) {
+      LOG(WARNING) << "no random bytes for a UCX bind nonce: closing the endpoint";
+    } else {
+      keep = true;
+      unclaimed.emplace(*nonce, Unclaimed{ep, now + options.claim_within});
+      expiry.push_back(*nonce);
+    }
+  }
+  if (!keep) close.push_back(ep);
+  for (transport::UcxEndpointId e : close) engine.Disconnect(e);
+  if (!keep) return;
+  // The client receives it worker-wide under kUcxBindTag; a client that never does has its
+  // endpoint closed at expiry, which ends this send too.
+  engine.SendTagged(ep, transport::kUcxBindTag, nonce->data(), nonce->size(), [nonce](Status st) {
+    if (!st.ok()) VLOG(1) << "UCX bind nonce not delivered: " << st.ToString();
+  });
+}
+
+Result<std::unique_ptr<UcxListener>> UcxListener::Start(transport::UcxEngine& engine,
+                                                        std::string_view ip, uint16_t port,
+                                                        const UcxListenerOptions& options) {
+  auto state = std::make_shared<State>(engine, options);
+  // The callback holds the state, so an endpoint accepted after ~UcxListener is still closed.
+  KVPOOL_ASSIGN_OR_RETURN(
+      uint16_t bound,
+      engine.Listen(ip, port, [state](transport::UcxEndpointId ep) { state->Accept(ep); }));
+  return std::unique_ptr<UcxListener>(new UcxListener(engine, std::move(state), bound));
+}
+
+UcxListener::UcxListener(transport::UcxEngine& engine, std::shared_ptr<State> state, uint16_t port)
+    : engine_(engine), state_(std::move(state)), port_(port) {}
+
+UcxListener::~UcxListener() {
+  std::vector<transport::UcxEndpointId> close;
+  {
+    absl::MutexLock lock(&state_->mu);
+    state_->closed = true;
+    for (const auto& [nonce, u] : state_->unclaimed) close.push_back(u.ep);
+    state_->unclaimed.clear();
+    state_->expiry.clear();
+  }
+  for (transport::UcxEndpointId ep : close) engine_.Disconnect(ep);
+}
+
+Result<transport::UcxEndpointId> UcxListener::Claim(std::string_view nonce) {
+  std::vector<transport::UcxEndpointId> close;
+  Result<transport::UcxEndpointId> found = Status::NotFound(
+      "no UCX endpoint waits for this nonce (never sent, already claimed, or "
+      "not claimed in time)");
+  {
+    absl::MutexLock lock(&state_->mu);
+    close = state_->Expire(Clock::now());
+    auto it = state_->unclaimed.find(std::string(nonce));
+    if (it != state_->unclaimed.end()) {
+      found = it->second.ep;
+      state_->unclaimed.erase(it);
+    }
+  }
+  for (transport::UcxEndpointId ep : close) engine_.Disconnect(ep);
+  return found;
+}
+
+}  // namespace kvpool::daemon
