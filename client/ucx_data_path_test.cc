@@ -69,7 +69,9 @@ class UcxDataPathPeerTest : public ::testing::Test {
   transport::UcxEndpointId ConnectPath(uint64_t prefix) {
     Result<std::string> nonce = path_.ConnectTo("127.0.0.1", port_, steady_clock::now() + 10s);
     EXPECT_TRUE(nonce.ok()) << nonce.status().ToString();
-    if (nonce.ok()) EXPECT_EQ(*nonce, std::string(kNonce));
+    if (nonce.ok()) {
+      EXPECT_EQ(*nonce, std::string(kNonce));
+    }
     EXPECT_FALSE(path_.connected());  // not before UCX_BIND's answer
     path_.Bound(prefix);
     EXPECT_TRUE(path_.connected());

@@ -18,14 +18,12 @@ constexpr int kClientTagBits = 40;
 }  // namespace
 
 std::unique_ptr<UcxDelivery> UcxDelivery::Adopt(transport::UcxEngine& engine,
-                                                transport::UcxEndpointId ep, uint64_t connection_id,
+                                                transport::UcxEndpointId ep, uint64_t tag_prefix,
                                                 tiers::TierManager& tiers, uint64_t owner,
                                                 std::chrono::milliseconds timeout,
                                                 uint64_t max_unreceived_bytes,
                                                 std::unique_ptr<BlockDelivery> below) {
-  // 24 bits of connection id above the client's 40: unique tags on our worker.
-  const uint64_t prefix = (connection_id & 0xFFFFFF) << kClientTagBits;
-  return std::unique_ptr<UcxDelivery>(new UcxDelivery(engine, ep, prefix, tiers, owner, timeout,
+  return std::unique_ptr<UcxDelivery>(new UcxDelivery(engine, ep, tag_prefix, tiers, owner, timeout,
                                                       max_unreceived_bytes, std::move(below)));
 }
 

@@ -33,13 +33,14 @@ namespace kvpool::daemon {
 class UcxDelivery final : public LayeredDelivery {
  public:
   // Carries the connection's blocks over `ep`, the endpoint its client made to kvpoold's UCX
-  // listener (daemon/ucx_listener.h), which the delivery now owns; `below` carries requests that
-  // do not ask via UCX. `engine` and `tiers` outlive the delivery.
+  // listener (daemon/ucx_listener.h), which the delivery now owns; the client's sends come under
+  // `tag_prefix` (upper 24 bits; UcxListener::TagPrefixFor). `below` carries requests that do
+  // not ask via UCX. `engine` and `tiers` outlive the delivery.
   // Sends of GET answers are bounded in time (`timeout`: cancelled at their deadline, which
   // ends their leases) and in bytes: while more than `max_unreceived_bytes` of them wait for
   // the client to receive them, its UCX requests are refused (ResourceExhausted).
   static std::unique_ptr<UcxDelivery> Adopt(transport::UcxEngine& engine,
-                                            transport::UcxEndpointId ep, uint64_t connection_id,
+                                            transport::UcxEndpointId ep, uint64_t tag_prefix,
                                             tiers::TierManager& tiers, uint64_t owner,
                                             std::chrono::milliseconds timeout,
                                             uint64_t max_unreceived_bytes,

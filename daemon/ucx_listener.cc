@@ -1,6 +1,8 @@
 #include "daemon/ucx_listener.h"
 
 #include <glog/logging.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #include <deque>
@@ -98,7 +100,30 @@ Result<std::unique_ptr<UcxListener>> UcxListener::Start(transport::UcxEngine& en
 }
 
 UcxListener::UcxListener(transport::UcxEngine& engine, std::shared_ptr<State> state, uint16_t port)
-    : engine_(engine), state_(std::move(state)), port_(port) {}
+    : engine_(engine), state_(std::move(state)), port_(port), prefix_key_(32, '\0') {
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(prefix_key_.data()),
+                 static_cast<int>(prefix_key_.size())) != 1) {
+    AbortWithStatus(Status::Internal("RAND_bytes failed"), __FILE__, __LINE__);
+  }
+}
+
+uint64_t UcxListener::TagPrefixFor(uint64_t connection_id) const {
+  // Four Feistel rounds over two 12-bit halves, HMAC-SHA256 as the round function: a
+  // permutation of 24-bit values that only the key's holder can compute.
+  uint32_t left = (connection_id >> 12) & 0xFFF, right = connection_id & 0xFFF;
+  for (uint8_t round = 0; round < 4; ++round) {
+    const uint8_t in[3] = {round, static_cast<uint8_t>(right >> 8), static_cast<uint8_t>(right)};
+    unsigned char mac[EVP_MAX_MD_SIZE];
+    unsigned int mac_len = 0;
+    HMAC(EVP_sha256(), prefix_key_.data(), static_cast<int>(prefix_key_.size()), in, sizeof(in),
+         mac, &mac_len);
+    const uint32_t f = ((uint32_t{mac[0]} << 8) | mac[1]) & 0xFFF;
+    const uint32_t next = left ^ f;
+    left = right;
+    right = next;
+  }
+  return uint64_t{(left << 12) | right} << 40;
+}
 
 UcxListener::~UcxListener() {
   std::vector<transport::UcxEndpointId> close;

@@ -42,6 +42,13 @@ class UcxListener {
   // NotFound). NotFound for a nonce never sent, already claimed, or expired.
   Result<transport::UcxEndpointId> Claim(std::string_view nonce);
 
+  // The upper 24 bits of the tags connection `connection_id`'s client sends to kvpoold under
+  // (the rest are the client's): a keyed permutation of the id's low 24 bits, so no two of 2^24
+  // consecutive connections share one, and no client can tell another's from its own (kvpoold's
+  // worker takes a tagged message from any endpoint; a guessed prefix would let a client spoil
+  // another's puts, never with wrong bytes: the commit verifies every checksum).
+  uint64_t TagPrefixFor(uint64_t connection_id) const;
+
   struct State;  // shared with the engine's acceptance callback (ucx_listener.cc)
 
  private:
@@ -50,6 +57,7 @@ class UcxListener {
   transport::UcxEngine& engine_;
   const std::shared_ptr<State> state_;
   const uint16_t port_;
+  std::string prefix_key_;  // random, for TagPrefixFor
 };
 
 }  // namespace kvpool::daemon

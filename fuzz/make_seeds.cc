@@ -218,6 +218,9 @@ std::vector<Scenario> Scenarios() {
       v->set_origin("node-b");
     }
     s.frames.push_back(F(wire::SESSION_VERSIONS, versions));
+    wire::UcxBindRequest bind;  // refused: the fuzzed daemon has no UCX listener
+    bind.set_nonce(std::string(16, 'n'));
+    s.frames.push_back(F(wire::UCX_BIND, bind));
     wire::PutReserveRequest reserve;
     wire::PutItem* item = reserve.add_items();
     item->set_key(KeyBytes(4));

@@ -1,7 +1,8 @@
 #pragma once
 // UcxEngine: kvpool's bulk data path over UCX (one ucp context + one worker + one progress
-// thread). Daemons and remote clients move block bytes with it; the control plane (Asio) carries
-// the worker addresses (WorkerAddress) and the tags, and the receiver verifies each block's
+// thread). Daemons and remote clients move block bytes with it: a client makes its endpoint to
+// kvpoold's listener (Listen, ConnectTo; transport/ucx_bind.h binds it to the control
+// connection), the control plane (Asio) carries the tags, and the receiver verifies each block's
 // checksum. The engine reports length and completion truthfully: a transfer that failed, was cut
 // (peer died) or was cancelled completes with a non-OK Status, never OK with partial bytes.
 //

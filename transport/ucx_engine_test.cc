@@ -381,12 +381,20 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
   ASSERT_TRUE(to_b.ok()) << to_b.status().ToString();
   const std::vector<uint8_t> there = Pattern(100000, 1), back = Pattern(5000, 2);
   std::vector<uint8_t> got_there(there.size()), got_back(back.size());
+  // The receive is posted first: a large send may wait for its receiver (rendezvous).
+  absl::Notification received;
+  Status receive_status;
+  size_t receive_length = 0;
+  b_->ReceiveTagged(41, got_there.data(), got_there.size(), [&](Status st, size_t n) {
+    receive_status = st;
+    receive_length = n;
+    received.Notify();
+  });
   ASSERT_TRUE(
       a_->SendTaggedSync(*to_b, 41, there.data(), there.size(), Clock::now() + seconds(10)).ok());
-  auto n =
-      b_->ReceiveTaggedSync(41, got_there.data(), got_there.size(), Clock::now() + seconds(10));
-  ASSERT_TRUE(n.ok()) << n.status().ToString();
-  EXPECT_EQ(*n, there.size());
+  ASSERT_TRUE(received.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(receive_status.ok()) << receive_status.ToString();
+  EXPECT_EQ(receive_length, there.size());
   EXPECT_EQ(got_there, there);
 
   UcxEndpointId to_a = 0;
@@ -395,10 +403,16 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
     ASSERT_EQ(accepted.size(), 1u);
     to_a = accepted[0];
   }
+  absl::Notification received_back;
+  Status back_status;
+  a_->ReceiveTagged(42, got_back.data(), got_back.size(), [&](Status st, size_t) {
+    back_status = st;
+    received_back.Notify();
+  });
   ASSERT_TRUE(
       b_->SendTaggedSync(to_a, 42, back.data(), back.size(), Clock::now() + seconds(10)).ok());
-  n = a_->ReceiveTaggedSync(42, got_back.data(), got_back.size(), Clock::now() + seconds(10));
-  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  ASSERT_TRUE(received_back.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(back_status.ok()) << back_status.ToString();
   EXPECT_EQ(got_back, back);
   a_->Disconnect(*to_b);
   b_->Disconnect(to_a);

@@ -1,0 +1,137 @@
+// UcxListener over UCX on loopback TCP: the nonce each accepted endpoint gets, its claim, its
+// expiry, the bound on unclaimed endpoints, and the tag prefixes.
+#include "daemon/ucx_listener.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "transport/ucx_bind.h"
+
+namespace kvpool::daemon {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+transport::UcxOptions LoopbackTcp(int index) {
+  transport::UcxOptions o;
+  o.transports = "tcp";
+  o.net_devices = "lo";
+  o.thread_index = index;
+  return o;
+}
+
+class UcxListenerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto daemon = transport::UcxEngine::Create(LoopbackTcp(0));
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    daemon_ = std::move(*daemon);
+    auto client = transport::UcxEngine::Create(LoopbackTcp(1));
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    client_ = std::move(*client);
+  }
+  void TearDown() override {
+    listener_.reset();
+    client_.reset();
+    daemon_.reset();
+  }
+
+  void Listen(const UcxListenerOptions& options) {
+    auto l = UcxListener::Start(*daemon_, "127.0.0.1", 0, options);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    listener_ = std::move(*l);
+  }
+
+  // An endpoint from the client to the listener, and the nonce that came on it ("" if none came
+  // within `wait`).
+  std::string Nonce(std::chrono::milliseconds wait = 10s) {
+    auto ep = client_->ConnectTo("127.0.0.1", listener_->port());
+    EXPECT_TRUE(ep.ok()) << ep.status().ToString();
+    std::string nonce(transport::kUcxBindNonceBytes, '\0');
+    auto got = client_->ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(),
+                                          Clock::now() + wait);
+    return got.ok() && *got == nonce.size() ? nonce : "";
+  }
+
+  std::unique_ptr<transport::UcxEngine> daemon_, client_;
+  std::unique_ptr<UcxListener> listener_;
+};
+
+TEST_F(UcxListenerTest, AnEndpointIsClaimedWithItsNonceOnce) {
+  Listen({});
+  const std::string a = Nonce(), b = Nonce();
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_NE(a, b);
+  std::string wrong = a;
+  wrong[3] = static_cast<char>(wrong[3] ^ 0x10);
+  EXPECT_EQ(listener_->Claim(wrong).status().code(), StatusCode::kNotFound);
+  auto ep_a = listener_->Claim(a);
+  ASSERT_TRUE(ep_a.ok()) << ep_a.status().ToString();
+  EXPECT_EQ(listener_->Claim(a).status().code(), StatusCode::kNotFound);
+  auto ep_b = listener_->Claim(b);
+  ASSERT_TRUE(ep_b.ok()) << ep_b.status().ToString();
+  EXPECT_NE(*ep_a, *ep_b);
+  // The claimed endpoint carries data to the client.
+  const std::string hello = "to the client";
+  ASSERT_TRUE(
+      daemon_->SendTaggedSync(*ep_a, 77, hello.data(), hello.size(), Clock::now() + 10s).ok());
+  std::string got(hello.size(), '\0');
+  ASSERT_TRUE(client_->ReceiveTaggedSync(77, got.data(), got.size(), Clock::now() + 10s).ok());
+  EXPECT_EQ(got, hello);
+  daemon_->Disconnect(*ep_a);
+  daemon_->Disconnect(*ep_b);
+}
+
+TEST_F(UcxListenerTest, ANonceNotClaimedInTimeExpires) {
+  UcxListenerOptions o;
+  o.claim_within = 100ms;
+  Listen(o);
+  const std::string a = Nonce();
+  ASSERT_FALSE(a.empty());
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(listener_->Claim(a).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(UcxListenerTest, PastTheBoundANewEndpointIsClosedWithoutANonce) {
+  UcxListenerOptions o;
+  o.max_unclaimed = 1;
+  Listen(o);
+  const std::string a = Nonce();
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(Nonce(500ms), "");  // closed at once: no nonce
+  ASSERT_TRUE(listener_->Claim(a).ok());
+  EXPECT_FALSE(Nonce().empty());  // room again
+}
+
+TEST_F(UcxListenerTest, TagPrefixesAreDistinctPerConnectionAndPerDaemon) {
+  Listen({});
+  auto other_engine = transport::UcxEngine::Create(LoopbackTcp(2));
+  ASSERT_TRUE(other_engine.ok());
+  auto other = UcxListener::Start(**other_engine, "127.0.0.1", 0);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  std::set<uint64_t> seen;
+  int same_as_other = 0, same_as_id = 0;
+  constexpr uint64_t kIds = 1 << 16;
+  for (uint64_t id = 1; id <= kIds; ++id) {
+    const uint64_t p = listener_->TagPrefixFor(id);
+    EXPECT_EQ(p & ((uint64_t{1} << 40) - 1), 0u);
+    seen.insert(p);
+    same_as_other += p == (*other)->TagPrefixFor(id);
+    same_as_id += p == (id << 40);
+  }
+  EXPECT_EQ(seen.size(), kIds);  // a permutation: no two connections share a prefix
+  // Keyed: another daemon's prefixes, and the ids themselves, match only by chance (2^-24 each).
+  EXPECT_LT(same_as_other, 8);
+  EXPECT_LT(same_as_id, 8);
+  EXPECT_EQ(listener_->TagPrefixFor(5), listener_->TagPrefixFor(5 + (1 << 24)));
+  other->reset();
+}
+
+}  // namespace
+}  // namespace kvpool::daemon
