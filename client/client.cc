@@ -172,6 +172,7 @@ class Client::Impl {
     }
     ucx_.Disconnect();
     server_.ucx = false;
+    ucx_lost_ = false;
     Status ucx_refused = Status::FailedPrecondition("kvpoold did not offer the UCX data path");
     if (resp.ucx_port() != 0 && resp.ucx_port() <= 65535 && ucx_.started()) {
       ucx_refused = BindUcx(static_cast<uint16_t>(resp.ucx_port()));
@@ -216,9 +217,18 @@ class Client::Impl {
     return Status::OK();
   }
 
+  // The UCX endpoint was dropped (a transfer past its deadline, or the endpoint failed): the
+  // rest of this call goes on the socket, and the next call reconnects (a new hello makes a new
+  // endpoint) where reconnecting is automatic.
+  void DropUcx() {
+    server_.ucx = false;
+    ucx_lost_ = true;
+  }
+
   // Runs `call` on a live connection, reconnecting as ControlConnection::Run decides.
   template <typename F>
   auto Run(F call) -> decltype(call()) {
+    if (ucx_lost_ && options_.auto_reconnect) connection_.Close();
     return connection_.Run(call, [this] { return Connect(); });
   }
 
@@ -814,6 +824,7 @@ class Client::Impl {
                      b.tier};
     }
     std::vector<GetResult> results = ucx_.ReceiveBlocks(incoming, deadline);
+    if (!ucx_.connected()) DropUcx();
     for (size_t k = 0; k < blocks.size(); ++k) {
       GetResult& r = out[blocks[k].index];
       const GetResult described = r;  // what the response said of it, kept
@@ -847,6 +858,7 @@ class Client::Impl {
     // The daemon answers once its receives ended (a failed send fails that block there too), so
     // each send's own status is not needed.
     ucx_.SendBlocks(tag_base, bodies, deadline);
+    if (!ucx_.connected()) DropUcx();
     wire::PutCommitResponse cresp;
     KVPOOL_RETURN_IF_ERROR(
         connection_.ReceiveResponse(wire::PUT_COMMIT, request_id, &cresp, deadline));
@@ -1380,7 +1392,8 @@ class Client::Impl {
   ServerInfo server_;
   // Destroyed last to first: the channel closes before the UCX engine goes.
   SegmentMappings mappings_;
-  UcxDataPath ucx_;  // its engine is created at the first hello that wants UCX
+  UcxDataPath ucx_;        // its engine is created at the first hello that wants UCX
+  bool ucx_lost_ = false;  // DropUcx: reconnect before the next call
   ControlConnection connection_;
   DaemonSegments segment_source_{connection_};
   kernels::DeviceCopyEngine* device_engine_ = nullptr;  // set at the first device buffer

@@ -28,11 +28,14 @@ struct UcxBatch {
 };
 
 // Waits until every operation of `batch` ended; past `deadline` cancels the rest (UCX lets go of
-// their buffers before their callbacks run) and waits for those callbacks.
-void WaitUcx(transport::UcxEngine& engine, UcxBatch& batch,
+// their buffers before their callbacks run) and waits for those callbacks. True when the
+// endpoint may no longer carry transfers: the deadline passed (a cancelled send closes its
+// endpoint, a receive still under way has its sender's closed), or an operation found it failed.
+bool WaitUcx(transport::UcxEngine& engine, UcxBatch& batch,
              const std::vector<transport::UcxOpId>& ops, transport::Deadline deadline) {
   absl::MutexLock lock(&batch.mu);
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch.mu) { return batch.left == 0; };
+  bool lost = false;
   if (!batch.mu.AwaitWithDeadline(
           absl::Condition(&done),
           absl::FromChrono(std::chrono::system_clock::now() +
@@ -43,7 +46,10 @@ void WaitUcx(transport::UcxEngine& engine, UcxBatch& batch,
     }
     batch.mu.Lock();
     batch.mu.Await(absl::Condition(&done));
+    lost = true;
   }
+  for (const Status& st : batch.status) lost = lost || st.code() == StatusCode::kUnavailable;
+  return lost;
 }
 
 }  // namespace
@@ -102,14 +108,17 @@ std::vector<GetResult> UcxDataPath::ReceiveBlocks(std::span<const IncomingBlock>
       scratch[k].reset(new uint8_t[std::max<uint64_t>(1, b.size)]);
       dst = scratch[k].get();
     }
-    ops[k] = engine_->ReceiveTagged(b.tag, dst, b.size, [&batch, k](Status st, size_t n) {
-      absl::MutexLock lock(&batch.mu);
-      batch.status[k] = st;
-      batch.received[k] = n;
-      --batch.left;
-    });
+    ops[k] = engine_->ReceiveTagged(
+        b.tag, dst, b.size,
+        [&batch, k](Status st, size_t n) {
+          absl::MutexLock lock(&batch.mu);
+          batch.status[k] = st;
+          batch.received[k] = n;
+          --batch.left;
+        },
+        endpoint_);
   }
-  WaitUcx(*engine_, batch, ops, deadline);
+  if (WaitUcx(*engine_, batch, ops, deadline)) Disconnect();
   std::vector<GetResult> out(blocks.size());
   absl::MutexLock lock(&batch.mu);
   for (size_t k = 0; k < blocks.size(); ++k) {
@@ -148,7 +157,7 @@ std::vector<Status> UcxDataPath::SendBlocks(uint64_t tag_base,
                                    --batch.left;
                                  });
   }
-  WaitUcx(*engine_, batch, ops, deadline);
+  if (WaitUcx(*engine_, batch, ops, deadline)) Disconnect();
   absl::MutexLock lock(&batch.mu);
   return batch.status;
 }

@@ -73,13 +73,17 @@ class UcxDataPath {
   // message drained into scratch memory) and verifies each. Returns each block's result: OK
   // with its size and tier; InvalidArgument (with the size) for a target too small; Corruption
   // for a wrong length or checksum; the transfer's error (with context) otherwise. Past
-  // `deadline` what has not arrived is cancelled (Aborted). Only when started().
+  // `deadline` what has not arrived is cancelled (Aborted); a block still arriving then has the
+  // daemon's endpoint closed after UcxOptions::cancel_grace (a stopped daemon must not hold the
+  // caller's buffer). After a deadline or an endpoint failure the endpoint is dropped
+  // (connected() false: the caller makes a new one at its next hello). Only when started().
   std::vector<GetResult> ReceiveBlocks(std::span<const IncomingBlock> blocks,
                                        transport::Deadline deadline);
 
   // Sends `blocks` on the endpoint, block k tagged `tag_base + k`, and waits until each send
-  // ended; past `deadline` the rest are cancelled. Returns each send's status (the daemon's
-  // answer to the commit is what decides a block). Only when connected().
+  // ended; past `deadline` the rest are cancelled, and the endpoint is dropped as by
+  // ReceiveBlocks. Returns each send's status (the daemon's answer to the commit is what decides
+  // a block). Only when connected().
   std::vector<Status> SendBlocks(uint64_t tag_base, std::span<const OutgoingBlock> blocks,
                                  transport::Deadline deadline);
 

@@ -151,15 +151,17 @@ void UcxDelivery::Receive(const PathAsk& ask, PendingCommit& commit,
     const uint64_t expect = sizes[k];
     uint8_t* into = t.ok() ? t->data : drain.get();
     const uint64_t capacity = t.ok() ? t->size : 1;
-    ops[k] = engine_.ReceiveTagged(ask.ucx_tag_base + k, into, capacity,
-                                   [pending, k, expect, drain](Status st, size_t received) {
-                                     absl::MutexLock lock(&pending->mu);
-                                     if (st.ok() && received != expect) {
-                                       st = Status::Corruption("short UCX transfer");
-                                     }
-                                     pending->status[k] = st;
-                                     --pending->left;
-                                   });
+    // From this client's endpoint: a receive still under way after its cancel has that
+    // endpoint closed, so a stopped client cannot hold the slot.
+    ops[k] = engine_.ReceiveTagged(
+        ask.ucx_tag_base + k, into, capacity,
+        [pending, k, expect, drain](Status st, size_t received) {
+          absl::MutexLock lock(&pending->mu);
+          if (st.ok() && received != expect) st = Status::Corruption("short UCX transfer");
+          pending->status[k] = st;
+          --pending->left;
+        },
+        ep_);
   }
   absl::MutexLock lock(&pending->mu);
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending->mu) { return pending->left == 0; };

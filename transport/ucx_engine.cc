@@ -181,7 +181,7 @@ class UcxEngine::Impl {
   void DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
               std::function<void(Status)> done);
   void DoReceive(UcxOpId id, uint64_t tag, void* data, size_t capacity,
-                 std::function<void(Status, size_t)> done);
+                 std::function<void(Status, size_t)> done, UcxEndpointId from);
   void DoCancel(UcxOpId id);
   // Cancels op `id` at `deadline` unless it finished.
   void AddDeadline(UcxOpId id, std::chrono::steady_clock::time_point deadline) {
@@ -201,7 +201,7 @@ class UcxEngine::Impl {
   struct Op {
     Impl* impl = nullptr;
     UcxOpId id = 0;
-    UcxEndpointId ep = 0;  // 0 for receives (UCX matches them worker-wide)
+    UcxEndpointId ep = 0;  // sends: their endpoint; receives: `from` (UCX matches worker-wide)
     bool is_send = false;
     bool orphaned = false;  // Shutdown gave up on it; it reports after the worker is destroyed
     void* request = nullptr;
@@ -258,6 +258,8 @@ class UcxEngine::Impl {
   std::vector<UcxEndpointId> failed_eps_;  // reported by ErrorCallback, to be force-closed
   // Sends given a deadline; entries of operations that finished first are dropped when due.
   std::multimap<std::chrono::steady_clock::time_point, UcxOpId> deadlines_;
+  // Cancelled receives with a sender, due to have it force-closed unless they ended first.
+  std::multimap<std::chrono::steady_clock::time_point, UcxOpId> cancelled_receives_;
 };
 
 std::chrono::milliseconds UcxEngine::Impl::ExpireDeadlines(std::chrono::milliseconds cap) {
@@ -267,11 +269,27 @@ std::chrono::milliseconds UcxEngine::Impl::ExpireDeadlines(std::chrono::millisec
     deadlines_.erase(deadlines_.begin());
     if (ops_.count(id) != 0) DoCancel(id);
   }
-  if (deadlines_.empty()) return cap;
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadlines_.begin()->first - now) +
-      std::chrono::milliseconds(1);
-  return std::min(cap, left);
+  while (!cancelled_receives_.empty() && cancelled_receives_.begin()->first <= now) {
+    const UcxOpId id = cancelled_receives_.begin()->second;
+    cancelled_receives_.erase(cancelled_receives_.begin());
+    auto op = ops_.find(id);
+    if (op == ops_.end()) continue;  // it ended within the grace
+    auto e = eps_.find(op->second->ep);
+    if (e == eps_.end()) continue;
+    // UCX 1.13 withdraws a receive under way only with its sender's endpoint.
+    LOG(WARNING) << "UCX receive " << id << " still under way " << options_.cancel_grace.count()
+                 << " ms after its cancel: closing its sender's endpoint " << op->second->ep;
+    ForceClose(*e->second, Status::Aborted("UCX endpoint " + std::to_string(op->second->ep) +
+                                           " closed to end a cancelled receive"));
+  }
+  auto next = cap;
+  for (const auto* due : {&deadlines_, &cancelled_receives_}) {
+    if (due->empty()) continue;
+    next = std::min(
+        next, std::chrono::duration_cast<std::chrono::milliseconds>(due->begin()->first - now) +
+                  std::chrono::milliseconds(1));
+  }
+  return next;
 }
 
 Status UcxEngine::Impl::Init() {
@@ -709,10 +727,11 @@ void UcxEngine::Impl::Posted(UcxOpId id, void* req, const char* what) {
 }
 
 void UcxEngine::Impl::DoReceive(UcxOpId id, uint64_t tag, void* data, size_t capacity,
-                                std::function<void(Status, size_t)> done) {
+                                std::function<void(Status, size_t)> done, UcxEndpointId from) {
   auto* op = new Op;
   op->impl = this;
   op->id = id;
+  op->ep = from;
   op->recv_done = std::move(done);
   ucp_request_param_t param{};
   // NO_IMM_CMPL: a message already in the unexpected queue completes through the callback too,
@@ -733,7 +752,13 @@ void UcxEngine::Impl::DoCancel(UcxOpId id) {
   bool is_send = op->is_send;
   UcxEndpointId ep = op->ep;
   ucp_request_cancel(worker_, op->request);  // may complete (and delete) op right here
-  if (!is_send || ops_.count(id) == 0) return;
+  if (ops_.count(id) == 0) return;
+  if (!is_send) {
+    // Already receiving: it ends with its bytes, or by its sender's force-close after the grace.
+    if (ep != 0)
+      cancelled_receives_.emplace(std::chrono::steady_clock::now() + options_.cancel_grace, id);
+    return;
+  }
   // The send is still in flight (UCX 1.13 does not withdraw sends): close its endpoint, which
   // completes every send on it with CANCELED.
   auto e = eps_.find(ep);
@@ -864,12 +889,12 @@ UcxOpId UcxEngine::SendTagged(UcxEndpointId ep, uint64_t tag, const void* data, 
 }
 
 UcxOpId UcxEngine::ReceiveTagged(uint64_t tag, void* data, size_t capacity,
-                                 std::function<void(Status, size_t)> done) {
+                                 std::function<void(Status, size_t)> done, UcxEndpointId from) {
   Impl* impl = impl_.get();
   UcxOpId id = impl->NextOpId();
   auto cb = std::make_shared<std::function<void(Status, size_t)>>(std::move(done));
-  impl->Post({[impl, id, tag, data, capacity, cb] {
-                impl->DoReceive(id, tag, data, capacity, std::move(*cb));
+  impl->Post({[impl, id, tag, data, capacity, cb, from] {
+                impl->DoReceive(id, tag, data, capacity, std::move(*cb), from);
               },
               [cb] { (*cb)(Status::Aborted("UCX engine shut down"), 0); }});
   return id;
@@ -902,9 +927,10 @@ bool WaitOrCancel(UcxEngine& engine, UcxOpId op, SyncWait& w,
   w.mu.Unlock();
   engine.Cancel(op);
   w.mu.Lock();
-  // A receive already matched and streaming cannot be withdrawn: it ends when its bytes arrive
-  // or UCX declares the sender dead (error handling PEER + keepalive). Its buffer is the
-  // caller's, so we must wait for that.
+  // A receive already matched and streaming cannot be withdrawn: it ends when its bytes arrive,
+  // UCX declares the sender dead (error handling PEER + keepalive), or the engine force-closes
+  // the sender's endpoint (a receive with `from`, UcxOptions::cancel_grace after the cancel).
+  // Its buffer is the caller's, so we must wait for that.
   int waited_s = 0;
   while (!w.mu.AwaitWithTimeout(absl::Condition(&w.done), absl::Seconds(5))) {
     waited_s += 5;
@@ -937,17 +963,21 @@ Status UcxEngine::SendTaggedSync(UcxEndpointId ep, uint64_t tag, const void* dat
 }
 
 Result<size_t> UcxEngine::ReceiveTaggedSync(uint64_t tag, void* data, size_t capacity,
-                                            std::chrono::steady_clock::time_point deadline) {
+                                            std::chrono::steady_clock::time_point deadline,
+                                            UcxEndpointId from) {
   if (impl_->OnProgressThread()) {
     return Status::FailedPrecondition("UcxEngine::ReceiveTaggedSync on the UCX progress thread");
   }
   auto w = std::make_shared<SyncWait>();
-  UcxOpId op = ReceiveTagged(tag, data, capacity, [w](Status st, size_t n) {
-    absl::MutexLock lock(&w->mu);
-    w->status = std::move(st);
-    w->received = n;
-    w->done = true;
-  });
+  UcxOpId op = ReceiveTagged(
+      tag, data, capacity,
+      [w](Status st, size_t n) {
+        absl::MutexLock lock(&w->mu);
+        w->status = std::move(st);
+        w->received = n;
+        w->done = true;
+      },
+      from);
   bool expired = WaitOrCancel(*this, op, *w, deadline);
   absl::MutexLock lock(&w->mu);
   if (w->status.ok()) return w->received;

@@ -65,6 +65,11 @@ struct UcxOptions {
   // back-to-back transfers then avoid a wake-up each. Default: 50 us.
   std::chrono::microseconds spin_before_sleep{50};
 
+  // A cancelled receive that is already receiving from its sender (`from` of ReceiveTagged) and
+  // has not ended this long after the cancel gets that sender's endpoint force-closed, which ends
+  // it. Default: 1 s.
+  std::chrono::milliseconds cancel_grace{1000};
+
   // How long ~UcxEngine waits for cancelled operations to report before it destroys the worker
   // and reports them Aborted itself. Default: 2 s.
   std::chrono::milliseconds shutdown_grace{2000};
@@ -131,8 +136,14 @@ class UcxEngine {
   // received length with OK; ResourceExhausted if the message is longer than `capacity`
   // (truncated: the bytes must not be used); Unavailable if the sender died mid-transfer;
   // Aborted if cancelled.
+  // `from`, when not 0, is the endpoint whose peer sends under `tag`: UCX 1.13 cannot withdraw a
+  // receive already under way, and a sender that stops (SIGSTOP, a hung host: no error reaches
+  // UCX) would hold `data` for as long as it stays stopped. A cancel of such a receive that has
+  // not ended UcxOptions::cancel_grace later force-closes `from` (its other operations fail;
+  // reconnect), which ends the receive with Aborted. Without `from` the receive may outlive its
+  // cancel for as long as its sender is stopped.
   UcxOpId ReceiveTagged(uint64_t tag, void* data, size_t capacity,
-                        std::function<void(Status, size_t received)> done);
+                        std::function<void(Status, size_t received)> done, UcxEndpointId from = 0);
 
   // Asks that `op` stop: its `done` runs with Aborted (or with its real result if it finished
   // first). A receive not yet matched is cancelled at once; one already receiving finishes or
@@ -147,7 +158,8 @@ class UcxEngine {
   Status SendTaggedSync(UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
                         std::chrono::steady_clock::time_point deadline);
   Result<size_t> ReceiveTaggedSync(uint64_t tag, void* data, size_t capacity,
-                                   std::chrono::steady_clock::time_point deadline);
+                                   std::chrono::steady_clock::time_point deadline,
+                                   UcxEndpointId from = 0);
 
   // Transports the worker opened, e.g. "tcp/lo" or "posix/memory cma/memory tcp/lo"
   // (from ucp_context_print_info).
