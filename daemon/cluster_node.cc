@@ -608,6 +608,7 @@ void ClusterNode::Enqueue(Job job) {
   absl::MutexLock lock(&mu_);
   if (jobs_.size() > 10000) {
     LOG_EVERY_N(WARNING, 100) << "replication queue full: copies dropped (peers too slow)";
+    Count(&Metrics::replication_dropped_queue_full);
     return;
   }
   jobs_.push_back(std::move(job));
@@ -623,6 +624,7 @@ void ClusterNode::Retry(Job job) {
                          : std::to_string(job.blocks.size()) + " blocks")
                  << " of namespace " << job.ns_name
                  << "; the next membership change offers them again";
+    Count(&Metrics::replication_given_up);
     return;
   }
   const auto at =
@@ -631,8 +633,10 @@ void ClusterNode::Retry(Job job) {
   if (stopping_) return;
   if (retry_blocks_ + job.blocks.size() + 1 > kMaxRetryBlocks) {
     LOG_EVERY_N(WARNING, 100) << "replication retry queue full: copies dropped (peers too slow)";
+    Count(&Metrics::replication_dropped_queue_full);
     return;
   }
+  Count(&Metrics::replication_retries);
   retry_blocks_ += job.blocks.size() + 1;
   retries_.emplace(at, std::move(job));
   cv_.Signal();

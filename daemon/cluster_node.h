@@ -18,6 +18,7 @@
 // Thread safety: every method may be called from any thread. One replication thread and
 // `fanout_threads` fan-out threads (ThreadRole::kCluster).
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -38,6 +39,7 @@
 #include "daemon/cluster/fetch_memory.h"
 #include "daemon/cluster/membership.h"
 #include "daemon/gpu_links.h"
+#include "daemon/metrics.h"
 #include "tiers/tier_manager.h"
 #include "transport/tls.h"
 
@@ -70,9 +72,11 @@ struct ClusterNodeOptions {
   // (daemon/cluster/fetch_memory.h). Defaults: 2 s, 500 ms.
   cluster::FetchMemoryOptions fetch_memory;
   // Device links toward peers' gpu tiers (transport/device_link.h; NCCL in kvpoold), used only
-  // where the daemon has a gpu tier; `metrics` counts what moves over them. Not owned; both must
-  // outlive the node. Default: none (gpu-tier blocks move over UCX from host memory).
+  // where the daemon has a gpu tier. Not owned; must outlive the node. Default: none (gpu-tier
+  // blocks move over UCX from host memory).
   transport::DeviceLinks* device_links = nullptr;
+  // Counts replication's retries and drops, and what moves over device links. Not owned; must
+  // outlive the node. Default: none (nothing counted).
   Metrics* metrics = nullptr;
 };
 
@@ -123,6 +127,10 @@ class ClusterNode final : public ClusterHooks {
   // kMaxReplicationAttempts it is dropped with a warning (a membership change still offers every
   // block and session again).
   void Retry(Job job);
+  // Adds one to `counter` of options_.metrics, if any.
+  void Count(std::atomic<uint64_t> Metrics::*counter) {
+    if (options_.metrics != nullptr) options_.metrics->Add(options_.metrics->*counter);
+  }
   static constexpr int kMaxReplicationAttempts = 6;
   // A job sending `record` (a save or a deletion) of namespace `ns` to the session's homes.
   static Job SessionJob(NamespaceId ns, const std::string& ns_name,

@@ -355,13 +355,13 @@ class DaemonImpl final : public Daemon {
     co.ucx_transports = options_.ucx_transports;
     co.ucx_net_devices = options_.ucx_net_devices;
     co.tls = options_.tls;
+    co.metrics = &metrics_;
     if (options_.nccl && !tiers_->gpu_tiers().empty()) {
       Result<std::unique_ptr<transport::DeviceLinks>> links =
           options_.device_links ? options_.device_links() : transport::NcclDeviceLinks();
       if (links.ok()) {
         device_links_ = std::move(links).value();
         co.device_links = device_links_.get();
-        co.metrics = &metrics_;
         LOG(INFO) << "gpu-tier blocks move between daemons over device links (NCCL) where both "
                      "have a gpu tier";
       } else {

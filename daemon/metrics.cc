@@ -221,6 +221,17 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Value(&o, "kvpool_gpu_link_checksum_failures_total",
         static_cast<double>(Get(gpu_link_checksum_failures)));
 
+  Metric(&o, "kvpool_replication_retries_total", "counter",
+         "Copies to peers (a chain's blocks or a session record) queued to be tried again.");
+  Value(&o, "kvpool_replication_retries_total", static_cast<double>(Get(replication_retries)));
+  Metric(&o, "kvpool_replication_dropped_total", "counter",
+         "Copies to peers given up: after their last attempt, or with a queue full (the next "
+         "membership change offers them again).");
+  Value(&o, "kvpool_replication_dropped_total{reason=\"attempts\"}",
+        static_cast<double>(Get(replication_given_up)));
+  Value(&o, "kvpool_replication_dropped_total{reason=\"queue_full\"}",
+        static_cast<double>(Get(replication_dropped_queue_full)));
+
   Metric(&o, "kvpool_index_entries", "gauge", "Entries in the block index.");
   Value(&o, "kvpool_index_entries", static_cast<double>(t.index_entries));
   Metric(&o, "kvpool_index_bytes", "gauge", "Memory held by the block index.");

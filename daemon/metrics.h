@@ -52,6 +52,12 @@ struct Metrics {
   std::atomic<uint64_t> gpu_link_bytes_sent{0};
   std::atomic<uint64_t> gpu_link_failures{0};           // joins and transfers that failed
   std::atomic<uint64_t> gpu_link_checksum_failures{0};  // blocks received that failed their check
+  // Copies to peers (daemon/cluster_node.h): jobs (a chain's blocks toward one node, or a
+  // session record) queued for another attempt, and jobs given up: after the last attempt, or
+  // because a queue was full.
+  std::atomic<uint64_t> replication_retries{0};
+  std::atomic<uint64_t> replication_given_up{0};
+  std::atomic<uint64_t> replication_dropped_queue_full{0};
   std::array<LatencyHistogram, static_cast<size_t>(Op::kCount)> latency;
 
   void Add(std::atomic<uint64_t>& c, uint64_t n = 1) { c.fetch_add(n, std::memory_order_relaxed); }

@@ -784,7 +784,9 @@ TEST_F(ClusterTest, ANodeKilledUnderLoadCostsOnlyMissesAndRejoinsWithItsDisk) {
 // membership change follows) is tried again a little later, rather than left to the next
 // membership change, which may never come.
 TEST_F(ClusterTest, AReplicaPushThatFailsIsTriedAgain) {
-  DaemonProcess a(Flags("node-a"));
+  std::vector<std::string> a_flags = Flags("node-a");
+  a_flags.push_back("--metrics_listen=127.0.0.1:0");
+  DaemonProcess a(a_flags);
   DaemonProcess b(Flags("node-b"));
   ASSERT_OK(a.Start());
   ASSERT_OK(b.Start());
@@ -840,6 +842,13 @@ TEST_F(ClusterTest, AReplicaPushThatFailsIsTriedAgain) {
   }
   EXPECT_EQ(committed_on_b(), 10u) << "the failed push was not tried again; A's log:\n"
                                    << a.LogTail();
+  // Operators see it (Prometheus), not only the log.
+  const std::string metrics = a.ScrapeMetrics();
+  EXPECT_NE(metrics.find("# TYPE kvpool_replication_retries_total counter"), std::string::npos);
+  EXPECT_EQ(metrics.find("kvpool_replication_retries_total 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("kvpool_replication_dropped_total{reason=\"attempts\"} 0\n"),
+            std::string::npos)
+      << metrics;
 }
 
 TEST_F(ClusterTest, WhenANodeLeavesItsBlocksAreCopiedAgainToKeepReplicasPlusOne) {

@@ -568,20 +568,8 @@ TEST(DaemonTest, ExposesPrometheusMetrics) {
   Chain chain = MakeChain(Tokens(62, 2 * kTokensPerBlock), 1000);
   PutAll(*client, chain);
   ExpectIdentical(*client, chain);
-  const std::string url = d.PrintedAddress("http://");
-  ASSERT_FALSE(url.empty()) << d.log();
-  const std::string hostport = url.substr(7);
-  const std::string cmd =
-      "python3 -c \"import urllib.request,sys; "
-      "sys.stdout.write(urllib.request.urlopen('http://" +
-      hostport + "/metrics', timeout=5).read().decode())\"";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string body;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) body.append(buf, n);
-  pclose(p);
+  const std::string body = d.ScrapeMetrics();
+  ASSERT_FALSE(body.empty()) << d.log();
   EXPECT_NE(body.find("# TYPE kvpool_hits_total counter"), std::string::npos) << body;
   EXPECT_NE(body.find("kvpool_hits_total{tier=\"host\"} 2"), std::string::npos) << body;
   EXPECT_NE(body.find("kvpool_put_blocks_committed_total 2"), std::string::npos) << body;

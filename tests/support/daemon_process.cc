@@ -217,6 +217,27 @@ std::string DaemonProcess::PrintedAddress(const std::string& scheme,
   }
 }
 
+std::string DaemonProcess::ScrapeMetrics() const {
+  const std::string url = PrintedAddress("http://");
+  if (url.empty()) {
+    std::fprintf(stderr, "no http:// address in kvpoold's log (--metrics_listen?)\n");
+    return "";
+  }
+  // Python's urllib: no HTTP client library in the tests for one GET.
+  const std::string cmd =
+      "python3 -c \"import urllib.request,sys; "
+      "sys.stdout.write(urllib.request.urlopen('" +
+      url + "/metrics', timeout=5).read().decode())\"";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return "";
+  std::string body;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) body.append(buf, n);
+  pclose(p);
+  return body;
+}
+
 std::string DaemonProcess::LogTail(size_t bytes) const {
   const std::string s = log();
   return s.size() <= bytes ? s : s.substr(s.size() - bytes);

@@ -95,6 +95,9 @@ class DaemonProcess {
                              std::chrono::milliseconds wait = std::chrono::seconds(10)) const;
   // The last `bytes` of log().
   std::string LogTail(size_t bytes = 4000) const;
+  // The Prometheus text its /metrics serves (its flags must give --metrics_listen); empty, after
+  // printing why to stderr, when there is none.
+  std::string ScrapeMetrics() const;
   // The startup banner of the latest start (tiers, sizes, mlocked or not).
   std::string Banner() const;
 
