@@ -141,14 +141,18 @@ class Client::Impl {
     req.set_shared_memory(!tcp && (options_.data_path == DataPath::kAuto ||
                                    options_.data_path == DataPath::kSharedMemory));
     // UCX is not encrypted: over tls:// only when asked for by name.
+    // After a failed bind, kAuto leaves UCX alone for a while (a firewalled UCX port would
+    // otherwise cost every reconnect its wait).
     const bool want_ucx =
         options_.data_path == DataPath::kUcx || (options_.data_path == DataPath::kAuto && tcp &&
-                                                 !transport::IsTlsAddress(options_.address));
+                                                 !transport::IsTlsAddress(options_.address) &&
+                                                 std::chrono::steady_clock::now() >= ucx_retry_at_);
+    Status ucx_start = Status::OK();
     if (want_ucx && !ucx_.started()) {
-      Status st = ucx_.Start(options_.ucx_transports, options_.ucx_net_devices);
-      if (!st.ok() && options_.data_path == DataPath::kUcx) {
+      ucx_start = ucx_.Start(options_.ucx_transports, options_.ucx_net_devices);
+      if (!ucx_start.ok() && options_.data_path == DataPath::kUcx) {
         connection_.Close();
-        return st.WithContext("starting UCX");
+        return ucx_start.WithContext("starting UCX");
       }
     }
     req.set_ucx(want_ucx && ucx_.started());
@@ -172,13 +176,21 @@ class Client::Impl {
     }
     ucx_.Disconnect();
     server_.ucx = false;
+    server_.ucx_refused.clear();
     ucx_lost_ = false;
-    Status ucx_refused = Status::FailedPrecondition("kvpoold did not offer the UCX data path");
+    Status ucx_refused =
+        !ucx_start.ok()
+            ? ucx_start.WithContext("starting UCX")
+            : Status::FailedPrecondition(
+                  "kvpoold did not offer the UCX data path (it offers it on TCP connections, "
+                  "with --listen and --ucx)");
     if (resp.ucx_port() != 0 && resp.ucx_port() <= 65535 && ucx_.started()) {
       ucx_refused = BindUcx(static_cast<uint16_t>(resp.ucx_port()));
       server_.ucx = ucx_refused.ok();
       if (connection_.broken()) return ucx_refused;
+      if (!ucx_refused.ok()) ucx_retry_at_ = std::chrono::steady_clock::now() + kUcxRetryAfter;
     }
+    if (want_ucx && !server_.ucx) server_.ucx_refused = ucx_refused.ToString();
     if (options_.data_path == DataPath::kUcx && !server_.ucx) {
       connection_.Close();
       return ucx_refused.WithContext("the UCX data path");
@@ -196,18 +208,17 @@ class Client::Impl {
   // (transport/ucx_bind.h). Non-OK: no UCX (blocks go on the socket); the connection is broken
   // only when the UCX_BIND exchange itself failed.
   Status BindUcx(uint16_t port) {
-    std::string host = "127.0.0.1";  // a Unix socket's daemon listens on this node
-    if (transport::IsTcpAddress(options_.address)) {
-      uint16_t control_port = 0;
-      KVPOOL_RETURN_IF_ERROR(transport::ParseHostPort(options_.address, &host, &control_port));
-    }
-    const transport::Deadline deadline =
-        std::chrono::steady_clock::now() + connection_.connect_timeout();
-    KVPOOL_ASSIGN_OR_RETURN(std::string nonce, ucx_.ConnectTo(host, port, deadline));
+    // On the host this connection dialed (UCX is offered to TCP connections only).
+    std::string host;
+    uint16_t control_port = 0;
+    KVPOOL_RETURN_IF_ERROR(transport::ParseHostPort(options_.address, &host, &control_port));
+    KVPOOL_ASSIGN_OR_RETURN(std::string nonce, ucx_.ConnectTo(host, port,
+                                                              std::chrono::steady_clock::now() +
+                                                                  connection_.connect_timeout()));
     wire::UcxBindRequest req;
     req.set_nonce(nonce);
     wire::UcxBindResponse resp;
-    Status st = connection_.ExchangeOnce(wire::UCX_BIND, req, {}, &resp, deadline);
+    Status st = connection_.ExchangeOnce(wire::UCX_BIND, req, {}, &resp, connection_.NewDeadline());
     if (st.ok()) st = FromWire(resp.status());
     if (!st.ok()) {
       ucx_.Disconnect();
@@ -1394,6 +1405,9 @@ class Client::Impl {
   SegmentMappings mappings_;
   UcxDataPath ucx_;        // its engine is created at the first hello that wants UCX
   bool ucx_lost_ = false;  // DropUcx: reconnect before the next call
+  // A bind failed: kAuto asks for UCX again from then on.
+  std::chrono::steady_clock::time_point ucx_retry_at_;
+  static constexpr std::chrono::seconds kUcxRetryAfter{30};
   ControlConnection connection_;
   DaemonSegments segment_source_{connection_};
   kernels::DeviceCopyEngine* device_engine_ = nullptr;  // set at the first device buffer

@@ -73,7 +73,9 @@ Result<std::string> UcxDataPath::ConnectTo(const std::string& host, uint16_t por
   std::string nonce(transport::kUcxBindNonceBytes, '\0');
   if (ep.ok()) {
     endpoint_ = *ep;
-    got = engine_->ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(), deadline);
+    // From this endpoint only: its failure (nobody listens, the daemon refused it) ends the wait.
+    got = engine_->ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(), deadline,
+                                     endpoint_);
     if (got.ok() && *got != nonce.size()) got = Status::Corruption("short UCX bind nonce");
   }
   if (!got.ok()) {

@@ -57,10 +57,12 @@ class UcxDataPathPeerTest : public ::testing::Test {
     peer_ = std::move(*peer);
     // The peer listens as kvpoold does (daemon/ucx_listener.h): each endpoint made to it gets
     // the bind nonce.
-    auto port = peer_->Listen("127.0.0.1", 0, [this](transport::UcxEndpointId ep) {
-      accepted_ = ep;
-      peer_->SendTagged(ep, transport::kUcxBindTag, kNonce, sizeof(kNonce) - 1, [](Status) {});
-    });
+    auto port = peer_->Listen(
+        "127.0.0.1", 0, [](const std::string&) { return true; },
+        [this](transport::UcxEndpointId ep, const std::string&) {
+          accepted_ = ep;
+          peer_->SendTagged(ep, transport::kUcxBindTag, kNonce, sizeof(kNonce) - 1, [](Status) {});
+        });
     ASSERT_TRUE(port.ok()) << port.status().ToString();
     port_ = *port;
   }
@@ -99,12 +101,33 @@ TEST_F(UcxDataPathPeerTest, NoNonceInTimeDropsTheEngine) {
   uo.thread_index = 2;
   auto silent = transport::UcxEngine::Create(uo);
   ASSERT_TRUE(silent.ok()) << silent.status().ToString();
-  auto port = (*silent)->Listen("127.0.0.1", 0, [](transport::UcxEndpointId) {});
+  auto port = (*silent)->Listen(
+      "127.0.0.1", 0, [](const std::string&) { return true; },
+      [](transport::UcxEndpointId, const std::string&) {});
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   Result<std::string> nonce = path_.ConnectTo("127.0.0.1", *port, steady_clock::now() + 300ms);
   EXPECT_EQ(nonce.status().code(), StatusCode::kDeadlineExceeded) << nonce.status().ToString();
   EXPECT_FALSE(path_.connected());
   EXPECT_FALSE(path_.started());  // a late nonce must not be taken for the next endpoint's
+}
+
+TEST_F(UcxDataPathPeerTest, ARefusedEndpointEndsTheWaitForTheNonceAtOnce) {
+  transport::UcxOptions uo;
+  uo.transports = kTransports;
+  uo.net_devices = kDevices;
+  uo.thread_index = 2;
+  auto refusing = transport::UcxEngine::Create(uo);
+  ASSERT_TRUE(refusing.ok()) << refusing.status().ToString();
+  auto port = (*refusing)->Listen(
+      "127.0.0.1", 0, [](const std::string&) { return false; },
+      [](transport::UcxEndpointId, const std::string&) {});
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  // A minute's deadline: the refusal, not the deadline, must end the wait (a hang check).
+  const auto start = steady_clock::now();
+  Result<std::string> nonce = path_.ConnectTo("127.0.0.1", *port, steady_clock::now() + 60s);
+  EXPECT_EQ(nonce.status().code(), StatusCode::kUnavailable) << nonce.status().ToString();
+  EXPECT_LT(steady_clock::now() - start, 30s);
+  EXPECT_FALSE(path_.connected());
 }
 
 TEST_F(UcxDataPathPeerTest, SendsEachBlockUnderItsTag) {

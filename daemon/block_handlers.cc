@@ -16,6 +16,7 @@
 #include "daemon/shm_delivery.h"
 #include "daemon/socket_delivery.h"
 #include "daemon/ucx_delivery.h"
+#include "transport/address.h"
 #include "transport/arena_message.h"
 
 namespace kvpool::daemon {
@@ -33,6 +34,21 @@ BlockHandlers::BlockHandlers(const BlockServiceOptions& options, tiers::TierMana
       ucx_(ucx),
       cluster_(cluster),
       access_(access) {}
+
+namespace {
+// The IP address of a TCP connection's peer (transport::CanonicalIp form); empty for a Unix
+// socket.
+std::string PeerIp(const transport::ConnectionInfo& info) {
+  constexpr std::string_view kTcp = "tcp:";
+  const std::string_view peer = info.peer;
+  const size_t port = peer.rfind(':');
+  if (peer.substr(0, kTcp.size()) != kTcp || port == std::string_view::npos ||
+      port <= kTcp.size()) {
+    return "";
+  }
+  return transport::CanonicalIp(peer.substr(kTcp.size(), port - kTcp.size()));
+}
+}  // namespace
 
 Response BlockHandlers::Hello(Connection& c, std::string_view body) {
   wire::HelloRequest req;
@@ -121,8 +137,12 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
         // A repeated hello: the UCX endpoint stays (it is not granted again).
         c.ucx->ReplaceBelow(std::move(delivery));
       } else {
-        // UCX is granted by UCX_BIND, on the endpoint the client makes to our listener.
-        c.ucx_offered = req.ucx() && ucx_ != nullptr;
+        // UCX is granted by UCX_BIND, on the endpoint the client makes to our listener; offered
+        // to TCP connections (same-node clients have shared memory), once per connection.
+        const std::string ip = PeerIp(c.info);
+        if (!c.ucx_offered && req.ucx() && ucx_ != nullptr && !ip.empty()) {
+          c.ucx_offered = ucx_->Offer(ip);
+        }
         if (c.ucx_offered) resp.set_ucx_port(ucx_->port());
         c.delivery = std::move(delivery);
       }
@@ -152,7 +172,7 @@ Response BlockHandlers::UcxBind(Connection& c, std::string_view body) {
   }
   Result<transport::UcxEndpointId> ep = Status::OK();
   if (st.ok()) {
-    ep = ucx_->Claim(req.nonce());
+    ep = ucx_->Claim(req.nonce(), PeerIp(c.info));
     st = ep.status();
   }
   if (st.ok()) {

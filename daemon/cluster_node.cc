@@ -176,8 +176,10 @@ std::unique_ptr<Client> ClusterNode::Checkout(const std::string& address,
   o.client_name = kPeerClientName;
   o.cluster_secret = options_.membership.secret;
   o.timeout = options_.peer_timeout;
-  // A new peer connection includes a UCX handshake: give it longer than a request. A dead
-  // peer refuses at once; only an unreachable one costs this, once per pooled connection.
+  // A new peer connection includes a UCX handshake (an endpoint to the peer's UCX listener, and
+  // its bind): give it longer than a request. A dead peer, or a UCX port that refuses, fails at
+  // once; only an unreachable host (or a UCX port a firewall drops) costs this, and a failed
+  // UCX bind makes the client leave UCX alone for 30 s (the socket carries the blocks).
   o.connect_timeout = std::max(options_.peer_timeout * 4, std::chrono::milliseconds(2000));
   o.data_path = options_.ucx ? DataPath::kAuto : DataPath::kSocket;
   o.ucx_transports = options_.ucx_transports;

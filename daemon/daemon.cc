@@ -142,7 +142,7 @@ class DaemonImpl final : public Daemon {
     }
     KVPOOL_RETURN_IF_ERROR(tiers_->Recover());
 
-    if (options_.ucx) {
+    if (options_.ucx && !options_.tcp_listen.empty()) {  // UCX serves TCP connections only
       transport::UcxOptions uo;
       uo.transports = options_.ucx_transports;
       uo.net_devices = options_.ucx_net_devices;
@@ -335,7 +335,8 @@ class DaemonImpl final : public Daemon {
     mo.node_id = node_id_;
     mo.secret = secret;
     mo.control_address = control;
-    if (ucx_) mo.ucx_worker_address = ucx_->WorkerAddress();
+    // (mo.ucx_worker_address stays empty: nothing dials a worker address; peers make endpoints
+    // to each other's UCX listener, transport/ucx_bind.h.)
     mo.capacity_bytes = options_.host_capacity_bytes + options_.disk_capacity_bytes;
     tiers::TierManager* tiers = tiers_.get();
     mo.used_bytes = [tiers] {

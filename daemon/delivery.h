@@ -8,8 +8,9 @@
 //    connection has it, from connect on.
 //  - SharedMemoryDelivery (daemon/shm_delivery.h): segment/offset of each slot plus a lease;
 //    the client copies through its own mapping. Granted at hello to local clients that ask.
-//  - UcxDelivery (daemon/ucx_delivery.h): tagged UCX messages. Granted at hello when the
-//    daemon reaches the client's worker. The only code that calls UCX for client data.
+//  - UcxDelivery (daemon/ucx_delivery.h): tagged UCX messages. Granted by UCX_BIND to a TCP
+//    connection whose hello asked for it, on the endpoint its client made to kvpoold's UCX
+//    listener (transport/ucx_bind.h). The only code that calls UCX for client data.
 // Each request still names its path (GET in_place / via_ucx, ...), and a request without those
 // flags uses the socket: the granted paths are layered (LayeredDelivery), each taking the
 // requests that ask for it and handing the rest to the one below, down to the socket. The

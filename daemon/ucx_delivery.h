@@ -1,6 +1,7 @@
 #pragma once
 // UcxDelivery: block bodies as tagged UCX messages between the client's buffers and the host
-// tier's slots, granted at hello when the daemon's engine reaches the client's worker. A GET via
+// tier's slots, granted by UCX_BIND on the endpoint the client made to kvpoold's UCX listener
+// (transport/ucx_bind.h). A GET via
 // UCX sends block i with tag ucx_tag_base + i to the client's worker and answers at once; each
 // send holds its block's lease (owned by the send, not the connection) until it completes, and
 // one still running after `timeout` (or at disconnect) is cancelled, which ends its lease. A

@@ -20,9 +20,12 @@ using Clock = std::chrono::steady_clock;
 struct UcxListener::State {
   State(transport::UcxEngine& e, const UcxListenerOptions& o) : engine(e), options(o) {}
 
-  // Runs on the engine's progress thread for every endpoint a client created to the listener.
-  void Accept(transport::UcxEndpointId ep);
-  // Takes the endpoints whose nonce expired out of `unclaimed`; the caller closes them.
+  // On the engine's progress thread, for each connection request: takes an offer for `ip`.
+  bool Admit(const std::string& ip);
+  // On the engine's progress thread, for each endpoint admitted.
+  void Accept(transport::UcxEndpointId ep, const std::string& ip);
+  // Drops expired offers, and takes the endpoints whose nonce expired out of `unclaimed`; the
+  // caller closes them.
   std::vector<transport::UcxEndpointId> Expire(Clock::time_point now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
@@ -31,16 +34,29 @@ struct UcxListener::State {
 
   struct Unclaimed {
     transport::UcxEndpointId ep = 0;
+    std::string ip;  // where it came from
     Clock::time_point expires;
   };
   absl::Mutex mu;
   bool closed ABSL_GUARDED_BY(mu) = false;
+  // Offers by address: when each expires, oldest first.
+  std::unordered_map<std::string, std::deque<Clock::time_point>> offers ABSL_GUARDED_BY(mu);
+  // (address, expiry) of every offer, oldest first; a taken one is skipped when its turn comes.
+  std::deque<std::pair<Clock::time_point, std::string>> offer_expiry ABSL_GUARDED_BY(mu);
   std::unordered_map<std::string, Unclaimed> unclaimed ABSL_GUARDED_BY(mu);  // by nonce
   // Nonces in the order they expire; a claimed one is skipped when its turn comes.
   std::deque<std::string> expiry ABSL_GUARDED_BY(mu);
 };
 
 std::vector<transport::UcxEndpointId> UcxListener::State::Expire(Clock::time_point now) {
+  while (!offer_expiry.empty() && offer_expiry.front().first <= now) {
+    auto it = offers.find(offer_expiry.front().second);
+    if (it != offers.end()) {
+      while (!it->second.empty() && it->second.front() <= now) it->second.pop_front();
+      if (it->second.empty()) offers.erase(it);
+    }
+    offer_expiry.pop_front();
+  }
   std::vector<transport::UcxEndpointId> gone;
   while (!expiry.empty()) {
     auto it = unclaimed.find(expiry.front());
@@ -54,35 +70,54 @@ std::vector<transport::UcxEndpointId> UcxListener::State::Expire(Clock::time_poi
   return gone;
 }
 
-void UcxListener::State::Accept(transport::UcxEndpointId ep) {
+bool UcxListener::State::Admit(const std::string& ip) {
   std::vector<transport::UcxEndpointId> close;
+  bool admitted = false;
+  {
+    absl::MutexLock lock(&mu);
+    if (!closed) {
+      close = Expire(Clock::now());
+      auto it = offers.find(ip);
+      if (it != offers.end() && unclaimed.size() < options.max_unclaimed) {
+        it->second.pop_front();
+        if (it->second.empty()) offers.erase(it);
+        admitted = true;
+      }
+    }
+  }
+  for (transport::UcxEndpointId e : close) engine.Disconnect(e);
+  if (!admitted) {
+    LOG_EVERY_N(WARNING, 100) << "UCX connection request from " << ip
+                              << " refused: no connection from there was offered UCX, or "
+                              << options.max_unclaimed
+                              << " endpoints wait for their UCX_BIND (seen " << google::COUNTER
+                              << " times)";
+  }
+  return admitted;
+}
+
+void UcxListener::State::Accept(transport::UcxEndpointId ep, const std::string& ip) {
   auto nonce = std::make_shared<std::string>(transport::kUcxBindNonceBytes, '\0');
-  const auto now = Clock::now();
   bool keep = false;
   {
     absl::MutexLock lock(&mu);
-    if (!closed) close = Expire(now);
     if (closed) {
       VLOG(1) << "UCX endpoint accepted after the listener closed: closing it";
-    } else if (unclaimed.size() >= options.max_unclaimed) {
-      LOG_EVERY_N(WARNING, 100) << unclaimed.size()
-                                << " UCX endpoints wait for their clients' UCX_BIND: closing a "
-                                   "new one (seen "
-                                << google::COUNTER << " times)";
     } else if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce->data()),
                           static_cast<int>(nonce->size())) != 1) {
       LOG(WARNING) << "no random bytes for a UCX bind nonce: closing the endpoint";
     } else {
       keep = true;
-      unclaimed.emplace(*nonce, Unclaimed{ep, now + options.claim_within});
+      unclaimed.emplace(*nonce, Unclaimed{ep, ip, Clock::now() + options.claim_within});
       expiry.push_back(*nonce);
     }
   }
-  if (!keep) close.push_back(ep);
-  for (transport::UcxEndpointId e : close) engine.Disconnect(e);
-  if (!keep) return;
-  // The client receives it worker-wide under kUcxBindTag; a client that never does has its
-  // endpoint closed at expiry, which ends this send too.
+  if (!keep) {
+    engine.Disconnect(ep);
+    return;
+  }
+  // The client receives it from this endpoint (transport/ucx_bind.h); one that never does has
+  // the endpoint closed at expiry, which ends this send too.
   engine.SendTagged(ep, transport::kUcxBindTag, nonce->data(), nonce->size(), [nonce](Status st) {
     if (!st.ok()) VLOG(1) << "UCX bind nonce not delivered: " << st.ToString();
   });
@@ -92,10 +127,13 @@ Result<std::unique_ptr<UcxListener>> UcxListener::Start(transport::UcxEngine& en
                                                         std::string_view ip, uint16_t port,
                                                         const UcxListenerOptions& options) {
   auto state = std::make_shared<State>(engine, options);
-  // The callback holds the state, so an endpoint accepted after ~UcxListener is still closed.
+  // The callbacks hold the state, so a request handled after ~UcxListener still finds it.
   KVPOOL_ASSIGN_OR_RETURN(
-      uint16_t bound,
-      engine.Listen(ip, port, [state](transport::UcxEndpointId ep) { state->Accept(ep); }));
+      uint16_t bound, engine.Listen(
+                          ip, port, [state](const std::string& peer) { return state->Admit(peer); },
+                          [state](transport::UcxEndpointId ep, const std::string& peer) {
+                            state->Accept(ep, peer);
+                          }));
   return std::unique_ptr<UcxListener>(new UcxListener(engine, std::move(state), bound));
 }
 
@@ -115,8 +153,10 @@ uint64_t UcxListener::TagPrefixFor(uint64_t connection_id) const {
     const uint8_t in[3] = {round, static_cast<uint8_t>(right >> 8), static_cast<uint8_t>(right)};
     unsigned char mac[EVP_MAX_MD_SIZE];
     unsigned int mac_len = 0;
-    HMAC(EVP_sha256(), prefix_key_.data(), static_cast<int>(prefix_key_.size()), in, sizeof(in),
-         mac, &mac_len);
+    if (HMAC(EVP_sha256(), prefix_key_.data(), static_cast<int>(prefix_key_.size()), in, sizeof(in),
+             mac, &mac_len) == nullptr) {
+      AbortWithStatus(Status::Internal("HMAC-SHA256 failed"), __FILE__, __LINE__);
+    }
     const uint32_t f = ((uint32_t{mac[0]} << 8) | mac[1]) & 0xFFF;
     const uint32_t next = left ^ f;
     left = right;
@@ -126,6 +166,7 @@ uint64_t UcxListener::TagPrefixFor(uint64_t connection_id) const {
 }
 
 UcxListener::~UcxListener() {
+  engine_.StopListening();
   std::vector<transport::UcxEndpointId> close;
   {
     absl::MutexLock lock(&state_->mu);
@@ -133,20 +174,41 @@ UcxListener::~UcxListener() {
     for (const auto& [nonce, u] : state_->unclaimed) close.push_back(u.ep);
     state_->unclaimed.clear();
     state_->expiry.clear();
+    state_->offers.clear();
+    state_->offer_expiry.clear();
   }
   for (transport::UcxEndpointId ep : close) engine_.Disconnect(ep);
 }
 
-Result<transport::UcxEndpointId> UcxListener::Claim(std::string_view nonce) {
+bool UcxListener::Offer(const std::string& peer_ip) {
+  std::vector<transport::UcxEndpointId> close;
+  bool offered = false;
+  {
+    absl::MutexLock lock(&state_->mu);
+    const auto now = Clock::now();
+    close = state_->Expire(now);
+    std::deque<Clock::time_point>& waiting = state_->offers[peer_ip];
+    if (waiting.size() < state_->options.max_offers_per_address) {
+      waiting.push_back(now + state_->options.claim_within);
+      state_->offer_expiry.emplace_back(waiting.back(), peer_ip);
+      offered = true;
+    }
+  }
+  for (transport::UcxEndpointId ep : close) engine_.Disconnect(ep);
+  return offered;
+}
+
+Result<transport::UcxEndpointId> UcxListener::Claim(std::string_view nonce,
+                                                    const std::string& peer_ip) {
   std::vector<transport::UcxEndpointId> close;
   Result<transport::UcxEndpointId> found = Status::NotFound(
-      "no UCX endpoint waits for this nonce (never sent, already claimed, or "
-      "not claimed in time)");
+      "no UCX endpoint from this address waits for this nonce (never sent, "
+      "already claimed, or not claimed in time)");
   {
     absl::MutexLock lock(&state_->mu);
     close = state_->Expire(Clock::now());
     auto it = state_->unclaimed.find(std::string(nonce));
-    if (it != state_->unclaimed.end()) {
+    if (it != state_->unclaimed.end() && it->second.ip == peer_ip) {
       found = it->second.ep;
       state_->unclaimed.erase(it);
     }

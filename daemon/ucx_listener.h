@@ -1,13 +1,19 @@
 #pragma once
-// UcxListener: kvpoold's UCX listener for clients (and peers, which connect as clients). It
-// accepts the endpoints clients create to it, sends each its bind nonce, and hands an endpoint
-// to the control connection that names the nonce (transport/ucx_bind.h has the protocol).
-// Endpoints nobody claims within `claim_within` are closed; past `max_unclaimed` of them, new
-// ones are closed at once.
+// UcxListener: kvpoold's UCX listener for clients (and peers, which connect as clients). A TCP
+// connection whose hello asks for UCX gets an offer (Offer, with the connection's address); the
+// listener accepts a connection request only from an address with an offer waiting, and takes
+// that offer. It sends each accepted endpoint its bind nonce and hands the endpoint to the
+// control connection, from the same address, that names the nonce (transport/ucx_bind.h has the
+// protocol). Nobody without an admitted control connection gets an endpoint, and no endpoint
+// goes to a connection from another address.
 //
-// Thread safety: Claim may be called from any thread; acceptance runs on the engine's progress
-// thread. Ownership: the engine outlives the listener; an endpoint accepted after the listener is
-// gone is closed. Claimed endpoints belong to the claimant (UcxDelivery disconnects them).
+// Offers and endpoints not taken within `claim_within` are dropped (the endpoints closed) at the
+// listener's next use; past `max_unclaimed` endpoints waiting, new ones are closed at once.
+//
+// Thread safety: Offer and Claim may be called from any thread; admission and acceptance run on
+// the engine's progress thread. Ownership: the engine outlives the listener; the destructor stops
+// the listener and closes the endpoints nobody claimed. Claimed endpoints belong to the claimant
+// (UcxDelivery disconnects them).
 
 #include <chrono>
 #include <cstdint>
@@ -21,8 +27,13 @@
 namespace kvpool::daemon {
 
 struct UcxListenerOptions {
+  // How long an offer, and an accepted endpoint, wait to be taken. Default: 10 s.
   std::chrono::milliseconds claim_within{10000};
+  // Accepted endpoints waiting for their UCX_BIND, at most. Default: 1,024.
   size_t max_unclaimed = 1024;
+  // Offers waiting for a connection request, at most per address (a host with many clients
+  // connecting at once). Default: 256.
+  size_t max_offers_per_address = 256;
 };
 
 class UcxListener {
@@ -38,9 +49,14 @@ class UcxListener {
   transport::UcxEngine& engine() const { return engine_; }
   uint16_t port() const { return port_; }
 
+  // Lets one connection request from `peer_ip` in (transport::CanonicalIp form). False when
+  // `peer_ip` has max_offers_per_address offers waiting already: UCX is then not offered.
+  bool Offer(const std::string& peer_ip);
+
   // The endpoint whose nonce is `nonce`, taken out of the listener (a second claim of it is
-  // NotFound). NotFound for a nonce never sent, already claimed, or expired.
-  Result<transport::UcxEndpointId> Claim(std::string_view nonce);
+  // NotFound), for a connection from `peer_ip`. NotFound for a nonce never sent, already claimed
+  // or expired, or sent to an endpoint from another address.
+  Result<transport::UcxEndpointId> Claim(std::string_view nonce, const std::string& peer_ip);
 
   // The upper 24 bits of the tags connection `connection_id`'s client sends to kvpoold under
   // (the rest are the client's): a keyed permutation of the id's low 24 bits, so no two of 2^24
@@ -49,7 +65,7 @@ class UcxListener {
   // another's puts, never with wrong bytes: the commit verifies every checksum).
   uint64_t TagPrefixFor(uint64_t connection_id) const;
 
-  struct State;  // shared with the engine's acceptance callback (ucx_listener.cc)
+  struct State;  // shared with the engine's callbacks (ucx_listener.cc)
 
  private:
   UcxListener(transport::UcxEngine& engine, std::shared_ptr<State> state, uint16_t port);

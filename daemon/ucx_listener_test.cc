@@ -47,22 +47,25 @@ class UcxListenerTest : public ::testing::Test {
     listener_ = std::move(*l);
   }
 
-  // An endpoint from the client to the listener, and the nonce that came on it ("" if none came
-  // within `wait`).
-  std::string Nonce(std::chrono::milliseconds wait = 10s) {
-    auto ep = client_->ConnectTo("127.0.0.1", listener_->port());
+  // An endpoint from the client to the listener (after an offer for loopback, unless
+  // `offer` is false), and the nonce that came on it ("" if none came within `wait`).
+  std::string Nonce(bool offer = true, std::chrono::milliseconds wait = 10s) {
+    if (offer) EXPECT_TRUE(listener_->Offer(kLoopback));
+    auto ep = client_->ConnectTo(kLoopback, listener_->port());
     EXPECT_TRUE(ep.ok()) << ep.status().ToString();
+    if (!ep.ok()) return "";
     std::string nonce(transport::kUcxBindNonceBytes, '\0');
     auto got = client_->ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(),
-                                          Clock::now() + wait);
+                                          Clock::now() + wait, *ep);
     return got.ok() && *got == nonce.size() ? nonce : "";
   }
 
+  static constexpr char kLoopback[] = "127.0.0.1";
   std::unique_ptr<transport::UcxEngine> daemon_, client_;
   std::unique_ptr<UcxListener> listener_;
 };
 
-TEST_F(UcxListenerTest, AnEndpointIsClaimedWithItsNonceOnce) {
+TEST_F(UcxListenerTest, AnEndpointIsClaimedWithItsNonceOnceFromItsOwnAddress) {
   Listen({});
   const std::string a = Nonce(), b = Nonce();
   ASSERT_FALSE(a.empty());
@@ -70,11 +73,13 @@ TEST_F(UcxListenerTest, AnEndpointIsClaimedWithItsNonceOnce) {
   EXPECT_NE(a, b);
   std::string wrong = a;
   wrong[3] = static_cast<char>(wrong[3] ^ 0x10);
-  EXPECT_EQ(listener_->Claim(wrong).status().code(), StatusCode::kNotFound);
-  auto ep_a = listener_->Claim(a);
+  EXPECT_EQ(listener_->Claim(wrong, kLoopback).status().code(), StatusCode::kNotFound);
+  // A connection from another address cannot take it.
+  EXPECT_EQ(listener_->Claim(a, "10.1.2.3").status().code(), StatusCode::kNotFound);
+  auto ep_a = listener_->Claim(a, kLoopback);
   ASSERT_TRUE(ep_a.ok()) << ep_a.status().ToString();
-  EXPECT_EQ(listener_->Claim(a).status().code(), StatusCode::kNotFound);
-  auto ep_b = listener_->Claim(b);
+  EXPECT_EQ(listener_->Claim(a, kLoopback).status().code(), StatusCode::kNotFound);
+  auto ep_b = listener_->Claim(b, kLoopback);
   ASSERT_TRUE(ep_b.ok()) << ep_b.status().ToString();
   EXPECT_NE(*ep_a, *ep_b);
   // The claimed endpoint carries data to the client.
@@ -88,24 +93,47 @@ TEST_F(UcxListenerTest, AnEndpointIsClaimedWithItsNonceOnce) {
   daemon_->Disconnect(*ep_b);
 }
 
-TEST_F(UcxListenerTest, ANonceNotClaimedInTimeExpires) {
+TEST_F(UcxListenerTest, ARequestWithoutAnOfferFromItsAddressIsRefused) {
+  Listen({});
+  EXPECT_EQ(Nonce(/*offer=*/false), "");      // refused: the wait ends with the endpoint's failure
+  EXPECT_TRUE(listener_->Offer("10.1.2.3"));  // another address's offer lets nothing in here
+  EXPECT_EQ(Nonce(/*offer=*/false), "");
+  EXPECT_FALSE(Nonce().empty());          // with one
+  EXPECT_EQ(Nonce(/*offer=*/false), "");  // an offer lets one request in, not two
+}
+
+TEST_F(UcxListenerTest, OffersPerAddressAreBounded) {
+  UcxListenerOptions o;
+  o.max_offers_per_address = 2;
+  Listen(o);
+  EXPECT_TRUE(listener_->Offer(kLoopback));
+  EXPECT_TRUE(listener_->Offer(kLoopback));
+  EXPECT_FALSE(listener_->Offer(kLoopback));
+  EXPECT_TRUE(listener_->Offer("10.1.2.3"));
+  EXPECT_FALSE(Nonce(/*offer=*/false).empty());  // takes one
+  EXPECT_TRUE(listener_->Offer(kLoopback));
+}
+
+TEST_F(UcxListenerTest, OffersAndNoncesNotTakenInTimeExpire) {
   UcxListenerOptions o;
   o.claim_within = 100ms;
   Listen(o);
   const std::string a = Nonce();
   ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(listener_->Offer(kLoopback));
   std::this_thread::sleep_for(300ms);
-  EXPECT_EQ(listener_->Claim(a).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(listener_->Claim(a, kLoopback).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Nonce(/*offer=*/false), "");  // the offer expired too
 }
 
-TEST_F(UcxListenerTest, PastTheBoundANewEndpointIsClosedWithoutANonce) {
+TEST_F(UcxListenerTest, PastTheBoundANewEndpointIsRefused) {
   UcxListenerOptions o;
   o.max_unclaimed = 1;
   Listen(o);
   const std::string a = Nonce();
   ASSERT_FALSE(a.empty());
-  EXPECT_EQ(Nonce(500ms), "");  // closed at once: no nonce
-  ASSERT_TRUE(listener_->Claim(a).ok());
+  EXPECT_EQ(Nonce(), "");  // refused at once: no nonce
+  ASSERT_TRUE(listener_->Claim(a, kLoopback).ok());
   EXPECT_FALSE(Nonce().empty());  // room again
 }
 

@@ -737,8 +737,9 @@ std::string UcxNonce(transport::UcxEngine& worker, uint32_t port) {
   auto ep = worker.ConnectTo("127.0.0.1", static_cast<uint16_t>(port));
   if (!ep.ok()) return "";
   std::string nonce(transport::kUcxBindNonceBytes, '\0');
-  auto got = worker.ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(),
-                                      std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  auto got =
+      worker.ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(),
+                               std::chrono::steady_clock::now() + std::chrono::seconds(10), *ep);
   return got.ok() && *got == nonce.size() ? nonce : "";
 }
 

@@ -28,6 +28,15 @@ Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port
   return Status::OK();
 }
 
+std::string CanonicalIp(std::string_view ip) {
+  constexpr std::string_view kMapped = "::ffff:";
+  if (ip.size() > kMapped.size() && ip.substr(0, kMapped.size()) == kMapped &&
+      ip.find('.') != std::string_view::npos) {
+    return std::string(ip.substr(kMapped.size()));
+  }
+  return std::string(ip);
+}
+
 bool IsTlsAddress(std::string_view address) { return address.substr(0, 6) == "tls://"; }
 
 bool IsTcpAddress(std::string_view address) {

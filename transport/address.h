@@ -15,6 +15,10 @@ namespace kvpool::transport {
 // InvalidArgument otherwise.
 Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port);
 
+// An IP address in the form kvpool compares peers by: an IPv4-mapped IPv6 address
+// ("::ffff:10.0.0.7") as IPv4 ("10.0.0.7"); anything else as given.
+std::string CanonicalIp(std::string_view ip);
+
 // A control address over TCP: "tcp://..." or "tls://..." (TLS over TCP).
 bool IsTcpAddress(std::string_view address);
 bool IsTlsAddress(std::string_view address);

@@ -155,6 +155,25 @@ std::string ExtractTransports(const std::string& info) {
 
 }  // namespace
 
+namespace {
+// `addr`'s IP address as text; an IPv4-mapped IPv6 address in IPv4 form. Empty if neither.
+std::string IpOf(const sockaddr* addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof(text));
+    return text;
+  }
+  if (addr->sa_family != AF_INET6) return "";
+  const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr;
+  if (IN6_IS_ADDR_V4MAPPED(&a)) {
+    inet_ntop(AF_INET, &a.s6_addr[12], text, sizeof(text));
+  } else {
+    inet_ntop(AF_INET6, &a, text, sizeof(text));
+  }
+  return text;
+}
+}  // namespace
+
 class UcxEngine::Impl {
  public:
   explicit Impl(const UcxOptions& options) : options_(options) {}
@@ -176,7 +195,9 @@ class UcxEngine::Impl {
   Result<UcxEndpointId> DoConnect(const std::string& address);
   Result<UcxEndpointId> DoConnectTo(const sockaddr_storage& addr, socklen_t len);
   Result<uint16_t> DoListen(const sockaddr_storage& addr, socklen_t len,
-                            std::function<void(UcxEndpointId)> on_accept);
+                            std::function<bool(const std::string&)> admit,
+                            std::function<void(UcxEndpointId, const std::string&)> on_accept);
+  void DoStopListening();
   void DoDisconnect(UcxEndpointId id);
   void DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const void* data, size_t len,
               std::function<void(Status)> done);
@@ -227,6 +248,8 @@ class UcxEngine::Impl {
 
   void Complete(Op* op, Status st, size_t len);
   void ForceClose(Endpoint& e, Status why);
+  // Cancels the receives that name `ep` as their sender (ReceiveTagged's `from`).
+  void CancelReceivesFrom(UcxEndpointId ep);
   // Cancels (as DoCancel) the operations whose deadline has passed; returns how long until the
   // next one is due (capped at `cap`).
   std::chrono::milliseconds ExpireDeadlines(std::chrono::milliseconds cap);
@@ -237,8 +260,10 @@ class UcxEngine::Impl {
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
-  ucp_listener_h listener_ = nullptr;             // progress thread only
-  std::function<void(UcxEndpointId)> on_accept_;  // the listener's; progress thread only
+  // The listener and its callbacks; progress thread only.
+  ucp_listener_h listener_ = nullptr;
+  std::function<bool(const std::string&)> admit_;
+  std::function<void(UcxEndpointId, const std::string&)> on_accept_;
   int ucp_efd_ = -1;
   int wake_fd_ = -1;
   int epoll_fd_ = -1;
@@ -454,10 +479,7 @@ void UcxEngine::Impl::Shutdown() {
     left.swap(queue_);
   }
   for (auto& cmd : left) cmd.abort();
-  if (listener_ != nullptr) {
-    ucp_listener_destroy(listener_);
-    listener_ = nullptr;
-  }
+  DoStopListening();
 
   // Cancel receives; force-close endpoints, which completes their sends with CANCELED.
   std::vector<UcxOpId> ids;
@@ -546,6 +568,22 @@ void UcxEngine::Impl::ForceClose(Endpoint& e, Status why) {
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
   void* req = ucp_ep_close_nbx(ep, &param);
   if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+  CancelReceivesFrom(e.id);
+}
+
+void UcxEngine::Impl::CancelReceivesFrom(UcxEndpointId ep) {
+  // Receives that wait for this endpoint's messages: none can come now. (One already under way
+  // ended with the close.)
+  std::vector<UcxOpId> waiting;
+  for (const auto& [id, op] : ops_) {
+    if (!op->is_send && op->ep == ep && op->request != nullptr) waiting.push_back(id);
+  }
+  for (UcxOpId id : waiting) {
+    auto it = ops_.find(id);  // an earlier cancel may have completed it
+    if (it != ops_.end() && it->second->request != nullptr) {
+      ucp_request_cancel(worker_, it->second->request);
+    }
+  }
 }
 
 Result<UcxEndpointId> UcxEngine::Impl::CreateEndpoint(ucp_ep_params_t& params, const char* what) {
@@ -586,6 +624,17 @@ Result<UcxEndpointId> UcxEngine::Impl::DoConnectTo(const sockaddr_storage& addr,
 
 void UcxEngine::Impl::ConnectionRequest(ucp_conn_request_h request, void* arg) {
   auto* impl = static_cast<Impl*>(arg);
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  std::string peer_ip;
+  if (ucp_conn_request_query(request, &attr) == UCS_OK) {
+    peer_ip = IpOf(reinterpret_cast<const sockaddr*>(&attr.client_address));
+  }
+  if (impl->listener_ == nullptr || peer_ip.empty() || !impl->admit_(peer_ip)) {
+    VLOG(1) << "UCX: connection request from " << (peer_ip.empty() ? "?" : peer_ip) << " refused";
+    if (impl->listener_ != nullptr) ucp_listener_reject(impl->listener_, request);
+    return;
+  }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
   params.conn_request = request;
@@ -596,12 +645,14 @@ void UcxEngine::Impl::ConnectionRequest(ucp_conn_request_h request, void* arg) {
                  << ep.status().ToString();
     return;
   }
-  impl->on_accept_(*ep);
+  impl->on_accept_(*ep, peer_ip);
 }
 
-Result<uint16_t> UcxEngine::Impl::DoListen(const sockaddr_storage& addr, socklen_t len,
-                                           std::function<void(UcxEndpointId)> on_accept) {
+Result<uint16_t> UcxEngine::Impl::DoListen(
+    const sockaddr_storage& addr, socklen_t len, std::function<bool(const std::string&)> admit,
+    std::function<void(UcxEndpointId, const std::string&)> on_accept) {
   if (listener_ != nullptr) return Status::FailedPrecondition("this UCX engine already listens");
+  admit_ = std::move(admit);
   on_accept_ = std::move(on_accept);
   ucp_listener_params_t params{};
   params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
@@ -617,11 +668,21 @@ Result<uint16_t> UcxEngine::Impl::DoListen(const sockaddr_storage& addr, socklen
   }
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  KVPOOL_RETURN_IF_ERROR(
-      KVPOOL_UCS_STATUS(ucp_listener_query(listener_, &attr), "ucp_listener_query"));
+  st = KVPOOL_UCS_STATUS(ucp_listener_query(listener_, &attr), "ucp_listener_query");
+  if (!st.ok()) {
+    DoStopListening();  // a port nobody would be told of must not stay open
+    return st;
+  }
   const auto* sa = reinterpret_cast<const sockaddr*>(&attr.sockaddr);
   if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
   return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
+}
+
+void UcxEngine::Impl::DoStopListening() {
+  if (listener_ != nullptr) ucp_listener_destroy(listener_);
+  listener_ = nullptr;
+  admit_ = nullptr;
+  on_accept_ = nullptr;  // (and what they hold)
 }
 
 void UcxEngine::Impl::DoDisconnect(UcxEndpointId id) {
@@ -638,6 +699,8 @@ void UcxEngine::Impl::DoDisconnect(UcxEndpointId id) {
     if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
     e.ep = nullptr;
   }
+  if (e.failed.ok()) e.failed = Status::Aborted("UCX endpoint " + std::to_string(id) + " closed");
+  CancelReceivesFrom(id);
   // The error callback's arg is this Endpoint; UCX does not call it after close, so it may go.
   eps_.erase(it);
 }
@@ -664,6 +727,15 @@ void UcxEngine::Impl::ReceiveCallback(void* request, ucs_status_t status,
 
 void UcxEngine::Impl::Complete(Op* op, Status st, size_t len) {
   if (!op->orphaned) ops_.erase(op->id);
+  if (!st.ok() && !op->is_send && op->ep != 0) {
+    // A receive whose sender's endpoint failed or was closed: that is why (Unavailable for a
+    // peer gone, Aborted for our own close).
+    auto it = eps_.find(op->ep);
+    if (it != eps_.end() && !it->second->failed.ok()) {
+      const Status& why = it->second->failed;
+      st = Status(why.code(), st.message() + " (" + why.message() + ")");
+    }
+  }
   if (!st.ok() && st.code() != StatusCode::kAborted) {
     // A send whose endpoint failed: report the endpoint's reason (peer gone) as Unavailable.
     if (op->is_send) {
@@ -728,6 +800,19 @@ void UcxEngine::Impl::Posted(UcxOpId id, void* req, const char* what) {
 
 void UcxEngine::Impl::DoReceive(UcxOpId id, uint64_t tag, void* data, size_t capacity,
                                 std::function<void(Status, size_t)> done, UcxEndpointId from) {
+  if (from != 0) {
+    // Nothing can come from an endpoint that is gone.
+    auto e = eps_.find(from);
+    if (e == eps_.end()) {
+      done(Status::NotFound("UCX endpoint " + std::to_string(from) + " is not connected"), 0);
+      return;
+    }
+    if (e->second->ep == nullptr) {
+      const Status& why = e->second->failed;
+      done(Status(why.code(), "UCX endpoint " + std::to_string(from) + ": " + why.message()), 0);
+      return;
+    }
+  }
   auto* op = new Op;
   op->impl = this;
   op->id = id;
@@ -838,6 +923,7 @@ Status ResolveSocketAddress(std::string_view host, uint16_t port, bool passive,
   const std::string service = std::to_string(port);
   int rc = getaddrinfo(name.c_str(), service.c_str(), &hints, &found);
   if (rc != 0 || found == nullptr) {
+    if (found != nullptr) freeaddrinfo(found);
     return Status::InvalidArgument("cannot resolve \"" + name + "\" for UCX: " + gai_strerror(rc));
   }
   std::memcpy(out, found->ai_addr, found->ai_addrlen);
@@ -847,14 +933,24 @@ Status ResolveSocketAddress(std::string_view host, uint16_t port, bool passive,
 }
 }  // namespace
 
-Result<uint16_t> UcxEngine::Listen(std::string_view ip, uint16_t port,
-                                   std::function<void(UcxEndpointId)> on_accept) {
+Result<uint16_t> UcxEngine::Listen(
+    std::string_view ip, uint16_t port, std::function<bool(const std::string&)> admit,
+    std::function<void(UcxEndpointId, const std::string&)> on_accept) {
   sockaddr_storage addr{};
   socklen_t len = 0;
   KVPOOL_RETURN_IF_ERROR(ResolveSocketAddress(ip, port, /*passive=*/true, &addr, &len));
   Impl* impl = impl_.get();
-  return RunOnProgressThread<uint16_t>(
-      *impl, [impl, addr, len, on_accept] { return impl->DoListen(addr, len, on_accept); });
+  return RunOnProgressThread<uint16_t>(*impl, [impl, addr, len, admit, on_accept] {
+    return impl->DoListen(addr, len, admit, on_accept);
+  });
+}
+
+void UcxEngine::StopListening() {
+  Impl* impl = impl_.get();
+  (void)RunOnProgressThread<bool>(*impl, [impl]() -> Result<bool> {
+    impl->DoStopListening();
+    return true;
+  });
 }
 
 Result<UcxEndpointId> UcxEngine::ConnectTo(std::string_view host, uint16_t port) {

@@ -99,18 +99,27 @@ class UcxEngine {
   const std::string& WorkerAddress() const;
 
   // Creates an endpoint to the worker whose WorkerAddress() is `peer_worker_address` (with
-  // error mode PEER). InvalidArgument for an address UCX cannot parse, Unavailable when no common
-  // transport reaches the peer. Wire-up completes lazily: a dead peer shows on the first send.
+  // error mode PEER). Only for an address from a trusted source: UCX 1.13 unpacks it without a
+  // length and aborts the process on some malformed ones (InvalidArgument for others).
+  // Unavailable when no common transport reaches the peer. Wire-up completes lazily: a dead peer
+  // shows on the first send.
   Result<UcxEndpointId> Connect(std::string_view peer_worker_address);
 
   // Listens for endpoints that peers create with ConnectTo: on `ip` (an address or a name;
-  // "0.0.0.0" or "::" for every interface) and `port` (0: a free one). Returns the port. Each
-  // accepted endpoint (error mode PEER) goes to `on_accept` on the progress thread, which must not
-  // block; it is the caller's to Disconnect. The peer's worker address travels inside UCX's own
-  // wire-up, so a caller never hands UCX address bytes it got from someone else (Connect does). One
-  // listener per engine (FailedPrecondition for a second); it ends with the engine.
+  // "0.0.0.0" or "::" for every interface) and `port` (0: a free one). Returns the port. For
+  // each connection request, `admit` decides from the peer's address ("10.0.0.7"; an
+  // IPv4-mapped IPv6 address in IPv4 form) whether it is accepted, before anything is created
+  // for it; a refused one is rejected (ucp_listener_reject). Each accepted endpoint (error mode
+  // PEER) goes to `on_accept` with that address. Both run on the progress thread and must not
+  // block; the endpoint is the caller's to Disconnect. The peer's worker address travels inside
+  // UCX's own wire-up, so a caller never hands UCX address bytes it got from someone else
+  // (Connect does). One listener per engine (FailedPrecondition for a second); it ends with
+  // StopListening or the engine.
   Result<uint16_t> Listen(std::string_view ip, uint16_t port,
-                          std::function<void(UcxEndpointId)> on_accept);
+                          std::function<bool(const std::string& peer_ip)> admit,
+                          std::function<void(UcxEndpointId, const std::string& peer_ip)> on_accept);
+  // Stops the listener: later connection requests are refused; accepted endpoints stay.
+  void StopListening();
 
   // Creates an endpoint (error mode PEER) to the engine that listens at `host`:`port` (a name
   // or a numeric address). InvalidArgument when the host does not resolve; a listener that is
@@ -140,8 +149,9 @@ class UcxEngine {
   // receive already under way, and a sender that stops (SIGSTOP, a hung host: no error reaches
   // UCX) would hold `data` for as long as it stays stopped. A cancel of such a receive that has
   // not ended UcxOptions::cancel_grace later force-closes `from` (its other operations fail;
-  // reconnect), which ends the receive with Aborted. Without `from` the receive may outlive its
-  // cancel for as long as its sender is stopped.
+  // reconnect), which ends the receive with Aborted. And when `from` fails (or is closed), the
+  // receive ends with Unavailable, naming why, instead of waiting for a message that cannot come.
+  // Without `from` the receive may outlive its cancel for as long as its sender is stopped.
   UcxOpId ReceiveTagged(uint64_t tag, void* data, size_t capacity,
                         std::function<void(Status, size_t received)> done, UcxEndpointId from = 0);
 

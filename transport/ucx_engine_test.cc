@@ -368,13 +368,25 @@ TEST_F(UcxEngineTest, GarbageAddressIsAnErrorNotACrash) {
 TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
   absl::Mutex mu;
   std::vector<UcxEndpointId> accepted;
-  auto port = b_->Listen("127.0.0.1", 0, [&](UcxEndpointId ep) {
-    absl::MutexLock lock(&mu);
-    accepted.push_back(ep);
-  });
+  std::vector<std::string> asked_from;
+  auto port = b_->Listen(
+      "127.0.0.1", 0,
+      [&](const std::string& ip) {
+        absl::MutexLock lock(&mu);
+        asked_from.push_back(ip);
+        return true;
+      },
+      [&](UcxEndpointId ep, const std::string&) {
+        absl::MutexLock lock(&mu);
+        accepted.push_back(ep);
+      });
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   EXPECT_NE(*port, 0);
-  EXPECT_EQ(b_->Listen("127.0.0.1", 0, [](UcxEndpointId) {}).status().code(),
+  EXPECT_EQ(b_->Listen(
+                  "127.0.0.1", 0, [](const std::string&) { return true; },
+                  [](UcxEndpointId, const std::string&) {})
+                .status()
+                .code(),
             StatusCode::kFailedPrecondition);
 
   auto to_b = a_->ConnectTo("127.0.0.1", *port);
@@ -402,6 +414,7 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
     absl::MutexLock lock(&mu);
     ASSERT_EQ(accepted.size(), 1u);
     to_a = accepted[0];
+    EXPECT_EQ(asked_from, std::vector<std::string>{"127.0.0.1"});
   }
   absl::Notification received_back;
   Status back_status;
@@ -420,8 +433,37 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
 
 TEST_F(UcxEngineTest, ConnectingToAHostThatDoesNotResolveIsAnError) {
   EXPECT_EQ(a_->ConnectTo("no-such-host.invalid", 1).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(a_->Listen("not-an-address.invalid", 0, [](UcxEndpointId) {}).status().code(),
+  EXPECT_EQ(a_->Listen(
+                  "not-an-address.invalid", 0, [](const std::string&) { return true; },
+                  [](UcxEndpointId, const std::string&) {})
+                .status()
+                .code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST_F(UcxEngineTest, ARefusedRequestFailsTheReceivesThatWaitForItsEndpoint) {
+  std::atomic<int> accepted{0};
+  auto port = b_->Listen(
+      "127.0.0.1", 0, [](const std::string&) { return false; },
+      [&](UcxEndpointId, const std::string&) { ++accepted; });
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto to_b = a_->ConnectTo("127.0.0.1", *port);
+  ASSERT_TRUE(to_b.ok()) << to_b.status().ToString();
+  // A receive that names the endpoint ends when the endpoint fails, long before its deadline.
+  uint8_t x = 0;
+  auto got = a_->ReceiveTaggedSync(7, &x, 1, Clock::now() + seconds(60), *to_b);
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+  EXPECT_EQ(accepted.load(), 0);
+  // And so does one posted after it failed.
+  got = a_->ReceiveTaggedSync(8, &x, 1, Clock::now() + seconds(60), *to_b);
+  EXPECT_FALSE(got.ok());
+  EXPECT_NE(got.status().code(), StatusCode::kDeadlineExceeded) << got.status().ToString();
+  // A listener stopped refuses too; one can listen again.
+  b_->StopListening();
+  auto again = b_->Listen(
+      "127.0.0.1", 0, [](const std::string&) { return true; },
+      [&](UcxEndpointId, const std::string&) { ++accepted; });
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
 TEST_F(UcxEngineTest, DestroyingTheEngineAbortsOutstandingOperations) {

@@ -52,9 +52,11 @@ namespace kvpool::daemon::cluster {
 struct MemberRecord {
   std::string cluster;
   std::string node_id;
-  std::string instance;            // random per process start: tells a restart from a twin
-  std::string control_address;     // "tcp://HOST:PORT" where peers send control requests
-  std::string ucx_worker_address;  // raw bytes of ucp_worker_get_address
+  std::string instance;         // random per process start: tells a restart from a twin
+  std::string control_address;  // "tcp://HOST:PORT" where peers send control requests
+  // Raw bytes of a ucp worker address. kvpoold publishes it empty now (peers make endpoints to
+  // each other's UCX listener, transport/ucx_bind.h); kept in the record for older readers.
+  std::string ucx_worker_address;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
   int64_t started_at_ms = 0;  // Unix time in milliseconds
@@ -118,7 +120,8 @@ struct MembershipOptions {
   std::string node_id;
   // Shared cluster secret, at least kMinSecretBytes bytes. Required.
   std::string secret;
-  // Published for peers: control address ("tcp://HOST:PORT") and UCX worker address (raw).
+  // Published for peers: control address ("tcp://HOST:PORT"); UCX worker address (raw; kvpoold
+  // leaves it empty, see MemberRecord).
   std::string control_address;
   std::string ucx_worker_address;
   // Capacity published for `kvpool cluster members`.

@@ -111,7 +111,10 @@ struct ServerInfo {
   // A block borrowed in place (Client::Borrow) stays leased at most this long. 0 on a
   // connection without shared memory (nothing is leased there).
   std::chrono::milliseconds lease_timeout{0};
-  bool ucx = false;    // blocks move over UCX on this connection
+  bool ucx = false;  // blocks move over UCX on this connection
+  // Why not, where the client asked for UCX and it was not set up (e.g. "UCX endpoint to
+  // 10.0.0.5:41000: ... unreachable"); empty otherwise.
+  std::string ucx_refused;
   bool admin = false;  // the connection has admin rights
   // The daemon's gpu tiers, on a shared-memory connection: a block there is copied device to
   // device into a Memory::kCuda buffer of the same device (see Prefetch).
