@@ -74,8 +74,7 @@ Result<std::string> UcxDataPath::ConnectTo(const std::string& host, uint16_t por
   if (ep.ok()) {
     endpoint_ = *ep;
     // From this endpoint only: its failure (nobody listens, the daemon refused it) ends the wait.
-    got = engine_->ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(), deadline,
-                                     endpoint_);
+    got = engine_->ReceiveStreamSync(endpoint_, nonce.data(), nonce.size(), deadline);
     if (got.ok() && *got != nonce.size()) got = Status::Corruption("short UCX bind nonce");
   }
   if (!got.ok()) {

@@ -61,7 +61,7 @@ class UcxDataPathPeerTest : public ::testing::Test {
         "127.0.0.1", 0, [](const std::string&) { return true; },
         [this](transport::UcxEndpointId ep, const std::string&) {
           accepted_ = ep;
-          peer_->SendTagged(ep, transport::kUcxBindTag, kNonce, sizeof(kNonce) - 1, [](Status) {});
+          peer_->SendStream(ep, kNonce, sizeof(kNonce) - 1, [](Status) {});
         });
     ASSERT_TRUE(port.ok()) << port.status().ToString();
     port_ = *port;

@@ -118,7 +118,7 @@ void UcxListener::State::Accept(transport::UcxEndpointId ep, const std::string& 
   }
   // The client receives it from this endpoint (transport/ucx_bind.h); one that never does has
   // the endpoint closed at expiry, which ends this send too.
-  engine.SendTagged(ep, transport::kUcxBindTag, nonce->data(), nonce->size(), [nonce](Status st) {
+  engine.SendStream(ep, nonce->data(), nonce->size(), [nonce](Status st) {
     if (!st.ok()) VLOG(1) << "UCX bind nonce not delivered: " << st.ToString();
   });
 }

@@ -55,8 +55,7 @@ class UcxListenerTest : public ::testing::Test {
     EXPECT_TRUE(ep.ok()) << ep.status().ToString();
     if (!ep.ok()) return "";
     std::string nonce(transport::kUcxBindNonceBytes, '\0');
-    auto got = client_->ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(),
-                                          Clock::now() + wait, *ep);
+    auto got = client_->ReceiveStreamSync(*ep, nonce.data(), nonce.size(), Clock::now() + wait);
     return got.ok() && *got == nonce.size() ? nonce : "";
   }
 

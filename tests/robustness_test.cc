@@ -737,9 +737,8 @@ std::string UcxNonce(transport::UcxEngine& worker, uint32_t port) {
   auto ep = worker.ConnectTo("127.0.0.1", static_cast<uint16_t>(port));
   if (!ep.ok()) return "";
   std::string nonce(transport::kUcxBindNonceBytes, '\0');
-  auto got =
-      worker.ReceiveTaggedSync(transport::kUcxBindTag, nonce.data(), nonce.size(),
-                               std::chrono::steady_clock::now() + std::chrono::seconds(10), *ep);
+  auto got = worker.ReceiveStreamSync(*ep, nonce.data(), nonce.size(),
+                                      std::chrono::steady_clock::now() + std::chrono::seconds(10));
   return got.ok() && *got == nonce.size() ? nonce : "";
 }
 

@@ -203,6 +203,10 @@ class UcxEngine::Impl {
               std::function<void(Status)> done);
   void DoReceive(UcxOpId id, uint64_t tag, void* data, size_t capacity,
                  std::function<void(Status, size_t)> done, UcxEndpointId from);
+  void DoSendStream(UcxOpId id, UcxEndpointId ep, const void* data, size_t len,
+                    std::function<void(Status)> done);
+  void DoReceiveStream(UcxOpId id, UcxEndpointId ep, void* data, size_t len,
+                       std::function<void(Status, size_t)> done);
   void DoCancel(UcxOpId id);
   // Cancels op `id` at `deadline` unless it finished.
   void AddDeadline(UcxOpId id, std::chrono::steady_clock::time_point deadline) {
@@ -239,6 +243,10 @@ class UcxEngine::Impl {
   static void SendCallback(void* request, ucs_status_t status, void* user_data);
   static void ReceiveCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                               void* user_data);
+  static void StreamReceiveCallback(void* request, ucs_status_t status, size_t length,
+                                    void* user_data);
+  // Looks up `ep` for a new operation: its Endpoint, or null after reporting why to `fail`.
+  Endpoint* UsableEndpoint(UcxEndpointId ep, const std::function<void(Status)>& fail);
   static void ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
   static void ConnectionRequest(ucp_conn_request_h request, void* arg);
 
@@ -341,7 +349,7 @@ Status UcxEngine::Impl::Init() {
   if (st.ok()) {
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 0;
     st = KVPOOL_UCS_STATUS(ucp_init(&params, config, &context_), "ucp_init");
   }
@@ -756,19 +764,75 @@ void UcxEngine::Impl::Complete(Op* op, Status st, size_t len) {
   delete op;
 }
 
-void UcxEngine::Impl::DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const void* data,
-                             size_t len, std::function<void(Status)> done) {
+UcxEngine::Impl::Endpoint* UcxEngine::Impl::UsableEndpoint(
+    UcxEndpointId ep, const std::function<void(Status)>& fail) {
   auto it = eps_.find(ep);
   if (it == eps_.end()) {
-    done(Status::NotFound("UCX endpoint " + std::to_string(ep) + " is not connected"));
-    return;
+    fail(Status::NotFound("UCX endpoint " + std::to_string(ep) + " is not connected"));
+    return nullptr;
   }
-  Endpoint& e = *it->second;
-  if (e.ep == nullptr) {
-    done(Status::Unavailable("UCX endpoint " + std::to_string(ep) +
-                             " failed: " + e.failed.message()));
-    return;
+  if (it->second->ep == nullptr) {
+    fail(Status::Unavailable("UCX endpoint " + std::to_string(ep) +
+                             " failed: " + it->second->failed.message()));
+    return nullptr;
   }
+  return it->second.get();
+}
+
+void UcxEngine::Impl::DoSendStream(UcxOpId id, UcxEndpointId ep, const void* data, size_t len,
+                                   std::function<void(Status)> done) {
+  Endpoint* e = UsableEndpoint(ep, done);
+  if (e == nullptr) return;
+  auto* op = new Op;
+  op->impl = this;
+  op->id = id;
+  op->ep = ep;
+  op->is_send = true;
+  op->send_done = std::move(done);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &SendCallback;
+  param.user_data = op;
+  ops_.emplace(id, op);
+  void* req = ucp_stream_send_nbx(e->ep, data, len, &param);
+  Posted(id, req, "ucp_stream_send_nbx");
+}
+
+void UcxEngine::Impl::StreamReceiveCallback(void* request, ucs_status_t status, size_t length,
+                                            void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  ucp_request_free(request);
+  op->request = nullptr;
+  op->impl->Complete(op, KVPOOL_UCS_STATUS(status, "UCX stream receive"),
+                     status == UCS_OK ? length : 0);
+}
+
+void UcxEngine::Impl::DoReceiveStream(UcxOpId id, UcxEndpointId ep, void* data, size_t len,
+                                      std::function<void(Status, size_t)> done) {
+  Endpoint* e = UsableEndpoint(ep, [&done](Status st) { done(std::move(st), 0); });
+  if (e == nullptr) return;
+  auto* op = new Op;
+  op->impl = this;
+  op->id = id;
+  op->ep = ep;  // as a tagged receive's `from`: its failure or close ends this receive
+  op->recv_done = std::move(done);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.flags = UCP_STREAM_RECV_FLAG_WAITALL;
+  param.cb.recv_stream = &StreamReceiveCallback;
+  param.user_data = op;
+  ops_.emplace(id, op);
+  size_t received = 0;
+  void* req = ucp_stream_recv_nbx(e->ep, data, len, &received, &param);
+  Posted(id, req, "ucp_stream_recv_nbx");
+}
+
+void UcxEngine::Impl::DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const void* data,
+                             size_t len, std::function<void(Status)> done) {
+  Endpoint* found = UsableEndpoint(ep, done);
+  if (found == nullptr) return;
+  Endpoint& e = *found;
   auto* op = new Op;
   op->impl = this;
   op->id = id;
@@ -996,6 +1060,17 @@ UcxOpId UcxEngine::ReceiveTagged(uint64_t tag, void* data, size_t capacity,
   return id;
 }
 
+UcxOpId UcxEngine::SendStream(UcxEndpointId ep, const void* data, size_t len,
+                              std::function<void(Status)> done) {
+  Impl* impl = impl_.get();
+  UcxOpId id = impl->NextOpId();
+  auto cb = std::make_shared<std::function<void(Status)>>(std::move(done));
+  impl->Post(
+      {[impl, id, ep, data, len, cb] { impl->DoSendStream(id, ep, data, len, std::move(*cb)); },
+       [cb] { (*cb)(Status::Aborted("UCX engine shut down")); }});
+  return id;
+}
+
 void UcxEngine::Cancel(UcxOpId op) {
   Impl* impl = impl_.get();
   impl->Post({[impl, op] { impl->DoCancel(op); }, [] {}});
@@ -1080,6 +1155,34 @@ Result<size_t> UcxEngine::ReceiveTaggedSync(uint64_t tag, void* data, size_t cap
   if (expired && w->status.code() == StatusCode::kAborted) {
     return Status::DeadlineExceeded("UCX tagged receive (tag " + std::to_string(tag) +
                                     ") did not complete by its deadline");
+  }
+  return w->status;
+}
+
+Result<size_t> UcxEngine::ReceiveStreamSync(UcxEndpointId ep, void* data, size_t len,
+                                            std::chrono::steady_clock::time_point deadline) {
+  if (impl_->OnProgressThread()) {
+    return Status::FailedPrecondition("UcxEngine::ReceiveStreamSync on the UCX progress thread");
+  }
+  auto w = std::make_shared<SyncWait>();
+  Impl* impl = impl_.get();
+  const UcxOpId op = impl->NextOpId();
+  auto done = [w](Status st, size_t n) {
+    absl::MutexLock lock(&w->mu);
+    w->status = std::move(st);
+    w->received = n;
+    w->done = true;
+  };
+  impl->Post({[impl, op, ep, data, len, done] { impl->DoReceiveStream(op, ep, data, len, done); },
+              [done] { done(Status::Aborted("UCX engine shut down"), 0); }});
+  // Past the deadline the cancel does nothing to a stream receive; the close of `ep` a grace
+  // later ends it (DoCancel).
+  const bool expired = WaitOrCancel(*this, op, *w, deadline);
+  absl::MutexLock lock(&w->mu);
+  if (w->status.ok()) return w->received;
+  if (expired && w->status.code() == StatusCode::kAborted) {
+    return Status::DeadlineExceeded("UCX stream receive of " + std::to_string(len) +
+                                    " bytes did not complete by its deadline");
   }
   return w->status;
 }

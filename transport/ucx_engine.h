@@ -155,6 +155,20 @@ class UcxEngine {
   UcxOpId ReceiveTagged(uint64_t tag, void* data, size_t capacity,
                         std::function<void(Status, size_t received)> done, UcxEndpointId from = 0);
 
+  // Stream bytes on one endpoint (UCX's stream API): what SendStream sends on `ep` arrives, in
+  // order, only at ReceiveStream of the other end of that same endpoint; unlike a tagged
+  // message, no other endpoint can put bytes there. For small handshakes (the UCX bind nonce,
+  // transport/ucx_bind.h). `done` as for SendTagged.
+  UcxOpId SendStream(UcxEndpointId ep, const void* data, size_t len,
+                     std::function<void(Status)> done);
+  // Receives exactly `len` bytes from `ep`'s stream into `data`, by `deadline`: OK with `len`;
+  // the endpoint's failure (Unavailable, or Aborted once closed) as soon as it fails;
+  // DeadlineExceeded past `deadline` (the endpoint is then closed, UcxOptions::cancel_grace
+  // later, if the bytes are still coming: UCX 1.13 cannot cancel a stream receive).
+  // FailedPrecondition on the progress thread.
+  Result<size_t> ReceiveStreamSync(UcxEndpointId ep, void* data, size_t len,
+                                   std::chrono::steady_clock::time_point deadline);
+
   // Asks that `op` stop: its `done` runs with Aborted (or with its real result if it finished
   // first). A receive not yet matched is cancelled at once; one already receiving finishes or
   // fails with its sender. UCX 1.13 cannot withdraw a send in flight, so cancelling a send that is

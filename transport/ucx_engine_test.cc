@@ -441,6 +441,48 @@ TEST_F(UcxEngineTest, ConnectingToAHostThatDoesNotResolveIsAnError) {
             StatusCode::kInvalidArgument);
 }
 
+TEST_F(UcxEngineTest, StreamBytesArriveOnlyAtTheirOwnEndpoint) {
+  absl::Mutex mu;
+  std::vector<UcxEndpointId> accepted;
+  auto port = b_->Listen(
+      "127.0.0.1", 0, [](const std::string&) { return true; },
+      [&](UcxEndpointId ep, const std::string&) {
+        absl::MutexLock lock(&mu);
+        accepted.push_back(ep);
+      });
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  // Two endpoints from a_ to b_, one at a time so that b_'s ends are known.
+  std::vector<UcxEndpointId> from_a, from_b;
+  for (int i = 0; i < 2; ++i) {
+    auto ep = a_->ConnectTo("127.0.0.1", *port);
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    from_a.push_back(*ep);
+    // Accepted once a_'s wire-up reaches b_: a first message makes it happen.
+    ASSERT_TRUE(a_->SendStream(*ep, "x", 1, [](Status) {}) != 0);
+    absl::MutexLock lock(&mu);
+    auto two = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return accepted.size() == from_a.size(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&two), absl::Seconds(10)));
+    from_b.push_back(accepted.back());
+  }
+  char x = 0;
+  for (UcxEndpointId ep : from_b) {
+    auto got = b_->ReceiveStreamSync(ep, &x, 1, Clock::now() + seconds(10));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+  }
+  b_->SendStream(from_b[1], "second", 6, [](Status) {});
+  b_->SendStream(from_b[0], "first!", 6, [](Status) {});
+  std::string got0(6, '\0'), got1(6, '\0');
+  auto n = a_->ReceiveStreamSync(from_a[1], got1.data(), got1.size(), Clock::now() + seconds(10));
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  n = a_->ReceiveStreamSync(from_a[0], got0.data(), got0.size(), Clock::now() + seconds(10));
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(got0, "first!");
+  EXPECT_EQ(got1, "second");
+  // Nothing comes on an endpoint nobody writes to: the deadline ends the wait.
+  n = a_->ReceiveStreamSync(from_a[0], got0.data(), 1, Clock::now() + milliseconds(200));
+  EXPECT_EQ(n.status().code(), StatusCode::kDeadlineExceeded) << n.status().ToString();
+}
+
 TEST_F(UcxEngineTest, ARefusedRequestFailsTheReceivesThatWaitForItsEndpoint) {
   std::atomic<int> accepted{0};
   auto port = b_->Listen(

@@ -258,6 +258,7 @@ class PyClient {
     d["max_batch_keys"] = s.max_batch_keys;
     d["shared_memory"] = s.shared_memory;
     d["ucx"] = s.ucx;
+    d["ucx_refused"] = s.ucx_refused;  // why not, where UCX was asked for
     d["admin"] = s.admin;
     d["address"] = options.address;
     d["namespace"] = options.namespace_name;
