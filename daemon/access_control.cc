@@ -206,16 +206,26 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
   bool provable = !cluster_secret_.empty() || (rules->admin && !rules->admin->secret.empty());
 
   bool ns_ok = false;
+  // A guarded namespace and one not declared answer alike (the same words, a challenge where
+  // any namespace could be proven), so that trying names does not list the declared tenants.
+  const std::string guarded_or_undeclared =
+      "namespace '" + ns + "' is not declared on this daemon or needs its credential (" +
+      rules->source + "; kvpoold logs which, at --v=1 for a challenge)";
+  bool any_secret = false;
+  for (const auto& [name, c] : rules->namespaces) any_secret |= c && !c->secret.empty();
   auto it = rules->namespaces.find(ns);
   if (it != rules->namespaces.end() && it->second.has_value()) {
     const Credential& c = *it->second;
     ns_ok = bound(c) || proves(c.secret) || v.peer || admin_proven;
-    provable = provable || !c.secret.empty();
-    v.reason = "namespace '" + ns + "' needs its credential" +
+    provable = provable || any_secret;
+    v.reason = guarded_or_undeclared;
+    v.detail = "namespace '" + ns + "' needs its credential" +
                (c.uids.empty() && c.gids.empty() ? "" : " (or a Unix user or group it admits)");
   } else if (it == rules->namespaces.end() && rules->declared_only) {
     ns_ok = v.peer || admin_proven;
-    v.reason = "namespace '" + ns + "' is not declared on this daemon (" + rules->source + ")";
+    provable = provable || any_secret;
+    v.reason = guarded_or_undeclared;
+    v.detail = "namespace '" + ns + "' is not declared on this daemon (" + rules->source + ")";
   } else {
     ns_ok = claim.local || cluster_secret_.empty() || v.peer || admin_proven;
     v.reason = "this daemon requires the cluster secret on TCP connections";
@@ -237,21 +247,25 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
     ns_ok = false;
     admin_missing = true;
     v.reason = "admin requests need the admin credential";
+    v.detail.clear();
   }
   // A client that sends a challenge of its own holds a secret and wants the daemon to show that
   // it holds it too: it is admitted only through a proof, whatever else would admit it.
   if (ns_ok && !claim.client_challenge.empty() && proven == nullptr) {
     ns_ok = false;
     v.reason = "the client holds a secret for namespace '" + ns + "'";
+    v.detail.clear();
     if (!provable) {
       v.reason +=
           " but this daemon has none that could admit it (give the namespace a "
           "credential_file, or drop the client's credential)";
     }
   }
+  if (v.detail.empty()) v.detail = v.reason;
   if (ns_ok) {
     v.outcome = HelloVerdict::Outcome::kAdmitted;
     v.reason.clear();
+    v.detail.clear();
     if (proven != nullptr && !claim.client_challenge.empty()) {
       v.server_proof = HelloServerProof(*proven, claim.client_challenge, claim.namespace_name);
     }
@@ -264,6 +278,7 @@ HelloVerdict AccessControl::Admit(const HelloClaim& claim) const {
       v.reason = admin_missing
                      ? "admin requests need the admin credential (the one proven is not it)"
                      : "wrong credential for namespace '" + ns + "'";
+      v.detail = v.reason + " (" + v.detail + ")";
     }
   }
   return v;

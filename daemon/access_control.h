@@ -89,7 +89,11 @@ struct HelloVerdict {
   Outcome outcome = Outcome::kRefused;
   bool admin = false;  // admitted with admin rights
   bool peer = false;   // proved the cluster secret: another kvpoold
-  std::string reason;  // for kProve and kRefused, shown to the client and logged
+  std::string reason;  // for kProve and kRefused, shown to the client
+  // For kvpoold's log: `reason` in full. The client's `reason` does not say whether a namespace
+  // it was refused is declared with a credential or not declared at all (else anyone could list
+  // the declared tenants by trying names); this does.
+  std::string detail;
   // kAdmitted by a proof, with a client challenge: the daemon's answer to it under the secret
   // that was proven (common/hello_auth.h).
   std::string server_proof;

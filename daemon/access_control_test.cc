@@ -201,9 +201,9 @@ TEST_F(AccessControlTest, DeclaredAccessRefusesUndeclaredNamespacesExceptToTheAd
   HelloClaim c = Local("tenant-z", &me_);
   HelloVerdict v = access.Admit(c);
   EXPECT_EQ(v.outcome, Outcome::kProve);  // only the admin's secret could open it
-  EXPECT_NE(v.reason.find("namespace 'tenant-z' is not declared on this daemon (ns.yaml)"),
+  EXPECT_NE(v.detail.find("namespace 'tenant-z' is not declared on this daemon (ns.yaml)"),
             std::string::npos)
-      << v.reason;
+      << v.detail;
   c.challenge = challenge_;
   const std::string tenant_proof = HelloProof(kTenantSecret, challenge_, "tenant-z");
   c.proof = tenant_proof;
@@ -245,7 +245,37 @@ TEST_F(AccessControlTest, AdminRightsNeedTheAdminCredential) {
   // No secret anywhere: nothing to challenge for, so a stranger is refused at once.
   v = access.Admit(Local("t", &stranger_));
   EXPECT_EQ(v.outcome, Outcome::kRefused);
-  EXPECT_NE(v.reason.find("namespace 't' needs its credential"), std::string::npos) << v.reason;
+  EXPECT_NE(v.detail.find("namespace 't' needs its credential"), std::string::npos) << v.detail;
+}
+
+TEST_F(AccessControlTest, AGuardedNamespaceAndAnUndeclaredOneAnswerAStrangerAlike) {
+  AccessControl access("");
+  auto rules = Rules(DeclaredYaml());
+  ASSERT_OK(rules);
+  access.Replace(*rules);
+  // Trying names must not list the declared tenants: the same outcome and words for a
+  // namespace guarded by a credential and one not declared, before and after a wrong proof.
+  auto answer = [&](const std::string& ns, const std::string& proof) {
+    HelloClaim c = Local(ns, &stranger_);
+    c.challenge = challenge_;
+    c.proof = proof;
+    HelloVerdict v = access.Admit(c);
+    std::string reason = v.reason;
+    const size_t at = reason.find(ns);
+    if (at != std::string::npos) reason.replace(at, ns.size(), "NS");
+    return std::make_pair(v.outcome, reason);
+  };
+  EXPECT_EQ(answer("tenant-a", ""), answer("tenant-zz", ""));
+  EXPECT_EQ(answer("tenant-a", "").first, Outcome::kProve);
+  const std::string wrong = HelloProof(std::string(32, 'w'), challenge_, "tenant-a");
+  const std::string wrong_z = HelloProof(std::string(32, 'w'), challenge_, "tenant-zz");
+  EXPECT_EQ(answer("tenant-a", wrong), answer("tenant-zz", wrong_z));
+  EXPECT_EQ(answer("tenant-a", wrong).first, Outcome::kRefused);
+  // The log still tells them apart.
+  EXPECT_NE(access.Admit(Local("tenant-a", &stranger_)).detail.find("needs its credential"),
+            std::string::npos);
+  EXPECT_NE(access.Admit(Local("tenant-zz", &stranger_)).detail.find("not declared"),
+            std::string::npos);
 }
 
 TEST_F(AccessControlTest,

@@ -78,6 +78,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
   }
   bool challenged = false;
   bool proved_cluster_secret = false;
+  std::string refused_detail;  // the refusal in full, for the log (HelloVerdict::detail)
   if (st.ok() && !c.hello) {
     HelloClaim claim;
     claim.namespace_name = req.namespace_name();
@@ -93,6 +94,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
       proved_cluster_secret = v.peer;
       resp.set_server_proof(v.server_proof);
     } else if (v.outcome == HelloVerdict::Outcome::kProve && c.challenge.empty()) {
+      VLOG(1) << "connection " << c.info.id << " (" << c.info.peer << ") challenged: " << v.detail;
       // The client may answer this connection's challenge with a proof of its credential.
       c.challenge = NewHelloChallenge();
       resp.set_challenge(c.challenge);
@@ -100,6 +102,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
       challenged = true;
     } else {
       st = Status::PermissionDenied(v.reason);
+      refused_detail = v.detail;
     }
   }
   if (st.ok()) {
@@ -154,7 +157,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
   if (!st.ok() && !challenged) {
     metrics_.Add(metrics_.requests_failed);
     LOG(INFO) << "hello refused on connection " << c.info.id << " (" << c.info.peer
-              << "): " << st.ToString();
+              << "): " << (refused_detail.empty() ? st.ToString() : refused_detail);
     r.close_after = true;
   }
   return r;
