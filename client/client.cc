@@ -187,10 +187,18 @@ class Client::Impl {
     if (resp.ucx_port() != 0 && resp.ucx_port() <= 65535 && ucx_.started()) {
       ucx_refused = BindUcx(static_cast<uint16_t>(resp.ucx_port()));
       server_.ucx = ucx_refused.ok();
+      if (!ucx_refused.ok()) {
+        ucx_retry_at_ = std::chrono::steady_clock::now() + kUcxRetryAfter;
+        last_ucx_refusal_ = ucx_refused.ToString();
+      }
       if (connection_.broken()) return ucx_refused;
-      if (!ucx_refused.ok()) ucx_retry_at_ = std::chrono::steady_clock::now() + kUcxRetryAfter;
     }
-    if (want_ucx && !server_.ucx) server_.ucx_refused = ucx_refused.ToString();
+    if (want_ucx && !server_.ucx) {
+      server_.ucx_refused = ucx_refused.ToString();
+    } else if (!want_ucx && options_.data_path == DataPath::kAuto && tcp &&
+               !last_ucx_refusal_.empty() && std::chrono::steady_clock::now() < ucx_retry_at_) {
+      server_.ucx_refused = "not asked for again until 30 s after: " + last_ucx_refusal_;
+    }
     if (options_.data_path == DataPath::kUcx && !server_.ucx) {
       connection_.Close();
       return ucx_refused.WithContext("the UCX data path");
@@ -233,6 +241,9 @@ class Client::Impl {
   // endpoint) where reconnecting is automatic.
   void DropUcx() {
     server_.ucx = false;
+    server_.ucx_refused =
+        "the UCX endpoint was lost (a transfer past its deadline, or the endpoint failed); the "
+        "next call reconnects for a new one";
     ucx_lost_ = true;
   }
 
@@ -1407,6 +1418,7 @@ class Client::Impl {
   bool ucx_lost_ = false;  // DropUcx: reconnect before the next call
   // A bind failed: kAuto asks for UCX again from then on.
   std::chrono::steady_clock::time_point ucx_retry_at_;
+  std::string last_ucx_refusal_;  // why, for ServerInfo::ucx_refused meanwhile
   static constexpr std::chrono::seconds kUcxRetryAfter{30};
   ControlConnection connection_;
   DaemonSegments segment_source_{connection_};

@@ -79,7 +79,6 @@ Result<std::string> UcxDataPath::ConnectTo(const std::string& host, uint16_t por
   }
   if (!got.ok()) {
     Disconnect();
-    engine_.reset();
     return got.status().WithContext("UCX endpoint to " + host + ":" + std::to_string(port));
   }
   return nonce;

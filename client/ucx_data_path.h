@@ -54,9 +54,10 @@ class UcxDataPath {
   bool started() const { return engine_ != nullptr; }
   // Creates the endpoint to the daemon's UCX listener at `host`:`port` (the hello's ucx_port)
   // and returns the bind nonce the daemon sends on it, for UCX_BIND; Bound then records the
-  // daemon's tag prefix. No nonce by `deadline` (DeadlineExceeded), or any UCX error: no
-  // endpoint, and the engine is dropped too (a nonce still on its way would be taken for the
-  // next endpoint's); the next hello starts a new one. Only when started() and not connected().
+  // daemon's tag prefix. No nonce by `deadline` (DeadlineExceeded, returned
+  // UcxOptions::cancel_grace later), or any UCX error: no endpoint (the nonce comes on the
+  // endpoint's own stream, so a late one is never taken for another endpoint's). Only when
+  // started() and not connected().
   Result<std::string> ConnectTo(const std::string& host, uint16_t port,
                                 transport::Deadline deadline);
   void Bound(uint64_t tag_prefix);

@@ -178,10 +178,22 @@ std::unique_ptr<Client> ClusterNode::Checkout(const std::string& address,
   o.timeout = options_.peer_timeout;
   // A new peer connection includes a UCX handshake (an endpoint to the peer's UCX listener, and
   // its bind): give it longer than a request. A dead peer, or a UCX port that refuses, fails at
-  // once; only an unreachable host (or a UCX port a firewall drops) costs this, and a failed
-  // UCX bind makes the client leave UCX alone for 30 s (the socket carries the blocks).
+  // once; only an unreachable host (or UCX ports a firewall drops) costs this, plus the UCX
+  // engine's cancel grace (1 s) for a nonce that never comes. After a peer's UCX failed, new
+  // connections to it leave UCX alone for 30 s (the socket carries the blocks).
   o.connect_timeout = std::max(options_.peer_timeout * 4, std::chrono::milliseconds(2000));
-  o.data_path = options_.ucx ? DataPath::kAuto : DataPath::kSocket;
+  bool ucx = options_.ucx;
+  if (ucx) {
+    absl::MutexLock lock(&mu_);
+    auto it = ucx_refused_until_.find(address);
+    if (it != ucx_refused_until_.end()) {
+      if (std::chrono::steady_clock::now() < it->second)
+        ucx = false;
+      else
+        ucx_refused_until_.erase(it);
+    }
+  }
+  o.data_path = ucx ? DataPath::kAuto : DataPath::kSocket;
   o.ucx_transports = options_.ucx_transports;
   o.ucx_net_devices = options_.ucx_net_devices;
   o.tls_cert_file = options_.tls.cert_file;
@@ -191,6 +203,12 @@ std::unique_ptr<Client> ClusterNode::Checkout(const std::string& address,
   if (!c.ok()) {
     VLOG(1) << "peer " << address << ": " << c.status().ToString();
     return nullptr;
+  }
+  if (ucx && !(*c)->server().ucx) {
+    LOG_EVERY_N(WARNING, 20) << "peer " << address << ": blocks go on the socket for 30 s: "
+                             << (*c)->server().ucx_refused;
+    absl::MutexLock lock(&mu_);
+    ucx_refused_until_[address] = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   }
   return std::move(*c);
 }

@@ -273,6 +273,9 @@ class ClusterNode final : public ClusterHooks {
   static constexpr size_t kNewJobsPerRetry = 8;
   // Peers (control addresses) a push failed to, and until when pushes to them are not tried.
   std::map<std::string, std::chrono::steady_clock::time_point> push_backoff_ ABSL_GUARDED_BY(mu_);
+  // Peers whose UCX failed at a connect: new connections to them use the socket until then.
+  std::map<std::string, std::chrono::steady_clock::time_point> ucx_refused_until_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, std::vector<std::unique_ptr<Client>>> idle_
       ABSL_GUARDED_BY(mu_);
   absl::CondVar fanout_cv_;  // fanout_ has a task, or stopping_

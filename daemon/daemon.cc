@@ -146,9 +146,12 @@ class DaemonImpl final : public Daemon {
       transport::UcxOptions uo;
       uo.transports = options_.ucx_transports;
       uo.net_devices = options_.ucx_net_devices;
+      uo.tcp_port_range = options_.ucx_tcp_ports;
       Result<std::unique_ptr<transport::UcxEngine>> ucx = transport::UcxEngine::Create(uo);
       if (ucx.ok()) {
         ucx_ = std::move(*ucx);
+      } else if (ucx.status().code() == StatusCode::kInvalidArgument) {
+        return ucx.status();  // a flag that says something UCX cannot take (--ucx_tcp_ports)
       } else {
         LOG(WARNING) << "UCX data path off: " << ucx.status().ToString();
       }

@@ -108,6 +108,9 @@ struct DaemonOptions {
   // The port of the UCX listener clients make their endpoints to, on the --listen host
   // (transport/ucx_bind.h). Default: 0 (a free port, which the hello tells clients).
   uint16_t ucx_port = 0;
+  // The ports of UCX's tcp data connections, "LOW-HIGH" (UcxOptions::tcp_port_range). Default:
+  // empty (any free port).
+  std::string ucx_tcp_ports;
   // Bytes of UCX answers one client may leave unreceived before its UCX requests are refused
   // (a stalled receiver pins their blocks). Default: 1 GiB.
   uint64_t ucx_max_unreceived_bytes = 1ull << 30;

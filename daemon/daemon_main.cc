@@ -119,8 +119,12 @@ DEFINE_bool(ucx, true, "Offer the UCX data path to remote clients (TCP connectio
 DEFINE_string(ucx_transports, "", "UCX transports, e.g. tcp or rc,tcp. Default: UCX's choice.");
 DEFINE_string(ucx_net_devices, "", "UCX network devices, e.g. eth0 or lo. Default: UCX's choice.");
 DEFINE_int32(ucx_port, 0,
-             "Port of the UCX listener remote clients connect to, on the --listen host (open it "
-             "in firewalls beside --listen's). Default: 0, a free port (the hello names it).");
+             "Port of the UCX listener remote clients connect to, on the --listen host. Default: "
+             "0, a free port (the hello names it). A firewall must let it through beside "
+             "--listen's port and --ucx_tcp_ports.");
+DEFINE_string(ucx_tcp_ports, "",
+              "Ports of UCX's tcp data connections, LOW-HIGH (UCX_TCP_PORT_RANGE). Default: any "
+              "free port.");
 DEFINE_string(ucx_max_unreceived, "1GiB",
               "Bytes of UCX answers one client may leave unreceived before its UCX requests are "
               "refused (each send also ends after 30 s).");
@@ -261,6 +265,7 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
     return Fail(Status::InvalidArgument("--ucx_port must be 0..65535"));
   }
   o.ucx_port = static_cast<uint16_t>(FLAGS_ucx_port);
+  o.ucx_tcp_ports = FLAGS_ucx_tcp_ports;
   auto unreceived = SizeFlag("ucx-max-unreceived", FLAGS_ucx_max_unreceived);
   if (!unreceived.ok()) return Fail(unreceived.status());
   o.ucx_max_unreceived_bytes = *unreceived;

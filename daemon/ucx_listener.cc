@@ -44,6 +44,14 @@ struct UcxListener::State {
   // (address, expiry) of every offer, oldest first; a taken one is skipped when its turn comes.
   std::deque<std::pair<Clock::time_point, std::string>> offer_expiry ABSL_GUARDED_BY(mu);
   std::unordered_map<std::string, Unclaimed> unclaimed ABSL_GUARDED_BY(mu);  // by nonce
+  std::unordered_map<std::string, size_t> unclaimed_per_address ABSL_GUARDED_BY(mu);
+  // Takes the endpoint of `it` out of `unclaimed` (and its address's count).
+  void Drop(std::unordered_map<std::string, Unclaimed>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto n = unclaimed_per_address.find(it->second.ip);
+    if (n != unclaimed_per_address.end() && --n->second == 0) unclaimed_per_address.erase(n);
+    unclaimed.erase(it);
+  }
   // Nonces in the order they expire; a claimed one is skipped when its turn comes.
   std::deque<std::string> expiry ABSL_GUARDED_BY(mu);
 };
@@ -63,7 +71,7 @@ std::vector<transport::UcxEndpointId> UcxListener::State::Expire(Clock::time_poi
     if (it != unclaimed.end()) {
       if (it->second.expires > now) break;
       gone.push_back(it->second.ep);
-      unclaimed.erase(it);
+      Drop(it);
     }
     expiry.pop_front();
   }
@@ -78,7 +86,10 @@ bool UcxListener::State::Admit(const std::string& ip) {
     if (!closed) {
       close = Expire(Clock::now());
       auto it = offers.find(ip);
-      if (it != offers.end() && unclaimed.size() < options.max_unclaimed) {
+      auto waiting = unclaimed_per_address.find(ip);
+      const size_t from_ip = waiting == unclaimed_per_address.end() ? 0 : waiting->second;
+      if (it != offers.end() && unclaimed.size() < options.max_unclaimed &&
+          from_ip < options.max_unclaimed_per_address) {
         it->second.pop_front();
         if (it->second.empty()) offers.erase(it);
         admitted = true;
@@ -89,8 +100,9 @@ bool UcxListener::State::Admit(const std::string& ip) {
   if (!admitted) {
     LOG_EVERY_N(WARNING, 100) << "UCX connection request from " << ip
                               << " refused: no connection from there was offered UCX, or "
-                              << options.max_unclaimed
-                              << " endpoints wait for their UCX_BIND (seen " << google::COUNTER
+                              << options.max_unclaimed << " endpoints (or "
+                              << options.max_unclaimed_per_address
+                              << " from there) wait for their UCX_BIND (seen " << google::COUNTER
                               << " times)";
   }
   return admitted;
@@ -109,6 +121,7 @@ void UcxListener::State::Accept(transport::UcxEndpointId ep, const std::string& 
     } else {
       keep = true;
       unclaimed.emplace(*nonce, Unclaimed{ep, ip, Clock::now() + options.claim_within});
+      ++unclaimed_per_address[ip];
       expiry.push_back(*nonce);
     }
   }
@@ -173,6 +186,7 @@ UcxListener::~UcxListener() {
     state_->closed = true;
     for (const auto& [nonce, u] : state_->unclaimed) close.push_back(u.ep);
     state_->unclaimed.clear();
+    state_->unclaimed_per_address.clear();
     state_->expiry.clear();
     state_->offers.clear();
     state_->offer_expiry.clear();
@@ -187,12 +201,14 @@ bool UcxListener::Offer(const std::string& peer_ip) {
     absl::MutexLock lock(&state_->mu);
     const auto now = Clock::now();
     close = state_->Expire(now);
-    std::deque<Clock::time_point>& waiting = state_->offers[peer_ip];
+    auto [it, added] = state_->offers.try_emplace(peer_ip);
+    std::deque<Clock::time_point>& waiting = it->second;
     if (waiting.size() < state_->options.max_offers_per_address) {
       waiting.push_back(now + state_->options.claim_within);
       state_->offer_expiry.emplace_back(waiting.back(), peer_ip);
       offered = true;
     }
+    if (waiting.empty()) state_->offers.erase(it);
   }
   for (transport::UcxEndpointId ep : close) engine_.Disconnect(ep);
   return offered;
@@ -210,7 +226,7 @@ Result<transport::UcxEndpointId> UcxListener::Claim(std::string_view nonce,
     auto it = state_->unclaimed.find(std::string(nonce));
     if (it != state_->unclaimed.end() && it->second.ip == peer_ip) {
       found = it->second.ep;
-      state_->unclaimed.erase(it);
+      state_->Drop(it);
     }
   }
   for (transport::UcxEndpointId ep : close) engine_.Disconnect(ep);

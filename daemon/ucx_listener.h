@@ -29,8 +29,10 @@ namespace kvpool::daemon {
 struct UcxListenerOptions {
   // How long an offer, and an accepted endpoint, wait to be taken. Default: 10 s.
   std::chrono::milliseconds claim_within{10000};
-  // Accepted endpoints waiting for their UCX_BIND, at most. Default: 1,024.
+  // Accepted endpoints waiting for their UCX_BIND, at most, and at most from one address (so
+  // that clients at a few addresses cannot keep everyone else's out). Defaults: 1,024 and 64.
   size_t max_unclaimed = 1024;
+  size_t max_unclaimed_per_address = 64;
   // Offers waiting for a connection request, at most per address (a host with many clients
   // connecting at once). Default: 256.
   size_t max_offers_per_address = 256;

@@ -29,6 +29,7 @@ Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port
 }
 
 std::string CanonicalIp(std::string_view ip) {
+  ip = ip.substr(0, ip.find('%'));  // an IPv6 scope ("fe80::1%eth0"): UCX reports none
   constexpr std::string_view kMapped = "::ffff:";
   if (ip.size() > kMapped.size() && ip.substr(0, kMapped.size()) == kMapped &&
       ip.find('.') != std::string_view::npos) {

@@ -16,7 +16,8 @@ namespace kvpool::transport {
 Status ParseHostPort(std::string_view address, std::string* host, uint16_t* port);
 
 // An IP address in the form kvpool compares peers by: an IPv4-mapped IPv6 address
-// ("::ffff:10.0.0.7") as IPv4 ("10.0.0.7"); anything else as given.
+// ("::ffff:10.0.0.7") as IPv4 ("10.0.0.7"), an IPv6 address without its scope ("fe80::1%eth0"
+// as "fe80::1"); anything else as given.
 std::string CanonicalIp(std::string_view ip);
 
 // A control address over TCP: "tcp://..." or "tls://..." (TLS over TCP).

@@ -336,6 +336,18 @@ Status UcxEngine::Impl::Init() {
   };
   Status st = modify("TLS", options_.transports);
   if (st.ok()) st = modify("NET_DEVICES", options_.net_devices);
+  if (st.ok() && !options_.tcp_port_range.empty() && std::getenv("UCX_TCP_PORT_RANGE") == nullptr) {
+    // UCX only warns about a range it cannot parse (and uses any port): check it here.
+    unsigned low = 0, high = 0;
+    char end = 0;
+    if (std::sscanf(options_.tcp_port_range.c_str(), "%u-%u%c", &low, &high, &end) != 2 ||
+        low == 0 || low > high || high > 65535) {
+      st = Status::InvalidArgument("UCX tcp port range '" + options_.tcp_port_range +
+                                   "' is not LOW-HIGH with 0 < LOW <= HIGH <= 65535");
+    } else {
+      st = modify("PORT_RANGE", options_.tcp_port_range);
+    }
+  }
   if (st.ok() && options_.keepalive_interval.count() > 0) {
     st = modify("KEEPALIVE_INTERVAL", std::to_string(options_.keepalive_interval.count()) + "ms");
   }
@@ -697,9 +709,12 @@ void UcxEngine::Impl::DoDisconnect(UcxEndpointId id) {
   auto it = eps_.find(id);
   if (it == eps_.end()) return;
   Endpoint& e = *it->second;
+  // A receive still naming it (one under way from a stopped peer) ends only with a forced close.
+  bool receiving = false;
+  for (const auto& [op_id, op] : ops_) receiving |= !op->is_send && op->ep == id;
   if (e.ep != nullptr) {
     ucp_request_param_t param{};
-    if (!e.failed.ok()) {
+    if (!e.failed.ok() || receiving) {
       param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       param.flags = UCP_EP_CLOSE_FLAG_FORCE;
     }
@@ -817,14 +832,21 @@ void UcxEngine::Impl::DoReceiveStream(UcxOpId id, UcxEndpointId ep, void* data, 
   op->ep = ep;  // as a tagged receive's `from`: its failure or close ends this receive
   op->recv_done = std::move(done);
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_STREAM_RECV_FLAG_WAITALL;
   param.cb.recv_stream = &StreamReceiveCallback;
   param.user_data = op;
   ops_.emplace(id, op);
   size_t received = 0;
   void* req = ucp_stream_recv_nbx(e->ep, data, len, &received, &param);
+  if (req == nullptr) {
+    // Bytes already there: UCX 1.13 copies them and returns at once, without the callback
+    // (it ignores UCP_OP_ATTR_FLAG_NO_IMM_CMPL for streams), the length in `received`.
+    auto it = ops_.find(id);
+    if (it != ops_.end()) Complete(it->second, Status::OK(), received);
+    return;
+  }
   Posted(id, req, "ucp_stream_recv_nbx");
 }
 

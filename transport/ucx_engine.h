@@ -48,6 +48,11 @@ struct UcxOptions {
   // $UCX_NET_DEVICES).
   std::string net_devices;
 
+  // The ports UCX's tcp transport listens on for its data connections, "LOW-HIGH" (UCX's
+  // TCP_PORT_RANGE): beside a listener's port (Listen), these are what a firewall must let
+  // through. Default: empty (any free port, or $UCX_TCP_PORT_RANGE).
+  std::string tcp_port_range;
+
   // How often UCX checks that a peer with an idle connection is still alive; bounds how long
   // an operation against a stopped (not dead) peer can stay outstanding. Default: 2 s (UCX's own
   // default is 20 s).
@@ -94,8 +99,8 @@ class UcxEngine {
   UcxEngine(const UcxEngine&) = delete;
   UcxEngine& operator=(const UcxEngine&) = delete;
 
-  // Opaque bytes (the packed ucp worker address) for the peer's Connect, sent over the control
-  // plane. Stable for the engine's life.
+  // Opaque bytes (the packed ucp worker address) for a trusted peer's Connect (kvpool's own
+  // daemons and clients use Listen and ConnectTo instead). Stable for the engine's life.
   const std::string& WorkerAddress() const;
 
   // Creates an endpoint to the worker whose WorkerAddress() is `peer_worker_address` (with
@@ -149,8 +154,9 @@ class UcxEngine {
   // receive already under way, and a sender that stops (SIGSTOP, a hung host: no error reaches
   // UCX) would hold `data` for as long as it stays stopped. A cancel of such a receive that has
   // not ended UcxOptions::cancel_grace later force-closes `from` (its other operations fail;
-  // reconnect), which ends the receive with Aborted. And when `from` fails (or is closed), the
-  // receive ends with Unavailable, naming why, instead of waiting for a message that cannot come.
+  // reconnect), which ends the receive with Aborted. And when `from` fails or is closed, the
+  // receive ends at once with the endpoint's reason (Unavailable for a peer gone, Aborted for a
+  // close here) instead of waiting for a message that cannot come.
   // Without `from` the receive may outlive its cancel for as long as its sender is stopped.
   UcxOpId ReceiveTagged(uint64_t tag, void* data, size_t capacity,
                         std::function<void(Status, size_t received)> done, UcxEndpointId from = 0);
@@ -163,9 +169,9 @@ class UcxEngine {
                      std::function<void(Status)> done);
   // Receives exactly `len` bytes from `ep`'s stream into `data`, by `deadline`: OK with `len`;
   // the endpoint's failure (Unavailable, or Aborted once closed) as soon as it fails;
-  // DeadlineExceeded past `deadline` (the endpoint is then closed, UcxOptions::cancel_grace
-  // later, if the bytes are still coming: UCX 1.13 cannot cancel a stream receive).
-  // FailedPrecondition on the progress thread.
+  // DeadlineExceeded past `deadline`, returned UcxOptions::cancel_grace later: UCX 1.13 cannot
+  // cancel a stream receive, so the endpoint is then force-closed to end it (later operations on
+  // it fail). FailedPrecondition on the progress thread.
   Result<size_t> ReceiveStreamSync(UcxEndpointId ep, void* data, size_t len,
                                    std::chrono::steady_clock::time_point deadline);
 

@@ -113,7 +113,9 @@ struct ServerInfo {
   std::chrono::milliseconds lease_timeout{0};
   bool ucx = false;  // blocks move over UCX on this connection
   // Why not, where the client asked for UCX and it was not set up (e.g. "UCX endpoint to
-  // 10.0.0.5:41000: ... unreachable"); empty otherwise.
+  // 10.0.0.5:41000: ... unreachable"), where a kAuto client leaves UCX alone for 30 s after
+  // such a failure, or where the endpoint was lost in a transfer (the rest of that call goes on
+  // the socket; the next call reconnects, with auto_reconnect); empty otherwise.
   std::string ucx_refused;
   bool admin = false;  // the connection has admin rights
   // The daemon's gpu tiers, on a shared-memory connection: a block there is copied device to
