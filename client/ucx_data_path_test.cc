@@ -93,19 +93,30 @@ TEST_F(UcxDataPathPeerTest, StartIsOnce) {
   EXPECT_TRUE(path_.started());
 }
 
-TEST_F(UcxDataPathPeerTest, NoNonceInTimeLeavesNoEndpoint) {
-  // An engine that accepts but never sends a nonce (a listener that is not kvpoold's).
+// An engine listening on loopback that admits (or refuses) every request and sends no nonce;
+// its port in `port`.
+std::unique_ptr<transport::UcxEngine> ListenerWithoutNonces(bool admit, uint16_t* port) {
   transport::UcxOptions uo;
   uo.transports = kTransports;
   uo.net_devices = kDevices;
   uo.thread_index = 2;
-  auto silent = transport::UcxEngine::Create(uo);
-  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
-  auto port = (*silent)->Listen(
-      "127.0.0.1", 0, [](const std::string&) { return true; },
+  auto engine = transport::UcxEngine::Create(uo);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  if (!engine.ok()) return nullptr;
+  auto p = (*engine)->Listen(
+      "127.0.0.1", 0, [admit](const std::string&) { return admit; },
       [](transport::UcxEndpointId, const std::string&) {});
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
-  Result<std::string> nonce = path_.ConnectTo("127.0.0.1", *port, steady_clock::now() + 300ms);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  *port = p.ok() ? *p : 0;
+  return std::move(*engine);
+}
+
+TEST_F(UcxDataPathPeerTest, NoNonceInTimeLeavesNoEndpoint) {
+  // An engine that accepts but never sends a nonce (a listener that is not kvpoold's).
+  uint16_t port = 0;
+  auto silent = ListenerWithoutNonces(/*admit=*/true, &port);
+  ASSERT_NE(silent, nullptr);
+  Result<std::string> nonce = path_.ConnectTo("127.0.0.1", port, steady_clock::now() + 300ms);
   EXPECT_EQ(nonce.status().code(), StatusCode::kDeadlineExceeded) << nonce.status().ToString();
   EXPECT_FALSE(path_.connected());
   EXPECT_TRUE(path_.started());  // the engine stays: a nonce comes only on its own endpoint
@@ -114,19 +125,12 @@ TEST_F(UcxDataPathPeerTest, NoNonceInTimeLeavesNoEndpoint) {
 }
 
 TEST_F(UcxDataPathPeerTest, ARefusedEndpointEndsTheWaitForTheNonceAtOnce) {
-  transport::UcxOptions uo;
-  uo.transports = kTransports;
-  uo.net_devices = kDevices;
-  uo.thread_index = 2;
-  auto refusing = transport::UcxEngine::Create(uo);
-  ASSERT_TRUE(refusing.ok()) << refusing.status().ToString();
-  auto port = (*refusing)->Listen(
-      "127.0.0.1", 0, [](const std::string&) { return false; },
-      [](transport::UcxEndpointId, const std::string&) {});
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  uint16_t port = 0;
+  auto refusing = ListenerWithoutNonces(/*admit=*/false, &port);
+  ASSERT_NE(refusing, nullptr);
   // A minute's deadline: the refusal, not the deadline, must end the wait (a hang check).
   const auto start = steady_clock::now();
-  Result<std::string> nonce = path_.ConnectTo("127.0.0.1", *port, steady_clock::now() + 60s);
+  Result<std::string> nonce = path_.ConnectTo("127.0.0.1", port, steady_clock::now() + 60s);
   EXPECT_EQ(nonce.status().code(), StatusCode::kUnavailable) << nonce.status().ToString();
   EXPECT_LT(steady_clock::now() - start, 30s);
   EXPECT_FALSE(path_.connected());

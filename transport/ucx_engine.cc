@@ -245,6 +245,9 @@ class UcxEngine::Impl {
                               void* user_data);
   static void StreamReceiveCallback(void* request, ucs_status_t status, size_t length,
                                     void* user_data);
+  // A send op `id` on `ep`, registered, with `param` set up to report to it.
+  void RegisterSend(UcxOpId id, UcxEndpointId ep, std::function<void(Status)> done,
+                    ucp_request_param_t* param);
   // Looks up `ep` for a new operation: its Endpoint, or null after reporting why to `fail`.
   Endpoint* UsableEndpoint(UcxEndpointId ep, const std::function<void(Status)>& fail);
   static void ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -779,6 +782,21 @@ void UcxEngine::Impl::Complete(Op* op, Status st, size_t len) {
   delete op;
 }
 
+void UcxEngine::Impl::RegisterSend(UcxOpId id, UcxEndpointId ep, std::function<void(Status)> done,
+                                   ucp_request_param_t* param) {
+  auto* op = new Op;
+  op->impl = this;
+  op->id = id;
+  op->ep = ep;
+  op->is_send = true;
+  op->send_done = std::move(done);
+  param->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param->cb.send = &SendCallback;
+  param->user_data = op;
+  // Registered before posting: UCX may complete the request inside the call.
+  ops_.emplace(id, op);
+}
+
 UcxEngine::Impl::Endpoint* UcxEngine::Impl::UsableEndpoint(
     UcxEndpointId ep, const std::function<void(Status)>& fail) {
   auto it = eps_.find(ep);
@@ -798,17 +816,8 @@ void UcxEngine::Impl::DoSendStream(UcxOpId id, UcxEndpointId ep, const void* dat
                                    std::function<void(Status)> done) {
   Endpoint* e = UsableEndpoint(ep, done);
   if (e == nullptr) return;
-  auto* op = new Op;
-  op->impl = this;
-  op->id = id;
-  op->ep = ep;
-  op->is_send = true;
-  op->send_done = std::move(done);
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &SendCallback;
-  param.user_data = op;
-  ops_.emplace(id, op);
+  RegisterSend(id, ep, std::move(done), &param);
   void* req = ucp_stream_send_nbx(e->ep, data, len, &param);
   Posted(id, req, "ucp_stream_send_nbx");
 }
@@ -852,22 +861,11 @@ void UcxEngine::Impl::DoReceiveStream(UcxOpId id, UcxEndpointId ep, void* data, 
 
 void UcxEngine::Impl::DoSend(UcxOpId id, UcxEndpointId ep, uint64_t tag, const void* data,
                              size_t len, std::function<void(Status)> done) {
-  Endpoint* found = UsableEndpoint(ep, done);
-  if (found == nullptr) return;
-  Endpoint& e = *found;
-  auto* op = new Op;
-  op->impl = this;
-  op->id = id;
-  op->ep = ep;
-  op->is_send = true;
-  op->send_done = std::move(done);
+  Endpoint* e = UsableEndpoint(ep, done);
+  if (e == nullptr) return;
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &SendCallback;
-  param.user_data = op;
-  // Registered before posting: UCX may complete the request inside the call.
-  ops_.emplace(id, op);
-  void* req = ucp_tag_send_nbx(e.ep, data, len, tag, &param);
+  RegisterSend(id, ep, std::move(done), &param);
+  void* req = ucp_tag_send_nbx(e->ep, data, len, tag, &param);
   Posted(id, req, "ucp_tag_send_nbx");
 }
 
