@@ -1104,6 +1104,27 @@ struct SyncWait {
   size_t received ABSL_GUARDED_BY(mu) = 0;
 };
 
+// A receive's `done` that records its result in `w`.
+std::function<void(Status, size_t)> RecordReceive(std::shared_ptr<SyncWait> w) {
+  return [w](Status st, size_t n) {
+    absl::MutexLock lock(&w->mu);
+    w->status = std::move(st);
+    w->received = n;
+    w->done = true;
+  };
+}
+
+// What a sync receive returns once `w` is done: the length; DeadlineExceeded ("`what` did not
+// complete by its deadline") when the deadline's cancel ended it; else its error.
+Result<size_t> ReceiveResult(SyncWait& w, bool expired, const std::string& what) {
+  absl::MutexLock lock(&w.mu);
+  if (w.status.ok()) return w.received;
+  if (expired && w.status.code() == StatusCode::kAborted) {
+    return Status::DeadlineExceeded(what + " did not complete by its deadline");
+  }
+  return w.status;
+}
+
 // Waits for `w` until `deadline`; then cancels `op` and waits until UCX let go of the buffer.
 // Returns true if the deadline passed before completion.
 bool WaitOrCancel(UcxEngine& engine, UcxOpId op, SyncWait& w,
@@ -1160,23 +1181,9 @@ Result<size_t> UcxEngine::ReceiveTaggedSync(uint64_t tag, void* data, size_t cap
     return Status::FailedPrecondition("UcxEngine::ReceiveTaggedSync on the UCX progress thread");
   }
   auto w = std::make_shared<SyncWait>();
-  UcxOpId op = ReceiveTagged(
-      tag, data, capacity,
-      [w](Status st, size_t n) {
-        absl::MutexLock lock(&w->mu);
-        w->status = std::move(st);
-        w->received = n;
-        w->done = true;
-      },
-      from);
-  bool expired = WaitOrCancel(*this, op, *w, deadline);
-  absl::MutexLock lock(&w->mu);
-  if (w->status.ok()) return w->received;
-  if (expired && w->status.code() == StatusCode::kAborted) {
-    return Status::DeadlineExceeded("UCX tagged receive (tag " + std::to_string(tag) +
-                                    ") did not complete by its deadline");
-  }
-  return w->status;
+  const UcxOpId op = ReceiveTagged(tag, data, capacity, RecordReceive(w), from);
+  const bool expired = WaitOrCancel(*this, op, *w, deadline);
+  return ReceiveResult(*w, expired, "UCX tagged receive (tag " + std::to_string(tag) + ")");
 }
 
 Result<size_t> UcxEngine::ReceiveStreamSync(UcxEndpointId ep, void* data, size_t len,
@@ -1187,24 +1194,13 @@ Result<size_t> UcxEngine::ReceiveStreamSync(UcxEndpointId ep, void* data, size_t
   auto w = std::make_shared<SyncWait>();
   Impl* impl = impl_.get();
   const UcxOpId op = impl->NextOpId();
-  auto done = [w](Status st, size_t n) {
-    absl::MutexLock lock(&w->mu);
-    w->status = std::move(st);
-    w->received = n;
-    w->done = true;
-  };
+  auto done = RecordReceive(w);
   impl->Post({[impl, op, ep, data, len, done] { impl->DoReceiveStream(op, ep, data, len, done); },
               [done] { done(Status::Aborted("UCX engine shut down"), 0); }});
   // Past the deadline the cancel does nothing to a stream receive; the close of `ep` a grace
   // later ends it (DoCancel).
   const bool expired = WaitOrCancel(*this, op, *w, deadline);
-  absl::MutexLock lock(&w->mu);
-  if (w->status.ok()) return w->received;
-  if (expired && w->status.code() == StatusCode::kAborted) {
-    return Status::DeadlineExceeded("UCX stream receive of " + std::to_string(len) +
-                                    " bytes did not complete by its deadline");
-  }
-  return w->status;
+  return ReceiveResult(*w, expired, "UCX stream receive of " + std::to_string(len) + " bytes");
 }
 
 Result<std::string> UcxEngine::EndpointTransports(UcxEndpointId ep) {
