@@ -8,6 +8,7 @@
 // from any thread.
 
 #include <atomic>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -17,16 +18,21 @@
 
 #include "common/namespace_id.h"
 #include "common/status.h"
-
-namespace kvpool::wire {
-class ClusterMembersResponse;
-class LocateResponse;
-class SessionRecord;
-}  // namespace kvpool::wire
+#include "control.pb.h"
 
 namespace kvpool::daemon {
 
 class GpuLinks;
+
+// A session as its other homes know it (ClusterHooks::LoadRemoteSession).
+struct RemoteSession {
+  // The newest record among the homes that answered; none when none of them holds one.
+  std::optional<wire::SessionRecord> newest;
+  // Every other home answered (vacuously with no other home). False without a cluster view.
+  bool every_home_answered = false;
+  // Which homes did not answer, for messages ("node-b, node-c"); empty when all did.
+  std::string silent;
+};
 
 class ClusterHooks {
  public:
@@ -49,11 +55,11 @@ class ClusterHooks {
   // copies only.
   virtual void ReplicateSession(NamespaceId ns, const std::string& ns_name,
                                 const wire::SessionRecord& record) = 0;
-  // The newest record of a session among its home nodes other than this one, deletion records
-  // included (record.deleted). NotFound when the homes that answered have none; Unavailable when
-  // no other home answered (down, slow, or no cluster view yet).
-  virtual Result<wire::SessionRecord> LoadRemoteSession(const std::string& ns_name,
-                                                        const std::string& session_id) = 0;
+  // What a session's home nodes other than this one hold: the newest record among those that
+  // answered, deletion records included (record.deleted), and whether every one of them
+  // answered. Never an error: a home that is down or slow is one that did not answer.
+  virtual RemoteSession LoadRemoteSession(const std::string& ns_name,
+                                          const std::string& session_id) = 0;
   // LOCATE: asks every other live member how many leading blocks of `keys` it holds (one lookup
   // each, all at once, nothing promoted), appends one entry per member to `out`, and sets this
   // node's control address on the entry already there for it. Bounded by the peer deadlines.

@@ -687,27 +687,36 @@ void ClusterNode::ReplicateSession(NamespaceId ns, const std::string& ns_name,
   Enqueue(SessionJob(ns, ns_name, record));
 }
 
-Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns_name,
-                                                           const std::string& session_id) {
+RemoteSession ClusterNode::LoadRemoteSession(const std::string& ns_name,
+                                             const std::string& session_id) {
+  RemoteSession out;
   std::map<std::string, std::string> addresses;
   std::shared_ptr<const cluster::Ring> ring = Ring(&addresses);
-  if (ring == nullptr) return Status::Unavailable("no cluster view yet");
-  std::optional<wire::SessionRecord> newest;
-  size_t asked = 0;
-  size_t answered = 0;
+  if (ring == nullptr) {
+    out.silent = "any home (no cluster view yet)";
+    return out;
+  }
   LoadSessionOptions options;
   options.prefetch = false;
   options.include_deleted = true;  // a deletion is news too: it must win over older saves
+  auto silent = [&out](const std::string& id) {
+    if (!out.silent.empty()) out.silent += ", ";
+    out.silent += id;
+  };
   for (const cluster::NodeId& id :
        ring->Homes(SessionKey(ns_name, session_id), options_.replicas + 1)) {
     auto it = addresses.find(id);
-    if (it == addresses.end()) continue;  // this node, or not reachable
-    ++asked;
+    if (it == addresses.end()) continue;  // this node (members all have addresses)
     std::unique_ptr<Client> c = Checkout(it->second, ns_name);
-    if (c == nullptr) continue;
+    if (c == nullptr) {
+      silent(id);
+      continue;
+    }
     Result<LoadedSession> s = c->LoadSession(session_id, options);
-    if (!s.ok() && !s.status().IsNotFound()) continue;  // a dead or slow home: the others
-    ++answered;
+    if (!s.ok() && !s.status().IsNotFound()) {
+      silent(id);  // a dead or slow home: the others
+      continue;
+    }
     Return(it->second, ns_name, std::move(c));
     if (!s.ok()) continue;
     wire::SessionRecord r;
@@ -721,17 +730,12 @@ Result<wire::SessionRecord> ClusterNode::LoadRemoteSession(const std::string& ns
     r.set_version(s->session.version);
     r.set_origin(s->session.origin);
     r.set_deleted(s->session.deleted);
-    if (!newest.has_value() || SessionHandlers::Newer(r, *newest)) newest = std::move(r);
-  }
-  if (!newest.has_value()) {
-    // Said only when a home said so: "none answered" must not read as "none has it" (a node
-    // that holds a copy would send it to homes that may hold a newer deletion).
-    if (asked > 0 && answered == 0) {
-      return Status::Unavailable("no home of session '" + session_id + "' answered");
+    if (!out.newest.has_value() || SessionHandlers::Newer(r, *out.newest)) {
+      out.newest = std::move(r);
     }
-    return Status::NotFound("no session '" + session_id + "' on its home nodes");
   }
-  return std::move(*newest);
+  out.every_home_answered = out.silent.empty();
+  return out;
 }
 
 bool ClusterNode::BackingOff(const std::string& address) {

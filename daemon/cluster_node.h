@@ -99,8 +99,8 @@ class ClusterNode final : public ClusterHooks {
                  std::vector<std::pair<BlockKey, BlockKey>> blocks) override;
   void ReplicateSession(NamespaceId ns, const std::string& ns_name,
                         const wire::SessionRecord& record) override;
-  Result<wire::SessionRecord> LoadRemoteSession(const std::string& ns_name,
-                                                const std::string& session_id) override;
+  RemoteSession LoadRemoteSession(const std::string& ns_name,
+                                  const std::string& session_id) override;
   void Locate(const std::string& ns_name, std::span<const BlockKey> keys,
               wire::LocateResponse* out) override;
 

@@ -338,6 +338,13 @@ class DaemonImpl final : public Daemon {
     mo.node_id = node_id_;
     mo.secret = secret;
     mo.control_address = control;
+    if (options_.cluster_lease < std::chrono::seconds(1) ||
+        options_.cluster_lease > std::chrono::seconds(300)) {
+      return Status::InvalidArgument(
+          "--cluster_lease_seconds=" + std::to_string(options_.cluster_lease.count()) +
+          " must be 1-300");
+    }
+    mo.lease_ttl = options_.cluster_lease;
     // (mo.ucx_worker_address stays empty: nothing dials a worker address; peers make endpoints
     // to each other's UCX listener, transport/ucx_bind.h.)
     mo.capacity_bytes = options_.host_capacity_bytes + options_.disk_capacity_bytes;

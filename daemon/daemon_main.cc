@@ -138,6 +138,11 @@ DEFINE_string(cluster_advertise, "",
               "Control address peers use, tcp://HOST:PORT (tls:// with --tls_cert). Default: the "
               "--listen address.");
 DEFINE_uint32(replicas, 1, "Cluster mode: copies of each block beyond the first.");
+DEFINE_uint32(cluster_lease_seconds, 2,
+              "Cluster mode: the etcd lease of this node's membership record. A node that stops "
+              "renewing it (dead, stopped, cut off from etcd) leaves the other nodes' view this "
+              "long after its last renewal; until then they count it as a home that does not "
+              "answer. 1-300.");
 DEFINE_bool(flush_on_shutdown, true, "Write host-only blocks to disk on SIGTERM.");
 #ifdef NDEBUG
 constexpr bool kDebugBuild = false;
@@ -275,6 +280,7 @@ int kvpool::daemon::DaemonMain(int argc, char** argv) {
   o.cluster_secret_file = FLAGS_cluster_secret_file;
   o.cluster_advertise = FLAGS_cluster_advertise;
   o.replicas = FLAGS_replicas;
+  o.cluster_lease = std::chrono::seconds(FLAGS_cluster_lease_seconds);
   o.lease_timeout = std::chrono::milliseconds(FLAGS_lease_timeout_ms);
   o.tiers.flush_on_shutdown = FLAGS_flush_on_shutdown;
   o.tiers.host_high_watermark = FLAGS_host_high_watermark;

@@ -161,24 +161,24 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
   if (cluster != nullptr && !c.peer) {
     // Saved, re-saved or deleted through other nodes too: the newest copy among this node and
     // the session's homes wins.
-    Result<wire::SessionRecord> theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
-    if (theirs.ok()) {
+    RemoteSession theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
+    if (theirs.newest.has_value()) {
       absl::MutexLock lock(&mu_);
-      ObserveLocked(theirs->version());
+      ObserveLocked(theirs.newest->version());
     }
-    if (theirs.ok() && (!record.ok() || Newer(*theirs, *record))) {
+    if (theirs.newest.has_value() && (!record.ok() || Newer(*theirs.newest, *record))) {
       if (record.ok()) {
         // This node's copy is older: bring it up to date (its blocks first, when it is a chain).
-        if (!theirs->deleted()) {
+        if (!theirs.newest->deleted()) {
           std::vector<BlockKey> keys;
-          if (DecodeKeys(theirs->keys(), UINT32_MAX, &keys).ok()) {
+          if (DecodeKeys(theirs.newest->keys(), UINT32_MAX, &keys).ok()) {
             cluster->FetchMissing(c.ns, c.ns_name, keys, /*gpu_device=*/-1);
             fetched = true;
           }
         }
         absl::MutexLock lock(&mu_);
         Result<wire::SessionRecord> old = sessions_.Get(c.ns, req.session_id());
-        wire::SessionRecord copy = *theirs;
+        wire::SessionRecord copy = *theirs.newest;
         if (old.ok() && Newer(copy, *old)) {
           if (Status repaired = StoreLocked(c.ns, copy, old); !repaired.ok()) {
             VLOG(1) << "session '" << req.session_id()
@@ -186,14 +186,22 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
           }
         }
       }
-      record = std::move(theirs);
+      record = std::move(*theirs.newest);
       remote = true;
-    } else if (record.ok() &&
-               (theirs.ok() ? Newer(*record, *theirs)
-                            : theirs.status().IsNotFound() && MayRestore(*record, UnixMillis()))) {
+    } else if (record.ok() && (theirs.newest.has_value() ? Newer(*record, *theirs.newest)
+                                                         : theirs.every_home_answered &&
+                                                               MayRestore(*record, UnixMillis()))) {
       // The homes hold an older copy, or none (the copy sent when it was saved was lost: a
       // home was down, or this node died before sending it): send them this one (read repair).
+      // "None" only when every home said so: a home that did not answer may hold a deletion.
       cluster->ReplicateSession(c.ns, c.ns_name, *record);
+    } else if (!record.ok() && !theirs.every_home_answered) {
+      // Neither here nor on the homes that answered, but a home that did not may hold it: that
+      // is not "no such session".
+      record = Status::Unavailable("session '" + req.session_id() +
+                                   "' is neither on this node nor on the homes that answered; no "
+                                   "answer from " +
+                                   theirs.silent + " (try again)");
     }
   }
   if (record.ok() && record->deleted() && !(c.peer && req.include_deleted())) {
@@ -229,13 +237,16 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
   if (st.ok()) st = SessionStore::ValidateId(req.session_id());
   if (!st.ok()) return Reply(wire::SESSION_DELETE, resp, st);
   ClusterHooks* cluster = c.peer ? nullptr : cluster_.Get();
-  // Whether a live copy exists on the session's homes (saved through another node).
+  // Whether a live copy exists on the session's homes (saved through another node), or may
+  // exist: a home did not answer (or this node has not joined its cluster yet).
   bool live_elsewhere = false;
+  bool maybe_elsewhere = cluster_mode_ && !c.peer && cluster == nullptr;
   uint64_t their_version = 0;
   if (cluster != nullptr) {
-    Result<wire::SessionRecord> theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
-    live_elsewhere = theirs.ok() && !theirs->deleted();
-    if (theirs.ok()) their_version = theirs->version();
+    RemoteSession theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
+    live_elsewhere = theirs.newest.has_value() && !theirs.newest->deleted();
+    maybe_elsewhere = !theirs.every_home_answered;
+    if (theirs.newest.has_value()) their_version = theirs.newest->version();
   }
   wire::SessionRecord tombstone;
   {
@@ -247,7 +258,7 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
     ObserveLocked(their_version);
     if (old.ok()) ObserveLocked(old->version());
     const bool live_here = old.ok() && !old->deleted();
-    if (!live_here && !live_elsewhere) {
+    if (!live_here && !live_elsewhere && !maybe_elsewhere) {
       return Reply(wire::SESSION_DELETE, resp,
                    Status::NotFound("no session '" + req.session_id() + "'"));
     }
@@ -260,7 +271,9 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
       }
       return Reply(wire::SESSION_DELETE, resp, st);
     }
-    // A deletion record, newer than every save it replaces, so no older copy comes back.
+    // A deletion record, newer than every save it replaces, so no older copy comes back. Also
+    // kept (and the delete answered OK) where no copy was found but a home did not answer: it may
+    // hold one, which would come back from there otherwise.
     tombstone.set_session_id(req.session_id());
     tombstone.set_deleted(true);
     tombstone.set_version(NextVersion());

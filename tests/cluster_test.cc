@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include <cstring>
 
 #include "client/peer_calls.h"
+#include "daemon/cluster/rendezvous.h"
 #include "kernels/dtype.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/etcd_test_server.h"
@@ -557,6 +559,112 @@ TEST_F(ClusterTest, TheNewestSaveOrDeleteWinsOnEveryNode) {
   planted.version = UINT64_MAX;
   auto st = ca->SaveSession(planted, SaveSessionOptions{.replica = true});
   EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+}
+
+// The key that picks a session's homes (docs/CLUSTER.md): SHA-256("session" NUL namespace NUL
+// id).
+BlockKey SessionPlacementKey(const std::string& ns, const std::string& id) {
+  std::string bytes = "session";
+  bytes += '\0';
+  bytes += ns;
+  bytes += '\0';
+  bytes += id;
+  return NamespaceSalt(bytes);
+}
+
+// A session id of namespace "tenant" whose two homes (--replicas=1) among node-a, node-b and
+// node-c are node-b and node-c.
+std::string SessionNotHomedOnA(const std::string& prefix) {
+  const daemon::cluster::Ring ring({"node-a", "node-b", "node-c"});
+  for (int n = 0;; ++n) {
+    const std::string id = prefix + std::to_string(n);
+    const std::vector<std::string> homes = ring.Homes(SessionPlacementKey("tenant", id), 2);
+    if (std::find(homes.begin(), homes.end(), "node-a") == homes.end()) return id;
+  }
+}
+
+// A connection to `d` such as a peer daemon makes (the cluster secret and the peers' client
+// name, over TCP): a load through it answers the daemon's own record only, and a save with
+// `replica` stores the copy as given.
+std::unique_ptr<Client> ConnectAsPeer(const DaemonProcess& d) {
+  ClientOptions o = d.Options("tenant");
+  o.address = d.PrintedAddress("tcp://");
+  o.client_name = "kvpool-peer";
+  o.cluster_secret = "correct horse battery staple";
+  o.data_path = DataPath::kSocket;
+  auto c = Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// A load or delete through a node that holds no copy, while one home answers "none" and the
+// other does not answer: the session may be on the silent one. The load says Unavailable, not
+// NotFound, and the delete is recorded (OK) so that the silent home's copy does not come back.
+TEST_F(ClusterTest, AHomeThatDoesNotAnswerIsNotTakenForOneWithoutTheSession) {
+  // C's lease is long: stopped, it stays a member (a home that does not answer) for the test.
+  std::vector<std::string> c_flags = Flags("node-c");
+  c_flags.push_back("--cluster_lease_seconds=30");
+  DaemonProcess a(Flags("node-a"));
+  DaemonProcess b(Flags("node-b"));
+  DaemonProcess c(c_flags);
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  ASSERT_OK(c.Start());
+  auto ca = a.Connect("tenant");
+  auto cb = b.Connect("tenant");
+  auto cc = c.Connect("tenant");
+  ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(91, 2 * 16));
+  std::vector<std::vector<uint8_t>> blocks;
+  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(910 + i, 4096));
+  std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+  ASSERT_TRUE(cc->PutChain(keys, spans).ok());
+  // C alone holds the session, as a copy a peer sent it (B, its other home, lost its own: a
+  // disk replaced, say), with a version C's clock gave a save of another session.
+  ASSERT_OK(cc->SaveSession({.session_id = "clock", .keys = keys, .token_count = 32}));
+  auto clock = cc->LoadSession("clock", /*prefetch=*/false);
+  ASSERT_TRUE(clock.ok()) << clock.status().ToString();
+  const std::string id = SessionNotHomedOnA("silent-home-");
+  {
+    auto peer = ConnectAsPeer(c);
+    ASSERT_NE(peer, nullptr);
+    Session copy;
+    copy.session_id = id;
+    copy.keys = keys;
+    copy.token_count = 32;
+    copy.version = clock->session.version + 1;
+    copy.origin = "node-c";
+    ASSERT_OK(peer->SaveSession(copy, SaveSessionOptions{.replica = true}));
+  }
+  ASSERT_TRUE(Converges(*cc, id, keys));  // (through C: its own copy is the newest)
+
+  ASSERT_EQ(::kill(c.pid(), SIGSTOP), 0);
+  auto loaded = ca->LoadSession(id, /*prefetch=*/false);
+  const Status deleted = ca->DeleteSession(id);
+  ASSERT_EQ(::kill(c.pid(), SIGCONT), 0);
+  if (Alive(*ca->Cluster()) != 3) {
+    GTEST_SKIP() << "C left A's view while stopped: A then asked B alone";
+  }
+  EXPECT_EQ(loaded.status().code(), StatusCode::kUnavailable) << loaded.status().ToString();
+  EXPECT_NE(loaded.status().message().find("node-c"), std::string::npos)
+      << loaded.status().ToString();
+  EXPECT_OK(deleted);
+  // C's copy does not come back: the deletion reaches both homes and wins on every node.
+  for (Client* client : {ca.get(), cb.get(), cc.get()}) EXPECT_TRUE(Converges(*client, id, {}));
+  for (const DaemonProcess* home : {&b, &c}) {
+    auto peer = ConnectAsPeer(*home);
+    ASSERT_NE(peer, nullptr);
+    LoadSessionOptions own_record;
+    own_record.prefetch = false;
+    own_record.include_deleted = true;
+    auto own = peer->LoadSession(id, own_record);
+    ASSERT_TRUE(own.ok()) << own.status().ToString();
+    EXPECT_TRUE(own->session.deleted) << "a home kept the session the delete replaced";
+  }
+  // With every home answering, a session nowhere is NotFound again, and its delete too.
+  EXPECT_TRUE(ca->LoadSession("never-saved", /*prefetch=*/false).status().IsNotFound());
+  EXPECT_TRUE(ca->DeleteSession("never-saved").IsNotFound());
 }
 
 TEST_F(ClusterTest, SessionsSavedWhileTheirHomesWereDownReachThemWhenTheyComeBack) {

@@ -587,10 +587,15 @@ class Client {
   // cached (put it first).
   Status SaveSession(const Session& session);
   Status SaveSession(const Session& session, const SaveSessionOptions& options);
-  // NotFound when there is no such session. With `prefetch`, its chain is promoted.
+  // NotFound when there is no such session. In cluster mode, Unavailable instead when neither
+  // the daemon nor the session's homes that answered hold it but a home did not answer (it may
+  // hold the session; the message names it). With `prefetch`, its chain is promoted.
   Result<LoadedSession> LoadSession(const std::string& session_id, bool prefetch = true);
   Result<LoadedSession> LoadSession(const std::string& session_id,
                                     const LoadSessionOptions& options);
+  // NotFound when there is no such session. In cluster mode, where a home of the session did not
+  // answer, the deletion is recorded whether or not a copy was found (OK): the silent home's copy
+  // then does not come back.
   Status DeleteSession(const std::string& session_id);
   Result<std::vector<SessionSummary>> ListSessions(const std::string& prefix = "",
                                                    uint32_t limit = 0);
