@@ -216,10 +216,14 @@ class Client::Impl {
   // (transport/ucx_bind.h). Non-OK: no UCX (blocks go on the socket); the connection is broken
   // only when the UCX_BIND exchange itself failed.
   Status BindUcx(uint16_t port) {
-    // On the host this connection dialed (UCX is offered to TCP connections only).
-    std::string host;
+    // On the address this connection reached (UCX is offered to TCP connections only), not the
+    // host name again: that may resolve elsewhere (round-robin DNS), where kvpoold would refuse
+    // the endpoint, having offered it to this connection's address only.
+    std::string host = connection_.peer_ip();
     uint16_t control_port = 0;
-    KVPOOL_RETURN_IF_ERROR(transport::ParseHostPort(options_.address, &host, &control_port));
+    if (host.empty()) {
+      KVPOOL_RETURN_IF_ERROR(transport::ParseHostPort(options_.address, &host, &control_port));
+    }
     KVPOOL_ASSIGN_OR_RETURN(std::string nonce, ucx_.ConnectTo(host, port,
                                                               std::chrono::steady_clock::now() +
                                                                   connection_.connect_timeout()));

@@ -61,6 +61,9 @@ class ControlConnection {
   // Drops the connection (the next Run reconnects).
   void Close();
 
+  // The numeric address the connection reached (ControlChannel::peer_ip); empty without one, or
+  // for a Unix socket.
+  std::string peer_ip() const { return channel_ == nullptr ? "" : channel_->peer_ip(); }
   // No connection, or the channel failed: a call must reconnect first.
   bool broken() const { return channel_ == nullptr || channel_->broken(); }
 

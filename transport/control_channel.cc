@@ -109,6 +109,13 @@ Result<std::unique_ptr<ControlChannel>> ControlChannel::Connect(
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
   std::unique_ptr<ControlChannel> ch(new ControlChannel(fd, address));
+  if (tcp) {
+    char ip[NI_MAXHOST];
+    if (getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, ip, sizeof(ip), nullptr, 0,
+                    NI_NUMERICHOST) == 0) {
+      ch->peer_ip_ = ip;
+    }
+  }
   if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
     if (errno != EINPROGRESS && errno != EAGAIN) {
       const int err = errno;

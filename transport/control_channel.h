@@ -63,6 +63,10 @@ class ControlChannel {
 
   bool broken() const { return fd_ < 0; }
   const std::string& address() const { return address_; }
+  // The numeric IP address a tcp:// (or tls://) channel connected to, e.g. "10.0.0.7" or
+  // "fe80::1%eth0": what a second connection to the same daemon dials, where the address's name
+  // could resolve to another (round-robin DNS). Empty for a Unix socket.
+  const std::string& peer_ip() const { return peer_ip_; }
 
  private:
   ControlChannel(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
@@ -83,6 +87,7 @@ class ControlChannel {
   size_t ahead_pos_ = 0;
   size_t ahead_end_ = 0;
   std::string address_;
+  std::string peer_ip_;
   std::vector<int> received_fds_;
   std::chrono::microseconds busy_poll_{0};
 };

@@ -6,6 +6,7 @@
 #include "transport/control_channel.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -181,6 +182,40 @@ TEST_P(ControlChannelTest, APeerThatHangsUpMidFrameIsUnavailable) {
   closer.join();
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_TRUE(ch->broken());
+}
+
+// A tcp:// channel knows the numeric address it reached (a client's UCX endpoint dials that, not
+// the name again); a Unix-socket channel has none.
+TEST(ControlChannelAddressTest, ATcpChannelKnowsTheAddressItReached) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&in), sizeof(in)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof(in);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&in), &len), 0);
+  const std::string port = std::to_string(ntohs(in.sin_port));
+  // "localhost" is a name: the channel reports the address it resolved to and reached.
+  Result<std::unique_ptr<ControlChannel>> by_name =
+      ControlChannel::Connect("tcp://localhost:" + port, 5s);
+  if (by_name.ok()) {
+    EXPECT_EQ((*by_name)->peer_ip(), "127.0.0.1");
+  } else {
+    // (Where "localhost" resolves to ::1 first, nothing listens there.)
+    EXPECT_EQ(by_name.status().code(), StatusCode::kUnavailable) << by_name.status().ToString();
+  }
+  Result<std::unique_ptr<ControlChannel>> by_ip =
+      ControlChannel::Connect("tcp://127.0.0.1:" + port, 5s);
+  ASSERT_OK(by_ip.status());
+  EXPECT_EQ((*by_ip)->peer_ip(), "127.0.0.1");
+  close(listener);
+
+  kvpool::testing::TempDir dir("kvpool-channel");
+  Listener unix_listener(dir.Join("s.sock"));
+  Result<std::unique_ptr<ControlChannel>> local = ControlChannel::Connect(unix_listener.path(), 5s);
+  ASSERT_OK(local.status());
+  EXPECT_EQ((*local)->peer_ip(), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockingAndBusyPolling, ControlChannelTest,
