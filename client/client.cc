@@ -254,6 +254,9 @@ class Client::Impl {
   // Runs `call` on a live connection, reconnecting as ControlConnection::Run decides.
   template <typename F>
   auto Run(F call) -> decltype(call()) {
+    // An endpoint that failed while idle (the daemon restarted its UCX side, a network cut) is
+    // replaced before the call rather than failing the call's blocks.
+    if (server_.ucx && !ucx_.connected()) DropUcx();
     if (ucx_lost_ && options_.auto_reconnect) connection_.Close();
     return connection_.Run(call, [this] { return Connect(); });
   }

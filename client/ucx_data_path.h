@@ -63,7 +63,9 @@ class UcxDataPath {
   void Bound(uint64_t tag_prefix);
   // Closes the endpoint, if any.
   void Disconnect();
-  bool connected() const { return endpoint_ != 0 && bound_; }
+  // An endpoint is bound and has not failed (an endpoint that failed while idle shows here
+  // before a transfer names it).
+  bool connected() const { return endpoint_ != 0 && bound_ && !engine_->EndpointFailed(endpoint_); }
 
   // The tag base of the next GET (bits 16..39; the block's position in the request below) and
   // of the next PUT_COMMIT over UCX (the daemon's prefix above). Both count one sequence.

@@ -136,6 +136,20 @@ TEST_F(UcxDataPathPeerTest, ARefusedEndpointEndsTheWaitForTheNonceAtOnce) {
   EXPECT_FALSE(path_.connected());
 }
 
+// The daemon's end of an idle endpoint goes away (its UCX side restarted, the network cut): the
+// path says so before any transfer names the endpoint, so a client replaces it first rather
+// than failing that transfer's blocks.
+TEST_F(UcxDataPathPeerTest, AnEndpointThatFailsWhileIdleIsNoLongerConnected) {
+  const transport::UcxEndpointId theirs = ConnectPath(0);
+  ASSERT_NE(theirs, 0u);
+  peer_->Disconnect(theirs);
+  const auto until = steady_clock::now() + 20s;
+  while (path_.connected() && steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(path_.connected()) << "the endpoint's failure never showed";
+  // A new endpoint to the same listener is connected again.
+  EXPECT_NE(ConnectPath(0), 0u);
+}
+
 TEST_F(UcxDataPathPeerTest, SendsEachBlockUnderItsTag) {
   const uint64_t prefix = 0xABCull << 40;
   ConnectPath(prefix);

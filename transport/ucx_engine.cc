@@ -38,6 +38,7 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -217,6 +218,11 @@ class UcxEngine::Impl {
   Result<std::string> DoEndpointTransports(UcxEndpointId id);
 
   UcxOpId NextOpId() { return next_op_id_.fetch_add(1, std::memory_order_relaxed); }
+  // EndpointFailed: any thread.
+  bool Failed(UcxEndpointId id) const {
+    absl::MutexLock lock(&failed_mu_);
+    return failed_ids_.count(id) != 0;
+  }
 
   const UcxOptions options_;
   std::string address_;
@@ -268,6 +274,8 @@ class UcxEngine::Impl {
   void Shutdown();
   bool RunQueued();  // true if anything ran
   void ReapCloses();
+  // Records `id` for EndpointFailed.
+  void MarkFailed(UcxEndpointId id);
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -286,6 +294,10 @@ class UcxEngine::Impl {
   absl::Mutex mu_;
   std::deque<Command> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Endpoints that failed and are not yet disconnected (EndpointFailed); written on the
+  // progress thread, read from any.
+  mutable absl::Mutex failed_mu_;
+  std::unordered_set<UcxEndpointId> failed_ids_ ABSL_GUARDED_BY(failed_mu_);
 
   // Progress thread only.
   std::unordered_map<UcxOpId, Op*> ops_;
@@ -579,11 +591,18 @@ void UcxEngine::Impl::ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status)
   // be released, which the progress loop does outside this callback.
   if (e->failed.ok()) e->failed = std::move(why);
   e->impl->failed_eps_.push_back(e->id);
+  e->impl->MarkFailed(e->id);
+}
+
+void UcxEngine::Impl::MarkFailed(UcxEndpointId id) {
+  absl::MutexLock lock(&failed_mu_);
+  failed_ids_.insert(id);
 }
 
 void UcxEngine::Impl::ForceClose(Endpoint& e, Status why) {
   if (e.ep == nullptr) return;
   if (e.failed.ok()) e.failed = std::move(why);
+  MarkFailed(e.id);
   ucp_ep_h ep = e.ep;
   e.ep = nullptr;
   ucp_request_param_t param{};
@@ -729,6 +748,8 @@ void UcxEngine::Impl::DoDisconnect(UcxEndpointId id) {
   CancelReceivesFrom(id);
   // The error callback's arg is this Endpoint; UCX does not call it after close, so it may go.
   eps_.erase(it);
+  absl::MutexLock lock(&failed_mu_);
+  failed_ids_.erase(id);
 }
 
 void UcxEngine::Impl::SendCallback(void* request, ucs_status_t status, void* user_data) {
@@ -1045,6 +1066,8 @@ Result<UcxEndpointId> UcxEngine::ConnectTo(std::string_view host, uint16_t port)
   return RunOnProgressThread<UcxEndpointId>(
       *impl, [impl, addr, len] { return impl->DoConnectTo(addr, len); });
 }
+
+bool UcxEngine::EndpointFailed(UcxEndpointId ep) const { return impl_->Failed(ep); }
 
 void UcxEngine::Disconnect(UcxEndpointId ep) {
   Impl* impl = impl_.get();

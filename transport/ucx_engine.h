@@ -134,6 +134,11 @@ class UcxEngine {
   // Closes the endpoint (flushing, or at once if it failed); its outstanding sends complete
   // (OK if flushed, else Aborted/Unavailable). Unknown ids are ignored.
   void Disconnect(UcxEndpointId ep);
+  // The endpoint failed (its peer went away, UCX reported an error, or a transfer's grace close
+  // ended it) and is not yet Disconnected: no transfer on it can succeed. Lets a caller whose
+  // endpoint has been idle learn that before it names the endpoint in a request. Any thread;
+  // a lock, no round trip to the progress thread. False for unknown ids.
+  bool EndpointFailed(UcxEndpointId ep) const;
 
   // Sends `len` bytes tagged `tag`. `done` runs once when `data` may be reused (OK) or the send
   // failed: Unavailable (peer gone, endpoint failed), Aborted (cancelled, engine destroyed,
