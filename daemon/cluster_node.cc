@@ -705,9 +705,11 @@ RemoteSession ClusterNode::LoadRemoteSession(const std::string& ns_name,
   };
   for (const cluster::NodeId& id :
        ring->Homes(SessionKey(ns_name, session_id), options_.replicas + 1)) {
+    if (id == options_.membership.node_id) continue;
     auto it = addresses.find(id);
-    if (it == addresses.end()) continue;  // this node (members all have addresses)
-    std::unique_ptr<Client> c = Checkout(it->second, ns_name);
+    // (A member without an address: the view changed between reading the members and the
+    // ring. It may hold the session.)
+    std::unique_ptr<Client> c = it == addresses.end() ? nullptr : Checkout(it->second, ns_name);
     if (c == nullptr) {
       silent(id);
       continue;

@@ -74,6 +74,12 @@ class DaemonImpl final : public Daemon {
     if (tls() && options_.tcp_listen.empty()) {
       return Status::InvalidArgument("--tls_cert is for the TCP listener: give --listen too");
     }
+    if (options_.cluster_lease < std::chrono::seconds(1) ||
+        options_.cluster_lease > std::chrono::seconds(60)) {
+      return Status::InvalidArgument(
+          "--cluster_lease_seconds=" + std::to_string(options_.cluster_lease.count()) +
+          " must be 1-60");
+    }
 
     tiers::RocksStoreOptions ro;
     ro.path = (std::filesystem::path(options_.data_dir) / "rocksdb").string();
@@ -338,12 +344,6 @@ class DaemonImpl final : public Daemon {
     mo.node_id = node_id_;
     mo.secret = secret;
     mo.control_address = control;
-    if (options_.cluster_lease < std::chrono::seconds(1) ||
-        options_.cluster_lease > std::chrono::seconds(300)) {
-      return Status::InvalidArgument(
-          "--cluster_lease_seconds=" + std::to_string(options_.cluster_lease.count()) +
-          " must be 1-300");
-    }
     mo.lease_ttl = options_.cluster_lease;
     // (mo.ucx_worker_address stays empty: nothing dials a worker address; peers make endpoints
     // to each other's UCX listener, transport/ucx_bind.h.)

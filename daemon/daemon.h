@@ -127,7 +127,7 @@ struct DaemonOptions {
   std::string cluster_advertise;
   // Copies kept beyond the first. Default: 1.
   uint32_t replicas = 1;
-  // The etcd lease of this node's membership record (MembershipOptions::lease_ttl), 1-300 s.
+  // The etcd lease of this node's membership record (MembershipOptions::lease_ttl), 1-60 s.
   // Default: 2 s.
   std::chrono::seconds cluster_lease{2};
   tiers::TierManagerOptions tiers;

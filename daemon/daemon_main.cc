@@ -139,10 +139,11 @@ DEFINE_string(cluster_advertise, "",
               "--listen address.");
 DEFINE_uint32(replicas, 1, "Cluster mode: copies of each block beyond the first.");
 DEFINE_uint32(cluster_lease_seconds, 2,
-              "Cluster mode: the etcd lease of this node's membership record. A node that stops "
-              "renewing it (dead, stopped, cut off from etcd) leaves the other nodes' view this "
+              "Cluster mode: the etcd lease of this node's membership record, 1-60 s. A node that "
+              "stops renewing it (dead, stopped, cut off from etcd) leaves the others' view this "
               "long after its last renewal; until then they count it as a home that does not "
-              "answer. 1-300.");
+              "answer (a session load that cannot rule it out is Unavailable). A node that "
+              "restarts waits this long plus 1 s for its old record to expire.");
 DEFINE_bool(flush_on_shutdown, true, "Write host-only blocks to disk on SIGTERM.");
 #ifdef NDEBUG
 constexpr bool kDebugBuild = false;

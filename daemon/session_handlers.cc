@@ -158,10 +158,15 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
   ClusterHooks* cluster = cluster_.Get();
   bool remote = false;
   bool fetched = false;  // the chain's blocks were already brought here
+  // Whether a home this node did not hear from may hold a newer record (or any record).
+  bool unsure = cluster_mode_ && !c.peer && cluster == nullptr;
+  std::string silent = "its homes (this node has not joined its cluster yet)";
   if (cluster != nullptr && !c.peer) {
     // Saved, re-saved or deleted through other nodes too: the newest copy among this node and
     // the session's homes wins.
     RemoteSession theirs = cluster->LoadRemoteSession(c.ns_name, req.session_id());
+    unsure = !theirs.every_home_answered;
+    silent = theirs.silent;
     if (theirs.newest.has_value()) {
       absl::MutexLock lock(&mu_);
       ObserveLocked(theirs.newest->version());
@@ -195,14 +200,15 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
       // home was down, or this node died before sending it): send them this one (read repair).
       // "None" only when every home said so: a home that did not answer may hold a deletion.
       cluster->ReplicateSession(c.ns, c.ns_name, *record);
-    } else if (!record.ok() && !theirs.every_home_answered) {
-      // Neither here nor on the homes that answered, but a home that did not may hold it: that
-      // is not "no such session".
-      record = Status::Unavailable("session '" + req.session_id() +
-                                   "' is neither on this node nor on the homes that answered; no "
-                                   "answer from " +
-                                   theirs.silent + " (try again)");
     }
+  }
+  if (unsure && (!record.ok() || record->deleted())) {
+    // Neither here nor on the homes that answered (or only deleted), but a home that did not
+    // answer may hold it (or a newer save): that is not "no such session".
+    record = Status::Unavailable("session '" + req.session_id() +
+                                 "' is neither on this node nor on the homes that answered; no "
+                                 "answer from " +
+                                 silent + " (try again)");
   }
   if (record.ok() && record->deleted() && !(c.peer && req.include_deleted())) {
     record = Status::NotFound("no session '" + req.session_id() + "'");

@@ -561,6 +561,37 @@ TEST_F(ClusterTest, TheNewestSaveOrDeleteWinsOnEveryNode) {
   EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
 }
 
+// The lines "membership changed: offered N session records (A SESSION_VERSIONS asked); sent S
+// ..." of a daemon's log from byte `from` on, as (N, S).
+std::vector<std::pair<int, int>> SessionOfferPasses(const std::string& log, size_t from) {
+  std::vector<std::pair<int, int>> passes;
+  const std::string mark = "membership changed: offered ";
+  for (size_t at = log.find(mark, from); at != std::string::npos;
+       at = log.find(mark, at + mark.size())) {
+    int offered = 0;
+    int asked = 0;
+    int sent = 0;
+    if (std::sscanf(log.c_str() + at + mark.size(),
+                    "%d session records (%d SESSION_VERSIONS asked); sent %d", &offered, &asked,
+                    &sent) == 3) {
+      passes.emplace_back(offered, sent);
+    }
+  }
+  return passes;
+}
+
+// The first session offer pass in `daemon`'s log from byte `from` on, waiting up to `seconds`.
+std::optional<std::pair<int, int>> NextOfferPass(const DaemonProcess& daemon, size_t from,
+                                                 int seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  for (;;) {
+    const std::vector<std::pair<int, int>> passes = SessionOfferPasses(daemon.log(), from);
+    if (!passes.empty()) return passes.front();
+    if (std::chrono::steady_clock::now() >= end) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 // The key that picks a session's homes (docs/CLUSTER.md): SHA-256("session" NUL namespace NUL
 // id).
 BlockKey SessionPlacementKey(const std::string& ns, const std::string& id) {
@@ -620,24 +651,34 @@ TEST_F(ClusterTest, AHomeThatDoesNotAnswerIsNotTakenForOneWithoutTheSession) {
   for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(910 + i, 4096));
   std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
   ASSERT_TRUE(cc->PutChain(keys, spans).ok());
+  // C's pass over its sessions for the three joining, if it is still to come, before C holds
+  // the session: it would send it to B.
+  NextOfferPass(c, 0, 5);
   // C alone holds the session, as a copy a peer sent it (B, its other home, lost its own: a
-  // disk replaced, say), with a version C's clock gave a save of another session.
+  // disk replaced, say), with a version and a time C's clock gave a save of another session.
   ASSERT_OK(cc->SaveSession({.session_id = "clock", .keys = keys, .token_count = 32}));
   auto clock = cc->LoadSession("clock", /*prefetch=*/false);
   ASSERT_TRUE(clock.ok()) << clock.status().ToString();
   const std::string id = SessionNotHomedOnA("silent-home-");
-  {
-    auto peer = ConnectAsPeer(c);
-    ASSERT_NE(peer, nullptr);
-    Session copy;
-    copy.session_id = id;
-    copy.keys = keys;
-    copy.token_count = 32;
-    copy.version = clock->session.version + 1;
-    copy.origin = "node-c";
-    ASSERT_OK(peer->SaveSession(copy, SaveSessionOptions{.replica = true}));
-  }
-  ASSERT_TRUE(Converges(*cc, id, keys));  // (through C: its own copy is the newest)
+  auto peer_c = ConnectAsPeer(c);
+  ASSERT_NE(peer_c, nullptr);
+  Session copy;
+  copy.session_id = id;
+  copy.keys = keys;
+  copy.token_count = 32;
+  copy.created_unix_ms = clock->session.created_unix_ms;
+  copy.updated_unix_ms = clock->session.updated_unix_ms;
+  copy.version = clock->session.version + 1;
+  copy.origin = "node-c";
+  ASSERT_OK(peer_c->SaveSession(copy, SaveSessionOptions{.replica = true}));
+  // (Read through peer connections, which answer a daemon's own record and repair nothing.)
+  LoadSessionOptions own_record;
+  own_record.prefetch = false;
+  own_record.include_deleted = true;
+  ASSERT_TRUE(peer_c->LoadSession(id, own_record).ok());
+  auto peer_b = ConnectAsPeer(b);
+  ASSERT_NE(peer_b, nullptr);
+  ASSERT_TRUE(peer_b->LoadSession(id, own_record).status().IsNotFound());
 
   ASSERT_EQ(::kill(c.pid(), SIGSTOP), 0);
   auto loaded = ca->LoadSession(id, /*prefetch=*/false);
@@ -655,9 +696,6 @@ TEST_F(ClusterTest, AHomeThatDoesNotAnswerIsNotTakenForOneWithoutTheSession) {
   for (const DaemonProcess* home : {&b, &c}) {
     auto peer = ConnectAsPeer(*home);
     ASSERT_NE(peer, nullptr);
-    LoadSessionOptions own_record;
-    own_record.prefetch = false;
-    own_record.include_deleted = true;
     auto own = peer->LoadSession(id, own_record);
     ASSERT_TRUE(own.ok()) << own.status().ToString();
     EXPECT_TRUE(own->session.deleted) << "a home kept the session the delete replaced";
@@ -711,37 +749,6 @@ TEST_F(ClusterTest, SessionsSavedWhileTheirHomesWereDownReachThemWhenTheyComeBac
     const std::string id = "while-away-" + std::to_string(n);
     EXPECT_TRUE(Converges(*cb, id, chains[n]));
     EXPECT_TRUE(Converges(*cc, id, chains[n]));
-  }
-}
-
-// The lines "membership changed: offered N session records (A SESSION_VERSIONS asked); sent S
-// ..." of a daemon's log from byte `from` on, as (N, S).
-std::vector<std::pair<int, int>> SessionOfferPasses(const std::string& log, size_t from) {
-  std::vector<std::pair<int, int>> passes;
-  const std::string mark = "membership changed: offered ";
-  for (size_t at = log.find(mark, from); at != std::string::npos;
-       at = log.find(mark, at + mark.size())) {
-    int offered = 0;
-    int asked = 0;
-    int sent = 0;
-    if (std::sscanf(log.c_str() + at + mark.size(),
-                    "%d session records (%d SESSION_VERSIONS asked); sent %d", &offered, &asked,
-                    &sent) == 3) {
-      passes.emplace_back(offered, sent);
-    }
-  }
-  return passes;
-}
-
-// The first session offer pass in `daemon`'s log from byte `from` on, waiting up to `seconds`.
-std::optional<std::pair<int, int>> NextOfferPass(const DaemonProcess& daemon, size_t from,
-                                                 int seconds) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  for (;;) {
-    const std::vector<std::pair<int, int>> passes = SessionOfferPasses(daemon.log(), from);
-    if (!passes.empty()) return passes.front();
-    if (std::chrono::steady_clock::now() >= end) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
@@ -1059,6 +1066,14 @@ TEST_F(ClusterTest, ClusterModeNeedsASecretAndATcpListener) {
   const int st = pclose(p);
   EXPECT_NE(st, 0);
   EXPECT_NE(out.find("--listen"), std::string::npos) << out;
+  // A lease outside 1-60 s is refused before anything starts, saying so.
+  std::vector<std::string> flags = Flags("node-x");
+  flags.push_back("--cluster_lease_seconds=0");
+  DaemonProcess bad_lease(flags);
+  const Status started = bad_lease.Start();
+  EXPECT_FALSE(started.ok());
+  EXPECT_NE(bad_lease.log().find("--cluster_lease_seconds=0 must be 1-60"), std::string::npos)
+      << bad_lease.log();
 }
 
 // A block read from its lossy (int8) disk copy comes back as approximate bytes and says so

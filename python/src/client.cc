@@ -905,11 +905,13 @@ void RegisterClient(nb::module_& m) {
            "block is not cached (put it first).")
       .def("load_session", &PyClient::LoadSession, nb::arg("session_id"),
            nb::arg("prefetch") = true, nb::arg("gpu_device") = nb::none(),
-           "The session (NotFound when there is none). With prefetch, its chain is promoted; "
+           "The session (NotFound when there is none; in cluster mode Unavailable when it is "
+           "not found but a home of it did not answer). With prefetch, its chain is promoted; "
            "with gpu_device too, placed in the daemon's gpu tier on that CUDA device in the "
            "background.")
       .def("delete_session", &PyClient::DeleteSession, nb::arg("session_id"),
-           "Deletes a session and unpins its blocks.")
+           "Deletes a session and unpins its blocks (NotFound when there is none; in cluster "
+           "mode, where a home of it did not answer, the deletion is recorded anyway).")
       .def("list_sessions", &PyClient::ListSessions, nb::arg("prefix") = "", nb::arg("limit") = 0,
            "The namespace's sessions whose ids start with prefix (limit 0: all).")
       .def("stats", &PyClient::Stats,

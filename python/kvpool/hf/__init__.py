@@ -506,6 +506,13 @@ class KvpoolHFCache:
         except kvpool.NotFound:
             self._ok()
             return None
+        except kvpool.Unavailable as e:
+            # Also what a daemon in a cluster answers when a home of the session did not answer
+            # (the daemon itself is up): a miss, but no reason to drop the client (one whose
+            # connection died reconnects at its next call).
+            info.error = f"{type(e).__name__}: {e}"
+            self._outage.failed("load_session", e)
+            return None
         except Exception as e:  # noqa: BLE001
             info.error = f"{type(e).__name__}: {e}"
             self._failed("load_session", e)
