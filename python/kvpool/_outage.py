@@ -9,12 +9,57 @@ that owns its client (or under its own lock).
 from __future__ import annotations
 
 import logging
+import time
+from typing import Callable
 
 from kvpool import _native
 
 # What a kvpool call can raise when the daemon is down, slow or refuses. Anything else is a bug
 # in an adapter or the extension: logged with its traceback (and still a miss).
 KVPOOL_FAILURES = (_native.Error, OSError, TimeoutError)
+
+# What a call raises when kvpool did not answer in time (a stalled daemon, a cut path) rather
+# than refusing at once: such a call cost its whole timeout.
+STALLS = (_native.DeadlineExceeded, TimeoutError)
+
+
+class Stalled(_native.Unavailable):
+    """Raised by StallGuard.check while calls are held back after kvpool stalled."""
+
+
+class StallGuard:
+    """After a call that kvpool did not answer in time, the calls of the next while fail at once
+    (Stalled) instead of each waiting for its timeout: 0.5 s, doubling while the stalls go on, up
+    to 30 s; the first call after that tries kvpool again. An answer ends it; a refusal (nothing
+    listens: a failure that costs no time) changes nothing. An engine's scheduling loop asks
+    kvpool for every waiting request on every step: without this, a stopped daemon would cost
+    each of those asks its timeout. Not thread-safe (as OutageLog)."""
+
+    FIRST = 0.5
+    LONGEST = 30.0
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        # (time.monotonic looked up at each call, so that a test can replace this module's time.)
+        self._clock = clock if clock is not None else lambda: time.monotonic()
+        self._stalls = 0
+        self._until = 0.0
+
+    def check(self) -> None:
+        """Raises Stalled while calls are held back."""
+        if self._stalls:
+            left = self._until - self._clock()
+            if left > 0:
+                raise Stalled(f"kvpool did not answer in time {self._stalls} time(s) in a row; "
+                              f"not asked again for {left:.1f} s")
+
+    def failed(self, e: BaseException) -> None:
+        if isinstance(e, STALLS) and not isinstance(e, Stalled):
+            self._stalls += 1
+            wait = min(self.LONGEST, self.FIRST * 2 ** min(self._stalls - 1, 16))
+            self._until = self._clock() + wait
+
+    def answered(self) -> None:
+        self._stalls = 0
 
 
 def close_quietly(client: "_native.Client | None") -> None:

@@ -3,8 +3,9 @@ calls from SGLang's own threads use a Link each), and where its puts from GPU me
 (`gpu_tier_device`).
 
 A `Link` is one thread's kvpool client, made on first use and dropped after a failure so the
-next call connects again (a restarted daemon is found), with each outage logged once through an
-OutageLog; and the thread's staging buffer, kept from call to call. A `TransferThread` is one
+next call connects again (a restarted daemon is found), held back for a while after kvpool did
+not answer in time (StallGuard: a stalled daemon must not cost every call its timeout), with
+each outage logged once through an OutageLog; and the thread's staging buffer, kept from call to call. A `TransferThread` is one
 background thread with a Link of its own and, on a GPU, a CUDA stream of its own that first
 waits for an event from the engine's stream, so copies into or out of the engine's KV cache are
 ordered after what the engine queued. Neither is thread-safe: each belongs to one thread (a
@@ -20,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 import kvpool
-from kvpool._outage import OutageLog, close_quietly
+from kvpool._outage import OutageLog, Stalled, StallGuard, close_quietly
 
 __all__ = ["Link", "TransferThread", "gpu_tier_device"]
 
@@ -44,22 +45,30 @@ class Link:
     call connects again and finds a restarted daemon), each outage logged once; and the
     thread's staging buffer."""
 
-    def __init__(self, factory: Callable[[], kvpool.Client], outage: OutageLog) -> None:
+    def __init__(self, factory: Callable[[], kvpool.Client], outage: OutageLog,
+                 clock: Callable[[], float] | None = None) -> None:
         self._factory = factory
         self._client: kvpool.Client | None = None
         self._outage = outage
+        self._stalls = StallGuard(clock)
         self._staging: torch.Tensor | None = None
 
     def client(self) -> kvpool.Client:
+        """The client; raises Stalled (a kvpool.Unavailable) at once for a while after kvpool
+        did not answer in time (StallGuard)."""
+        self._stalls.check()
         if self._client is None:
             self._client = self._factory()
         return self._client
 
     def failed(self, what: str, e: BaseException) -> None:
-        self.close()
+        if not isinstance(e, Stalled):
+            self.close()
+            self._stalls.failed(e)
         self._outage.failed(what, e)
 
     def answered(self) -> None:
+        self._stalls.answered()
         self._outage.answered()
 
     def close(self) -> None:

@@ -60,7 +60,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import kvpool
 from kvpool._options import client_kwargs
-from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
+from kvpool._outage import KVPOOL_FAILURES, OutageLog, Stalled, StallGuard, close_quietly
 
 __all__ = ["KvpoolConnector"]
 
@@ -91,6 +91,9 @@ class KvpoolConnector(RemoteConnector):
         self._owns_client = client is None
         self._client_lock = threading.Lock()
         self._outage = OutageLog(log, "kvpool.lmcache", "serving misses and skipping puts")
+        # Held back for a while after kvpool did not answer in time: LMCache's lookups run on
+        # vLLM's scheduling loop. Under _client_lock.
+        self._stalls = StallGuard()
         # The chunk layout every key of this connector is salted with.
         self._layout = "|".join([
             self.meta_fmt.name,
@@ -113,6 +116,7 @@ class KvpoolConnector(RemoteConnector):
 
     def _get_client(self) -> kvpool.Client:
         with self._client_lock:
+            self._stalls.check()
             if self._client is None:
                 self._client = kvpool.Client(self.socket, namespace=self.namespace,
                                              timeout=self.timeout,
@@ -121,13 +125,17 @@ class KvpoolConnector(RemoteConnector):
             return self._client
 
     def _failed(self, what: str, e: BaseException) -> None:
-        if self._owns_client and isinstance(e, (kvpool.Unavailable, OSError)):
-            with self._client_lock:
+        with self._client_lock:
+            self._stalls.failed(e)
+            if (self._owns_client and isinstance(e, (kvpool.Unavailable, OSError))
+                    and not isinstance(e, Stalled)):
                 close_quietly(self._client)
                 self._client = None
         self._outage.failed(what, e)
 
     def _ok(self) -> None:
+        with self._client_lock:
+            self._stalls.answered()
         self._outage.answered()
 
     def _guarded(self, what: str, fn: Callable[[kvpool.Client], T], miss: T) -> T:

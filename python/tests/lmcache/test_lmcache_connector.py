@@ -16,11 +16,13 @@ import os
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 import torch
 
 import kvpool
+import kvpool._outage
 import kvpool.testing
 from kvpool.lmcache import KvpoolConnector
 from lmcache.utils import CacheEngineKey
@@ -339,4 +341,52 @@ def test_daemon_killed_is_a_miss_and_recovers(loop, caplog):
         assert got is not None and digest(got) == want
         assert side.conn.exists_sync(key2) is True
         release(*objs, obj, got)
+        side.close()
+
+
+class CountingClient:
+    """A kvpool client that counts its lookups."""
+
+    def __init__(self, client):
+        self.client, self.lookups = client, 0
+
+    def lookup(self, *args, **kwargs):
+        self.lookups += 1
+        return self.client.lookup(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_a_stalled_daemon_costs_one_timeout_then_lookups_miss_without_asking(loop, monkeypatch):
+    # LMCache asks from vLLM's scheduling loop: a stopped daemon must not cost each ask its
+    # timeout. (The guard's clock is the test's.)
+    now = [1000.0]
+    monkeypatch.setattr(kvpool._outage, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    with kvpool.testing.Daemon() as d:
+        side = Side(d.socket, loop)
+        side.conn.timeout = 0.3
+        key = side.key(811)
+        obj = side.chunk(11)
+        side.run(side.conn.put(key, obj))
+        counting = CountingClient(side.conn._get_client())
+        side.conn._client = counting
+        assert side.conn.batched_contains([key]) == 1
+        d.pause()
+        try:
+            assert side.conn.batched_contains([key]) == 0      # by its deadline
+            assert counting.lookups == 2
+            for _ in range(50):                                # held back: kvpool not asked
+                assert side.conn.batched_contains([key]) == 0
+                assert side.conn.exists_sync(key) is False
+            assert counting.lookups == 2
+            now[0] += 0.6                                      # one try after 0.5 s
+            assert side.conn.batched_contains([key]) == 0
+            assert counting.lookups == 3
+        finally:
+            d.resume()
+        now[0] += 1.1                                          # past the doubled window
+        assert side.conn.batched_contains([key]) == 1
+        assert counting.lookups == 4
+        release(obj)
         side.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import types
 
 import prometheus_client
 import pytest
@@ -27,6 +28,7 @@ from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 
 import kvpool
+import kvpool._outage
 import kvpool.kernels
 import kvpool.vllm
 from kvpool.testing import Daemon
@@ -238,6 +240,44 @@ def test_daemon_killed_is_a_miss_and_a_load_error_then_recovers(model_dir, daemo
     step(sched, w)                                             # stores 2 blocks
     assert sched.connector.get_num_new_matched_tokens(request([21] * 40), 0) == (32, False)
     assert any("answers again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_stalled_daemon_costs_one_timeout_then_lookups_miss_without_asking(model_dir, daemon,
+                                                                            monkeypatch):
+    # vLLM's scheduler asks for every waiting request on every step: a stopped daemon must not
+    # cost each ask its timeout. (The guard's clock is the test's.)
+    now = [1000.0]
+    monkeypatch.setattr(kvpool._outage, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    _store(model_dir, daemon, KVCacheLayout.BLHNC, PROMPT)
+    made = []
+
+    def factory():
+        made.append(1)
+        return kvpool.Client(daemon.socket, namespace="vllm-test", timeout=0.3,
+                             connect_timeout=0.3)
+
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    cfg.kv_transfer_config.kv_connector_extra_config["client_factory"] = factory
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, kv_config())
+    assert c.get_num_new_matched_tokens(request(PROMPT), 0) == (48, True)
+    daemon.pause()
+    try:
+        assert c.get_num_new_matched_tokens(request(PROMPT), 0) == (0, False)   # by its deadline
+        assert len(made) == 1
+        for _ in range(50):   # held back: misses, no client made, kvpool not asked
+            assert c.get_num_new_matched_tokens(request(PROMPT), 0) == (0, False)
+        assert len(made) == 1
+        now[0] += 0.6         # past the first 0.5 s: one try (a new client), stalled again
+        assert c.get_num_new_matched_tokens(request(PROMPT), 0) == (0, False)
+        assert len(made) == 2
+        now[0] += 0.6         # within the next window, doubled to 1 s
+        assert c.get_num_new_matched_tokens(request(PROMPT), 0) == (0, False)
+        assert len(made) == 2
+    finally:
+        daemon.resume()
+    now[0] += 1.0             # it answers again: the hit is back, and the guard is reset
+    assert c.get_num_new_matched_tokens(request(PROMPT), 0) == (48, True)
+    assert len(made) == 3
 
 
 def _parked(model_dir, d, layout, seed, prompt):
