@@ -9,7 +9,8 @@
 SGLang constructs it as `KvpoolHiCacheStorage(storage_config, kwargs)`, then calls
 `register_mem_pool_host(host_pool)`; with `"interface_v1": 1` its cache controller moves pages
 with `batch_exists` / `batch_get_v1` / `batch_set_v1` over the host pool's page buffers
-(`get_page_buffer_meta(indices) -> (ptr_list, size_list)`). Further extra-config keys:
+(`get_page_buffer_meta(indices) -> (ptr_list, size_list)`); without it, flat data pages with
+`batch_get` / `batch_set` (a copy each way), and `batch_exists` then answers for those. Further extra-config keys:
 `socket` (kvpoold's address; default $KVPOOL_SOCKET or the daemon's default), `namespace`
 (default "default"), `secret` (the namespace secret salted into every key; default ""),
 `model_id` (names the weights; default SGLang's model name), `timeout` (seconds, default 2),
@@ -116,6 +117,10 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         secret = extra.get("secret", "")
         self.model_id: str = extra.get("model_id") or storage_config.model_name or ""
         self.timeout = float(extra.get("timeout", 2.0))
+        # Which pages SGLang moves (as its cache controller decides it): the page buffers through
+        # batch_get_v1 / batch_set_v1, or else flat data pages through batch_get / batch_set.
+        # batch_exists must ask for the keys of the ones it stores.
+        self._v1 = bool(extra.get("interface_v1", 0))
         self._reach = client_kwargs(extra)
         self._salt = kvpool.namespace_salt(secret)
         self._local = threading.local()
@@ -231,7 +236,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         if not keys or not self._ready():
             return 0
         try:
-            hit = self._client().lookup(self._keys(keys), prefetch=True).hit_blocks
+            hit = self._client().lookup(self._keys(keys, flat=not self._v1),
+                                        prefetch=True).hit_blocks
         except _FAILURES as e:
             self._failed("lookup", e)
             return 0

@@ -170,6 +170,21 @@ def test_legacy_get_set_and_stats(daemon):
     assert b.get_stats().backup_pgs == []
 
 
+def test_without_interface_v1_exists_asks_for_the_flat_pages_it_stores(daemon):
+    # SGLang moves flat data pages (batch_get / batch_set) when the extra config has no
+    # interface_v1, and prefetches what batch_exists reports: it must find those pages.
+    pool = MHAHostPool()
+    fill(pool, 0, 1, seed=8)
+    b = backend(daemon, pool, interface_v1=0)
+    k = hashes("legacy-only", 2)
+    pages = [pool.get_data_page(i * pool.page_size) for i in range(2)]
+    assert b.batch_exists(k) == 0
+    assert b.batch_set(k, pages)
+    assert b.batch_exists(k) == 2
+    out = [pool.get_dummy_flat_data_page() for _ in k]
+    assert b.batch_get(k, out) == out and same(out[0], pages[0]) and same(out[1], pages[1])
+
+
 def test_daemon_killed_is_a_miss_and_recovers(own_daemon, caplog):
     pool = MHAHostPool(pages=16)
     fill(pool, *range(8), seed=7)
