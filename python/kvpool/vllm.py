@@ -247,14 +247,17 @@ def layout_for(model_id: str, dtype: torch.dtype, layers: int, kv_heads: int, he
                                 encoding="raw")
 
 
-def _default_model_id(mc: Any) -> str | None:
+def _default_model_id(mc: Any, load_format: Any = None) -> str | None:
     """The model path and revision, and what else changes the KV of the same weights files: the
-    quantization method, and overrides of the model's config (hf_overrides, as their SHA-256).
+    quantization method, overrides of the model's config (hf_overrides, as their SHA-256), and
+    weights that are not the files' (load_format "dummy": random weights, for benchmarks).
     None where overrides are a function: the extra config's model_id must then name the weights."""
     model_id = f"{mc.model}@{mc.revision}" if getattr(mc, "revision", None) else str(mc.model)
     quantization = getattr(mc, "quantization", None)
     if quantization:
         model_id += f"+quantization={quantization}"
+    if str(getattr(load_format, "value", load_format)).lower() == "dummy":
+        model_id += "+load_format=dummy"
     overrides = getattr(mc, "hf_overrides", None)
     if overrides and not callable(overrides):
         digest = hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode())
@@ -284,12 +287,15 @@ class KvpoolConnector(KVConnectorBase_V1):
         mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
         self._block_size = int(cc.block_size)
         self._tp_size = int(pc.tensor_parallel_size)
-        self._tp_rank = self._own_tp_rank() if role == KVConnectorRole.WORKER else 0
+        own_rank = self._own_tp_rank() if role == KVConnectorRole.WORKER else 0
+        self._tp_rank = own_rank if own_rank is not None else 0
         self._secret = extra.get("secret")
         if not self._secret:
             raise ValueError("kvpool.vllm: kv_connector_extra_config needs 'secret' (the "
                              "namespace secret salting kvpool keys)")
-        model_id = extra.get("model_id") or _default_model_id(mc)
+        load_config = getattr(vllm_config, "load_config", None)
+        model_id = extra.get("model_id") or _default_model_id(
+            mc, getattr(load_config, "load_format", None))
         self._disabled: str | None = None
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", None) == "fail":
             # vLLM's default fails a request whose load failed: a block evicted between lookup
@@ -329,6 +335,10 @@ class KvpoolConnector(KVConnectorBase_V1):
             self._disabled = "context parallelism (decode or prefill)"
         if self._disabled is None and model_id is None:
             self._disabled = "hf_overrides given as a function (name the weights: 'model_id')"
+        if self._disabled is None and own_rank is None and self._tp_size > 1:
+            # Keyed as rank 0, this rank would store its heads under rank 0's keys, and load
+            # rank 0's heads into its own.
+            self._disabled = "a tensor-parallel worker whose rank vLLM does not tell"
         self._layouts: list[str] = []
         if self._disabled is None:
             self._layouts = [layout_for(model_id, self._dtype, self._layers, self._kv_heads,
@@ -396,13 +406,15 @@ class KvpoolConnector(KVConnectorBase_V1):
     # ---- config ----
 
     @staticmethod
-    def _own_tp_rank() -> int:
+    def _own_tp_rank() -> int | None:
+        """This worker's tensor-parallel rank; None where vLLM has no TP group to ask (a single
+        rank is then rank 0; several turn the connector off)."""
         try:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             return int(get_tensor_model_parallel_rank())
-        except (AssertionError, ImportError, AttributeError):  # no TP group: one rank
-            return 0
+        except (AssertionError, ImportError, AttributeError):
+            return None
 
     @staticmethod
     def _kv_dtype(vllm_config: "VllmConfig") -> torch.dtype | None:

@@ -78,6 +78,11 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "b
 # What a kvpool call can raise when the daemon is down, slow or refuses. Anything else is a
 # bug in this module or the extension and is logged with its traceback (still a miss).
 _KVPOOL_FAILURES = KVPOOL_FAILURES
+# generate() arguments with which the KV of a prompt depends on more than its token ids.
+_INPUTS_BEYOND_TOKENS = frozenset({
+    "inputs_embeds", "pixel_values", "pixel_values_videos", "image_grid_thw",
+    "video_grid_thw", "position_ids", "cache_position", "token_type_ids", "input_features",
+    "image_sizes", "audio_values"})
 _META_FORMAT = "kvpool.hf/1"
 # A put is split into calls of about this many payload bytes (each within the daemon's frame
 # and lease budgets; with shared memory no payload byte crosses the socket anyway).
@@ -592,7 +597,15 @@ class KvpoolHFCache:
                  **generate_kwargs: Any) -> Any:
         """model.generate with kvpool around it: loads the prompt's cached prefix (or the
         session), generates, then stores the new full blocks (or saves the session). Returns
-        what model.generate returns; `last_load` says what was loaded."""
+        what model.generate returns; `last_load` says what was loaded. Inputs that make the KV
+        depend on more than the token ids (inputs_embeds, pixel_values, position_ids, ...) are
+        refused: kvpool's keys name the tokens only."""
+        beyond = sorted(k for k, v in generate_kwargs.items()
+                        if k in _INPUTS_BEYOND_TOKENS and v is not None)
+        if beyond:
+            raise ValueError(f"kvpool.hf.generate: {', '.join(beyond)} change the KV of the same "
+                             "tokens, and kvpool's keys name the tokens only; call "
+                             "model.generate without kvpool for such inputs")
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
         if session_id is not None:

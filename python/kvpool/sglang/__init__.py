@@ -13,7 +13,9 @@ with `batch_exists` / `batch_get_v1` / `batch_set_v1` over the host pool's page 
 `batch_get` / `batch_set` (a copy each way), and `batch_exists` then answers for those. Further extra-config keys:
 `socket` (kvpoold's address; default $KVPOOL_SOCKET or the daemon's default), `namespace`
 (default "default"), `secret` (the namespace secret salted into every key; default ""),
-`model_id` (names the weights; default SGLang's model name), `timeout` (seconds, default 2),
+`model_id` (names the weights: set it where deployments of one model name differ in revision,
+quantization or config overrides, which SGLang does not tell a storage backend; default SGLang's
+model name, with a warning), `timeout` (seconds, default 2),
 and for a namespace with a credential or a daemon behind TLS `credential_file`, `tls_ca`,
 `tls_cert`, `tls_key` (kvpool/_options.py).
 
@@ -116,6 +118,14 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self.namespace: str = extra.get("namespace", "default")
         secret = extra.get("secret", "")
         self.model_id: str = extra.get("model_id") or storage_config.model_name or ""
+        if not extra.get("model_id"):
+            # SGLang tells a storage backend only the model's name (its path or served name), not
+            # its revision, quantization or config overrides, which change the KV of the same
+            # tokens: two deployments of one name that differ in those must not share keys.
+            log.warning("kvpool.sglang: no 'model_id' in the extra config; keys name the model "
+                        "as %r only. Deployments sharing this namespace with another revision, "
+                        "quantization or config overrides of it must set 'model_id' (e.g. "
+                        "'org/name@rev+fp8') or they would load each other's KV", self.model_id)
         self.timeout = float(extra.get("timeout", 2.0))
         # Which pages SGLang moves (as its cache controller decides it): the page buffers through
         # batch_get_v1 / batch_set_v1, or else flat data pages through batch_get / batch_set.

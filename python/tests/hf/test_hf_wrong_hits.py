@@ -181,3 +181,12 @@ def test_a_sliding_window_cache_is_not_stored(daemon, monkeypatch):
     kv = adapter(daemon.socket, full, "mistral-full-test")
     assert kv.store(tokens, cache) == 100 // B
     kv.close()
+
+
+@pytest.mark.parametrize("arg", ["inputs_embeds", "pixel_values", "position_ids"])
+def test_generate_refuses_inputs_that_change_the_kv_of_the_same_tokens(daemon, model, mid, arg):
+    # kvpool's keys name the tokens only: KV that depends on more must not be stored or loaded.
+    kv = adapter(daemon.socket, model, mid)
+    with pytest.raises(ValueError, match=arg):
+        kv.generate(model, torch.tensor([1, 2, 3]), max_new_tokens=1, **{arg: torch.zeros(1)})
+    kv.close()

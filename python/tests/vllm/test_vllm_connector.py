@@ -642,7 +642,7 @@ def test_a_failing_load_policy_is_made_recompute(model_dir, daemon):
     assert cfg.kv_transfer_config.kv_load_failure_policy == "recompute"
 
 
-def test_the_default_model_id_names_quantization_and_config_overrides():
+def test_the_default_model_id_names_quantization_overrides_and_dummy_weights():
     class Model:
         model, revision, quantization, hf_overrides = "org/m", None, None, None
     plain = kvpool.vllm._default_model_id(Model())
@@ -652,8 +652,23 @@ def test_the_default_model_id_names_quantization_and_config_overrides():
     overridden = kvpool.vllm._default_model_id(Model())
     assert plain == "org/m"
     assert len({plain, quantized, overridden}) == 3
+    # Random weights (a benchmark instance) never share the real weights' keys.
+    Model.hf_overrides = None
+    assert kvpool.vllm._default_model_id(Model(), "dummy") == "org/m+quantization=fp8" \
+        "+load_format=dummy"
+    assert kvpool.vllm._default_model_id(Model(), "safetensors") == "org/m+quantization=fp8"
     Model.hf_overrides = lambda config: config   # a function: no stable name
     assert kvpool.vllm._default_model_id(Model()) is None
+
+
+def test_a_tensor_parallel_worker_without_a_rank_turns_the_connector_off(model_dir, daemon):
+    # Keyed as rank 0, it would store its heads under rank 0's keys and load rank 0's heads.
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, tp_size=2)
+    views, kvc = kv_views(KVCacheLayout.LHBNC, seed=2)
+    w = worker(cfg, kvc, views, tp_rank=None)
+    assert w._disabled and "rank" in w._disabled
+    one = worker(make_config(model_dir, daemon.socket, secret=SECRET), kvc, views, tp_rank=None)
+    assert one._disabled is None   # a single rank is rank 0
 
 
 def test_two_tensor_parallel_ranks_store_and_load_their_own_shards(model_dir, daemon):

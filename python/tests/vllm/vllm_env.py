@@ -101,9 +101,9 @@ def scheduler(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Schedu
 
 
 def worker(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv_caches: dict,
-           tp_rank: int = 0) -> kvpool.vllm.KvpoolConnector:
+           tp_rank: int | None = 0) -> kvpool.vllm.KvpoolConnector:
     """A worker-side connector over `kv_caches`; `tp_rank`: the tensor-parallel rank vLLM's
-    process group would give it."""
+    process group would give it (None: none, as without a TP group)."""
     with mock.patch.object(kvpool.vllm.KvpoolConnector, "_own_tp_rank",
                            staticmethod(lambda: tp_rank)):
         w = kvpool.vllm.KvpoolConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
