@@ -324,6 +324,13 @@ class KvpoolConnector(KVConnectorBase_V1):
             # left the window: a queued save could read them after their reuse.
             spec = type(kv_cache_config.kv_cache_groups[0].kv_cache_spec).__name__
             self._disabled = f"{spec} KV (kvpool.vllm: full attention only)"
+        elif kv_cache_config is not None and (
+                len(kv_cache_config.kv_cache_groups[0].layer_names) != self._layers):
+            # The worker would turn itself off when its KV layers are registered (e.g. a draft
+            # model's layers beside the model's), and every hit the scheduler offered would
+            # then fail to load: both sides turn off.
+            self._disabled = (f"{len(kv_cache_config.kv_cache_groups[0].layer_names)} KV layers, "
+                              f"the model config has {self._layers}")
         elif int(getattr(pc, "pipeline_parallel_size", 1)) > 1:
             # A stage holds some layers, and the layout string does not say which: two stages
             # would store different KV under one key.

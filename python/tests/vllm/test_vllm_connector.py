@@ -587,6 +587,19 @@ def test_sliding_window_and_pipeline_stages_turn_the_connector_off(model_dir, da
     assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
 
 
+def test_kv_layers_beyond_the_models_turn_the_scheduler_side_off_too(model_dir, daemon):
+    # E.g. a draft model's layers in the KV cache group: the worker turns itself off when they
+    # are registered, so the scheduler must not offer hits its loads would all fail.
+    _store(model_dir, daemon, KVCacheLayout.LBHNC, PROMPT)
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    assert _matched(model_dir, daemon, PROMPT + [1]) == (48, True)
+    extra = kv_config()
+    extra.kv_cache_groups[0].layer_names.append("model.layers.99.self_attn.attn")
+    c = kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, extra)
+    assert c._disabled and "KV layers" in c._disabled
+    assert c.get_num_new_matched_tokens(request(PROMPT + [1]), 0) == (0, False)
+
+
 @pytest.mark.parametrize("field", ["decode_context_parallel_size",
                                    "prefill_context_parallel_size"])
 def test_context_parallelism_turns_the_connector_off(model_dir, daemon, field):
