@@ -163,6 +163,8 @@ _STAT_DOCS = {
     "loads": "Loads of a request's blocks from kvpool into the paged KV cache (per worker).",
     "blocks_loaded": "Blocks loaded from kvpool into the paged KV cache.",
     "blocks_load_failed": "Blocks a load could not bring (vLLM recomputes them).",
+    "blocks_loaded_lossy": "Blocks loaded that kvpool decoded from a lossy copy (a namespace "
+                           "whose policy keeps int8/fp8/int4 copies): approximate KV.",
     "bytes_loaded": "Bytes loaded from kvpool.",
     "load_seconds": "Seconds spent loading from kvpool (in the background or before a forward).",
     "stores": "Stores of a request's new prompt blocks into kvpool (per worker).",
@@ -409,6 +411,10 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._chains_lock = threading.Lock()
         self._finished_saving: set[str] = set()   # of those, finished in vLLM: report when done
         self._stats = KvpoolConnectorStats()   # since the last get_kv_connector_stats
+        # Lossy blocks loaded by the load threads, for the next get_kv_connector_stats.
+        self._lossy_lock = threading.Lock()
+        self._lossy_blocks = 0
+        self._lossy_said = False
 
     # ---- config ----
 
@@ -748,6 +754,18 @@ class KvpoolConnector(KVConnectorBase_V1):
                                 self.block_bytes)
                     break
                 ok += 1
+            lossy = sum(1 for r in results[:ok] if r.lossy)
+            if lossy:
+                # The namespace's policy keeps lossy copies: approximate KV, as it allows.
+                # Counted (blocks_loaded_lossy) and said once.
+                with self._lossy_lock:
+                    self._lossy_blocks += lossy
+                    first = not self._lossy_said
+                    self._lossy_said = True
+                if first:
+                    log.info("kvpool.vllm: loading blocks kvpool decoded from lossy copies (%s; "
+                             "the namespace's policy): approximate KV, counted in "
+                             "blocks_loaded_lossy", next(r.lossy for r in results if r.lossy))
             if ok:
                 self._scatter(span.block_ids[good:good + ok], staging[:ok])
             good += ok
@@ -892,6 +910,10 @@ class KvpoolConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """This side's counters since the last call (None when nothing happened)."""
+        with self._lossy_lock:
+            lossy, self._lossy_blocks = self._lossy_blocks, 0
+        if lossy:
+            self._stats.record(blocks_loaded_lossy=lossy)
         if self._stats.is_empty():
             return None
         stats, self._stats = self._stats, KvpoolConnectorStats()

@@ -1010,3 +1010,35 @@ def test_connector_stats_count_lookups_loads_and_stores(model_dir, daemon):
     assert sample("bytes_loaded") == 3 * w_b.block_bytes and sample("lookups") == 1
     assert sample("hit_tokens") == 48 and sample("blocks_load_failed") == 0
     assert sample("blocks_loaded", engine="0") == 0
+
+
+def test_blocks_decoded_from_lossy_copies_are_counted(model_dir, tmp_path):
+    """A namespace whose policy keeps int8 disk copies serves approximate KV once its blocks
+    left host: loaded (as its operator chose), and counted in blocks_loaded_lossy."""
+    ns = tmp_path / "namespaces.yaml"
+    ns.write_text("namespaces:\n  lossy-ns:\n    encoding: int8\n    lossy: true\n"
+                  f"    layout: {{layers: {LAYERS}, kv_heads: {KV_HEADS}, head_dim: {HEAD_DIM}, "
+                  f"tokens: {BLOCK}, dtype: bf16}}\n")
+    with Daemon([f"--namespaces_file={ns}"]) as d:
+        views_a, blocks_a, _ = _store(model_dir, d, KVCacheLayout.LBHNC, PROMPT, seed=31,
+                                      namespace="lossy-ns")
+        layout = kvpool.vllm.layout_for(model_dir, torch.bfloat16, LAYERS, KV_HEADS, HEAD_DIM,
+                                        BLOCK)
+        keys = kvpool.hash_chain(PROMPT[:48], secret=SECRET, layout=layout, tokens_per_block=BLOCK)
+        with kvpool.Client(d.socket, namespace="lossy-ns") as c:
+            assert c.evict("host", keys)["evicted"] == 3     # on disk as int8 only
+        cfg = make_config(model_dir, d.socket, secret=SECRET, namespace="lossy-ns")
+        views_b, kvc = kv_views(KVCacheLayout.BHLNC, seed=32)
+        sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views_b)
+        req = request(PROMPT + [1])
+        sched.add_request(req)
+        new = admit(sched, w)
+        assert new[req.request_id].num_computed_tokens == 48
+        stats = w.get_kv_connector_stats().reduce()
+        assert stats["blocks_loaded"] == 3 and stats["blocks_loaded_lossy"] == 3
+        blocks_b = list(new[req.request_id].block_ids[0])
+        got = token_kv(views_b, blocks_b, 48).float()
+        want = token_kv(views_a, blocks_a, 48).float()
+        assert not torch.equal(got, want)                    # approximate...
+        assert torch.allclose(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
+
