@@ -416,6 +416,14 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._lossy_blocks = 0
         self._lossy_said = False
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: kvpool is a best-effort cache (a save that does not happen is a later miss),
+        so vLLM keeps a preempted request's output rather than recomputing it (its default, for
+        kv_both, is True). A preempted request's queued saves still read its blocks before the
+        next forward writes them (KvpoolConnectorMetadata.preempted)."""
+        return False
+
     # ---- config ----
 
     @staticmethod

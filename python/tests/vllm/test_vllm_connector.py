@@ -674,6 +674,15 @@ def test_the_default_model_id_names_quantization_overrides_and_dummy_weights():
     assert kvpool.vllm._default_model_id(Model()) is None
 
 
+def test_the_connector_is_a_best_effort_cache_to_vllms_scheduler(model_dir, daemon):
+    # A preempted request's output is kept (vLLM drops it only for connectors whose saves must
+    # be delivered; a kvpool save that does not happen is a later miss).
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET)
+    sched = scheduler(cfg, kv_config())
+    assert sched.connector.requires_kv_delivery is False
+    assert sched.requires_kv_delivery is False
+
+
 def test_a_tensor_parallel_worker_without_a_rank_turns_the_connector_off(model_dir, daemon):
     # Keyed as rank 0, it would store its heads under rank 0's keys and load rank 0's heads.
     cfg = make_config(model_dir, daemon.socket, secret=SECRET, tp_size=2)
