@@ -2,8 +2,8 @@
 
 An adapter turns every kvpool failure into a miss; the operator still needs to see it, but not
 once per request: one warning when kvpool stops answering, debug lines while it stays down, one
-info line when it answers again. Not thread-safe by itself: an adapter calls it from the thread
-that owns its client (or under its own lock).
+info line when it answers again. Not locked: threads that share one (kvpool.sglang's) may log a
+line twice, never lose the outage.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class StallGuard:
 
     def failed(self, e: BaseException) -> None:
         if isinstance(e, STALLS) and not isinstance(e, Stalled):
+            if self._stalls and self._clock() < self._until:
+                return   # calls that were under way when the hold began: one stall, not several
             self._stalls += 1
             wait = min(self.LONGEST, self.FIRST * 2 ** min(self._stalls - 1, 16))
             self._until = self._clock() + wait

@@ -62,9 +62,10 @@ class Link:
         return self._client
 
     def failed(self, what: str, e: BaseException) -> None:
-        if not isinstance(e, Stalled):
-            self.close()
-            self._stalls.failed(e)
+        if isinstance(e, Stalled):
+            return   # held back: the failure that began the hold was reported
+        self.close()
+        self._stalls.failed(e)
         self._outage.failed(what, e)
 
     def answered(self) -> None:

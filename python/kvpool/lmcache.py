@@ -125,10 +125,11 @@ class KvpoolConnector(RemoteConnector):
             return self._client
 
     def _failed(self, what: str, e: BaseException) -> None:
+        if isinstance(e, Stalled):
+            return   # held back: the failure that began the hold was reported
         with self._client_lock:
             self._stalls.failed(e)
-            if (self._owns_client and isinstance(e, (kvpool.Unavailable, OSError))
-                    and not isinstance(e, Stalled)):
+            if self._owns_client and isinstance(e, (kvpool.Unavailable, OSError)):
                 close_quietly(self._client)
                 self._client = None
         self._outage.failed(what, e)

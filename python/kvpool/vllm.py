@@ -277,8 +277,8 @@ def _layer_index(name: str) -> int:
 class KvpoolConnector(KVConnectorBase_V1):
     """vLLM KV connector over kvpoold. Extra config keys: socket (default: kvpool's default
     socket), namespace ("default"), secret (the namespace secret salting every key; required),
-    model_id (default: the model path, "@revision" when set, "+quantization=..." and
-    "+hf_overrides=..." when set), timeout (seconds, 2.0),
+    model_id (default: the model path, "@revision" when set, "+quantization=...",
+    "+hf_overrides=..." and "+load_format=dummy" when set), timeout (seconds, 2.0),
     load_async and save_async (true: load, and store, in the background while the batch
     computes), client_factory (tests: a callable returning a kvpool.Client)."""
 
@@ -346,7 +346,8 @@ class KvpoolConnector(KVConnectorBase_V1):
             self._disabled = "hf_overrides given as a function (name the weights: 'model_id')"
         if self._disabled is None and own_rank is None and self._tp_size > 1:
             # Keyed as rank 0, this rank would store its heads under rank 0's keys, and load
-            # rank 0's heads into its own.
+            # rank 0's heads into its own. (The scheduler side cannot tell; its offers then fail
+            # to load and are recomputed once each. vLLM 0.33 always gives workers a TP group.)
             self._disabled = "a tensor-parallel worker whose rank vLLM does not tell"
         self._layouts: list[str] = []
         if self._disabled is None:
@@ -859,6 +860,7 @@ class KvpoolConnector(KVConnectorBase_V1):
                                parent=keys[i - 1] if i else None, gpu_device=gpu)
                 stored += r.stored
                 if not r.all_ok():
+                    link.answered()   # kvpool answered, with an error for some blocks
                     first = next((e for e in r.errors if e is not None), None)
                     log.warning("kvpool.vllm: put of %d blocks of request %s: error %s", n,
                                 span.req_id, first)

@@ -88,3 +88,31 @@ def test_without_auto_reconnect_an_explicit_reconnect_is_needed(own_daemon, make
             c.lookup(keys)
         c.reconnect()
         assert c.lookup(keys).hit_blocks == 0
+
+
+def test_a_stall_guard_holds_calls_back_once_per_stall_and_doubles():
+    """kvpool._outage.StallGuard, as the engine adapters use it (on a clock of the test's)."""
+    from kvpool._outage import Stalled, StallGuard
+
+    now = [100.0]
+    g = StallGuard(lambda: now[0])
+    g.check()
+    g.failed(kvpool.Unavailable("nothing listens"))   # a refusal costs no time: no hold
+    g.check()
+    g.failed(kvpool.DeadlineExceeded("no answer"))
+    with pytest.raises(Stalled) as held:
+        g.check()
+    assert isinstance(held.value, kvpool.Unavailable)  # what adapters already take as a miss
+    g.failed(kvpool.DeadlineExceeded("under way when the hold began"))   # not a second stall
+    now[0] += 0.51
+    g.check()                                          # 0.5 s, once
+    g.failed(TimeoutError("no answer again"))
+    now[0] += 0.9
+    with pytest.raises(Stalled):
+        g.check()                                      # doubled: 1 s
+    now[0] += 0.11
+    g.check()
+    g.answered()                                       # an answer ends it
+    g.failed(kvpool.DeadlineExceeded("a new stall"))
+    now[0] += 0.51
+    g.check()                                          # back to 0.5 s

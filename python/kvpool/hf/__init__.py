@@ -601,7 +601,9 @@ class KvpoolHFCache:
         depend on more than the token ids (inputs_embeds, pixel_values, position_ids, ...) are
         refused: kvpool's keys name the tokens only."""
         beyond = sorted(k for k, v in generate_kwargs.items()
-                        if k in _INPUTS_BEYOND_TOKENS and v is not None)
+                        if k in _INPUTS_BEYOND_TOKENS and v is not None
+                        # (all-zero token type ids, as text-only processors give, change nothing)
+                        and not (k == "token_type_ids" and not bool(torch.as_tensor(v).any())))
         if beyond:
             raise ValueError(f"kvpool.hf.generate: {', '.join(beyond)} change the KV of the same "
                              "tokens, and kvpool's keys name the tokens only; call "

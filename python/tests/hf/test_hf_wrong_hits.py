@@ -190,3 +190,19 @@ def test_generate_refuses_inputs_that_change_the_kv_of_the_same_tokens(daemon, m
     with pytest.raises(ValueError, match=arg):
         kv.generate(model, torch.tensor([1, 2, 3]), max_new_tokens=1, **{arg: torch.zeros(1)})
     kv.close()
+
+
+def test_generate_takes_all_zero_token_type_ids(daemon, model, mid):
+    # Text-only processors give them; they change nothing.
+    kv = adapter(daemon.socket, model, mid)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with pytest.raises(ValueError, match="token_type_ids"):
+        kv.generate(model, ids, max_new_tokens=1, token_type_ids=torch.ones_like(ids))
+    # All zeros pass kvpool to model.generate (which, for this Llama, refuses an argument it
+    # has no use for: the refusal is transformers', not kvpool's).
+    with pytest.raises(ValueError) as e:
+        kv.generate(model, ids, max_new_tokens=1, do_sample=False,
+                    token_type_ids=torch.zeros_like(ids))
+    assert "kvpool" not in str(e.value) and "not used by the model" in str(e.value)
+    kv.close()
+
