@@ -114,6 +114,10 @@ def main() -> int:
     print(f"{'case':36} {'total s':>9} {'per lookup ms':>14} {'hits':>5}")
     for name, seconds, hits in rows:
         print(f"{name:36} {seconds:9.3f} {seconds / args.lookups * 1e3:14.2f} {hits:5d}")
+    if rows[0][2] != args.lookups or any(hits for _, _, hits in rows[1:]):
+        print("vllm_scheduler_outage: the answering daemon's lookups must all hit, the stopped "
+              "one's none", file=sys.stderr)
+        return 1
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
             {"lookups": args.lookups, "timeout_s": args.timeout, "timeout_x_lookups_s": limit,

@@ -64,6 +64,15 @@ kvpool_add_pytest(NAME python_lmcache VENV lmcache DIR python/tests/lmcache
   LABELS python integration TIMEOUT 600)
 kvpool_add_pytest(NAME python_vllm VENV vllm DIR python/tests/vllm
   LABELS python integration TIMEOUT 600)
+# Smoke run of what a stopped kvpoold costs vLLM's scheduler (4 lookups a case, 0.2 s timeout);
+# fails when the answering daemon's lookups miss.
+add_test(NAME bench_vllm_scheduler_outage_quick
+  COMMAND ${PROJECT_SOURCE_DIR}/.venv/vllm/bin/python
+    ${PROJECT_SOURCE_DIR}/bench/vllm_scheduler_outage.py --lookups 4 --timeout 0.2
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(bench_vllm_scheduler_outage_quick PROPERTIES
+  LABELS "bench;python" TIMEOUT 300
+  ENVIRONMENT "KVPOOL_KVPOOLD=$<TARGET_FILE:kvpoold>;PYTHONDONTWRITEBYTECODE=1")
 kvpool_add_pytest(NAME python_sglang VENV sglang DIR python/tests/sglang
   LABELS python integration TIMEOUT 300)
 # Mooncake Store beside kvpool (bench/mooncake_bench.py, the mooncake venv): a short run whose
