@@ -51,19 +51,9 @@ import kvpool
 import kvpool.vllm
 from bench_timing import median_s   # bench/ is the script's directory
 from kvpool.testing import Daemon
+from vllm_bench_model import BLOCK, HEAD_DIM, KV_HEADS, LAYERS, model_dir   # bench/
 
-LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 32, 8, 128, 16   # Llama-3-8B's KV shape
 SECRET = "bench-secret"
-
-
-def model_dir(root: pathlib.Path) -> str:
-    (root / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": HEADS * HEAD_DIM, "intermediate_size": 14336,
-        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
-        "num_hidden_layers": LAYERS, "vocab_size": 128256, "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}))
-    return str(root)
 
 
 class Instance:

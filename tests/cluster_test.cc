@@ -50,6 +50,16 @@ std::vector<std::string> NodeFlags(const std::string& etcd, const std::string& i
           "--ucx_net_devices=lo"};
 }
 
+// Bytes for a chain of `n` blocks (block i: BlockBytes(seed + i, bytes + i * grow)) and spans
+// over them, as PutChain takes them.
+std::pair<std::vector<std::vector<uint8_t>>, std::vector<std::span<const uint8_t>>> ChainBlocks(
+    size_t n, uint64_t seed, size_t bytes, size_t grow = 0) {
+  std::pair<std::vector<std::vector<uint8_t>>, std::vector<std::span<const uint8_t>>> out;
+  for (size_t i = 0; i < n; ++i) out.first.push_back(BlockBytes(seed + i, bytes + i * grow));
+  out.second.assign(out.first.begin(), out.first.end());
+  return out;
+}
+
 // Waits up to `seconds` for `pred(view)` on the daemon's cluster view; returns the last view.
 template <typename Pred>
 ClusterView WaitView(Client& c, Pred pred, int seconds) {
@@ -260,9 +270,7 @@ TEST_F(ClusterTest, AChainPutThroughOneNodeIsAHitThroughTheOthers) {
   // A system prompt computed only on node A.
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(42, 20 * 16));
-  std::vector<std::vector<uint8_t>> blocks;
-  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(700 + i, 65536 + i));
-  std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+  auto [blocks, spans] = ChainBlocks(keys.size(), 700, 65536, /*grow=*/1);
   auto put = ca->PutChain(keys, spans);
   ASSERT_TRUE(put.ok() && put->all_ok());
 
@@ -328,9 +336,7 @@ TEST_F(ClusterTest, AFetchIntoAHostFullOfUnwrittenBlocksIsStoredAfterTheRequest)
   constexpr size_t kBlockBytes = 256 << 10;
   auto put_chain = [&](Client& cl, uint64_t seed, size_t n) {
     const std::vector<BlockKey> keys = hasher.Hash(Tokens(seed, n * 16));
-    std::vector<std::vector<uint8_t>> blocks;
-    for (size_t i = 0; i < n; ++i) blocks.push_back(BlockBytes(seed * 1000 + i, kBlockBytes));
-    std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+    auto [blocks, spans] = ChainBlocks(n, seed * 1000, kBlockBytes);
     auto put = cl.PutChain(keys, spans);
     EXPECT_TRUE(put.ok() && put->all_ok());
     return std::make_pair(keys, blocks);
@@ -388,9 +394,7 @@ TEST_F(ClusterTest, LocateTellsARouterHowMuchOfAChainEachNodeHolds) {
   ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(77, 12 * 16));
-  std::vector<std::vector<uint8_t>> blocks;
-  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(900 + i, 4096));
-  std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+  auto [blocks, spans] = ChainBlocks(keys.size(), 900, 4096);
   ASSERT_TRUE(ca->PutChain(keys, spans)->all_ok());
   ASSERT_TRUE(cb->PutChain(std::span(keys).first(5), std::span(spans).first(5))->all_ok());
 
@@ -452,9 +456,7 @@ TEST_F(ClusterTest, ASessionSavedThroughOneNodeLoadsThroughAnotherWhileItIsDown)
   ASSERT_TRUE(AllSee({ca.get(), cb.get()}, 3));
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(77, 12 * 16));
-  std::vector<std::vector<uint8_t>> blocks;
-  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(900 + i, 30000 + i));
-  std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+  auto [blocks, spans] = ChainBlocks(keys.size(), 900, 30000, /*grow=*/1);
   ASSERT_TRUE(ca->PutChain(keys, spans).ok());
   Session s;
   s.session_id = "conversation-7";
@@ -521,9 +523,7 @@ TEST_F(ClusterTest, TheNewestSaveOrDeleteWinsOnEveryNode) {
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   auto chain = [&](uint64_t seed, Client& through) {
     const std::vector<BlockKey> keys = hasher.Hash(Tokens(seed, 3 * 16));
-    std::vector<std::vector<uint8_t>> blocks;
-    for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(seed * 10 + i, 4096));
-    std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+    auto [blocks, spans] = ChainBlocks(keys.size(), seed * 10, 4096);
     EXPECT_TRUE(through.PutChain(keys, spans).ok());
     return keys;
   };
@@ -647,9 +647,7 @@ TEST_F(ClusterTest, AHomeThatDoesNotAnswerIsNotTakenForOneWithoutTheSession) {
   ASSERT_TRUE(AllSee({ca.get(), cb.get(), cc.get()}, 3));
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(91, 2 * 16));
-  std::vector<std::vector<uint8_t>> blocks;
-  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(910 + i, 4096));
-  std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+  auto [blocks, spans] = ChainBlocks(keys.size(), 910, 4096);
   ASSERT_TRUE(cc->PutChain(keys, spans).ok());
   // C's pass over its sessions for the three joining, if it is still to come, before C holds
   // the session: it would send it to B.
@@ -730,9 +728,7 @@ TEST_F(ClusterTest, SessionsSavedWhileTheirHomesWereDownReachThemWhenTheyComeBac
   std::vector<std::vector<BlockKey>> chains;
   for (int n = 0; n < 10; ++n) {
     const std::vector<BlockKey> keys = hasher.Hash(Tokens(5000 + n, 2 * 16));
-    std::vector<std::vector<uint8_t>> blocks;
-    for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(n * 10 + i, 4096));
-    std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+    auto [blocks, spans] = ChainBlocks(keys.size(), n * 10, 4096);
     ASSERT_TRUE(ca->PutChain(keys, spans).ok());
     ASSERT_OK(ca->SaveSession(
         {.session_id = "while-away-" + std::to_string(n), .keys = keys, .token_count = 32}));
@@ -990,7 +986,9 @@ TEST_F(ClusterTest, WhenANodeLeavesItsBlocksAreCopiedAgainToKeepReplicasPlusOne)
   for (int i = 0; i < 50 && host_blocks(*cb) + host_blocks(*cc) < keys.size(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ASSERT_EQ(host_blocks(*cb) + host_blocks(*cc), keys.size());
+  // (At least: on a loaded machine a member can drop out of A's view for a moment, and the
+  // blocks then pushed to the other one stay there too.)
+  ASSERT_GE(host_blocks(*cb) + host_blocks(*cc), keys.size());
   ASSERT_LT(host_blocks(*cb), keys.size()) << "the test needs copies split between B and C";
   // A dies: B and C notice, and each copies its blocks to the other.
   a.Kill();
@@ -1031,9 +1029,7 @@ TEST_F(ClusterTest, PeersSpeakTlsAndVerifyEachOthersCertificates) {
 
   ChainHasher hasher("tenant-secret", kTestLayout, 16);
   const std::vector<BlockKey> keys = hasher.Hash(Tokens(43, 8 * 16));
-  std::vector<std::vector<uint8_t>> blocks;
-  for (size_t i = 0; i < keys.size(); ++i) blocks.push_back(BlockBytes(900 + i, 32768 + i));
-  std::vector<std::span<const uint8_t>> spans(blocks.begin(), blocks.end());
+  auto [blocks, spans] = ChainBlocks(keys.size(), 900, 32768, /*grow=*/1);
   auto put = ca->PutChain(keys, spans);
   ASSERT_TRUE(put.ok() && put->all_ok());
 
