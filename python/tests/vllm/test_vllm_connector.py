@@ -280,6 +280,36 @@ def test_a_stalled_daemon_costs_one_timeout_then_lookups_miss_without_asking(mod
     assert len(made) == 3
 
 
+@pytest.mark.parametrize("load_async", [False, True])
+def test_a_block_of_the_wrong_size_ends_the_load_there(model_dir, daemon, load_async):
+    # Another writer's block under the key (a bug, another layout under a colliding model id):
+    # blocks from it on are load errors, recomputed; the good one before it is used.
+    layout = kvpool.vllm.layout_for(model_dir, torch.bfloat16, LAYERS, KV_HEADS, HEAD_DIM,
+                                    BLOCK)
+    keys = kvpool.hash_chain(PROMPT[:48], secret=SECRET, layout=layout, tokens_per_block=BLOCK)
+    size = LAYERS * 2 * BLOCK * KV_HEADS * HEAD_DIM * 2
+    with kvpool.Client(daemon.socket, namespace="vllm-test") as c:
+        assert c.put(keys, [bytes([7]) * size, bytes(size - 2), bytes(size)]).all_ok()
+    cfg = make_config(model_dir, daemon.socket, secret=SECRET, load_async=load_async)
+    views, kvc = kv_views(KVCacheLayout.LHBNC, seed=41)
+    sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
+    req = request(PROMPT + [1])
+    sched.add_request(req)
+    out = sched.schedule()
+    blocks = list(sched.kv_cache_manager.get_block_ids(req.request_id)[0])
+    if load_async:
+        forward(w, out)
+        kv_out = finish(sched, w, out)
+        assert kv_out.finished_recving == {req.request_id}
+        assert kv_out.invalid_block_ids == set(blocks[1:3])
+    else:
+        assert out.scheduled_new_reqs[0].num_computed_tokens == 48
+        forward(w, out)
+        assert w.get_block_ids_with_load_errors() == set(blocks[1:3])
+    # The first block was loaded as put.
+    assert bool((token_kv(views, blocks, BLOCK).view(torch.uint8) == 7).all())
+
+
 def _parked(model_dir, d, layout, seed, prompt):
     """An instance with asynchronous loads and a request for `prompt` that vLLM parked waiting
     for its kvpool blocks: (scheduler, worker, views, request, its SchedulerOutput, its block
