@@ -93,6 +93,22 @@ def test_batch_exists_counts_consecutive_hits(daemon):
     assert b.batch_get_v1(k[:3], pool.indices(4, 5, 6)) == [True, True, False]
 
 
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_a_missing_middle_page_is_false_and_its_buffer_untouched(daemon, layout):
+    # layer_first pages are staged (several buffers a page): a page that failed must not be
+    # copied out of the staging buffer into the host pool.
+    pool = MHAHostPool(layout=layout)
+    fill(pool, 0, 1, 2, 4, 5, 6, 7, seed=9)
+    b = backend(daemon, pool)
+    k = hashes(f"middle-{layout}", 4)
+    assert b.batch_set_v1([k[0], k[1], k[3]], pool.indices(0, 1, 2)) == [True] * 3
+    before = pool.page(6).clone()
+    assert b.batch_get_v1(k, pool.indices(4, 5, 6, 7)) == [True, True, False, True]
+    assert same(pool.page(4), pool.page(0)) and same(pool.page(5), pool.page(1))
+    assert same(pool.page(7), pool.page(2))
+    assert same(pool.page(6), before)          # the missing page's buffer as it was
+
+
 def test_second_worker_finds_first_workers_pages(daemon):
     p1, p2 = MHAHostPool(), MHAHostPool()
     fill(p1, 0, 1, seed=2)
