@@ -390,3 +390,30 @@ def test_a_stalled_daemon_costs_one_timeout_then_lookups_miss_without_asking(loo
         assert counting.lookups == 4
         release(obj)
         side.close()
+
+
+def test_a_get_past_its_deadline_is_a_miss(loop, monkeypatch):
+    # A stopped daemon (alive, answering nothing): gets end in DeadlineExceeded inside the
+    # connector and reach LMCache as misses; puts are skipped; nothing raises.
+    now = [1000.0]
+    monkeypatch.setattr(kvpool._outage, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    with kvpool.testing.Daemon() as d:
+        side = Side(d.socket, loop)
+        side.conn.timeout = 0.3
+        keys = [side.key(820 + i) for i in range(3)]
+        objs = [side.chunk(20 + i) for i in range(3)]
+        side.run(side.conn.batched_put(keys, objs))
+        d.pause()
+        try:
+            assert side.run(side.conn.get(keys[0])) is None          # by its deadline
+            now[0] += 1.0
+            assert side.run(side.conn.batched_get(keys)) == [None] * 3
+            now[0] += 5.0
+            side.run(side.conn.put(side.key(830), side.chunk(30)))   # skipped, no exception
+        finally:
+            d.resume()
+        now[0] += 60.0
+        got = side.run(side.conn.get(keys[1]))
+        assert got is not None and digest(got) == digest(objs[1])
+        release(*objs, got)
+        side.close()
