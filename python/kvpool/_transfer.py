@@ -5,10 +5,10 @@ calls from SGLang's own threads use a Link each), and where its puts from GPU me
 A `Link` is one thread's kvpool client, made on first use and dropped after a failure so the
 next call connects again (a restarted daemon is found), held back for a while after kvpool did
 not answer in time (StallGuard: a stalled daemon must not cost every call its timeout), with
-each outage logged once through an OutageLog; and the thread's staging buffer, kept from call to call. A `TransferThread` is one
-background thread with a Link of its own and, on a GPU, a CUDA stream of its own that first
-waits for an event from the engine's stream, so copies into or out of the engine's KV cache are
-ordered after what the engine queued. Neither is thread-safe: each belongs to one thread (a
+each outage logged once through an OutageLog; and the thread's staging buffer, kept from call
+to call. A `TransferThread` is one background thread with a Link of its own and, on a GPU, a
+CUDA stream of its own that first waits for an event from the engine's stream, so copies into
+or out of the engine's KV cache are ordered after what the engine queued. Neither is thread-safe: each belongs to one thread (a
 TransferThread's Link to its thread; submit and shutdown to its owner's).
 """
 

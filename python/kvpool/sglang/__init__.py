@@ -10,14 +10,14 @@ SGLang constructs it as `KvpoolHiCacheStorage(storage_config, kwargs)`, then cal
 `register_mem_pool_host(host_pool)`; with `"interface_v1": 1` its cache controller moves pages
 with `batch_exists` / `batch_get_v1` / `batch_set_v1` over the host pool's page buffers
 (`get_page_buffer_meta(indices) -> (ptr_list, size_list)`); without it, flat data pages with
-`batch_get` / `batch_set` (a copy each way), and `batch_exists` then answers for those. Further extra-config keys:
-`socket` (kvpoold's address; default $KVPOOL_SOCKET or the daemon's default), `namespace`
-(default "default"), `secret` (the namespace secret salted into every key; default ""),
-`model_id` (names the weights: set it where deployments of one model name differ in revision,
-quantization or config overrides, which SGLang does not tell a storage backend; default SGLang's
-model name, with a warning), `timeout` (seconds, default 2),
-and for a namespace with a credential or a daemon behind TLS `credential_file`, `tls_ca`,
-`tls_cert`, `tls_key` (kvpool/_options.py).
+`batch_get` / `batch_set` (a copy each way), and `batch_exists` then answers for those. Further
+extra-config keys: `socket` (kvpoold's address; default $KVPOOL_SOCKET or the daemon's
+default), `namespace` (default "default"), `secret` (the namespace secret salted into every
+key; default ""), `model_id` (names the weights: set it where deployments of one model name
+differ in revision, quantization or config overrides, which SGLang does not tell a storage
+backend; default SGLang's model name, with a warning), `timeout` (seconds, default 2), and for
+a namespace with a credential or a daemon behind TLS `credential_file`, `tls_ca`, `tls_cert`,
+`tls_key` (kvpool/_options.py).
 
 Design (the why):
 - Keys. SGLang hands the backend only its own page hashes (64-hex SHA-256 chained over the
@@ -44,8 +44,10 @@ Design (the why):
 - Failures: every kvpool.Error, OSError and TimeoutError is a miss (exists -> 0 / False,
   get -> False / None, set -> False), logged as a warning on the "kvpool.sglang" logger, never
   an exception into SGLang: SGLang recomputes. Any other exception (a bug, page meta not as
-  expected) is logged with its traceback and answered the same way. The client timeout is short (2 s), and a thread's
-  client is dropped after a failure so the next call reconnects (a restarted daemon is found).
+  expected) is logged with its traceback and answered the same way. The client timeout is
+  short (2 s), and a thread's client is dropped after a failure so the next call reconnects (a
+  restarted daemon is found); after a call kvpool did not answer in time, that thread's calls
+  are misses at once for a while (kvpool._outage.StallGuard).
 - Threads: SGLang's prefetch and backup threads call concurrently; each thread gets its own
   kvpool.Client (a Client serializes calls).
 - Reads are verified: a block must come back OK with exactly the page's size, else that page is
