@@ -35,8 +35,6 @@ import time
 from typing import Callable
 
 import torch
-from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                         SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -51,9 +49,8 @@ import kvpool
 import kvpool.vllm
 from bench_timing import median_s   # bench/ is the script's directory
 from kvpool.testing import Daemon
-from vllm_bench_model import BLOCK, HEAD_DIM, KV_HEADS, LAYERS, model_dir   # bench/
-
-SECRET = "bench-secret"
+from vllm_bench_model import (BLOCK, HEAD_DIM, KV_HEADS, LAYERS, SECRET,  # bench/
+                              model_dir, vllm_config)
 
 
 class Instance:
@@ -61,21 +58,9 @@ class Instance:
     connector over per-layer KV views of `num_blocks` blocks."""
 
     def __init__(self, model: str, socket: str, num_blocks: int, background: bool, seed: int):
-        extra = {"socket": socket, "namespace": "bench", "secret": SECRET, "timeout": 30.0,
-                 "load_async": background, "save_async": background}
         tokens = (num_blocks + 1) * BLOCK
-        cfg = VllmConfig(
-            model_config=ModelConfig(model=model, tokenizer=model, skip_tokenizer_init=True,
-                                     dtype="bfloat16", max_model_len=tokens, seed=0),
-            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-            scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=tokens,
-                                             enable_chunked_prefill=True, max_model_len=tokens,
-                                             is_encoder_decoder=False),
-            device_config=DeviceConfig("cpu"),
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="KvpoolConnector", kv_connector_module_path="kvpool.vllm",
-                kv_role="kv_both", kv_load_failure_policy="recompute",
-                kv_connector_extra_config=extra))
+        cfg = vllm_config(model, socket, tokens, timeout=30.0, load_async=background,
+                          save_async=background)
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM,
                                  dtype=torch.bfloat16)
         names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]

@@ -23,8 +23,6 @@ import sys
 import tempfile
 import time
 
-from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                         SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request
@@ -33,25 +31,12 @@ import kvpool
 import kvpool._outage
 import kvpool.vllm
 from kvpool.testing import Daemon
-from vllm_bench_model import BLOCK, HEAD_DIM, KV_HEADS, LAYERS, model_dir   # bench/
-
-SECRET = "bench-secret"
+from vllm_bench_model import (BLOCK, HEAD_DIM, KV_HEADS, LAYERS,  # bench/
+                              model_dir, vllm_config)
 
 
 def connector(model: str, socket: str, timeout: float) -> kvpool.vllm.KvpoolConnector:
-    extra = {"socket": socket, "namespace": "bench", "secret": SECRET, "timeout": timeout}
-    cfg = VllmConfig(
-        model_config=ModelConfig(model=model, tokenizer=model, skip_tokenizer_init=True,
-                                 dtype="bfloat16", max_model_len=4096, seed=0),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=4096,
-                                         enable_chunked_prefill=True, max_model_len=4096,
-                                         is_encoder_decoder=False),
-        device_config=DeviceConfig("cpu"),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="KvpoolConnector", kv_connector_module_path="kvpool.vllm",
-            kv_role="kv_both", kv_load_failure_policy="recompute",
-            kv_connector_extra_config=extra))
+    cfg = vllm_config(model, socket, 4096, timeout=timeout)
     return kvpool.vllm.KvpoolConnector(cfg, KVConnectorRole.SCHEDULER, None)
 
 
