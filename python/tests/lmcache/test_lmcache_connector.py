@@ -344,6 +344,13 @@ def test_daemon_killed_is_a_miss_and_recovers(loop, caplog):
         side.close()
 
 
+def stall_clock(monkeypatch) -> list:
+    """The adapters' StallGuard clock, made the test's: [now] in seconds, moved by the test."""
+    now = [1000.0]
+    monkeypatch.setattr(kvpool._outage, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
 class CountingClient:
     """A kvpool client that counts its lookups."""
 
@@ -361,8 +368,7 @@ class CountingClient:
 def test_a_stalled_daemon_costs_one_timeout_then_lookups_miss_without_asking(loop, monkeypatch):
     # LMCache asks from vLLM's scheduling loop: a stopped daemon must not cost each ask its
     # timeout. (The guard's clock is the test's.)
-    now = [1000.0]
-    monkeypatch.setattr(kvpool._outage, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    now = stall_clock(monkeypatch)
     with kvpool.testing.Daemon() as d:
         side = Side(d.socket, loop)
         side.conn.timeout = 0.3
@@ -395,8 +401,7 @@ def test_a_stalled_daemon_costs_one_timeout_then_lookups_miss_without_asking(loo
 def test_a_get_past_its_deadline_is_a_miss(loop, monkeypatch):
     # A stopped daemon (alive, answering nothing): gets end in DeadlineExceeded inside the
     # connector and reach LMCache as misses; puts are skipped; nothing raises.
-    now = [1000.0]
-    monkeypatch.setattr(kvpool._outage, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    now = stall_clock(monkeypatch)
     with kvpool.testing.Daemon() as d:
         side = Side(d.socket, loop)
         side.conn.timeout = 0.3

@@ -66,7 +66,8 @@ def test_views_are_not_contiguous_in_most_layouts():
 
 
 def _keys(model_dir, tokens):
-    layout = kvpool.vllm.layout_for(model_dir, torch.bfloat16, 2, 2, 16, BLOCK)
+    """kvpool.vllm's keys of `tokens` for the test model (one rank, default model id)."""
+    layout = kvpool.vllm.layout_for(model_dir, torch.bfloat16, LAYERS, KV_HEADS, HEAD_DIM, BLOCK)
     return kvpool.hash_chain(tokens, secret=SECRET, layout=layout, tokens_per_block=BLOCK)
 
 
@@ -284,9 +285,7 @@ def test_a_stalled_daemon_costs_one_timeout_then_lookups_miss_without_asking(mod
 def test_a_block_of_the_wrong_size_ends_the_load_there(model_dir, daemon, load_async):
     # Another writer's block under the key (a bug, another layout under a colliding model id):
     # blocks from it on are load errors, recomputed; the good one before it is used.
-    layout = kvpool.vllm.layout_for(model_dir, torch.bfloat16, LAYERS, KV_HEADS, HEAD_DIM,
-                                    BLOCK)
-    keys = kvpool.hash_chain(PROMPT[:48], secret=SECRET, layout=layout, tokens_per_block=BLOCK)
+    keys = _keys(model_dir, PROMPT[:48])
     size = LAYERS * 2 * BLOCK * KV_HEADS * HEAD_DIM * 2
     with kvpool.Client(daemon.socket, namespace="vllm-test") as c:
         assert c.put(keys, [bytes([7]) * size, bytes(size - 2), bytes(size)]).all_ok()
@@ -1061,9 +1060,7 @@ def test_blocks_decoded_from_lossy_copies_are_counted(model_dir, tmp_path):
     with Daemon([f"--namespaces_file={ns}"]) as d:
         views_a, blocks_a, _ = _store(model_dir, d, KVCacheLayout.LBHNC, PROMPT, seed=31,
                                       namespace="lossy-ns")
-        layout = kvpool.vllm.layout_for(model_dir, torch.bfloat16, LAYERS, KV_HEADS, HEAD_DIM,
-                                        BLOCK)
-        keys = kvpool.hash_chain(PROMPT[:48], secret=SECRET, layout=layout, tokens_per_block=BLOCK)
+        keys = _keys(model_dir, PROMPT[:48])
         with kvpool.Client(d.socket, namespace="lossy-ns") as c:
             assert c.evict("host", keys)["evicted"] == 3     # on disk as int8 only
         cfg = make_config(model_dir, d.socket, secret=SECRET, namespace="lossy-ns")
