@@ -100,8 +100,8 @@ class TransferThread:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._stream: Any = None   # made, and used, on the thread only
 
-    def submit(self, work: Callable[[Any, Link], int], item: Any, device: torch.device,
-               after: Any) -> "concurrent.futures.Future[tuple[int, float]]":
+    def submit(self, work: Callable[[Any, Link], Any], item: Any, device: torch.device,
+               after: Any) -> "concurrent.futures.Future[tuple[Any, float]]":
         """Runs work(item, link) on the thread, for the KV cache on `device`; the future gives
         its result and the seconds it took. `after`: None on the CPU; on a GPU, an event that
         the thread's stream waits for first (what the engine queued before)."""
@@ -115,8 +115,8 @@ class TransferThread:
                 initargs=(device,) if cuda else ())
         return self._executor.submit(self._run, work, item, device, after)
 
-    def _run(self, work: Callable[[Any, Link], int], item: Any, device: torch.device,
-             after: Any) -> tuple[int, float]:
+    def _run(self, work: Callable[[Any, Link], Any], item: Any, device: torch.device,
+             after: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
         if after is None:
             return work(item, self.link), time.perf_counter() - t0

@@ -401,7 +401,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._step_load_failed = False   # a synchronous load of this step failed (wait_for_save)
         self._loader = TransferThread("kvpool-vllm-load", factory,
                                    OutageLog(log, "kvpool.vllm", "misses (loads)"))
-        self._loading: dict[concurrent.futures.Future[tuple[int, float]], BlockSpan] = {}
+        # -> its span; each gives ((loaded, lossy), seconds)
+        self._loading: dict[concurrent.futures.Future[tuple[tuple[int, int], float]],
+                            BlockSpan] = {}
         self._saver = TransferThread("kvpool-vllm-save", factory,
                                   OutageLog(log, "kvpool.vllm", "stores skipped"))
         self._saves: dict[concurrent.futures.Future[tuple[int, float]], str] = {}   # -> req_id
@@ -412,10 +414,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._chains_lock = threading.Lock()
         self._finished_saving: set[str] = set()   # of those, finished in vLLM: report when done
         self._stats = KvpoolConnectorStats()   # since the last get_kv_connector_stats
-        # Lossy blocks loaded by the load threads, for the next get_kv_connector_stats.
-        self._lossy_lock = threading.Lock()
-        self._lossy_blocks = 0
-        self._lossy_said = False
+        self._lossy_said = False   # blocks decoded from lossy copies were logged once
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -709,17 +708,17 @@ class KvpoolConnector(KVConnectorBase_V1):
         for span in meta.loads:
             t0 = time.perf_counter()
             try:
-                good = self._load_span(span, self._link)
+                good, lossy = self._load_span(span, self._link)
             except Exception:  # noqa: BLE001 - a bug in the load: its blocks are recomputed
                 log.exception("kvpool.vllm: loading request %s failed; recomputed", span.req_id)
-                good = 0
+                good, lossy = 0, 0
             if good < len(span.block_ids):
                 # This step's forward attends to the blocks not loaded (whatever they held) and
                 # writes KV computed from them: none of this step's saves may be stored (vLLM
                 # discards the step's output for the request and recomputes from the failed
                 # block; another request may share those blocks through vLLM's prefix cache).
                 self._step_load_failed = True
-            self._loaded(span, good, time.perf_counter() - t0)
+            self._loaded(span, good, lossy, time.perf_counter() - t0)
         if not meta.async_loads:
             return
         queued = self._queued_event()
@@ -737,13 +736,14 @@ class KvpoolConnector(KVConnectorBase_V1):
         event.record(torch.cuda.current_stream(self._kv_caches[0].device))
         return event
 
-    def _load_span(self, span: BlockSpan, link: Link) -> int:
+    def _load_span(self, span: BlockSpan, link: Link) -> tuple[int, int]:
         """Loads the span's blocks through `link` (the calling thread's), a chunk at a time
-        through its staging buffer; returns how many from the span's start were loaded."""
+        through its staging buffer; returns how many from the span's start were loaded, and how
+        many of those kvpool decoded from a lossy copy."""
         if self._disabled or not self._kv_caches or span.end <= span.first:
-            return 0
+            return 0, 0
         keys = self._keys(span.token_ids, context=span.context)[span.first:span.end]
-        good = 0
+        good = lossy = 0
         while good < len(keys):
             n = min(self._chunk_blocks, len(keys) - good)
             staging = self._staging(link, n)
@@ -752,7 +752,7 @@ class KvpoolConnector(KVConnectorBase_V1):
                                                  self._block_buffers(staging))
             except Exception as e:  # noqa: BLE001 - a failed load is recomputed by vLLM
                 link.failed("load", e)
-                return good
+                return good, lossy
             link.answered()
             ok = 0
             for r in results:
@@ -763,24 +763,13 @@ class KvpoolConnector(KVConnectorBase_V1):
                                 self.block_bytes)
                     break
                 ok += 1
-            lossy = sum(1 for r in results[:ok] if r.lossy)
-            if lossy:
-                # The namespace's policy keeps lossy copies: approximate KV, as it allows.
-                # Counted (blocks_loaded_lossy) and said once.
-                with self._lossy_lock:
-                    self._lossy_blocks += lossy
-                    first = not self._lossy_said
-                    self._lossy_said = True
-                if first:
-                    log.info("kvpool.vllm: loading blocks kvpool decoded from lossy copies (%s; "
-                             "the namespace's policy): approximate KV, counted in "
-                             "blocks_loaded_lossy", next(r.lossy for r in results if r.lossy))
+            lossy += sum(1 for r in results[:ok] if r.lossy)
             if ok:
                 self._scatter(span.block_ids[good:good + ok], staging[:ok])
             good += ok
             if ok < n:
                 break
-        return good
+        return good, lossy
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return   # a step's synchronous loads are done when start_load_kv returns
@@ -920,10 +909,6 @@ class KvpoolConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """This side's counters since the last call (None when nothing happened)."""
-        with self._lossy_lock:
-            lossy, self._lossy_blocks = self._lossy_blocks, 0
-        if lossy:
-            self._stats.record(blocks_loaded_lossy=lossy)
         if self._stats.is_empty():
             return None
         stats, self._stats = self._stats, KvpoolConnectorStats()
@@ -945,21 +930,28 @@ class KvpoolConnector(KVConnectorBase_V1):
         for future in [f for f in self._loading if f.done()]:
             span = self._loading.pop(future)
             try:
-                good, seconds = future.result()
+                (good, lossy), seconds = future.result()
             except Exception:  # noqa: BLE001 - a bug in the load: its blocks are recomputed
                 log.exception("kvpool.vllm: loading request %s failed; recomputed",
                               span.req_id)
-                good, seconds = 0, 0.0
-            self._loaded(span, good, seconds)
+                good, lossy, seconds = 0, 0, 0.0
+            self._loaded(span, good, lossy, seconds)
             done.add(span.req_id)
         return done
 
-    def _loaded(self, span: BlockSpan, good: int, seconds: float) -> None:
-        """A load of `span` ended with its first `good` blocks in the paged KV."""
+    def _loaded(self, span: BlockSpan, good: int, lossy: int, seconds: float) -> None:
+        """A load of `span` ended with its first `good` blocks in the paged KV, `lossy` of them
+        decoded from lossy copies."""
         if good < len(span.block_ids):
             self._load_errors.update(span.block_ids[good:])
+        if lossy and not self._lossy_said:
+            # The namespace's policy keeps lossy copies: approximate KV, as it allows.
+            self._lossy_said = True
+            log.info("kvpool.vllm: loading blocks kvpool decoded from lossy copies (the "
+                     "namespace's policy): approximate KV, counted in blocks_loaded_lossy")
         self._stats.record(loads=1, blocks_loaded=good, bytes_loaded=good * self.block_bytes,
-                           blocks_load_failed=len(span.block_ids) - good, load_seconds=seconds)
+                           blocks_load_failed=len(span.block_ids) - good,
+                           blocks_loaded_lossy=lossy, load_seconds=seconds)
 
     def wait_for_background(self, timeout: float | None = None) -> bool:
         """Blocks until every load and save handed to the background threads so far is done

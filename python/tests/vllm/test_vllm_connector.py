@@ -653,7 +653,7 @@ def test_a_failed_synchronous_load_stores_none_of_its_steps_blocks(model_dir, da
                       save_async=False)
     views, kvc = kv_views(KVCacheLayout.LHBNC, seed=21)
     sched, w = scheduler(cfg, kvc), worker(cfg, kvc, views)
-    w._load_span = lambda span, link: 1   # blocks 1-2 failed (e.g. evicted since the lookup)
+    w._load_span = lambda span, link: (1, 0)   # blocks 1-2 failed (e.g. evicted since the lookup)
     req = request(long_prompt)
     sched.add_request(req)
     out = sched.schedule()
