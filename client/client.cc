@@ -861,6 +861,7 @@ class Client::Impl {
       r.lossy_encoding = described.lossy_encoding;
       r.encoding = described.encoding;
       r.layout = described.layout;
+      r.parent = described.parent;
     }
   }
 
@@ -989,6 +990,9 @@ class Client::Impl {
           }
           r.lossy_encoding = static_cast<int>(info.lossy_encoding());
           r.encoding = static_cast<int>(info.encoding());
+          if (Result<BlockKey> parent = BlockKey::FromBytes(info.parent()); parent.ok()) {
+            r.parent = *parent;
+          }
           if (r.encoding != 0) {
             const wire::BlockLayout& l = info.layout();
             r.layout = {l.layers(), l.kv_heads(), l.head_dim(),

@@ -312,6 +312,9 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
       PlaceOnGpuBehind(c.ns, to_gpu, gpu_device, "GET (remote hits)");
     }
   }
+  // A peer daemon fetching these links each under its parent (BlockInfo.parent).
+  const std::vector<BlockKey> parents =
+      c.peer ? tiers_.Parents(c.ns, keys) : std::vector<BlockKey>{};
   Response r;
   uint64_t payload = 0;
   uint64_t served = 0;
@@ -341,6 +344,9 @@ std::optional<Response> BlockHandlers::GetBlocks(Connection& c, std::string_view
     info->set_checksum(read.checksum);
     info->set_tier(ToWire(read.from));
     info->set_lossy_encoding(read.lossy_encoding);
+    if (const size_t i = resp.blocks_size() - 1; i < parents.size() && !parents[i].IsZero()) {
+      info->set_parent(std::string(parents[i].AsStringView()));
+    }
     if (read.encoding != 0) {
       info->set_encoding(read.encoding);
       wire::BlockLayout* l = info->mutable_layout();

@@ -221,11 +221,12 @@ void ClusterNode::Return(const std::string& address, const std::string& ns_name,
 }
 
 ClusterNode::Landing ClusterNode::ReserveLanding(NamespaceId ns, const BlockKey& key,
-                                                 const BlockKey& parent, uint64_t size) {
+                                                 uint64_t size) {
   tiers::PutRequestItem item;
   item.key = key;
   item.size = size;
-  item.parent = parent;  // the checksum comes at commit: the client verified the bytes against it
+  // The checksum comes at commit (the client verified the bytes against it), and so does the
+  // parent, which the peer names beside the bytes.
   Landing l;
   l.asked = true;
   l.size = size;
@@ -299,6 +300,7 @@ void ClusterNode::SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
     if (reserved) {
       // Stored with the checksum the client verified the bytes against on arrival: hashing the
       // slot again would read every fetched byte a second time.
+      if (!r.parent.IsZero()) tiers_.SetReservedParent(kClusterOwner, l.reservation_id, r.parent);
       if (tiers_.Commit(kClusterOwner, l.reservation_id, r.checksum).ok()) ++tally.stored;
     } else if (l.state == tiers::ReserveState::kPresent) {
       ++tally.stored;
@@ -309,10 +311,10 @@ void ClusterNode::SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
   for (size_t k : later) {
     const Landing& l = landing[k];
     const size_t i = indices[k];
-    const bool now_stored = l.state == tiers::ReserveState::kInProgress
-                                ? AwaitOtherWriter(ns, keys[i])
-                                : StoreReceived(ns, keys[i], i > 0 ? keys[i - 1] : BlockKey{},
-                                                l.spill, got[k].checksum);
+    const bool now_stored =
+        l.state == tiers::ReserveState::kInProgress
+            ? AwaitOtherWriter(ns, keys[i])
+            : StoreReceived(ns, keys[i], got[k].parent, l.spill, got[k].checksum);
     if (now_stored) ++tally.stored;
   }
 }
@@ -395,13 +397,10 @@ size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_n
       memory_.Failed(address);  // (the UCX rounds then do not dial it again)
       continue;
     }
-    std::vector<BlockKey> asked, parents;
-    for (size_t i : indices) {
-      asked.push_back(keys[i]);
-      parents.push_back(i > 0 ? keys[i - 1] : BlockKey{});
-    }
+    std::vector<BlockKey> asked;
+    for (size_t i : indices) asked.push_back(keys[i]);
     PeerOverClient peer(*c);
-    Result<std::vector<bool>> got = gpu_links_->Receive(ns, asked, parents, gpu_device, node, peer);
+    Result<std::vector<bool>> got = gpu_links_->Receive(ns, asked, gpu_device, node, peer);
     if (!got.ok()) {
       // Its blocks come over UCX. A peer without device links (no gpu tier there, no NCCL)
       // says so at once, and is not asked again for a while; a link that failed (Aborted: any
@@ -490,7 +489,7 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
           Landing& l = landing[k];
           if (!l.asked) {  // (asked again only when the call is retried: the same buffer)
             const size_t i = indices[start + k];
-            l = ReserveLanding(ns, keys[i], i > 0 ? keys[i - 1] : BlockKey{}, size);
+            l = ReserveLanding(ns, keys[i], size);
           }
           return l.Buffer(size);
         };

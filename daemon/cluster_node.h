@@ -223,8 +223,7 @@ class ClusterNode final : public ClusterHooks {
     MutableBuffer Buffer(uint64_t want);
     bool spilled() const { return state == tiers::ReserveState::kRefused && !spill.empty(); }
   };
-  Landing ReserveLanding(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
-                         uint64_t size);
+  Landing ReserveLanding(NamespaceId ns, const BlockKey& key, uint64_t size);
   // What one fetch request found, for FetchMissing's bookkeeping.
   struct FetchTally {
     std::vector<bool>& found;         // by key index: a peer holds it
@@ -243,7 +242,8 @@ class ClusterNode final : public ClusterHooks {
   // Waits (up to the peer timeout) for the local put storing `key`; whether it is stored now.
   bool AwaitOtherWriter(NamespaceId ns, const BlockKey& key);
   // Stores a fetched block, verified against `checksum`, in the host tier as a local put would
-  // (waiting for room). Whether it is stored here now.
+  // (waiting for room), linked under `parent` (the one the peer named; zero: none). Whether it
+  // is stored here now.
   bool StoreReceived(NamespaceId ns, const BlockKey& key, const BlockKey& parent,
                      const std::vector<uint8_t>& bytes, uint64_t checksum);
 

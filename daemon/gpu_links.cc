@@ -206,8 +206,7 @@ void GpuLinks::JoinInBackground(const std::shared_ptr<Outbound>& out, const std:
 }
 
 Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const BlockKey> keys,
-                                            std::span<const BlockKey> parents, int device,
-                                            const std::string& peer_name, Peer& peer) {
+                                            int device, const std::string& peer_name, Peer& peer) {
   std::vector<bool> stored(keys.size(), false);
   if (GpuMemory(device, 0, 0) == nullptr) {
     return Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(device));
@@ -257,7 +256,9 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     tiers::PutRequestItem item;
     item.key = keys[i];
     item.size = o.size();
-    item.parent = parents[i];
+    // As the peer's put named it (absent or malformed: none).
+    Result<BlockKey> parent = BlockKey::FromBytes(o.parent());
+    if (parent.ok()) item.parent = *parent;
     items.push_back(item);
     asked.push_back(i);
   }
@@ -464,6 +465,7 @@ void GpuLinks::Offer(NamespaceId ns, std::span<const BlockKey> keys,
     o->set_device(c.device);
     o->set_size(c.size);
     o->set_device_checksum(c.device_checksum);
+    if (!c.parent.IsZero()) o->set_parent(std::string(c.parent.AsStringView()));
   }
 }
 

@@ -83,13 +83,12 @@ class GpuLinks {
     virtual Status Send(const wire::GpuSendRequest& req, wire::GpuSendResponse* resp) = 0;
   };
   // Fetches what `peer` (`peer_name` keys its links) holds of `keys` in a gpu tier into this
-  // daemon's gpu tier of CUDA device `device`, device to device; `parents[i]` is keys[i]'s parent.
-  // Returns, per key, whether it is now stored here (none, when the link is busy, being joined,
-  // or failed recently). Errors: GPU_OFFER's failure as is (FailedPrecondition: the peer has no
-  // device links); Aborted for any failure after it (the link, if any, is dropped). Every block
-  // not stored is the caller's to fetch otherwise.
-  Result<std::vector<bool>> Receive(NamespaceId ns, std::span<const BlockKey> keys,
-                                    std::span<const BlockKey> parents, int device,
+  // daemon's gpu tier of CUDA device `device`, device to device, each linked under the parent
+  // the peer names for it. Returns, per key, whether it is now stored here (none, when the link is
+  // busy, being joined, or failed recently). Errors: GPU_OFFER's failure as is (FailedPrecondition:
+  // the peer has no device links); Aborted for any failure after it (the link, if any, is dropped).
+  // Every block not stored is the caller's to fetch otherwise.
+  Result<std::vector<bool>> Receive(NamespaceId ns, std::span<const BlockKey> keys, int device,
                                     const std::string& peer_name, Peer& peer);
 
   // The cluster's live members changed: links to peers no longer among `live` (node ids) are

@@ -628,6 +628,54 @@ std::unique_ptr<Client> ConnectAsPeer(const DaemonProcess& d) {
   return c.ok() ? std::move(*c) : nullptr;
 }
 
+// Blocks a node fetches from a peer are linked under the parents their put named, whatever order
+// its reader asked in, so its evictions stay tail first. (They used to be linked under the key
+// asked before them: a chain's blocks asked out of order were linked under the wrong ones, and
+// the first block a lookup fetched was linked under none.)
+TEST_F(ClusterTest, FetchedBlocksAreLinkedUnderTheParentsTheirPutNamed) {
+  DaemonProcess a(Flags("node-a"));
+  DaemonProcess b(Flags("node-b"));
+  ASSERT_OK(a.Start());
+  ASSERT_OK(b.Start());
+  auto ca = a.Connect("tenant");
+  auto cb = b.Connect("tenant");
+  ASSERT_TRUE(AllSee({ca.get(), cb.get()}, 2));
+  ChainHasher hasher("tenant-secret", kTestLayout, 16);
+  const std::vector<BlockKey> keys = hasher.Hash(Tokens(77, 4 * 16));
+  auto [blocks, spans] = ChainBlocks(keys.size(), 770, 4096);
+  // A alone holds the chain (a peer's put is not replicated).
+  auto peer_a = ConnectAsPeer(a);
+  ASSERT_NE(peer_a, nullptr);
+  auto put = peer_a->PutChain(keys, spans);
+  ASSERT_TRUE(put.ok() && put->all_ok());
+
+  // B's reader asks for the chain's last block, then its first.
+  const std::vector<BlockKey> asked{keys[3], keys[0]};
+  auto got = cb->GetBlocks(asked);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE((*got)[0].status.ok() && (*got)[1].status.ok());
+  EXPECT_EQ((*got)[0].bytes, blocks[3]);
+  EXPECT_EQ((*got)[1].bytes, blocks[0]);
+  // The first block is no child of the last: the last has no cached descendant on B.
+  auto evicted = cb->Evict(Tier::kDisk, std::vector<BlockKey>{keys[3]});
+  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+  EXPECT_EQ(evicted->evicted, 1u);
+  EXPECT_EQ(evicted->skipped, 0u);
+
+  // A lookup finds the first block on B and fetches the rest: they hang under it.
+  auto looked = cb->Lookup(keys);
+  ASSERT_TRUE(looked.ok()) << looked.status().ToString();
+  ASSERT_EQ(looked->hit_blocks, keys.size());
+  evicted = cb->Evict(Tier::kDisk, std::vector<BlockKey>{keys[0]});
+  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+  EXPECT_EQ(evicted->evicted, 0u);
+  EXPECT_EQ(evicted->skipped, 1u) << "the chain's first block went before its descendants";
+  // The whole chain goes tail first.
+  evicted = cb->Evict(Tier::kDisk, keys);
+  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+  EXPECT_EQ(evicted->evicted, keys.size());
+}
+
 // A load or delete through a node that holds no copy, while one home answers "none" and the
 // other does not answer: the session may be on the silent one. The load says Unavailable, not
 // NotFound, and the delete is recorded (OK) so that the silent home's copy does not come back.

@@ -141,6 +141,7 @@ struct GpuCopyInfo {
   int device = -1;  // the CUDA device of the gpu tier holding it; -1: none
   uint64_t size = 0;
   uint64_t device_checksum = 0;  // kernels/device_checksum.h
+  BlockKey parent;               // as TierManager::Parents
 };
 
 enum class ReserveState : uint8_t { kReserved, kPresent, kInProgress, kRefused };
@@ -381,6 +382,10 @@ class TierManager {
                                                std::span<const uint64_t> sizes,
                                                std::span<const uint64_t> checksums);
   void Abort(uint64_t owner, uint64_t reservation_id);
+  // The parent that reservation's block is linked under once committed, for a writer that learns
+  // it only with the bytes (a fetch from a peer daemon, which names it beside each block).
+  // Nothing when the reservation is not `owner`'s.
+  void SetReservedParent(uint64_t owner, uint64_t reservation_id, const BlockKey& parent);
   // Whether `owner` holds an open reservation in host segment `segment` (a writable mapping of
   // a segment is given only for that).
   bool OwnerHasReservationIn(uint64_t owner, uint32_t segment) const;
@@ -411,6 +416,10 @@ class TierManager {
   uint32_t CountCached(NamespaceId ns, std::span<const BlockKey> chain);
   // The fastest tier holding each key now (kNone: not cached); moves nothing, touches nothing.
   std::vector<Tier> Where(NamespaceId ns, std::span<const BlockKey> keys) const;
+  // Each cached key's parent in its chain, as its put named it, where that parent is in the
+  // index too; zero otherwise. For a peer daemon that fetches the blocks, so it can link them as
+  // they were put rather than in the order it asked.
+  std::vector<BlockKey> Parents(NamespaceId ns, std::span<const BlockKey> keys) const;
 
   // Admin eviction of a namespace's blocks (all when `keys` is empty) from the gpu tiers (their
   // gpu copies only), from host (demoting what disk does not have; their gpu copies go too) or
@@ -473,6 +482,11 @@ class TierManager {
     return FindCachedLocked(hasher_.Hashed(ns, key));
   }
   EntryId FindCachedLocked(const HashedKey& k) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The key of `id`'s parent link; zero without one.
+  BlockKey ParentKeyLocked(EntryId id) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    const EntryId parent = index_.at(id).parent;
+    return parent != kNoEntry ? index_.at(parent).key : BlockKey{};
+  }
   // `keys` with their index hashes (no lock needed); they point into `keys`.
   std::vector<HashedKey> HashKeys(NamespaceId ns, std::span<const BlockKey> keys) const;
   // Each key's cached entry, or kNoEntry; with `prefix`, only up to the first miss. Prefetches

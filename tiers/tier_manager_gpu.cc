@@ -369,7 +369,7 @@ std::vector<GpuCopyInfo> TierManager::GpuCopies(NamespaceId ns,
     if (!e.In(Tier::kGpu) || dsum == gpu_checksums_.end()) continue;
     if (index_.Mem(id).lossy_encoding != 0)
       continue;  // approximate bytes: not offered as the block
-    out[i] = {index_.Mem(id).gpu_device, e.size, dsum->second};
+    out[i] = {index_.Mem(id).gpu_device, e.size, dsum->second, ParentKeyLocked(id)};
   }
   return out;
 }

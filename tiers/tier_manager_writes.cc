@@ -481,6 +481,13 @@ void TierManager::Abort(uint64_t owner, uint64_t reservation_id) {
   FreeReservationLocked(reservation_id);
 }
 
+void TierManager::SetReservedParent(uint64_t owner, uint64_t reservation_id,
+                                    const BlockKey& parent) {
+  absl::MutexLock lock(&mu_);
+  Reservation* r = reservations_.FindOwned(reservation_id, owner);
+  if (r != nullptr) r->item.parent = parent;
+}
+
 bool TierManager::AwaitInFlightPut(NamespaceId ns, const BlockKey& key, Clock::Duration timeout) {
   absl::MutexLock lock(&mu_);
   const Clock::TimePoint deadline = clock_.Now() + timeout;
@@ -587,7 +594,7 @@ std::vector<TierManager::CachedBlock> TierManager::SnapshotCached() const {
   index_.ForEach(kNoNamespace, [&](EntryId id) {
     const Entry& e = index_.at(id);
     if (e.tiers == 0) return;
-    out.push_back({e.ns, e.key, e.parent != kNoEntry ? index_.at(e.parent).key : BlockKey{}});
+    out.push_back({e.ns, e.key, ParentKeyLocked(id)});
   });
   return out;
 }
@@ -599,6 +606,17 @@ std::vector<Tier> TierManager::Where(NamespaceId ns, std::span<const BlockKey> k
   out.reserve(keys.size());
   for (EntryId id : FindEachLocked(hashed, /*prefix=*/false)) {
     out.push_back(id == kNoEntry ? Tier::kNone : FastestTier(index_.at(id)));
+  }
+  return out;
+}
+
+std::vector<BlockKey> TierManager::Parents(NamespaceId ns, std::span<const BlockKey> keys) const {
+  const std::vector<HashedKey> hashed = HashKeys(ns, keys);
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<BlockKey> out(keys.size());
+  const std::vector<EntryId> found = FindEachLocked(hashed, /*prefix=*/false);
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (found[i] != kNoEntry) out[i] = ParentKeyLocked(found[i]);
   }
   return out;
 }

@@ -174,6 +174,10 @@ struct GetResult {
   // (kvpool_kernel_dequantize, on the CPU or the GPU) into the block's dtype.
   int encoding = 0;
   kvpool_block_layout layout{};
+  // The block's parent in its chain, as its put named it: only where the daemon answers a peer
+  // daemon (a cluster member's fetch, which links the block under it) and holds the parent too;
+  // zero otherwise.
+  BlockKey parent;
 };
 
 // A block read into memory the library allocated.
@@ -607,7 +611,7 @@ class Client {
   // first, then (cluster mode) every other member, all asked in one round within the peer
   // deadline; a node that does not answer has a non-OK status. Nothing is promoted or fetched.
   Result<std::vector<NodeLocation>> Locate(std::span<const BlockKey> chain);
-  // Admin: evict this namespace's blocks (all when `keys` is empty) from host (kHost: demote to
+  // Evicts this namespace's blocks (all when `keys` is empty) from host (kHost: demote to
   // disk) or from the cache (kDisk).
   Result<EvictResult> Evict(Tier tier, std::span<const BlockKey> keys = {});
   // The strategies the daemon runs with now (they change when its namespaces file is reloaded):
