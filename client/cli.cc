@@ -74,14 +74,14 @@ constexpr const char* kUsage =
     "  sessions ls [--prefix=P]       persisted sessions of the namespace\n"
     "  sessions show ID               one session's chain and metadata\n"
     "  sessions rm ID                 delete a session (unpins its blocks)\n"
-    "  lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N]\n"
+    "  lookup --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N] [--json]\n"
     "                                 longest cached prefix of a token sequence\n"
     "  locate --tokens-file=F --layout=L [--secret=S] [--tokens-per-block=N] [--json]\n"
     "                                 for routers: each node's cached prefix of it\n"
-    "  evict [--tier=gpu|host|disk]   admin: evict the namespace's blocks\n"
+    "  evict [--tier=gpu|host|disk]   evict the namespace's blocks\n"
     "  cluster members [--json]       the cluster as this daemon sees it\n"
     "  policies show [--namespace=NS] [--json]\n"
-    "                                 strategies of every configured namespace (or of NS)\n"
+    "                                 strategies of every configured namespace (admin), or of NS\n"
     "common flags: --socket=PATH|tcp://HOST:PORT|tls://HOST:PORT --namespace=NS --timeout_ms=MS\n"
     "              --credential_file=F --admin --cluster_secret_file=F\n"
     "              --tls_ca=F --tls_cert=F --tls_key=F";
@@ -231,6 +231,9 @@ void PrintStats(const kvpool::DaemonStats& s) {
       static_cast<unsigned long long>(s.leases_active),
       static_cast<unsigned long long>(s.reservations_active),
       static_cast<unsigned long long>(s.sessions), static_cast<unsigned long long>(s.connections));
+  std::printf("rocksdb memory %s; index rebuilt at start from %llu disk blocks in %.2f s\n",
+              kvpool::FormatBytes(s.rocksdb_memory_bytes).c_str(),
+              static_cast<unsigned long long>(s.index_rebuild_blocks), s.index_rebuild_seconds);
 }
 
 int Stats() {
@@ -520,10 +523,11 @@ nlohmann::json PolicyJson(const kvpool::PolicyInfo& p) {
 
 int Policies(int argc, char** argv) {
   if (argc < 3 || std::string(argv[2]) != "show") return Usage("policies needs 'show'");
-  // --namespace names the one to show; without it, every configured one. Asked through the
-  // default namespace, so that looking at a namespace does not create it.
+  // --namespace names the one to show; without it, every configured one. An admin asks through
+  // the default namespace, so that looking at a namespace does not create it; anyone else asks
+  // for their own namespace's through it (with its credential: no admin rights needed).
   const bool one = !gflags::GetCommandLineFlagInfoOrDie("namespace_name").is_default;
-  auto c = Connect("default");
+  auto c = Connect(one && !FLAGS_admin ? "" : "default");
   if (!c.ok()) return Error(c.status());
   auto v = (*c)->Policies(one ? FLAGS_namespace_name : "");
   if (!v.ok()) return Error(v.status());

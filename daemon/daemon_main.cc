@@ -62,7 +62,7 @@ DEFINE_bool(nccl, true,
             "false, or without NCCL: over UCX from host memory.");
 DEFINE_string(disk_capacity, "",
               "Disk tier budget for block bytes, e.g. 500GiB. Default: 64GiB or 80% of the free "
-              "space under --data-dir, whichever is smaller.");
+              "space under --data_dir, whichever is smaller.");
 DEFINE_bool(lock_memory, true,
             "mlock the host arena (warns and runs unlocked if the limit is low).");
 DEFINE_bool(host_huge_pages, false,
@@ -86,7 +86,8 @@ DEFINE_string(namespace_policy, "",
               "Per-namespace write policies: NS=POLICY[,NS=POLICY...]. A namespace the "
               "namespaces file names is configured by the file alone.");
 DEFINE_string(namespaces_file, "/etc/kvpool/namespaces.yaml",
-              "Each namespace's strategies (eviction, write, admission, read_ahead), YAML; "
+              "Each namespace's strategies (eviction, write, admission, read_ahead, encoding, "
+              "layout, lossy), quotas and who may act for it (access, admin, credentials), YAML; "
               "re-read on SIGHUP. Its default section wins over --write_policy. Missing at the "
               "default path: the defaults; missing when given: an error. Empty: none.");
 DEFINE_int32(io_threads, 2, "Control-plane I/O threads.");

@@ -3,14 +3,16 @@
 // stranger to a Unix-bound namespace are refused at hello; the right credential and the bound
 // user are served; a tenant's stats show its own namespace and the cluster view is the admin's;
 // a credential rotated on SIGHUP takes effect at once, for new connections; a reload without
-// the file keeps the rules.
+// the file keeps the rules; the CLI shows a tenant its own policies.
 
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -167,6 +169,37 @@ TEST_F(AccessTest, TenantsSeeTheirOwnStatsAndTheAdminSeesTheDaemon) {
   EXPECT_GE(daemon_wide->connections, 3u);
   EXPECT_GE(daemon_wide->puts_committed, 1u);
   ASSERT_OK((*admin)->Cluster());
+}
+
+// The CLI on a guarded daemon: a tenant sees its own namespace's policies with its credential
+// (it used to ask through the default namespace, refused to anyone but the admin); every
+// namespace's need the admin's.
+TEST_F(AccessTest, TheCliShowsATenantItsOwnPoliciesAndTheAdminEveryNamespaces) {
+  auto cli = [&](const std::string& args) {
+    std::string out;
+    const std::string cmd =
+        std::string(KVPOOL_CLI_PATH) + " --socket=" + daemon_->socket_path() + " " + args + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) return std::make_pair(-1, out);
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+    const int st = ::pclose(p);
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  auto [own, own_out] =
+      cli("policies show --namespace=tenant-a --json --credential_file=" + secret_a_);
+  EXPECT_EQ(own, 0) << own_out;
+  EXPECT_NE(own_out.find(R"("namespace": "tenant-a")"), std::string::npos) << own_out;
+  auto [other, other_out] =
+      cli("policies show --namespace=tenant-b --credential_file=" + secret_a_);
+  EXPECT_EQ(other, 1) << other_out;
+  EXPECT_NE(other_out.find("PermissionDenied"), std::string::npos) << other_out;
+  auto [all, all_out] = cli("policies show --json --admin --credential_file=" + admin_);
+  EXPECT_EQ(all, 0) << all_out;
+  for (const char* ns : {"tenant-a", "tenant-b", "tenant-c"}) {
+    EXPECT_NE(all_out.find(std::string(R"("namespace": ")") + ns + "\""), std::string::npos)
+        << ns << " in " << all_out;
+  }
 }
 
 TEST_F(AccessTest, ACredentialRotatedOnSighupTakesEffectForNewConnections) {

@@ -59,6 +59,11 @@ TEST(CliTest, CommandsAgainstALiveDaemon) {
   auto j = nlohmann::json::parse(stats.out);
   EXPECT_EQ(j["puts_committed"], 4);
   EXPECT_EQ(j["tiers"][0]["name"], "host");
+  CliRun text = Cli("stats" + sock);
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_NE(text.out.find("puts: blocks offered"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("index rebuilt at start from 0 disk blocks"), std::string::npos)
+      << text.out;
 
   TempDir dir;
   const std::string tokens_file = dir.path() + "/tokens.txt";

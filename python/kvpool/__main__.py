@@ -4,10 +4,13 @@
     python -m kvpool stats [--json]
     python -m kvpool sessions ls [--prefix=P] [--json] | show ID [--json] | rm ID
 
-Flags as build/client/kvpool's: --socket (path, tcp:// or tls://HOST:PORT), --namespace,
---timeout_ms, --credential_file, --tls_ca, --tls_cert, --tls_key.
+Flags as build/client/kvpool's, before or after the command: --socket (path, tcp:// or
+tls://HOST:PORT), --namespace, --timeout_ms, --credential_file, --admin,
+--cluster_secret_file, --tls_ca, --tls_cert, --tls_key. Without admin rights on a daemon that
+guards them, status and stats show the namespace's own use, as the CLI does.
 Exit status: 0 on success, 1 when the daemon answered with an error or cannot be reached,
-2 on a usage error. The output matches the CLI's (client/cli.cc).
+2 on a usage error. The output matches the CLI's (client/cli.cc); `stats --watch` is the CLI's
+only.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import kvpool
 from kvpool._options import client_kwargs
@@ -41,15 +45,39 @@ def utc(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms // 1000))
 
 
+def _read_secret(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as e:
+        raise _Usage(f"cannot read --{flag} {path}: {e.strerror}") from e
+
+
 def _connect(args) -> kvpool.Client:
+    try:
+        options = client_kwargs(vars(args))
+    except ValueError as e:
+        raise _Usage(str(e).removeprefix("kvpool: ")) from e
+    if args.cluster_secret_file:
+        options["cluster_secret"] = _read_secret(args.cluster_secret_file, "cluster_secret_file")
     return kvpool.Client(args.socket or None, args.namespace, timeout=args.timeout_ms / 1000,
-                         client_name="kvpool-py-cli", **client_kwargs(vars(args)))
+                         client_name="kvpool-py-cli", admin=args.admin, **options)
+
+
+def print_namespace_stats(s: dict, namespace: str) -> None:
+    """Stats without admin rights: the namespace's own use (as the CLI's)."""
+    tiers = "".join(f", {t['name']} {format_bytes(t['used_bytes'])}" for t in s["tiers"])
+    print(f"kvpoold {s['node_id']} (version {s['version']}), up {s['uptime_s']} s\n"
+          f"namespace {namespace}: {s['sessions']} sessions{tiers}\n"
+          "(daemon-wide figures need admin rights: --admin)")
 
 
 def cmd_status(args) -> None:
     s = _connect(args).stats()
     if args.json:
         print(json.dumps(s, indent=2))
+        return
+    if s["namespace_only"]:
+        print_namespace_stats(s, args.namespace)
         return
     print(f"kvpoold {s['node_id']} (version {s['version']}), up {s['uptime_s']} s, "
           f"{s['connections']} connections, {s['sessions']} sessions")
@@ -72,6 +100,9 @@ def cmd_stats(args) -> None:
     if args.json:
         print(json.dumps(s, indent=2))
         return
+    if s["namespace_only"]:
+        print_namespace_stats(s, args.namespace)
+        return
     print(f"node {s['node_id']}  version {s['version']}  uptime {s['uptime_s']} s")
     print(f"{'tier':<6} {'used':>12} {'capacity':>12} {'blocks':>10} {'hits':>10} "
           f"{'promoted':>10} {'demoted':>10} {'evicted':>10} {'frag':>8}")
@@ -91,9 +122,13 @@ def cmd_stats(args) -> None:
     print(f"index {s['index_entries']} entries ({format_bytes(s['index_bytes'])}); leases "
           f"{s['leases_active']}; reservations {s['reservations_active']}; sessions "
           f"{s['sessions']}; connections {s['connections']}")
+    print(f"rocksdb memory {format_bytes(s['rocksdb_memory_bytes'])}; index rebuilt at start "
+          f"from {s['index_rebuild_blocks']} disk blocks in {s['index_rebuild_seconds']:.2f} s")
 
 
 def cmd_sessions(args) -> None:
+    if args.sub != "ls" and not args.id:
+        raise _Usage(f"sessions {args.sub} needs a session id")
     c = _connect(args)
     if args.sub == "ls":
         rows = c.list_sessions(args.prefix)
@@ -107,8 +142,6 @@ def cmd_sessions(args) -> None:
             print(f"{r.session_id:<40} {r.blocks:>8} {r.token_count:>10} "
                   f"{format_bytes(r.total_bytes):>12}  {utc(r.updated_unix_ms)}")
         return
-    if not args.id:
-        raise _Usage(f"sessions {args.sub} needs a session id")
     if args.sub == "show":
         s = c.load_session(args.id, prefetch=False)
         if args.json:
@@ -135,28 +168,45 @@ class _Usage(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvpool", description=__doc__.split("\n")[0])
-    p.add_argument("--socket", default="", help="kvpoold address: a Unix socket path, "
-                   "tcp://HOST:PORT or tls://HOST:PORT (default: $KVPOOL_SOCKET, else the "
-                   "daemon's default socket)")
-    p.add_argument("--credential_file", default="",
-                   help="file holding the namespace's credential")
+    # The connection flags are on every command's parser too, so they may come before or after
+    # the command, as the CLI's do. None has a default there (SUPPRESS: a flag not given after
+    # the command keeps what was given before it); the defaults are filled in after parsing.
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common.add_argument("--socket", help="kvpoold address: a Unix socket path, "
+                        "tcp://HOST:PORT or tls://HOST:PORT (default: $KVPOOL_SOCKET, else the "
+                        "daemon's default socket)")
+    common.add_argument("--credential_file",
+                        help="file holding the namespace's credential (or, with --admin, the "
+                        "admin's)")
+    common.add_argument("--admin", action="store_true",
+                        help="ask for admin rights: daemon-wide stats (without them, the "
+                        "namespace's own use)")
+    common.add_argument("--cluster_secret_file",
+                        help="file holding the cluster secret, for tcp:// daemons in cluster mode")
     for key, what in (("tls_ca", "PEM CA file a tls:// daemon's certificate must chain to"),
                       ("tls_cert", "this client's PEM certificate, for a tls:// daemon that "
                        "asks for one"), ("tls_key", "the PEM key of --tls_cert")):
-        p.add_argument("--" + key, default="", help=what)
-    p.add_argument("--namespace", "--namespace_name", dest="namespace", default="default")
-    p.add_argument("--timeout_ms", type=int, default=5000)
+        common.add_argument("--" + key, help=what)
+    common.add_argument("--namespace", "--namespace_name", dest="namespace",
+                        help="the namespace (default: default)")
+    common.add_argument("--timeout_ms", type=int, help="per request (default: 5000)")
+    common.add_argument("--json", action="store_true", help="print JSON")
+    defaults = {"socket": "", "credential_file": "", "admin": False, "cluster_secret_file": "",
+                "tls_ca": "", "tls_cert": "", "tls_key": "", "namespace": "default",
+                "timeout_ms": 5000, "json": False, "id": "", "prefix": ""}
+    p = argparse.ArgumentParser(prog="python -m kvpool", description=__doc__.split("\n")[0],
+                                parents=[common])
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("status", "stats"):
-        sp = sub.add_parser(name)
-        sp.add_argument("--json", action="store_true")
-    sp = sub.add_parser("sessions")
+        sub.add_parser(name, parents=[common])
+    sp = sub.add_parser("sessions", parents=[common])
     sp.add_argument("sub", choices=["ls", "show", "rm"])
-    sp.add_argument("id", nargs="?")
-    sp.add_argument("--prefix", default="")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("id", nargs="?", default=argparse.SUPPRESS)
+    sp.add_argument("--prefix", default=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for key, value in defaults.items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
     try:
         {"status": cmd_status, "stats": cmd_stats, "sessions": cmd_sessions}[args.command](args)
     except _Usage as e:

@@ -13,8 +13,8 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
 - Keys are kvpool's own (spec/block-keys.md): kvpool.hash_chain over the request's token ids
   with the layout string of the model config (model id, KV dtype, layers, kv heads per rank,
   head dim, tokens per block = vLLM's block size, tp rank and size, encoding raw). vLLM's own
-  block hashes are never used, so a prefix stored here is found by kvpool.hf or an SGLang
-  worker of the same layout. `model_id` (extra config; default: the model path and revision,
+  block hashes are never used, so a prefix stored here is found by kvpool.hf of the same
+  layout (SGLang and LMCache key by their own page hashes: they do not find it). `model_id` (extra config; default: the model path and revision,
   and the quantization method and a hash of hf_overrides when set) must name the weights.
 - A block's bytes are kvpool's raw payload [layer][k|v][token][kv_head][head_dim] in the
   model's dtype, so other engines read the same bytes.
@@ -280,7 +280,9 @@ class KvpoolConnector(KVConnectorBase_V1):
     model_id (default: the model path, "@revision" when set, "+quantization=...",
     "+hf_overrides=..." and "+load_format=dummy" when set), timeout (seconds, 2.0),
     load_async and save_async (true: load, and store, in the background while the batch
-    computes), client_factory (tests: a callable returning a kvpool.Client)."""
+    computes), save_to_gpu (see the module docstring), credential_file and tls_ca, tls_cert,
+    tls_key (kvpool/_options.py), client_factory (tests: a callable returning a
+    kvpool.Client)."""
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None):

@@ -926,7 +926,7 @@ void RegisterClient(nb::module_& m) {
            "control_address, self, error (None, or the Error of a node that did not answer), "
            "hit_blocks, tiers (one per hit block).")
       .def("evict", &PyClient::Evict, nb::arg("tier") = "host", nb::arg("keys") = nb::none(),
-           "Admin: evict the namespace's blocks (all when keys is None) from 'gpu' (the gpu "
+           "Evict the namespace's blocks (all when keys is None) from 'gpu' (the gpu "
            "tier's copies only), 'host' (demoted to disk) or 'disk' (dropped). Returns "
            "{'evicted': n, 'skipped': n}.")
       .def("reconnect", &PyClient::Reconnect,

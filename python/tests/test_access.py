@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -71,3 +73,21 @@ def test_admin_rights_need_the_admin_credential(guarded):
         stats = c.stats()
         assert not stats["namespace_only"]
         assert stats["connections"] >= 1
+
+
+def test_the_python_cli_shows_a_tenant_its_own_use_and_an_admin_everything(guarded, tmp_path):
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "kvpool", *args], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    tenant = _private(tmp_path / "tenant-a", SECRET_A)
+    own = run("status", f"--socket={guarded.socket}", "--namespace=tenant-a",
+              f"--credential_file={tenant}")
+    assert "namespace tenant-a: " in own and "need admin rights: --admin" in own
+    assert "connections" not in own
+    admin = _private(tmp_path / "admin", ADMIN)
+    everything = run(f"--socket={guarded.socket}", "--namespace=tenant-b", "stats", "--admin",
+                     f"--credential_file={admin}")
+    assert "puts: blocks offered" in everything and "need admin rights" not in everything

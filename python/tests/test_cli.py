@@ -28,7 +28,8 @@ def test_status_stats_and_sessions(daemon, make_keys):
     js = _run(*flags, "stats", "--json")
     assert js.returncode == 0
     assert json.loads(js.stdout)["tiers"][0]["name"] in ("gpu", "host")
-    assert "puts: blocks offered" in _run(*flags, "stats").stdout
+    text = _run(*flags, "stats").stdout
+    assert "puts: blocks offered" in text and "index rebuilt at start from 0 disk" in text
     ls = _run(*flags, "sessions", "ls")
     assert ls.returncode == 0 and "cli-session" in ls.stdout
     show = json.loads(_run(*flags, "sessions", "show", "cli-session", "--json").stdout)
@@ -48,3 +49,26 @@ def test_status_stats_and_sessions(daemon, make_keys):
 def test_unreachable_daemon_exits_1(tmp_path):
     r = _run(f"--socket={tmp_path}/none.sock", "status")
     assert r.returncode == 1 and "Unavailable" in r.stderr
+
+
+def test_flags_may_come_before_or_after_the_command(daemon):
+    # As the C++ CLI's: the connection flags and --json anywhere.
+    after = _run("status", f"--socket={daemon.socket}", "--namespace=test")
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.startswith("kvpoold ")
+    before = _run(f"--socket={daemon.socket}", "--json", "stats")
+    assert before.returncode == 0, before.stderr
+    assert "tiers" in json.loads(before.stdout)
+    # A flag after the command wins over the same flag before it.
+    r = _run(f"--socket={daemon.socket}x", "stats", f"--socket={daemon.socket}", "--json")
+    assert r.returncode == 0, r.stderr
+
+
+def test_an_unreadable_credential_file_is_a_usage_error(daemon, tmp_path):
+    r = _run(f"--socket={daemon.socket}", "status", f"--credential_file={tmp_path}/none")
+    assert r.returncode == 2 and "credential_file" in r.stderr
+
+
+def test_a_missing_session_id_is_a_usage_error_before_any_connection(tmp_path):
+    r = _run(f"--socket={tmp_path}/none.sock", "sessions", "show")
+    assert r.returncode == 2 and "needs a session id" in r.stderr
