@@ -295,6 +295,7 @@ void ClusterNode::SettleLandings(NamespaceId ns, std::span<const BlockKey> keys,
       continue;
     }
     tally.found[i] = true;
+    if (!r.parent.IsZero()) tally.links.emplace_back(keys[i], r.parent);
     tally.bytes += l.size;
     ++tally.blocks;
     if (reserved) {
@@ -451,6 +452,7 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
   std::vector<bool> skip(keys.size(), false);
   std::vector<bool> inconclusive(keys.size(), false);
   for (size_t i = 0; i < keys.size(); ++i) skip[i] = memory_.KnownAbsent(ns, keys[i]);
+  std::vector<std::pair<BlockKey, BlockKey>> links;  // (key, parent) of the blocks found
   size_t stored = 0;
   if (gpu_device >= 0 && gpu_links_ != nullptr) {
     stored += FetchOverDeviceLinks(ns, ns_name, keys, gpu_device, order, addresses, skip, found);
@@ -505,7 +507,7 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
           for (size_t k = start; k < indices.size(); ++k) inconclusive[indices[k]] = true;
           break;
         }
-        FetchTally tally{found, inconclusive};
+        FetchTally tally{found, inconclusive, links};
         SettleLandings(ns, keys, std::span<const size_t>(indices).subspan(start, end - start),
                        landing, *got, tally);
         stored += tally.stored;
@@ -523,6 +525,8 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
       }
     }
   }
+  // A block committed before its parent (asked after it, or in a later request) has no link yet.
+  if (!links.empty()) tiers_.LinkUnderParents(ns, links);
   for (size_t i = 0; i < keys.size(); ++i) {
     // Asked of every other member, and none had it.
     if (!found[i] && !skip[i] && !inconclusive[i] && order[i].size() <= kMaxRounds) {

@@ -228,8 +228,11 @@ class ClusterNode final : public ClusterHooks {
   struct FetchTally {
     std::vector<bool>& found;         // by key index: a peer holds it
     std::vector<bool>& inconclusive;  // by key index: an error said nothing of it
-    size_t stored = 0;                // now stored here
-    uint64_t bytes = 0;               // of the blocks found
+    // (key, parent) of each block found, with the parent the peer named: linked once the fetch
+    // is done (TierManager::LinkUnderParents), for the blocks committed before their parents.
+    std::vector<std::pair<BlockKey, BlockKey>>& links;
+    size_t stored = 0;   // now stored here
+    uint64_t bytes = 0;  // of the blocks found
     uint64_t blocks = 0;
   };
   // After a fetch request answered: commits each block that landed in a reserved slot (with the

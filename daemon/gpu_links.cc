@@ -351,15 +351,21 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
   }
   const std::vector<Status> committed = tiers_.CommitToGpu(kLinkReceiveOwner, ids, checksums);
   uint64_t blocks = 0, bytes = 0;
+  std::vector<std::pair<BlockKey, BlockKey>> links;  // committed before their parents: no link
   for (size_t k = 0; k < slots.size(); ++k) {
     if (committed[k].ok()) {
       stored[slots[k].index] = true;
       ++blocks;
       bytes += slots[k].size;
+      if (Result<BlockKey> parent = BlockKey::FromBytes(offers.offers(slots[k].index).parent());
+          parent.ok()) {
+        links.emplace_back(keys[slots[k].index], *parent);
+      }
     } else if (committed[k].code() == StatusCode::kCorruption) {
       metrics_.Add(metrics_.gpu_link_checksum_failures);
     }
   }
+  if (!links.empty()) tiers_.LinkUnderParents(ns, links);
   metrics_.Add(metrics_.gpu_link_blocks_received, blocks);
   metrics_.Add(metrics_.gpu_link_bytes_received, bytes);
   return stored;

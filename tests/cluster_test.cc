@@ -629,9 +629,9 @@ std::unique_ptr<Client> ConnectAsPeer(const DaemonProcess& d) {
 }
 
 // Blocks a node fetches from a peer are linked under the parents their put named, whatever order
-// its reader asked in, so its evictions stay tail first. (They used to be linked under the key
-// asked before them: a chain's blocks asked out of order were linked under the wrong ones, and
-// the first block a lookup fetched was linked under none.)
+// its reader asked in (within one fetch), so its evictions stay tail first. (They used to be
+// linked under the key asked before them: a chain's blocks asked out of order were linked under
+// the wrong ones, and the first block a lookup fetched was linked under none.)
 TEST_F(ClusterTest, FetchedBlocksAreLinkedUnderTheParentsTheirPutNamed) {
   DaemonProcess a(Flags("node-a"));
   DaemonProcess b(Flags("node-b"));
@@ -662,14 +662,26 @@ TEST_F(ClusterTest, FetchedBlocksAreLinkedUnderTheParentsTheirPutNamed) {
   EXPECT_EQ(evicted->evicted, 1u);
   EXPECT_EQ(evicted->skipped, 0u);
 
-  // A lookup finds the first block on B and fetches the rest: they hang under it.
+  // A child asked before its parent: the child is stored first (the fetch's first request asks
+  // for one block), and linked once the parent is.
+  got = cb->GetBlocks(std::vector<BlockKey>{keys[2], keys[1]});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE((*got)[0].status.ok() && (*got)[1].status.ok());
+  evicted = cb->Evict(Tier::kDisk, std::vector<BlockKey>{keys[1]});
+  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+  EXPECT_EQ(evicted->evicted, 0u);
+  EXPECT_EQ(evicted->skipped, 1u) << "a parent went before the child fetched ahead of it";
+
+  // A lookup finds the first three blocks on B and fetches the last: it hangs under them.
   auto looked = cb->Lookup(keys);
   ASSERT_TRUE(looked.ok()) << looked.status().ToString();
   ASSERT_EQ(looked->hit_blocks, keys.size());
-  evicted = cb->Evict(Tier::kDisk, std::vector<BlockKey>{keys[0]});
-  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
-  EXPECT_EQ(evicted->evicted, 0u);
-  EXPECT_EQ(evicted->skipped, 1u) << "the chain's first block went before its descendants";
+  for (const BlockKey& k : {keys[0], keys[1], keys[2]}) {
+    evicted = cb->Evict(Tier::kDisk, std::vector<BlockKey>{k});
+    ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+    EXPECT_EQ(evicted->evicted, 0u);
+    EXPECT_EQ(evicted->skipped, 1u) << "a block went before its descendants";
+  }
   // The whole chain goes tail first.
   evicted = cb->Evict(Tier::kDisk, keys);
   ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();

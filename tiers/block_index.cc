@@ -246,6 +246,20 @@ void BlockIndex::SetParent(EntryId id, EntryId parent) {
   p.first_child = id;
 }
 
+void BlockIndex::Adopt(EntryId id, EntryId parent) {
+  Entry& e = at(id);
+  CHECK_EQ(e.parent, kNoEntry) << "Adopt of a linked entry";
+  CHECK_NE(id, parent);
+  e.parent = parent;
+  Entry& p = at(parent);
+  e.next_sibling = p.first_child;
+  p.first_child = id;
+  for (Tier t : kStoredTierList) {
+    if (e.In(t)) ++p.children[TierSlot(t)];
+  }
+  RefreshAll(parent, /*after_child=*/false);
+}
+
 void BlockIndex::Pin(EntryId id) {
   ++at(id).pins;
   Refresh(id, Tier::kDisk, false);

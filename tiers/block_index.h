@@ -246,6 +246,10 @@ class BlockIndex {
   void SettleCandidates();
   // Links `id` under `parent` (same namespace). Must be called before the first AddCopy.
   void SetParent(EntryId id, EntryId parent);
+  // Links `id`, which has no parent link and may have copies already, under `parent` (same
+  // namespace): the parent's child counts and candidacy follow. For a block stored before its
+  // parent was (a fetch that received a chain's blocks out of order).
+  void Adopt(EntryId id, EntryId parent);
   void Pin(EntryId id);
   void Unpin(EntryId id);
   // Marks use: stamps the entry and tells the observer for each tier it is a candidate of.

@@ -378,6 +378,31 @@ TEST(BlockIndexTest, BranchingChainsKeepTheSharedPrefixUntilAllBranchesGo) {
   EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{p});
 }
 
+TEST(BlockIndexTest, AChildStoredBeforeItsParentIsAdoptedWithItsCopies) {
+  BlockIndex index;
+  EvictionPools pools(index);
+  // The child came first: no link, so both are candidates of both tiers they are in.
+  const EntryId child = index.Insert(1, KeyOf(1));
+  index.AddCopy(child, kHost);
+  index.AddCopy(child, kDisk);
+  const EntryId parent = index.Insert(1, KeyOf(0));
+  index.AddCopy(parent, kHost);
+  index.AddCopy(parent, kDisk);
+  EXPECT_EQ(Candidates(pools, index, kHost).size(), 2u);
+  index.Adopt(child, parent);
+  EXPECT_EQ(index.at(child).parent, parent);
+  EXPECT_EQ(index.ChildCount(parent), 1u);
+  EXPECT_EQ(index.at(parent).children[kH], 1u);
+  // Tail first from here: the parent waits for its child in each tier.
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{child});
+  EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{child});
+  index.RemoveCopy(child, kHost);
+  EXPECT_EQ(Candidates(pools, index, kHost), std::vector<EntryId>{parent});
+  index.RemoveCopy(child, kDisk);
+  EXPECT_EQ(index.at(parent).children[kH], 0u);
+  EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{parent});
+}
+
 TEST(BlockIndexTest, HostCandidatesIgnoreChildrenOnlyOnDisk) {
   BlockIndex index;
   EvictionPools pools(index);

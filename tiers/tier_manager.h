@@ -43,6 +43,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <kvpool/block_key.h>
@@ -386,6 +387,11 @@ class TierManager {
   // it only with the bytes (a fetch from a peer daemon, which names it beside each block).
   // Nothing when the reservation is not `owner`'s.
   void SetReservedParent(uint64_t owner, uint64_t reservation_id, const BlockKey& parent);
+  // Links each (key, parent) of `blocks` whose block is in the index without a parent link under
+  // that parent, where the parent is in the index now (a block committed before its parent was,
+  // as a fetch that received a chain out of order commits it, is stored without the link).
+  // Skips a link that would close a loop within 64 steps.
+  void LinkUnderParents(NamespaceId ns, std::span<const std::pair<BlockKey, BlockKey>> blocks);
   // Whether `owner` holds an open reservation in host segment `segment` (a writable mapping of
   // a segment is given only for that).
   bool OwnerHasReservationIn(uint64_t owner, uint32_t segment) const;

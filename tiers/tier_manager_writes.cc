@@ -488,6 +488,25 @@ void TierManager::SetReservedParent(uint64_t owner, uint64_t reservation_id,
   if (r != nullptr) r->item.parent = parent;
 }
 
+void TierManager::LinkUnderParents(NamespaceId ns,
+                                   std::span<const std::pair<BlockKey, BlockKey>> blocks) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, parent_key] : blocks) {
+    if (parent_key.IsZero()) continue;
+    const EntryId id = index_.Find(ns, key);
+    if (id == kNoEntry || index_.at(id).parent != kNoEntry) continue;
+    const EntryId parent = index_.Find(ns, parent_key);
+    if (parent == kNoEntry) continue;
+    bool loops = false;
+    EntryId up = parent;
+    for (int step = 0; step < 64 && up != kNoEntry && !loops; ++step) {
+      loops = up == id;
+      up = index_.at(up).parent;
+    }
+    if (!loops) index_.Adopt(id, parent);
+  }
+}
+
 bool TierManager::AwaitInFlightPut(NamespaceId ns, const BlockKey& key, Clock::Duration timeout) {
   absl::MutexLock lock(&mu_);
   const Clock::TimePoint deadline = clock_.Now() + timeout;
