@@ -156,6 +156,7 @@ class Client::Impl {
       }
     }
     req.set_ucx(want_ucx && ucx_.started());
+    if (req.ucx()) req.set_ucx_client_id(ucx_.client_id());
     wire::HelloResponse resp;
     KVPOOL_RETURN_IF_ERROR(connection_.Hello(std::move(req), &resp));
     server_.node_id = resp.node_id();

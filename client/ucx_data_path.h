@@ -52,6 +52,8 @@ class UcxDataPath {
   // engine's Unavailable when UCX finds no usable transport; nothing is kept then.
   Status Start(const std::string& transports, const std::string& net_devices);
   bool started() const { return engine_ != nullptr; }
+  // The engine's client id (UcxEngine::client_id), which the hello names. Only when started().
+  uint64_t client_id() const { return engine_->client_id(); }
   // Creates the endpoint to the daemon's UCX listener at `host`:`port` (the hello's ucx_port)
   // and returns the bind nonce the daemon sends on it, for UCX_BIND; Bound then records the
   // daemon's tag prefix. No nonce by `deadline` (DeadlineExceeded, returned

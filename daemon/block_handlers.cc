@@ -144,7 +144,7 @@ Response BlockHandlers::Hello(Connection& c, std::string_view body) {
         // to TCP connections (same-node clients have shared memory), once per connection.
         const std::string ip = PeerIp(c.info);
         if (!c.ucx_offered && req.ucx() && ucx_ != nullptr && !ip.empty()) {
-          c.ucx_offered = ucx_->Offer(ip);
+          c.ucx_offered = ucx_->Offer(ip, req.ucx_client_id());
         }
         if (c.ucx_offered) resp.set_ucx_port(ucx_->port());
         c.delivery = std::move(delivery);

@@ -5,6 +5,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <deque>
 #include <unordered_map>
 #include <utility>
@@ -20,8 +21,9 @@ using Clock = std::chrono::steady_clock;
 struct UcxListener::State {
   State(transport::UcxEngine& e, const UcxListenerOptions& o) : engine(e), options(o) {}
 
-  // On the engine's progress thread, for each connection request: takes an offer for `ip`.
-  bool Admit(const std::string& ip);
+  // On the engine's progress thread, for each connection request: takes an offer for `ip` and
+  // `client_id`.
+  bool Admit(const std::string& ip, uint64_t client_id);
   // On the engine's progress thread, for each endpoint admitted.
   void Accept(transport::UcxEndpointId ep, const std::string& ip);
   // Drops expired offers, and takes the endpoints whose nonce expired out of `unclaimed`; the
@@ -39,8 +41,12 @@ struct UcxListener::State {
   };
   absl::Mutex mu;
   bool closed ABSL_GUARDED_BY(mu) = false;
-  // Offers by address: when each expires, oldest first.
-  std::unordered_map<std::string, std::deque<Clock::time_point>> offers ABSL_GUARDED_BY(mu);
+  // Offers by address: for which client id, and when each expires, oldest first.
+  struct Offered {
+    Clock::time_point expires;
+    uint64_t client_id = 0;
+  };
+  std::unordered_map<std::string, std::deque<Offered>> offers ABSL_GUARDED_BY(mu);
   // (address, expiry) of every offer, oldest first; a taken one is skipped when its turn comes.
   std::deque<std::pair<Clock::time_point, std::string>> offer_expiry ABSL_GUARDED_BY(mu);
   std::unordered_map<std::string, Unclaimed> unclaimed ABSL_GUARDED_BY(mu);  // by nonce
@@ -60,7 +66,7 @@ std::vector<transport::UcxEndpointId> UcxListener::State::Expire(Clock::time_poi
   while (!offer_expiry.empty() && offer_expiry.front().first <= now) {
     auto it = offers.find(offer_expiry.front().second);
     if (it != offers.end()) {
-      while (!it->second.empty() && it->second.front() <= now) it->second.pop_front();
+      while (!it->second.empty() && it->second.front().expires <= now) it->second.pop_front();
       if (it->second.empty()) offers.erase(it);
     }
     offer_expiry.pop_front();
@@ -78,7 +84,7 @@ std::vector<transport::UcxEndpointId> UcxListener::State::Expire(Clock::time_poi
   return gone;
 }
 
-bool UcxListener::State::Admit(const std::string& ip) {
+bool UcxListener::State::Admit(const std::string& ip, uint64_t client_id) {
   std::vector<transport::UcxEndpointId> close;
   bool admitted = false;
   {
@@ -90,17 +96,23 @@ bool UcxListener::State::Admit(const std::string& ip) {
       const size_t from_ip = waiting == unclaimed_per_address.end() ? 0 : waiting->second;
       if (it != offers.end() && unclaimed.size() < options.max_unclaimed &&
           from_ip < options.max_unclaimed_per_address) {
-        it->second.pop_front();
-        if (it->second.empty()) offers.erase(it);
-        admitted = true;
+        // The oldest offer made for this client id (at most max_offers_per_address to look at).
+        std::deque<Offered>& at_ip = it->second;
+        auto offer = std::find_if(at_ip.begin(), at_ip.end(),
+                                  [&](const Offered& o) { return o.client_id == client_id; });
+        if (offer != at_ip.end()) {
+          at_ip.erase(offer);
+          if (at_ip.empty()) offers.erase(it);
+          admitted = true;
+        }
       }
     }
   }
   for (transport::UcxEndpointId e : close) engine.Disconnect(e);
   if (!admitted) {
     LOG_EVERY_N(WARNING, 100) << "UCX connection request from " << ip
-                              << " refused: no connection from there was offered UCX, or "
-                              << options.max_unclaimed << " endpoints (or "
+                              << " refused: no connection from there was offered UCX for its "
+                              << "client id, or " << options.max_unclaimed << " endpoints (or "
                               << options.max_unclaimed_per_address
                               << " from there) wait for their UCX_BIND (seen " << google::COUNTER
                               << " times)";
@@ -141,12 +153,15 @@ Result<std::unique_ptr<UcxListener>> UcxListener::Start(transport::UcxEngine& en
                                                         const UcxListenerOptions& options) {
   auto state = std::make_shared<State>(engine, options);
   // The callbacks hold the state, so a request handled after ~UcxListener still finds it.
-  KVPOOL_ASSIGN_OR_RETURN(
-      uint16_t bound, engine.Listen(
-                          ip, port, [state](const std::string& peer) { return state->Admit(peer); },
-                          [state](transport::UcxEndpointId ep, const std::string& peer) {
-                            state->Accept(ep, peer);
-                          }));
+  KVPOOL_ASSIGN_OR_RETURN(uint16_t bound,
+                          engine.Listen(
+                              ip, port,
+                              [state](const std::string& peer, uint64_t client_id) {
+                                return state->Admit(peer, client_id);
+                              },
+                              [state](transport::UcxEndpointId ep, const std::string& peer) {
+                                state->Accept(ep, peer);
+                              }));
   return std::unique_ptr<UcxListener>(new UcxListener(engine, std::move(state), bound));
 }
 
@@ -194,7 +209,7 @@ UcxListener::~UcxListener() {
   for (transport::UcxEndpointId ep : close) engine_.Disconnect(ep);
 }
 
-bool UcxListener::Offer(const std::string& peer_ip) {
+bool UcxListener::Offer(const std::string& peer_ip, uint64_t client_id) {
   std::vector<transport::UcxEndpointId> close;
   bool offered = false;
   {
@@ -202,10 +217,10 @@ bool UcxListener::Offer(const std::string& peer_ip) {
     const auto now = Clock::now();
     close = state_->Expire(now);
     auto [it, added] = state_->offers.try_emplace(peer_ip);
-    std::deque<Clock::time_point>& waiting = it->second;
+    std::deque<State::Offered>& waiting = it->second;
     if (waiting.size() < state_->options.max_offers_per_address) {
-      waiting.push_back(now + state_->options.claim_within);
-      state_->offer_expiry.emplace_back(waiting.back(), peer_ip);
+      waiting.push_back({now + state_->options.claim_within, client_id});
+      state_->offer_expiry.emplace_back(waiting.back().expires, peer_ip);
       offered = true;
     }
     if (waiting.empty()) state_->offers.erase(it);

@@ -1,11 +1,13 @@
 #pragma once
 // UcxListener: kvpoold's UCX listener for clients (and peers, which connect as clients). A TCP
-// connection whose hello asks for UCX gets an offer (Offer, with the connection's address); the
-// listener accepts a connection request only from an address with an offer waiting, and takes
-// that offer. It sends each accepted endpoint its bind nonce and hands the endpoint to the
-// control connection, from the same address, that names the nonce (transport/ucx_bind.h has the
-// protocol). Nobody without an admitted control connection gets an endpoint, and no endpoint
-// goes to a connection from another address.
+// connection whose hello asks for UCX gets an offer (Offer, with the connection's address and the
+// client id of the client's UCX engine, which its hello names); the listener accepts a
+// connection request only from an address with an offer waiting for the client id the request
+// carries, and takes that offer. Another process at the same address (a multi-user host, a NAT)
+// does not know that id, so it cannot take the offer. It sends each accepted endpoint its bind
+// nonce and hands the endpoint to the control connection, from the same address, that names the
+// nonce (transport/ucx_bind.h has the protocol). Nobody without an admitted control connection gets
+// an endpoint, and no endpoint goes to a connection from another address.
 //
 // Offers and endpoints not taken within `claim_within` are dropped (the endpoints closed) at the
 // listener's next use; past `max_unclaimed` endpoints waiting, new ones are closed at once.
@@ -51,9 +53,12 @@ class UcxListener {
   transport::UcxEngine& engine() const { return engine_; }
   uint16_t port() const { return port_; }
 
-  // Lets one connection request from `peer_ip` in (transport::CanonicalIp form). False when
-  // `peer_ip` has max_offers_per_address offers waiting already: UCX is then not offered.
-  bool Offer(const std::string& peer_ip);
+  // Lets one connection request from `peer_ip` (transport::CanonicalIp form) that carries
+  // `client_id` in (UcxEngine::client_id of the requester; 0 for a client that names none, as
+  // clients before 2026-12-07: any request from that address without an id then takes it).
+  // False when `peer_ip` has max_offers_per_address offers waiting already: UCX is then not
+  // offered.
+  bool Offer(const std::string& peer_ip, uint64_t client_id);
 
   // The endpoint whose nonce is `nonce`, taken out of the listener (a second claim of it is
   // NotFound), for a connection from `peer_ip`. NotFound for a nonce never sent, already claimed

@@ -1,5 +1,5 @@
-// UcxListener over UCX on loopback TCP: the nonce each accepted endpoint gets, its claim, its
-// expiry, the bound on unclaimed endpoints, and the tag prefixes.
+// UcxListener over UCX on loopback TCP: offers by address and client id, the nonce each accepted
+// endpoint gets, its claim, its expiry, the bound on unclaimed endpoints, and the tag prefixes.
 #include "daemon/ucx_listener.h"
 
 #include <gtest/gtest.h>
@@ -47,17 +47,20 @@ class UcxListenerTest : public ::testing::Test {
     listener_ = std::move(*l);
   }
 
-  // An endpoint from the client to the listener (after an offer for loopback, unless
-  // `offer` is false), and the nonce that came on it ("" if none came within `wait`).
-  std::string Nonce(bool offer = true, std::chrono::milliseconds wait = 10s) {
-    if (offer) EXPECT_TRUE(listener_->Offer(kLoopback));
-    auto ep = client_->ConnectTo(kLoopback, listener_->port());
+  // An endpoint from `client` (default: client_) to the listener (after an offer for loopback
+  // and client_'s client id, unless `offer` is false), and the nonce that came on it ("" if none
+  // came within `wait`).
+  std::string Nonce(bool offer = true, std::chrono::milliseconds wait = 10s,
+                    transport::UcxEngine* client = nullptr) {
+    if (client == nullptr) client = client_.get();
+    if (offer) EXPECT_TRUE(listener_->Offer(kLoopback, client_->client_id()));
+    auto ep = client->ConnectTo(kLoopback, listener_->port());
     EXPECT_TRUE(ep.ok()) << ep.status().ToString();
     if (!ep.ok()) return "";
     // Often the nonce is there before the receive: it must come whole either way.
     std::this_thread::sleep_for(std::chrono::milliseconds(offer ? 50 : 0));
     std::string nonce(transport::kUcxBindNonceBytes, '\0');
-    auto got = client_->ReceiveStreamSync(*ep, nonce.data(), nonce.size(), Clock::now() + wait);
+    auto got = client->ReceiveStreamSync(*ep, nonce.data(), nonce.size(), Clock::now() + wait);
     return got.ok() && *got == nonce.size() ? nonce : "";
   }
 
@@ -96,23 +99,40 @@ TEST_F(UcxListenerTest, AnEndpointIsClaimedWithItsNonceOnceFromItsOwnAddress) {
 
 TEST_F(UcxListenerTest, ARequestWithoutAnOfferFromItsAddressIsRefused) {
   Listen({});
-  EXPECT_EQ(Nonce(/*offer=*/false), "");      // refused: the wait ends with the endpoint's failure
-  EXPECT_TRUE(listener_->Offer("10.1.2.3"));  // another address's offer lets nothing in here
+  EXPECT_EQ(Nonce(/*offer=*/false), "");  // refused: the wait ends with the endpoint's failure
+  EXPECT_TRUE(listener_->Offer(
+      "10.1.2.3", client_->client_id()));  // another address's offer lets nothing in here
   EXPECT_EQ(Nonce(/*offer=*/false), "");
   EXPECT_FALSE(Nonce().empty());          // with one
   EXPECT_EQ(Nonce(/*offer=*/false), "");  // an offer lets one request in, not two
+}
+
+// Another process at the client's address (a multi-user host, a NAT) does not know the client
+// id the client's hello named: its request does not take the client's offer, which stays for
+// the client.
+TEST_F(UcxListenerTest, AnOfferIsTakenOnlyByARequestWithItsClientId) {
+  Listen({});
+  auto other = transport::UcxEngine::Create(LoopbackTcp(2));
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  ASSERT_NE((*other)->client_id(), client_->client_id());
+  EXPECT_TRUE(listener_->Offer(kLoopback, client_->client_id()));
+  EXPECT_EQ(Nonce(/*offer=*/false, 10s, other->get()), "");
+  EXPECT_FALSE(Nonce(/*offer=*/false).empty());  // the client's offer is still there
+  // An offer for no id (a client before ids) is not taken by a request that carries one.
+  EXPECT_TRUE(listener_->Offer(kLoopback, 0));
+  EXPECT_EQ(Nonce(/*offer=*/false, 10s, other->get()), "");
 }
 
 TEST_F(UcxListenerTest, OffersPerAddressAreBounded) {
   UcxListenerOptions o;
   o.max_offers_per_address = 2;
   Listen(o);
-  EXPECT_TRUE(listener_->Offer(kLoopback));
-  EXPECT_TRUE(listener_->Offer(kLoopback));
-  EXPECT_FALSE(listener_->Offer(kLoopback));
-  EXPECT_TRUE(listener_->Offer("10.1.2.3"));
+  EXPECT_TRUE(listener_->Offer(kLoopback, client_->client_id()));
+  EXPECT_TRUE(listener_->Offer(kLoopback, client_->client_id()));
+  EXPECT_FALSE(listener_->Offer(kLoopback, client_->client_id()));
+  EXPECT_TRUE(listener_->Offer("10.1.2.3", client_->client_id()));
   EXPECT_FALSE(Nonce(/*offer=*/false).empty());  // takes one
-  EXPECT_TRUE(listener_->Offer(kLoopback));
+  EXPECT_TRUE(listener_->Offer(kLoopback, client_->client_id()));
 }
 
 TEST_F(UcxListenerTest, OffersAndNoncesNotTakenInTimeExpire) {
@@ -121,7 +141,7 @@ TEST_F(UcxListenerTest, OffersAndNoncesNotTakenInTimeExpire) {
   Listen(o);
   const std::string a = Nonce();
   ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(listener_->Offer(kLoopback));
+  EXPECT_TRUE(listener_->Offer(kLoopback, client_->client_id()));
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(listener_->Claim(a, kLoopback).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(Nonce(/*offer=*/false), "");  // the offer expired too

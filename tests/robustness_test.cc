@@ -684,13 +684,16 @@ int RawTcpConnect(const std::string& tcp_address) {
   return fd;
 }
 
-// Says HELLO on raw connection `fd` as namespace "test", asking for UCX when `ucx`, with
-// `extra` appended to the body (raw protobuf fields). The answer, or nullopt.
-std::optional<wire::HelloResponse> RawHelloTcp(int fd, bool ucx, const std::string& extra = "") {
+// Says HELLO on raw connection `fd` as namespace "test", asking for UCX when `ucx` (for the UCX
+// engine whose client id is `ucx_client_id`), with `extra` appended to the body (raw protobuf
+// fields). The answer, or nullopt.
+std::optional<wire::HelloResponse> RawHelloTcp(int fd, bool ucx, const std::string& extra = "",
+                                               uint64_t ucx_client_id = 0) {
   wire::HelloRequest hello;
   hello.set_protocol_version(transport::kProtocolVersion);
   hello.set_namespace_name("test");
   hello.set_ucx(ucx);
+  hello.set_ucx_client_id(ucx_client_id);
   const std::string b = hello.SerializeAsString() + extra;
   FrameHeader h;
   h.type = wire::HELLO;
@@ -757,7 +760,8 @@ int NeverReceivingUcxClient(const std::string& tcp_address, const std::vector<Bl
   if (worker == nullptr) return Fail("no UCX engine");
   const int fd = RawTcpConnect(tcp_address);
   if (fd < 0) return Fail("connect");
-  std::optional<wire::HelloResponse> welcome = RawHelloTcp(fd, /*ucx=*/true);
+  std::optional<wire::HelloResponse> welcome =
+      RawHelloTcp(fd, /*ucx=*/true, "", worker->client_id());
   if (!welcome || welcome->status().code() != 0) return Fail("hello refused");
   if (welcome->ucx_port() == 0) return Fail("the daemon did not offer UCX");
   const std::string nonce = UcxNonce(*worker, welcome->ucx_port());
@@ -848,7 +852,8 @@ int UcxBindClient(const std::string& tcp_address) {
   const int a = RawTcpConnect(tcp_address);
   std::string field5 = "\x2a\x40";
   field5 += std::string(64, '\xff');
-  std::optional<wire::HelloResponse> welcome = RawHelloTcp(a, /*ucx=*/true, field5);
+  std::optional<wire::HelloResponse> welcome =
+      RawHelloTcp(a, /*ucx=*/true, field5, worker->client_id());
   if (!welcome || welcome->status().code() != 0) return Fail("hello with field 5 refused");
   if (welcome->ucx_port() == 0) return Fail("UCX not offered");
   const std::string nonce = UcxNonce(*worker, welcome->ucx_port());
@@ -873,7 +878,7 @@ int UcxBindClient(const std::string& tcp_address) {
     return Fail("a connection bound twice");
   }
   const int c = RawTcpConnect(tcp_address);
-  if (!RawHelloTcp(c, /*ucx=*/true)) return Fail("third hello");
+  if (!RawHelloTcp(c, /*ucx=*/true, "", worker->client_id())) return Fail("third hello");
   if (code(RawUcxBind(c, nonce, 2)) != StatusCode::kNotFound) return Fail("a nonce bound twice");
   return 0;
 }

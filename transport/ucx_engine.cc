@@ -22,6 +22,7 @@
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -196,7 +197,7 @@ class UcxEngine::Impl {
   Result<UcxEndpointId> DoConnect(const std::string& address);
   Result<UcxEndpointId> DoConnectTo(const sockaddr_storage& addr, socklen_t len);
   Result<uint16_t> DoListen(const sockaddr_storage& addr, socklen_t len,
-                            std::function<bool(const std::string&)> admit,
+                            std::function<bool(const std::string&, uint64_t)> admit,
                             std::function<void(UcxEndpointId, const std::string&)> on_accept);
   void DoStopListening();
   void DoDisconnect(UcxEndpointId id);
@@ -226,6 +227,7 @@ class UcxEngine::Impl {
 
   const UcxOptions options_;
   std::string address_;
+  uint64_t client_id_ = 0;  // random, never 0: sent with each ConnectTo's connection request
   std::string transports_;
 
  private:
@@ -281,7 +283,7 @@ class UcxEngine::Impl {
   ucp_worker_h worker_ = nullptr;
   // The listener and its callbacks; progress thread only.
   ucp_listener_h listener_ = nullptr;
-  std::function<bool(const std::string&)> admit_;
+  std::function<bool(const std::string&, uint64_t)> admit_;
   std::function<void(UcxEndpointId, const std::string&)> on_accept_;
   int ucp_efd_ = -1;
   int wake_fd_ = -1;
@@ -383,9 +385,18 @@ Status UcxEngine::Impl::Init() {
   ucp_config_release(config);
   KVPOOL_RETURN_IF_ERROR(st);
 
+  // The client id a listener sees in this worker's connection requests: random (a CSPRNG's),
+  // so nobody else can send requests under it (UcxEngine::client_id).
+  while (client_id_ == 0) {
+    if (getrandom(&client_id_, sizeof(client_id_), 0) != sizeof(client_id_)) {
+      return Status::Unavailable(std::string("getrandom for the UCX client id: ") +
+                                 std::strerror(errno));
+    }
+  }
   ucp_worker_params_t wparams{};
-  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
   wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
+  wparams.client_id = client_id_;
   st = KVPOOL_UCS_STATUS(ucp_worker_create(context_, &wparams, &worker_), "ucp_worker_create");
   if (!st.ok()) return Status::Unavailable(st.message());
 
@@ -658,7 +669,7 @@ Result<UcxEndpointId> UcxEngine::Impl::DoConnect(const std::string& address) {
 Result<UcxEndpointId> UcxEngine::Impl::DoConnectTo(const sockaddr_storage& addr, socklen_t len) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
   params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
   params.sockaddr.addrlen = len;
   return CreateEndpoint(params, "ucp_ep_create (to a listener)");
@@ -667,12 +678,14 @@ Result<UcxEndpointId> UcxEngine::Impl::DoConnectTo(const sockaddr_storage& addr,
 void UcxEngine::Impl::ConnectionRequest(ucp_conn_request_h request, void* arg) {
   auto* impl = static_cast<Impl*>(arg);
   ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR | UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
   std::string peer_ip;
+  uint64_t client_id = 0;
   if (ucp_conn_request_query(request, &attr) == UCS_OK) {
     peer_ip = IpOf(reinterpret_cast<const sockaddr*>(&attr.client_address));
+    client_id = attr.client_id;
   }
-  if (impl->listener_ == nullptr || peer_ip.empty() || !impl->admit_(peer_ip)) {
+  if (impl->listener_ == nullptr || peer_ip.empty() || !impl->admit_(peer_ip, client_id)) {
     VLOG(1) << "UCX: connection request from " << (peer_ip.empty() ? "?" : peer_ip) << " refused";
     if (impl->listener_ != nullptr) ucp_listener_reject(impl->listener_, request);
     return;
@@ -691,7 +704,8 @@ void UcxEngine::Impl::ConnectionRequest(ucp_conn_request_h request, void* arg) {
 }
 
 Result<uint16_t> UcxEngine::Impl::DoListen(
-    const sockaddr_storage& addr, socklen_t len, std::function<bool(const std::string&)> admit,
+    const sockaddr_storage& addr, socklen_t len,
+    std::function<bool(const std::string&, uint64_t)> admit,
     std::function<void(UcxEndpointId, const std::string&)> on_accept) {
   if (listener_ != nullptr) return Status::FailedPrecondition("this UCX engine already listens");
   admit_ = std::move(admit);
@@ -981,6 +995,8 @@ Result<std::unique_ptr<UcxEngine>> UcxEngine::Create(const UcxOptions& options) 
 }
 
 const std::string& UcxEngine::WorkerAddress() const { return impl_->address_; }
+
+uint64_t UcxEngine::client_id() const { return impl_->client_id_; }
 const std::string& UcxEngine::transports_in_use() const { return impl_->transports_; }
 
 namespace {
@@ -1039,7 +1055,7 @@ Status ResolveSocketAddress(std::string_view host, uint16_t port, bool passive,
 }  // namespace
 
 Result<uint16_t> UcxEngine::Listen(
-    std::string_view ip, uint16_t port, std::function<bool(const std::string&)> admit,
+    std::string_view ip, uint16_t port, std::function<bool(const std::string&, uint64_t)> admit,
     std::function<void(UcxEndpointId, const std::string&)> on_accept) {
   sockaddr_storage addr{};
   socklen_t len = 0;

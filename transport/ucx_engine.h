@@ -102,6 +102,11 @@ class UcxEngine {
   // Opaque bytes (the packed ucp worker address) for a trusted peer's Connect (kvpool's own
   // daemons and clients use Listen and ConnectTo instead). Stable for the engine's life.
   const std::string& WorkerAddress() const;
+  // This engine's client id: random (never 0), fixed for its life, sent with each ConnectTo's
+  // connection request, where a listener's `admit` sees it. Known only to whoever this engine's
+  // owner tells (kvpool's clients tell kvpoold in their HELLO, so that an offer of UCX made to
+  // one connection cannot be taken by another process at the same address).
+  uint64_t client_id() const;
 
   // Creates an endpoint to the worker whose WorkerAddress() is `peer_worker_address` (with
   // error mode PEER). Only for an address from a trusted source: UCX 1.13 unpacks it without a
@@ -113,15 +118,16 @@ class UcxEngine {
   // Listens for endpoints that peers create with ConnectTo: on `ip` (an address or a name;
   // "0.0.0.0" or "::" for every interface) and `port` (0: a free one). Returns the port. For
   // each connection request, `admit` decides from the peer's address ("10.0.0.7"; an
-  // IPv4-mapped IPv6 address in IPv4 form) whether it is accepted, before anything is created
-  // for it; a refused one is rejected (ucp_listener_reject). Each accepted endpoint (error mode
-  // PEER) goes to `on_accept` with that address. Both run on the progress thread and must not
-  // block; the endpoint is the caller's to Disconnect. The peer's worker address travels inside
-  // UCX's own wire-up, so a caller never hands UCX address bytes it got from someone else
-  // (Connect does). One listener per engine (FailedPrecondition for a second); it ends with
-  // StopListening or the engine.
+  // IPv4-mapped IPv6 address in IPv4 form) and the client id its request carries (the
+  // connecting engine's client_id(); 0 from one that sent none) whether it is accepted, before
+  // anything is created for it; a refused one is rejected (ucp_listener_reject). Each accepted
+  // endpoint (error mode PEER) goes to `on_accept` with that address. Both run on the progress
+  // thread and must not block; the endpoint is the caller's to Disconnect. The peer's worker
+  // address travels inside UCX's own wire-up, so a caller never hands UCX address bytes it got from
+  // someone else (Connect does). One listener per engine (FailedPrecondition for a second); it ends
+  // with StopListening or the engine.
   Result<uint16_t> Listen(std::string_view ip, uint16_t port,
-                          std::function<bool(const std::string& peer_ip)> admit,
+                          std::function<bool(const std::string& peer_ip, uint64_t client_id)> admit,
                           std::function<void(UcxEndpointId, const std::string& peer_ip)> on_accept);
   // Stops the listener: later connection requests are refused; accepted endpoints stay.
   void StopListening();

@@ -370,11 +370,13 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
   absl::Mutex mu;
   std::vector<UcxEndpointId> accepted;
   std::vector<std::string> asked_from;
+  std::vector<uint64_t> client_ids;
   auto port = b_->Listen(
       "127.0.0.1", 0,
-      [&](const std::string& ip) {
+      [&](const std::string& ip, uint64_t client_id) {
         absl::MutexLock lock(&mu);
         asked_from.push_back(ip);
+        client_ids.push_back(client_id);
         return true;
       },
       [&](UcxEndpointId ep, const std::string&) {
@@ -384,7 +386,7 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   EXPECT_NE(*port, 0);
   EXPECT_EQ(b_->Listen(
-                  "127.0.0.1", 0, [](const std::string&) { return true; },
+                  "127.0.0.1", 0, [](const std::string&, uint64_t) { return true; },
                   [](UcxEndpointId, const std::string&) {})
                 .status()
                 .code(),
@@ -416,6 +418,10 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
     ASSERT_EQ(accepted.size(), 1u);
     to_a = accepted[0];
     EXPECT_EQ(asked_from, std::vector<std::string>{"127.0.0.1"});
+    // The request carries the connecting engine's client id: random, its own.
+    EXPECT_NE(a_->client_id(), 0u);
+    EXPECT_NE(a_->client_id(), b_->client_id());
+    EXPECT_EQ(client_ids, std::vector<uint64_t>{a_->client_id()});
   }
   absl::Notification received_back;
   Status back_status;
@@ -457,7 +463,7 @@ TEST(UcxEngineCreateTest, TheTcpPortRangeIsUcxsAndABadOneIsRefused) {
 TEST_F(UcxEngineTest, ConnectingToAHostThatDoesNotResolveIsAnError) {
   EXPECT_EQ(a_->ConnectTo("no-such-host.invalid", 1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->Listen(
-                  "not-an-address.invalid", 0, [](const std::string&) { return true; },
+                  "not-an-address.invalid", 0, [](const std::string&, uint64_t) { return true; },
                   [](UcxEndpointId, const std::string&) {})
                 .status()
                 .code(),
@@ -468,7 +474,7 @@ TEST_F(UcxEngineTest, StreamBytesArriveOnlyAtTheirOwnEndpoint) {
   absl::Mutex mu;
   std::vector<UcxEndpointId> accepted;
   auto port = b_->Listen(
-      "127.0.0.1", 0, [](const std::string&) { return true; },
+      "127.0.0.1", 0, [](const std::string&, uint64_t) { return true; },
       [&](UcxEndpointId ep, const std::string&) {
         absl::MutexLock lock(&mu);
         accepted.push_back(ep);
@@ -516,7 +522,7 @@ TEST_F(UcxEngineTest, StreamBytesArriveOnlyAtTheirOwnEndpoint) {
 TEST_F(UcxEngineTest, ARefusedRequestFailsTheReceivesThatWaitForItsEndpoint) {
   std::atomic<int> accepted{0};
   auto port = b_->Listen(
-      "127.0.0.1", 0, [](const std::string&) { return false; },
+      "127.0.0.1", 0, [](const std::string&, uint64_t) { return false; },
       [&](UcxEndpointId, const std::string&) { ++accepted; });
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   auto to_b = a_->ConnectTo("127.0.0.1", *port);
@@ -533,7 +539,7 @@ TEST_F(UcxEngineTest, ARefusedRequestFailsTheReceivesThatWaitForItsEndpoint) {
   // A listener stopped refuses too; one can listen again.
   b_->StopListening();
   auto again = b_->Listen(
-      "127.0.0.1", 0, [](const std::string&) { return true; },
+      "127.0.0.1", 0, [](const std::string&, uint64_t) { return true; },
       [&](UcxEndpointId, const std::string&) { ++accepted; });
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
