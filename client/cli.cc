@@ -523,13 +523,21 @@ nlohmann::json PolicyJson(const kvpool::PolicyInfo& p) {
 
 int Policies(int argc, char** argv) {
   if (argc < 3 || std::string(argv[2]) != "show") return Usage("policies needs 'show'");
-  // --namespace names the one to show; without it, every configured one. An admin asks through
-  // the default namespace, so that looking at a namespace does not create it; anyone else asks
-  // for their own namespace's through it (with its credential: no admin rights needed).
+  // --namespace names the one to show; without it, every configured one. Asked through the
+  // default namespace, so that looking at a namespace does not create it (a hello registers its
+  // name). Where that is refused (a guarded daemon, a tenant without admin rights), a tenant asks
+  // for its own namespace's through that namespace, with its credential.
   const bool one = !gflags::GetCommandLineFlagInfoOrDie("namespace_name").is_default;
-  auto c = Connect(one && !FLAGS_admin ? "" : "default");
-  if (!c.ok()) return Error(c.status());
-  auto v = (*c)->Policies(one ? FLAGS_namespace_name : "");
+  auto ask = [&](const std::string& through) -> kvpool::Result<kvpool::PoliciesView> {
+    auto c = Connect(through);
+    if (!c.ok()) return c.status();
+    return (*c)->Policies(one ? FLAGS_namespace_name : "");
+  };
+  auto v = ask("default");
+  if (!v.ok() && v.status().code() == kvpool::StatusCode::kPermissionDenied && one &&
+      !FLAGS_admin && FLAGS_namespace_name != "default") {
+    v = ask(FLAGS_namespace_name);
+  }
   if (!v.ok()) return Error(v.status());
   if (FLAGS_json) {
     nlohmann::json namespaces = nlohmann::json::array();

@@ -104,5 +104,21 @@ TEST(CliTest, CommandsAgainstALiveDaemon) {
   EXPECT_NE(down.out.find("cannot reach kvpoold"), std::string::npos) << down.out;
 }
 
+// Looking at a namespace's policies does not create it: a hello would register the name for
+// good, counted against --max_namespaces (the CLI asks through the default namespace).
+TEST(CliTest, PoliciesShowCreatesNoNamespace) {
+  DaemonProcess d(std::vector<std::string>{"--max_namespaces=3"});
+  ASSERT_OK(d.Start());
+  const std::string sock = " --socket=" + d.socket_path();
+  for (const char* typo : {"typo-1", "typo-2", "typo-3", "typo-4"}) {
+    CliRun shown = Cli(std::string("policies show --json --namespace=") + typo + sock);
+    EXPECT_EQ(shown.status, 0) << shown.out;
+    EXPECT_NE(shown.out.find(std::string(R"("namespace": ")") + typo), std::string::npos)
+        << shown.out;
+  }
+  CliRun real = Cli("status --namespace=real" + sock);
+  EXPECT_EQ(real.status, 0) << real.out;
+}
+
 }  // namespace
 }  // namespace kvpool::testing

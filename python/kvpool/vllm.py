@@ -14,8 +14,9 @@ Design (the why; the templates are vLLM's v1/example_connector.py and v1/mooncak
   with the layout string of the model config (model id, KV dtype, layers, kv heads per rank,
   head dim, tokens per block = vLLM's block size, tp rank and size, encoding raw). vLLM's own
   block hashes are never used, so a prefix stored here is found by kvpool.hf of the same
-  layout (SGLang and LMCache key by their own page hashes: they do not find it). `model_id` (extra config; default: the model path and revision,
-  and the quantization method and a hash of hf_overrides when set) must name the weights.
+  layout (SGLang and LMCache key by their own page hashes: they do not find it). `model_id`
+  (extra config; default: the model path and revision, and the quantization method and a hash
+  of hf_overrides when set) must name the weights.
 - A block's bytes are kvpool's raw payload [layer][k|v][token][kv_head][head_dim] in the
   model's dtype, so other engines read the same bytes.
 - vLLM's per-layer KV is a 4-D view [num_blocks, kv_heads, block_size, head_size + head_size_v]
