@@ -67,6 +67,7 @@ import torch
 from transformers import DynamicCache
 
 import kvpool
+from kvpool._options import client_kwargs
 from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
 from kvpool._transfer import gpu_tier_device
 
@@ -179,7 +180,7 @@ class KvpoolHFCache:
     """Maps a transformers DynamicCache to kvpool blocks and back for one model and tenant.
 
     client: a kvpool.Client, a callable returning one (called again after the daemon was
-        unreachable), or an address string (Unix socket path, unix://, tcp://).
+        unreachable), or an address string (Unix socket path, unix://, tcp://, tls://).
     model: the model (its config and parameter dtype are read) or a config; with a config,
         pass `dtype`.
     model_id: names the weights (see the module docstring); part of every key.
@@ -187,6 +188,10 @@ class KvpoolHFCache:
     namespace: the tenant the client authenticates as, when kvpool.hf makes the client.
     timeout: seconds for each kvpool call (and the connect), when kvpool.hf makes the client.
         Default: 2 s, so a stalled daemon delays a request by at most about that.
+    credential_file, tls_ca, tls_cert, tls_key: as every connector reads them
+        (kvpool/_options.py), when kvpool.hf makes the client from an address: a file holding
+        the namespace's credential, and PEM files for a tls:// daemon. An unreadable credential
+        file is a ValueError here.
     device: where blocks are staged and loaded caches are made ("cpu" or a CUDA device).
         Default: the model's device (its first parameter's; the CPU when given a config). One
         device per model: a model whose layers are spread over devices is not supported.
@@ -197,7 +202,9 @@ class KvpoolHFCache:
                  tokens_per_block: int = 16, encoding: str = "raw",
                  dtype: torch.dtype | None = None, namespace: str = "default",
                  timeout: float = 2.0, tp_rank: int = 0, tp_size: int = 1,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, credential_file: str | None = None,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
         if encoding != "raw":
             raise ValueError("kvpool.hf writes raw blocks only (encoded layouts: kvpool.hf "
                              "compression modules)")
@@ -234,13 +241,19 @@ class KvpoolHFCache:
         else:
             if isinstance(client, str):
                 address = client
+                options = client_kwargs({"credential_file": credential_file, "tls_ca": tls_ca,
+                                         "tls_cert": tls_cert, "tls_key": tls_key})
                 self._factory = lambda: kvpool.Client(address, namespace=namespace,
-                                                      timeout=timeout, connect_timeout=timeout)
+                                                      timeout=timeout, connect_timeout=timeout,
+                                                      **options)
             elif callable(client):
                 self._factory = client
             else:
                 raise TypeError("client: a kvpool.Client, a factory or an address")
             self._client = None
+        if not isinstance(client, str) and any((credential_file, tls_ca, tls_cert, tls_key)):
+            raise ValueError("credential_file and tls_* are for a client kvpool.hf makes from an "
+                             "address; give them to your own kvpool.Client instead")
         self._outage = OutageLog(log, "kvpool.hf", "serving misses and skipping stores")
         self._staging: torch.Tensor | None = None
 

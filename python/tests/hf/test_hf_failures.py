@@ -4,6 +4,8 @@ skipped store, logged once as a warning; the model recomputes and the output sta
 
 import logging
 
+import pytest
+
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -100,3 +102,31 @@ def test_daemon_killed_in_the_middle_of_a_generation(model, mid, caplog):
         assert kv.last_load.cached_tokens == (len(SYSTEM) // 16) * 16
         assert got.tolist() == ref.tolist()
         kv.close()
+
+
+def test_a_credential_file_opens_a_guarded_namespace(model, mid, tmp_path):
+    # An address and the namespace's credential file, as every connector takes them: the
+    # adapter's own client proves it; without it every load and store is a miss.
+    from conftest import NAMESPACE
+    credential = tmp_path / "credential"
+    credential.write_text("hf-credential-of-enough-bytes-0123\n")
+    credential.chmod(0o600)
+    admin = tmp_path / "admin"
+    admin.write_text("hf-admin-credential-of-enough-bytes\n")
+    admin.chmod(0o600)
+    namespaces = tmp_path / "namespaces.yaml"
+    namespaces.write_text(f"access: declared\nadmin: {{credential_file: {admin}}}\nnamespaces:\n"
+                          f"  {NAMESPACE}: {{credential_file: {credential}}}\n")
+    with Daemon([f"--namespaces_file={namespaces}"]) as d:
+        kv = adapter(d.socket, model, mid, credential_file=str(credential))
+        kv_greedy(kv, model, torch.tensor(PROMPT))             # blocks stored
+        kv_greedy(kv, model, torch.tensor(PROMPT))
+        assert kv.last_load.cached_tokens >= (len(SYSTEM) // 16) * 16, kv.last_load
+        kv.close()
+        refused = adapter(d.socket, model, mid, timeout=0.5)
+        kv_greedy(refused, model, torch.tensor(PROMPT))
+        assert refused.last_load.cached_tokens == 0 and "PermissionDenied" in str(
+            refused.last_load.error)
+        refused.close()
+    with pytest.raises(ValueError, match="credential_file"):
+        adapter(str(tmp_path / "x.sock"), model, mid, credential_file=str(tmp_path / "none"))
