@@ -525,19 +525,17 @@ int Policies(int argc, char** argv) {
   if (argc < 3 || std::string(argv[2]) != "show") return Usage("policies needs 'show'");
   // --namespace names the one to show; without it, every configured one. Asked through the
   // default namespace, so that looking at a namespace does not create it (a hello registers its
-  // name). Where that is refused (a guarded daemon, a tenant without admin rights), a tenant asks
-  // for its own namespace's through that namespace, with its credential.
+  // name). Where the daemon refuses that connection (a tenant's credential is not default's, or
+  // only declared namespaces are served), a tenant asks for its own namespace's through that
+  // namespace: one the daemon knows already.
   const bool one = !gflags::GetCommandLineFlagInfoOrDie("namespace_name").is_default;
-  auto ask = [&](const std::string& through) -> kvpool::Result<kvpool::PoliciesView> {
-    auto c = Connect(through);
-    if (!c.ok()) return c.status();
-    return (*c)->Policies(one ? FLAGS_namespace_name : "");
-  };
-  auto v = ask("default");
-  if (!v.ok() && v.status().code() == kvpool::StatusCode::kPermissionDenied && one &&
+  auto c = Connect("default");
+  if (!c.ok() && c.status().code() == kvpool::StatusCode::kPermissionDenied && one &&
       !FLAGS_admin && FLAGS_namespace_name != "default") {
-    v = ask(FLAGS_namespace_name);
+    c = Connect();
   }
+  if (!c.ok()) return Error(c.status());
+  auto v = (*c)->Policies(one ? FLAGS_namespace_name : "");
   if (!v.ok()) return Error(v.status());
   if (FLAGS_json) {
     nlohmann::json namespaces = nlohmann::json::array();

@@ -58,7 +58,7 @@ class UcxDataPathPeerTest : public ::testing::Test {
     // The peer listens as kvpoold does (daemon/ucx_listener.h): each endpoint made to it gets
     // the bind nonce.
     auto port = peer_->Listen(
-        "127.0.0.1", 0, [](const std::string&, uint64_t) { return true; },
+        "127.0.0.1", 0, [](const std::string&, const auto&) { return true; },
         [this](transport::UcxEndpointId ep, const std::string&) {
           accepted_ = ep;
           peer_->SendStream(ep, kNonce, sizeof(kNonce) - 1, [](Status) {});
@@ -104,7 +104,7 @@ std::unique_ptr<transport::UcxEngine> ListenerWithoutNonces(bool admit, uint16_t
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return nullptr;
   auto p = (*engine)->Listen(
-      "127.0.0.1", 0, [admit](const std::string&, uint64_t) { return admit; },
+      "127.0.0.1", 0, [admit](const std::string&, const auto&) { return admit; },
       [](transport::UcxEndpointId, const std::string&) {});
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   *port = p.ok() ? *p : 0;

@@ -22,8 +22,8 @@ struct UcxListener::State {
   State(transport::UcxEngine& e, const UcxListenerOptions& o) : engine(e), options(o) {}
 
   // On the engine's progress thread, for each connection request: takes an offer for `ip` and
-  // `client_id`.
-  bool Admit(const std::string& ip, uint64_t client_id);
+  // the client id the request carries (read only where an offer for `ip` waits).
+  bool Admit(const std::string& ip, const transport::UcxEngine::ClientIdOf& client_id_of);
   // On the engine's progress thread, for each endpoint admitted.
   void Accept(transport::UcxEndpointId ep, const std::string& ip);
   // Drops expired offers, and takes the endpoints whose nonce expired out of `unclaimed`; the
@@ -84,27 +84,42 @@ std::vector<transport::UcxEndpointId> UcxListener::State::Expire(Clock::time_poi
   return gone;
 }
 
-bool UcxListener::State::Admit(const std::string& ip, uint64_t client_id) {
+bool UcxListener::State::Admit(const std::string& ip,
+                               const transport::UcxEngine::ClientIdOf& client_id_of) {
   std::vector<transport::UcxEndpointId> close;
   bool admitted = false;
+  // Whether an offer for `ip` waits and the bounds leave room for its endpoint.
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (closed) return offers.end();
+    auto it = offers.find(ip);
+    auto waiting = unclaimed_per_address.find(ip);
+    const size_t from_ip = waiting == unclaimed_per_address.end() ? 0 : waiting->second;
+    return unclaimed.size() < options.max_unclaimed && from_ip < options.max_unclaimed_per_address
+               ? it
+               : offers.end();
+  };
+  bool expected = false;
   {
     absl::MutexLock lock(&mu);
-    if (!closed) {
-      close = Expire(Clock::now());
-      auto it = offers.find(ip);
-      auto waiting = unclaimed_per_address.find(ip);
-      const size_t from_ip = waiting == unclaimed_per_address.end() ? 0 : waiting->second;
-      if (it != offers.end() && unclaimed.size() < options.max_unclaimed &&
-          from_ip < options.max_unclaimed_per_address) {
-        // The oldest offer made for this client id (at most max_offers_per_address to look at).
-        std::deque<Offered>& at_ip = it->second;
-        auto offer = std::find_if(at_ip.begin(), at_ip.end(),
-                                  [&](const Offered& o) { return o.client_id == client_id; });
-        if (offer != at_ip.end()) {
-          at_ip.erase(offer);
-          if (at_ip.empty()) offers.erase(it);
-          admitted = true;
-        }
+    close = Expire(Clock::now());
+    expected = room() != offers.end();
+  }
+  // Only a request from an address with an offer waiting has its client id read: UCX parses the
+  // request's own data for it (UcxEngine::Listen), so a request from anywhere else is refused
+  // unread. (Read without the lock: the offer may be taken meanwhile, checked below.)
+  if (expected) {
+    const uint64_t client_id = client_id_of();
+    absl::MutexLock lock(&mu);
+    auto it = room();
+    if (it != offers.end()) {
+      // The oldest offer made for this client id (at most max_offers_per_address to look at).
+      std::deque<Offered>& at_ip = it->second;
+      auto offer = std::find_if(at_ip.begin(), at_ip.end(),
+                                [&](const Offered& o) { return o.client_id == client_id; });
+      if (offer != at_ip.end()) {
+        at_ip.erase(offer);
+        if (at_ip.empty()) offers.erase(it);
+        admitted = true;
       }
     }
   }
@@ -153,15 +168,16 @@ Result<std::unique_ptr<UcxListener>> UcxListener::Start(transport::UcxEngine& en
                                                         const UcxListenerOptions& options) {
   auto state = std::make_shared<State>(engine, options);
   // The callbacks hold the state, so a request handled after ~UcxListener still finds it.
-  KVPOOL_ASSIGN_OR_RETURN(uint16_t bound,
-                          engine.Listen(
-                              ip, port,
-                              [state](const std::string& peer, uint64_t client_id) {
-                                return state->Admit(peer, client_id);
-                              },
-                              [state](transport::UcxEndpointId ep, const std::string& peer) {
-                                state->Accept(ep, peer);
-                              }));
+  KVPOOL_ASSIGN_OR_RETURN(
+      uint16_t bound,
+      engine.Listen(
+          ip, port,
+          [state](const std::string& peer, const transport::UcxEngine::ClientIdOf& client_id_of) {
+            return state->Admit(peer, client_id_of);
+          },
+          [state](transport::UcxEndpointId ep, const std::string& peer) {
+            state->Accept(ep, peer);
+          }));
   return std::unique_ptr<UcxListener>(new UcxListener(engine, std::move(state), bound));
 }
 

@@ -196,8 +196,7 @@ class UcxEngine::Impl {
   // Progress-thread-only operations (called from commands).
   Result<UcxEndpointId> DoConnect(const std::string& address);
   Result<UcxEndpointId> DoConnectTo(const sockaddr_storage& addr, socklen_t len);
-  Result<uint16_t> DoListen(const sockaddr_storage& addr, socklen_t len,
-                            std::function<bool(const std::string&, uint64_t)> admit,
+  Result<uint16_t> DoListen(const sockaddr_storage& addr, socklen_t len, AdmitFn admit,
                             std::function<void(UcxEndpointId, const std::string&)> on_accept);
   void DoStopListening();
   void DoDisconnect(UcxEndpointId id);
@@ -283,7 +282,7 @@ class UcxEngine::Impl {
   ucp_worker_h worker_ = nullptr;
   // The listener and its callbacks; progress thread only.
   ucp_listener_h listener_ = nullptr;
-  std::function<bool(const std::string&, uint64_t)> admit_;
+  AdmitFn admit_;
   std::function<void(UcxEndpointId, const std::string&)> on_accept_;
   int ucp_efd_ = -1;
   int wake_fd_ = -1;
@@ -678,13 +677,17 @@ Result<UcxEndpointId> UcxEngine::Impl::DoConnectTo(const sockaddr_storage& addr,
 void UcxEngine::Impl::ConnectionRequest(ucp_conn_request_h request, void* arg) {
   auto* impl = static_cast<Impl*>(arg);
   ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR | UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   std::string peer_ip;
-  uint64_t client_id = 0;
   if (ucp_conn_request_query(request, &attr) == UCS_OK) {
     peer_ip = IpOf(reinterpret_cast<const sockaddr*>(&attr.client_address));
-    client_id = attr.client_id;
   }
+  // Read only when `admit` asks: UCX parses the request's own data for it (see Listen).
+  const ClientIdOf client_id = [request] {
+    ucp_conn_request_attr_t id{};
+    id.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
+    return ucp_conn_request_query(request, &id) == UCS_OK ? id.client_id : uint64_t{0};
+  };
   if (impl->listener_ == nullptr || peer_ip.empty() || !impl->admit_(peer_ip, client_id)) {
     VLOG(1) << "UCX: connection request from " << (peer_ip.empty() ? "?" : peer_ip) << " refused";
     if (impl->listener_ != nullptr) ucp_listener_reject(impl->listener_, request);
@@ -704,8 +707,7 @@ void UcxEngine::Impl::ConnectionRequest(ucp_conn_request_h request, void* arg) {
 }
 
 Result<uint16_t> UcxEngine::Impl::DoListen(
-    const sockaddr_storage& addr, socklen_t len,
-    std::function<bool(const std::string&, uint64_t)> admit,
+    const sockaddr_storage& addr, socklen_t len, AdmitFn admit,
     std::function<void(UcxEndpointId, const std::string&)> on_accept) {
   if (listener_ != nullptr) return Status::FailedPrecondition("this UCX engine already listens");
   admit_ = std::move(admit);
@@ -1055,7 +1057,7 @@ Status ResolveSocketAddress(std::string_view host, uint16_t port, bool passive,
 }  // namespace
 
 Result<uint16_t> UcxEngine::Listen(
-    std::string_view ip, uint16_t port, std::function<bool(const std::string&, uint64_t)> admit,
+    std::string_view ip, uint16_t port, AdmitFn admit,
     std::function<void(UcxEndpointId, const std::string&)> on_accept) {
   sockaddr_storage addr{};
   socklen_t len = 0;

@@ -115,19 +115,24 @@ class UcxEngine {
   // shows on the first send.
   Result<UcxEndpointId> Connect(std::string_view peer_worker_address);
 
+  // Reads the client id a connection request carries (the connecting engine's client_id(); 0
+  // from one that sent none).
+  using ClientIdOf = std::function<uint64_t()>;
+  using AdmitFn = std::function<bool(const std::string& peer_ip, const ClientIdOf& client_id)>;
   // Listens for endpoints that peers create with ConnectTo: on `ip` (an address or a name;
   // "0.0.0.0" or "::" for every interface) and `port` (0: a free one). Returns the port. For
   // each connection request, `admit` decides from the peer's address ("10.0.0.7"; an
-  // IPv4-mapped IPv6 address in IPv4 form) and the client id its request carries (the
-  // connecting engine's client_id(); 0 from one that sent none) whether it is accepted, before
-  // anything is created for it; a refused one is rejected (ucp_listener_reject). Each accepted
+  // IPv4-mapped IPv6 address in IPv4 form) and, where it asks, the client id the request
+  // carries, whether it is accepted, before anything is created for it; a refused one is
+  // rejected (ucp_listener_reject). Reading the id has UCX 1.13 parse the request's own data,
+  // without checking its length and aborting the process on some malformed ones: ask only for a
+  // request from an address that is expected to connect. Each accepted
   // endpoint (error mode PEER) goes to `on_accept` with that address. Both run on the progress
   // thread and must not block; the endpoint is the caller's to Disconnect. The peer's worker
   // address travels inside UCX's own wire-up, so a caller never hands UCX address bytes it got from
   // someone else (Connect does). One listener per engine (FailedPrecondition for a second); it ends
   // with StopListening or the engine.
-  Result<uint16_t> Listen(std::string_view ip, uint16_t port,
-                          std::function<bool(const std::string& peer_ip, uint64_t client_id)> admit,
+  Result<uint16_t> Listen(std::string_view ip, uint16_t port, AdmitFn admit,
                           std::function<void(UcxEndpointId, const std::string& peer_ip)> on_accept);
   // Stops the listener: later connection requests are refused; accepted endpoints stay.
   void StopListening();

@@ -373,10 +373,10 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
   std::vector<uint64_t> client_ids;
   auto port = b_->Listen(
       "127.0.0.1", 0,
-      [&](const std::string& ip, uint64_t client_id) {
+      [&](const std::string& ip, const UcxEngine::ClientIdOf& client_id) {
         absl::MutexLock lock(&mu);
         asked_from.push_back(ip);
-        client_ids.push_back(client_id);
+        client_ids.push_back(client_id());
         return true;
       },
       [&](UcxEndpointId ep, const std::string&) {
@@ -386,7 +386,7 @@ TEST_F(UcxEngineTest, AListenerAcceptsAnEndpointThatCarriesMessagesBothWays) {
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   EXPECT_NE(*port, 0);
   EXPECT_EQ(b_->Listen(
-                  "127.0.0.1", 0, [](const std::string&, uint64_t) { return true; },
+                  "127.0.0.1", 0, [](const std::string&, const auto&) { return true; },
                   [](UcxEndpointId, const std::string&) {})
                 .status()
                 .code(),
@@ -463,7 +463,7 @@ TEST(UcxEngineCreateTest, TheTcpPortRangeIsUcxsAndABadOneIsRefused) {
 TEST_F(UcxEngineTest, ConnectingToAHostThatDoesNotResolveIsAnError) {
   EXPECT_EQ(a_->ConnectTo("no-such-host.invalid", 1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->Listen(
-                  "not-an-address.invalid", 0, [](const std::string&, uint64_t) { return true; },
+                  "not-an-address.invalid", 0, [](const std::string&, const auto&) { return true; },
                   [](UcxEndpointId, const std::string&) {})
                 .status()
                 .code(),
@@ -474,7 +474,7 @@ TEST_F(UcxEngineTest, StreamBytesArriveOnlyAtTheirOwnEndpoint) {
   absl::Mutex mu;
   std::vector<UcxEndpointId> accepted;
   auto port = b_->Listen(
-      "127.0.0.1", 0, [](const std::string&, uint64_t) { return true; },
+      "127.0.0.1", 0, [](const std::string&, const auto&) { return true; },
       [&](UcxEndpointId ep, const std::string&) {
         absl::MutexLock lock(&mu);
         accepted.push_back(ep);
@@ -522,7 +522,7 @@ TEST_F(UcxEngineTest, StreamBytesArriveOnlyAtTheirOwnEndpoint) {
 TEST_F(UcxEngineTest, ARefusedRequestFailsTheReceivesThatWaitForItsEndpoint) {
   std::atomic<int> accepted{0};
   auto port = b_->Listen(
-      "127.0.0.1", 0, [](const std::string&, uint64_t) { return false; },
+      "127.0.0.1", 0, [](const std::string&, const auto&) { return false; },
       [&](UcxEndpointId, const std::string&) { ++accepted; });
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   auto to_b = a_->ConnectTo("127.0.0.1", *port);
@@ -539,7 +539,7 @@ TEST_F(UcxEngineTest, ARefusedRequestFailsTheReceivesThatWaitForItsEndpoint) {
   // A listener stopped refuses too; one can listen again.
   b_->StopListening();
   auto again = b_->Listen(
-      "127.0.0.1", 0, [](const std::string&, uint64_t) { return true; },
+      "127.0.0.1", 0, [](const std::string&, const auto&) { return true; },
       [&](UcxEndpointId, const std::string&) { ++accepted; });
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
