@@ -374,7 +374,8 @@ size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_n
                                          std::span<const BlockKey> keys, int gpu_device,
                                          const std::vector<std::vector<cluster::NodeId>>& order,
                                          const std::map<std::string, std::string>& addresses,
-                                         const std::vector<bool>& skip, std::vector<bool>& found) {
+                                         const std::vector<bool>& skip, std::vector<bool>& found,
+                                         std::vector<std::pair<BlockKey, BlockKey>>& links) {
   // Each key is asked of its first home only: where a put's blocks live once replicated. What
   // that home holds only in host, and what this misses, comes over UCX next.
   std::map<cluster::NodeId, std::vector<size_t>> by_node;
@@ -401,7 +402,7 @@ size_t ClusterNode::FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_n
     std::vector<BlockKey> asked;
     for (size_t i : indices) asked.push_back(keys[i]);
     PeerOverClient peer(*c);
-    Result<std::vector<bool>> got = gpu_links_->Receive(ns, asked, gpu_device, node, peer);
+    Result<std::vector<bool>> got = gpu_links_->Receive(ns, asked, gpu_device, node, peer, links);
     if (!got.ok()) {
       // Its blocks come over UCX. A peer without device links (no gpu tier there, no NCCL)
       // says so at once, and is not asked again for a while; a link that failed (Aborted: any
@@ -455,7 +456,8 @@ size_t ClusterNode::FetchMissing(NamespaceId ns, const std::string& ns_name,
   std::vector<std::pair<BlockKey, BlockKey>> links;  // (key, parent) of the blocks found
   size_t stored = 0;
   if (gpu_device >= 0 && gpu_links_ != nullptr) {
-    stored += FetchOverDeviceLinks(ns, ns_name, keys, gpu_device, order, addresses, skip, found);
+    stored +=
+        FetchOverDeviceLinks(ns, ns_name, keys, gpu_device, order, addresses, skip, found, links);
   }
   for (size_t round = 0; round < kMaxRounds; ++round) {
     std::map<std::string, std::vector<size_t>> by_node;

@@ -168,13 +168,14 @@ class ClusterNode final : public ClusterHooks {
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
   // FetchMissing's first round for a reader on gpu tier `gpu_device`: each key's first home is
   // asked for what it holds in a gpu tier, received device to device (GpuLinks::Receive); keys
-  // with skip[i] (known absent) are not asked. Sets found[i] for each block stored; returns how
-  // many.
+  // with skip[i] (known absent) are not asked. Sets found[i] for each block stored, and appends
+  // its (key, parent) to `links`; returns how many.
   size_t FetchOverDeviceLinks(NamespaceId ns, const std::string& ns_name,
                               std::span<const BlockKey> keys, int gpu_device,
                               const std::vector<std::vector<cluster::NodeId>>& order,
                               const std::map<std::string, std::string>& addresses,
-                              const std::vector<bool>& skip, std::vector<bool>& found);
+                              const std::vector<bool>& skip, std::vector<bool>& found,
+                              std::vector<std::pair<BlockKey, BlockKey>>& links);
   // What a push came to.
   enum class Pushed {
     kDone,         // the peer took them (or they are no longer here to send)

@@ -206,7 +206,8 @@ void GpuLinks::JoinInBackground(const std::shared_ptr<Outbound>& out, const std:
 }
 
 Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const BlockKey> keys,
-                                            int device, const std::string& peer_name, Peer& peer) {
+                                            int device, const std::string& peer_name, Peer& peer,
+                                            std::vector<std::pair<BlockKey, BlockKey>>& links) {
   std::vector<bool> stored(keys.size(), false);
   if (GpuMemory(device, 0, 0) == nullptr) {
     return Status::InvalidArgument("no gpu tier on CUDA device " + std::to_string(device));
@@ -351,7 +352,6 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
   }
   const std::vector<Status> committed = tiers_.CommitToGpu(kLinkReceiveOwner, ids, checksums);
   uint64_t blocks = 0, bytes = 0;
-  std::vector<std::pair<BlockKey, BlockKey>> links;  // committed before their parents: no link
   for (size_t k = 0; k < slots.size(); ++k) {
     if (committed[k].ok()) {
       stored[slots[k].index] = true;
@@ -365,7 +365,6 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
       metrics_.Add(metrics_.gpu_link_checksum_failures);
     }
   }
-  if (!links.empty()) tiers_.LinkUnderParents(ns, links);
   metrics_.Add(metrics_.gpu_link_blocks_received, blocks);
   metrics_.Add(metrics_.gpu_link_bytes_received, bytes);
   return stored;

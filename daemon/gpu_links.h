@@ -38,6 +38,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <kvpool/block_key.h>
@@ -84,12 +85,16 @@ class GpuLinks {
   };
   // Fetches what `peer` (`peer_name` keys its links) holds of `keys` in a gpu tier into this
   // daemon's gpu tier of CUDA device `device`, device to device, each linked under the parent
-  // the peer names for it. Returns, per key, whether it is now stored here (none, when the link is
-  // busy, being joined, or failed recently). Errors: GPU_OFFER's failure as is (FailedPrecondition:
-  // the peer has no device links); Aborted for any failure after it (the link, if any, is dropped).
-  // Every block not stored is the caller's to fetch otherwise.
+  // the peer names for it; (key, parent) of each block stored is appended to `links` (a block
+  // committed before its parent is in the index has no link yet: the caller links them with
+  // TierManager::LinkUnderParents once its whole fetch is done). Returns, per key, whether it is
+  // now stored here (none, when the link is busy, being joined, or failed recently). Errors:
+  // GPU_OFFER's failure as is (FailedPrecondition: the peer has no device links); Aborted for any
+  // failure after it (the link, if any, is dropped). Every block not stored is the caller's to
+  // fetch otherwise.
   Result<std::vector<bool>> Receive(NamespaceId ns, std::span<const BlockKey> keys, int device,
-                                    const std::string& peer_name, Peer& peer);
+                                    const std::string& peer_name, Peer& peer,
+                                    std::vector<std::pair<BlockKey, BlockKey>>& links);
 
   // The cluster's live members changed: links to peers no longer among `live` (node ids) are
   // dropped by the next fetch (not here: closing a link may wait on its peer).

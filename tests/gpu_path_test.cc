@@ -980,6 +980,34 @@ TEST_F(GpuLinksInCluster, ARemoteGpuHitComesDeviceToDeviceIntoTheGpuTier) {
   EXPECT_EQ(host, ref[1]);
 }
 
+// A chain read in reverse comes over the link as one batch, its children committed before their
+// parents: each is linked under its parent once the fetch is done, so evictions stay tail first.
+TEST_F(GpuLinksInCluster, AChainReadInReverseOverTheLinkKeepsItsParentLinks) {
+  const size_t size = 4096;
+  ASSERT_TRUE(WaitForLink(340));
+  const auto ref = PutIntoHolderGpu(330, 3, size);
+  const std::vector<BlockKey> reversed{KeyOf(332), KeyOf(331), KeyOf(330)};
+  std::vector<MutableBuffer> bufs;
+  for (int i = 0; i < 3; ++i) bufs.push_back({reader_gpu_.Alloc(size), size, Memory::kCuda});
+  const uint64_t bytes_before = fabric_.counters().bytes;
+  auto got = reader_client_->Get(reversed, bufs);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK((*got)[i].status);
+    EXPECT_EQ(reader_gpu_.Read(bufs[i].data, size), ref[2 - i]) << "block " << 332 - i;
+  }
+  EXPECT_EQ(fabric_.counters().bytes - bytes_before, 3 * size);  // over the link
+  for (uint64_t k : {330, 331}) {
+    const BlockKey key = KeyOf(k);
+    auto evicted = reader_client_->Evict(Tier::kDisk, std::span(&key, 1));
+    ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+    EXPECT_EQ(evicted->skipped, 1u) << "block " << k << " went before its child";
+  }
+  auto all = reader_client_->Evict(Tier::kDisk, Keys(330, 3));
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->evicted, 3u);
+}
+
 // Forming a link (an NCCL communicator) can take seconds: no read waits for it. While the joins
 // are held, misses are answered over UCX; once they complete, the link carries the next ones.
 TEST_F(GpuLinksInCluster, AReadNeverWaitsForALinkToForm) {
