@@ -271,6 +271,7 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     uint8_t* data;
     uint64_t size;
     uint64_t device_checksum;
+    BlockKey parent;  // as the peer named it (zero: none)
   };
   std::vector<Slot> slots;
   for (size_t k = 0; k < reserved.size(); ++k) {
@@ -286,7 +287,7 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
     }
     const size_t i = asked[k];
     slots.push_back({i, r.reservation_id, data, items[k].size,
-                     offers.offers(static_cast<int>(i)).device_checksum()});
+                     offers.offers(static_cast<int>(i)).device_checksum(), items[k].parent});
   }
   if (slots.empty()) return stored;
   auto abort_all = [&] {
@@ -357,10 +358,7 @@ Result<std::vector<bool>> GpuLinks::Receive(NamespaceId ns, std::span<const Bloc
       stored[slots[k].index] = true;
       ++blocks;
       bytes += slots[k].size;
-      if (Result<BlockKey> parent = BlockKey::FromBytes(offers.offers(slots[k].index).parent());
-          parent.ok()) {
-        links.emplace_back(keys[slots[k].index], *parent);
-      }
+      if (!slots[k].parent.IsZero()) links.emplace_back(keys[slots[k].index], slots[k].parent);
     } else if (committed[k].code() == StatusCode::kCorruption) {
       metrics_.Add(metrics_.gpu_link_checksum_failures);
     }
