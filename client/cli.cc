@@ -28,6 +28,7 @@
 
 #include "build_info.h"  // generated: cmake/build_info.h.in
 #include "client/stats_json.h"
+#include "common/hello_auth.h"
 #include "common/units.h"
 #include "transport/address.h"
 
@@ -96,18 +97,6 @@ int Error(const kvpool::Status& st) {
   return 1;
 }
 
-// The first line of `path`, without trailing white space.
-kvpool::Result<std::string> ReadSecretFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return kvpool::Status::NotFound("cannot read " + path);
-  std::string secret;
-  std::getline(in, secret);
-  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) {
-    secret.pop_back();
-  }
-  return secret;
-}
-
 // As --namespace, or as `ns` (e.g. to ask about a namespace without creating it by saying hello).
 kvpool::Result<std::unique_ptr<kvpool::Client>> Connect(const std::string& ns = "") {
   kvpool::ClientOptions o;
@@ -120,10 +109,10 @@ kvpool::Result<std::unique_ptr<kvpool::Client>> Connect(const std::string& ns = 
   o.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   o.admin = FLAGS_admin;
   if (!FLAGS_cluster_secret_file.empty()) {
-    KVPOOL_ASSIGN_OR_RETURN(o.cluster_secret, ReadSecretFile(FLAGS_cluster_secret_file));
+    KVPOOL_ASSIGN_OR_RETURN(o.cluster_secret, kvpool::ReadSecretFile(FLAGS_cluster_secret_file));
   }
   if (!FLAGS_credential_file.empty()) {
-    KVPOOL_ASSIGN_OR_RETURN(o.credential, ReadSecretFile(FLAGS_credential_file));
+    KVPOOL_ASSIGN_OR_RETURN(o.credential, kvpool::ReadSecretFile(FLAGS_credential_file));
   }
   auto c = kvpool::Client::Connect(o);
   if (!c.ok()) {

@@ -5,6 +5,9 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <cctype>
+#include <fstream>
+
 #include "common/status.h"
 
 namespace kvpool {
@@ -63,6 +66,23 @@ bool VerifyHelloServerProof(std::string_view secret, std::string_view client_cha
                             std::string_view namespace_name, std::string_view proof) {
   return client_challenge.size() == kHelloChallengeBytes &&
          SameProof(proof, HelloServerProof(secret, client_challenge, namespace_name));
+}
+
+Result<std::string> ReadSecretFile(const std::string& path, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot read " + path);
+  std::string secret(max_bytes + 1, '\0');
+  in.read(secret.data(), static_cast<std::streamsize>(secret.size()));
+  if (in.bad()) return Status::IoError("cannot read " + path);
+  secret.resize(static_cast<size_t>(in.gcount()));
+  if (secret.size() > max_bytes) {
+    return Status::InvalidArgument(path + " is larger than " + std::to_string(max_bytes) +
+                                   " bytes: not a secret");
+  }
+  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) {
+    secret.pop_back();
+  }
+  return secret;
 }
 
 }  // namespace kvpool

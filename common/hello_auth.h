@@ -18,6 +18,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/status.h"
+
 namespace kvpool {
 
 inline constexpr size_t kHelloChallengeBytes = 32;
@@ -35,5 +37,11 @@ std::string HelloServerProof(std::string_view secret, std::string_view client_ch
                              std::string_view namespace_name);
 bool VerifyHelloServerProof(std::string_view secret, std::string_view client_challenge,
                             std::string_view namespace_name, std::string_view proof);
+
+// A secret kept in a file (a credential, the cluster secret): the file's bytes without trailing
+// white space, so an editor's final newline is not part of it. Every reader of such a file (the
+// daemon, both CLIs, the Python connectors) takes it this way. NotFound when it cannot be read,
+// InvalidArgument over `max_bytes`.
+Result<std::string> ReadSecretFile(const std::string& path, size_t max_bytes = 4096);
 
 }  // namespace kvpool

@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "common/hello_auth.h"
 
@@ -112,18 +110,12 @@ class Resolver {
                            file + ")");
       return "";
     }
-    std::ifstream in(file, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (!in) {
-      Error(spec.line, what + ": credential_file " + file + " cannot be read");
+    Result<std::string> read = ReadSecretFile(file);  // a trailing newline is not part of it
+    if (!read.ok()) {
+      Error(spec.line, what + ": credential_file: " + read.status().message());
       return "";
     }
-    std::string secret = text.str();
-    // A trailing newline (an editor's, or echo's) is not part of the secret.
-    while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) {
-      secret.pop_back();
-    }
+    std::string secret = std::move(*read);
     if (secret.size() < kMinSecretBytes) {
       Error(spec.line, what + ": credential_file " + file + " holds " +
                            std::to_string(secret.size()) + " bytes; a credential needs at least " +

@@ -70,8 +70,8 @@ class AccessControlTest : public ::testing::Test {
   TempDir dir_{"kvpool-access"};
   const std::string challenge_ = NewHelloChallenge();
   // Neither this process's user nor in its groups (ids far above any real account).
-  const transport::PeerCredentials stranger_{1, 4000000001u, 4000000001u};
-  const transport::PeerCredentials me_{1, getuid(), getgid()};
+  const transport::PeerCredentials stranger_{1, 4000000001u, 4000000001u, {}};
+  const transport::PeerCredentials me_{1, getuid(), getgid(), {}};
 };
 
 TEST_F(AccessControlTest, CredentialFilesAreReadTrimmedAndMustBePrivateAndLongEnough) {

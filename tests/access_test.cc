@@ -25,7 +25,9 @@ namespace kvpool::testing {
 namespace {
 
 constexpr const char* kSecretA = "tenant-a-credential-0123456789";
-constexpr const char* kAdminSecret = "admin-credential-0123456789abc";
+// Two lines: a credential file is read whole (less trailing white space) by kvpoold, both CLIs
+// and the connectors alike, so a secret that spans lines is one secret everywhere.
+constexpr const char* kAdminSecret = "admin-credential-0123456789abc\nand-its-second-line";
 
 class AccessTest : public ::testing::Test {
  protected:
@@ -108,7 +110,7 @@ TEST_F(AccessTest, OnlyDeclaredNamespacesWithTheirCredentialAreServed) {
   EXPECT_FALSE((*a)->server().admin);
   const std::vector<uint8_t> bytes = BlockBytes(7, 4096);
   const BlockKey key = ChainHasher("s", "layout", 16).Hash(Tokens(7, 16))[0];
-  ASSERT_OK((*a)->Put(std::vector<PutBlock>{{key, bytes.data(), bytes.size()}}));
+  ASSERT_OK((*a)->Put(std::vector<PutBlock>{{key, bytes.data(), bytes.size(), {}, {}}}));
   auto hit = (*b)->Lookup({&key, 1}, /*prefetch=*/false);
   ASSERT_OK(hit);
   EXPECT_EQ(hit->hit_blocks, 0u);
@@ -132,7 +134,7 @@ TEST_F(AccessTest, TenantsSeeTheirOwnStatsAndTheAdminSeesTheDaemon) {
   ASSERT_OK(a);
   const std::vector<uint8_t> bytes = BlockBytes(8, 8192);
   const BlockKey key = ChainHasher("s", "layout", 16).Hash(Tokens(8, 16))[0];
-  ASSERT_OK((*a)->Put(std::vector<PutBlock>{{key, bytes.data(), bytes.size()}}));
+  ASSERT_OK((*a)->Put(std::vector<PutBlock>{{key, bytes.data(), bytes.size(), {}, {}}}));
 
   auto mine = (*a)->Stats();
   ASSERT_OK(mine);

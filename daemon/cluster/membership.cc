@@ -8,11 +8,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "common/clock.h"
+#include "common/hello_auth.h"
 #include "daemon/cluster/base64.h"
 #include "daemon/cluster/cluster_threads.h"
 
@@ -178,13 +178,9 @@ Result<std::string> ReadClusterSecretFile(const std::string& path) {
     return Status::PermissionDenied("cluster secret file " + path +
                                     " is readable by everyone; chmod o-r it");
   }
-  if (st.st_size > 4096) return Status::InvalidArgument("cluster secret file " + path + " > 4 KiB");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IoError("cannot read cluster secret file " + path);
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) {
-    secret.pop_back();
-  }
+  Result<std::string> read = ReadSecretFile(path);
+  if (!read.ok()) return Status(read.status().code(), "cluster secret: " + read.status().message());
+  std::string secret = std::move(*read);
   if (secret.size() < kMinSecretBytes) {
     return Status::InvalidArgument("cluster secret in " + path + " is shorter than " +
                                    std::to_string(kMinSecretBytes) + " bytes");

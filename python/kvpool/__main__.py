@@ -19,10 +19,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import kvpool
-from kvpool._options import client_kwargs
+from kvpool._options import client_kwargs, read_secret_file
 
 
 def format_bytes(n: int) -> str:
@@ -47,9 +46,11 @@ def utc(ms: int) -> str:
 
 def _read_secret(path: str, flag: str) -> str:
     try:
-        return Path(path).read_text().strip()
+        return read_secret_file(path)
     except OSError as e:
         raise _Usage(f"cannot read --{flag} {path}: {e.strerror}") from e
+    except ValueError as e:
+        raise _Usage(f"--{flag}: {e}") from e
 
 
 def _connect(args) -> kvpool.Client:

@@ -11,10 +11,23 @@ configured the same way everywhere:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Mapping
 
 TLS_KEYS = ("tls_ca", "tls_cert", "tls_key")
+
+_MAX_SECRET_BYTES = 4096
+_TRAILING_SPACE = " \t\n\v\f\r"  # C's isspace, as kvpoold strips them
+
+
+def read_secret_file(path: str) -> str:
+    """A secret kept in a file, as kvpoold and the C++ CLI read it: the whole file, less trailing
+    white space (an editor's final newline). OSError when it cannot be read, ValueError when it
+    is larger than 4 KiB."""
+    with open(path, "rb") as f:
+        data = f.read(_MAX_SECRET_BYTES + 1)
+    if len(data) > _MAX_SECRET_BYTES:
+        raise ValueError(f"{path} is larger than {_MAX_SECRET_BYTES} bytes: not a secret")
+    return data.decode().rstrip(_TRAILING_SPACE)
 
 
 def client_kwargs(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -27,10 +40,12 @@ def client_kwargs(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]
     credential_file = config.get(prefix + "credential_file")
     if credential_file:
         try:
-            out["credential"] = Path(str(credential_file)).read_text().strip()
+            out["credential"] = read_secret_file(str(credential_file))
         except OSError as e:
             raise ValueError(f"kvpool: cannot read {prefix}credential_file "
                              f"{credential_file}: {e.strerror}") from e
+        except ValueError as e:
+            raise ValueError(f"kvpool: {prefix}credential_file: {e}") from e
     for key in TLS_KEYS:
         value = config.get(prefix + key)
         if value:

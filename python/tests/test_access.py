@@ -15,7 +15,9 @@ import kvpool
 from kvpool.testing import Daemon
 
 SECRET_A = "tenant-a-credential-from-python-0123"
-ADMIN = "admin-credential-from-python-0123456"
+# Leading spaces and two lines: a credential file is read whole, less trailing white space, by
+# kvpoold, both CLIs and the connectors alike.
+ADMIN = "  admin-credential-from-python-0123456\nand-its-second-line"
 
 
 def _private(path: pathlib.Path, text: str) -> str:
