@@ -260,6 +260,17 @@ void BlockIndex::Adopt(EntryId id, EntryId parent) {
   RefreshAll(parent, /*after_child=*/false);
 }
 
+bool BlockIndex::WouldLoop(EntryId id, EntryId parent) const {
+  if (id == parent) return true;
+  if (!at(id).has_children()) return false;
+  // Bounded: links persisted by a version that let loops form may hold one above `parent`.
+  size_t steps = size();
+  for (EntryId up = at(parent).parent; up != kNoEntry && steps > 0; up = at(up).parent, --steps) {
+    if (up == id) return true;
+  }
+  return false;
+}
+
 void BlockIndex::Pin(EntryId id) {
   ++at(id).pins;
   Refresh(id, Tier::kDisk, false);

@@ -250,6 +250,11 @@ class BlockIndex {
   // namespace): the parent's child counts and candidacy follow. For a block stored before its
   // parent was (a fetch that received a chain's blocks out of order).
   void Adopt(EntryId id, EntryId parent);
+  // Whether linking `id` under `parent` (SetParent, Adopt) would close a loop: `parent` is `id`
+  // or one of its descendants. Blocks whose links loop are never evictable (each has a cached
+  // child), and a client can name any parent it likes. A walk up from `parent` only when `id`
+  // has children (no entry can descend from one without), bounded by the index's size.
+  bool WouldLoop(EntryId id, EntryId parent) const;
   void Pin(EntryId id);
   void Unpin(EntryId id);
   // Marks use: stamps the entry and tells the observer for each tier it is a candidate of.

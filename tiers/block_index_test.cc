@@ -403,6 +403,19 @@ TEST(BlockIndexTest, AChildStoredBeforeItsParentIsAdoptedWithItsCopies) {
   EXPECT_EQ(Candidates(pools, index, kDisk), std::vector<EntryId>{parent});
 }
 
+TEST(BlockIndexTest, ALinkUnderItselfOrADescendantWouldLoop) {
+  BlockIndex index;
+  const auto c = MakeChain(index, 1, 0, 200, {kHost});
+  const EntryId loose = index.Insert(1, KeyOf(1000));
+  EXPECT_TRUE(index.WouldLoop(c[0], c[0]));
+  EXPECT_TRUE(index.WouldLoop(c[0], c[1]));
+  EXPECT_TRUE(index.WouldLoop(c[0], c[199])) << "199 links down";
+  EXPECT_TRUE(index.WouldLoop(c[150], c[199]));
+  EXPECT_FALSE(index.WouldLoop(c[199], c[0])) << "the tail under the head: no loop";
+  EXPECT_FALSE(index.WouldLoop(loose, c[199]));
+  EXPECT_FALSE(index.WouldLoop(c[0], loose));
+}
+
 TEST(BlockIndexTest, HostCandidatesIgnoreChildrenOnlyOnDisk) {
   BlockIndex index;
   EvictionPools pools(index);

@@ -390,7 +390,7 @@ class TierManager {
   // Links each (key, parent) of `blocks` whose block is in the index without a parent link under
   // that parent, where the parent is in the index now (a block committed before its parent was,
   // as a fetch that received a chain out of order commits it, is stored without the link).
-  // Skips a link that would close a loop within 64 steps.
+  // Skips a link that would close a loop (BlockIndex::WouldLoop).
   void LinkUnderParents(NamespaceId ns, std::span<const std::pair<BlockKey, BlockKey>> blocks);
   // Whether `owner` holds an open reservation in host segment `segment` (a writable mapping of
   // a segment is given only for that).

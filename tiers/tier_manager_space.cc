@@ -51,7 +51,8 @@ void TierManager::DropDiskCopiesLocked(const std::vector<EntryId>& ids) {
     delete_queue_.emplace_back(e.ns, e.key);
     deleting_.insert(NamespacedKey{e.ns, e.key});
     index_.RemoveCopy(id, Tier::kDisk);
-    disk_used_ -= e.disk_bytes();
+    DCHECK_GE(disk_used_, e.disk_bytes()) << "disk bytes given back that were never charged";
+    disk_used_ -= std::min(disk_used_, e.disk_bytes());
     if (auto it = disk_used_of_.find(e.ns); it != disk_used_of_.end()) {
       it->second -= std::min(it->second, e.disk_bytes());
       if (it->second == 0) disk_used_of_.erase(it);
@@ -290,6 +291,14 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
     const EntryId id = ids[i];
     Entry& e = index_.at(id);
     e.busy &= static_cast<uint8_t>(~kBusyDemoting);
+    if (st.ok() && encoding_of[i] != nullptr && writes[i].meta.encoding == 0) {
+      // Written raw after all (its bytes no longer match its checksum: WriteDown), so it takes
+      // its raw size, and dropping it gives that back: the rest is charged now.
+      const uint64_t rest = e.size - std::min<uint64_t>(e.size, encoding_of[i]->encoded_bytes());
+      disk_used_ += rest;
+      disk_device_room_ -= std::min(disk_device_room_, rest);
+      disk_used_of_[e.ns] += rest;
+    }
     if (st.ok()) {
       e.disk_encoding = writes[i].meta.encoding;
       e.disk_size = e.disk_encoding != 0 ? static_cast<uint32_t>(writes[i].meta.stored_size) : 0;
@@ -589,7 +598,8 @@ std::vector<EntryId> TierManager::SegmentToEmptyLocked(
     }
     if (cost >= best_cost) return;
     // Descendants first: a block goes once every child of it in the set has. Parent links that
-    // loop (a client can put two blocks that name each other) leave blocks that never can.
+    // loop (none are made now, but disk records written by an older version may hold them) leave
+    // blocks that never can.
     absl::flat_hash_map<EntryId, uint32_t> waiting;  // children in the set not yet out
     for (EntryId id : set) {
       const EntryId parent = index_.at(id).parent;

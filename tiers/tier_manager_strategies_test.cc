@@ -370,10 +370,16 @@ TEST_F(TierManagerTest, AWriterWhoseBytesDoNotMatchItsChecksumGetsNoGoodCopyFrom
     EXPECT_NE(BlockChecksum(reads[0].data, reads[0].size), reads[0].checksum);
     manager_->Release(reads[0]);
 
+    const uint64_t disk_before = manager_->GetStats().disk_used_bytes;
     DemoteAll({key}, ns);
     EXPECT_EQ(manager_->GetStats().encoded_writes, 0u) << "written raw, not encoded";
+    // Charged for what it takes on disk, raw, so that dropping it gives back what it took.
+    EXPECT_EQ(manager_->GetStats().disk_used_bytes, disk_before + kv.size());
+    EXPECT_EQ(manager_->UsageOf(ns).disk_bytes, kv.size());
     ExpectMiss(key, ns);
     EXPECT_EQ(manager_->GetStats().checksum_failures, failures + 1);
+    EXPECT_EQ(manager_->GetStats().disk_used_bytes, disk_before) << "the damaged copy's bytes";
+    EXPECT_EQ(manager_->UsageOf(ns).disk_bytes, 0u);
   }
 }
 

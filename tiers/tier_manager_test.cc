@@ -1305,18 +1305,65 @@ TEST_F(TierManagerTest, ANamespaceWithColdBlocksOfItsOwnEvictsThemInOrder) {
   }
 }
 
-// Two blocks that name each other as parent (a client can put them so: the first names a key
-// that only a session pin holds) can never leave tail first: their segment is passed over, and
-// another one is emptied.
+// A client names any parent it likes. A link that would close a loop is not made: blocks whose
+// links loop each have a cached child, so they could never leave, tail first or otherwise.
+TEST_F(TierManagerTest, ABlockIsNeverLinkedUnderItsOwnDescendant) {
+  Open();
+  // Through a put: r is held only by a session's pin (an entry without copies and without a
+  // parent), a is put under it, then r is put naming a.
+  const BlockKey r = KeyOf(1);
+  const BlockKey a = KeyOf(2);
+  manager_->PinExisting(kNs, {&r, 1});
+  ASSERT_TRUE(Put(a, 64 * kKiB, r).ok());
+  ASSERT_TRUE(Put(r, 64 * kKiB, a).ok());
+  EXPECT_EQ(manager_->Parents(kNs, Keys{a, r}), (Keys{r, BlockKey{}}));
+  // Through a fetch's links (LinkUnderParents): a chain longer than any fixed walk, whose first
+  // block is said to be its last one's child.
+  Keys chain;
+  for (int i = 0; i < 100; ++i) {
+    chain.push_back(KeyOf(100 + i));
+    ASSERT_TRUE(Put(chain.back(), 4 * kKiB, i == 0 ? BlockKey{} : chain[i - 1]).ok());
+  }
+  const std::pair<BlockKey, BlockKey> loop{chain.front(), chain.back()};
+  manager_->LinkUnderParents(kNs, {&loop, 1});
+  EXPECT_TRUE(manager_->Parents(kNs, Keys{chain.front()})[0].IsZero());
+  // So everything leaves, tail first.
+  const EvictOutcome out = manager_->Evict(kNs, Tier::kHost, {});
+  EXPECT_EQ(out.evicted, 102u);
+  EXPECT_EQ(out.skipped, 0u);
+  ExpectHostAccountingConsistent();
+}
+
+// Links that loop all the same (disk records written by a version that let a client make them)
+// can never leave tail first: their segment is passed over, and another one is emptied.
 TEST_F(TierManagerTest, BlocksWhoseParentsLoopKeepTheirSegmentAndAnotherIsEmptied) {
   options_.host_high_watermark = 1.0;
   options_.host_low_watermark = 1.0;
   Open();
   const BlockKey r = KeyOf(1);
   const BlockKey a = KeyOf(2);
-  manager_->PinExisting(kNs, {&r, 1});
-  ASSERT_TRUE(Put(a, 64 * kKiB, r).ok());
-  ASSERT_TRUE(Put(r, 64 * kKiB, a).ok());
+  {
+    const std::vector<uint8_t> r_bytes = BytesFor(r, 64 * kKiB);
+    const std::vector<uint8_t> a_bytes = BytesFor(a, 64 * kKiB);
+    std::vector<DiskWrite> writes(2);
+    for (auto [w, key, bytes, parent] :
+         {std::tuple{&writes[0], r, &r_bytes, a}, std::tuple{&writes[1], a, &a_bytes, r}}) {
+      w->ns = kNs;
+      w->key = key;
+      w->meta.size = bytes->size();
+      w->meta.checksum = BlockChecksum(bytes->data(), bytes->size());
+      w->meta.parent = parent;
+      w->data = bytes->data();
+      expected_[{kNs, key}] = *bytes;
+    }
+    ASSERT_TRUE(disk_->Write(writes, /*sync=*/true).ok());
+  }
+  Reopen();
+  EXPECT_EQ(manager_->Parents(kNs, Keys{a, r}), (Keys{r, a})) << "loaded as written";
+  ExpectServed(a);  // promoted to host
+  ExpectServed(r);
+  manager_->WaitIdleForTest();
+  ASSERT_EQ(TiersOf({a, r}), (std::vector<Tier>{Tier::kHost, Tier::kHost}));
   std::vector<BlockKey> rest;
   for (int i = 0; i < 126; ++i) {
     rest.push_back(KeyOf(100 + i));

@@ -311,7 +311,7 @@ EntryId TierManager::EntryToPublishLocked(const Reservation& r) {
   // A new entry, or a copy-less one (a session's pin kept it) that has no parent link yet.
   if (index_.at(id).parent == kNoEntry && !r.item.parent.IsZero()) {
     const EntryId parent = index_.Find(r.ns, r.item.parent);
-    if (parent != kNoEntry && parent != id) index_.SetParent(id, parent);
+    if (parent != kNoEntry && !index_.WouldLoop(id, parent)) index_.SetParent(id, parent);
   }
   return id;
 }
@@ -496,14 +496,7 @@ void TierManager::LinkUnderParents(NamespaceId ns,
     const EntryId id = index_.Find(ns, key);
     if (id == kNoEntry || index_.at(id).parent != kNoEntry) continue;
     const EntryId parent = index_.Find(ns, parent_key);
-    if (parent == kNoEntry) continue;
-    bool loops = false;
-    EntryId up = parent;
-    for (int step = 0; step < 64 && up != kNoEntry && !loops; ++step) {
-      loops = up == id;
-      up = index_.at(up).parent;
-    }
-    if (!loops) index_.Adopt(id, parent);
+    if (parent != kNoEntry && !index_.WouldLoop(id, parent)) index_.Adopt(id, parent);
   }
 }
 

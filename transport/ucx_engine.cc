@@ -387,7 +387,11 @@ Status UcxEngine::Impl::Init() {
   // The client id a listener sees in this worker's connection requests: random (a CSPRNG's),
   // so nobody else can send requests under it (UcxEngine::client_id).
   while (client_id_ == 0) {
-    if (getrandom(&client_id_, sizeof(client_id_), 0) != sizeof(client_id_)) {
+    // 8 bytes come whole once the kernel's pool is ready; until then a signal can cut the wait.
+    const ssize_t got = getrandom(&client_id_, sizeof(client_id_), 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got != sizeof(client_id_)) {
+      client_id_ = 0;
       return Status::Unavailable(std::string("getrandom for the UCX client id: ") +
                                  std::strerror(errno));
     }
