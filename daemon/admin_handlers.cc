@@ -13,7 +13,7 @@ namespace kvpool::daemon {
 using transport::Response;
 
 AdminHandlers::AdminHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
-                             NamespaceRegistry& namespaces, SessionStore& sessions,
+                             NamespaceRegistry& namespaces, const SessionHandlers& sessions,
                              Metrics& metrics, const ClusterRef& cluster)
     : options_(options),
       tiers_(tiers),

@@ -23,7 +23,7 @@
 #include "daemon/namespace_policies.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/service_options.h"
-#include "daemon/session_store.h"
+#include "daemon/session_handlers.h"
 #include "tiers/tier_manager.h"
 #include "transport/control_server.h"
 
@@ -33,7 +33,7 @@ class AdminHandlers {
  public:
   // All references outlive the handlers. Uptime counts from construction.
   AdminHandlers(const BlockServiceOptions& options, tiers::TierManager& tiers,
-                NamespaceRegistry& namespaces, SessionStore& sessions, Metrics& metrics,
+                NamespaceRegistry& namespaces, const SessionHandlers& sessions, Metrics& metrics,
                 const ClusterRef& cluster);
 
   // Where stats and /metrics get the open-connection count from (0 until set). May be set
@@ -58,7 +58,7 @@ class AdminHandlers {
   const BlockServiceOptions& options_;
   tiers::TierManager& tiers_;
   NamespaceRegistry& namespaces_;
-  SessionStore& sessions_;
+  const SessionHandlers& sessions_;
   Metrics& metrics_;
   const ClusterRef& cluster_;
   const NamespacePolicies* policies_ = nullptr;  // set before any request runs

@@ -32,7 +32,7 @@ BlockService::BlockService(const BlockServiceOptions& options, tiers::TierManage
       blocks_(options_, tiers, namespaces, metrics, ucx, cluster_,
               access != nullptr ? *access : *own_access_),
       sessions_(tiers, sessions, metrics, cluster_, options.node_id, options.cluster_mode),
-      admin_(options_, tiers, namespaces, sessions, metrics, cluster_) {}
+      admin_(options_, tiers, namespaces, sessions_, metrics, cluster_) {}
 
 std::unique_ptr<transport::ConnectionState> BlockService::OnConnect(
     const transport::ConnectionInfo& info) {

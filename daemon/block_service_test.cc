@@ -6,6 +6,7 @@
 #include "daemon/block_service.h"
 
 #include <gtest/gtest.h>
+#include <rocksdb/db.h>
 
 #include <cstring>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "common/checksum.h"
 #include "control.pb.h"
 #include "daemon/tier_stack_for_test.h"
+#include "tiers/policy.h"
 
 namespace kvpool::daemon {
 namespace {
@@ -266,6 +268,105 @@ TEST_F(BlockServiceTest, SessionsSaveLoadListDelete) {
   wire::SessionDeleteResponse deleted;
   Call(c, wire::SESSION_DELETE, del, &deleted);
   EXPECT_EQ(deleted.status().code(), 0);
+  Call(c, wire::SESSION_LOAD, load, &loaded);
+  EXPECT_EQ(loaded.status().code(), static_cast<int>(StatusCode::kNotFound));
+}
+
+// A session's record counts against its namespace's disk use and disk quota as blocks do (so
+// records cannot fill the device past them), and the session count is exact: re-saves do not
+// add to it, deletes take from it.
+TEST_F(BlockServiceTest, SessionRecordsCountAgainstTheDiskQuotaAndTheirCountIsExact) {
+  transport::ConnectionState& c = Connect(/*local=*/false);
+  Hello(c, false);
+  Result<NamespaceId> ns = namespaces_->Resolve("ns1");
+  ASSERT_TRUE(ns.ok());
+  tiers::NamespacePolicy policy = tiers::DefaultNamespacePolicy();
+  policy.disk_quota_bytes = 1 << 20;
+  ASSERT_TRUE(stack_.manager().SetNamespacePolicy(*ns, policy).ok());
+  auto save = [&](const std::string& id, size_t metadata_bytes) {
+    wire::SessionSaveRequest req;
+    req.mutable_record()->set_session_id(id);
+    (*req.mutable_record()->mutable_metadata())["tokens"] = std::string(metadata_bytes, 'x');
+    wire::SessionSaveResponse resp;
+    Call(c, wire::SESSION_SAVE, req, &resp);
+    return resp.status().code();
+  };
+  auto remove = [&](const std::string& id) {
+    wire::SessionDeleteRequest req;
+    req.set_session_id(id);
+    wire::SessionDeleteResponse resp;
+    Call(c, wire::SESSION_DELETE, req, &resp);
+    return resp.status().code();
+  };
+  auto sessions = [&] {
+    wire::StatsResponse stats;
+    Call(c, wire::STATS, wire::StatsRequest(), &stats);
+    return stats.sessions();
+  };
+  auto disk_bytes = [&] { return stack_.manager().UsageOf(*ns).disk_bytes; };
+  constexpr int kExhausted = static_cast<int>(StatusCode::kResourceExhausted);
+
+  ASSERT_EQ(save("a", 400 << 10), 0);
+  ASSERT_EQ(save("b", 400 << 10), 0);
+  const uint64_t two = disk_bytes();
+  EXPECT_GE(two, 800u << 10);
+  EXPECT_EQ(stack_.manager().GetStats().disk_used_bytes, two);
+  EXPECT_EQ(save("c", 400 << 10), kExhausted) << "past the namespace's 1 MiB disk quota";
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(save("a", 400 << 10), 0) << "a re-save takes no more";
+  EXPECT_EQ(disk_bytes(), two);
+  EXPECT_EQ(sessions(), 2u);
+  ASSERT_EQ(save("a", 100 << 10), 0);  // smaller: the difference is given back
+  EXPECT_EQ(disk_bytes(), two - (300u << 10));
+  EXPECT_EQ(save("c", 400 << 10), 0);
+  EXPECT_EQ(sessions(), 3u);
+
+  EXPECT_EQ(remove("b"), 0);
+  EXPECT_EQ(remove("b"), static_cast<int>(StatusCode::kNotFound));
+  EXPECT_EQ(sessions(), 2u);
+  EXPECT_EQ(remove("a"), 0);
+  EXPECT_EQ(remove("c"), 0);
+  EXPECT_EQ(sessions(), 0u);
+  EXPECT_EQ(disk_bytes(), 0u);
+  EXPECT_EQ(stack_.manager().GetStats().disk_used_bytes, 0u);
+}
+
+// A record RocksDB hands back but protobuf cannot read: a save replaces it and a delete removes
+// it (before, both answered Corruption, and the id could never be used again).
+TEST_F(BlockServiceTest, ADamagedSessionRecordIsReplacedBySaveAndRemovedByDelete) {
+  transport::ConnectionState& c = Connect(/*local=*/false);
+  Hello(c, false);
+  Result<NamespaceId> ns = namespaces_->Resolve("ns1");
+  ASSERT_TRUE(ns.ok());
+  auto damage = [&](const std::string& id) {
+    std::string key(4, '\0');
+    for (int i = 0; i < 4; ++i) key[i] = static_cast<char>(*ns >> (24 - 8 * i));
+    ASSERT_TRUE(stack_.store()
+                    .db()
+                    ->Put(rocksdb::WriteOptions(), stack_.store().sessions(), key + id,
+                          std::string("\xff\xff\xff", 3))
+                    .ok());
+  };
+  wire::SessionLoadRequest load;
+  load.set_session_id("chat-1");
+  wire::SessionLoadResponse loaded;
+  damage("chat-1");
+  Call(c, wire::SESSION_LOAD, load, &loaded);
+  EXPECT_EQ(loaded.status().code(), static_cast<int>(StatusCode::kCorruption));
+
+  wire::SessionSaveRequest save;
+  save.mutable_record()->set_session_id("chat-1");
+  wire::SessionSaveResponse saved;
+  Call(c, wire::SESSION_SAVE, save, &saved);
+  EXPECT_EQ(saved.status().code(), 0) << saved.status().message();
+  Call(c, wire::SESSION_LOAD, load, &loaded);
+  EXPECT_EQ(loaded.status().code(), 0) << loaded.status().message();
+
+  damage("chat-1");
+  wire::SessionDeleteRequest del;
+  del.set_session_id("chat-1");
+  wire::SessionDeleteResponse deleted;
+  Call(c, wire::SESSION_DELETE, del, &deleted);
+  EXPECT_EQ(deleted.status().code(), 0) << deleted.status().message();
   Call(c, wire::SESSION_LOAD, load, &loaded);
   EXPECT_EQ(loaded.status().code(), static_cast<int>(StatusCode::kNotFound));
 }

@@ -245,7 +245,7 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
   Value(&o, "kvpool_leases_active", static_cast<double>(t.leases_active));
   Metric(&o, "kvpool_reservations_active", "gauge", "Put reservations not yet committed.");
   Value(&o, "kvpool_reservations_active", static_cast<double>(t.reservations_active));
-  Metric(&o, "kvpool_sessions", "gauge", "Persisted sessions (estimate).");
+  Metric(&o, "kvpool_sessions", "gauge", "Persisted sessions (deletion records not counted).");
   Value(&o, "kvpool_sessions", static_cast<double>(sessions));
   Metric(&o, "kvpool_connections", "gauge", "Open client connections.");
   Value(&o, "kvpool_connections", static_cast<double>(connections));

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,17 +49,62 @@ bool SessionHandlers::MayRestore(const wire::SessionRecord& r, int64_t now_unix_
   return r.deleted() || r.updated_unix_ms() >= now_unix_ms - kTombstoneTtl.count();
 }
 
+uint64_t SessionHandlers::Count() const {
+  absl::MutexLock lock(&books_mu_);
+  return live_total_;
+}
+
+uint64_t SessionHandlers::CountIn(NamespaceId ns) const {
+  absl::MutexLock lock(&books_mu_);
+  const auto it = live_.find(ns);
+  return it == live_.end() ? 0 : it->second;
+}
+
+void SessionHandlers::CountLive(NamespaceId ns, int delta) {
+  if (delta == 0) return;
+  absl::MutexLock lock(&books_mu_);
+  uint64_t& n = live_[ns];
+  if (delta > 0) {
+    ++n;
+    ++live_total_;
+  } else if (n > 0) {
+    --n;
+    --live_total_;
+  }
+  if (n == 0) live_.erase(ns);
+}
+
+Result<wire::SessionRecord> SessionHandlers::OwnRecordLocked(NamespaceId ns,
+                                                             const std::string& session_id,
+                                                             bool* damaged) {
+  Result<wire::SessionRecord> r = sessions_.Get(ns, session_id);
+  const bool bad = !r.ok() && r.status().code() == StatusCode::kCorruption;
+  if (damaged != nullptr) *damaged = bad;
+  if (bad) {
+    LOG(ERROR) << r.status().ToString() << ": it is replaced by this save or delete";
+    return Status::NotFound("no session '" + session_id + "'");
+  }
+  return r;
+}
+
 Status SessionHandlers::LoadSessions() {
   absl::MutexLock lock(&mu_);
   uint64_t n = 0;
   std::vector<std::pair<NamespaceId, std::string>> expired;
+  absl::flat_hash_map<NamespaceId, uint64_t> bytes;  // the records kept, per namespace
   const int64_t expire_before = UnixMillis() - kTombstoneTtl.count();
   KVPOOL_RETURN_IF_ERROR(sessions_.ForEach([&](NamespaceId ns, const wire::SessionRecord& r) {
     ObserveLocked(r.version());
     if (r.deleted()) {
-      if (r.updated_unix_ms() < expire_before) expired.emplace_back(ns, r.session_id());
+      if (r.updated_unix_ms() < expire_before) {
+        expired.emplace_back(ns, r.session_id());
+      } else {
+        bytes[ns] += SessionStore::StoredBytes(r);
+      }
       return;
     }
+    bytes[ns] += SessionStore::StoredBytes(r);
+    CountLive(ns, +1);
     std::vector<BlockKey> keys;
     if (!DecodeKeys(r.keys(), UINT32_MAX, &keys).ok()) {
       LOG(ERROR) << "session '" << r.session_id() << "' has a malformed key; not pinned";
@@ -73,24 +119,39 @@ Status SessionHandlers::LoadSessions() {
                    << "': " << st.ToString();
     }
   }
+  // Already on disk: charged as they are, whatever the capacity now (blocks make room later).
+  for (const auto& [ns, b] : bytes) tiers_.ChargeDisk(ns, b, /*force=*/true).IgnoreError();
   LOG(INFO) << "pinned the chains of " << n << " persisted sessions (" << expired.size()
             << " deletion records expired)";
   return Status::OK();
 }
 
 Status SessionHandlers::StoreLocked(NamespaceId ns, wire::SessionRecord& record,
-                                    const Result<wire::SessionRecord>& old) {
+                                    const Result<wire::SessionRecord>& old,
+                                    std::optional<uint64_t> pinned_bytes) {
   std::vector<BlockKey> keys;
   if (!record.deleted()) {
     KVPOOL_RETURN_IF_ERROR(DecodeKeys(record.keys(), UINT32_MAX, &keys));
-    KVPOOL_ASSIGN_OR_RETURN(uint64_t bytes, tiers_.PinChain(ns, keys));
-    record.set_total_bytes(bytes);
+    if (!pinned_bytes.has_value()) {
+      KVPOOL_ASSIGN_OR_RETURN(pinned_bytes, tiers_.PinChain(ns, keys));
+    }
+    record.set_total_bytes(*pinned_bytes);
   }
-  if (Status st = sessions_.Put(ns, record); !st.ok()) {
+  const uint64_t was = old.ok() ? SessionStore::StoredBytes(*old) : 0;
+  const uint64_t now = SessionStore::StoredBytes(record);
+  Status st = now > was ? tiers_.ChargeDisk(ns, now - was) : Status::OK();
+  if (st.ok()) {
+    st = sessions_.Put(ns, record);
+    if (!st.ok() && now > was) tiers_.UnchargeDisk(ns, now - was);
+  }
+  if (!st.ok()) {
     if (!record.deleted()) tiers_.UnpinChain(ns, keys);
     return st;
   }
-  if (old.ok() && !old->deleted()) {
+  if (now < was) tiers_.UnchargeDisk(ns, was - now);
+  const bool was_live = old.ok() && !old->deleted();
+  CountLive(ns, (record.deleted() ? 0 : 1) - (was_live ? 1 : 0));
+  if (was_live) {
     std::vector<BlockKey> old_keys;
     if (DecodeKeys(old->keys(), UINT32_MAX, &old_keys).ok()) tiers_.UnpinChain(ns, old_keys);
   }
@@ -119,9 +180,31 @@ Response SessionHandlers::Save(Connection& c, std::string_view body) {
                  Status::InvalidArgument("a session copy whose version is more than an hour ahead "
                                          "of this node's clock"));
   }
+  // A client's save pins its chain before it takes the lock: pinning writes the chain's blocks
+  // that are not on disk yet, synced (seconds for a long chain), and other tenants' saves and
+  // deletes wait for the lock. Pins are counts, so a chain pinned early is pinned once more.
+  // (A peer's copy pins under the lock, only where it is newer than this node's record.)
+  std::optional<uint64_t> pinned;
+  std::vector<BlockKey> keys;
+  if (!req.replica()) {
+    st = DecodeKeys(record.keys(), UINT32_MAX, &keys);
+    if (st.ok()) {
+      Result<uint64_t> bytes = tiers_.PinChain(c.ns, keys);
+      if (bytes.ok()) pinned = *bytes;
+      st = bytes.status();
+    }
+    if (!st.ok()) {
+      metrics_.Add(metrics_.requests_failed);
+      return Reply(wire::SESSION_SAVE, resp, st);
+    }
+  }
   absl::MutexLock lock(&mu_);
-  Result<wire::SessionRecord> old = sessions_.Get(c.ns, record.session_id());
-  if (!old.ok() && !old.status().IsNotFound()) return Reply(wire::SESSION_SAVE, resp, old.status());
+  Result<wire::SessionRecord> old = OwnRecordLocked(c.ns, record.session_id());
+  if (!old.ok() && !old.status().IsNotFound()) {
+    if (pinned.has_value()) tiers_.UnpinChain(c.ns, keys);
+    metrics_.Add(metrics_.requests_failed);
+    return Reply(wire::SESSION_SAVE, resp, old.status());
+  }
   // Every version seen here moves the clock, so that what this node writes next is newer.
   if (old.ok()) ObserveLocked(old->version());
   if (req.replica()) {
@@ -135,7 +218,7 @@ Response SessionHandlers::Save(Connection& c, std::string_view body) {
     record.set_version(NextVersion());
     record.set_origin(node_id_);
   }
-  st = StoreLocked(c.ns, record, old);
+  st = StoreLocked(c.ns, record, old, pinned);
   if (!st.ok()) {
     metrics_.Add(metrics_.requests_failed);
     return Reply(wire::SESSION_SAVE, resp, st);
@@ -182,7 +265,7 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
           }
         }
         absl::MutexLock lock(&mu_);
-        Result<wire::SessionRecord> old = sessions_.Get(c.ns, req.session_id());
+        Result<wire::SessionRecord> old = OwnRecordLocked(c.ns, req.session_id());
         wire::SessionRecord copy = *theirs.newest;
         if (old.ok() && Newer(copy, *old)) {
           if (Status repaired = StoreLocked(c.ns, copy, old); !repaired.ok()) {
@@ -257,14 +340,15 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
   wire::SessionRecord tombstone;
   {
     absl::MutexLock lock(&mu_);
-    Result<wire::SessionRecord> old = sessions_.Get(c.ns, req.session_id());
+    bool damaged = false;  // deleted all the same
+    Result<wire::SessionRecord> old = OwnRecordLocked(c.ns, req.session_id(), &damaged);
     if (!old.ok() && !old.status().IsNotFound())
       return Reply(wire::SESSION_DELETE, resp, old.status());
     // The deletion must be newer than every copy it replaces, here and on the homes.
     ObserveLocked(their_version);
     if (old.ok()) ObserveLocked(old->version());
     const bool live_here = old.ok() && !old->deleted();
-    if (!live_here && !live_elsewhere && !maybe_elsewhere) {
+    if (!live_here && !live_elsewhere && !maybe_elsewhere && !damaged) {
       return Reply(wire::SESSION_DELETE, resp,
                    Status::NotFound("no session '" + req.session_id() + "'"));
     }
@@ -272,8 +356,10 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
       // Standalone: no copy elsewhere can come back, so no deletion record is kept.
       st = sessions_.Delete(c.ns, req.session_id());
       std::vector<BlockKey> keys;
-      if (st.ok() && DecodeKeys(old->keys(), UINT32_MAX, &keys).ok()) {
-        tiers_.UnpinChain(c.ns, keys);
+      if (st.ok() && live_here) {
+        tiers_.UnchargeDisk(c.ns, SessionStore::StoredBytes(*old));
+        CountLive(c.ns, -1);
+        if (DecodeKeys(old->keys(), UINT32_MAX, &keys).ok()) tiers_.UnpinChain(c.ns, keys);
       }
       return Reply(wire::SESSION_DELETE, resp, st);
     }

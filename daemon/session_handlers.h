@@ -15,13 +15,16 @@
 // one, and a deleted session does not come back from a copy that missed the delete.
 //
 // Called by BlockService (daemon/block_service.h) after hello, on request workers, concurrently
-// for different connections. Saves and deletes are serialized among themselves.
+// for different connections. Saves and deletes are serialized among themselves, after a client's
+// save has pinned (and so written down) its chain.
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster_hooks.h"
 #include "daemon/connection.h"
@@ -63,7 +66,20 @@ class SessionHandlers {
   // The most records one SESSION_VERSIONS may name.
   static constexpr int kMaxVersionsAsked = 4096;
 
+  // Live sessions (deletion records not counted), of every namespace and of `ns`: exact, kept as
+  // records are written (for stats and /metrics; never waits for a save in progress).
+  uint64_t Count() const ABSL_LOCKS_EXCLUDED(books_mu_);
+  uint64_t CountIn(NamespaceId ns) const ABSL_LOCKS_EXCLUDED(books_mu_);
+
  private:
+  // This node's record of a session. A damaged one is logged and reads as none (`damaged` set),
+  // so that a save or delete can replace it (LoadSessions could not read it either, so its chain
+  // has no pins and its bytes no charge).
+  Result<wire::SessionRecord> OwnRecordLocked(NamespaceId ns, const std::string& session_id,
+                                              bool* damaged = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a live session in or out of `ns`.
+  void CountLive(NamespaceId ns, int delta) ABSL_LOCKS_EXCLUDED(books_mu_);
   // The next version of a save or deletion taken here.
   uint64_t NextVersion() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the clock past `version`, a version seen here (a record read, a peer's copy), unless
@@ -72,9 +88,14 @@ class SessionHandlers {
   // Whether `version` is at most an hour ahead of this node's clock.
   static bool Plausible(uint64_t version);
   // Stores `record` over `old` (this node's record, or NotFound): pins its chain (setting
-  // total_bytes) unless it is a deletion, writes it, and unpins the old chain.
+  // total_bytes) unless it is a deletion, charges what the record grows by to the namespace's
+  // disk use (TierManager::ChargeDisk: a record counts against the disk capacity and quota as
+  // blocks do), writes it, and unpins the old chain. `pinned_bytes`: the chain was pinned
+  // already (PinChain's answer); its pins are StoreLocked's from here (undone where it fails).
   Status StoreLocked(NamespaceId ns, wire::SessionRecord& record,
-                     const Result<wire::SessionRecord>& old) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                     const Result<wire::SessionRecord>& old,
+                     std::optional<uint64_t> pinned_bytes = std::nullopt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   tiers::TierManager& tiers_;
   SessionStore& sessions_;
@@ -82,10 +103,13 @@ class SessionHandlers {
   const ClusterRef& cluster_;
   const std::string node_id_;
   const bool cluster_mode_;
-  // Serializes session saves and deletes: a save pins the new chain, writes the record and
-  // unpins the old chain as one step.
+  // Serializes session saves and deletes: a save writes the record and unpins the old chain as
+  // one step (a client's save has pinned its new chain before it takes this; see Save).
   absl::Mutex mu_;
   uint64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::Mutex books_mu_;
+  absl::flat_hash_map<NamespaceId, uint64_t> live_ ABSL_GUARDED_BY(books_mu_);
+  uint64_t live_total_ ABSL_GUARDED_BY(books_mu_) = 0;
 };
 
 }  // namespace kvpool::daemon

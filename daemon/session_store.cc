@@ -58,7 +58,9 @@ Result<wire::SessionRecord> SessionStore::Get(NamespaceId ns, std::string_view s
 }
 
 Status SessionStore::Delete(NamespaceId ns, std::string_view session_id) {
-  KVPOOL_RETURN_IF_ERROR(Get(ns, session_id).status());
+  if (Status st = Get(ns, session_id).status(); !st.ok() && st.code() != StatusCode::kCorruption) {
+    return st;
+  }
   rocksdb::WriteOptions wo;
   wo.sync = true;
   return KVPOOL_ROCKS_STATUS(store_.db()->Delete(wo, store_.sessions(), Key(ns, session_id)));
@@ -129,25 +131,8 @@ Status SessionStore::ForEach(
   return Status::OK();
 }
 
-uint64_t SessionStore::Count() const {
-  uint64_t n = 0;
-  if (store_.db()->GetIntProperty(store_.sessions(), "rocksdb.estimate-num-keys", &n)) return n;
-  return 0;
-}
-
-uint64_t SessionStore::CountIn(NamespaceId ns) const {
-  const std::string start = Key(ns, "");
-  std::unique_ptr<rocksdb::Iterator> it(
-      store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
-  uint64_t n = 0;
-  for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) {
-    wire::SessionRecord record;
-    if (record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) &&
-        !record.deleted()) {
-      ++n;
-    }
-  }
-  return n;
+uint64_t SessionStore::StoredBytes(const wire::SessionRecord& record) {
+  return Key(0, record.session_id()).size() + record.ByteSizeLong();
 }
 
 }  // namespace kvpool::daemon

@@ -6,7 +6,7 @@
 // The store only persists records; pinning the chain's blocks is the caller's job (see
 // daemon/session_handlers.h), and at start the caller re-pins every record's chain. A deletion
 // is a record too (SessionRecord.deleted, a tombstone, so that an older copy elsewhere in a
-// cluster cannot come back): Get returns it, List and CountIn skip it.
+// cluster cannot come back): Get returns it, List skips it.
 //
 // Thread safety: all methods may be called concurrently.
 
@@ -32,7 +32,7 @@ class SessionStore {
   Status Put(NamespaceId ns, const wire::SessionRecord& record);
   // NotFound when absent.
   Result<wire::SessionRecord> Get(NamespaceId ns, std::string_view session_id) const;
-  // NotFound when absent.
+  // NotFound when absent. A damaged record is deleted too.
   Status Delete(NamespaceId ns, std::string_view session_id);
   // Records of `ns` whose id starts with `prefix`, in id order, at most `limit`.
   Result<std::vector<wire::SessionRecord>> List(NamespaceId ns, std::string_view prefix,
@@ -42,10 +42,8 @@ class SessionStore {
   // visited: a visitor may take long (it holds no RocksDB read view) and sees records saved
   // meanwhile only if they sort after the page it is in.
   Status ForEach(const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit) const;
-  // Estimated, all namespaces together, tombstones included.
-  uint64_t Count() const;
-  // Exact, of `ns` (walks its keys).
-  uint64_t CountIn(NamespaceId ns) const;
+  // What `record` takes in the store (key and value), as charged to its namespace's disk use.
+  static uint64_t StoredBytes(const wire::SessionRecord& record);
 
  private:
   static std::string Key(NamespaceId ns, std::string_view session_id);

@@ -202,6 +202,43 @@ TEST(DaemonTest, SessionSurvivesGracefulRestart) {
   EXPECT_EQ((*list)[0].session_id, "chat-42");
 }
 
+// The session count is exact, after re-saves, deletes and a restart alike; and what records
+// take on disk is counted in the disk tier's use, at start too.
+TEST(DaemonTest, SessionCountAndTheirDiskUseAreExactAcrossARestart) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  auto used = [](Client& c) {
+    Result<DaemonStats> st = c.Stats();
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    uint64_t disk = 0;
+    for (const TierStats& t : st->tiers) {
+      if (t.name == "disk") disk = t.used_bytes;
+    }
+    return std::make_pair(st->sessions, disk);
+  };
+  std::pair<uint64_t, uint64_t> before;
+  {
+    auto client = d.Connect();
+    const uint64_t empty_disk = used(*client).second;
+    for (int round = 0; round < 5; ++round) {
+      for (const char* id : {"a", "b", "c"}) {
+        Session s;
+        s.session_id = id;
+        s.metadata = {{"tokens", std::string(64 << 10, static_cast<char>('a' + round))}};
+        ASSERT_OK(client->SaveSession(s));
+      }
+    }
+    ASSERT_OK(client->DeleteSession("b"));
+    before = used(*client);
+    EXPECT_EQ(before.first, 2u);
+    EXPECT_GE(before.second, empty_disk + (128u << 10)) << "two records of 64 KiB";
+  }
+  EXPECT_OK(d.Stop());
+  ASSERT_OK(d.Start());
+  auto client = d.Connect();
+  EXPECT_EQ(used(*client), before);
+}
+
 TEST(DaemonTest, SavedSessionSurvivesKill9) {
   DaemonProcess d;
   ASSERT_OK(d.Start());

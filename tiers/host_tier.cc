@@ -85,6 +85,7 @@ HostTier::HostTier(uint8_t* base, const HostTierOptions& options, uint32_t segme
   absl::MutexLock l(&mu_);
   segments_.resize(segment_count);
   generations_ = std::make_unique<std::atomic<uint32_t>[]>(segment_count);
+  seg_registered_ = std::make_unique<std::atomic<bool>[]>(segment_count);
 }
 
 HostTier::~HostTier() {
@@ -100,8 +101,8 @@ HostTier::~HostTier() {
       munmap(s.at, segment_bytes_);
       close(s.fd);
     }
-    for (size_t i = 0; i < seg_registered_.size(); ++i) {
-      if (seg_registered_[i]) {
+    for (size_t i = 0; i < segment_count_; ++i) {
+      if (seg_registered_[i].load(std::memory_order_relaxed)) {
         kernels::UnregisterHostMemory(base_ + i * segment_bytes_, cuda_device_);
       }
     }
@@ -172,22 +173,23 @@ Result<int> HostTier::MapFreshMemfd(uint32_t index, bool mlock_it, bool* mapped_
   return fd;
 }
 
-int HostTier::InstallMemfdLocked(uint32_t index, int fd) {
+void HostTier::PinForCuda(uint32_t index) {
   uint8_t* at = base_ + static_cast<uint64_t>(index) * segment_bytes_;
-  // Pinned for CUDA where the daemon copies to GPUs, so those copies need no staging.
-  if (seg_registered_.size() > index && seg_registered_[index]) {
+  if (seg_registered_[index].exchange(false, std::memory_order_relaxed)) {
     kernels::UnregisterHostMemory(at, cuda_device_);
-    seg_registered_[index] = false;
   }
   if (cuda_device_ >= 0 && kernels::CudaDeviceAvailable()) {
     Status reg = kernels::RegisterHostMemory(at, segment_bytes_, /*read_only=*/false, cuda_device_);
     if (reg.ok()) {
-      if (seg_registered_.size() <= index) seg_registered_.resize(segment_count_, false);
-      seg_registered_[index] = true;
+      seg_registered_[index].store(true, std::memory_order_relaxed);
     } else {
       LOG_FIRST_N(WARNING, 1) << "host segment not registered with CUDA: " << reg.ToString();
     }
   }
+}
+
+int HostTier::InstallMemfdLocked(uint32_t index, int fd, bool pinned) {
+  if (!pinned) PinForCuda(index);
   Segment& seg = segments_[index];
   const int old = seg.fd;
   seg.fd = fd;
@@ -254,9 +256,9 @@ HostTier::Standby HostTier::TakeStandbyLocked() {
   return s;
 }
 
-int HostTier::InstallFreshLocked(uint32_t index, int fd, bool from_standby) {
+int HostTier::InstallFreshLocked(uint32_t index, int fd, bool from_standby, bool pinned) {
   if (from_standby) ++renewals_from_standby_;
-  return RetireMemfdLocked(InstallMemfdLocked(index, fd));
+  return RetireMemfdLocked(InstallMemfdLocked(index, fd, pinned));
 }
 
 int HostTier::RetireMemfdLocked(int fd) {
@@ -352,13 +354,15 @@ Status HostTier::Renew(uint32_t segment, bool from_standby) {
   mu_.Unlock();
   bool mapped_over = false;
   Result<int> fd = MapFreshMemfd(segment, mlock_it, &mapped_over, &standby);
+  if (fd.ok()) PinForCuda(segment);  // without the lock, as the mapping
   mu_.Lock();
   if (!fd.ok()) {
     RenewedLocked(segment, FailedRenewalLocked(segment, fd.status(), mapped_over));
     mu_.Unlock();
     return fd.status();
   }
-  const int release = InstallFreshLocked(segment, *fd, /*from_standby=*/standby.fd >= 0);
+  const int release =
+      InstallFreshLocked(segment, *fd, /*from_standby=*/standby.fd >= 0, /*pinned=*/true);
   RenewedLocked(segment, SegmentPages::Renewal::kRenewed);
   mu_.Unlock();
   ReleaseMemfd(release);

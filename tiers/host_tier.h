@@ -168,14 +168,21 @@ class HostTier final : public SegmentedTier {
   int RetireMemfdLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // InstallMemfdLocked of a renewal's fresh memfd (counted when it came `from_standby`), then
   // RetireMemfdLocked of the old one: what it returns is for ReleaseMemfd.
-  int InstallFreshLocked(uint32_t index, int fd, bool from_standby)
+  int InstallFreshLocked(uint32_t index, int fd, bool from_standby, bool pinned = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `standby`'s mapping over the range at `at` (see MapFreshMemfd). False, the standby
   // undone, when the move failed (logged); `*touched` then says whether the range was unmapped.
   bool MoveStandbyOver(uint8_t* at, const Standby& standby, bool* touched) const;
-  // Makes `fd` segment `index`'s memfd (a new generation, pinned for CUDA where a GPU is
-  // usable). Returns the old descriptor (or -1) for ReleaseMemfd, which needs no lock.
-  int InstallMemfdLocked(uint32_t index, int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `fd` segment `index`'s memfd (a new generation; pinned for CUDA here unless
+  // `pinned`: PinForCuda already ran). Returns the old descriptor (or -1) for ReleaseMemfd, which
+  // needs no lock.
+  int InstallMemfdLocked(uint32_t index, int fd, bool pinned = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pins segment `index`'s current mapping for CUDA where the daemon copies to a GPU (unpinning
+  // what was pinned there before), so those copies need no staging. A renewal calls it without
+  // mu_ (the segment is out of every pool: nothing else reaches it): registering a segment takes
+  // milliseconds, which the tier's lock must not be held for.
+  void PinForCuda(uint32_t index);
   void ReleaseMemfd(int fd) const;
   // A renewal of segment `index` that failed (`mapped_over`: see MapFreshMemfd): logged; the
   // segment stays its owner's (kUnchanged), or, its old memfd's pages released, out of use
@@ -223,7 +230,8 @@ class HostTier final : public SegmentedTier {
   absl::Time standby_due_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> seg_registered_ ABSL_GUARDED_BY(mu_);  // pinned with CUDA
+  // Pinned with CUDA, per segment: set and cleared by PinForCuda (see there for its lock).
+  std::unique_ptr<std::atomic<bool>[]> seg_registered_;
   // Each segment's generation, bumped (under mu_) each time it gets a fresh memfd. Locate reads
   // it without mu_: every GET names each block's slot with it, and a block that is leased or
   // being written keeps its segment from renewal.

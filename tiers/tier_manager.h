@@ -410,6 +410,14 @@ class TierManager {
   // is gone keeps its pin on a copy-less entry, so pins stay balanced with UnpinChain.
   void PinExisting(NamespaceId ns, std::span<const BlockKey> chain);
   void UnpinChain(NamespaceId ns, std::span<const BlockKey> chain);
+  // Bytes a namespace keeps on the disk tier's device beside its blocks (its session records),
+  // held against the disk tier's capacity and the namespace's disk quota as its blocks are:
+  // ChargeDisk makes room as a write-down does (the namespace's own blocks over its quota, any
+  // evictable block over the tier's capacity) or answers ResourceExhausted. `force` (records
+  // found at start) charges without making room; the next write-down does. UnchargeDisk gives
+  // bytes back.
+  Status ChargeDisk(NamespaceId ns, uint64_t bytes, bool force = false);
+  void UnchargeDisk(NamespaceId ns, uint64_t bytes);
   // Every cached block (namespace, key, parent key; zero parent when none), for background
   // scans. A snapshot: blocks may come and go meanwhile.
   struct CachedBlock {

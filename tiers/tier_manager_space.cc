@@ -280,7 +280,8 @@ Status TierManager::WriteDownLocked(const std::vector<EntryId>& all_ids, bool dr
     --io_in_flight_;
     if (!st.ok()) {
       disk_used_ -= total;
-      disk_device_room_ += total;
+      // Nothing was written (saturating: a measure meanwhile may have found the room unknown).
+      disk_device_room_ += std::min(total, UINT64_MAX - disk_device_room_);
       charge(false);
       ++disk_write_errors_;
       LOG(ERROR) << "writing " << ids.size() << " blocks (" << FormatBytes(total)

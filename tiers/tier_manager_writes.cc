@@ -599,6 +599,33 @@ void TierManager::UnpinChain(NamespaceId ns, std::span<const BlockKey> chain) {
   }
 }
 
+Status TierManager::ChargeDisk(NamespaceId ns, uint64_t bytes, bool force) {
+  if (bytes == 0) return Status::OK();
+  absl::MutexLock lock(&mu_);
+  if (force) {
+    disk_used_ += bytes;
+    disk_device_room_ -= std::min(disk_device_room_, bytes);
+  } else {
+    KVPOOL_RETURN_IF_ERROR(EnforceDiskQuotaLocked(ns, bytes));
+    KVPOOL_RETURN_IF_ERROR(ReserveDiskLocked(bytes));
+  }
+  disk_used_of_[ns] += bytes;
+  DeleteDroppedLocked();  // the records of blocks dropped to make room
+  return Status::OK();
+}
+
+void TierManager::UnchargeDisk(NamespaceId ns, uint64_t bytes) {
+  if (bytes == 0) return;
+  absl::MutexLock lock(&mu_);
+  DCHECK_GE(disk_used_, bytes);
+  disk_used_ -= std::min(disk_used_, bytes);  // (the device's room is measured again)
+  if (auto it = disk_used_of_.find(ns); it != disk_used_of_.end()) {
+    it->second -= std::min(it->second, bytes);
+    if (it->second == 0) disk_used_of_.erase(it);
+  }
+  changed_.SignalAll();
+}
+
 std::vector<TierManager::CachedBlock> TierManager::SnapshotCached() const {
   absl::MutexLock lock(&mu_);
   std::vector<CachedBlock> out;
