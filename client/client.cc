@@ -2080,15 +2080,27 @@ Status Client::DeleteSession(const std::string& session_id) {
 Result<std::vector<SessionSummary>> Client::ListSessions(const std::string& prefix,
                                                          uint32_t limit) {
   return impl_->Run([&]() -> Result<std::vector<SessionSummary>> {
-    wire::SessionListRequest req;
-    req.set_prefix(prefix);
-    req.set_limit(limit);
-    wire::SessionListResponse resp;
-    KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::SESSION_LIST, req, &resp));
+    // A page at a time (the daemon answers at most 1000 unasked), each after the last id.
     std::vector<SessionSummary> out;
-    for (const wire::SessionSummary& s : resp.sessions()) {
-      out.push_back(
-          {s.session_id(), s.blocks(), s.token_count(), s.updated_unix_ms(), s.total_bytes()});
+    for (;;) {
+      wire::SessionListRequest req;
+      req.set_prefix(prefix);
+      req.set_limit(limit == 0 ? 0 : limit - static_cast<uint32_t>(out.size()));
+      if (!out.empty()) req.set_start_after(out.back().session_id);
+      wire::SessionListResponse resp;
+      KVPOOL_RETURN_IF_ERROR(impl_->connection_.Simple(wire::SESSION_LIST, req, &resp));
+      // A daemon from before start_after answers its first page again: stop there.
+      if (!out.empty() && resp.sessions_size() > 0 &&
+          resp.sessions(0).session_id() <= out.back().session_id) {
+        break;
+      }
+      for (const wire::SessionSummary& s : resp.sessions()) {
+        out.push_back(
+            {s.session_id(), s.blocks(), s.token_count(), s.updated_unix_ms(), s.total_bytes()});
+      }
+      if (!resp.truncated() || resp.sessions_size() == 0 || (limit != 0 && out.size() >= limit)) {
+        break;
+      }
     }
     return out;
   });

@@ -40,8 +40,8 @@ bool VerifyHelloServerProof(std::string_view secret, std::string_view client_cha
 
 // A secret kept in a file (a credential, the cluster secret): the file's bytes without trailing
 // white space, so an editor's final newline is not part of it. Every reader of such a file (the
-// daemon, both CLIs, the Python connectors) takes it this way. NotFound when it cannot be read,
-// InvalidArgument over `max_bytes`.
+// daemon, both CLIs, the Python connectors) takes it this way (Python needs it to be UTF-8).
+// NotFound when it cannot be read, InvalidArgument over `max_bytes`.
 Result<std::string> ReadSecretFile(const std::string& path, size_t max_bytes = 4096);
 
 }  // namespace kvpool

@@ -349,17 +349,34 @@ TEST_F(BlockServiceTest, ADamagedSessionRecordIsReplacedBySaveAndRemovedByDelete
   wire::SessionLoadRequest load;
   load.set_session_id("chat-1");
   wire::SessionLoadResponse loaded;
+  auto sessions = [&] {
+    wire::StatsResponse stats;
+    Call(c, wire::STATS, wire::StatsRequest(), &stats);
+    return stats.sessions();
+  };
+  auto disk_bytes = [&] { return stack_.manager().UsageOf(*ns).disk_bytes; };
   damage("chat-1");
   Call(c, wire::SESSION_LOAD, load, &loaded);
   EXPECT_EQ(loaded.status().code(), static_cast<int>(StatusCode::kCorruption));
 
   wire::SessionSaveRequest save;
   save.mutable_record()->set_session_id("chat-1");
+  (*save.mutable_record()->mutable_metadata())["tokens"] = std::string(4096, 'x');
   wire::SessionSaveResponse saved;
   Call(c, wire::SESSION_SAVE, save, &saved);
   EXPECT_EQ(saved.status().code(), 0) << saved.status().message();
   Call(c, wire::SESSION_LOAD, load, &loaded);
   EXPECT_EQ(loaded.status().code(), 0) << loaded.status().message();
+  EXPECT_EQ(sessions(), 1u);
+  const uint64_t one = disk_bytes();
+  EXPECT_GT(one, 4096u);
+
+  // Damaged after it was counted: replaced, and what it was charged is given back.
+  damage("chat-1");
+  Call(c, wire::SESSION_SAVE, save, &saved);
+  EXPECT_EQ(saved.status().code(), 0) << saved.status().message();
+  EXPECT_EQ(sessions(), 1u);
+  EXPECT_EQ(disk_bytes(), one);
 
   damage("chat-1");
   wire::SessionDeleteRequest del;
@@ -369,6 +386,38 @@ TEST_F(BlockServiceTest, ADamagedSessionRecordIsReplacedBySaveAndRemovedByDelete
   EXPECT_EQ(deleted.status().code(), 0) << deleted.status().message();
   Call(c, wire::SESSION_LOAD, load, &loaded);
   EXPECT_EQ(loaded.status().code(), static_cast<int>(StatusCode::kNotFound));
+  EXPECT_EQ(sessions(), 0u);
+  EXPECT_EQ(disk_bytes(), 0u);
+}
+
+// In cluster mode a delete leaves a deletion record, also of a session this node does not hold
+// (a home may). A namespace at its disk quota must still be able to delete: deletion records are
+// charged without making room.
+TEST_F(BlockServiceTest, ADeleteAtAFullDiskQuotaLeavesItsDeletionRecord) {
+  options_.cluster_mode = true;
+  service_ = std::make_unique<BlockService>(options_, stack_.manager(), *namespaces_, *sessions_,
+                                            metrics_);
+  transport::ConnectionState& c = Connect(/*local=*/false);
+  Hello(c, false);
+  Result<NamespaceId> ns = namespaces_->Resolve("ns1");
+  ASSERT_TRUE(ns.ok());
+  tiers::NamespacePolicy policy = tiers::DefaultNamespacePolicy();
+  policy.disk_quota_bytes = 1 << 20;
+  ASSERT_TRUE(stack_.manager().SetNamespacePolicy(*ns, policy).ok());
+  wire::SessionSaveRequest save;
+  save.mutable_record()->set_session_id("big");
+  (*save.mutable_record()->mutable_metadata())["tokens"] = std::string((1 << 20) - 64, 'x');
+  wire::SessionSaveResponse saved;
+  Call(c, wire::SESSION_SAVE, save, &saved);
+  ASSERT_EQ(saved.status().code(), 0) << saved.status().message();
+  for (const char* id : {"held-elsewhere", "big"}) {
+    wire::SessionDeleteRequest del;
+    del.set_session_id(id);
+    wire::SessionDeleteResponse deleted;
+    Call(c, wire::SESSION_DELETE, del, &deleted);
+    EXPECT_EQ(deleted.status().code(), 0) << id << ": " << deleted.status().message();
+  }
+  EXPECT_LT(stack_.manager().UsageOf(*ns).disk_bytes, 1024u) << "two deletion records";
 }
 
 }  // namespace

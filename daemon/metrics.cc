@@ -81,7 +81,8 @@ std::string Metrics::RenderPrometheus(const tiers::TierManagerStats& t, uint64_t
         static_cast<double>(t.host.capacity_bytes));
   Value(&o, "kvpool_tier_capacity_bytes{tier=\"disk\"}",
         static_cast<double>(t.disk_capacity_bytes));
-  Metric(&o, "kvpool_tier_used_bytes", "gauge", "Block payload bytes held in each tier.");
+  Metric(&o, "kvpool_tier_used_bytes", "gauge",
+         "Block payload bytes held in each tier (on disk, session records too).");
   Value(&o, "kvpool_tier_used_bytes{tier=\"host\"}", static_cast<double>(t.host.payload_bytes));
   Value(&o, "kvpool_tier_used_bytes{tier=\"disk\"}", static_cast<double>(t.disk_used_bytes));
   Metric(&o, "kvpool_tier_blocks", "gauge", "Blocks with a copy in each tier.");

@@ -95,15 +95,14 @@ Status SessionHandlers::LoadSessions() {
   const int64_t expire_before = UnixMillis() - kTombstoneTtl.count();
   KVPOOL_RETURN_IF_ERROR(sessions_.ForEach([&](NamespaceId ns, const wire::SessionRecord& r) {
     ObserveLocked(r.version());
-    if (r.deleted()) {
-      if (r.updated_unix_ms() < expire_before) {
-        expired.emplace_back(ns, r.session_id());
-      } else {
-        bytes[ns] += SessionStore::StoredBytes(r);
-      }
+    if (r.deleted() && r.updated_unix_ms() < expire_before) {
+      expired.emplace_back(ns, r.session_id());
       return;
     }
-    bytes[ns] += SessionStore::StoredBytes(r);
+    const uint64_t stored = SessionStore::StoredBytes(r);
+    bytes[ns] += stored;
+    booked_[SessionStore::Key(ns, r.session_id())] = Booked{stored, !r.deleted()};
+    if (r.deleted()) return;
     CountLive(ns, +1);
     std::vector<BlockKey> keys;
     if (!DecodeKeys(r.keys(), UINT32_MAX, &keys).ok()) {
@@ -137,25 +136,35 @@ Status SessionHandlers::StoreLocked(NamespaceId ns, wire::SessionRecord& record,
     }
     record.set_total_bytes(*pinned_bytes);
   }
-  const uint64_t was = old.ok() ? SessionStore::StoredBytes(*old) : 0;
+  const std::string key = SessionStore::Key(ns, record.session_id());
+  const auto booked = booked_.find(key);
+  const Booked was = booked != booked_.end() ? booked->second : Booked{};
   const uint64_t now = SessionStore::StoredBytes(record);
-  Status st = now > was ? tiers_.ChargeDisk(ns, now - was) : Status::OK();
+  // A deletion record is charged without making room: deleting must work at a full quota.
+  Status st = now > was.bytes ? tiers_.ChargeDisk(ns, now - was.bytes, /*force=*/record.deleted())
+                              : Status::OK();
   if (st.ok()) {
     st = sessions_.Put(ns, record);
-    if (!st.ok() && now > was) tiers_.UnchargeDisk(ns, now - was);
+    if (!st.ok() && now > was.bytes) tiers_.UnchargeDisk(ns, now - was.bytes);
   }
   if (!st.ok()) {
     if (!record.deleted()) tiers_.UnpinChain(ns, keys);
     return st;
   }
-  if (now < was) tiers_.UnchargeDisk(ns, was - now);
-  const bool was_live = old.ok() && !old->deleted();
-  CountLive(ns, (record.deleted() ? 0 : 1) - (was_live ? 1 : 0));
-  if (was_live) {
+  if (now < was.bytes) tiers_.UnchargeDisk(ns, was.bytes - now);
+  booked_[key] = Booked{now, !record.deleted()};
+  CountLive(ns, (record.deleted() ? 0 : 1) - (was.live ? 1 : 0));
+  if (old.ok() && !old->deleted()) {
     std::vector<BlockKey> old_keys;
     if (DecodeKeys(old->keys(), UINT32_MAX, &old_keys).ok()) tiers_.UnpinChain(ns, old_keys);
   }
   return Status::OK();
+}
+
+template <typename Message>
+Response SessionHandlers::Answer(uint16_t type, Message& msg, const Status& st) {
+  if (!st.ok() && !st.IsNotFound()) metrics_.Add(metrics_.requests_failed);
+  return Reply(type, msg, st);
 }
 
 Response SessionHandlers::Save(Connection& c, std::string_view body) {
@@ -171,14 +180,12 @@ Response SessionHandlers::Save(Connection& c, std::string_view body) {
     st = Status::InvalidArgument("a deletion record comes from a peer and has no chain");
   }
   if (!st.ok()) {
-    metrics_.Add(metrics_.requests_failed);
-    return Reply(wire::SESSION_SAVE, resp, st);
+    return Answer(wire::SESSION_SAVE, resp, st);
   }
   if (req.replica() && !Plausible(record.version())) {
-    metrics_.Add(metrics_.requests_failed);
-    return Reply(wire::SESSION_SAVE, resp,
-                 Status::InvalidArgument("a session copy whose version is more than an hour ahead "
-                                         "of this node's clock"));
+    return Answer(wire::SESSION_SAVE, resp,
+                  Status::InvalidArgument("a session copy whose version is more than an hour ahead "
+                                          "of this node's clock"));
   }
   // A client's save pins its chain before it takes the lock: pinning writes the chain's blocks
   // that are not on disk yet, synced (seconds for a long chain), and other tenants' saves and
@@ -194,23 +201,21 @@ Response SessionHandlers::Save(Connection& c, std::string_view body) {
       st = bytes.status();
     }
     if (!st.ok()) {
-      metrics_.Add(metrics_.requests_failed);
-      return Reply(wire::SESSION_SAVE, resp, st);
+      return Answer(wire::SESSION_SAVE, resp, st);
     }
   }
   absl::MutexLock lock(&mu_);
   Result<wire::SessionRecord> old = OwnRecordLocked(c.ns, record.session_id());
   if (!old.ok() && !old.status().IsNotFound()) {
     if (pinned.has_value()) tiers_.UnpinChain(c.ns, keys);
-    metrics_.Add(metrics_.requests_failed);
-    return Reply(wire::SESSION_SAVE, resp, old.status());
+    return Answer(wire::SESSION_SAVE, resp, old.status());
   }
   // Every version seen here moves the clock, so that what this node writes next is newer.
   if (old.ok()) ObserveLocked(old->version());
   if (req.replica()) {
     // A copy from a peer: the newest wins; an older one changes nothing here.
     ObserveLocked(record.version());
-    if (old.ok() && !Newer(record, *old)) return Reply(wire::SESSION_SAVE, resp, Status::OK());
+    if (old.ok() && !Newer(record, *old)) return Answer(wire::SESSION_SAVE, resp, Status::OK());
   } else {
     const int64_t now = UnixMillis();
     record.set_created_unix_ms(old.ok() && !old->deleted() ? old->created_unix_ms() : now);
@@ -220,23 +225,22 @@ Response SessionHandlers::Save(Connection& c, std::string_view body) {
   }
   st = StoreLocked(c.ns, record, old, pinned);
   if (!st.ok()) {
-    metrics_.Add(metrics_.requests_failed);
-    return Reply(wire::SESSION_SAVE, resp, st);
+    return Answer(wire::SESSION_SAVE, resp, st);
   }
   if (ClusterHooks* cluster = cluster_.Get(); cluster != nullptr && !req.replica()) {
     cluster->ReplicateSession(c.ns, c.ns_name, record);
   }
-  return Reply(wire::SESSION_SAVE, resp, Status::OK());
+  return Answer(wire::SESSION_SAVE, resp, Status::OK());
 }
 
 Response SessionHandlers::Load(Connection& c, std::string_view body) {
   wire::SessionLoadRequest req;
   wire::SessionLoadResponse resp;
   Status st = Parse(body, &req, "SESSION_LOAD");
-  if (!st.ok()) return Reply(wire::SESSION_LOAD, resp, st);
+  if (!st.ok()) return Answer(wire::SESSION_LOAD, resp, st);
   Result<wire::SessionRecord> record = sessions_.Get(c.ns, req.session_id());
   if (!record.ok() && !record.status().IsNotFound()) {
-    return Reply(wire::SESSION_LOAD, resp, record.status());
+    return Answer(wire::SESSION_LOAD, resp, record.status());
   }
   ClusterHooks* cluster = cluster_.Get();
   bool remote = false;
@@ -296,11 +300,11 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
   if (record.ok() && record->deleted() && !(c.peer && req.include_deleted())) {
     record = Status::NotFound("no session '" + req.session_id() + "'");
   }
-  if (!record.ok()) return Reply(wire::SESSION_LOAD, resp, record.status());
+  if (!record.ok()) return Answer(wire::SESSION_LOAD, resp, record.status());
   if (!record->deleted()) {
     std::vector<BlockKey> keys;
     st = DecodeKeys(record->keys(), UINT32_MAX, &keys);
-    if (!st.ok()) return Reply(wire::SESSION_LOAD, resp, st);
+    if (!st.ok()) return Answer(wire::SESSION_LOAD, resp, st);
     // A remote session's blocks come here now, so the gets that follow are local hits.
     if (remote && !fetched && !req.no_prefetch())
       cluster->FetchMissing(c.ns, c.ns_name, keys, /*gpu_device=*/-1);
@@ -316,7 +320,7 @@ Response SessionHandlers::Load(Connection& c, std::string_view body) {
     }
   }
   *resp.mutable_record() = std::move(*record);
-  return Reply(wire::SESSION_LOAD, resp, Status::OK());
+  return Answer(wire::SESSION_LOAD, resp, Status::OK());
 }
 
 Response SessionHandlers::Delete(Connection& c, std::string_view body) {
@@ -324,7 +328,7 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
   wire::SessionDeleteResponse resp;
   Status st = Parse(body, &req, "SESSION_DELETE");
   if (st.ok()) st = SessionStore::ValidateId(req.session_id());
-  if (!st.ok()) return Reply(wire::SESSION_DELETE, resp, st);
+  if (!st.ok()) return Answer(wire::SESSION_DELETE, resp, st);
   ClusterHooks* cluster = c.peer ? nullptr : cluster_.Get();
   // Whether a live copy exists on the session's homes (saved through another node), or may
   // exist: a home did not answer (or this node has not joined its cluster yet).
@@ -343,25 +347,29 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
     bool damaged = false;  // deleted all the same
     Result<wire::SessionRecord> old = OwnRecordLocked(c.ns, req.session_id(), &damaged);
     if (!old.ok() && !old.status().IsNotFound())
-      return Reply(wire::SESSION_DELETE, resp, old.status());
+      return Answer(wire::SESSION_DELETE, resp, old.status());
     // The deletion must be newer than every copy it replaces, here and on the homes.
     ObserveLocked(their_version);
     if (old.ok()) ObserveLocked(old->version());
     const bool live_here = old.ok() && !old->deleted();
     if (!live_here && !live_elsewhere && !maybe_elsewhere && !damaged) {
-      return Reply(wire::SESSION_DELETE, resp,
-                   Status::NotFound("no session '" + req.session_id() + "'"));
+      return Answer(wire::SESSION_DELETE, resp,
+                    Status::NotFound("no session '" + req.session_id() + "'"));
     }
     if (!cluster_mode_) {
       // Standalone: no copy elsewhere can come back, so no deletion record is kept.
       st = sessions_.Delete(c.ns, req.session_id());
-      std::vector<BlockKey> keys;
-      if (st.ok() && live_here) {
-        tiers_.UnchargeDisk(c.ns, SessionStore::StoredBytes(*old));
-        CountLive(c.ns, -1);
-        if (DecodeKeys(old->keys(), UINT32_MAX, &keys).ok()) tiers_.UnpinChain(c.ns, keys);
+      if (!st.ok()) return Answer(wire::SESSION_DELETE, resp, st);
+      if (auto b = booked_.find(SessionStore::Key(c.ns, req.session_id())); b != booked_.end()) {
+        tiers_.UnchargeDisk(c.ns, b->second.bytes);
+        if (b->second.live) CountLive(c.ns, -1);
+        booked_.erase(b);
       }
-      return Reply(wire::SESSION_DELETE, resp, st);
+      std::vector<BlockKey> keys;
+      if (live_here && DecodeKeys(old->keys(), UINT32_MAX, &keys).ok()) {
+        tiers_.UnpinChain(c.ns, keys);
+      }
+      return Answer(wire::SESSION_DELETE, resp, st);
     }
     // A deletion record, newer than every save it replaces, so no older copy comes back. Also
     // kept (and the delete answered OK) where no copy was found but a home did not answer: it may
@@ -374,7 +382,7 @@ Response SessionHandlers::Delete(Connection& c, std::string_view body) {
     st = StoreLocked(c.ns, tombstone, old);
   }
   if (st.ok() && cluster != nullptr) cluster->ReplicateSession(c.ns, c.ns_name, tombstone);
-  return Reply(wire::SESSION_DELETE, resp, st);
+  return Answer(wire::SESSION_DELETE, resp, st);
 }
 
 Response SessionHandlers::List(Connection& c, std::string_view body) {
@@ -385,7 +393,7 @@ Response SessionHandlers::List(Connection& c, std::string_view body) {
     bool truncated = false;
     const uint32_t limit = req.limit() == 0 ? 1000 : std::min<uint32_t>(req.limit(), 100000);
     Result<std::vector<wire::SessionRecord>> list =
-        sessions_.List(c.ns, req.prefix(), limit, &truncated);
+        sessions_.List(c.ns, req.prefix(), req.start_after(), limit, &truncated);
     if (list.ok()) {
       for (const wire::SessionRecord& r : *list) {
         wire::SessionSummary* s = resp.add_sessions();
@@ -400,7 +408,7 @@ Response SessionHandlers::List(Connection& c, std::string_view body) {
       st = list.status();
     }
   }
-  return Reply(wire::SESSION_LIST, resp, st);
+  return Answer(wire::SESSION_LIST, resp, st);
 }
 
 Response SessionHandlers::Versions(Connection& c, std::string_view body) {
@@ -422,19 +430,18 @@ Response SessionHandlers::Versions(Connection& c, std::string_view body) {
     theirs.set_version(v.version());
     theirs.set_origin(v.origin());
     Result<wire::SessionRecord> mine = sessions_.Get(c.ns, v.session_id());
-    if (mine.ok() ? Newer(theirs, *mine) : mine.status().IsNotFound()) {
+    // A damaged record here is wanted too: a copy replaces it (OwnRecordLocked).
+    const bool damaged = !mine.ok() && mine.status().code() == StatusCode::kCorruption;
+    if (mine.ok() ? Newer(theirs, *mine) : mine.status().IsNotFound() || damaged) {
       resp.add_wanted(static_cast<uint32_t>(i));
     } else if (!mine.ok()) {
-      // An unreadable record here: a copy could not replace it either (SESSION_SAVE fails).
+      // Unreadable for now (an I/O error): asked again on the next offer.
       LOG_EVERY_N(WARNING, 64) << "SESSION_VERSIONS: session '" << v.session_id()
                                << "': " << mine.status().ToString();
     }
   }
-  if (!st.ok()) {
-    resp.clear_wanted();
-    metrics_.Add(metrics_.requests_failed);
-  }
-  return Reply(wire::SESSION_VERSIONS, resp, st);
+  if (!st.ok()) resp.clear_wanted();
+  return Answer(wire::SESSION_VERSIONS, resp, st);
 }
 
 }  // namespace kvpool::daemon

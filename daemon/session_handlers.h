@@ -73,11 +73,14 @@ class SessionHandlers {
 
  private:
   // This node's record of a session. A damaged one is logged and reads as none (`damaged` set),
-  // so that a save or delete can replace it (LoadSessions could not read it either, so its chain
-  // has no pins and its bytes no charge).
+  // so that a save or delete can replace it. Its charge and count are given back from booked_;
+  // the pins of its chain, which it no longer names, stay until a restart.
   Result<wire::SessionRecord> OwnRecordLocked(NamespaceId ns, const std::string& session_id,
                                               bool* damaged = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reply, counting an answer with an error in requests_failed (NotFound, a miss, is not one).
+  template <typename Message>
+  transport::Response Answer(uint16_t type, Message& msg, const Status& st);
   // Counts a live session in or out of `ns`.
   void CountLive(NamespaceId ns, int delta) ABSL_LOCKS_EXCLUDED(books_mu_);
   // The next version of a save or deletion taken here.
@@ -107,6 +110,14 @@ class SessionHandlers {
   // one step (a client's save has pinned its new chain before it takes this; see Save).
   absl::Mutex mu_;
   uint64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // What each record in the store was charged (ChargeDisk) and whether it is a live session,
+  // by SessionStore::Key: what a save or delete gives back comes from here, not from the record
+  // it replaces, which may no longer be readable.
+  struct Booked {
+    uint64_t bytes = 0;
+    bool live = false;
+  };
+  absl::flat_hash_map<std::string, Booked> booked_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex books_mu_;
   absl::flat_hash_map<NamespaceId, uint64_t> live_ ABSL_GUARDED_BY(books_mu_);
   uint64_t live_total_ ABSL_GUARDED_BY(books_mu_) = 0;

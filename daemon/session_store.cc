@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <rocksdb/db.h>
 
+#include <algorithm>
 #include <memory>
 
 namespace kvpool::daemon {
@@ -67,23 +68,27 @@ Status SessionStore::Delete(NamespaceId ns, std::string_view session_id) {
 }
 
 Result<std::vector<wire::SessionRecord>> SessionStore::List(NamespaceId ns, std::string_view prefix,
+                                                            std::string_view start_after,
                                                             uint32_t limit, bool* truncated) const {
   std::vector<wire::SessionRecord> out;
   *truncated = false;
   const std::string start = Key(ns, prefix);
+  const std::string after = Key(ns, start_after);
   std::unique_ptr<rocksdb::Iterator> it(
       store_.db()->NewIterator(rocksdb::ReadOptions(), store_.sessions()));
-  for (it->Seek(start); it->Valid() && it->key().starts_with(start); it->Next()) {
-    if (out.size() >= limit) {
-      *truncated = true;
-      break;
-    }
+  it->Seek(std::max(start, after));
+  if (!start_after.empty() && it->Valid() && it->key() == rocksdb::Slice(after)) it->Next();
+  for (; it->Valid() && it->key().starts_with(start); it->Next()) {
     wire::SessionRecord record;
     if (!record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
       LOG(ERROR) << "skipping a damaged session record";
       continue;
     }
     if (record.deleted()) continue;  // a tombstone
+    if (out.size() >= limit) {       // another live one
+      *truncated = true;
+      break;
+    }
     out.push_back(std::move(record));
   }
   KVPOOL_RETURN_IF_ERROR(KVPOOL_ROCKS_STATUS(it->status()));

@@ -34,9 +34,11 @@ class SessionStore {
   Result<wire::SessionRecord> Get(NamespaceId ns, std::string_view session_id) const;
   // NotFound when absent. A damaged record is deleted too.
   Status Delete(NamespaceId ns, std::string_view session_id);
-  // Records of `ns` whose id starts with `prefix`, in id order, at most `limit`.
+  // Live records of `ns` whose id starts with `prefix` and sorts after `start_after`, in id
+  // order, at most `limit`; `*truncated` when another live one follows.
   Result<std::vector<wire::SessionRecord>> List(NamespaceId ns, std::string_view prefix,
-                                                uint32_t limit, bool* truncated) const;
+                                                std::string_view start_after, uint32_t limit,
+                                                bool* truncated) const;
   // Every record of every namespace, in key order. An undecodable record is logged and skipped.
   // Read 256 (or 16 MiB) at a time, each page with an iterator released before its records are
   // visited: a visitor may take long (it holds no RocksDB read view) and sees records saved
@@ -44,9 +46,10 @@ class SessionStore {
   Status ForEach(const std::function<void(NamespaceId, const wire::SessionRecord&)>& visit) const;
   // What `record` takes in the store (key and value), as charged to its namespace's disk use.
   static uint64_t StoredBytes(const wire::SessionRecord& record);
+  // The store's key of a record: the namespace, then the id.
+  static std::string Key(NamespaceId ns, std::string_view session_id);
 
  private:
-  static std::string Key(NamespaceId ns, std::string_view session_id);
   tiers::RocksStore& store_;
 };
 

@@ -90,7 +90,8 @@ TEST_F(SessionStoreTest, SaveGetListDelete) {
   ASSERT_TRUE(sessions_->Put(kNs + 1, Record("chat-a", 16, "other tenant")).ok());
   EXPECT_TRUE(Same(Stored("chat-a"), a));
   bool truncated = true;
-  Result<std::vector<wire::SessionRecord>> listed = sessions_->List(kNs, "chat-", 10, &truncated);
+  Result<std::vector<wire::SessionRecord>> listed =
+      sessions_->List(kNs, "chat-", "", 10, &truncated);
   ASSERT_TRUE(listed.ok()) << listed.status().ToString();
   ASSERT_EQ(listed->size(), 2u);
   EXPECT_FALSE(truncated);
@@ -120,10 +121,37 @@ TEST_F(SessionStoreTest, DeletionRecordsAreKeptButNotListed) {
   EXPECT_TRUE(got->deleted());
   EXPECT_EQ(got->version(), 7u);
   bool truncated = true;
-  auto listed = sessions_->List(kNs, "", 10, &truncated);
+  auto listed = sessions_->List(kNs, "", "", 10, &truncated);
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_EQ((*listed)[0].session_id(), "chat-a");
+}
+
+// A page at a time: ids after the last one of the page before, and `truncated` only where
+// another live record follows (deletion records after the page do not count).
+TEST_F(SessionStoreTest, ListPagesAfterAnIdAndIsTruncatedOnlyBeforeALiveRecord) {
+  for (const char* id : {"s1", "s2", "s3", "s4"})
+    ASSERT_TRUE(sessions_->Put(kNs, Record(id, 16, "u")).ok());
+  wire::SessionRecord tombstone;
+  tombstone.set_session_id("s5");
+  tombstone.set_deleted(true);
+  ASSERT_TRUE(sessions_->Put(kNs, tombstone).ok());
+  ASSERT_TRUE(sessions_->Put(kNs + 1, Record("s9", 16, "other tenant")).ok());
+  auto ids = [&](std::string_view after, uint32_t limit, bool* truncated) {
+    std::vector<std::string> out;
+    auto listed = sessions_->List(kNs, "s", after, limit, truncated);
+    EXPECT_TRUE(listed.ok());
+    for (const auto& r : *listed) out.push_back(r.session_id());
+    return out;
+  };
+  bool truncated = false;
+  EXPECT_EQ(ids("", 2, &truncated), (std::vector<std::string>{"s1", "s2"}));
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(ids("s2", 2, &truncated), (std::vector<std::string>{"s3", "s4"}));
+  EXPECT_FALSE(truncated) << "only a deletion record follows";
+  EXPECT_EQ(ids("s25", 10, &truncated), (std::vector<std::string>{"s3", "s4"}));
+  EXPECT_TRUE(ids("s4", 10, &truncated).empty());
+  EXPECT_FALSE(truncated);
 }
 
 // The device refuses the WAL's sync: the save reports it, and the session still reads as before.

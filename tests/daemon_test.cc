@@ -239,6 +239,29 @@ TEST(DaemonTest, SessionCountAndTheirDiskUseAreExactAcrossARestart) {
   EXPECT_EQ(used(*client), before);
 }
 
+// More sessions than the daemon answers in one page (1,000): ListSessions asks page after page,
+// so `kvpool sessions ls` and Python's list_sessions() see every one.
+TEST(DaemonTest, ListingSessionsPastOnePageFindsEveryOne) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  auto client = d.Connect();
+  constexpr int kSessions = 1003;
+  for (int i = 0; i < kSessions; ++i) {
+    Session s;
+    s.session_id = "chat-" + std::to_string(10000 + i);
+    ASSERT_OK(client->SaveSession(s));
+  }
+  auto all = client->ListSessions();
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), static_cast<size_t>(kSessions));
+  for (int i = 0; i < kSessions; ++i) {
+    EXPECT_EQ((*all)[i].session_id, "chat-" + std::to_string(10000 + i));
+  }
+  auto some = client->ListSessions("chat-1", 5);
+  ASSERT_TRUE(some.ok());
+  EXPECT_EQ(some->size(), 5u);
+}
+
 TEST(DaemonTest, SavedSessionSurvivesKill9) {
   DaemonProcess d;
   ASSERT_OK(d.Start());

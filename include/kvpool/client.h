@@ -601,6 +601,8 @@ class Client {
   // answer, the deletion is recorded whether or not a copy was found (OK): the silent home's copy
   // then does not come back.
   Status DeleteSession(const std::string& session_id);
+  // The namespace's sessions whose ids start with `prefix`, in id order: at most `limit`, or
+  // all of them (asked a page at a time) where it is 0.
   Result<std::vector<SessionSummary>> ListSessions(const std::string& prefix = "",
                                                    uint32_t limit = 0);
 

@@ -27,7 +27,11 @@ def read_secret_file(path: str) -> str:
         data = f.read(_MAX_SECRET_BYTES + 1)
     if len(data) > _MAX_SECRET_BYTES:
         raise ValueError(f"{path} is larger than {_MAX_SECRET_BYTES} bytes: not a secret")
-    return data.decode().rstrip(_TRAILING_SPACE)
+    try:
+        return data.decode().rstrip(_TRAILING_SPACE)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text, which the Python client needs "
+                         "(e.g. head -c 32 /dev/urandom | base64)") from e
 
 
 def client_kwargs(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
