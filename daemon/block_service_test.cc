@@ -100,6 +100,39 @@ class BlockServiceTest : public ::testing::Test {
     EXPECT_EQ(committed.results(0).code(), 0) << committed.results(0).message();
   }
 
+  // Namespace ns1 (the hello's), with a disk quota where `disk_quota` is not 0.
+  NamespaceId Ns1(uint64_t disk_quota = 0) {
+    Result<NamespaceId> ns = namespaces_->Resolve("ns1");
+    EXPECT_TRUE(ns.ok());
+    if (disk_quota != 0) {
+      tiers::NamespacePolicy policy = tiers::DefaultNamespacePolicy();
+      policy.disk_quota_bytes = disk_quota;
+      EXPECT_TRUE(stack_.manager().SetNamespacePolicy(*ns, policy).ok());
+    }
+    return ns.ok() ? *ns : 0;
+  }
+  // Session calls through `c` with no chain, `metadata_bytes` of metadata: the answer's code.
+  int SaveSession(transport::ConnectionState& c, const std::string& id, size_t metadata_bytes) {
+    wire::SessionSaveRequest req;
+    req.mutable_record()->set_session_id(id);
+    (*req.mutable_record()->mutable_metadata())["tokens"] = std::string(metadata_bytes, 'x');
+    wire::SessionSaveResponse resp;
+    Call(c, wire::SESSION_SAVE, req, &resp);
+    return resp.status().code();
+  }
+  int DeleteSession(transport::ConnectionState& c, const std::string& id) {
+    wire::SessionDeleteRequest req;
+    req.set_session_id(id);
+    wire::SessionDeleteResponse resp;
+    Call(c, wire::SESSION_DELETE, req, &resp);
+    return resp.status().code();
+  }
+  uint64_t SessionCount(transport::ConnectionState& c) {
+    wire::StatsResponse stats;
+    Call(c, wire::STATS, wire::StatsRequest(), &stats);
+    return stats.sessions();
+  }
+
   TierStackForTest stack_;
   std::unique_ptr<NamespaceRegistry> namespaces_;
   std::unique_ptr<SessionStore> sessions_;
@@ -278,115 +311,76 @@ TEST_F(BlockServiceTest, SessionsSaveLoadListDelete) {
 TEST_F(BlockServiceTest, SessionRecordsCountAgainstTheDiskQuotaAndTheirCountIsExact) {
   transport::ConnectionState& c = Connect(/*local=*/false);
   Hello(c, false);
-  Result<NamespaceId> ns = namespaces_->Resolve("ns1");
-  ASSERT_TRUE(ns.ok());
-  tiers::NamespacePolicy policy = tiers::DefaultNamespacePolicy();
-  policy.disk_quota_bytes = 1 << 20;
-  ASSERT_TRUE(stack_.manager().SetNamespacePolicy(*ns, policy).ok());
-  auto save = [&](const std::string& id, size_t metadata_bytes) {
-    wire::SessionSaveRequest req;
-    req.mutable_record()->set_session_id(id);
-    (*req.mutable_record()->mutable_metadata())["tokens"] = std::string(metadata_bytes, 'x');
-    wire::SessionSaveResponse resp;
-    Call(c, wire::SESSION_SAVE, req, &resp);
-    return resp.status().code();
-  };
-  auto remove = [&](const std::string& id) {
-    wire::SessionDeleteRequest req;
-    req.set_session_id(id);
-    wire::SessionDeleteResponse resp;
-    Call(c, wire::SESSION_DELETE, req, &resp);
-    return resp.status().code();
-  };
-  auto sessions = [&] {
-    wire::StatsResponse stats;
-    Call(c, wire::STATS, wire::StatsRequest(), &stats);
-    return stats.sessions();
-  };
-  auto disk_bytes = [&] { return stack_.manager().UsageOf(*ns).disk_bytes; };
+  const NamespaceId ns = Ns1(/*disk_quota=*/1 << 20);
+  auto disk_bytes = [&] { return stack_.manager().UsageOf(ns).disk_bytes; };
   constexpr int kExhausted = static_cast<int>(StatusCode::kResourceExhausted);
 
-  ASSERT_EQ(save("a", 400 << 10), 0);
-  ASSERT_EQ(save("b", 400 << 10), 0);
+  ASSERT_EQ(SaveSession(c, "a", 400 << 10), 0);
+  ASSERT_EQ(SaveSession(c, "b", 400 << 10), 0);
   const uint64_t two = disk_bytes();
   EXPECT_GE(two, 800u << 10);
   EXPECT_EQ(stack_.manager().GetStats().disk_used_bytes, two);
-  EXPECT_EQ(save("c", 400 << 10), kExhausted) << "past the namespace's 1 MiB disk quota";
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(save("a", 400 << 10), 0) << "a re-save takes no more";
+  EXPECT_EQ(SaveSession(c, "c", 400 << 10), kExhausted) << "past the namespace's 1 MiB quota";
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(SaveSession(c, "a", 400 << 10), 0) << "no more room";
   EXPECT_EQ(disk_bytes(), two);
-  EXPECT_EQ(sessions(), 2u);
-  ASSERT_EQ(save("a", 100 << 10), 0);  // smaller: the difference is given back
+  EXPECT_EQ(SessionCount(c), 2u);
+  ASSERT_EQ(SaveSession(c, "a", 100 << 10), 0);  // smaller: the difference is given back
   EXPECT_EQ(disk_bytes(), two - (300u << 10));
-  EXPECT_EQ(save("c", 400 << 10), 0);
-  EXPECT_EQ(sessions(), 3u);
+  EXPECT_EQ(SaveSession(c, "c", 400 << 10), 0);
+  EXPECT_EQ(SessionCount(c), 3u);
 
-  EXPECT_EQ(remove("b"), 0);
-  EXPECT_EQ(remove("b"), static_cast<int>(StatusCode::kNotFound));
-  EXPECT_EQ(sessions(), 2u);
-  EXPECT_EQ(remove("a"), 0);
-  EXPECT_EQ(remove("c"), 0);
-  EXPECT_EQ(sessions(), 0u);
+  EXPECT_EQ(DeleteSession(c, "b"), 0);
+  EXPECT_EQ(DeleteSession(c, "b"), static_cast<int>(StatusCode::kNotFound));
+  EXPECT_EQ(SessionCount(c), 2u);
+  EXPECT_EQ(DeleteSession(c, "a"), 0);
+  EXPECT_EQ(DeleteSession(c, "c"), 0);
+  EXPECT_EQ(SessionCount(c), 0u);
   EXPECT_EQ(disk_bytes(), 0u);
   EXPECT_EQ(stack_.manager().GetStats().disk_used_bytes, 0u);
 }
 
 // A record RocksDB hands back but protobuf cannot read: a save replaces it and a delete removes
-// it (before, both answered Corruption, and the id could never be used again).
+// it (before, both answered Corruption, and the id could never be used again), giving back what
+// it was charged and counted.
 TEST_F(BlockServiceTest, ADamagedSessionRecordIsReplacedBySaveAndRemovedByDelete) {
   transport::ConnectionState& c = Connect(/*local=*/false);
   Hello(c, false);
-  Result<NamespaceId> ns = namespaces_->Resolve("ns1");
-  ASSERT_TRUE(ns.ok());
+  const NamespaceId ns = Ns1();
   auto damage = [&](const std::string& id) {
     std::string key(4, '\0');
-    for (int i = 0; i < 4; ++i) key[i] = static_cast<char>(*ns >> (24 - 8 * i));
+    for (int i = 0; i < 4; ++i) key[i] = static_cast<char>(ns >> (24 - 8 * i));
     ASSERT_TRUE(stack_.store()
                     .db()
                     ->Put(rocksdb::WriteOptions(), stack_.store().sessions(), key + id,
                           std::string("\xff\xff\xff", 3))
                     .ok());
   };
-  wire::SessionLoadRequest load;
-  load.set_session_id("chat-1");
-  wire::SessionLoadResponse loaded;
-  auto sessions = [&] {
-    wire::StatsResponse stats;
-    Call(c, wire::STATS, wire::StatsRequest(), &stats);
-    return stats.sessions();
+  auto load = [&] {
+    wire::SessionLoadRequest req;
+    req.set_session_id("chat-1");
+    wire::SessionLoadResponse resp;
+    Call(c, wire::SESSION_LOAD, req, &resp);
+    return resp.status().code();
   };
-  auto disk_bytes = [&] { return stack_.manager().UsageOf(*ns).disk_bytes; };
+  auto disk_bytes = [&] { return stack_.manager().UsageOf(ns).disk_bytes; };
   damage("chat-1");
-  Call(c, wire::SESSION_LOAD, load, &loaded);
-  EXPECT_EQ(loaded.status().code(), static_cast<int>(StatusCode::kCorruption));
-
-  wire::SessionSaveRequest save;
-  save.mutable_record()->set_session_id("chat-1");
-  (*save.mutable_record()->mutable_metadata())["tokens"] = std::string(4096, 'x');
-  wire::SessionSaveResponse saved;
-  Call(c, wire::SESSION_SAVE, save, &saved);
-  EXPECT_EQ(saved.status().code(), 0) << saved.status().message();
-  Call(c, wire::SESSION_LOAD, load, &loaded);
-  EXPECT_EQ(loaded.status().code(), 0) << loaded.status().message();
-  EXPECT_EQ(sessions(), 1u);
+  EXPECT_EQ(load(), static_cast<int>(StatusCode::kCorruption));
+  EXPECT_EQ(SaveSession(c, "chat-1", 4096), 0);
+  EXPECT_EQ(load(), 0);
+  EXPECT_EQ(SessionCount(c), 1u);
   const uint64_t one = disk_bytes();
   EXPECT_GT(one, 4096u);
 
   // Damaged after it was counted: replaced, and what it was charged is given back.
   damage("chat-1");
-  Call(c, wire::SESSION_SAVE, save, &saved);
-  EXPECT_EQ(saved.status().code(), 0) << saved.status().message();
-  EXPECT_EQ(sessions(), 1u);
+  EXPECT_EQ(SaveSession(c, "chat-1", 4096), 0);
+  EXPECT_EQ(SessionCount(c), 1u);
   EXPECT_EQ(disk_bytes(), one);
 
   damage("chat-1");
-  wire::SessionDeleteRequest del;
-  del.set_session_id("chat-1");
-  wire::SessionDeleteResponse deleted;
-  Call(c, wire::SESSION_DELETE, del, &deleted);
-  EXPECT_EQ(deleted.status().code(), 0) << deleted.status().message();
-  Call(c, wire::SESSION_LOAD, load, &loaded);
-  EXPECT_EQ(loaded.status().code(), static_cast<int>(StatusCode::kNotFound));
-  EXPECT_EQ(sessions(), 0u);
+  EXPECT_EQ(DeleteSession(c, "chat-1"), 0);
+  EXPECT_EQ(load(), static_cast<int>(StatusCode::kNotFound));
+  EXPECT_EQ(SessionCount(c), 0u);
   EXPECT_EQ(disk_bytes(), 0u);
 }
 
@@ -399,25 +393,11 @@ TEST_F(BlockServiceTest, ADeleteAtAFullDiskQuotaLeavesItsDeletionRecord) {
                                             metrics_);
   transport::ConnectionState& c = Connect(/*local=*/false);
   Hello(c, false);
-  Result<NamespaceId> ns = namespaces_->Resolve("ns1");
-  ASSERT_TRUE(ns.ok());
-  tiers::NamespacePolicy policy = tiers::DefaultNamespacePolicy();
-  policy.disk_quota_bytes = 1 << 20;
-  ASSERT_TRUE(stack_.manager().SetNamespacePolicy(*ns, policy).ok());
-  wire::SessionSaveRequest save;
-  save.mutable_record()->set_session_id("big");
-  (*save.mutable_record()->mutable_metadata())["tokens"] = std::string((1 << 20) - 64, 'x');
-  wire::SessionSaveResponse saved;
-  Call(c, wire::SESSION_SAVE, save, &saved);
-  ASSERT_EQ(saved.status().code(), 0) << saved.status().message();
-  for (const char* id : {"held-elsewhere", "big"}) {
-    wire::SessionDeleteRequest del;
-    del.set_session_id(id);
-    wire::SessionDeleteResponse deleted;
-    Call(c, wire::SESSION_DELETE, del, &deleted);
-    EXPECT_EQ(deleted.status().code(), 0) << id << ": " << deleted.status().message();
-  }
-  EXPECT_LT(stack_.manager().UsageOf(*ns).disk_bytes, 1024u) << "two deletion records";
+  const NamespaceId ns = Ns1(/*disk_quota=*/1 << 20);
+  ASSERT_EQ(SaveSession(c, "big", (1 << 20) - 64), 0);
+  EXPECT_EQ(DeleteSession(c, "held-elsewhere"), 0);
+  EXPECT_EQ(DeleteSession(c, "big"), 0);
+  EXPECT_LT(stack_.manager().UsageOf(ns).disk_bytes, 1024u) << "two deletion records";
 }
 
 }  // namespace
