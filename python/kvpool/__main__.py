@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the namespace (default: default)")
     common.add_argument("--timeout_ms", type=int, help="per request (default: 5000)")
     common.add_argument("--json", action="store_true", help="print JSON")
+    common.add_argument("--prefix", help="sessions ls: only ids starting with this")
     defaults = {"socket": "", "credential_file": "", "admin": False, "cluster_secret_file": "",
                 "tls_ca": "", "tls_cert": "", "tls_key": "", "namespace": "default",
                 "timeout_ms": 5000, "json": False, "id": "", "prefix": ""}
@@ -203,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("sessions", parents=[common])
     sp.add_argument("sub", choices=["ls", "show", "rm"])
     sp.add_argument("id", nargs="?", default=argparse.SUPPRESS)
-    sp.add_argument("--prefix", default=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for key, value in defaults.items():
         if not hasattr(args, key):

@@ -32,6 +32,10 @@ def test_status_stats_and_sessions(daemon, make_keys):
     assert "puts: blocks offered" in text and "index rebuilt at start from 0 disk" in text
     ls = _run(*flags, "sessions", "ls")
     assert ls.returncode == 0 and "cli-session" in ls.stdout
+    # --prefix anywhere, as the CLI's flags.
+    for args in (("--prefix=cli-", "sessions", "ls"), ("sessions", "ls", "--prefix=cli-")):
+        assert "cli-session" in _run(*flags, *args).stdout
+    assert "cli-session" not in _run(*flags, "--prefix=other", "sessions", "ls").stdout
     show = json.loads(_run(*flags, "sessions", "show", "cli-session", "--json").stdout)
     assert show["keys"] == [k.hex() for k in keys] and show["metadata"] == {"a": "b"}
     assert _run(*flags, "sessions", "rm", "cli-session").returncode == 0
