@@ -180,7 +180,7 @@ Response BlockHandlers::UcxBind(Connection& c, std::string_view body) {
   }
   if (st.ok()) {
     std::unique_ptr<UcxDelivery> u = UcxDelivery::Adopt(
-        ucx_->engine(), *ep, ucx_->TagPrefixFor(c.info.id), tiers_, c.owner, options_.ucx_timeout,
+        ucx_->engine(), *ep, ucx_->HoldTagPrefix(c.info.id), tiers_, c.owner, options_.ucx_timeout,
         options_.ucx_max_unreceived_bytes, std::move(c.delivery));
     c.ucx = u.get();
     resp.set_ucx_tag_prefix(c.ucx->tag_prefix());

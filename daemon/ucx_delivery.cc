@@ -18,23 +18,24 @@ constexpr int kClientTagBits = 40;
 }  // namespace
 
 std::unique_ptr<UcxDelivery> UcxDelivery::Adopt(transport::UcxEngine& engine,
-                                                transport::UcxEndpointId ep, uint64_t tag_prefix,
+                                                transport::UcxEndpointId ep, TagPrefix tag_prefix,
                                                 tiers::TierManager& tiers, uint64_t owner,
                                                 std::chrono::milliseconds timeout,
                                                 uint64_t max_unreceived_bytes,
                                                 std::unique_ptr<BlockDelivery> below) {
-  return std::unique_ptr<UcxDelivery>(new UcxDelivery(engine, ep, tag_prefix, tiers, owner, timeout,
-                                                      max_unreceived_bytes, std::move(below)));
+  return std::unique_ptr<UcxDelivery>(new UcxDelivery(engine, ep, std::move(tag_prefix), tiers,
+                                                      owner, timeout, max_unreceived_bytes,
+                                                      std::move(below)));
 }
 
 UcxDelivery::UcxDelivery(transport::UcxEngine& engine, transport::UcxEndpointId ep,
-                         uint64_t tag_prefix, tiers::TierManager& tiers, uint64_t owner,
+                         TagPrefix tag_prefix, tiers::TierManager& tiers, uint64_t owner,
                          std::chrono::milliseconds timeout, uint64_t max_unreceived_bytes,
                          std::unique_ptr<BlockDelivery> below)
     : LayeredDelivery(std::move(below)),
       engine_(engine),
       ep_(ep),
-      tag_prefix_(tag_prefix),
+      tag_prefix_(std::move(tag_prefix)),
       tiers_(tiers),
       owner_(owner),
       timeout_(timeout),
@@ -113,7 +114,7 @@ Status UcxDelivery::CheckReceive(const PathAsk& ask, size_t blocks) const {
   if (!ask.via_ucx) return below().CheckReceive(ask, blocks);
   // Every tag base + k must stay inside this connection's 40-bit tag space.
   constexpr uint64_t kClientMask = (1ull << kClientTagBits) - 1;
-  if ((ask.ucx_tag_base >> kClientTagBits) != (tag_prefix_ >> kClientTagBits) ||
+  if ((ask.ucx_tag_base >> kClientTagBits) != (tag_prefix_.value() >> kClientTagBits) ||
       (ask.ucx_tag_base & kClientMask) + blocks > (1ull << kClientTagBits)) {
     return Status::InvalidArgument("UCX tags outside this connection's prefix");
   }

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "daemon/delivery.h"
+#include "daemon/ucx_listener.h"
 #include "tiers/tier_manager.h"
 #include "transport/ucx_engine.h"
 
@@ -35,13 +36,13 @@ class UcxDelivery final : public LayeredDelivery {
  public:
   // Carries the connection's blocks over `ep`, the endpoint its client made to kvpoold's UCX
   // listener (daemon/ucx_listener.h), which the delivery now owns; the client's sends come under
-  // `tag_prefix` (upper 24 bits; UcxListener::TagPrefixFor). `below` carries requests that do
-  // not ask via UCX. `engine` and `tiers` outlive the delivery.
+  // `tag_prefix` (upper 24 bits; UcxListener::HoldTagPrefix), held while the delivery lives.
+  // `below` carries requests that do not ask via UCX. `engine` and `tiers` outlive the delivery.
   // Sends of GET answers are bounded in time (`timeout`: cancelled at their deadline, which
   // ends their leases) and in bytes: while more than `max_unreceived_bytes` of them wait for
   // the client to receive them, its UCX requests are refused (ResourceExhausted).
   static std::unique_ptr<UcxDelivery> Adopt(transport::UcxEngine& engine,
-                                            transport::UcxEndpointId ep, uint64_t tag_prefix,
+                                            transport::UcxEndpointId ep, TagPrefix tag_prefix,
                                             tiers::TierManager& tiers, uint64_t owner,
                                             std::chrono::milliseconds timeout,
                                             uint64_t max_unreceived_bytes,
@@ -50,7 +51,7 @@ class UcxDelivery final : public LayeredDelivery {
 
   // For the UCX_BIND answer: the prefix (upper 24 bits) of the tags this connection's client
   // sends to kvpoold.
-  uint64_t tag_prefix() const { return tag_prefix_; }
+  uint64_t tag_prefix() const { return tag_prefix_.value(); }
 
   // BlockDelivery
   Status Check(const PathAsk& ask) const override;
@@ -63,13 +64,13 @@ class UcxDelivery final : public LayeredDelivery {
   void Receive(const PathAsk& ask, PendingCommit& commit, std::span<const uint64_t> sizes) override;
 
  private:
-  UcxDelivery(transport::UcxEngine& engine, transport::UcxEndpointId ep, uint64_t tag_prefix,
+  UcxDelivery(transport::UcxEngine& engine, transport::UcxEndpointId ep, TagPrefix tag_prefix,
               tiers::TierManager& tiers, uint64_t owner, std::chrono::milliseconds timeout,
               uint64_t max_unreceived_bytes, std::unique_ptr<BlockDelivery> below);
 
   transport::UcxEngine& engine_;
   const transport::UcxEndpointId ep_;  // the client's worker
-  const uint64_t tag_prefix_;
+  const TagPrefix tag_prefix_;
   tiers::TierManager& tiers_;
   const uint64_t owner_;
   const std::chrono::milliseconds timeout_;

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/ucx_bind.h"
 
@@ -182,10 +183,50 @@ Result<std::unique_ptr<UcxListener>> UcxListener::Start(transport::UcxEngine& en
 }
 
 UcxListener::UcxListener(transport::UcxEngine& engine, std::shared_ptr<State> state, uint16_t port)
-    : engine_(engine), state_(std::move(state)), port_(port), prefix_key_(32, '\0') {
+    : engine_(engine),
+      state_(std::move(state)),
+      port_(port),
+      prefix_key_(32, '\0'),
+      held_prefixes_(std::make_shared<TagPrefix::Held>()) {
   if (RAND_bytes(reinterpret_cast<unsigned char*>(prefix_key_.data()),
                  static_cast<int>(prefix_key_.size())) != 1) {
     AbortWithStatus(Status::Internal("RAND_bytes failed"), __FILE__, __LINE__);
+  }
+}
+
+struct TagPrefix::Held {
+  absl::Mutex mu;
+  absl::flat_hash_set<uint64_t> prefixes ABSL_GUARDED_BY(mu);
+};
+
+TagPrefix::TagPrefix(TagPrefix&& other) noexcept
+    : held_(std::move(other.held_)), value_(std::exchange(other.value_, 0)) {}
+
+TagPrefix& TagPrefix::operator=(TagPrefix&& other) noexcept {
+  if (this != &other) {
+    Release();
+    held_ = std::move(other.held_);
+    value_ = std::exchange(other.value_, 0);
+  }
+  return *this;
+}
+
+TagPrefix::~TagPrefix() { Release(); }
+
+void TagPrefix::Release() {
+  if (held_ == nullptr) return;
+  absl::MutexLock lock(&held_->mu);
+  held_->prefixes.erase(value_);
+  held_.reset();
+}
+
+TagPrefix UcxListener::HoldTagPrefix(uint64_t connection_id) {
+  absl::MutexLock lock(&held_prefixes_->mu);
+  // Fewer connections live at once than 2^24 (--max_connections), so one is free within as many
+  // tries as there are connections.
+  for (uint64_t id = connection_id;; ++id) {
+    const uint64_t prefix = TagPrefixFor(id);
+    if (held_prefixes_->prefixes.insert(prefix).second) return TagPrefix(held_prefixes_, prefix);
   }
 }
 

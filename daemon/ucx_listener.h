@@ -28,6 +28,27 @@
 
 namespace kvpool::daemon {
 
+// A tag prefix one live connection holds (UcxListener::HoldTagPrefix): no other connection of the
+// listener holds the same one until this handle goes (it may outlive the listener).
+class TagPrefix {
+ public:
+  TagPrefix() = default;
+  TagPrefix(TagPrefix&& other) noexcept;
+  TagPrefix& operator=(TagPrefix&& other) noexcept;
+  ~TagPrefix();
+  // The upper 24 bits of the tags the connection's client sends under (the rest are zero).
+  uint64_t value() const { return value_; }
+
+  struct Held;  // the prefixes held (shared by the listener and its handles)
+
+ private:
+  friend class UcxListener;
+  TagPrefix(std::shared_ptr<Held> held, uint64_t value) : held_(std::move(held)), value_(value) {}
+  void Release();
+  std::shared_ptr<Held> held_;
+  uint64_t value_ = 0;
+};
+
 struct UcxListenerOptions {
   // How long an offer, and an accepted endpoint, wait to be taken. Default: 10 s.
   std::chrono::milliseconds claim_within{10000};
@@ -71,6 +92,9 @@ class UcxListener {
   // worker takes a tagged message from any endpoint; a guessed prefix would let a client spoil
   // another's puts, never with wrong bytes: the commit verifies every checksum).
   uint64_t TagPrefixFor(uint64_t connection_id) const;
+  // TagPrefixFor(connection_id), held for the connection; where a live connection holds that one
+  // already (its id 2^24 below), that of the next id that none holds.
+  TagPrefix HoldTagPrefix(uint64_t connection_id);
 
   struct State;  // shared with the engine's callbacks (ucx_listener.cc)
 
@@ -81,6 +105,7 @@ class UcxListener {
   const std::shared_ptr<State> state_;
   const uint16_t port_;
   std::string prefix_key_;  // random, for TagPrefixFor
+  const std::shared_ptr<TagPrefix::Held> held_prefixes_;
 };
 
 }  // namespace kvpool::daemon

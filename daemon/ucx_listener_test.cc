@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -53,7 +54,9 @@ class UcxListenerTest : public ::testing::Test {
   std::string Nonce(bool offer = true, std::chrono::milliseconds wait = 10s,
                     transport::UcxEngine* client = nullptr) {
     if (client == nullptr) client = client_.get();
-    if (offer) EXPECT_TRUE(listener_->Offer(kLoopback, client_->client_id()));
+    if (offer) {
+      EXPECT_TRUE(listener_->Offer(kLoopback, client_->client_id()));
+    }
     auto ep = client->ConnectTo(kLoopback, listener_->port());
     EXPECT_TRUE(ep.ok()) << ep.status().ToString();
     if (!ep.ok()) return "";
@@ -180,6 +183,26 @@ TEST_F(UcxListenerTest, TagPrefixesAreDistinctPerConnectionAndPerDaemon) {
   EXPECT_LT(same_as_id, 8);
   EXPECT_EQ(listener_->TagPrefixFor(5), listener_->TagPrefixFor(5 + (1 << 24)));
   other->reset();
+}
+
+// Ids 2^24 apart map to one prefix; two such connections alive at once still get two (the later
+// one that of the next id none holds), and a prefix is free again once its holder goes.
+TEST_F(UcxListenerTest, NoTwoLiveConnectionsHoldOnePrefix) {
+  Listen({});
+  constexpr uint64_t kWrap = uint64_t{1} << 24;
+  std::optional<TagPrefix> first = listener_->HoldTagPrefix(5);
+  EXPECT_EQ(first->value(), listener_->TagPrefixFor(5));
+  const TagPrefix second = listener_->HoldTagPrefix(5 + kWrap);
+  EXPECT_NE(second.value(), first->value());
+  EXPECT_EQ(second.value(), listener_->TagPrefixFor(6));
+  const TagPrefix third = listener_->HoldTagPrefix(6);  // its own is held by `second`
+  EXPECT_EQ(third.value(), listener_->TagPrefixFor(7));
+  first.reset();
+  EXPECT_EQ(listener_->HoldTagPrefix(5 + 2 * kWrap).value(), listener_->TagPrefixFor(5));
+  TagPrefix moved = listener_->HoldTagPrefix(9);
+  TagPrefix into = std::move(moved);
+  EXPECT_EQ(into.value(), listener_->TagPrefixFor(9));
+  EXPECT_NE(listener_->HoldTagPrefix(9 + kWrap).value(), into.value()) << "held by the move";
 }
 
 }  // namespace
