@@ -36,7 +36,9 @@ transport::Response Reply(uint16_t type, Message& msg, const Status& st) {
 template <typename Message>
 Status Parse(std::string_view body, Message* msg, const char* what) {
   if (!msg->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
-    return Status::InvalidArgument(std::string("malformed ") + what + " request body");
+    // Protobuf refuses a text field that is not UTF-8 the same way (a session id, say).
+    return Status::InvalidArgument(std::string("malformed ") + what +
+                                   " request body (or a text field in it that is not UTF-8)");
   }
   return Status::OK();
 }

@@ -262,6 +262,27 @@ TEST(DaemonTest, ListingSessionsPastOnePageFindsEveryOne) {
   EXPECT_EQ(some->size(), 5u);
 }
 
+// A session id or metadata that is not UTF-8 (C callers can pass any bytes) is refused with a
+// message that says so, and harms nothing else.
+TEST(DaemonTest, ASessionIdThatIsNotUtf8IsRefusedSayingSo) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start());
+  auto client = d.Connect();
+  Session s;
+  s.session_id = "chat-\xff\xfe";
+  Status st = client->SaveSession(s);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("UTF-8"), std::string::npos) << st.ToString();
+  s.session_id = "chat-ok";
+  s.metadata = {{"user", "\xc3\x28"}};
+  EXPECT_EQ(client->SaveSession(s).code(), StatusCode::kInvalidArgument);
+  s.metadata = {{"user", "d\xc3\xa9j\xc3\xa0"}};  // déjà
+  ASSERT_OK(client->SaveSession(s));
+  auto loaded = client->LoadSession("chat-ok");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->session.metadata.at("user"), "d\xc3\xa9j\xc3\xa0");
+}
+
 TEST(DaemonTest, SavedSessionSurvivesKill9) {
   DaemonProcess d;
   ASSERT_OK(d.Start());

@@ -357,7 +357,7 @@ class BorrowedBlocks {
 };
 
 struct Session {
-  std::string session_id;
+  std::string session_id;  // 1-256 bytes of UTF-8 text (as the metadata's keys and values)
   std::vector<BlockKey> keys;
   uint64_t token_count = 0;
   std::map<std::string, std::string> metadata;

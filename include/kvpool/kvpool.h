@@ -196,7 +196,8 @@ int kvpool_borrowed_verify(kvpool_borrowed* borrowed, int* codes);
  * serialized), never during kvpool_close. After kvpool_close it only frees. */
 void kvpool_borrowed_release(kvpool_borrowed* borrowed);
 
-/* Sessions. Metadata is n_meta key/value pairs (may be 0). */
+/* Sessions. Metadata is n_meta key/value pairs (may be 0). Session ids (1-256 bytes) and
+ * metadata are UTF-8 text: anything else is refused (InvalidArgument). */
 int kvpool_session_save(kvpool_client* client, const char* session_id, const kvpool_key* keys,
                         size_t n_keys, uint64_t token_count, const char* const* meta_keys,
                         const char* const* meta_values, size_t n_meta);
