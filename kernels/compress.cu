@@ -340,7 +340,13 @@ Status ComputeScoresCuda(const CompressParams& params, const AttentionShape& s, 
   a.inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const size_t stats_bytes = static_cast<size_t>(s.num_layers) * a.hq * a.nq * sizeof(float2);
   void* stats = nullptr;
-  KVPOOL_CUDA_CHECK(cudaMallocAsync(&stats, stats_bytes, stream));
+  // Stream-ordered where the device has memory pools; a plain allocation where it has not (as
+  // device_checksum.cu).
+  const bool pooled = cudaMallocAsync(&stats, stats_bytes, stream) == cudaSuccess;
+  if (!pooled) {
+    cudaGetLastError();
+    KVPOOL_CUDA_CHECK(cudaMalloc(&stats, stats_bytes));
+  }
   a.stats = static_cast<float2*>(stats);
   Status st;
   switch (s.dtype) {
@@ -354,7 +360,13 @@ Status ComputeScoresCuda(const CompressParams& params, const AttentionShape& s, 
       st = LaunchScores<DType::kFloat32>(a, s.num_layers, stream);
       break;
   }
-  KVPOOL_CUDA_CHECK(cudaFreeAsync(stats, stream));
+  if (pooled) {
+    KVPOOL_CUDA_CHECK(cudaFreeAsync(stats, stream));
+  } else {
+    const cudaError_t synced = cudaStreamSynchronize(stream);  // the kernels that use it first
+    cudaFree(stats);
+    KVPOOL_CUDA_CHECK(synced);
+  }
   return st;
 }
 

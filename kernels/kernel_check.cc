@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -221,7 +222,10 @@ const char* LayoutName(PagedLayout l) {
 void CheckPaged(const PagedCase& c, bool time_it) {
   const int64_t end = c.first_token + static_cast<int64_t>(c.payloads) * c.tokens;
   const int pages = static_cast<int>((end + c.block_size - 1) / c.block_size);
-  const int num_blocks = pages + 7;
+  // The table below must name each page once: a scatter to a page named twice has no defined
+  // result on a GPU (two CTAs race; the CPU twin lets the later payload win).
+  int num_blocks = pages + 7;
+  while (std::gcd(num_blocks, 5) != 1) ++num_blocks;
   const size_t tensor_elems = static_cast<size_t>(num_blocks) * c.block_size * c.heads * c.dim;
   const bool combined = c.layout != PagedLayout::kSeparate;
   // Buffers are 16-bit words: `w` per element (two for fp32).

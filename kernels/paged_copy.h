@@ -53,6 +53,8 @@ struct PagedKvCache {
 // the sequence whose pages are `block_table[0..block_table_len)` (engine page ids in token order;
 // device memory for CUDA), starting at the sequence's token `first_token`.
 struct PagedSpan {
+  // A scatter's table names each page at most once: on a GPU, a page named twice gets the bytes
+  // of whichever payload lands last (undefined), where the CPU twin writes them in order.
   const int32_t* block_table = nullptr;
   int block_table_len = 0;
   int64_t first_token = 0;

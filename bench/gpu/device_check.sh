@@ -25,11 +25,14 @@
 #    need two GPUs). kvpoold's daemon-to-daemon gpu links (daemon/gpu_links.h, --nccl) run on
 #    these links; between two daemons they need two GPUs.
 # 6. Prints the short tables last: paste them into docs/BENCHMARKS.md with the date and the card.
+# With the bundle's checks to run too, the kernel check runs its --quick shapes. A failed build
+# skips steps 2-3 only.
 #
 # Usage: bench/gpu/device_check.sh [--quick] [kvpool-kernel-check flags]
 # Env:   KVPOOL_GPU_BUILD_DIR (default /tmp/kvpool-gpu-check), CUDA_ARCH (default: the card's),
-#        OUT (if set, the log and table are copied there), KVPOOL_REQUIRE_GPU_BUNDLE=1 (a missing
-#        .gpu-bundle fails the run instead of skipping its check).
+#        OUT (if set, the logs and table are written there as the checks run),
+#        KVPOOL_REQUIRE_GPU_BUNDLE=1 (a missing .gpu-bundle fails the run instead of skipping
+#        its check).
 # Exit:  0 all checks pass, 1 a check failed, 2 build or device problem.
 set -uo pipefail
 
@@ -48,12 +51,69 @@ NVCC="$(command -v nvcc || true)"
 [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
 echo "device_check: $(date -u +%Y-%m-%dT%H:%MZ) card: $CARD (sm_$ARCH), nvcc: $([ -n "$NVCC" ] && "$NVCC" --version | tail -1)"
 
-# The gpu tier check first: it needs neither nvcc nor the build below, only the bundle.
 mkdir -p "$BUILD"
 BUNDLE="$ROOT/.gpu-bundle"
-TIER_LOG="$BUILD/gpu_tier_check.log"
-TIER_RC=-1
+# Logs go where they come back (OUT) as they are written: a run cut off by the device call's
+# limit still returns everything it printed.
+LOGS="$BUILD"
+if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then LOGS="$OUT"; fi
+# Seconds kept for the checks after the kernel check.
+COPY_SECONDS=120
 TIER_SECONDS=150
+NCCL_SECONDS=90
+LATER=$COPY_SECONDS
+[ -f "$BUNDLE/bin/kvpool-gpu-tier-check" ] && LATER=$((LATER + TIER_SECONDS))
+[ -f "$BUNDLE/bin/nccl_link_test" ] && LATER=$((LATER + NCCL_SECONDS))
+KERNEL_ARGS=("$@")
+# With the bundle's checks to run as well, the kernel check runs its quick shapes (the same
+# checks, smaller timed sizes), so that everything fits the run's 8 minutes.
+if [ "$LATER" -gt "$COPY_SECONDS" ] && [[ " $* " != *" --quick "* ]]; then
+  KERNEL_ARGS=(--quick "$@")
+fi
+
+# A build that fails skips the kernel and copy checks, not the bundle's (they need no build).
+RC=0
+COPY_RC=-1
+BUILT=0
+LOG="$LOGS/kernel_check.log"
+COPY_LOG="$LOGS/device_copy_check.log"
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+if [ -z "$NVCC" ]; then
+  echo "device_check: nvcc not found (PATH or /usr/local/cuda/bin)" | tee "$LOG" >&2
+elif ! cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DKVPOOL_KERNELS_ONLY=ON -DKVPOOL_WITH_CUDA=ON \
+    -DKVPOOL_BUILD_TESTS=OFF -DKVPOOL_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$BUILD.cmake.log" 2>&1; then
+  cp "$BUILD.cmake.log" "$LOGS"/ 2>/dev/null
+  tail -50 "$BUILD.cmake.log" >&2
+  echo "device_check: cmake configure failed" | tee "$LOG" >&2
+elif ! cmake --build "$BUILD" -j"$(nproc)" --target kvpool-kernel-check kvpool-device-copy-check \
+    >"$BUILD.build.log" 2>&1; then
+  tail -50 "$BUILD.build.log" >&2
+  echo "device_check: build failed" | tee "$LOG" >&2
+else
+  BUILT=1
+  echo "device_check: built in $((SECONDS - START)) s"
+fi
+
+if [ "$BUILT" = 1 ]; then
+  REMAINING=$((LIMIT - (SECONDS - START) - LATER))
+  [ "$REMAINING" -lt 60 ] && REMAINING=60
+  timeout "$REMAINING" "$BUILD/kernels/kvpool-kernel-check" "${KERNEL_ARGS[@]}" 2>&1 | tee "$LOG"
+  RC=${PIPESTATUS[0]}
+  if [ "$RC" -eq 124 ]; then
+    echo "device_check: kvpool-kernel-check timed out after ${REMAINING} s" >&2
+  fi
+  timeout "$COPY_SECONDS" "$BUILD/kernels/kvpool-device-copy-check" 2>&1 | tee "$COPY_LOG"
+  COPY_RC=${PIPESTATUS[0]}
+else
+  RC=2
+  echo "device_check: not built: the copy check is skipped" >"$COPY_LOG"
+fi
+
+# The gpu tier check: it needs only the bundle.
+TIER_LOG="$LOGS/gpu_tier_check.log"
+TIER_RC=-1
 if [ -f "$BUNDLE/bin/kvpool-gpu-tier-check" ]; then
   chmod +x "$BUNDLE"/bin/* 2>/dev/null || true
   echo "device_check: gpu tier check from .gpu-bundle built at $(cat "$BUNDLE/COMMIT" 2>/dev/null || echo '?')"
@@ -70,7 +130,7 @@ else
 fi
 
 # The NCCL link's test, with this machine's libnccl (the bundle leaves it out: ~200 MB).
-NCCL_LOG="$BUILD/nccl_link_test.log"
+NCCL_LOG="$LOGS/nccl_link_test.log"
 NCCL_RC=-1
 if [ -f "$BUNDLE/bin/nccl_link_test" ]; then
   NCCL_DIR=""
@@ -82,56 +142,21 @@ if [ -f "$BUNDLE/bin/nccl_link_test" ]; then
     echo "device_check: no libnccl.so.2 on this machine: the NCCL link test is skipped" | tee "$NCCL_LOG"
   else
     echo "device_check: nccl_link_test with $NCCL_DIR/libnccl.so.2"
-    LD_LIBRARY_PATH="$BUNDLE/lib:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 90 \
+    LD_LIBRARY_PATH="$BUNDLE/lib:$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout "$NCCL_SECONDS" \
       "$BUNDLE/bin/nccl_link_test" 2>&1 | tee "$NCCL_LOG"
     NCCL_RC=${PIPESTATUS[0]}
-    [ "$NCCL_RC" -eq 124 ] && echo "device_check: nccl_link_test timed out after 90 s" >&2
+    [ "$NCCL_RC" -eq 124 ] && echo "device_check: nccl_link_test timed out after ${NCCL_SECONDS} s" >&2
     [ "$NCCL_RC" -gt 1 ] && NCCL_RC=2
   fi
 else
   echo "device_check: no nccl_link_test in .gpu-bundle: the NCCL link test is skipped" | tee "$NCCL_LOG"
 fi
 
-if [ -z "$NVCC" ]; then
-  echo "device_check: nvcc not found (PATH or /usr/local/cuda/bin)" >&2
-  exit 2
-fi
-
-GEN=()
-command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
-if ! cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DKVPOOL_KERNELS_ONLY=ON -DKVPOOL_WITH_CUDA=ON \
-    -DKVPOOL_BUILD_TESTS=OFF -DKVPOOL_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$BUILD.cmake.log" 2>&1; then
-  cat "$BUILD.cmake.log" >&2
-  echo "device_check: cmake configure failed" >&2
-  exit 2
-fi
-if ! cmake --build "$BUILD" -j"$(nproc)" --target kvpool-kernel-check kvpool-device-copy-check \
-    >"$BUILD.build.log" 2>&1; then
-  tail -50 "$BUILD.build.log" >&2
-  echo "device_check: build failed" >&2
-  exit 2
-fi
-echo "device_check: built in $((SECONDS - START)) s"
-
-LOG="$BUILD/kernel_check.log"
-COPY_SECONDS=120
-REMAINING=$((LIMIT - (SECONDS - START) - COPY_SECONDS))
-[ "$REMAINING" -lt 60 ] && REMAINING=60
-timeout "$REMAINING" "$BUILD/kernels/kvpool-kernel-check" "$@" 2>&1 | tee "$LOG"
-RC=${PIPESTATUS[0]}
-if [ "$RC" -eq 124 ]; then
-  echo "device_check: kvpool-kernel-check timed out after ${REMAINING} s" >&2
-fi
-
-COPY_LOG="$BUILD/device_copy_check.log"
-timeout "$COPY_SECONDS" "$BUILD/kernels/kvpool-device-copy-check" 2>&1 | tee "$COPY_LOG"
-COPY_RC=${PIPESTATUS[0]}
 [ "$RC" -eq 0 ] && RC=$COPY_RC
 [ "$RC" -eq 0 ] && [ "$TIER_RC" -gt 0 ] && RC=$TIER_RC
 [ "$RC" -eq 0 ] && [ "$NCCL_RC" -gt 0 ] && RC=$NCCL_RC
 
-TABLE="$BUILD/kernel_check_table.md"
+TABLE="$LOGS/kernel_check_table.md"
 {
   echo
   echo "GPU kernels, $(date -u +%Y-%m-%d), $CARD, sm_$ARCH (bench/gpu/device_check.sh; ratio = kernel / D2D copy bandwidth, both counting bytes read + written)"
@@ -153,9 +178,7 @@ TABLE="$BUILD/kernel_check_table.md"
   echo
   grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^one GPU:|^no libnccl|^device_check: no nccl' "$NCCL_LOG" || true
 } >"$TABLE"
-if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
-  cp "$LOG" "$COPY_LOG" "$TIER_LOG" "$NCCL_LOG" "$TABLE" "$BUILD.build.log" "$OUT"/ 2>/dev/null || true
-fi
+[ "$LOGS" != "$BUILD" ] && cp "$BUILD.build.log" "$LOGS"/ 2>/dev/null
 echo "device_check: finished in $((SECONDS - START)) s, exit $RC"
 cat "$TABLE"
 exit "$RC"
