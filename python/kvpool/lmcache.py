@@ -60,7 +60,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import kvpool
 from kvpool._options import client_kwargs
-from kvpool._outage import KVPOOL_FAILURES, OutageLog, Stalled, StallGuard, close_quietly
+from kvpool._outage import KVPOOL_FAILURES, LossyLoads, OutageLog, StallGuard, Stalled, close_quietly
 
 __all__ = ["KvpoolConnector"]
 
@@ -91,6 +91,7 @@ class KvpoolConnector(RemoteConnector):
         self._owns_client = client is None
         self._client_lock = threading.Lock()
         self._outage = OutageLog(log, "kvpool.lmcache", "serving misses and skipping puts")
+        self.lossy = LossyLoads(log, "kvpool.lmcache")  # .blocks: data blocks from lossy copies
         # Held back for a while after kvpool did not answer in time: LMCache's lookups run on
         # vLLM's scheduling loop. Under _client_lock.
         self._stalls = StallGuard()
@@ -224,6 +225,8 @@ class KvpoolConnector(RemoteConnector):
                         usable = self.reshape_partial_chunk(memory_obj, d.size)
                     except ValueError:
                         usable = None
+                    if usable is not None:
+                        self.lossy.add([d])
                 if usable is None:
                     log.warning("kvpool.lmcache: %s: header does not match this config's "
                                 "chunk layout (%d data bytes); a miss", key.to_string(), d.size)

@@ -68,7 +68,7 @@ from transformers import DynamicCache
 
 import kvpool
 from kvpool._options import client_kwargs
-from kvpool._outage import KVPOOL_FAILURES, OutageLog, close_quietly
+from kvpool._outage import KVPOOL_FAILURES, LossyLoads, OutageLog, close_quietly
 from kvpool._transfer import gpu_tier_device
 
 __all__ = ["KvpoolHFCache", "weights_fingerprint", "layout_for", "LoadInfo"]
@@ -255,6 +255,7 @@ class KvpoolHFCache:
             raise ValueError("credential_file and tls_* are for a client kvpool.hf makes from an "
                              "address; give them to your own kvpool.Client instead")
         self._outage = OutageLog(log, "kvpool.hf", "serving misses and skipping stores")
+        self.lossy = LossyLoads(log, "kvpool.hf")  # .blocks: blocks decoded from lossy copies
         self._staging: torch.Tensor | None = None
 
     # ---- keys ----
@@ -405,6 +406,7 @@ class KvpoolHFCache:
                 break
             good += 1
         info.hit_blocks = good
+        self.lossy.add(results[:good])
         if good == 0:
             return None, 0
         info.cached_tokens = good * self.tokens_per_block
@@ -583,6 +585,7 @@ class KvpoolHFCache:
                 return None
             good += 1
         info.hit_blocks = good
+        self.lossy.add(results)
         # Crop to len(prompt) - 1 when the prompt is exactly the saved history (transformers
         # needs at least one uncached token); done on the tensors, not with Cache.crop, whose
         # argument changed meaning across transformers 5.x.

@@ -74,7 +74,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 import kvpool
 from kvpool._options import client_kwargs
-from kvpool._outage import OutageLog
+from kvpool._outage import LossyLoads, OutageLog
 from kvpool._transfer import Link
 
 __all__ = ["KvpoolHiCacheStorage"]
@@ -138,6 +138,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._outage = OutageLog(log, "kvpool.sglang", "treated as a miss")
+        self.lossy = LossyLoads(log, "kvpool.sglang")  # .blocks: pages decoded from lossy copies
         self.mem_pool_host = None
         self.layout: Optional[str] = None  # the v1 (page buffer) layout, set by registration
         self.flat_layout: Optional[str] = None
@@ -291,6 +292,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return [False] * len(keys)
         self._answered()
         ok = [bool(r.ok) and r.size == self._page_bytes for r in results]
+        self.lossy.add(r for r, good in zip(results, ok) if good)
         if staging is not None:
             base = ctypes.addressof(staging)
             for i, (ptrs, sizes) in enumerate(pages):
@@ -375,8 +377,10 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             self._failed("get", e)
             return [None] * len(keys)
         self._answered()
-        return [t if r.ok and r.size == b.numel() else None
-                for t, b, r in zip(target_locations, bufs, results)]
+        out = [t if r.ok and r.size == b.numel() else None
+               for t, b, r in zip(target_locations, bufs, results)]
+        self.lossy.add(r for r, t in zip(results, out) if t is not None)
+        return out
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> bool:

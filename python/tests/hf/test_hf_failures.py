@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+import kvpool
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -130,3 +131,29 @@ def test_a_credential_file_opens_a_guarded_namespace(model, mid, tmp_path):
         refused.close()
     with pytest.raises(ValueError, match="credential_file"):
         adapter(str(tmp_path / "x.sock"), model, mid, credential_file=str(tmp_path / "none"))
+
+
+def test_blocks_decoded_from_lossy_copies_are_counted_and_said_once(model, mid, tmp_path, caplog):
+    # A namespace whose policy keeps int8 disk copies (lossy: true) serves approximate KV once
+    # its blocks left host: loaded, as its operator chose, counted and said once in the log.
+    from conftest import NAMESPACE
+    caplog.set_level(logging.INFO, logger="kvpool.hf")
+    cfg = model.config
+    namespaces = tmp_path / "namespaces.yaml"
+    namespaces.write_text(
+        f"namespaces:\n  {NAMESPACE}:\n    encoding: int8\n    lossy: true\n"
+        f"    layout: {{layers: {cfg.num_hidden_layers}, kv_heads: {cfg.num_key_value_heads}, "
+        f"head_dim: {cfg.head_dim}, tokens: 16, dtype: fp32}}\n")
+    with Daemon([f"--namespaces_file={namespaces}"]) as d:
+        kv = adapter(d.socket, model, mid)
+        kv_greedy(kv, model, torch.tensor(PROMPT))             # blocks stored
+        with kvpool.Client(d.socket, namespace=NAMESPACE) as c:
+            assert c.evict("host")["evicted"] > 0                # on disk, as int8 only
+        kv_greedy(kv, model, torch.tensor(PROMPT))
+        hit = kv.last_load.hit_blocks
+        assert hit == (len(PROMPT) - 1) // 16, kv.last_load
+        assert kv.lossy.blocks == hit
+        kv_greedy(kv, model, torch.tensor(PROMPT))
+        said = [r for r in caplog.records if "lossy copies" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in caplog.records]
+        kv.close()
