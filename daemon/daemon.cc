@@ -64,6 +64,10 @@ class DaemonImpl final : public Daemon {
       return Status::InvalidArgument(
           "--max_connections and --max_connections_per_peer must be at least 1");
     }
+    if (options_.max_connections >= (1u << 24)) {
+      // Each live UCX connection holds one of 2^24 tag prefixes (UcxListener::HoldTagPrefix).
+      return Status::InvalidArgument("--max_connections must be below 16777216");
+    }
     if (options_.hello_timeout.count() <= 0 || options_.frame_timeout.count() <= 0) {
       return Status::InvalidArgument("--hello_timeout_ms and --frame_timeout_ms must be above 0");
     }

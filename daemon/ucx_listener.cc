@@ -182,6 +182,11 @@ Result<std::unique_ptr<UcxListener>> UcxListener::Start(transport::UcxEngine& en
   return std::unique_ptr<UcxListener>(new UcxListener(engine, std::move(state), bound));
 }
 
+struct TagPrefix::Held {
+  absl::Mutex mu;
+  absl::flat_hash_set<uint64_t> prefixes ABSL_GUARDED_BY(mu);
+};
+
 UcxListener::UcxListener(transport::UcxEngine& engine, std::shared_ptr<State> state, uint16_t port)
     : engine_(engine),
       state_(std::move(state)),
@@ -193,11 +198,6 @@ UcxListener::UcxListener(transport::UcxEngine& engine, std::shared_ptr<State> st
     AbortWithStatus(Status::Internal("RAND_bytes failed"), __FILE__, __LINE__);
   }
 }
-
-struct TagPrefix::Held {
-  absl::Mutex mu;
-  absl::flat_hash_set<uint64_t> prefixes ABSL_GUARDED_BY(mu);
-};
 
 TagPrefix::TagPrefix(TagPrefix&& other) noexcept
     : held_(std::move(other.held_)), value_(std::exchange(other.value_, 0)) {}
@@ -222,8 +222,8 @@ void TagPrefix::Release() {
 
 TagPrefix UcxListener::HoldTagPrefix(uint64_t connection_id) {
   absl::MutexLock lock(&held_prefixes_->mu);
-  // Fewer connections live at once than 2^24 (--max_connections), so one is free within as many
-  // tries as there are connections.
+  // Fewer connections live at once than 2^24 (kvpoold refuses a --max_connections that is not),
+  // so one is free within as many tries as there are connections.
   for (uint64_t id = connection_id;; ++id) {
     const uint64_t prefix = TagPrefixFor(id);
     if (held_prefixes_->prefixes.insert(prefix).second) return TagPrefix(held_prefixes_, prefix);

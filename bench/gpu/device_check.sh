@@ -58,9 +58,9 @@ BUNDLE="$ROOT/.gpu-bundle"
 LOGS="$BUILD"
 if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then LOGS="$OUT"; fi
 # Seconds kept for the checks after the kernel check.
-COPY_SECONDS=120
-TIER_SECONDS=150
-NCCL_SECONDS=90
+COPY_SECONDS=100
+TIER_SECONDS=120
+NCCL_SECONDS=60
 LATER=$COPY_SECONDS
 [ -f "$BUNDLE/bin/kvpool-gpu-tier-check" ] && LATER=$((LATER + TIER_SECONDS))
 [ -f "$BUNDLE/bin/nccl_link_test" ] && LATER=$((LATER + NCCL_SECONDS))
@@ -89,6 +89,7 @@ elif ! cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DKVPOOL_KERNELS_ONLY=ON -DKVPOO
   echo "device_check: cmake configure failed" | tee "$LOG" >&2
 elif ! cmake --build "$BUILD" -j"$(nproc)" --target kvpool-kernel-check kvpool-device-copy-check \
     >"$BUILD.build.log" 2>&1; then
+  cp "$BUILD.build.log" "$LOGS"/ 2>/dev/null
   tail -50 "$BUILD.build.log" >&2
   echo "device_check: build failed" | tee "$LOG" >&2
 else
@@ -106,6 +107,10 @@ if [ "$BUILT" = 1 ]; then
   fi
   timeout "$COPY_SECONDS" "$BUILD/kernels/kvpool-device-copy-check" 2>&1 | tee "$COPY_LOG"
   COPY_RC=${PIPESTATUS[0]}
+  [ "$COPY_RC" -eq 124 ] && echo "device_check: kvpool-device-copy-check timed out after ${COPY_SECONDS} s" >&2
+  # 0 passed, 1 a check failed; a timeout or a crash is a device problem (2).
+  [ "$RC" -gt 1 ] && RC=2
+  [ "$COPY_RC" -gt 1 ] && COPY_RC=2
 else
   RC=2
   echo "device_check: not built: the copy check is skipped" >"$COPY_LOG"
@@ -178,7 +183,7 @@ TABLE="$LOGS/kernel_check_table.md"
   echo
   grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^one GPU:|^no libnccl|^device_check: no nccl' "$NCCL_LOG" || true
 } >"$TABLE"
-[ "$LOGS" != "$BUILD" ] && cp "$BUILD.build.log" "$LOGS"/ 2>/dev/null
+[ "$BUILT" = 1 ] && [ "$LOGS" != "$BUILD" ] && cp "$BUILD.build.log" "$LOGS"/ 2>/dev/null
 echo "device_check: finished in $((SECONDS - START)) s, exit $RC"
 cat "$TABLE"
 exit "$RC"

@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("sub", choices=["ls", "show", "rm"])
     sp.add_argument("id", nargs="?", default=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if hasattr(args, "prefix") and (args.command != "sessions" or args.sub != "ls"):
+        p.error("--prefix is for sessions ls only")
     for key, value in defaults.items():
         if not hasattr(args, key):
             setattr(args, key, value)

@@ -108,19 +108,20 @@ class LossyLoads:
     """Blocks an adapter loaded that kvpool decoded from a lossy copy: approximate KV, which a
     namespace's policy (an encoding with `lossy: true`) allows. Counted in `blocks`, and said once
     per adapter on its logger, so an operator who chose lossy copies sees them used. Not locked
-    (a count from threads may come out short, never the line)."""
+    (a count from threads may come out short)."""
 
     def __init__(self, logger: logging.Logger, adapter: str) -> None:
         self._log = logger
         self._adapter = adapter
+        self._said = False
         self.blocks = 0
 
     def add(self, results) -> None:
-        """Counts the results (kvpool GetResults) that came decoded from lossy copies."""
+        """Counts the results (kvpool GetResults the engine uses) decoded from lossy copies."""
         n = sum(1 for r in results if r.ok and r.lossy)
-        if n and not self.blocks:
+        if n and not self._said:
+            self._said = True
             self._log.info("%s: loading blocks kvpool decoded from lossy copies (the namespace's "
-                           "policy): approximate KV, counted in blocks_loaded_lossy",
-                           self._adapter)
+                           "policy): approximate KV, counted in %s.lossy.blocks",
+                           self._adapter, self._adapter)
         self.blocks += n
-

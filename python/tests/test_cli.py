@@ -36,6 +36,7 @@ def test_status_stats_and_sessions(daemon, make_keys):
     for args in (("--prefix=cli-", "sessions", "ls"), ("sessions", "ls", "--prefix=cli-")):
         assert "cli-session" in _run(*flags, *args).stdout
     assert "cli-session" not in _run(*flags, "--prefix=other", "sessions", "ls").stdout
+    assert _run(*flags, "--prefix=cli-", "status").returncode == 2  # for sessions ls only
     show = json.loads(_run(*flags, "sessions", "show", "cli-session", "--json").stdout)
     assert show["keys"] == [k.hex() for k in keys] and show["metadata"] == {"a": "b"}
     assert _run(*flags, "sessions", "rm", "cli-session").returncode == 0

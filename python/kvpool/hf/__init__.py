@@ -585,13 +585,13 @@ class KvpoolHFCache:
                 return None
             good += 1
         info.hit_blocks = good
-        self.lossy.add(results)
         # Crop to len(prompt) - 1 when the prompt is exactly the saved history (transformers
         # needs at least one uncached token); done on the tensors, not with Cache.crop, whose
         # argument changed meaning across transformers 5.x.
         covered = min(len(stoks), len(tokens) - 1)
         if covered <= 0:
             return None
+        self.lossy.add(results)
         cache = self._unpack(staging, tail, keep=covered if covered < len(stoks) else None)
         info.cached_tokens = covered
         return cache, covered

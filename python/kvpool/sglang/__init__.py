@@ -292,7 +292,9 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return [False] * len(keys)
         self._answered()
         ok = [bool(r.ok) and r.size == self._page_bytes for r in results]
-        self.lossy.add(r for r, good in zip(results, ok) if good)
+        # SGLang uses the pages up to the first that failed.
+        used = next((i for i, good in enumerate(ok) if not good), len(ok))
+        self.lossy.add(results[:used])
         if staging is not None:
             base = ctypes.addressof(staging)
             for i, (ptrs, sizes) in enumerate(pages):
@@ -379,7 +381,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._answered()
         out = [t if r.ok and r.size == b.numel() else None
                for t, b, r in zip(target_locations, bufs, results)]
-        self.lossy.add(r for r, t in zip(results, out) if t is not None)
+        used = next((i for i, t in enumerate(out) if t is None), len(out))
+        self.lossy.add(results[:used])  # SGLang uses the pages up to the first that failed
         return out
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
