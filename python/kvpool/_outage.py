@@ -9,6 +9,7 @@ line twice, never lose the outage.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -107,21 +108,27 @@ class OutageLog:
 class LossyLoads:
     """Blocks an adapter loaded that kvpool decoded from a lossy copy: approximate KV, which a
     namespace's policy (an encoding with `lossy: true`) allows. Counted in `blocks`, and said once
-    per adapter on its logger, so an operator who chose lossy copies sees them used. Not locked
-    (a count from threads may come out short)."""
+    per adapter on its logger, so an operator who chose lossy copies sees them used. Adapters
+    load from several threads: the count and the line are under a lock (taken only for results
+    that were decoded from lossy copies)."""
 
     def __init__(self, logger: logging.Logger, adapter: str) -> None:
         self._log = logger
         self._adapter = adapter
+        self._lock = threading.Lock()
         self._said = False
         self.blocks = 0
 
     def add(self, results) -> None:
         """Counts the results (kvpool GetResults the engine uses) decoded from lossy copies."""
         n = sum(1 for r in results if r.ok and r.lossy)
-        if n and not self._said:
+        if not n:
+            return
+        with self._lock:
+            self.blocks += n
+            if self._said:
+                return
             self._said = True
             self._log.info("%s: loading blocks kvpool decoded from lossy copies (the namespace's "
                            "policy): approximate KV, counted in %s.lossy.blocks",
                            self._adapter, self._adapter)
-        self.blocks += n
