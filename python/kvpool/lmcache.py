@@ -60,7 +60,8 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import kvpool
 from kvpool._options import client_kwargs
-from kvpool._outage import KVPOOL_FAILURES, LossyLoads, OutageLog, StallGuard, Stalled, close_quietly
+from kvpool._outage import (KVPOOL_FAILURES, LossyLoads, OutageLog, Stalled, StallGuard,
+                             close_quietly)
 
 __all__ = ["KvpoolConnector"]
 
